@@ -1,0 +1,268 @@
+// Package flags is the urma_* flag set that pkg/transport and brpc's
+// UrmaTransport read: names, defaults, ranges, a gflags-style file format and
+// its renderer. It is pure (no I/O beyond the io.Reader it is handed) so the
+// operator's tuning code can use it to render the files it ships to pods.
+package flags
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math/bits"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Kind is a flag's value type.
+type Kind int
+
+// Flag kinds.
+const (
+	Bool Kind = iota
+	Int
+	String
+)
+
+// Spec describes one flag.
+type Spec struct {
+	Name     string // full gflags name, with the urma_ prefix
+	Kind     Kind
+	Default  string
+	Min, Max int64 // inclusive range for Int flags
+	// PowerOfTwo requires an Int flag to be a power of two.
+	PowerOfTwo bool
+	Help       string
+}
+
+// Range says what values are allowed, for error messages and docs.
+func (s Spec) Range() string {
+	switch s.Kind {
+	case Bool:
+		return "true or false"
+	case String:
+		return "any string"
+	}
+	r := fmt.Sprintf("%d..%d", s.Min, s.Max)
+	if s.PowerOfTwo {
+		r += ", a power of two"
+	}
+	return r
+}
+
+// Flags is a complete, typed flag set.
+type Flags struct {
+	UsePolling             bool
+	PollerNum              int
+	PollerYield            bool
+	DisableBthread         bool
+	SQSize                 int
+	RQSize                 int
+	CQEPollOnce            int
+	RecvZerocopy           bool
+	ZerocopyMinSize        int
+	Device                 string
+	MaxSGE                 int
+	BondingMode            int
+	BondingLevel           int
+	PreparedJettyCnt       int
+	BufferSize             int
+	BufferCount            int
+	ClientHandshakeVersion int
+}
+
+// field binds a Spec to the Flags field it sets.
+type field struct {
+	spec Spec
+	b    func(*Flags) *bool
+	i    func(*Flags) *int
+	s    func(*Flags) *string
+}
+
+// table lists every flag once. Defaults and ranges follow brpc's
+// src/brpc/urma/urma_helper.cpp and docs/cn/urma.md.
+func table() []field {
+	return []field{
+		{spec: Spec{Name: "urma_use_polling", Kind: Bool, Default: "false", Help: "poll completion queues instead of waiting on completion events"}, b: func(f *Flags) *bool { return &f.UsePolling }},
+		{spec: Spec{Name: "urma_poller_num", Kind: Int, Default: "1", Min: 1, Max: 64, Help: "number of poller goroutines in polling mode"}, i: func(f *Flags) *int { return &f.PollerNum }},
+		{spec: Spec{Name: "urma_poller_yield", Kind: Bool, Default: "false", Help: "pollers yield the processor when a poll finds nothing"}, b: func(f *Flags) *bool { return &f.PollerYield }},
+		{spec: Spec{Name: "urma_disable_bthread", Kind: Bool, Default: "false", Help: "brpc only: run pollers on pthreads; accepted and ignored by pkg/transport"}, b: func(f *Flags) *bool { return &f.DisableBthread }},
+		{spec: Spec{Name: "urma_sq_size", Kind: Int, Default: "128", Min: 16, Max: 4096, Help: "send queue depth per connection; 3 entries are reserved for credit messages"}, i: func(f *Flags) *int { return &f.SQSize }},
+		{spec: Spec{Name: "urma_rq_size", Kind: Int, Default: "128", Min: 16, Max: 4096, Help: "receive queue depth per connection; 3 entries are reserved for credit messages"}, i: func(f *Flags) *int { return &f.RQSize }},
+		{spec: Spec{Name: "urma_cqe_poll_once", Kind: Int, Default: "32", Min: 1, Max: 64, Help: "completion records taken per poll call"}, i: func(f *Flags) *int { return &f.CQEPollOnce }},
+		{spec: Spec{Name: "urma_recv_zerocopy", Kind: Bool, Default: "true", Help: "hand large receives to the reader without copying"}, b: func(f *Flags) *bool { return &f.RecvZerocopy }},
+		{spec: Spec{Name: "urma_zerocopy_min_size", Kind: Int, Default: "512", Min: 0, Max: 1 << 30, Help: "receives smaller than this are copied even with recv_zerocopy"}, i: func(f *Flags) *int { return &f.ZerocopyMinSize }},
+		{spec: Spec{Name: "urma_device", Kind: String, Default: "", Help: "device to open; empty picks the first usable one (URMA_DEVICE overrides)"}, s: func(f *Flags) *string { return &f.Device }},
+		{spec: Spec{Name: "urma_max_sge", Kind: Int, Default: "0", Min: 0, Max: 64, Help: "scatter/gather entries per work request; 0 uses the device maximum"}, i: func(f *Flags) *int { return &f.MaxSGE }},
+		{spec: Spec{Name: "urma_bonding_mode", Kind: Int, Default: "0", Min: 0, Max: 2, Help: "bonding device mode: 0 standalone, 1 active-backup, 2 balance"}, i: func(f *Flags) *int { return &f.BondingMode }},
+		{spec: Spec{Name: "urma_bonding_level", Kind: Int, Default: "0", Min: 0, Max: 1, Help: "bonding level: 0 IODIE, 1 port"}, i: func(f *Flags) *int { return &f.BondingLevel }},
+		{spec: Spec{Name: "urma_prepared_jetty_cnt", Kind: Int, Default: "8", Min: 0, Max: 1024, Help: "jetties created ahead of connections; capped by the jetty budget and RLIMIT_NOFILE"}, i: func(f *Flags) *int { return &f.PreparedJettyCnt }},
+		{spec: Spec{Name: "urma_buffer_size", Kind: Int, Default: "8192", Min: 1024, Max: 64 << 20, PowerOfTwo: true, Help: "size of each registered buffer in bytes"}, i: func(f *Flags) *int { return &f.BufferSize }},
+		{spec: Spec{Name: "urma_buffer_count", Kind: Int, Default: "65536", Min: 16, Max: 1 << 20, Help: "number of registered buffers in the pool"}, i: func(f *Flags) *int { return &f.BufferCount }},
+		{spec: Spec{Name: "urma_client_handshake_version", Kind: Int, Default: "2", Min: 2, Max: 3, Help: "hello a client sends: 2 binary, 3 protobuf"}, i: func(f *Flags) *int { return &f.ClientHandshakeVersion }},
+	}
+}
+
+// Specs lists every flag, sorted by name.
+func Specs() []Spec {
+	t := table()
+	out := make([]Spec, len(t))
+	for i, f := range t {
+		out[i] = f.spec
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Lookup finds a flag's Spec by its full name.
+func Lookup(name string) (Spec, bool) {
+	for _, f := range table() {
+		if f.spec.Name == name {
+			return f.spec, true
+		}
+	}
+	return Spec{}, false
+}
+
+// Defaults returns brpc's defaults.
+func Defaults() Flags {
+	var f Flags
+	for _, fl := range table() {
+		if err := fl.set(&f, fl.spec.Default); err != nil {
+			panic(err) // the table itself is wrong: a programming error
+		}
+	}
+	return f
+}
+
+func (fl field) set(f *Flags, value string) error {
+	s := fl.spec
+	switch s.Kind {
+	case Bool:
+		v, err := strconv.ParseBool(value)
+		if err != nil {
+			return fmt.Errorf("flag %s: %q is not a boolean (want %s)", s.Name, value, s.Range())
+		}
+		*fl.b(f) = v
+	case Int:
+		v, err := strconv.ParseInt(value, 10, 64)
+		if err != nil {
+			return fmt.Errorf("flag %s: %q is not an integer (want %s)", s.Name, value, s.Range())
+		}
+		if err := checkInt(s, v); err != nil {
+			return err
+		}
+		*fl.i(f) = int(v)
+	case String:
+		*fl.s(f) = value
+	}
+	return nil
+}
+
+func checkInt(s Spec, v int64) error {
+	if v < s.Min || v > s.Max {
+		return fmt.Errorf("flag %s: %d is out of range (want %s)", s.Name, v, s.Range())
+	}
+	if s.PowerOfTwo && bits.OnesCount64(uint64(v)) != 1 {
+		return fmt.Errorf("flag %s: %d is not a power of two (want %s)", s.Name, v, s.Range())
+	}
+	return nil
+}
+
+func (fl field) get(f *Flags) string {
+	switch fl.spec.Kind {
+	case Bool:
+		return strconv.FormatBool(*fl.b(f))
+	case Int:
+		return strconv.Itoa(*fl.i(f))
+	}
+	return *fl.s(f)
+}
+
+// Set assigns one flag by name from its text value, checking its range.
+func (f *Flags) Set(name, value string) error {
+	for _, fl := range table() {
+		if fl.spec.Name == name {
+			return fl.set(f, value)
+		}
+	}
+	return fmt.Errorf("unknown flag %q", name)
+}
+
+// Get returns one flag's value as text.
+func (f *Flags) Get(name string) (string, error) {
+	for _, fl := range table() {
+		if fl.spec.Name == name {
+			return fl.get(f), nil
+		}
+	}
+	return "", fmt.Errorf("unknown flag %q", name)
+}
+
+// Validate checks every value against its range and the rules between flags.
+func (f Flags) Validate() error {
+	for _, fl := range table() {
+		if fl.spec.Kind == Int {
+			if err := checkInt(fl.spec, int64(*fl.i(&f))); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Parse reads a gflags-style flag file: one --urma_name=value per line, blank
+// lines and lines starting with # ignored, a bare --urma_bool meaning true.
+// Flags absent from the file keep brpc's defaults. Every error names the line
+// and the flag. Flags without the urma_ prefix are other programs' (brpc reads
+// the same file) and are skipped.
+func Parse(r io.Reader) (Flags, error) {
+	f := Defaults()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	line := 0
+	for sc.Scan() {
+		line++
+		text := strings.TrimSpace(sc.Text())
+		if text == "" || strings.HasPrefix(text, "#") {
+			continue
+		}
+		if !strings.HasPrefix(text, "-") {
+			return Flags{}, fmt.Errorf("flags file line %d: %q does not start with --", line, text)
+		}
+		text = strings.TrimLeft(text, "-")
+		name, value, hasValue := strings.Cut(text, "=")
+		if !strings.HasPrefix(name, "urma_") {
+			continue
+		}
+		spec, ok := Lookup(name)
+		if !ok {
+			return Flags{}, fmt.Errorf("flags file line %d: unknown flag --%s", line, name)
+		}
+		if !hasValue {
+			if spec.Kind != Bool {
+				return Flags{}, fmt.Errorf("flags file line %d: flag --%s needs a value (want %s)", line, name, spec.Range())
+			}
+			value = "true"
+		}
+		if err := f.Set(name, value); err != nil {
+			return Flags{}, fmt.Errorf("flags file line %d: %w", line, err)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return Flags{}, fmt.Errorf("read flags file: %w", err)
+	}
+	return f, nil
+}
+
+// Render writes every flag as one --name=value line, sorted by name, in the
+// form Parse and brpc's gflags read back.
+func (f Flags) Render() string {
+	t := table()
+	sort.Slice(t, func(i, j int) bool { return t[i].spec.Name < t[j].spec.Name })
+	var b strings.Builder
+	for _, fl := range t {
+		fmt.Fprintf(&b, "--%s=%s\n", fl.spec.Name, fl.get(&f))
+	}
+	return b.String()
+}
