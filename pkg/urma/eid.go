@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
 )
 
@@ -35,30 +34,33 @@ func (e *EID) UnmarshalText(b []byte) error {
 }
 
 // ParseEID parses an EID the way liburma's urma_str_to_eid does: IPv6 text, an
-// IPv4 dotted quad, or a plain 32-bit number in decimal or 0x hex; the last two
-// map to the IPv4-mapped form ::ffff:a.b.c.d.
+// IPv4 dotted quad, or a plain 32-bit number in decimal or 0x hex (ParseUint's
+// rules); the last two map to the IPv4-mapped form ::ffff:a.b.c.d.
 func ParseEID(s string) (EID, error) {
-	s = strings.TrimSpace(s)
+	s = strings.Trim(s, asciiSpace)
 	if s == "" {
 		return EID{}, fmt.Errorf("parse EID: empty string")
 	}
 	if strings.Contains(s, ":") {
 		a, err := netip.ParseAddr(s)
 		if err != nil || !a.Is6() || a.Zone() != "" {
-			return EID{}, fmt.Errorf("parse EID %q: not an IPv6 address", s)
+			return EID{}, fmt.Errorf("parse EID %s: not an IPv6 address", quote(s))
 		}
 		return EID(a.As16()), nil
 	}
 	if strings.Contains(s, ".") {
 		a, err := netip.ParseAddr(s)
 		if err != nil || !a.Is4() {
-			return EID{}, fmt.Errorf("parse EID %q: not an IPv4 address", s)
+			return EID{}, fmt.Errorf("parse EID %s: not an IPv4 address", quote(s))
 		}
 		return EID(netip.AddrFrom16(netip.AddrFrom4(a.As4()).As16()).As16()), nil
 	}
-	n, err := strconv.ParseUint(s, 0, 32)
+	// ParseUint, not strconv's base 0: that would also take 0b/0o prefixes,
+	// digit separators and leading-zero octal, which liburma reads
+	// differently or not at all.
+	n, err := ParseUint(s, 32)
 	if err != nil {
-		return EID{}, fmt.Errorf("parse EID %q: not IPv6, IPv4 or a 32-bit number", s)
+		return EID{}, fmt.Errorf("parse EID %s: not IPv6, IPv4 or a 32-bit number: %w", quote(s), err)
 	}
 	var v4 [4]byte
 	binary.BigEndian.PutUint32(v4[:], uint32(n))
