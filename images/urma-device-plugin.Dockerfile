@@ -1,0 +1,37 @@
+# syntax=docker/dockerfile:1
+# urma-device-plugin: URMA device plugin, advertises UB jetty budgets to kubelet
+#
+# Build context is the repository root. hack/images.sh (make images) builds it
+# from a clean copy of the tracked sources:
+#   hack/images.sh urma-device-plugin
+# or by hand, with Docker BuildKit or Podman (sends bin/ too, which is large):
+#   docker build -f images/urma-device-plugin.Dockerfile -t urma-device-plugin:dev .
+
+# Go toolchain of the builder stage; match go.mod's go line.
+ARG GO_VERSION=1.26.8
+# Final stage: static distroless base, no shell, no package manager, user 65532.
+ARG BASE_IMAGE=gcr.io/distroless/static:nonroot
+
+# The builder runs on the build host's platform and cross-compiles (no emulation).
+FROM --platform=$BUILDPLATFORM docker.io/library/golang:${GO_VERSION} AS build
+ARG TARGETOS=linux
+ARG TARGETARCH
+WORKDIR /src
+# Dependencies first, so that source edits reuse the module download layer.
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY . .
+# CGO_ENABLED=0: a static binary that needs no libc in the final image.
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH:-$(go env GOARCH)} GOFLAGS=-buildvcs=false \
+    go build -trimpath -ldflags="-s -w -buildid=" -o /out/urma-device-plugin ./cmd/deviceplugin
+
+FROM ${BASE_IMAGE}
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="urma-device-plugin" \
+      org.opencontainers.image.description="URMA device plugin, advertises UB jetty budgets to kubelet" \
+      org.opencontainers.image.source="https://github.com/openeuler/urma-k8s" \
+      org.opencontainers.image.version="${VERSION}"
+COPY --from=build /out/urma-device-plugin /usr/local/bin/urma-device-plugin
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/urma-device-plugin"]
