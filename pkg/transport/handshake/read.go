@@ -1,0 +1,108 @@
+package handshake
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+)
+
+// IsMagic reports whether the first four bytes of a connection open a hello,
+// and which version.
+func IsMagic(magic []byte) (Version, bool) {
+	switch string(magic) {
+	case MagicV2:
+		return V2, true
+	case MagicV3:
+		return V3, true
+	}
+	return 0, false
+}
+
+// ReadHello reads the rest of a hello whose magic has already been read
+// from r and validates it.
+//
+// An error wrapping ErrInvalidHello means the peer spoke the handshake but
+// its hello is unusable: fall back to TCP. ReadHello keeps the stream aligned
+// for the ACK that follows whenever the hello says how long it is: a v2 hello
+// with msg_len in range is read in full (extra bytes drained) even when a
+// rule fails. Any other error is an I/O error and the connection is broken.
+func ReadHello(r io.Reader, magic []byte) (Hello, Version, error) {
+	switch string(magic) {
+	case MagicV2:
+		h, err := readV2(r)
+		return h, V2, err
+	case MagicV3:
+		h, err := readV3(r)
+		return h, V3, err
+	}
+	return Hello{}, 0, invalid("magic %q is neither %q nor %q", magic, MagicV2, MagicV3)
+}
+
+func readV2(r io.Reader) (Hello, error) {
+	var body [V2BodyLen]byte
+	if _, err := io.ReadFull(r, body[:]); err != nil {
+		return Hello{}, fmt.Errorf("read v2 hello body: %w", err)
+	}
+	hdr, h := decodeV2Body(body[:])
+	if hdr.msgLen < V2PacketLen || hdr.msgLen > V2MaxMsgLen {
+		// The length itself is wrong: nothing to drain by.
+		return Hello{}, checkV2Header(hdr)
+	}
+	if extra := int(hdr.msgLen) - V2PacketLen; extra > 0 {
+		var ext [V2MaxMsgLen - V2PacketLen]byte
+		if _, err := io.ReadFull(r, ext[:extra]); err != nil {
+			return Hello{}, fmt.Errorf("drain %d extra bytes of v2 hello: %w", extra, err)
+		}
+		decodeV2Ext(&h, ext[:extra])
+	}
+	if err := checkV2Header(hdr); err != nil {
+		return Hello{}, err
+	}
+	if err := h.Validate(); err != nil {
+		return Hello{}, err
+	}
+	return h, nil
+}
+
+func readV3(r io.Reader) (Hello, error) {
+	var lenBuf [4]byte
+	if _, err := io.ReadFull(r, lenBuf[:]); err != nil {
+		return Hello{}, fmt.Errorf("read v3 hello length: %w", err)
+	}
+	n := binary.BigEndian.Uint32(lenBuf[:])
+	if err := checkV3Len(n); err != nil {
+		return Hello{}, err
+	}
+	var body [V3MaxBodyLen]byte
+	if _, err := io.ReadFull(r, body[:n]); err != nil {
+		return Hello{}, fmt.Errorf("read v3 hello body of %d bytes: %w", n, err)
+	}
+	h, err := UnmarshalV3Body(body[:n])
+	if err != nil {
+		return Hello{}, err
+	}
+	if err := h.Validate(); err != nil {
+		return Hello{}, err
+	}
+	return h, nil
+}
+
+// AppendAck appends the 4-byte ACK a client sends after the server's hello.
+func AppendAck(dst []byte, useURMA bool) []byte {
+	var flags uint32
+	if useURMA {
+		flags = AckUseURMA
+	}
+	return binary.BigEndian.AppendUint32(dst, flags)
+}
+
+// ReadAck reads an ACK and reports whether the client asks for URMA (bit 0).
+// Other bits are reserved and ignored, as brpc does.
+func ReadAck(r io.Reader) (useURMA bool, flags uint32, err error) {
+	var b [AckLen]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return false, 0, fmt.Errorf("read handshake ACK: %w", err)
+	}
+	flags = binary.BigEndian.Uint32(b[:])
+	return flags&AckUseURMA != 0, flags, nil
+}
