@@ -1,0 +1,220 @@
+package flags
+
+import (
+	"sort"
+	"strings"
+	"testing"
+)
+
+// brpcDefaults are the defaults of brpc's urma_* gflags
+// (src/brpc/urma/urma_helper.cpp, urma_handshake.cpp), written out here
+// independently of the table so that a wrong table entry fails.
+var brpcDefaults = map[string]string{
+	"urma_use_polling":              "false",
+	"urma_poller_num":               "1",
+	"urma_poller_yield":             "false",
+	"urma_disable_bthread":          "false",
+	"urma_sq_size":                  "128",
+	"urma_rq_size":                  "128",
+	"urma_cqe_poll_once":            "32",
+	"urma_recv_zerocopy":            "true",
+	"urma_zerocopy_min_size":        "512",
+	"urma_device":                   "",
+	"urma_max_sge":                  "0",
+	"urma_bonding_mode":             "0",
+	"urma_bonding_level":            "0",
+	"urma_prepared_jetty_cnt":       "8",
+	"urma_buffer_size":              "8192",
+	"urma_buffer_count":             "65536",
+	"urma_client_handshake_version": "2",
+}
+
+func TestDefaultsMatchBrpc(t *testing.T) {
+	d := Defaults()
+	if err := d.Validate(); err != nil {
+		t.Fatalf("defaults do not validate: %v", err)
+	}
+	specs := Specs()
+	if len(specs) != len(brpcDefaults) {
+		t.Fatalf("table has %d flags, brpc has %d", len(specs), len(brpcDefaults))
+	}
+	for name, want := range brpcDefaults {
+		got, err := d.Get(name)
+		if err != nil {
+			t.Fatalf("Get(%s): %v", name, err)
+		}
+		if got != want {
+			t.Errorf("%s default = %q, want brpc's %q", name, got, want)
+		}
+		spec, ok := Lookup(name)
+		if !ok || spec.Default != want {
+			t.Errorf("Lookup(%s) = %+v, %v", name, spec, ok)
+		}
+	}
+	// Typed fields agree with the text defaults.
+	if d.SQSize != 128 || d.RQSize != 128 || d.BufferSize != 8192 || d.BufferCount != 65536 ||
+		!d.RecvZerocopy || d.UsePolling || d.ClientHandshakeVersion != 2 || d.PreparedJettyCnt != 8 {
+		t.Errorf("typed defaults wrong: %+v", d)
+	}
+}
+
+func TestSpecsSortedAndDocumented(t *testing.T) {
+	specs := Specs()
+	if !sort.SliceIsSorted(specs, func(i, j int) bool { return specs[i].Name < specs[j].Name }) {
+		t.Error("Specs() is not sorted by name")
+	}
+	for _, s := range specs {
+		if !strings.HasPrefix(s.Name, "urma_") {
+			t.Errorf("%s lacks the urma_ prefix", s.Name)
+		}
+		if s.Help == "" {
+			t.Errorf("%s has no help text", s.Name)
+		}
+		if s.Kind == Int && s.Min > s.Max {
+			t.Errorf("%s: empty range %s", s.Name, s.Range())
+		}
+	}
+}
+
+func TestRange(t *testing.T) {
+	tests := []struct {
+		name string
+		want string
+	}{
+		{"urma_use_polling", "true or false"},
+		{"urma_device", "any string"},
+		{"urma_sq_size", "16..4096"},
+		{"urma_buffer_size", "1024..67108864, a power of two"},
+	}
+	for _, tc := range tests {
+		s, _ := Lookup(tc.name)
+		if got := s.Range(); got != tc.want {
+			t.Errorf("%s Range() = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		file    string
+		check   func(Flags) bool
+		wantErr string // substring; "" = success
+	}{
+		{name: "empty file keeps defaults", file: "", check: func(f Flags) bool { return f == Defaults() }},
+		{name: "one int", file: "--urma_sq_size=256\n", check: func(f Flags) bool { return f.SQSize == 256 }},
+		{name: "single dash", file: "-urma_rq_size=64", check: func(f Flags) bool { return f.RQSize == 64 }},
+		{name: "comments and blanks", file: "# tuned by the operator\n\n  --urma_buffer_count=1024  \n", check: func(f Flags) bool { return f.BufferCount == 1024 }},
+		{name: "bare bool is true", file: "--urma_use_polling", check: func(f Flags) bool { return f.UsePolling }},
+		{name: "bool false", file: "--urma_recv_zerocopy=false", check: func(f Flags) bool { return !f.RecvZerocopy }},
+		{name: "string", file: "--urma_device=udma0", check: func(f Flags) bool { return f.Device == "udma0" }},
+		{name: "empty string", file: "--urma_device=", check: func(f Flags) bool { return f.Device == "" }},
+		{name: "other programs' flags skipped", file: "--max_body_size=1000\n--urma_poller_num=4", check: func(f Flags) bool { return f.PollerNum == 4 }},
+		{name: "last one wins", file: "--urma_sq_size=32\n--urma_sq_size=64", check: func(f Flags) bool { return f.SQSize == 64 }},
+		{name: "range minimum", file: "--urma_sq_size=16", check: func(f Flags) bool { return f.SQSize == 16 }},
+		{name: "range maximum", file: "--urma_sq_size=4096", check: func(f Flags) bool { return f.SQSize == 4096 }},
+		{name: "below range", file: "--urma_sq_size=15", wantErr: "line 1: flag urma_sq_size: 15 is out of range (want 16..4096)"},
+		{name: "above range", file: "\n--urma_rq_size=4097", wantErr: "line 2: flag urma_rq_size: 4097 is out of range (want 16..4096)"},
+		{name: "not a power of two", file: "--urma_buffer_size=3000", wantErr: "urma_buffer_size: 3000 is not a power of two (want 1024..67108864, a power of two)"},
+		{name: "not an integer", file: "--urma_sq_size=big", wantErr: `urma_sq_size: "big" is not an integer (want 16..4096)`},
+		{name: "not a boolean", file: "--urma_use_polling=maybe", wantErr: `urma_use_polling: "maybe" is not a boolean`},
+		{name: "int needs value", file: "--urma_sq_size", wantErr: "flag --urma_sq_size needs a value (want 16..4096)"},
+		{name: "unknown urma flag", file: "--urma_sq_depth=3", wantErr: "line 1: unknown flag --urma_sq_depth"},
+		{name: "no dashes", file: "urma_sq_size=32", wantErr: `line 1: "urma_sq_size=32" does not start with --`},
+		{name: "handshake version out of range", file: "--urma_client_handshake_version=4", wantErr: "urma_client_handshake_version: 4 is out of range (want 2..3)"},
+		{name: "line too long", file: "--urma_device=" + strings.Repeat("x", 2<<20), wantErr: "read flags file"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := Parse(strings.NewReader(tc.file))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Parse error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if !tc.check(f) {
+				t.Fatalf("Parse result wrong: %+v", f)
+			}
+		})
+	}
+}
+
+func TestSetGetValidate(t *testing.T) {
+	f := Defaults()
+	if err := f.Set("urma_poller_num", "8"); err != nil || f.PollerNum != 8 {
+		t.Fatalf("Set poller_num: %v, %d", err, f.PollerNum)
+	}
+	if err := f.Set("urma_nope", "1"); err == nil || !strings.Contains(err.Error(), `unknown flag "urma_nope"`) {
+		t.Fatalf("Set unknown = %v", err)
+	}
+	if _, err := f.Get("urma_nope"); err == nil {
+		t.Fatal("Get unknown flag succeeded")
+	}
+	if err := f.Set("urma_poller_num", "65"); err == nil {
+		t.Fatal("Set out of range succeeded")
+	}
+	if f.PollerNum != 8 {
+		t.Fatalf("failed Set changed the value to %d", f.PollerNum)
+	}
+	f.CQEPollOnce = 0 // set directly: only Validate can catch it
+	if err := f.Validate(); err == nil || !strings.Contains(err.Error(), "urma_cqe_poll_once: 0 is out of range (want 1..64)") {
+		t.Fatalf("Validate = %v", err)
+	}
+}
+
+func TestRenderRoundTrip(t *testing.T) {
+	f := Defaults()
+	f.UsePolling = true
+	f.SQSize = 512
+	f.Device = "bonding_dev_0"
+	f.ClientHandshakeVersion = 3
+	text := f.Render()
+	lines := strings.Split(strings.TrimSuffix(text, "\n"), "\n")
+	if len(lines) != len(Specs()) {
+		t.Fatalf("Render wrote %d lines, want one per flag (%d)", len(lines), len(Specs()))
+	}
+	if !sort.StringsAreSorted(lines) {
+		t.Error("Render output is not sorted")
+	}
+	back, err := Parse(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("Parse(Render()): %v", err)
+	}
+	if back != f {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", back, f)
+	}
+}
+
+// FuzzParse: no input panics; every error names a line or the read; what
+// parses validates and survives Render -> Parse unchanged.
+func FuzzParse(f *testing.F) {
+	f.Add("--urma_sq_size=256\n")
+	f.Add("# comment\n--urma_use_polling\n--urma_device=udma0\n")
+	f.Add("--urma_buffer_size=3000")
+	f.Add("--urma_sq_size")
+	f.Add("--other=1\n-urma_rq_size=4096\r\n")
+	f.Add(Defaults().Render())
+	f.Fuzz(func(t *testing.T, file string) {
+		got, err := Parse(strings.NewReader(file))
+		if err != nil {
+			if !strings.Contains(err.Error(), "line ") && !strings.Contains(err.Error(), "read flags file") {
+				t.Fatalf("error does not say where: %v", err)
+			}
+			return
+		}
+		if err := got.Validate(); err != nil {
+			t.Fatalf("Parse accepted invalid flags: %v", err)
+		}
+		back, err := Parse(strings.NewReader(got.Render()))
+		if err != nil {
+			t.Fatalf("Parse(Render()) of %+v: %v", got, err)
+		}
+		if back != got {
+			t.Fatalf("round trip changed flags:\n got %+v\nwant %+v", back, got)
+		}
+	})
+}
