@@ -1,0 +1,138 @@
+// Package inventory holds the set of devices the plugin advertises and turns
+// each discovery scan into a new, debounced version of it.
+//
+// A Builder applies selection, the budget rule and health debouncing to a
+// scan; an Inventory publishes the resulting Snapshot to every consumer
+// (ListAndWatch streams, Allocate, metrics, the node labeller, the CDI
+// writer), each of which waits on a channel closed at the next change.
+package inventory
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// Device is one advertised device.
+type Device struct {
+	Name string
+	// Software marks a software-provider device (--soft-devices).
+	Software bool
+	// NUMANode is the device's NUMA node, -1 when unknown.
+	NUMANode int
+	// Healthy is the debounced health; Reason says why not.
+	Healthy bool
+	Reason  string
+	// Budget is what the device offers; Budget.Units IDs are advertised.
+	Budget budget.Budget
+	// Info is the device's description from the last scan that saw it.
+	Info urma.DeviceInfo
+	// DevNode is the device node's path as the plugin sees it (under the
+	// dev root), "" when missing or for software devices.
+	DevNode string
+	// EID is the device's lowest-index EID in text form, "" when none.
+	EID string
+	// Vanished reports that the last scan did not see the device; it stays
+	// listed (unhealthy) until its absence is debounced.
+	Vanished bool
+}
+
+// Snapshot is one version of the advertised set. It is immutable once
+// published: consumers may keep and share it.
+type Snapshot struct {
+	// Devices are sorted by name.
+	Devices []Device
+	// JettiesPerUnit is the N of the budget rule.
+	JettiesPerUnit uint32
+	// UMMUNode is the path of /dev/ummu/tid under the dev root, "" if absent.
+	UMMUNode string
+	// Missing says what discovery is waiting for (driver not loaded, device
+	// nodes absent); empty when nothing is.
+	Missing []string
+	// Generation increases with every published change.
+	Generation uint64
+}
+
+// Lookup finds a device by name.
+func (s *Snapshot) Lookup(name string) (*Device, bool) {
+	i, ok := slices.BinarySearchFunc(s.Devices, name, func(d Device, n string) int {
+		switch {
+		case d.Name < n:
+			return -1
+		case d.Name > n:
+			return 1
+		}
+		return 0
+	})
+	if !ok {
+		return nil, false
+	}
+	return &s.Devices[i], true
+}
+
+// sameContent compares everything but Generation.
+func sameContent(a, b *Snapshot) bool {
+	if a.JettiesPerUnit != b.JettiesPerUnit || a.UMMUNode != b.UMMUNode ||
+		!slices.Equal(a.Missing, b.Missing) || len(a.Devices) != len(b.Devices) {
+		return false
+	}
+	for i := range a.Devices {
+		if !sameDevice(&a.Devices[i], &b.Devices[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func sameDevice(a, b *Device) bool {
+	return a.Name == b.Name && a.Software == b.Software && a.NUMANode == b.NUMANode &&
+		a.Healthy == b.Healthy && a.Reason == b.Reason && a.Budget == b.Budget &&
+		a.DevNode == b.DevNode && a.EID == b.EID && a.Vanished == b.Vanished &&
+		sameInfo(&a.Info, &b.Info)
+}
+
+func sameInfo(a, b *urma.DeviceInfo) bool {
+	return a.Name == b.Name && a.Driver == b.Driver && a.TransportType == b.TransportType &&
+		a.GUID == b.GUID && a.Caps == b.Caps && a.ReservedJetty == b.ReservedJetty &&
+		slices.Equal(a.Ports, b.Ports) && slices.Equal(a.EIDs, b.EIDs)
+}
+
+// Inventory publishes snapshots. The zero value is not usable; use New.
+type Inventory struct {
+	mu      sync.Mutex
+	snap    *Snapshot
+	changed chan struct{}
+}
+
+// New returns an inventory holding an empty snapshot.
+func New(jettiesPerUnit uint32) *Inventory {
+	return &Inventory{
+		snap:    &Snapshot{JettiesPerUnit: jettiesPerUnit},
+		changed: make(chan struct{}),
+	}
+}
+
+// Current returns the current snapshot and a channel closed when a newer
+// one is published.
+func (inv *Inventory) Current() (*Snapshot, <-chan struct{}) {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	return inv.snap, inv.changed
+}
+
+// Publish replaces the snapshot if its content differs from the current
+// one, stamping a new Generation, and reports whether it did.
+func (inv *Inventory) Publish(s Snapshot) bool {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if sameContent(&s, inv.snap) {
+		return false
+	}
+	s.Generation = inv.snap.Generation + 1
+	inv.snap = &s
+	close(inv.changed)
+	inv.changed = make(chan struct{})
+	return true
+}
