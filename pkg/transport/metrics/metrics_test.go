@@ -1,0 +1,139 @@
+package metrics
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestCountersAndGauges(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.ConnOpened(ModeURMA, RoleClient)
+	m.ConnOpened(ModeURMA, RoleClient)
+	m.ConnClosed(ModeURMA, RoleClient)
+	m.ConnOpened(ModeTCP, RoleServer)
+	m.Fallback("jetty_budget_exhausted", RoleServer)
+	m.Handshake(ResultURMA, RoleClient, 0.002)
+	m.ProtocolError()
+	d := m.Data(ModeURMA)
+	d.BytesSent.Add(100)
+	d.MessagesSent.Inc()
+	d.StallRemoteRQ.Inc()
+	m.Memlock(65536, 1<<20)
+
+	tests := []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"open urma client conns", testutil.ToFloat64(m.connsOpen.WithLabelValues(ModeURMA, RoleClient)), 1},
+		{"total urma client conns", testutil.ToFloat64(m.connsTotal.WithLabelValues(ModeURMA, RoleClient)), 2},
+		{"open tcp server conns", testutil.ToFloat64(m.connsOpen.WithLabelValues(ModeTCP, RoleServer)), 1},
+		{"fallbacks", testutil.ToFloat64(m.fallbacks.WithLabelValues("jetty_budget_exhausted", RoleServer)), 1},
+		{"bytes sent", testutil.ToFloat64(m.bytes.WithLabelValues(DirSent, ModeURMA)), 100},
+		{"messages sent", testutil.ToFloat64(m.messages.WithLabelValues(DirSent)), 1},
+		{"remote rq stalls", testutil.ToFloat64(m.windowStalls.WithLabelValues(WindowRemoteRQ)), 1},
+		{"protocol errors", testutil.ToFloat64(m.protocolErrors), 1},
+		{"memlock limit", testutil.ToFloat64(m.memlockLimit), 65536},
+		{"memlock shortfall", testutil.ToFloat64(m.memlockShortfall), 1 << 20},
+	}
+	for _, tc := range tests {
+		if tc.got != tc.want {
+			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.handshake); n != 1 {
+		t.Errorf("handshake histogram series = %d, want 1", n)
+	}
+	// The pedantic registry checks help text, names and label consistency.
+	if _, err := reg.Gather(); err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+}
+
+func TestResourcesSumOverSources(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	a, err := New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second owner on the same registry reuses the collectors.
+	b, err := New(reg)
+	if err != nil {
+		t.Fatalf("second New on one registry: %v", err)
+	}
+	removeA := a.AddResourceSource(func() ResourceStats {
+		return ResourceStats{PoolFree: 10, PoolInUse: 6, JettiesPrepared: 2, JettiesInUse: 5, JettyBudget: 8}
+	})
+	removeB := b.AddResourceSource(func() ResourceStats {
+		return ResourceStats{PoolFree: 1, PoolInUse: 1, JettiesInUse: 1, JettyBudget: 4}
+	})
+	want := `
+# HELP urma_transport_jetties_in_use Jetties held by connections or prepared: what counts against the jetty budget.
+# TYPE urma_transport_jetties_in_use gauge
+urma_transport_jetties_in_use 6
+# HELP urma_transport_jetty_budget Sum of the jetty budgets in force (URMA_JETTY_BUDGET); 0 means unlimited.
+# TYPE urma_transport_jetty_budget gauge
+urma_transport_jetty_budget 12
+# HELP urma_transport_pool_buffers Registered buffers by state (free, in_use).
+# TYPE urma_transport_pool_buffers gauge
+urma_transport_pool_buffers{state="free"} 11
+urma_transport_pool_buffers{state="in_use"} 7
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"urma_transport_jetties_in_use", "urma_transport_jetty_budget", "urma_transport_pool_buffers"); err != nil {
+		t.Fatal(err)
+	}
+	// Counters too are shared: what b counts, a's collector shows.
+	b.ProtocolError()
+	if got := testutil.ToFloat64(a.protocolErrors); got != 1 {
+		t.Fatalf("shared counter = %v, want 1", got)
+	}
+	removeA()
+	removeB()
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP urma_transport_jetty_budget Sum of the jetty budgets in force (URMA_JETTY_BUDGET); 0 means unlimited.
+# TYPE urma_transport_jetty_budget gauge
+urma_transport_jetty_budget 0
+`), "urma_transport_jetty_budget"); err != nil {
+		t.Fatalf("after removing the sources: %v", err)
+	}
+}
+
+func TestConflictingCollectorIsAnError(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	// Someone else owns the name with a different type.
+	reg.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "urma_transport_protocol_errors_total", Help: "not ours"}))
+	if _, err := New(reg); err == nil || !strings.Contains(err.Error(), "register transport metrics") {
+		t.Fatalf("New = %v, want a registration error", err)
+	}
+}
+
+func TestNilMetricsRecordNothing(t *testing.T) {
+	var m *Metrics
+	m.ConnOpened(ModeTCP, RoleClient)
+	m.ConnClosed(ModeTCP, RoleClient)
+	m.Fallback("x", RoleClient)
+	m.Handshake(ResultError, RoleServer, 1)
+	m.ProtocolError()
+	m.Memlock(1, 0)
+	m.AddResourceSource(func() ResourceStats { return ResourceStats{} })()
+	d := m.Data(ModeTCP)
+	d.BytesSent.Add(1)
+	d.StallPool.Inc()
+	// Without a registry the collectors exist but are not exported anywhere.
+	m2, err := New(nil)
+	if err != nil || m2 == nil {
+		t.Fatalf("New(nil) = %v, %v", m2, err)
+	}
+	m2.ConnOpened(ModeTCP, RoleClient)
+	if got := testutil.ToFloat64(m2.connsOpen.WithLabelValues(ModeTCP, RoleClient)); got != 1 {
+		t.Fatalf("unregistered metrics still count: got %v", got)
+	}
+}
