@@ -75,6 +75,7 @@ var (
 	ErrAgain       = &Error{Code: CodeAgain} // queue full: posting past the depth
 	ErrNoMem       = &Error{Code: CodeNoMem}
 	ErrAccess      = &Error{Code: CodeAccess} // wrong token or access flags
+	ErrBusy        = &Error{Code: CodeBusy}   // destroying an object others still use
 	ErrInval       = &Error{Code: CodeInval}
 	ErrNoDev       = &Error{Code: CodeNoDev}
 	ErrNoEnt       = &Error{Code: CodeNoEnt}
