@@ -1,0 +1,67 @@
+package soft
+
+import (
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+
+	"github.com/openeuler/urma-k8s/pkg/urma/urmatest"
+)
+
+// newProvider creates a provider that closes with the test.
+func newProvider(t testing.TB, opts Options) *Provider {
+	t.Helper()
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = testr.NewWithInterface(t, testr.Options{Verbosity: 0})
+	}
+	p, err := New(opts)
+	if err != nil {
+		t.Fatalf("create provider: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("close provider: %v", err)
+		}
+	})
+	return p
+}
+
+// noLeaks checks, at the end of the test, that every goroutine started since
+// now has returned.
+func noLeaks(t testing.TB) {
+	t.Helper()
+	before := runtime.NumGoroutine()
+	t.Cleanup(func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > before {
+			if time.Now().After(deadline) {
+				buf := make([]byte, 1<<20)
+				t.Errorf("%d goroutines leaked:\n%s", runtime.NumGoroutine()-before, buf[:runtime.Stack(buf, true)])
+				return
+			}
+			time.Sleep(time.Millisecond) // polling deadline: goroutines end on their own schedule
+		}
+	})
+}
+
+func TestConformanceInproc(t *testing.T) {
+	urmatest.Run(t, func(t *testing.T) urmatest.Pair {
+		noLeaks(t)
+		fab := NewFabric()
+		a := newProvider(t, Options{Fabric: fab})
+		b := newProvider(t, Options{Fabric: fab})
+		return urmatest.Pair{A: a, B: b, KillB: func() { _ = b.Close() }, PeerGoneTimeout: 2 * time.Second}
+	})
+}
+
+func TestConformanceSocket(t *testing.T) {
+	urmatest.Run(t, func(t *testing.T) urmatest.Pair {
+		noLeaks(t)
+		opts := Options{Listen: "127.0.0.1:0", PeerTimeout: 600 * time.Millisecond, DialTimeout: time.Second}
+		a := newProvider(t, opts)
+		b := newProvider(t, opts)
+		return urmatest.Pair{A: a, B: b, KillB: func() { _ = b.Close() }, PeerGoneTimeout: 3 * time.Second}
+	})
+}

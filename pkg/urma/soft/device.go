@@ -1,0 +1,224 @@
+package soft
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+type (
+	jettySlot = atomic.Pointer[jetty]
+	jfrSlot   = atomic.Pointer[jfr]
+)
+
+// device is one virtual device: its identity, its id tables and, on the
+// socket fabric, its listener and peers.
+type device struct {
+	prov   *Provider
+	info   urma.DeviceInfo
+	caps   urma.DeviceCaps
+	eids   []urma.EID
+	closed atomic.Bool
+
+	// Lock-free lookup by id for the data path; index 0 is never used.
+	jetties []jettySlot
+	jfrs    []jfrSlot
+
+	mu          sync.Mutex // guards the allocation state below
+	nJFC        uint32
+	nextJFCID   uint32
+	nJetty      uint32
+	nJFR        uint32
+	segs        map[uint32]*segment // by token id
+	nextTokenID uint32
+
+	nextUASID atomic.Uint32
+	instances atomic.Uint32 // jetty instance numbers, unique per device
+
+	sock *sockDevice // nil on the in-process fabric
+}
+
+func (d *device) infoCopy() urma.DeviceInfo {
+	i := d.info
+	i.Ports = slices.Clone(i.Ports)
+	i.EIDs = slices.Clone(i.EIDs)
+	return i
+}
+
+// jetty finds a live jetty by id.
+func (d *device) jetty(id uint32) *jetty {
+	if id == 0 || uint64(id) >= uint64(len(d.jetties)) {
+		return nil
+	}
+	return d.jetties[id].Load()
+}
+
+// allocJetty gives j the lowest free id. Ids are reused, as on hardware, so
+// a stale importer of a re-created jetty is caught by the token check.
+func (d *device) allocJetty(j *jetty) (uint32, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id := 1; id < len(d.jetties); id++ {
+		if d.jetties[id].Load() == nil {
+			d.jetties[id].Store(j)
+			d.nJetty++
+			return uint32(id), nil
+		}
+	}
+	return 0, urma.Errorf("create_jetty", urma.CodeNoMem, "device %s has all %d jetties in use", d.info.Name, d.caps.MaxJetty)
+}
+
+func (d *device) freeJetty(id uint32) {
+	d.mu.Lock()
+	d.jetties[id].Store(nil)
+	d.nJetty--
+	d.mu.Unlock()
+}
+
+func (d *device) allocJFR(r *jfr) (uint32, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id := 1; id < len(d.jfrs); id++ {
+		if d.jfrs[id].Load() == nil {
+			d.jfrs[id].Store(r)
+			d.nJFR++
+			return uint32(id), nil
+		}
+	}
+	return 0, urma.Errorf("create_jfr", urma.CodeNoMem, "device %s has all %d JFRs in use", d.info.Name, d.caps.MaxJFR)
+}
+
+func (d *device) freeJFR(id uint32) {
+	d.mu.Lock()
+	d.jfrs[id].Store(nil)
+	d.nJFR--
+	d.mu.Unlock()
+}
+
+func (d *device) allocJFC() (uint32, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.nJFC >= d.caps.MaxJFC {
+		return 0, urma.Errorf("create_jfc", urma.CodeNoMem, "device %s has all %d JFCs in use", d.info.Name, d.caps.MaxJFC)
+	}
+	d.nJFC++
+	d.nextJFCID++
+	return d.nextJFCID, nil
+}
+
+func (d *device) freeJFC() {
+	d.mu.Lock()
+	d.nJFC--
+	d.mu.Unlock()
+}
+
+func (d *device) addSegment(s *segment) uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for {
+		d.nextTokenID++
+		if d.nextTokenID == 0 {
+			continue
+		}
+		if _, taken := d.segs[d.nextTokenID]; !taken {
+			d.segs[d.nextTokenID] = s
+			return d.nextTokenID
+		}
+	}
+}
+
+func (d *device) removeSegment(tokenID uint32) {
+	d.mu.Lock()
+	delete(d.segs, tokenID)
+	d.mu.Unlock()
+}
+
+func (d *device) segment(tokenID uint32) *segment {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.segs[tokenID]
+}
+
+// checkJettyImport answers an import of jetty id with token and mode, for a
+// local importer or a peer's request.
+func (d *device) checkJettyImport(id uint32, mode urma.TransportMode, token urma.Token) urma.Code {
+	if d.closed.Load() {
+		return urma.CodeConnRefused
+	}
+	j := d.jetty(id)
+	switch {
+	case j == nil:
+		return urma.CodeNoEnt
+	case j.token != token:
+		return urma.CodeAccess
+	case j.mode != mode:
+		return urma.CodeInval
+	}
+	return urma.CodeSuccess
+}
+
+// checkSegmentImport answers an import of a segment.
+func (d *device) checkSegmentImport(id urma.SegmentID, token urma.Token) urma.Code {
+	if d.closed.Load() {
+		return urma.CodeConnRefused
+	}
+	s := d.segment(id.TokenID)
+	switch {
+	case s == nil || s.id.VA != id.VA || s.id.Len != id.Len || s.id.UASID != id.UASID:
+		return urma.CodeNoEnt
+	case s.cfg.Access == urma.AccessLocalOnly || s.cfg.Token != token:
+		return urma.CodeAccess
+	}
+	return urma.CodeSuccess
+}
+
+// forEachJetty calls f for every live jetty.
+func (d *device) forEachJetty(f func(*jetty)) {
+	for i := range d.jetties {
+		if j := d.jetties[i].Load(); j != nil {
+			f(j)
+		}
+	}
+}
+
+// codeErr turns an import answer into the verb's error.
+func codeErr(op string, c urma.Code, what string) error {
+	switch c {
+	case urma.CodeSuccess:
+		return nil
+	case urma.CodeNoEnt:
+		return urma.Errorf(op, c, "%s does not exist", what)
+	case urma.CodeAccess:
+		return urma.Errorf(op, c, "%s: wrong token or no remote access", what)
+	case urma.CodeInval:
+		return urma.Errorf(op, c, "%s: transport mode differs from the jetty's", what)
+	case urma.CodeConnRefused:
+		return urma.Errorf(op, c, "%s: device unreachable", what)
+	}
+	return urma.Errorf(op, c, "%s: refused", what)
+}
+
+// route finds where eid lives: a device this process reaches directly (the
+// in-process fabric, or this very device) or a socket peer.
+func (d *device) route(op string, eid urma.EID) (*device, *peer, error) {
+	if d.closed.Load() {
+		return nil, nil, errClosed(op, "device")
+	}
+	if d.prov.fabric != nil {
+		t := d.prov.fabric.lookup(eid)
+		if t == nil || t.closed.Load() {
+			return nil, nil, urma.Errorf(op, urma.CodeConnRefused, "no device with EID %s on the fabric", eid)
+		}
+		return t, nil, nil
+	}
+	if eid == d.eids[0] {
+		return d, nil, nil
+	}
+	p, err := d.sock.peer(eid)
+	if err != nil {
+		return nil, nil, urma.Errorf(op, urma.CodeConnRefused, "%v", err)
+	}
+	return nil, p, nil
+}

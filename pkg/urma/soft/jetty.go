@@ -1,0 +1,653 @@
+package soft
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// statusRNR is the internal answer "receiver not ready": no receive posted.
+const statusRNR urma.Status = 0xff
+
+// rnrForever is the RNRRetry value that retries without end.
+const rnrForever = 7
+
+type slotState uint8
+
+const (
+	slotFree     slotState = iota
+	slotQueued             // posted, waiting to be transmitted (or retransmitted)
+	slotInflight           // transmitted, waiting for the receiver's answer
+	slotDone               // completed; freed once the writer no longer reads it
+)
+
+// sqSlot is one posted send. Slots live in a ring sized at creation, so
+// posting allocates nothing.
+type sqSlot struct {
+	seq      uint64
+	state    slotState
+	opcode   urma.Opcode
+	flags    urma.SendFlags
+	userCtx  uint64
+	imm      uint64
+	target   *remoteJetty
+	length   uint32
+	nsge     int
+	sges     []sgeRef // view into jetty.flat, cap maxSGE
+	inline   []byte   // view into jetty.inlineBuf, cap maxInline
+	isInline bool
+	localErr urma.Status // set at post: fails with this status when reached
+	retries  uint8
+	resume   bool   // retransmission after RNR: unblocks the receiver
+	rnrBlock bool   // the receiver holds an RNR block for this slot
+	writing  bool   // the socket writer is reading the payload
+	tx       uint32 // transmissions so far; a queued frame names the one it carries
+}
+
+// jetty is a send queue sharing a JFR.
+//
+// Sends go out in posting order. A send that meets "receiver not ready" stalls
+// the queue until its retry timer fires; on the socket fabric the sends behind
+// it to the same receiver are rewound, since the receiver discards them until
+// the retried one arrives. Any send error moves the jetty to ERROR and flushes
+// the rest, as hardware does; SetError adds the FLUSH_ERR_DONE record.
+type jetty struct {
+	ctx       *devContext
+	dev       *device
+	id        urma.JettyID
+	instance  uint32 // unique per device: tells a re-created jetty's traffic from its predecessor's
+	mode      urma.TransportMode
+	token     urma.Token
+	sendJFC   *jfc
+	jfr       *jfr
+	rnrRetry  uint8
+	depth     uint32
+	maxSGE    uint32
+	maxInline uint32
+
+	mu               sync.Mutex
+	slots            []sqSlot
+	mask             uint64
+	flat             []sgeRef
+	inlineBuf        []byte
+	head, next, tail uint64 // oldest unfreed, next to transmit, next to post
+	state            urma.JettyState
+	closed           bool
+	flushDone        bool
+	stalled          bool // waiting for the RNR retry timer
+	timer            *time.Timer
+	bound            *remoteJetty // RC: the one target
+}
+
+var _ urma.Jetty = (*jetty)(nil)
+
+func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
+	const op = "create_jetty"
+	caps := c.dev.caps
+	switch {
+	case cfg.Mode == urma.RC && caps.TransMode&urma.TransModeRC == 0,
+		cfg.Mode == urma.RM && caps.TransMode&urma.TransModeRM == 0,
+		cfg.Mode != urma.RC && cfg.Mode != urma.RM:
+		return nil, urma.Errorf(op, urma.CodeInval, "transport mode %s not supported by device %s", cfg.Mode, c.dev.info.Name)
+	case cfg.SQDepth == 0 || cfg.SQDepth > caps.MaxJFSDepth:
+		return nil, urma.Errorf(op, urma.CodeInval, "SQ depth %d outside 1..%d (device max_jfs_depth)", cfg.SQDepth, caps.MaxJFSDepth)
+	case cfg.MaxSGE > caps.MaxJFSSge:
+		return nil, urma.Errorf(op, urma.CodeInval, "max SGE %d above the device's %d", cfg.MaxSGE, caps.MaxJFSSge)
+	case cfg.MaxInline > caps.MaxJFSInlineSize:
+		return nil, urma.Errorf(op, urma.CodeInval, "max inline %d above the device's %d", cfg.MaxInline, caps.MaxJFSInlineSize)
+	case cfg.RNRRetry > rnrForever:
+		return nil, urma.Errorf(op, urma.CodeInval, "RNR retry %d outside 0..7", cfg.RNRRetry)
+	case cfg.ErrTimeout > 31:
+		return nil, urma.Errorf(op, urma.CodeInval, "error timeout %d outside 0..31", cfg.ErrTimeout)
+	case cfg.Priority > 15:
+		return nil, urma.Errorf(op, urma.CodeInval, "priority %d outside 0..15", cfg.Priority)
+	}
+	q, ok := cfg.SendJFC.(*jfc)
+	if !ok || q == nil || q.ctx != c {
+		return nil, urma.Errorf(op, urma.CodeInval, "send JFC is missing or was not created by this context")
+	}
+	r, ok := cfg.JFR.(*jfr)
+	if !ok || r == nil || r.ctx != c {
+		return nil, urma.Errorf(op, urma.CodeInval, "JFR is missing or was not created by this context")
+	}
+	maxSGE := max(cfg.MaxSGE, 1)
+	ringSize := uint64(1) << bits.Len32(cfg.SQDepth-1) // a power of two, so sequence numbers wrap cleanly
+	j := &jetty{
+		ctx: c, dev: c.dev, mode: cfg.Mode, sendJFC: q, jfr: r,
+		rnrRetry: cfg.RNRRetry, depth: cfg.SQDepth, maxSGE: maxSGE, maxInline: cfg.MaxInline,
+		token: cfg.Token,
+		slots: make([]sqSlot, ringSize), mask: ringSize - 1,
+		flat: make([]sgeRef, ringSize*uint64(maxSGE)),
+	}
+	if j.token == 0 {
+		j.token = r.token
+	}
+	if cfg.MaxInline > 0 {
+		j.inlineBuf = make([]byte, ringSize*uint64(cfg.MaxInline))
+	}
+	for i := range j.slots {
+		s := &j.slots[i]
+		s.sges = j.flat[uint64(i)*uint64(maxSGE) : uint64(i+1)*uint64(maxSGE)]
+		if cfg.MaxInline > 0 {
+			s.inline = j.inlineBuf[uint64(i)*uint64(cfg.MaxInline) : uint64(i+1)*uint64(cfg.MaxInline)]
+		}
+	}
+	j.timer = time.AfterFunc(time.Hour, j.onTimer)
+	j.timer.Stop()
+	if err := q.attach(op); err != nil {
+		return nil, err
+	}
+	if err := r.attach(); err != nil {
+		q.detach()
+		return nil, err
+	}
+	id, err := c.dev.allocJetty(j)
+	if err != nil {
+		r.detach()
+		q.detach()
+		return nil, err
+	}
+	j.instance = c.dev.instances.Add(1)
+	j.id = urma.JettyID{EID: c.eid, UASID: c.uasid, ID: id}
+	if err := c.adopt(j, op); err != nil {
+		c.dev.freeJetty(id)
+		r.detach()
+		q.detach()
+		return nil, err
+	}
+	return j, nil
+}
+
+func (j *jetty) kind() string { return "jetty" }
+
+// ID names the jetty.
+func (j *jetty) ID() urma.JettyID { return j.id }
+
+// State is READY or ERROR.
+func (j *jetty) State() urma.JettyState {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.state
+}
+
+func (j *jetty) slot(seq uint64) *sqSlot { return &j.slots[seq&j.mask] }
+
+// PostSend posts one send. Structural mistakes fail the call (ErrInval), a
+// full queue fails with ErrAgain; a bad SGE (LOC_ACCESS) or an oversize
+// message (LOC_LEN) is accepted and completes with that status in its turn.
+func (j *jetty) PostSend(wr *urma.SendWR) error {
+	const op = "post_jetty_send_wr"
+	if wr == nil {
+		return urma.Errorf(op, urma.CodeInval, "work request is nil")
+	}
+	if wr.Opcode != urma.OpSend && wr.Opcode != urma.OpSendWithImm {
+		return urma.Errorf(op, urma.CodeInval, "opcode %#x is not SEND or SEND_WITH_IMM", uint8(wr.Opcode))
+	}
+	if uint32(len(wr.SGEs)) > j.maxSGE {
+		return urma.Errorf(op, urma.CodeInval, "%d SGEs, the jetty takes at most %d", len(wr.SGEs), j.maxSGE)
+	}
+	t, ok := wr.Target.(*remoteJetty)
+	if !ok || t == nil || t.ctx != j.ctx {
+		return urma.Errorf(op, urma.CodeInval, "target was not imported by this jetty's context")
+	}
+	if t.closed.Load() {
+		return errClosed(op, "target jetty")
+	}
+	if t.mode != j.mode {
+		return urma.Errorf(op, urma.CodeInval, "target imported as %s, jetty is %s", t.mode, j.mode)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch {
+	case j.closed:
+		return errClosed(op, "jetty")
+	case j.state != urma.JettyReady:
+		return urma.Errorf(op, urma.CodeInval, "jetty %d is in ERROR", j.id.ID)
+	case j.tail-j.head >= uint64(j.depth):
+		return urma.Errorf(op, urma.CodeAgain, "jetty %d send queue is full (depth %d)", j.id.ID, j.depth)
+	}
+	if j.mode == urma.RC {
+		if j.bound == nil {
+			j.bound = t
+		} else if !j.bound.sameTarget(t) {
+			return urma.Errorf(op, urma.CodeInval, "RC jetty %d is bound to %s/%d", j.id.ID, j.bound.id.EID, j.bound.id.ID)
+		}
+	}
+	s := j.slot(j.tail)
+	var length uint64
+	for i := range wr.SGEs {
+		length += uint64(wr.SGEs[i].Len)
+	}
+	inline := wr.Flags&urma.SendInline != 0
+	if inline && length > uint64(j.maxInline) {
+		return urma.Errorf(op, urma.CodeInval, "%d bytes inline, the jetty takes at most %d", length, j.maxInline)
+	}
+	s.seq, s.state = j.tail, slotQueued
+	s.opcode, s.flags, s.userCtx, s.imm, s.target = wr.Opcode, wr.Flags, wr.UserCtx, wr.Imm, t
+	s.retries, s.resume, s.rnrBlock, s.writing, s.localErr = 0, false, false, false, 0
+	s.length, s.nsge, s.isInline = uint32(min(length, 1<<32-1)), 0, false
+	for i := range wr.SGEs {
+		ref, ok := resolveSGE(j.ctx, &wr.SGEs[i])
+		if !ok {
+			s.localErr = urma.StatusLocAccess
+			break
+		}
+		s.sges[i] = ref
+		s.nsge++
+	}
+	switch {
+	case s.localErr != 0:
+	case length > j.dev.caps.MaxMsgSize:
+		s.localErr = urma.StatusLocLen
+	case inline:
+		scatterInline(s.inline, s.sges[:s.nsge])
+		s.isInline = true
+	}
+	if s.localErr != 0 || s.isInline {
+		// Nothing will read the caller's memory again.
+		releaseSGEs(s.sges[:s.nsge])
+		s.nsge = 0
+	}
+	j.tail++
+	if !j.stalled {
+		j.pump()
+	}
+	return nil
+}
+
+// scatterInline copies the SGEs' bytes into the slot's inline buffer.
+func scatterInline(dst []byte, src []sgeRef) {
+	for i := range src {
+		dst = dst[copy(dst, src[i].buf):]
+	}
+}
+
+// pump transmits queued sends in order until the queue stalls or fails; j.mu
+// is held.
+func (j *jetty) pump() {
+	for j.next < j.tail && !j.stalled && j.state == urma.JettyReady {
+		s := j.slot(j.next)
+		j.next++
+		if s.state == slotQueued {
+			j.transmit(s)
+		}
+	}
+}
+
+// transmit sends one slot: in place for a local target, by queueing a frame
+// on the peer's connection for a remote one.
+func (j *jetty) transmit(s *sqSlot) {
+	s.state = slotInflight
+	if s.localErr != 0 {
+		j.result(s, s.localErr, 0)
+		return
+	}
+	s.tx++
+	if s.target.dev != nil {
+		st, rnr := j.deliverLocal(s)
+		j.result(s, st, rnr)
+		return
+	}
+	if !s.target.peer.send(j, s.seq, s.tx) {
+		j.result(s, urma.StatusAckTimeout, 0)
+	}
+}
+
+// deliverLocal places s into its target's next posted receive, copying once
+// from the sender's memory into the receive buffer; j.mu is held, which keeps
+// this jetty's messages in order.
+func (j *jetty) deliverLocal(s *sqSlot) (urma.Status, uint8) {
+	t := s.target
+	if t.dev.closed.Load() {
+		return urma.StatusAckTimeout, 0
+	}
+	tj := t.dev.jetty(t.id.ID)
+	if tj == nil || tj.token != t.token {
+		return urma.StatusRemAccessAbort, 0
+	}
+	var tk recvTicket
+	res, rnr := tj.jfr.take(&tk)
+	switch res {
+	case takeGone:
+		return urma.StatusRemAccessAbort, 0
+	case takeRNR:
+		return statusRNR, rnr
+	}
+	meta := recvMeta{opcode: s.opcode, imm: s.imm, solicited: s.flags&urma.SendSolicitedEnable != 0, localID: tj.id.ID, remote: j.id}
+	if tk.size < uint64(s.length) {
+		tj.jfr.finish(&tk, urma.StatusLocLen, 0, &meta)
+		return urma.StatusRemOperation, 0
+	}
+	dst := tk.sges[:tk.nsge]
+	if s.isInline {
+		scatter(dst, s.inline[:s.length])
+	} else {
+		gather(dst, s.sges[:s.nsge])
+	}
+	tj.jfr.finish(&tk, urma.StatusSuccess, s.length, &meta)
+	return urma.StatusSuccess, 0
+}
+
+// gather copies the src pieces into the dst pieces, both in order.
+func gather(dst, src []sgeRef) {
+	di, doff := 0, 0
+	for i := range src {
+		b := src[i].buf
+		for len(b) > 0 && di < len(dst) {
+			c := copy(dst[di].buf[doff:], b)
+			b = b[c:]
+			doff += c
+			if doff == len(dst[di].buf) {
+				di, doff = di+1, 0
+			}
+		}
+	}
+}
+
+// result applies the receiver's answer to an inflight slot; j.mu is held.
+func (j *jetty) result(s *sqSlot, st urma.Status, rnrTimer uint8) {
+	switch st {
+	case urma.StatusSuccess:
+		s.rnrBlock = false
+		j.finish(s, st)
+	case statusRNR:
+		remote := s.target.peer != nil
+		s.rnrBlock = remote
+		if j.rnrRetry != rnrForever && s.retries >= j.rnrRetry {
+			j.finish(s, urma.StatusRNRRetryCntExc)
+			j.enterError()
+			return
+		}
+		s.retries++
+		s.state = slotQueued
+		s.resume = remote
+		if remote {
+			// The receiver discards everything behind s until s comes back.
+			for seq := s.seq + 1; seq < j.tail; seq++ {
+				o := j.slot(seq)
+				if o.state == slotInflight && o.target.sameTarget(s.target) {
+					o.state = slotQueued
+				}
+			}
+		}
+		j.next = min(j.next, s.seq)
+		j.stalled = true
+		j.timer.Reset(rnrDelay(rnrTimer, s.retries))
+	default:
+		j.finish(s, st)
+		j.enterError()
+	}
+}
+
+// rnrDelay is the wait before RNR retry number retry (1-based). The
+// receiver's min_rnr_timer t (0..31) sets the base, 10µs << t/2 (times 1.5
+// for odd t): 10µs at 0, about 0.5s at 31. Retries back off exponentially
+// from the base up to max(base, 10ms), so "retry forever" does not spin.
+func rnrDelay(t uint8, retry uint8) time.Duration {
+	base := 10 * time.Microsecond << (t >> 1)
+	if t&1 == 1 {
+		base += base / 2
+	}
+	limit := max(base, 10*time.Millisecond)
+	d := base << min(int(retry)-1, 16)
+	return min(d, limit)
+}
+
+func (j *jetty) onTimer() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed || j.state != urma.JettyReady || !j.stalled {
+		return
+	}
+	j.stalled = false
+	j.pump()
+}
+
+// finish completes a slot: a record when it failed or asked for one, then
+// the slot is freed in order; j.mu is held.
+func (j *jetty) finish(s *sqSlot, st urma.Status) {
+	if st != urma.StatusSuccess || s.flags&urma.SendCompleteEnable != 0 {
+		c := urma.Completion{
+			Status:   st,
+			Opcode:   s.opcode,
+			UserCtx:  s.userCtx,
+			LocalID:  j.id.ID,
+			RemoteID: s.target.id,
+		}
+		if st == urma.StatusSuccess {
+			c.CompletionLen = s.length
+		}
+		j.sendJFC.push(&c, false)
+	}
+	j.dropBlock(s)
+	s.state = slotDone
+	j.reap()
+}
+
+// dropBlock tells the receiver to forget the RNR block s left behind.
+func (j *jetty) dropBlock(s *sqSlot) {
+	if s.rnrBlock {
+		s.rnrBlock = false
+		s.target.peer.cancel(j, s.seq, s.target.id.ID)
+	}
+}
+
+// reap frees completed slots from the head; j.mu is held.
+func (j *jetty) reap() {
+	for j.head < j.tail {
+		s := j.slot(j.head)
+		if s.state != slotDone || s.writing {
+			break
+		}
+		releaseSGEs(s.sges[:s.nsge])
+		s.nsge, s.target, s.state = 0, nil, slotFree
+		j.head++
+	}
+	j.next = max(j.next, j.head)
+}
+
+// enterError moves the jetty to ERROR and flushes every outstanding send
+// with WR_FLUSH_ERR, in order; j.mu is held.
+func (j *jetty) enterError() {
+	if j.state == urma.JettyError {
+		return
+	}
+	j.state = urma.JettyError
+	j.stalled = false
+	j.timer.Stop()
+	for seq := j.head; seq < j.tail; seq++ {
+		if s := j.slot(seq); s.state == slotQueued || s.state == slotInflight {
+			j.finish(s, urma.StatusWRFlushErr)
+		}
+	}
+}
+
+// SetError moves the jetty to ERROR: outstanding sends complete with
+// WR_FLUSH_ERR, then one WR_FLUSH_ERR_DONE record follows. Only the first
+// call produces the record. The JFR is a separate object, possibly shared,
+// so its posted receives stay posted.
+func (j *jetty) SetError() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return errClosed("modify_jetty", "jetty")
+	}
+	if j.flushDone {
+		return nil
+	}
+	j.enterError()
+	j.flushDone = true
+	j.sendJFC.push(&urma.Completion{Status: urma.StatusWRFlushErrDone, LocalID: j.id.ID}, false)
+	return nil
+}
+
+// Close destroys the jetty. Outstanding sends are dropped without
+// completions, as on hardware; move it to ERROR and wait for FLUSH_ERR_DONE
+// first to get them back.
+func (j *jetty) Close() error {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return nil
+	}
+	j.closed = true
+	j.state = urma.JettyError
+	j.stalled = false
+	j.timer.Stop()
+	for seq := j.head; seq < j.tail; seq++ {
+		if s := j.slot(seq); s.state == slotQueued || s.state == slotInflight {
+			j.dropBlock(s)
+			s.state = slotDone
+		}
+	}
+	j.reap()
+	j.mu.Unlock()
+	j.dev.freeJetty(j.id.ID)
+	j.jfr.detach()
+	j.sendJFC.detach()
+	j.ctx.release(j)
+	return nil
+}
+
+func (j *jetty) forceClose() { _ = j.Close() }
+
+// peerDown fails the sends bound for a peer whose connection broke: the
+// first with ACK_TIMEOUT, the rest flushed as the jetty enters ERROR.
+func (j *jetty) peerDown(p *peer) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed || j.state != urma.JettyReady {
+		return
+	}
+	for seq := j.head; seq < j.tail; seq++ {
+		s := j.slot(seq)
+		if (s.state == slotQueued || s.state == slotInflight) && s.target.peer == p {
+			s.rnrBlock = false // the connection that held the block is gone
+			if s.state == slotQueued {
+				s.state = slotInflight
+			}
+			j.result(s, urma.StatusAckTimeout, 0)
+			return
+		}
+	}
+}
+
+// onAnswer applies a peer's answer for the send tagged tag.
+func (j *jetty) onAnswer(tag uint64, st urma.Status, rnrTimer uint8) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed || j.state != urma.JettyReady || uint32(tag>>32) != j.instance {
+		return
+	}
+	s := j.slot(uint64(uint32(tag)))
+	if s.state != slotInflight || uint32(s.seq) != uint32(tag) {
+		return
+	}
+	j.result(s, st, rnrTimer)
+}
+
+// beginWrite describes the slot a queued frame carries, and marks it as being
+// written; ok is false when the frame is stale (the slot completed or was
+// rewound since it was queued).
+func (j *jetty) beginWrite(seq uint64, tx uint32, h *sendHeader) (payload []sgeRef, inline []byte, ok bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	s := j.slot(seq)
+	if j.closed || s.seq != seq || s.state != slotInflight || s.tx != tx {
+		return nil, nil, false
+	}
+	s.writing = true
+	*h = sendHeader{
+		opcode: s.opcode, src: j.id.ID, srcUASID: j.id.UASID, dst: s.target.id.ID,
+		token: uint32(s.target.token), tag: uint64(j.instance)<<32 | uint64(uint32(seq)), imm: s.imm,
+		length: s.length,
+	}
+	if s.flags&urma.SendSolicitedEnable != 0 {
+		h.flags |= sendFlagSolicited
+	}
+	if s.resume {
+		h.flags |= sendFlagResume
+		s.resume = false
+	}
+	if s.isInline {
+		return nil, s.inline[:s.length], true
+	}
+	return s.sges[:s.nsge], nil, true
+}
+
+// endWrite clears the writing mark and frees the slot if it completed
+// meanwhile.
+func (j *jetty) endWrite(seq uint64) {
+	j.mu.Lock()
+	j.slot(seq).writing = false
+	j.reap()
+	j.mu.Unlock()
+}
+
+// remoteJetty is an imported peer jetty: where it lives (a local device or a
+// socket peer), its id, and the token every message carries.
+type remoteJetty struct {
+	ctx    *devContext
+	id     urma.JettyID
+	mode   urma.TransportMode
+	token  urma.Token
+	dev    *device // in-process fabric, or this provider's own device
+	peer   *peer   // socket fabric
+	closed atomic.Bool
+}
+
+var _ urma.RemoteJetty = (*remoteJetty)(nil)
+
+func (r *remoteJetty) kind() string     { return "remote jetty" }
+func (r *remoteJetty) ID() urma.JettyID { return r.id }
+
+func (r *remoteJetty) sameTarget(o *remoteJetty) bool {
+	return r.id.EID == o.id.EID && r.id.ID == o.id.ID
+}
+
+// Close unimports the jetty; sends already posted to it still go out.
+func (r *remoteJetty) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	r.ctx.release(r)
+	return nil
+}
+
+func (r *remoteJetty) forceClose() { _ = r.Close() }
+
+func importJetty(ctx context.Context, c *devContext, id urma.JettyID, mode urma.TransportMode, token urma.Token) (*remoteJetty, error) {
+	const op = "import_jetty"
+	if c.isClosed() {
+		return nil, errClosed(op, "context")
+	}
+	if mode != urma.RC && mode != urma.RM {
+		return nil, urma.Errorf(op, urma.CodeInval, "transport mode %d unknown", mode)
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	dev, peer, err := c.dev.route(op, id.EID)
+	if err != nil {
+		return nil, err
+	}
+	var code urma.Code
+	if dev != nil {
+		code = dev.checkJettyImport(id.ID, mode, token)
+	} else if code, err = peer.importJetty(ctx, id.ID, mode, token); err != nil {
+		return nil, err
+	}
+	if err := codeErr(op, code, fmt.Sprintf("jetty %s/%d", id.EID, id.ID)); err != nil {
+		return nil, err
+	}
+	r := &remoteJetty{ctx: c, id: id, mode: mode, token: token, dev: dev, peer: peer}
+	if err := c.adopt(r, op); err != nil {
+		return nil, err
+	}
+	return r, nil
+}

@@ -1,0 +1,211 @@
+package soft
+
+import (
+	"encoding/binary"
+	"errors"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// jfce is a completion event channel over a non-blocking Linux eventfd. The
+// fd is readable exactly while events are pending: notify makes it readable
+// when the first event arrives and Wait drains it when it takes the last, both
+// under mu, so readability and the pending list never disagree.
+type jfce struct {
+	ctx *devContext
+
+	mu      sync.Mutex
+	cond    *sync.Cond // signalled when a waiter leaves Wait
+	fd      int
+	pending []*jfc
+	closed  bool
+	waiters int // Waits blocked in poll(2) on fd
+	users   int // JFCs attached
+}
+
+var _ urma.JFCE = (*jfce)(nil)
+
+func newJFCE(c *devContext) (*jfce, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, urma.Errorf("create_jfce", urma.CodeNoMem, "eventfd: %v", err)
+	}
+	e := &jfce{ctx: c, fd: fd}
+	e.cond = sync.NewCond(&e.mu)
+	if err := c.adopt(e, "create_jfce"); err != nil {
+		_ = unix.Close(fd)
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *jfce) kind() string { return "JFCE" }
+
+// Fd is the eventfd; -1 once closed.
+func (e *jfce) Fd() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return -1
+	}
+	return e.fd
+}
+
+// notify queues an event for q; the caller holds q.mu, and each armed JFC
+// fires at most once per arm, so pending never holds a JFC twice.
+func (e *jfce) notify(q *jfc) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return
+	}
+	e.pending = append(e.pending, q)
+	if len(e.pending) == 1 {
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		_, _ = unix.Write(e.fd, one[:]) // cannot fail short of the counter overflowing
+	}
+}
+
+// forget drops q's pending event (q is being destroyed).
+func (e *jfce) forget(q *jfc) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, p := range e.pending {
+		if p == q {
+			e.pending = append(e.pending[:i], e.pending[i+1:]...)
+			break
+		}
+	}
+	if len(e.pending) == 0 && !e.closed {
+		e.drain()
+	}
+}
+
+// drain resets the eventfd counter to zero; e.mu is held.
+func (e *jfce) drain() {
+	var b [8]byte
+	_, _ = unix.Read(e.fd, b[:]) // EAGAIN when already zero
+}
+
+// Wait returns the JFCs that fired, at most len(out). Timeout 0 does not
+// block; a negative timeout blocks until an event arrives or the JFCE closes.
+// A timeout that expires returns 0 and no error, as urma_wait_jfc does.
+func (e *jfce) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
+	if len(out) == 0 {
+		return 0, urma.Errorf("wait_jfc", urma.CodeInval, "output slice is empty")
+	}
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	for {
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			return 0, errClosed("wait_jfc", "JFCE")
+		}
+		n := 0
+		for n < len(out) && n < len(e.pending) {
+			out[n] = e.pending[n]
+			n++
+		}
+		if n > 0 {
+			rest := copy(e.pending, e.pending[n:])
+			clear(e.pending[rest:])
+			e.pending = e.pending[:rest]
+			if rest == 0 {
+				e.drain()
+			}
+			e.mu.Unlock()
+			return n, nil
+		}
+		if timeout == 0 {
+			e.mu.Unlock()
+			return 0, nil
+		}
+		ms := -1
+		if timeout > 0 {
+			left := time.Until(deadline)
+			if left <= 0 {
+				e.mu.Unlock()
+				return 0, nil
+			}
+			ms = int((left + time.Millisecond - 1) / time.Millisecond)
+		}
+		e.waiters++
+		fd := e.fd
+		e.mu.Unlock()
+		fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		_, err := unix.Poll(fds[:], ms)
+		e.mu.Lock()
+		e.waiters--
+		e.cond.Broadcast()
+		e.mu.Unlock()
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return 0, urma.Errorf("wait_jfc", urma.CodeFail, "poll eventfd: %v", err)
+		}
+	}
+}
+
+// Close destroys the JFCE; it fails with ErrBusy while JFCs use it. Blocked
+// Waits return ErrClosed.
+func (e *jfce) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	if e.users > 0 {
+		n := e.users
+		e.mu.Unlock()
+		return urma.Errorf("delete_jfce", urma.CodeBusy, "%d JFCs still use this JFCE", n)
+	}
+	e.mu.Unlock()
+	e.destroy()
+	return nil
+}
+
+func (e *jfce) forceClose() { e.destroy() }
+
+// destroy wakes blocked waiters, waits for them to leave poll(2), then
+// closes the fd: closing it under a poller would let the number be reused.
+func (e *jfce) destroy() {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return
+	}
+	e.closed = true
+	e.pending = nil
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(e.fd, one[:])
+	for e.waiters > 0 {
+		e.cond.Wait()
+	}
+	_ = unix.Close(e.fd)
+	e.mu.Unlock()
+	e.ctx.release(e)
+}
+
+// attach counts a JFC that uses this JFCE.
+func (e *jfce) attach() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return errClosed("create_jfc", "JFCE")
+	}
+	e.users++
+	return nil
+}
+
+func (e *jfce) detach() {
+	e.mu.Lock()
+	e.users--
+	e.mu.Unlock()
+}

@@ -1,0 +1,284 @@
+package soft
+
+import (
+	"sync"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// recvSlot is one posted receive.
+type recvSlot struct {
+	userCtx uint64
+	size    uint64   // total bytes the SGEs hold
+	sges    []sgeRef // view into jfr.flat, len = number of SGEs
+}
+
+// recvTicket is a receive taken off the queue for one message. It is a copy,
+// so the ring slot can be reused while the message is still being written.
+type recvTicket struct {
+	userCtx uint64
+	size    uint64
+	nsge    int
+	sges    [MaxSGE]sgeRef
+}
+
+// takeResult says what a message found at a JFR.
+type takeResult uint8
+
+const (
+	takeOK   takeResult = iota
+	takeRNR             // no receive posted: receiver not ready
+	takeGone            // the JFR is destroyed
+)
+
+// jfr is a receive queue: a ring of Depth posted receives. Receives being
+// filled (taken but not yet completed) still count against the depth, so a
+// receive whose message broke off can always be put back at the head.
+type jfr struct {
+	ctx    *devContext
+	id     urma.JettyID
+	depth  uint32
+	maxSGE uint32
+	jfc    *jfc
+	minRNR uint8
+	policy urma.TokenPolicy
+	token  urma.Token
+
+	mu         sync.Mutex
+	ring       []recvSlot
+	flat       []sgeRef
+	head, n    int
+	inProgress int
+	closed     bool
+	users      int // jetties sharing this JFR
+}
+
+var _ urma.JFR = (*jfr)(nil)
+
+func newJFR(c *devContext, cfg urma.JFRConfig) (*jfr, error) {
+	const op = "create_jfr"
+	caps := c.dev.caps
+	if cfg.Depth == 0 || cfg.Depth > caps.MaxJFRDepth {
+		return nil, urma.Errorf(op, urma.CodeInval, "depth %d outside 1..%d (device max_jfr_depth)", cfg.Depth, caps.MaxJFRDepth)
+	}
+	maxSGE := max(cfg.MaxSGE, 1)
+	if maxSGE > caps.MaxJFRSge {
+		return nil, urma.Errorf(op, urma.CodeInval, "max SGE %d above the device's %d", cfg.MaxSGE, caps.MaxJFRSge)
+	}
+	if cfg.MinRNRTimer > 31 {
+		return nil, urma.Errorf(op, urma.CodeInval, "min RNR timer %d outside 0..31", cfg.MinRNRTimer)
+	}
+	if cfg.TokenPolicy > urma.TokenAllEncrypted {
+		return nil, urma.Errorf(op, urma.CodeInval, "token policy %d unknown", cfg.TokenPolicy)
+	}
+	q, ok := cfg.JFC.(*jfc)
+	if !ok || q == nil || q.ctx != c {
+		return nil, urma.Errorf(op, urma.CodeInval, "JFC is missing or was not created by this context")
+	}
+	r := &jfr{
+		ctx: c, depth: cfg.Depth, maxSGE: maxSGE, jfc: q, minRNR: cfg.MinRNRTimer,
+		policy: cfg.TokenPolicy, token: cfg.Token,
+		ring: make([]recvSlot, cfg.Depth),
+		flat: make([]sgeRef, int(cfg.Depth)*int(maxSGE)),
+	}
+	if err := q.attach(op); err != nil {
+		return nil, err
+	}
+	id, err := c.dev.allocJFR(r)
+	if err != nil {
+		q.detach()
+		return nil, err
+	}
+	r.id = urma.JettyID{EID: c.eid, UASID: c.uasid, ID: id}
+	if err := c.adopt(r, op); err != nil {
+		c.dev.freeJFR(id)
+		q.detach()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *jfr) kind() string { return "JFR" }
+
+// ID names the JFR.
+func (r *jfr) ID() urma.JettyID { return r.id }
+
+// PostRecv posts one receive. Past the depth it fails with ErrAgain. An SGE
+// that is foreign, unregistered or out of bounds does not fail the call: the
+// receive completes at once with LOC_ACCESS, as the hardware check would.
+func (r *jfr) PostRecv(wr *urma.RecvWR) error {
+	const op = "post_jfr_wr"
+	if wr == nil {
+		return urma.Errorf(op, urma.CodeInval, "work request is nil")
+	}
+	if uint32(len(wr.SGEs)) > r.maxSGE {
+		return urma.Errorf(op, urma.CodeInval, "%d SGEs, the JFR takes at most %d", len(wr.SGEs), r.maxSGE)
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return errClosed(op, "JFR")
+	}
+	if r.n+r.inProgress >= int(r.depth) {
+		r.mu.Unlock()
+		return urma.Errorf(op, urma.CodeAgain, "JFR %d is full (depth %d)", r.id.ID, r.depth)
+	}
+	idx := (r.head + r.n) % len(r.ring)
+	slot := &r.ring[idx]
+	base := idx * int(r.maxSGE)
+	refs := r.flat[base : base+len(wr.SGEs)]
+	var size uint64
+	for i := range wr.SGEs {
+		ref, ok := resolveSGE(r.ctx, &wr.SGEs[i])
+		if !ok {
+			releaseSGEs(refs[:i])
+			r.mu.Unlock()
+			r.jfc.push(&urma.Completion{
+				Status: urma.StatusLocAccess, Opcode: urma.CROpSend, Recv: true,
+				UserCtx: wr.UserCtx, LocalID: r.id.ID,
+			}, false)
+			return nil
+		}
+		refs[i] = ref
+		size += uint64(len(ref.buf))
+	}
+	*slot = recvSlot{userCtx: wr.UserCtx, size: size, sges: refs}
+	r.n++
+	r.mu.Unlock()
+	return nil
+}
+
+// take hands the oldest posted receive to a message, into t.
+func (r *jfr) take(t *recvTicket) (takeResult, uint8) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return takeGone, 0
+	}
+	if r.n == 0 {
+		return takeRNR, r.minRNR
+	}
+	slot := &r.ring[r.head]
+	t.userCtx, t.size, t.nsge = slot.userCtx, slot.size, len(slot.sges)
+	copy(t.sges[:], slot.sges)
+	clear(slot.sges)
+	*slot = recvSlot{}
+	r.head = (r.head + 1) % len(r.ring)
+	r.n--
+	r.inProgress++
+	return takeOK, 0
+}
+
+// recvMeta describes a message for its receive completion.
+type recvMeta struct {
+	opcode    urma.Opcode // send opcode of the message
+	imm       uint64
+	solicited bool
+	localID   uint32 // the jetty the message was sent to
+	remote    urma.JettyID
+}
+
+// finish completes a taken receive with status and length, and drops its
+// references.
+func (r *jfr) finish(t *recvTicket, status urma.Status, length uint32, m *recvMeta) {
+	r.mu.Lock()
+	r.inProgress--
+	closed := r.closed
+	r.mu.Unlock()
+	releaseSGEs(t.sges[:t.nsge])
+	if closed {
+		return
+	}
+	c := urma.Completion{
+		Status:        status,
+		Opcode:        urma.CROpSend,
+		Recv:          true,
+		UserCtx:       t.userCtx,
+		CompletionLen: length,
+		LocalID:       m.localID,
+		RemoteID:      m.remote,
+	}
+	if m.opcode == urma.OpSendWithImm {
+		c.Opcode = urma.CROpSendWithImm
+		c.Imm = m.imm
+	}
+	if status != urma.StatusSuccess {
+		c.CompletionLen = 0
+	}
+	r.jfc.push(&c, m.solicited)
+}
+
+// putBack returns a taken receive to the head of the queue: its message
+// broke off before arriving whole.
+func (r *jfr) putBack(t *recvTicket) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inProgress--
+	if r.closed {
+		releaseSGEs(t.sges[:t.nsge])
+		return
+	}
+	r.head = (r.head - 1 + len(r.ring)) % len(r.ring)
+	base := r.head * int(r.maxSGE)
+	refs := r.flat[base : base+t.nsge]
+	copy(refs, t.sges[:t.nsge])
+	r.ring[r.head] = recvSlot{userCtx: t.userCtx, size: t.size, sges: refs}
+	r.n++
+}
+
+// Close destroys the JFR, dropping posted receives without completions (the
+// JFR is a separate, possibly shared, object: a jetty's SetError does not
+// flush it). It fails with ErrBusy while jetties use it.
+func (r *jfr) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	if r.users > 0 {
+		n := r.users
+		r.mu.Unlock()
+		return urma.Errorf("delete_jfr", urma.CodeBusy, "%d jetties still use JFR %d", n, r.id.ID)
+	}
+	r.mu.Unlock()
+	r.destroy()
+	return nil
+}
+
+func (r *jfr) forceClose() { r.destroy() }
+
+func (r *jfr) destroy() {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	for i := 0; i < r.n; i++ {
+		slot := &r.ring[(r.head+i)%len(r.ring)]
+		releaseSGEs(slot.sges)
+		*slot = recvSlot{}
+	}
+	r.n = 0
+	r.mu.Unlock()
+	r.ctx.dev.freeJFR(r.id.ID)
+	r.jfc.detach()
+	r.ctx.release(r)
+}
+
+// attach counts a jetty that shares this JFR.
+func (r *jfr) attach() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errClosed("create_jetty", "JFR")
+	}
+	r.users++
+	return nil
+}
+
+func (r *jfr) detach() {
+	r.mu.Lock()
+	r.users--
+	r.mu.Unlock()
+}

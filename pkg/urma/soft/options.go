@@ -1,0 +1,172 @@
+package soft
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// Hard limits of the software provider. Device capabilities may ask for less,
+// never for more.
+const (
+	// MaxSGE is the most scatter/gather elements a work request can carry.
+	MaxSGE = 16
+	// MaxMsgSizeLimit bounds DeviceCaps.MaxMsgSize, and with it the largest
+	// frame the socket fabric accepts.
+	MaxMsgSizeLimit = 1 << 30
+	// DefaultDevice is the name of the device a Provider has when Options
+	// lists none.
+	DefaultDevice = "soft0"
+	// Driver is the driver name soft devices report.
+	Driver = "soft"
+)
+
+// Resolver maps a peer's EID to the TCP address ("host:port") to dial. It
+// returns "" and no error to fall back to decoding the address from the EID,
+// which is how IPv6 or NAT'd peers are reached: give them an EID of your
+// choice (DeviceSpec.EIDs) and resolve it here.
+type Resolver func(ctx context.Context, eid urma.EID) (string, error)
+
+// Options configures a Provider.
+type Options struct {
+	// Fabric selects the in-process fabric: the devices of every Provider
+	// created with the same Fabric reach each other directly. Nil selects
+	// the socket fabric.
+	Fabric *Fabric
+	// Listen is the socket fabric's TCP listen address for devices that do
+	// not name their own; "" means "127.0.0.1:0". In a pod use the pod IP.
+	Listen string
+	// Devices lists the virtual devices; nil means one device, soft0, with
+	// DefaultCaps.
+	Devices []DeviceSpec
+	// Resolver maps EIDs to dial addresses (socket fabric); nil decodes them.
+	Resolver Resolver
+	// PeerTimeout: a socket peer from which nothing arrived for this long is
+	// declared dead; its connection is closed and the sends outstanding on
+	// it complete with ACK_TIMEOUT. Idle connections carry a heartbeat every
+	// PeerTimeout/4. Zero means 3s.
+	PeerTimeout time.Duration
+	// DialTimeout bounds connecting and handshaking with a peer device.
+	// Zero means 3s.
+	DialTimeout time.Duration
+	// Logger receives connection events and protocol errors; zero discards.
+	Logger logr.Logger
+}
+
+// DeviceSpec describes one virtual device.
+type DeviceSpec struct {
+	// Name is the device name; "" means soft<N> by position.
+	Name string
+	// TransportType is what the device reports; zero is TransportUB, since
+	// the provider implements UB semantics.
+	TransportType urma.TransportType
+	// Caps are the device's capabilities; each zero field takes its value
+	// from DefaultCaps. MaxJFSSge and MaxJFRSge are at most MaxSGE and
+	// MaxMsgSize at most MaxMsgSizeLimit; PortCount follows Ports;
+	// OrderedRM follows UnorderedRM.
+	Caps urma.DeviceCaps
+	// UnorderedRM makes the device report OrderedRM false, to test callers
+	// that must refuse such a device. Delivery itself stays in order.
+	UnorderedRM bool
+	// Ports are the device's ports; nil means one ACTIVE port. Port state is
+	// informational: traffic flows whatever it says.
+	Ports []urma.Port
+	// EIDs are the device's EIDs. In-process: nil means one EID drawn from
+	// the fabric; several are allowed, each unique in the fabric. Socket:
+	// at most one; nil means the EID encoding the advertised address, and an
+	// explicit EID needs a Resolver on the peers unless it is that encoding.
+	EIDs []urma.EID
+	// Listen overrides Options.Listen for this device (socket fabric).
+	Listen string
+	// Advertise is the "ip:port" peers dial and the EID encodes, when it
+	// differs from the listener's address (for example a listener on
+	// 0.0.0.0). It must be an IPv4 address unless EIDs is set.
+	Advertise string
+}
+
+// DefaultCaps are the capabilities of a device whose DeviceSpec leaves them zero.
+func DefaultCaps() urma.DeviceCaps {
+	return urma.DeviceCaps{
+		MaxJFC:           1024,
+		MaxJFS:           1024,
+		MaxJFR:           1024,
+		MaxJetty:         1024,
+		MaxJFCDepth:      1 << 20,
+		MaxJFSDepth:      1 << 14,
+		MaxJFRDepth:      1 << 16,
+		MaxJFSInlineSize: 256,
+		MaxJFSSge:        MaxSGE,
+		MaxJFSRsge:       MaxSGE,
+		MaxJFRSge:        MaxSGE,
+		MaxMsgSize:       16 << 20,
+		TransMode:        urma.TransModeRC | urma.TransModeRM,
+		MaxEIDCnt:        16,
+		OrderedRM:        true,
+	}
+}
+
+const (
+	defaultPeerTimeout = 3 * time.Second
+	defaultDialTimeout = 3 * time.Second
+)
+
+// withDefaults fills a spec's zero fields and checks the result.
+func (s DeviceSpec) withDefaults(pos int) (DeviceSpec, error) {
+	if s.Name == "" {
+		s.Name = fmt.Sprintf("soft%d", pos)
+	}
+	d := DefaultCaps()
+	c := &s.Caps
+	fill := func(v *uint32, def uint32) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	fill(&c.MaxJFC, d.MaxJFC)
+	fill(&c.MaxJFS, d.MaxJFS)
+	fill(&c.MaxJFR, d.MaxJFR)
+	fill(&c.MaxJetty, d.MaxJetty)
+	fill(&c.MaxJFCDepth, d.MaxJFCDepth)
+	fill(&c.MaxJFSDepth, d.MaxJFSDepth)
+	fill(&c.MaxJFRDepth, d.MaxJFRDepth)
+	fill(&c.MaxJFSInlineSize, d.MaxJFSInlineSize)
+	fill(&c.MaxJFSSge, d.MaxJFSSge)
+	fill(&c.MaxJFSRsge, d.MaxJFSRsge)
+	fill(&c.MaxJFRSge, d.MaxJFRSge)
+	fill(&c.MaxEIDCnt, d.MaxEIDCnt)
+	if c.MaxMsgSize == 0 {
+		c.MaxMsgSize = d.MaxMsgSize
+	}
+	if c.TransMode == 0 {
+		c.TransMode = d.TransMode
+	}
+	// Delivery is always in order; the device says so unless told not to.
+	c.OrderedRM = !s.UnorderedRM
+	switch {
+	case c.MaxJFSSge > MaxSGE || c.MaxJFRSge > MaxSGE:
+		return s, fmt.Errorf("device %s: max SGE %d/%d above the provider limit %d", s.Name, c.MaxJFSSge, c.MaxJFRSge, MaxSGE)
+	case c.MaxMsgSize > MaxMsgSizeLimit:
+		return s, fmt.Errorf("device %s: max message size %d above the provider limit %d", s.Name, c.MaxMsgSize, MaxMsgSizeLimit)
+	case c.TransMode&(urma.TransModeRC|urma.TransModeRM) == 0:
+		return s, fmt.Errorf("device %s: transport modes %#x include neither RC nor RM", s.Name, c.TransMode)
+	case c.MaxJetty > 1<<20 || c.MaxJFR > 1<<20:
+		return s, fmt.Errorf("device %s: more than %d jetties or JFRs", s.Name, 1<<20)
+	}
+	if s.Ports == nil {
+		s.Ports = []urma.Port{{Index: 0, State: urma.PortActive, MaxMTU: 4096, ActiveMTU: 4096}}
+	}
+	c.PortCount = uint32(len(s.Ports))
+	if uint32(len(s.EIDs)) > c.MaxEIDCnt {
+		return s, fmt.Errorf("device %s: %d EIDs, more than MaxEIDCnt %d", s.Name, len(s.EIDs), c.MaxEIDCnt)
+	}
+	for i, e := range s.EIDs {
+		if e.IsZero() {
+			return s, fmt.Errorf("device %s: EID %d is zero", s.Name, i)
+		}
+	}
+	return s, nil
+}

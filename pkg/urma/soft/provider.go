@@ -1,0 +1,259 @@
+package soft
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// Provider is the software URMA provider. It implements urma.Provider and is
+// safe for concurrent use.
+type Provider struct {
+	name    string
+	log     logr.Logger
+	fabric  *Fabric
+	opts    Options
+	devices []*device
+
+	mu       sync.Mutex
+	closed   bool
+	contexts map[*devContext]struct{}
+
+	wg   sync.WaitGroup // every goroutine the provider starts
+	done chan struct{}  // closed by Close
+}
+
+var _ urma.Provider = (*Provider)(nil)
+
+// New creates a Provider with the devices opts describes. With opts.Fabric it
+// joins that in-process fabric; otherwise every device listens on TCP.
+func New(opts Options) (*Provider, error) {
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = logr.Discard()
+	}
+	if opts.PeerTimeout <= 0 {
+		opts.PeerTimeout = defaultPeerTimeout
+	}
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = defaultDialTimeout
+	}
+	if opts.Listen == "" {
+		opts.Listen = "127.0.0.1:0"
+	}
+	specs := opts.Devices
+	if len(specs) == 0 {
+		specs = []DeviceSpec{{Name: DefaultDevice}}
+	}
+	p := &Provider{
+		log:      opts.Logger,
+		fabric:   opts.Fabric,
+		opts:     opts,
+		contexts: make(map[*devContext]struct{}),
+		done:     make(chan struct{}),
+	}
+	if p.fabric != nil {
+		p.name = "soft-inproc"
+	} else {
+		p.name = "soft-socket"
+	}
+	names := map[string]bool{}
+	for i, raw := range specs {
+		spec, err := raw.withDefaults(i)
+		if err == nil && names[spec.Name] {
+			err = fmt.Errorf("device name %s listed twice", spec.Name)
+		}
+		if err == nil {
+			names[spec.Name] = true
+			var d *device
+			d, err = p.newDevice(spec)
+			if d != nil {
+				p.devices = append(p.devices, d)
+			}
+		}
+		if err != nil {
+			p.shutdown()
+			return nil, fmt.Errorf("create soft provider: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// newDevice creates and attaches one device.
+func (p *Provider) newDevice(spec DeviceSpec) (*device, error) {
+	d := &device{
+		prov: p,
+		caps: spec.Caps,
+		info: urma.DeviceInfo{
+			Name:          spec.Name,
+			Driver:        Driver,
+			TransportType: spec.TransportType,
+			Caps:          spec.Caps,
+			ReservedJetty: urma.Range{Min: 1, Max: 0}, // none: ids are assigned, never asked for
+			Ports:         slices.Clone(spec.Ports),
+		},
+		jetties: make([]jettySlot, spec.Caps.MaxJetty+1),
+		jfrs:    make([]jfrSlot, spec.Caps.MaxJFR+1),
+		segs:    make(map[uint32]*segment),
+	}
+	var eids []urma.EID
+	if p.fabric != nil {
+		var err error
+		if eids, err = p.fabric.attach(d, spec.EIDs); err != nil {
+			return nil, err
+		}
+	} else {
+		sd, err := listen(d, spec, p.opts)
+		if err != nil {
+			return nil, err
+		}
+		d.sock = sd
+		eids = []urma.EID{sd.eid}
+	}
+	d.eids = eids
+	for i, e := range eids {
+		d.info.EIDs = append(d.info.EIDs, urma.EIDEntry{Index: i, EID: e})
+	}
+	d.info.GUID = fmt.Sprintf("%x", eids[0][8:])
+	if d.sock != nil {
+		d.sock.start()
+	}
+	return d, nil
+}
+
+// Name says which fabric the provider uses: "soft-inproc" or "soft-socket".
+func (p *Provider) Name() string { return p.name }
+
+// Devices lists the provider's devices.
+func (p *Provider) Devices() ([]urma.DeviceInfo, error) {
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return nil, urma.Errorf("get_device_list", urma.ErrClosed.Code, "provider is closed")
+	}
+	out := make([]urma.DeviceInfo, len(p.devices))
+	for i, d := range p.devices {
+		out[i] = d.infoCopy()
+	}
+	return out, nil
+}
+
+// Open creates a context on a device ("" means the first) bound to the EID at
+// eidIndex.
+func (p *Provider) Open(name string, eidIndex int) (urma.Context, error) {
+	var d *device
+	for _, c := range p.devices {
+		if name == "" || c.info.Name == name {
+			d = c
+			break
+		}
+	}
+	if d == nil {
+		return nil, urma.Errorf("create_context", urma.CodeNoDev, "no device named %q", name)
+	}
+	if eidIndex < 0 || eidIndex >= len(d.eids) {
+		return nil, urma.Errorf("create_context", urma.CodeInval, "device %s has no EID at index %d (it has %d)", d.info.Name, eidIndex, len(d.eids))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, urma.Errorf("create_context", urma.ErrClosed.Code, "provider is closed")
+	}
+	c := &devContext{
+		prov:     p,
+		dev:      d,
+		eid:      d.eids[eidIndex],
+		uasid:    d.nextUASID.Add(1),
+		children: make(map[child]struct{}),
+	}
+	p.contexts[c] = struct{}{}
+	return c, nil
+}
+
+// Close tears everything down: every context and object still open is
+// destroyed (outstanding work requests are dropped without completions),
+// connections are closed, and every goroutine the provider started has
+// returned when Close does. Peers see this device vanish. Close is
+// idempotent.
+func (p *Provider) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	ctxs := make([]*devContext, 0, len(p.contexts))
+	for c := range p.contexts {
+		ctxs = append(ctxs, c)
+	}
+	p.mu.Unlock()
+	p.shutdown()
+	for _, c := range ctxs {
+		c.forceClose()
+	}
+	return nil
+}
+
+// shutdown detaches the devices and stops the goroutines.
+func (p *Provider) shutdown() {
+	select {
+	case <-p.done:
+	default:
+		close(p.done)
+	}
+	for _, d := range p.devices {
+		d.closed.Store(true)
+		if p.fabric != nil {
+			p.fabric.detach(d)
+		}
+		if d.sock != nil {
+			d.sock.close()
+		}
+	}
+	p.wg.Wait()
+}
+
+func (p *Provider) forgetContext(c *devContext) {
+	p.mu.Lock()
+	delete(p.contexts, c)
+	p.mu.Unlock()
+}
+
+// go runs f on a goroutine Close waits for.
+func (p *Provider) goTracked(f func()) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		f()
+	}()
+}
+
+// sleep waits d or until the provider closes; it reports whether it slept
+// the whole time.
+func (p *Provider) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.done:
+		return false
+	}
+}
+
+// errClosed builds the error every verb returns on a destroyed object.
+func errClosed(op, what string) error {
+	return urma.Errorf(op, urma.ErrClosed.Code, "%s is closed", what)
+}
+
+// isCode reports whether err is an *urma.Error with code c.
+func isCode(err error, c urma.Code) bool {
+	var e *urma.Error
+	return errors.As(err, &e) && e.Code == c
+}

@@ -1,0 +1,213 @@
+package soft
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// segment is registered mmap'd memory. refs counts the work requests whose
+// SGEs point into it: unregistering while any is outstanding fails with
+// ErrBusy, so the provider never touches memory the caller has let go of.
+type segment struct {
+	ctx *devContext
+	buf []byte
+	id  urma.SegmentID
+	cfg urma.SegmentConfig
+
+	refs   atomic.Int64
+	closed atomic.Bool
+	mu     sync.Mutex // serialises Close
+}
+
+var _ urma.Segment = (*segment)(nil)
+
+func newSegment(c *devContext, mem *urma.Memory, cfg urma.SegmentConfig) (*segment, error) {
+	const op = "register_seg"
+	if mem == nil {
+		return nil, urma.Errorf(op, urma.CodeInval, "memory is nil; allocate it with urma.AllocMemory")
+	}
+	buf := mem.Bytes()
+	if len(buf) == 0 {
+		return nil, urma.Errorf(op, urma.CodeInval, "memory is freed")
+	}
+	if err := cfg.Access.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.TokenPolicy > urma.TokenAllEncrypted {
+		return nil, urma.Errorf(op, urma.CodeInval, "token policy %d unknown", cfg.TokenPolicy)
+	}
+	s := &segment{ctx: c, buf: buf, cfg: cfg}
+	s.id = urma.SegmentID{
+		EID:   c.eid,
+		UASID: c.uasid,
+		VA:    uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
+		Len:   uint64(len(buf)),
+	}
+	if err := c.adopt(s, op); err != nil {
+		return nil, err
+	}
+	s.id.TokenID = c.dev.addSegment(s)
+	return s, nil
+}
+
+func (s *segment) kind() string { return "segment" }
+
+// ID names the segment for peers to import.
+func (s *segment) ID() urma.SegmentID { return s.id }
+
+// Bytes is the registered memory; nil once unregistered.
+func (s *segment) Bytes() []byte {
+	if s.closed.Load() {
+		return nil
+	}
+	return s.buf
+}
+
+// acquire takes a reference for a work request; it fails once the segment is
+// closed. Paired with Close's store-then-load, one of the two always sees the
+// other.
+func (s *segment) acquire() bool {
+	s.refs.Add(1)
+	if s.closed.Load() {
+		s.refs.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (s *segment) release() { s.refs.Add(-1) }
+
+// Close unregisters the segment; it fails with ErrBusy while work requests
+// still reference it.
+func (s *segment) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return nil
+	}
+	s.closed.Store(true)
+	if n := s.refs.Load(); n != 0 {
+		s.closed.Store(false)
+		return urma.Errorf("unregister_seg", urma.CodeBusy, "segment %d is referenced by %d outstanding work request SGEs", s.id.TokenID, n)
+	}
+	s.ctx.dev.removeSegment(s.id.TokenID)
+	s.ctx.release(s)
+	return nil
+}
+
+// forceClose unregisters regardless of references: Provider.Close has
+// already stopped everything that could use them.
+func (s *segment) forceClose() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Swap(true) {
+		return
+	}
+	s.ctx.dev.removeSegment(s.id.TokenID)
+	s.ctx.release(s)
+}
+
+// sgeRef is a validated SGE: the exact bytes, and the segment it holds a
+// reference on.
+type sgeRef struct {
+	seg *segment
+	buf []byte
+}
+
+// resolveSGE validates an SGE against the context's segments and takes a
+// reference; ok is false for a foreign, unregistered or out-of-bounds SGE
+// (LOC_ACCESS), in which case nothing is held.
+func resolveSGE(c *devContext, sge *urma.SGE) (r sgeRef, ok bool) {
+	seg, isOurs := sge.Segment.(*segment)
+	if !isOurs || seg == nil || seg.ctx != c {
+		return sgeRef{}, false
+	}
+	size := uint64(len(seg.buf))
+	if sge.Offset > size || uint64(sge.Len) > size-sge.Offset {
+		return sgeRef{}, false
+	}
+	if !seg.acquire() {
+		return sgeRef{}, false
+	}
+	return sgeRef{seg: seg, buf: seg.buf[sge.Offset : sge.Offset+uint64(sge.Len) : sge.Offset+uint64(sge.Len)]}, true
+}
+
+func releaseSGEs(refs []sgeRef) {
+	for i := range refs {
+		if refs[i].seg != nil {
+			refs[i].seg.release()
+		}
+		refs[i] = sgeRef{}
+	}
+}
+
+// scatter copies src into the dst pieces in order; it returns the bytes
+// copied, which is len(src) when the pieces are large enough.
+func scatter(dst []sgeRef, src []byte) int {
+	n := 0
+	for i := range dst {
+		if len(src) == 0 {
+			break
+		}
+		c := copy(dst[i].buf, src)
+		src = src[c:]
+		n += c
+	}
+	return n
+}
+
+// remoteSegment is an imported peer segment. The provider offers no
+// one-sided verbs, so importing checks access and yields a handle.
+type remoteSegment struct {
+	ctx    *devContext
+	id     urma.SegmentID
+	closed atomic.Bool
+}
+
+var _ urma.RemoteSegment = (*remoteSegment)(nil)
+
+func (r *remoteSegment) kind() string       { return "remote segment" }
+func (r *remoteSegment) ID() urma.SegmentID { return r.id }
+
+func (r *remoteSegment) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	r.ctx.release(r)
+	return nil
+}
+
+func (r *remoteSegment) forceClose() { _ = r.Close() }
+
+func importSegment(c *devContext, id urma.SegmentID, token urma.Token) (*remoteSegment, error) {
+	const op = "import_seg"
+	if c.isClosed() {
+		return nil, errClosed(op, "context")
+	}
+	dev, peer, err := c.dev.route(op, id.EID)
+	if err != nil {
+		return nil, err
+	}
+	var code urma.Code
+	if dev != nil {
+		code = dev.checkSegmentImport(id, token)
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), c.prov.opts.DialTimeout)
+		defer cancel()
+		if code, err = peer.importSegment(ctx, id, token); err != nil {
+			return nil, err
+		}
+	}
+	if err := codeErr(op, code, "segment "+id.EID.String()); err != nil {
+		return nil, err
+	}
+	r := &remoteSegment{ctx: c, id: id}
+	if err := c.adopt(r, op); err != nil {
+		return nil, err
+	}
+	return r, nil
+}

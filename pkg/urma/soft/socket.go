@@ -1,0 +1,506 @@
+package soft
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+const ioBufSize = 128 << 10
+
+// sockDevice is a device's presence on the socket fabric: its listener, its
+// peers (one per remote device it talks to) and their connections.
+type sockDevice struct {
+	dev      *device
+	prov     *Provider
+	ln       net.Listener
+	eid      urma.EID
+	session  uint64 // random per device instance, for logs
+	resolver Resolver
+	peerTO   time.Duration
+	dialTO   time.Duration
+	ctx      context.Context // cancelled by close: stops dials
+	cancel   context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	peers  map[urma.EID]*peer
+	conns  map[*conn]struct{}
+}
+
+// listen opens the device's listener and works out its EID.
+func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
+	addr := spec.Listen
+	if addr == "" {
+		addr = opts.Listen
+	}
+	if len(spec.EIDs) > 1 {
+		return nil, fmt.Errorf("device %s: a socket device has one EID, got %d", spec.Name, len(spec.EIDs))
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("device %s: listen on %s: %w", spec.Name, addr, err)
+	}
+	sd := &sockDevice{
+		dev: d, prov: d.prov, ln: ln, session: rand.Uint64(), resolver: opts.Resolver,
+		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout,
+		peers: make(map[urma.EID]*peer), conns: make(map[*conn]struct{}),
+	}
+	sd.ctx, sd.cancel = context.WithCancel(context.Background())
+	if len(spec.EIDs) == 1 {
+		sd.eid = spec.EIDs[0]
+	} else {
+		adv := spec.Advertise
+		if adv == "" {
+			adv = ln.Addr().String()
+		}
+		ap, err := netip.ParseAddrPort(adv)
+		if err == nil {
+			sd.eid, err = SocketEID(ap)
+		}
+		if err != nil {
+			_ = ln.Close()
+			return nil, fmt.Errorf("device %s: advertise address %q (set DeviceSpec.Advertise when listening on an unspecified address): %w", spec.Name, adv, err)
+		}
+	}
+	return sd, nil
+}
+
+func (sd *sockDevice) start() {
+	sd.prov.goTracked(sd.acceptLoop)
+	sd.prov.goTracked(sd.watchdog)
+}
+
+// close stops accepting and dialing and breaks every connection.
+func (sd *sockDevice) close() {
+	sd.mu.Lock()
+	if sd.closed {
+		sd.mu.Unlock()
+		return
+	}
+	sd.closed = true
+	conns := make([]*conn, 0, len(sd.conns))
+	for c := range sd.conns {
+		conns = append(conns, c)
+	}
+	sd.mu.Unlock()
+	sd.cancel()
+	_ = sd.ln.Close()
+	for _, c := range conns {
+		c.fail(errors.New("device closing"))
+	}
+}
+
+func (sd *sockDevice) log() logr.Logger {
+	return sd.prov.log.WithValues("device", sd.dev.info.Name, "eid", sd.eid.String())
+}
+
+// peer returns the peer entry for a remote device, creating it.
+func (sd *sockDevice) peer(eid urma.EID) (*peer, error) {
+	if eid.IsZero() {
+		return nil, errors.New("zero EID")
+	}
+	sd.mu.Lock()
+	defer sd.mu.Unlock()
+	if sd.closed {
+		return nil, errors.New("device closing")
+	}
+	p := sd.peers[eid]
+	if p == nil {
+		p = &peer{sd: sd, eid: eid}
+		sd.peers[eid] = p
+	}
+	return p, nil
+}
+
+// resolve finds the address to dial for eid.
+func (sd *sockDevice) resolve(ctx context.Context, eid urma.EID) (string, error) {
+	if sd.resolver != nil {
+		addr, err := sd.resolver(ctx, eid)
+		if err != nil {
+			return "", fmt.Errorf("resolve EID %s: %w", eid, err)
+		}
+		if addr != "" {
+			return addr, nil
+		}
+	}
+	if ap, ok := SocketAddr(eid); ok {
+		return ap.String(), nil
+	}
+	return "", fmt.Errorf("EID %s does not encode an address and no resolver knows it", eid)
+}
+
+func (sd *sockDevice) acceptLoop() {
+	for {
+		nc, err := sd.ln.Accept()
+		if err != nil {
+			if sd.ctx.Err() != nil {
+				return
+			}
+			sd.log().Error(err, "accept failed")
+			if !sd.prov.sleep(10 * time.Millisecond) {
+				return
+			}
+			continue
+		}
+		sd.prov.goTracked(func() { sd.handshakeIn(nc) })
+	}
+}
+
+// handshakeIn answers a dialer's HELLO and, unless a connection dialed the
+// other way wins, adopts the connection.
+//
+// Exactly one connection per pair of devices: when both dial at once, the
+// connection dialed by the device with the smaller EID wins; the acceptor
+// with the smaller EID turns the other dial down (DUPLICATE) while its own
+// dial or dialed connection stands, and the dialer then waits for that one.
+func (sd *sockDevice) handshakeIn(nc net.Conn) {
+	_ = nc.SetDeadline(time.Now().Add(sd.dialTO))
+	rx := new(atomic.Uint64)
+	br := bufio.NewReaderSize(countReader{nc, rx}, ioBufSize)
+	var buf [4 + helloLen]byte
+	var h hello
+	_, err := io.ReadFull(br, buf[:])
+	if err == nil {
+		h, err = decodeHello(buf[:])
+	}
+	if err != nil {
+		sd.log().Info("refusing connection: bad HELLO", "remote", nc.RemoteAddr().String(), "reason", err.Error())
+		_ = nc.Close()
+		return
+	}
+	var ackBuf [4 + helloAckLen]byte
+	ack := helloAck{session: sd.session, eid: sd.eid, maxMsg: sd.dev.caps.MaxMsgSize}
+	if h.dst != sd.eid || h.src == sd.eid {
+		ack.status = helloWrongEID
+		_, _ = nc.Write(encodeHelloAck(ackBuf[:], &ack))
+		sd.log().Info("refusing connection: wrong EID", "remote", nc.RemoteAddr().String(), "asked", h.dst.String(), "from", h.src.String())
+		_ = nc.Close()
+		return
+	}
+	p, err := sd.peer(h.src)
+	if err != nil {
+		_ = nc.Close()
+		return
+	}
+	_ = nc.SetDeadline(time.Time{})
+	c := newConn(sd, p, nc, br, rx, h, false)
+	p.mu.Lock()
+	peerWins := bytes.Compare(h.src[:], sd.eid[:]) < 0
+	mineStands := p.dialing || (p.conn != nil && p.conn.dialedByMe)
+	if !peerWins && mineStands {
+		p.mu.Unlock()
+		ack.status = helloDuplicate
+		_ = nc.SetDeadline(time.Now().Add(sd.dialTO))
+		_, _ = nc.Write(encodeHelloAck(ackBuf[:], &ack))
+		_ = nc.Close()
+		return
+	}
+	// The HELLO_ACK is the connection's first frame: queue it before
+	// anything else can be.
+	var it txItem
+	it.n = uint8(len(encodeHelloAck(it.ctl[:], &ack)))
+	c.q = append(c.q, it)
+	old := sd.adoptLocked(p, c)
+	p.mu.Unlock()
+	if old != nil {
+		old.fail(errors.New("replaced by a new connection from the peer"))
+	}
+}
+
+// adoptLocked makes c the peer's connection, hands it the sends waiting for
+// one and starts it; p.mu is held. It returns the connection c replaces,
+// which the caller fails after unlocking.
+func (sd *sockDevice) adoptLocked(p *peer, c *conn) *conn {
+	sd.mu.Lock()
+	if sd.closed {
+		sd.mu.Unlock()
+		_ = c.nc.Close()
+		return nil
+	}
+	sd.conns[c] = struct{}{}
+	sd.mu.Unlock()
+	old := p.conn
+	p.conn = c
+	c.q = append(c.q, p.pending...)
+	clear(p.pending)
+	p.pending = p.pending[:0]
+	sd.log().Info("connected", "peer", p.eid.String(), "dialed", c.dialedByMe, "peerSession", c.session)
+	sd.prov.goTracked(c.readLoop)
+	sd.prov.goTracked(c.writeLoop)
+	c.ring()
+	return old
+}
+
+// watchdog declares silent connections dead and keeps idle ones alive: every
+// PeerTimeout/4 it sends a PING on connections that wrote nothing, and fails
+// those that read nothing for four ticks.
+func (sd *sockDevice) watchdog() {
+	tick := max(sd.peerTO/4, time.Millisecond)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	var conns []*conn
+	for {
+		select {
+		case <-t.C:
+		case <-sd.ctx.Done():
+			return
+		}
+		conns = conns[:0]
+		sd.mu.Lock()
+		for c := range sd.conns {
+			conns = append(conns, c)
+		}
+		sd.mu.Unlock()
+		for _, c := range conns {
+			if rx := c.rx.Load(); rx != c.lastRx {
+				c.lastRx, c.idleTicks = rx, 0
+			} else if c.idleTicks++; c.idleTicks >= 4 {
+				c.fail(fmt.Errorf("peer silent for %v", sd.peerTO))
+				continue
+			}
+			if tx := c.tx.Load(); tx == c.lastTx {
+				var it txItem
+				it.n = uint8(len(encodePing(it.ctl[:])))
+				c.enqueue(&it, false)
+			} else {
+				c.lastTx = tx
+			}
+		}
+		clear(conns)
+	}
+}
+
+// peer is a remote device this device talks to.
+type peer struct {
+	sd  *sockDevice
+	eid urma.EID
+
+	mu       sync.Mutex
+	conn     *conn
+	dialing  bool
+	dialDone chan struct{} // closed when the current dial ends
+	lastErr  error         // why the last dial failed
+	pending  []txItem      // sends waiting for a connection
+}
+
+// send queues a transmission of a jetty's slot; false means the peer cannot
+// be reached now. j.mu is held.
+func (p *peer) send(j *jetty, seq uint64, tx uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.conn; c != nil {
+		return c.enqueue(&txItem{j: j, seq: seq, tx: tx}, false) == nil
+	}
+	if p.sd.ctx.Err() != nil {
+		return false
+	}
+	p.pending = append(p.pending, txItem{j: j, seq: seq, tx: tx})
+	p.startDialLocked()
+	return true
+}
+
+// cancel tells the peer to drop the RNR block of the send tagged
+// (j, seq) at jetty dst. j.mu is held.
+func (p *peer) cancel(j *jetty, seq uint64, dst uint32) {
+	p.mu.Lock()
+	c := p.conn
+	p.mu.Unlock()
+	if c == nil {
+		return // no connection, no block
+	}
+	var it txItem
+	it.n = uint8(len(encodeCancel(it.ctl[:], &cancelFrame{src: j.id.ID, dst: dst, tag: uint64(j.instance)<<32 | uint64(uint32(seq))})))
+	_ = c.enqueue(&it, false)
+}
+
+func (p *peer) startDialLocked() {
+	if p.dialing {
+		return
+	}
+	p.dialing = true
+	p.dialDone = make(chan struct{})
+	p.sd.prov.goTracked(p.dialLoop)
+}
+
+// connect returns the peer's connection, dialing if needed.
+func (p *peer) connect(ctx context.Context) (*conn, error) {
+	p.mu.Lock()
+	if p.conn != nil {
+		c := p.conn
+		p.mu.Unlock()
+		return c, nil
+	}
+	p.startDialLocked()
+	done := p.dialDone
+	p.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, urma.Errorf("import", urma.CodeTimeout, "connect to %s: %v", p.eid, ctx.Err())
+	case <-p.sd.ctx.Done():
+		return nil, errClosed("import", "device")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil {
+		return p.conn, nil
+	}
+	return nil, urma.Errorf("import", urma.CodeConnRefused, "connect to %s: %v", p.eid, p.lastErr)
+}
+
+var errDuplicate = errors.New("peer kept the connection it dialed")
+
+// dialLoop connects to the peer, retrying while the peer answers DUPLICATE
+// (its own dial to us wins and should arrive shortly), for at most the dial
+// timeout. If no connection results, the sends waiting for one fail.
+func (p *peer) dialLoop() {
+	sd := p.sd
+	ctx, cancel := context.WithTimeout(sd.ctx, sd.dialTO)
+	defer cancel()
+	var err error
+	for backoff := time.Millisecond; ; backoff = min(2*backoff, 100*time.Millisecond) {
+		if err = p.dialOnce(ctx); err == nil {
+			break
+		}
+		p.mu.Lock()
+		up := p.conn != nil
+		p.mu.Unlock()
+		if up || !errors.Is(err, errDuplicate) {
+			break
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			err = fmt.Errorf("%w; the peer's own connection did not arrive in %v", err, sd.dialTO)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	p.mu.Lock()
+	p.dialing = false
+	failed := p.conn == nil
+	if failed {
+		p.lastErr = err
+		clear(p.pending)
+		p.pending = p.pending[:0]
+	}
+	close(p.dialDone)
+	p.mu.Unlock()
+	if failed {
+		sd.log().Info("cannot reach peer", "peer", p.eid.String(), "reason", fmt.Sprint(err))
+		sd.dev.forEachJetty(func(j *jetty) { j.peerDown(p) })
+	}
+}
+
+// dialOnce dials and handshakes once.
+func (p *peer) dialOnce(ctx context.Context) error {
+	sd := p.sd
+	addr, err := sd.resolve(ctx, p.eid)
+	if err != nil {
+		return err
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", addr, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = nc.SetDeadline(dl)
+	}
+	var buf [4 + helloLen]byte
+	h := hello{session: sd.session, src: sd.eid, dst: p.eid, maxMsg: sd.dev.caps.MaxMsgSize}
+	if _, err := nc.Write(encodeHello(buf[:], &h)); err != nil {
+		_ = nc.Close()
+		return fmt.Errorf("send HELLO to %s: %w", addr, err)
+	}
+	rx := new(atomic.Uint64)
+	br := bufio.NewReaderSize(countReader{nc, rx}, ioBufSize)
+	var abuf [4 + helloAckLen]byte
+	var a helloAck
+	if _, err = io.ReadFull(br, abuf[:]); err == nil {
+		a, err = decodeHelloAck(abuf[:])
+	}
+	if err != nil {
+		_ = nc.Close()
+		return fmt.Errorf("handshake with %s: %w", addr, err)
+	}
+	switch {
+	case a.status == helloDuplicate:
+		_ = nc.Close()
+		return errDuplicate
+	case a.status == helloWrongEID || a.eid != p.eid:
+		_ = nc.Close()
+		return fmt.Errorf("%s is device %s, not %s", addr, a.eid, p.eid)
+	}
+	_ = nc.SetDeadline(time.Time{})
+	c := newConn(sd, p, nc, br, rx, hello{session: a.session, src: a.eid, maxMsg: a.maxMsg}, true)
+	p.mu.Lock()
+	old := sd.adoptLocked(p, c)
+	p.mu.Unlock()
+	if old != nil {
+		old.fail(errors.New("replaced by a new connection"))
+	}
+	return nil
+}
+
+// importJetty asks the peer whether id may be imported with token.
+func (p *peer) importJetty(ctx context.Context, id uint32, mode urma.TransportMode, token urma.Token) (urma.Code, error) {
+	return p.ask(ctx, "import_jetty", func(b []byte, req uint32) []byte {
+		return encodeImportJetty(b, &importJettyReq{mode: mode, req: req, jetty: id, token: uint32(token)})
+	})
+}
+
+// importSegment asks the peer whether a segment may be imported with token.
+func (p *peer) importSegment(ctx context.Context, id urma.SegmentID, token urma.Token) (urma.Code, error) {
+	return p.ask(ctx, "import_seg", func(b []byte, req uint32) []byte {
+		return encodeImportSeg(b, &importSegReq{req: req, uasid: id.UASID, tokenID: id.TokenID, va: id.VA, len: id.Len, token: uint32(token)})
+	})
+}
+
+func (p *peer) ask(ctx context.Context, op string, encode func([]byte, uint32) []byte) (urma.Code, error) {
+	c, err := p.connect(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ch := make(chan urma.Code, 1)
+	c.mu.Lock()
+	if c.dead {
+		c.mu.Unlock()
+		return 0, urma.Errorf(op, urma.CodeConnRefused, "connection to %s broke: %v", p.eid, c.err)
+	}
+	c.nextReq++
+	req := c.nextReq
+	c.imports[req] = ch
+	c.mu.Unlock()
+	var it txItem
+	it.n = uint8(len(encode(it.ctl[:], req)))
+	_ = c.enqueue(&it, false)
+	select {
+	case code := <-ch:
+		return code, nil
+	case <-c.done:
+		return 0, urma.Errorf(op, urma.CodeConnRefused, "connection to %s broke: %v", p.eid, c.deathCause())
+	case <-ctx.Done():
+		c.mu.Lock()
+		delete(c.imports, req)
+		c.mu.Unlock()
+		return 0, urma.Errorf(op, urma.CodeTimeout, "no answer from %s: %v", p.eid, ctx.Err())
+	}
+}
