@@ -29,8 +29,10 @@ func (r *reader) problemf(format string, args ...any) {
 	r.d.Problems = append(r.d.Problems, fmt.Sprintf(format, args...))
 }
 
-// readDevice reads everything Device holds about class/<name>.
-func readDevice(opts Options, class, name string) Device {
+// readDevice reads everything Device holds about class/<name>. It reports
+// false when the class entry is gone by the end of the read: the device was
+// unplugged during the scan, and its half-read files are no device at all.
+func readDevice(opts Options, class, name string) (Device, bool) {
 	d := Device{
 		DeviceInfo:  urma.DeviceInfo{Name: name},
 		Class:       class,
@@ -39,10 +41,13 @@ func readDevice(opts Options, class, name string) Device {
 	}
 	r := &reader{dir: filepath.Join(opts.ClassDir(class), name), d: &d}
 	r.read()
+	if _, err := os.Lstat(r.dir); errors.Is(err, fs.ErrNotExist) {
+		return Device{}, false
+	}
 	if r.dropped > 0 {
 		d.Problems = append(d.Problems, fmt.Sprintf("%d more problems not listed", r.dropped))
 	}
-	return d
+	return d, true
 }
 
 func (r *reader) read() {

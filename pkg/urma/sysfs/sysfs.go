@@ -157,7 +157,8 @@ func (d *Device) portSummary() string {
 // existing is not an error (no driver loaded: an empty list); a class
 // directory that exists but cannot be listed is, because returning a partial
 // list would look like devices vanishing. Per-device trouble never fails the
-// scan: it lands in that device's Problems.
+// scan: it lands in that device's Problems. A device whose class entry
+// disappears while it is being read was unplugged and is left out.
 func Discover(opts Options) ([]Device, error) {
 	seen := map[string]bool{}
 	var devs []Device
@@ -176,8 +177,10 @@ func Discover(opts Options) ([]Device, error) {
 			if name == "ubcore" || strings.HasPrefix(name, ".") || seen[name] {
 				continue
 			}
-			seen[name] = true
-			devs = append(devs, readDevice(opts, class, name))
+			if d, ok := readDevice(opts, class, name); ok {
+				seen[name] = true
+				devs = append(devs, d)
+			}
 		}
 	}
 	sort.Slice(devs, func(i, j int) bool { return devs[i].Name < devs[j].Name })
@@ -221,7 +224,7 @@ func listDir(dir string, limit int) ([]string, error) {
 		if len(names) > limit {
 			return nil, fmt.Errorf("more than %d entries", limit)
 		}
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return names, nil
 		}
 		if err != nil {
