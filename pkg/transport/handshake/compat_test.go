@@ -50,6 +50,7 @@ func TestV3BodyMatchesBrpcSchema(t *testing.T) {
 	md := brpcHelloDescriptor(t)
 	h := sampleHello()
 	h.Token, h.HasToken = 0x1234, true
+	h.SQSize = 512
 
 	// Ours -> brpc: a strict proto2 parser (required fields enforced) reads
 	// every field, and keeps our token as an unknown field.
@@ -81,7 +82,7 @@ func TestV3BodyMatchesBrpcSchema(t *testing.T) {
 		}
 	}
 	if len(msg.GetUnknown()) == 0 {
-		t.Error("our token field should survive as an unknown field in brpc's schema")
+		t.Error("our token and sq_size fields should survive as unknown fields in brpc's schema")
 	}
 
 	// brpc -> ours: what protobuf marshals from brpc's schema, we parse.
@@ -95,7 +96,7 @@ func TestV3BodyMatchesBrpcSchema(t *testing.T) {
 		t.Fatalf("parse brpc-schema body: %v", err)
 	}
 	want := h
-	want.Token, want.HasToken = 0, false
+	want.Token, want.HasToken, want.SQSize = 0, false, 0
 	if got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
@@ -116,7 +117,7 @@ func TestProtoFileMatchesCodec(t *testing.T) {
 		inFile[m[2]] = n
 		labels[m[2]] = m[1]
 	}
-	want := map[string]int{"token": int(fieldToken)}
+	want := map[string]int{"token": int(fieldToken), "sq_size": int(fieldSQSize)}
 	for _, f := range requiredFields {
 		want[f.name] = int(f.num)
 		if labels[f.name] != "required" {
@@ -131,7 +132,7 @@ func TestProtoFileMatchesCodec(t *testing.T) {
 			t.Errorf("field %s: .proto says %d, codec uses %d", name, inFile[name], num)
 		}
 	}
-	if fieldToken <= fieldSegTokenID {
-		t.Error("token field must not reuse a brpc field number")
+	if fieldToken <= fieldSegTokenID || fieldSQSize <= fieldSegTokenID {
+		t.Error("our fields must not reuse a brpc field number")
 	}
 }

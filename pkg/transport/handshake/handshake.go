@@ -36,8 +36,11 @@ const (
 	// V2ExtTag opens our extension block after the 86 fixed bytes. brpc drains
 	// whatever follows the fixed part, so the block is invisible to it.
 	V2ExtTag = "K8ST"
-	// V2ExtLen is the extension block: tag + token value (big-endian uint32).
-	V2ExtLen = 8
+	// V2ExtLen is the extension block: tag, token value, sq_size and flags,
+	// each a big-endian uint32. Flag bit 0 says the token is present.
+	V2ExtLen = 16
+	// v2ExtHasToken is the extension flag for "token present".
+	v2ExtHasToken = 0x1
 )
 
 // V3MaxBodyLen is the largest protobuf body a v3 hello may announce.
@@ -99,7 +102,13 @@ type Hello struct {
 	// sender registered them without one (brpc peers).
 	Token    uint32
 	HasToken bool
+	// SQSize is the sender's send queue depth, so the receiver can size its
+	// credit batches below the sender's window; 0 when not sent (brpc).
+	SQSize uint32
 }
+
+// hasExt reports whether h carries anything only our extension holds.
+func (h *Hello) hasExt() bool { return h.HasToken || h.SQSize != 0 }
 
 // Validate applies brpc's ValidHello rules; it names the first rule broken.
 func (h *Hello) Validate() error {
@@ -120,11 +129,11 @@ func (h *Hello) Validate() error {
 	return nil
 }
 
-// AppendV2 appends h as a v2 packet. With HasToken the packet grows by our
-// extension block and msg_len says so.
+// AppendV2 appends h as a v2 packet. With a token or an SQ size the packet
+// grows by our extension block and msg_len says so.
 func AppendV2(dst []byte, h Hello) []byte {
 	msgLen := V2PacketLen
-	if h.HasToken {
+	if h.hasExt() {
 		msgLen += V2ExtLen
 	}
 	dst = append(dst, MagicV2...)
@@ -132,9 +141,15 @@ func AppendV2(dst []byte, h Hello) []byte {
 	dst = binary.BigEndian.AppendUint16(dst, V2HelloVersion)
 	dst = binary.BigEndian.AppendUint16(dst, V2ImplVersion)
 	dst = appendV2Fields(dst, &h)
-	if h.HasToken {
+	if h.hasExt() {
+		var flags uint32
+		if h.HasToken {
+			flags |= v2ExtHasToken
+		}
 		dst = append(dst, V2ExtTag...)
 		dst = binary.BigEndian.AppendUint32(dst, h.Token)
+		dst = binary.BigEndian.AppendUint32(dst, h.SQSize)
+		dst = binary.BigEndian.AppendUint32(dst, flags)
 	}
 	return dst
 }
@@ -204,12 +219,18 @@ func checkV2Header(hdr v2Header) error {
 	return nil
 }
 
-// decodeV2Ext reads our token from the bytes after the fixed 86; anything
-// else there is some other implementation's extension and is ignored.
+// decodeV2Ext reads our extension from the bytes after the fixed 86;
+// anything else there is some other implementation's extension and is
+// ignored.
 func decodeV2Ext(h *Hello, ext []byte) {
-	if len(ext) >= V2ExtLen && string(ext[:MagicLen]) == V2ExtTag {
-		h.Token = binary.BigEndian.Uint32(ext[MagicLen:])
-		h.HasToken = true
+	if len(ext) < V2ExtLen || string(ext[:MagicLen]) != V2ExtTag {
+		return
+	}
+	be := binary.BigEndian
+	flags := be.Uint32(ext[12:])
+	h.SQSize = be.Uint32(ext[8:])
+	if flags&v2ExtHasToken != 0 {
+		h.Token, h.HasToken = be.Uint32(ext[4:]), true
 	}
 }
 

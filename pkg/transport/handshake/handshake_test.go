@@ -61,8 +61,13 @@ func mustHex(t *testing.T, s string) []byte {
 func TestV2GoldenBytes(t *testing.T) {
 	withToken := sampleHello()
 	withToken.Token, withToken.HasToken = 0xcafef00d, true
-	// With a token, msg_len grows to 94 and our extension block follows.
-	goldenWithToken := "55524d41" + "005e" + goldenV2[12:] + "4b385354" + "cafef00d"
+	withToken.SQSize = 256
+	// With our extension, msg_len grows to 102 and the block follows:
+	// tag "K8ST", token, sq_size, flags (bit 0: token present).
+	goldenWithToken := "55524d41" + "0066" + goldenV2[12:] + "4b385354" + "cafef00d" + "00000100" + "00000001"
+	sqOnly := sampleHello()
+	sqOnly.SQSize = 16
+	goldenSQOnly := "55524d41" + "0066" + goldenV2[12:] + "4b385354" + "00000000" + "00000010" + "00000000"
 
 	tests := []struct {
 		name   string
@@ -72,6 +77,7 @@ func TestV2GoldenBytes(t *testing.T) {
 	}{
 		{"brpc layout", sampleHello(), goldenV2, V2PacketLen},
 		{"with token extension", withToken, goldenWithToken, V2PacketLen + V2ExtLen},
+		{"extension without token", sqOnly, goldenSQOnly, V2PacketLen + V2ExtLen},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,7 +196,9 @@ func TestParseV2Rejects(t *testing.T) {
 func TestV3RoundTrip(t *testing.T) {
 	withToken := sampleHello()
 	withToken.Token, withToken.HasToken = 7, true
-	for _, h := range []Hello{sampleHello(), withToken} {
+	withSQ := withToken
+	withSQ.SQSize = 4096
+	for _, h := range []Hello{sampleHello(), withToken, withSQ} {
 		p := AppendV3(nil, h)
 		if string(p[:4]) != MagicV3 {
 			t.Fatalf("magic %q", p[:4])
@@ -317,6 +325,30 @@ func TestReadHello(t *testing.T) {
 				if err != nil || !ack {
 					t.Fatalf("stream not aligned on the ACK after the hello: ack=%v err=%v", ack, err)
 				}
+			}
+		})
+	}
+}
+
+func TestIsFallback(t *testing.T) {
+	tests := []struct {
+		name   string
+		stream []byte
+		want   bool
+	}{
+		{"v2 fallback", AppendV2Fallback(nil), true},
+		{"v3 fallback", AppendV3Fallback(nil), true},
+		{"v2 broken", AppendV2(nil, Hello{JettyID: 5, BufferSize: 100}), false},
+		{"v3 broken", AppendV3(nil, Hello{JettyID: 5, BufferSize: 100}), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h, _, err := ReadHello(bytes.NewReader(tc.stream[MagicLen:]), tc.stream[:MagicLen])
+			if !errors.Is(err, ErrInvalidHello) {
+				t.Fatalf("ReadHello = %v, want invalid", err)
+			}
+			if got := IsFallback(h); got != tc.want {
+				t.Fatalf("IsFallback(%+v) = %v, want %v", h, got, tc.want)
 			}
 		})
 	}

@@ -22,8 +22,11 @@ func IsMagic(magic []byte) (Version, bool) {
 // from r and validates it.
 //
 // An error wrapping ErrInvalidHello means the peer spoke the handshake but
-// its hello is unusable: fall back to TCP. ReadHello keeps the stream aligned
-// for the ACK that follows whenever the hello says how long it is: a v2 hello
+// its hello is unusable: fall back to TCP. The hello is then returned as far
+// as it was decoded (zero if nothing was), so a caller can tell a peer's
+// deliberate fallback hello (IsFallback) from a broken one. ReadHello keeps
+// the stream aligned for the ACK that follows whenever the hello says how
+// long it is: a v2 hello
 // with msg_len in range is read in full (extra bytes drained) even when a
 // rule fails. Any other error is an I/O error and the connection is broken.
 func ReadHello(r io.Reader, magic []byte) (Hello, Version, error) {
@@ -46,7 +49,7 @@ func readV2(r io.Reader) (Hello, error) {
 	hdr, h := decodeV2Body(body[:])
 	if hdr.msgLen < V2PacketLen || hdr.msgLen > V2MaxMsgLen {
 		// The length itself is wrong: nothing to drain by.
-		return Hello{}, checkV2Header(hdr)
+		return h, checkV2Header(hdr)
 	}
 	if extra := int(hdr.msgLen) - V2PacketLen; extra > 0 {
 		var ext [V2MaxMsgLen - V2PacketLen]byte
@@ -56,13 +59,21 @@ func readV2(r io.Reader) (Hello, error) {
 		decodeV2Ext(&h, ext[:extra])
 	}
 	if err := checkV2Header(hdr); err != nil {
-		return Hello{}, err
+		if hdr.helloVer == 0 && hdr.implVer == 0 {
+			return Hello{}, err // a fallback hello: nothing in it is meant
+		}
+		return h, err
 	}
 	if err := h.Validate(); err != nil {
-		return Hello{}, err
+		return h, err
 	}
 	return h, nil
 }
+
+// IsFallback reports whether an invalid hello returned by ReadHello is the
+// deliberate "I will not use URMA" hello a server sends (AppendV2Fallback,
+// AppendV3Fallback): no jetty and no buffer size.
+func IsFallback(h Hello) bool { return h.JettyID == 0 && h.BufferSize == 0 }
 
 func readV3(r io.Reader) (Hello, error) {
 	var lenBuf [4]byte
@@ -82,7 +93,7 @@ func readV3(r io.Reader) (Hello, error) {
 		return Hello{}, err
 	}
 	if err := h.Validate(); err != nil {
-		return Hello{}, err
+		return h, err
 	}
 	return h, nil
 }

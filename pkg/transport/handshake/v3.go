@@ -19,8 +19,9 @@ const (
 	fieldSegVA         protowire.Number = 9
 	fieldSegLen        protowire.Number = 10
 	fieldSegTokenID    protowire.Number = 11
-	// fieldToken is ours; brpc keeps it as an unknown field.
-	fieldToken protowire.Number = 100
+	// fieldToken and fieldSQSize are ours; brpc keeps them as unknown fields.
+	fieldToken  protowire.Number = 100
+	fieldSQSize protowire.Number = 101
 )
 
 // requiredFields are brpc's proto2 required fields, in field-number order.
@@ -62,6 +63,9 @@ func MarshalV3Body(dst []byte, h Hello) []byte {
 	dst = u32(dst, fieldSegTokenID, h.SegTokenID)
 	if h.HasToken {
 		dst = u32(dst, fieldToken, h.Token)
+	}
+	if h.SQSize != 0 {
+		dst = u32(dst, fieldSQSize, h.SQSize)
 	}
 	return dst
 }
@@ -142,7 +146,7 @@ func UnmarshalV3Body(body []byte) (Hello, error) {
 func isVarintField(num protowire.Number) bool {
 	switch num {
 	case fieldBufferSize, fieldRecvBufferCnt, fieldJettyID, fieldUASID, fieldTPType,
-		fieldSegUASID, fieldSegVA, fieldSegLen, fieldSegTokenID, fieldToken:
+		fieldSegUASID, fieldSegVA, fieldSegLen, fieldSegTokenID, fieldToken, fieldSQSize:
 		return true
 	}
 	return false
@@ -178,6 +182,8 @@ func setVarint(h *Hello, num protowire.Number, v uint64) {
 	case fieldToken:
 		h.Token = uint32(v)
 		h.HasToken = true
+	case fieldSQSize:
+		h.SQSize = uint32(v)
 	}
 }
 
