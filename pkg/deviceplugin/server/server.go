@@ -1,0 +1,381 @@
+// Package server implements kubelet's DevicePlugin gRPC service over the
+// inventory: ListAndWatch streams the budget units, Allocate hands a
+// container the device node and environment of the device its units are on,
+// and GetPreferredAllocation packs a container onto one device.
+package server
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/preferred"
+)
+
+// Environment variables Allocate sets; pkg/transport reads them.
+const (
+	// EnvDevice names the device the container should open (the one holding
+	// most of its units).
+	EnvDevice = "URMA_DEVICE"
+	// EnvEID is EnvDevice's lowest-index EID (hardware devices only).
+	EnvEID = "URMA_EID"
+	// EnvJettyBudget is the jetties (not units) the container may use on
+	// EnvDevice.
+	EnvJettyBudget = "URMA_JETTY_BUDGET"
+	// EnvDevices lists every device with its jetties, "udma0:64,udma1:32",
+	// most jetties first, when a container's units span several devices.
+	EnvDevices = "URMA_DEVICES"
+	// EnvProvider is "soft" when EnvDevice is a software-provider device.
+	EnvProvider = "URMA_PROVIDER"
+	// ProviderSoft is EnvProvider's value for software devices.
+	ProviderSoft = "soft"
+)
+
+// DefaultResync is how often ListAndWatch resends the full list unasked.
+const DefaultResync = time.Minute
+
+// Config configures the service.
+type Config struct {
+	// DevRoot is where the plugin sees the host's /dev ("" means /dev). The
+	// paths given to kubelet are always the host's /dev/... paths.
+	DevRoot string
+	// ExtraDevNodes are further device nodes, as /dev/... paths, to give
+	// every container that gets a hardware device; missing ones are skipped.
+	ExtraDevNodes []string
+	// CDIKind, when set (e.g. "urma.openeuler.org/jetty"), switches Allocate
+	// to answer with CDI device names "<kind>=<device>" instead of device
+	// specs; a CDI spec with those names must exist (package cdispec).
+	CDIKind string
+	// Resync is how often ListAndWatch resends the full list; 0 means
+	// DefaultResync.
+	Resync time.Duration
+}
+
+// Validate checks that extra device nodes are /dev/... paths and the CDI
+// kind looks like vendor/class.
+func (c Config) Validate() error {
+	for _, p := range c.ExtraDevNodes {
+		clean := filepath.Clean(p)
+		if !strings.HasPrefix(clean, "/dev/") || clean != p {
+			return fmt.Errorf("extra device node %q: want a clean absolute path under /dev/", p)
+		}
+	}
+	if c.CDIKind != "" {
+		vendor, class, ok := strings.Cut(c.CDIKind, "/")
+		if !ok || vendor == "" || class == "" || strings.ContainsAny(class, "/=") {
+			return fmt.Errorf("CDI kind %q: want <vendor>/<class>", c.CDIKind)
+		}
+	}
+	return nil
+}
+
+// Server is the DevicePlugin service.
+type Server struct {
+	pluginapi.UnimplementedDevicePluginServer
+
+	cfg     Config
+	inv     *inventory.Inventory
+	log     logr.Logger
+	metrics *metrics.Metrics
+}
+
+// New returns the service; metrics may be nil.
+func New(cfg Config, inv *inventory.Inventory, log logr.Logger, m *metrics.Metrics) *Server {
+	if cfg.DevRoot == "" {
+		cfg.DevRoot = "/dev"
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = DefaultResync
+	}
+	return &Server{cfg: cfg, inv: inv, log: log, metrics: m}
+}
+
+// Options is what the plugin tells kubelet when registering.
+func Options() *pluginapi.DevicePluginOptions {
+	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}
+}
+
+// GetDevicePluginOptions implements the DevicePlugin service.
+func (s *Server) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return Options(), nil
+}
+
+// PreStartContainer is not needed (PreStartRequired is false); it succeeds.
+func (s *Server) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+// ListAndWatch sends the full unit list at once, after every inventory
+// change and every resync interval, until the stream or the server ends.
+func (s *Server) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
+	resync := time.NewTicker(s.cfg.Resync)
+	defer resync.Stop()
+	for {
+		snap, changed := s.inv.Current()
+		devs := Units(snap)
+		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: devs}); err != nil {
+			return fmt.Errorf("send device list: %w", err)
+		}
+		s.log.V(1).Info("sent device list to kubelet", "units", len(devs), "generation", snap.Generation)
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-changed:
+		case <-resync.C:
+		}
+	}
+}
+
+// Units lists the kubelet devices (budget units) of a snapshot.
+func Units(snap *inventory.Snapshot) []*pluginapi.Device {
+	var out []*pluginapi.Device
+	for i := range snap.Devices {
+		d := &snap.Devices[i]
+		health := pluginapi.Unhealthy
+		if d.Healthy {
+			health = pluginapi.Healthy
+		}
+		var topo *pluginapi.TopologyInfo
+		if d.NUMANode >= 0 {
+			topo = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(d.NUMANode)}}}
+		}
+		for k := range d.Budget.Units {
+			out = append(out, &pluginapi.Device{ID: budget.UnitID(d.Name, k), Health: health, Topology: topo})
+		}
+	}
+	return out
+}
+
+// GetPreferredAllocation packs each container onto one device, then one
+// NUMA node (see package preferred).
+func (s *Server) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	snap, _ := s.inv.Current()
+	devs := make(map[string]preferred.Device, len(snap.Devices))
+	for _, d := range snap.Devices {
+		devs[d.Name] = preferred.Device{NUMANode: d.NUMANode, Healthy: d.Healthy}
+	}
+	resp := &pluginapi.PreferredAllocationResponse{}
+	for _, cr := range req.GetContainerRequests() {
+		ids := preferred.Pick(preferred.Request{
+			Available:   cr.GetAvailableDeviceIDs(),
+			MustInclude: cr.GetMustIncludeDeviceIDs(),
+			Size:        int(cr.GetAllocationSize()),
+		}, devs)
+		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
+	}
+	return resp, nil
+}
+
+// Allocate answers every container request, or refuses the whole call with
+// InvalidArgument naming each unknown or unhealthy unit ID.
+func (s *Server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	snap, _ := s.inv.Current()
+	resp := &pluginapi.AllocateResponse{}
+	var shares [][]Share
+	for _, cr := range req.GetContainerRequests() {
+		sh, err := Group(snap, cr.GetDevicesIds())
+		if err != nil {
+			s.metrics.AllocateRefused()
+			s.log.Info("refused allocation", "ids", cr.GetDevicesIds(), "error", err.Error())
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		shares = append(shares, sh)
+	}
+	for _, sh := range shares {
+		resp.ContainerResponses = append(resp.ContainerResponses, s.containerResponse(snap, sh))
+		for _, x := range sh {
+			s.metrics.ObserveAllocation(x.Device.Name, x.Units)
+		}
+		s.log.Info("allocated", "devices", describe(sh))
+	}
+	return resp, nil
+}
+
+// Share is the part of one container's allocation on one device.
+type Share struct {
+	Device *inventory.Device
+	Units  int
+}
+
+// Jetties is the share's jetty budget.
+func (sh Share) Jetties(jettiesPerUnit uint32) uint64 {
+	return uint64(sh.Units) * uint64(jettiesPerUnit)
+}
+
+// Group checks unit IDs against a snapshot and groups them by device, most
+// units first (ties by name). Repeated IDs count once. Unknown IDs
+// (malformed, no such device, index beyond the budget) and IDs of unhealthy
+// devices make an error that names every one of them.
+func Group(snap *inventory.Snapshot, ids []string) ([]Share, error) {
+	var unknown, unhealthy []string
+	reasons := map[string]string{}
+	seen := map[string]bool{}
+	counts := map[string]int{}
+	for _, id := range ids {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		name, k, err := budget.ParseUnitID(id)
+		if err != nil {
+			unknown = append(unknown, id)
+			continue
+		}
+		d, ok := snap.Lookup(name)
+		if !ok || k >= d.Budget.Units {
+			unknown = append(unknown, id)
+			continue
+		}
+		if !d.Healthy {
+			unhealthy = append(unhealthy, id)
+			reasons[name] = d.Reason
+			continue
+		}
+		counts[name]++
+	}
+	if len(unknown)+len(unhealthy) > 0 {
+		var parts []string
+		if len(unknown) > 0 {
+			parts = append(parts, fmt.Sprintf("unknown unit IDs %s", strings.Join(unknown, ",")))
+		}
+		if len(unhealthy) > 0 {
+			var why []string
+			for _, name := range sortedKeys(reasons) {
+				why = append(why, name+": "+reasons[name])
+			}
+			parts = append(parts, fmt.Sprintf("unhealthy unit IDs %s (%s)", strings.Join(unhealthy, ","), strings.Join(why, "; ")))
+		}
+		return nil, fmt.Errorf("cannot allocate: %s", strings.Join(parts, "; "))
+	}
+	if len(counts) == 0 {
+		return nil, fmt.Errorf("cannot allocate: no unit IDs requested")
+	}
+	out := make([]Share, 0, len(counts))
+	for name, n := range counts {
+		d, _ := snap.Lookup(name)
+		out = append(out, Share{Device: d, Units: n})
+	}
+	slices.SortFunc(out, func(a, b Share) int {
+		if a.Units != b.Units {
+			return b.Units - a.Units
+		}
+		return strings.Compare(a.Device.Name, b.Device.Name)
+	})
+	return out, nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func describe(sh []Share) string {
+	parts := make([]string, len(sh))
+	for i, x := range sh {
+		parts[i] = fmt.Sprintf("%s:%d units", x.Device.Name, x.Units)
+	}
+	return strings.Join(parts, ",")
+}
+
+// containerResponse builds one container's answer from its shares.
+func (s *Server) containerResponse(snap *inventory.Snapshot, sh []Share) *pluginapi.ContainerAllocateResponse {
+	primary := sh[0]
+	n := snap.JettiesPerUnit
+	env := map[string]string{
+		EnvDevice:      primary.Device.Name,
+		EnvJettyBudget: strconv.FormatUint(primary.Jetties(n), 10),
+	}
+	if primary.Device.Software {
+		env[EnvProvider] = ProviderSoft
+	} else if primary.Device.EID != "" {
+		env[EnvEID] = primary.Device.EID
+	}
+	if len(sh) > 1 {
+		list := make([]string, len(sh))
+		for i, x := range sh {
+			list[i] = fmt.Sprintf("%s:%d", x.Device.Name, x.Jetties(n))
+		}
+		env[EnvDevices] = strings.Join(list, ",")
+	}
+	resp := &pluginapi.ContainerAllocateResponse{Envs: env}
+
+	var hw []*inventory.Device
+	for _, x := range sh {
+		if !x.Device.Software {
+			hw = append(hw, x.Device)
+		}
+	}
+	if len(hw) == 0 {
+		return resp // software devices need no device node
+	}
+	if s.cfg.CDIKind != "" {
+		for _, d := range hw {
+			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: s.cfg.CDIKind + "=" + d.Name})
+		}
+		return resp
+	}
+	seen := map[string]bool{}
+	add := func(pluginPath string) {
+		p := s.HostPath(pluginPath)
+		if p == "" || seen[p] {
+			return
+		}
+		seen[p] = true
+		resp.Devices = append(resp.Devices, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
+	}
+	for _, d := range hw {
+		add(d.DevNode)
+	}
+	add(snap.UMMUNode)
+	for _, p := range s.ExtraNodes() {
+		add(p)
+	}
+	return resp
+}
+
+// HostPath maps a path under DevRoot (as the plugin sees it) to the host's
+// /dev/... path that kubelet and the runtime understand; "" if the path is
+// not under DevRoot.
+func (s *Server) HostPath(pluginPath string) string {
+	if pluginPath == "" {
+		return ""
+	}
+	rel, err := filepath.Rel(s.cfg.DevRoot, pluginPath)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return ""
+	}
+	return filepath.Join("/dev", rel)
+}
+
+// ExtraNodes returns the configured extra device nodes that exist, as paths
+// under DevRoot, logging the ones that do not.
+func (s *Server) ExtraNodes() []string {
+	var out []string
+	for _, p := range s.cfg.ExtraDevNodes {
+		rel := strings.TrimPrefix(filepath.Clean(p), "/dev/")
+		local := filepath.Join(s.cfg.DevRoot, rel)
+		if _, err := os.Stat(local); err != nil {
+			s.log.Info("extra device node not found; not mounting it", "node", p, "lookedAt", local)
+			continue
+		}
+		out = append(out, local)
+	}
+	return out
+}

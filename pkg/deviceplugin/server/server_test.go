@@ -1,0 +1,376 @@
+package server
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
+)
+
+// fakeDev writes a device tree root with the given nodes (relative to it).
+func fakeDev(t *testing.T, nodes ...string) string {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "hostdev")
+	for _, n := range nodes {
+		p := filepath.Join(root, n)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+func hw(root, name string, numa int, units uint32, healthy bool) inventory.Device {
+	d := inventory.Device{
+		Name: name, NUMANode: numa, Healthy: healthy,
+		Budget:  budget.Budget{Units: units, Jetties: units * 16},
+		DevNode: filepath.Join(root, "uburma", name), EID: "::ffff:10.0.0.1",
+	}
+	if !healthy {
+		d.Reason = "no usable port (port0 DOWN)"
+	}
+	return d
+}
+
+func snapshot(root string) inventory.Snapshot {
+	softDev := inventory.SoftDevices(inventory.Config{Budget: budget.Default(), SoftDevices: 1, SoftJetties: 64})[0]
+	return inventory.Snapshot{
+		JettiesPerUnit: 16,
+		UMMUNode:       filepath.Join(root, "ummu", "tid"),
+		Devices: []inventory.Device{
+			softDev,
+			hw(root, "udma0", 0, 4, true),
+			hw(root, "udma1", 1, 4, true),
+			hw(root, "udma2", -1, 2, false),
+		},
+	}
+}
+
+type fixture struct {
+	inv    *inventory.Inventory
+	srv    *Server
+	client pluginapi.DevicePluginClient
+	root   string
+}
+
+func newFixture(t *testing.T, cfg Config) *fixture {
+	t.Helper()
+	root := fakeDev(t, "uburma/udma0", "uburma/udma1", "ummu/tid", "present_extra")
+	cfg.DevRoot = root
+	inv := inventory.New(16)
+	snap := snapshot(root)
+	inv.Publish(snap)
+	s := New(cfg, inv, testr.New(t), metrics.New())
+
+	lis := bufconn.Listen(1 << 20)
+	g := grpc.NewServer()
+	pluginapi.RegisterDevicePluginServer(g, s)
+	go func() { _ = g.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		g.Stop()
+	})
+	return &fixture{inv: inv, srv: s, client: pluginapi.NewDevicePluginClient(conn), root: root}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestOptions(t *testing.T) {
+	f := newFixture(t, Config{})
+	o, err := f.client.GetDevicePluginOptions(ctx(t), &pluginapi.Empty{})
+	if err != nil || !o.GetPreferredAllocationAvailable || o.PreStartRequired {
+		t.Fatalf("options %+v, %v", o, err)
+	}
+	if _, err := f.client.PreStartContainer(ctx(t), &pluginapi.PreStartContainerRequest{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUnits(t *testing.T) {
+	snap := snapshot("/x")
+	got := Units(&snap)
+	var ids []string
+	for _, d := range got {
+		ids = append(ids, d.ID)
+	}
+	want := []string{"soft0-0", "soft0-1", "soft0-2", "soft0-3", "udma0-0", "udma0-1", "udma0-2", "udma0-3", "udma1-0", "udma1-1", "udma1-2", "udma1-3", "udma2-0", "udma2-1"}
+	if !slices.Equal(ids, want) {
+		t.Fatalf("IDs %v\nwant %v", ids, want)
+	}
+	byID := map[string]*pluginapi.Device{}
+	for _, d := range got {
+		byID[d.ID] = d
+	}
+	if d := byID["udma1-3"]; d.Health != pluginapi.Healthy || d.Topology == nil || d.Topology.Nodes[0].ID != 1 {
+		t.Errorf("udma1-3 = %v", d)
+	}
+	if d := byID["udma2-0"]; d.Health != pluginapi.Unhealthy || d.Topology != nil {
+		t.Errorf("udma2-0 = %v (unknown NUMA must have no topology)", d)
+	}
+	if d := byID["soft0-0"]; d.Topology != nil || d.Health != pluginapi.Healthy {
+		t.Errorf("soft0-0 = %v", d)
+	}
+}
+
+func TestAllocate(t *testing.T) {
+	tests := []struct {
+		name        string
+		cfg         Config
+		ids         []string
+		wantEnv     map[string]string
+		wantDevices []string // host paths == container paths
+		wantCDI     []string
+	}{
+		{
+			name:        "one device: its node, ummu, existing extra",
+			cfg:         Config{ExtraDevNodes: []string{"/dev/present_extra", "/dev/missing_extra"}},
+			ids:         []string{"udma1-0", "udma1-3"},
+			wantEnv:     map[string]string{EnvDevice: "udma1", EnvJettyBudget: "32", EnvEID: "::ffff:10.0.0.1"},
+			wantDevices: []string{"/dev/uburma/udma1", "/dev/ummu/tid", "/dev/present_extra"},
+		},
+		{
+			name: "several devices: primary has most units, URMA_DEVICES lists all",
+			ids:  []string{"udma0-0", "udma1-0", "udma1-1", "udma1-2"},
+			wantEnv: map[string]string{EnvDevice: "udma1", EnvJettyBudget: "48", EnvEID: "::ffff:10.0.0.1",
+				EnvDevices: "udma1:48,udma0:16"},
+			wantDevices: []string{"/dev/uburma/udma1", "/dev/uburma/udma0", "/dev/ummu/tid"},
+		},
+		{
+			name:    "software device: provider env, nothing mounted",
+			ids:     []string{"soft0-1", "soft0-2"},
+			wantEnv: map[string]string{EnvDevice: "soft0", EnvJettyBudget: "32", EnvProvider: ProviderSoft},
+		},
+		{
+			name:    "CDI mode answers with CDI names",
+			cfg:     Config{CDIKind: "urma.openeuler.org/jetty"},
+			ids:     []string{"udma0-0"},
+			wantEnv: map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
+			wantCDI: []string{"urma.openeuler.org/jetty=udma0"},
+		},
+		{
+			name:        "repeated IDs count once",
+			ids:         []string{"udma0-1", "udma0-1"},
+			wantEnv:     map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
+			wantDevices: []string{"/dev/uburma/udma0", "/dev/ummu/tid"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, tt.cfg)
+			resp, err := f.client.Allocate(ctx(t), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: tt.ids}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.ContainerResponses) != 1 {
+				t.Fatalf("%d container responses", len(resp.ContainerResponses))
+			}
+			cr := resp.ContainerResponses[0]
+			if len(cr.Envs) != len(tt.wantEnv) {
+				t.Errorf("env %v, want %v", cr.Envs, tt.wantEnv)
+			}
+			for k, v := range tt.wantEnv {
+				if cr.Envs[k] != v {
+					t.Errorf("env %s = %q, want %q", k, cr.Envs[k], v)
+				}
+			}
+			var devs []string
+			for _, d := range cr.Devices {
+				if d.HostPath != d.ContainerPath || d.Permissions != "rw" {
+					t.Errorf("device spec %v", d)
+				}
+				devs = append(devs, d.HostPath)
+			}
+			if !slices.Equal(devs, tt.wantDevices) {
+				t.Errorf("devices %v, want %v", devs, tt.wantDevices)
+			}
+			var cdi []string
+			for _, d := range cr.CdiDevices {
+				cdi = append(cdi, d.Name)
+			}
+			if !slices.Equal(cdi, tt.wantCDI) {
+				t.Errorf("CDI devices %v, want %v", cdi, tt.wantCDI)
+			}
+			if len(cr.Mounts) != 0 {
+				t.Errorf("mounts %v, want none", cr.Mounts)
+			}
+		})
+	}
+}
+
+func TestAllocateSeveralContainers(t *testing.T) {
+	f := newFixture(t, Config{})
+	resp, err := f.client.Allocate(ctx(t), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+		{DevicesIds: []string{"udma0-0"}}, {DevicesIds: []string{"udma1-0", "udma1-1"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := []string{resp.ContainerResponses[0].Envs[EnvDevice], resp.ContainerResponses[1].Envs[EnvDevice]}; !slices.Equal(got, []string{"udma0", "udma1"}) {
+		t.Fatalf("devices per container %v", got)
+	}
+}
+
+func TestAllocateRefusals(t *testing.T) {
+	tests := []struct {
+		name string
+		ids  []string
+		want []string
+	}{
+		{"unknown device", []string{"udma0-0", "udma9-0"}, []string{"unknown unit IDs udma9-0"}},
+		{"index beyond budget", []string{"udma0-4"}, []string{"unknown unit IDs udma0-4"}},
+		{"malformed", []string{"garbage"}, []string{"unknown unit IDs garbage"}},
+		{"unhealthy", []string{"udma2-1"}, []string{"unhealthy unit IDs udma2-1", "udma2: no usable port"}},
+		{"both named", []string{"udma2-0", "nope-1", "udma0-0"}, []string{"unknown unit IDs nope-1", "unhealthy unit IDs udma2-0"}},
+		{"empty", nil, []string{"no unit IDs"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, Config{})
+			_, err := f.client.Allocate(ctx(t), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+				{DevicesIds: []string{"udma1-0"}}, {DevicesIds: tt.ids},
+			}})
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("error %v, want InvalidArgument", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(status.Convert(err).Message(), w) {
+					t.Errorf("error %q does not contain %q", status.Convert(err).Message(), w)
+				}
+			}
+		})
+	}
+}
+
+func TestGetPreferredAllocation(t *testing.T) {
+	f := newFixture(t, Config{})
+	resp, err := f.client.GetPreferredAllocation(ctx(t), &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
+		{AvailableDeviceIDs: []string{"udma0-0", "udma1-0", "udma1-1", "udma2-0", "udma2-1", "udma0-1", "udma0-2"}, AllocationSize: 2},
+		{AvailableDeviceIDs: []string{"udma0-0", "udma1-0", "udma1-1"}, MustIncludeDeviceIDs: []string{"udma0-3"}, AllocationSize: 2},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// udma2 is unhealthy: never preferred. udma1 holds 2 exactly: best fit.
+	if got := resp.ContainerResponses[0].DeviceIDs; !slices.Equal(got, []string{"udma1-0", "udma1-1"}) {
+		t.Errorf("container 0: %v", got)
+	}
+	if got := resp.ContainerResponses[1].DeviceIDs; !slices.Equal(got, []string{"udma0-3", "udma0-0"}) {
+		t.Errorf("container 1: %v", got)
+	}
+}
+
+func TestListAndWatch(t *testing.T) {
+	f := newFixture(t, Config{Resync: time.Hour})
+	stream, err := f.client.ListAndWatch(ctx(t), &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Devices) != 14 {
+		t.Fatalf("initial list has %d units, want 14", len(first.Devices))
+	}
+	snap := snapshot(f.root)
+	snap.Devices[3].Healthy, snap.Devices[3].Reason = true, ""
+	f.inv.Publish(snap)
+	second, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range second.Devices {
+		if d.Health != pluginapi.Healthy {
+			t.Errorf("after recovery %s is %s", d.ID, d.Health)
+		}
+	}
+	// A second stream (kubelet reconnecting) gets the full list at once.
+	stream2, err := f.client.ListAndWatch(ctx(t), &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := stream2.Recv(); err != nil || len(again.Devices) != 14 {
+		t.Fatalf("new stream: %d units, %v", len(again.GetDevices()), err)
+	}
+}
+
+func TestListAndWatchResync(t *testing.T) {
+	f := newFixture(t, Config{Resync: 5 * time.Millisecond})
+	stream, err := f.client.ListAndWatch(ctx(t), &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, _ := f.inv.Current()
+	for i := range 3 {
+		msg, err := stream.Recv()
+		if err != nil || len(msg.Devices) != 14 {
+			t.Fatalf("message %d: %d units, %v", i, len(msg.GetDevices()), err)
+		}
+	}
+	if now, _ := f.inv.Current(); now.Generation != gen.Generation {
+		t.Fatal("inventory changed; the repeats were not resyncs")
+	}
+}
+
+func TestHostPath(t *testing.T) {
+	s := New(Config{DevRoot: "/host/dev"}, inventory.New(16), testr.New(t), nil)
+	for in, want := range map[string]string{
+		"/host/dev/uburma/udma0": "/dev/uburma/udma0",
+		"/host/dev/ummu/tid":     "/dev/ummu/tid",
+		"/host/devx/foo":         "",
+		"/host/dev":              "",
+		"":                       "",
+		"/etc/passwd":            "",
+	} {
+		if got := s.HostPath(in); got != want {
+			t.Errorf("HostPath(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		c  Config
+		ok bool
+	}{
+		{Config{ExtraDevNodes: []string{"/dev/infiniband/uverbs0"}, CDIKind: "urma.openeuler.org/jetty"}, true},
+		{Config{ExtraDevNodes: []string{"/etc/shadow"}}, false},
+		{Config{ExtraDevNodes: []string{"/dev/../etc"}}, false},
+		{Config{ExtraDevNodes: []string{"dev/x"}}, false},
+		{Config{CDIKind: "jetty"}, false},
+		{Config{CDIKind: "a/b/c"}, false},
+	} {
+		if err := tc.c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.c, err, tc.ok)
+		}
+	}
+}
