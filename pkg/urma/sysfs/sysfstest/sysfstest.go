@@ -12,6 +12,7 @@
 package sysfstest
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -142,8 +143,16 @@ func (tr *Tree) ClassPath(class, name string) string {
 // a regular file.
 func (tr *Tree) Add(t testing.TB, d Device) {
 	t.Helper()
+	if err := tr.AddDevice(d); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// AddDevice is Add for callers without a testing.TB (the demo's fake node):
+// it returns the first error instead of failing a test.
+func (tr *Tree) AddDevice(d Device) error {
 	if d.Name == "" || strings.ContainsRune(d.Name, '/') {
-		t.Fatalf("sysfstest: bad device name %q", d.Name)
+		return fmt.Errorf("sysfstest: bad device name %q", d.Name)
 	}
 	class := sysfs.ClassUbcore
 	if d.Legacy {
@@ -153,9 +162,15 @@ func (tr *Tree) Add(t testing.TB, d Device) {
 	defer tr.mu.Unlock()
 	tr.gen++
 	dir := filepath.Join(tr.SysfsRoot, "devices", "ub", class, fmt.Sprintf("%s.%d", d.Name, tr.gen))
-	mkdir(t, dir)
+	if err := mkdirErr(dir); err != nil {
+		return err
+	}
+	// w records the first failed write; later writes are skipped.
+	var werr error
 	w := func(rel, format string, args ...any) {
-		writeFile(t, filepath.Join(dir, rel), fmt.Sprintf(format, args...))
+		if werr == nil {
+			werr = writeFileErr(filepath.Join(dir, rel), fmt.Sprintf(format, args...))
+		}
 	}
 
 	w("ubdev", "%s\n", d.Name)
@@ -205,21 +220,32 @@ func (tr *Tree) Add(t testing.TB, d Device) {
 		}
 		w(rel, "%s\n", v)
 	}
+	if werr != nil {
+		return werr
+	}
 
 	if !d.Bonding {
 		parent := filepath.Join(tr.SysfsRoot, "devices", "pci0000:00", fmt.Sprintf("%s.%d", d.Name, tr.gen))
-		mkdir(t, parent)
-		if d.VendorID != "" {
-			writeFile(t, filepath.Join(parent, "vendor"), d.VendorID+"\n")
+		if err := mkdirErr(parent); err != nil {
+			return err
 		}
-		if d.DeviceID != "" {
-			writeFile(t, filepath.Join(parent, "device"), d.DeviceID+"\n")
+		for _, f := range []struct{ name, content string }{
+			{"vendor", d.VendorID}, {"device", d.DeviceID},
+		} {
+			if f.content == "" {
+				continue
+			}
+			if err := writeFileErr(filepath.Join(parent, f.name), f.content+"\n"); err != nil {
+				return err
+			}
 		}
 		if d.NUMANode != nil {
-			writeFile(t, filepath.Join(parent, "numa_node"), fmt.Sprintf("%d\n", *d.NUMANode))
+			if err := writeFileErr(filepath.Join(parent, "numa_node"), fmt.Sprintf("%d\n", *d.NUMANode)); err != nil {
+				return err
+			}
 		}
 		if err := os.Symlink(parent, filepath.Join(dir, "device")); err != nil {
-			t.Fatalf("sysfstest: %v", err)
+			return fmt.Errorf("sysfstest: %w", err)
 		}
 	}
 
@@ -227,21 +253,44 @@ func (tr *Tree) Add(t testing.TB, d Device) {
 	// device without its node.
 	node := filepath.Join(tr.DevRoot, "uburma", d.Name)
 	if d.NoDevNode {
-		remove(t, node)
-	} else {
-		writeFile(t, node, "")
+		if err := removeErr(node); err != nil {
+			return err
+		}
+	} else if err := writeFileErr(node, ""); err != nil {
+		return err
 	}
 	classDir := filepath.Join(tr.SysfsRoot, "class", class)
-	mkdir(t, classDir)
+	if err := mkdirErr(classDir); err != nil {
+		return err
+	}
 	// Old device directories stay behind (t.TempDir removes them) so a scan
 	// that resolved the old link still reads a whole device.
 	tmp := filepath.Join(classDir, fmt.Sprintf(".new-%s.%d", d.Name, tr.gen))
 	if err := os.Symlink(dir, tmp); err != nil {
-		t.Fatalf("sysfstest: %v", err)
+		return fmt.Errorf("sysfstest: %w", err)
 	}
 	if err := os.Rename(tmp, filepath.Join(classDir, d.Name)); err != nil {
-		t.Fatalf("sysfstest: %v", err)
+		return fmt.Errorf("sysfstest: %w", err)
 	}
+	return nil
+}
+
+// WriteTree writes a fake host outside of tests (the demo's fake UB node):
+// the sysfs and /dev roots are created if needed and every device is added
+// as Add would. The caller owns and removes the directories.
+func WriteTree(sysfsRoot, devRoot string, devs ...Device) error {
+	tr := &Tree{SysfsRoot: sysfsRoot, DevRoot: devRoot}
+	for _, dir := range []string{sysfsRoot, devRoot} {
+		if err := mkdirErr(dir); err != nil {
+			return err
+		}
+	}
+	for _, d := range devs {
+		if err := tr.AddDevice(d); err != nil {
+			return fmt.Errorf("write fake device %s: %w", d.Name, err)
+		}
+	}
+	return nil
 }
 
 // Remove hot-unplugs a device: its class entries (in both classes) and its
@@ -314,36 +363,59 @@ func (tr *Tree) deviceDir(t testing.TB, dev string) string {
 
 func mkdir(t testing.TB, dir string) {
 	t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatalf("sysfstest: %v", err)
+	if err := mkdirErr(dir); err != nil {
+		t.Fatal(err)
 	}
 }
 
-// writeFile replaces path atomically: a concurrent reader sees the old
-// content or the new, never a prefix.
+func mkdirErr(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("sysfstest: %w", err)
+	}
+	return nil
+}
+
 func writeFile(t testing.TB, path, content string) {
 	t.Helper()
+	if err := writeFileErr(path, content); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeFileErr replaces path atomically: a concurrent reader sees the old
+// content or the new, never a prefix.
+func writeFileErr(path, content string) error {
 	dir := filepath.Dir(path)
-	mkdir(t, dir)
+	if err := mkdirErr(dir); err != nil {
+		return err
+	}
 	f, err := os.CreateTemp(dir, ".tmp-*")
 	if err != nil {
-		t.Fatalf("sysfstest: %v", err)
+		return fmt.Errorf("sysfstest: %w", err)
 	}
 	_, werr := f.WriteString(content)
 	cerr := f.Close()
 	if werr != nil || cerr != nil {
 		os.Remove(f.Name())
-		t.Fatalf("sysfstest: write %s: %v %v", path, werr, cerr)
+		return fmt.Errorf("sysfstest: write %s: %w", path, errors.Join(werr, cerr))
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
 		os.Remove(f.Name())
-		t.Fatalf("sysfstest: %v", err)
+		return fmt.Errorf("sysfstest: %w", err)
 	}
+	return nil
 }
 
 func remove(t testing.TB, path string) {
 	t.Helper()
-	if err := os.RemoveAll(path); err != nil {
-		t.Fatalf("sysfstest: %v", err)
+	if err := removeErr(path); err != nil {
+		t.Fatal(err)
 	}
+}
+
+func removeErr(path string) error {
+	if err := os.RemoveAll(path); err != nil {
+		return fmt.Errorf("sysfstest: %w", err)
+	}
+	return nil
 }
