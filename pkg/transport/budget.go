@@ -1,0 +1,50 @@
+package transport
+
+import "sync"
+
+// JettyBudget counts jetties against a limit: the pod's share of the
+// device, as the device plugin allocated it (URMA_JETTY_BUDGET). It is an
+// admission budget the workload honours, not isolation the device enforces.
+// Share one between the Listeners and Dialers of a process through
+// Config.Budget so they stay within the pod's budget together.
+type JettyBudget struct {
+	mu    sync.Mutex
+	limit int // 0: unlimited
+	used  int
+}
+
+// NewJettyBudget returns a budget of limit jetties; 0 means unlimited.
+func NewJettyBudget(limit int) *JettyBudget {
+	if limit < 0 {
+		limit = 0
+	}
+	return &JettyBudget{limit: limit}
+}
+
+// Limit is the budget; 0 means unlimited.
+func (b *JettyBudget) Limit() int { return b.limit }
+
+// InUse is how many jetties count against the budget now.
+func (b *JettyBudget) InUse() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
+
+// take counts one jetty if the budget allows it.
+func (b *JettyBudget) take() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.limit > 0 && b.used >= b.limit {
+		return false
+	}
+	b.used++
+	return true
+}
+
+// give uncounts one jetty.
+func (b *JettyBudget) give() {
+	b.mu.Lock()
+	b.used--
+	b.mu.Unlock()
+}

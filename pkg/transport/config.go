@@ -1,0 +1,237 @@
+package transport
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/flags"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// Environment variables the transport reads. The device plugin sets
+// URMA_DEVICE, URMA_EID, URMA_DEVICES and URMA_JETTY_BUDGET in the pods it
+// allocates to; the operator mounts the flags file named by URMA_FLAGS_FILE.
+const (
+	EnvFlagsFile   = "URMA_FLAGS_FILE"
+	EnvDevice      = "URMA_DEVICE"
+	EnvDevices     = "URMA_DEVICES"
+	EnvEID         = "URMA_EID"
+	EnvJettyBudget = "URMA_JETTY_BUDGET"
+	EnvProvider    = "URMA_PROVIDER"
+)
+
+// ProviderSoft is the URMA_PROVIDER value for the software provider, the
+// only one built in; unset means the same.
+const ProviderSoft = "soft"
+
+// Default timeouts.
+const (
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultCloseTimeout     = 5 * time.Second
+)
+
+// Config configures a Listener or Dialer. The zero Config works: it reads
+// the flags file and the environment, and without UB hardware uses the
+// software provider over TCP sockets.
+type Config struct {
+	// Flags are the urma_* flags. Nil reads the file URMA_FLAGS_FILE names,
+	// or takes brpc's defaults when it is unset.
+	Flags *flags.Flags
+	// Provider is the URMA implementation to use; the transport does not
+	// close it. Nil creates the software provider (socket fabric) on the
+	// host address of the listener, or of the first dialled connection.
+	Provider urma.Provider
+	// Device names the device to open; "" takes URMA_DEVICE, then the first
+	// of URMA_DEVICES, then --urma_device, then the first device with an
+	// active port.
+	Device string
+	// EID selects the device's EID by value; "" takes URMA_EID, then the
+	// first EID.
+	EID string
+	// JettyBudget caps the jetties (prepared plus connected) of this
+	// Listener or Dialer; 0 takes URMA_JETTY_BUDGET; negative or an unset
+	// variable means no cap beyond the device's. Budget overrides it.
+	JettyBudget int
+	// Budget is a jetty budget shared by several Listeners and Dialers of
+	// one process; nil gives each its own of JettyBudget.
+	Budget *JettyBudget
+	// DisableURMA serves and dials TCP only. A server still answers hellos
+	// (with a fallback hello), so URMA clients fall back cleanly.
+	DisableURMA bool
+	// FailWhenBudgetExhausted fails new connections when the jetty budget is
+	// spent, instead of falling back to TCP.
+	FailWhenBudgetExhausted bool
+	// FailWhenPoolDry makes Write and AllocBuffer fail with ErrPoolExhausted
+	// when every registered buffer is in use, instead of waiting (within the
+	// write deadline) for one to come back.
+	FailWhenPoolDry bool
+	// NoToken registers jetties and segments without a token, for brpc
+	// peers (which cannot present one). Anyone who learns their ids can
+	// then reach them.
+	NoToken bool
+	// HandshakeTimeout bounds the TCP handshake; 0 means 10s. A server
+	// serves a client that sends nothing within it as plain TCP.
+	HandshakeTimeout time.Duration
+	// CloseTimeout bounds how long Close waits for sends already posted to
+	// complete, so that the peer reads every byte written before Close;
+	// 0 means 5s.
+	CloseTimeout time.Duration
+	// Logger receives fallbacks, warnings and errors; zero discards.
+	Logger logr.Logger
+	// Registerer receives the transport's Prometheus collectors; nil
+	// records nothing.
+	Registerer prometheus.Registerer
+	// LookupEnv reads the environment; nil uses os.LookupEnv (tests
+	// replace it).
+	LookupEnv func(string) (string, bool)
+}
+
+// settings is a Config with everything looked up, checked and defaulted.
+type settings struct {
+	flags            flags.Flags
+	provider         urma.Provider
+	providerName     string // URMA_PROVIDER; "" or "soft"
+	device           string
+	eid              *urma.EID
+	budget           *JettyBudget
+	disable          bool
+	failOnBudget     bool
+	failWhenPoolDry  bool
+	noToken          bool
+	handshakeTimeout time.Duration
+	closeTimeout     time.Duration
+	log              logr.Logger
+}
+
+// resolve applies the precedence Config field > environment > flags file >
+// brpc default, and checks every value. Errors name the variable or flag.
+func (c Config) resolve() (settings, error) {
+	env := c.LookupEnv
+	if env == nil {
+		env = os.LookupEnv
+	}
+	s := settings{
+		provider:         c.Provider,
+		disable:          c.DisableURMA,
+		failOnBudget:     c.FailWhenBudgetExhausted,
+		failWhenPoolDry:  c.FailWhenPoolDry,
+		noToken:          c.NoToken,
+		handshakeTimeout: c.HandshakeTimeout,
+		closeTimeout:     c.CloseTimeout,
+		log:              c.Logger,
+	}
+	if s.log.GetSink() == nil {
+		s.log = logr.Discard()
+	}
+	if s.handshakeTimeout <= 0 {
+		s.handshakeTimeout = DefaultHandshakeTimeout
+	}
+	if s.closeTimeout <= 0 {
+		s.closeTimeout = DefaultCloseTimeout
+	}
+
+	switch {
+	case c.Flags != nil:
+		if err := c.Flags.Validate(); err != nil {
+			return settings{}, fmt.Errorf("transport config: %w", err)
+		}
+		s.flags = *c.Flags
+	default:
+		f, err := loadFlagsFile(env)
+		if err != nil {
+			return settings{}, err
+		}
+		s.flags = f
+	}
+
+	s.device = c.Device
+	if s.device == "" {
+		if v, ok := env(EnvDevice); ok && strings.TrimSpace(v) != "" {
+			s.device = strings.TrimSpace(v)
+		}
+	}
+	if s.device == "" {
+		if v, ok := env(EnvDevices); ok {
+			for _, d := range strings.Split(v, ",") {
+				if d = strings.TrimSpace(d); d != "" {
+					s.device = d
+					break
+				}
+			}
+		}
+	}
+	if s.device == "" {
+		s.device = s.flags.Device
+	}
+
+	eidText := c.EID
+	eidSource := "Config.EID"
+	if eidText == "" {
+		if v, ok := env(EnvEID); ok {
+			eidText, eidSource = strings.TrimSpace(v), EnvEID
+		}
+	}
+	if eidText != "" {
+		e, err := urma.ParseEID(eidText)
+		if err != nil {
+			return settings{}, fmt.Errorf("transport config: %s: %w", eidSource, err)
+		}
+		s.eid = &e
+	}
+
+	switch {
+	case c.Budget != nil:
+		s.budget = c.Budget
+	case c.JettyBudget > 0:
+		s.budget = NewJettyBudget(c.JettyBudget)
+	case c.JettyBudget < 0:
+		s.budget = NewJettyBudget(0)
+	default:
+		n := 0
+		if v, ok := env(EnvJettyBudget); ok && strings.TrimSpace(v) != "" {
+			var err error
+			n, err = strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n < 0 {
+				return settings{}, fmt.Errorf("transport config: %s=%q is not a non-negative integer (0 means no budget)", EnvJettyBudget, v)
+			}
+		}
+		s.budget = NewJettyBudget(n)
+	}
+
+	if v, ok := env(EnvProvider); ok {
+		s.providerName = strings.ToLower(strings.TrimSpace(v))
+	}
+	return s, nil
+}
+
+// loadFlagsFile parses the file URMA_FLAGS_FILE names, or returns brpc's
+// defaults when the variable is unset or empty.
+func loadFlagsFile(env func(string) (string, bool)) (flags.Flags, error) {
+	path, ok := env(EnvFlagsFile)
+	if !ok || strings.TrimSpace(path) == "" {
+		return flags.Defaults(), nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return flags.Flags{}, fmt.Errorf("transport config: open flags file %s (%s): %w", path, EnvFlagsFile, err)
+	}
+	defer f.Close()
+	fl, err := flags.Parse(f)
+	if err != nil {
+		return flags.Flags{}, fmt.Errorf("transport config: flags file %s (%s): %w", path, EnvFlagsFile, err)
+	}
+	return fl, nil
+}
+
+// LoadFlags returns the urma_* flags the zero Config would use: the file
+// URMA_FLAGS_FILE names, or brpc's defaults. Programs that take flag
+// overrides (urma-perf) start from it and put the result in Config.Flags.
+func LoadFlags() (flags.Flags, error) {
+	return loadFlagsFile(os.LookupEnv)
+}

@@ -1,0 +1,105 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"sync"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
+)
+
+// Dialer dials connections that run on URMA when the server can, and on TCP
+// otherwise. It owns a provider context, a registered pool and a jetty pool
+// shared by its connections; create one per process (or per peer class)
+// and Close it when done. DialContext plugs into grpc.WithContextDialer.
+type Dialer struct {
+	e  *engine
+	nd net.Dialer
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// NewDialer checks cfg and prepares a dialer. URMA is brought up on the
+// first dial, on the host address that connection uses.
+func NewDialer(cfg Config) (*Dialer, error) {
+	s, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Dialer{
+		e:  newEngine(s, metrics.RoleClient, m),
+		nd: net.Dialer{KeepAliveConfig: keepAlive},
+	}, nil
+}
+
+// Dial connects to address on network (tcp, tcp4 or tcp6).
+func (d *Dialer) Dial(ctx context.Context, network, address string) (net.Conn, error) {
+	if err := checkNetwork(network); err != nil {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
+	}
+	d.mu.Lock()
+	closed := d.closed
+	if !closed && !d.e.ref() {
+		closed = true
+	}
+	d.mu.Unlock()
+	if closed {
+		return nil, &net.OpError{Op: "dial", Net: "urma", Err: net.ErrClosed}
+	}
+	defer d.e.unref() // a URMA connection holds its own reference
+	tcp, err := d.nd.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	var local netip.Addr
+	if ta, ok := tcp.LocalAddr().(*net.TCPAddr); ok {
+		local, _ = netip.AddrFromSlice(ta.IP)
+	}
+	d.e.start(local)
+	return clientHandshake(ctx, d.e, tcp)
+}
+
+// DialContext connects to a TCP address; its signature is the one
+// grpc.WithContextDialer takes.
+func (d *Dialer) DialContext(ctx context.Context, address string) (net.Conn, error) {
+	return d.Dial(ctx, "tcp", address)
+}
+
+// FallbackReason says why every connection of this dialer uses TCP, "" when
+// URMA is available or not yet brought up (before the first dial).
+func (d *Dialer) FallbackReason() string {
+	if fb := d.e.unavailable(); fb != nil {
+		return fb.String()
+	}
+	return ""
+}
+
+// Close releases the dialer; connections already dialled stay open, and the
+// URMA resources go when the last of them closes.
+func (d *Dialer) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	d.e.unref()
+	return nil
+}
+
+// Dial connects once with a Dialer of its own, released when the
+// connection closes.
+func Dial(ctx context.Context, network, address string, cfg Config) (net.Conn, error) {
+	d, err := NewDialer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.Dial(ctx, network, address)
+}

@@ -1,0 +1,404 @@
+package transport
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-logr/logr"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
+)
+
+// creditWRs is the number of send work requests reserved for credit
+// messages, on both queues (brpc's RESERVED_WR_NUM).
+const creditWRs = 3
+
+// minPeerWindow is the smallest window a legal peer can have: the smallest
+// queue depth the flags allow, less the credit reservation. Credits returned
+// to a peer whose SQ depth we do not know are batched below it.
+const minPeerWindow = 16 - creditWRs
+
+// engine is what a Listener or Dialer owns: the provider, the device
+// context, the registered pool, the jetty pool and the pollers. URMA
+// connections hold a reference, so an engine outlives its owner until its
+// last connection closes.
+type engine struct {
+	s       settings
+	role    string
+	log     logr.Logger
+	metrics *metrics.Metrics
+
+	startOnce sync.Once
+	unusable  atomic.Pointer[fallback] // why URMA cannot be used; nil when ready
+
+	prov     urma.Provider
+	ownsProv bool
+	uctx     urma.Context
+	dev      urma.DeviceInfo
+	pool     *bufferPool
+	helloMem *urma.Memory
+	helloSeg urma.Segment // what peers import before our jetty
+	token    urma.Token
+	jetties  *jettyPool
+	pollers  *pollerGroup
+	sqSize   int
+	rqSize   int
+	bufSize  int
+
+	removeSource func()
+
+	mu       sync.Mutex
+	refs     int
+	shutdown bool
+	done     chan struct{} // closed when the last reference goes
+	wg       sync.WaitGroup
+}
+
+func newEngine(s settings, role string, m *metrics.Metrics) *engine {
+	return &engine{
+		s: s, role: role, metrics: m, refs: 1, done: make(chan struct{}),
+		log:    s.log.WithValues("role", role),
+		sqSize: s.flags.SQSize, rqSize: s.flags.RQSize, bufSize: s.flags.BufferSize,
+	}
+}
+
+// start brings URMA up once, on the host address local (where the software
+// provider's fabric listens). Failure is not an error: it records why every
+// connection of this engine will use TCP.
+func (e *engine) start(local netip.Addr) {
+	e.startOnce.Do(func() {
+		if fb := e.bringUp(local); fb != nil {
+			e.log.Info("URMA unavailable, connections will use TCP", "reason", fb.reason, "detail", fb.detail)
+			e.teardownResources()
+			e.unusable.Store(fb)
+		}
+	})
+}
+
+// unavailable says why URMA cannot be used; nil when it can (or before start).
+func (e *engine) unavailable() *fallback { return e.unusable.Load() }
+
+func (e *engine) bringUp(local netip.Addr) *fallback {
+	if e.s.disable {
+		return fallbackf(ReasonDisabled, "URMA disabled by configuration (TCP-only mode)")
+	}
+	e.prov = e.s.provider
+	if e.prov == nil {
+		if n := e.s.providerName; n != "" && n != ProviderSoft {
+			return fallbackf(ReasonProviderUnavailable, "%s=%q: only the software provider (%q) is built in", EnvProvider, n, ProviderSoft)
+		}
+		p, err := e.newSoftProvider(local)
+		if err != nil {
+			return fallbackf(ReasonProviderUnavailable, "create software provider: %v", err)
+		}
+		e.prov, e.ownsProv = p, true
+	}
+	devs, err := e.prov.Devices()
+	if err != nil {
+		return fallbackf(ReasonProviderUnavailable, "list devices of provider %s: %v", e.prov.Name(), err)
+	}
+	dev, fb := pickDevice(devs, e.s.device)
+	if fb != nil {
+		return fb
+	}
+	e.dev = dev
+	if fb := e.checkDevice(); fb != nil {
+		return fb
+	}
+	eidIndex := 0
+	if e.s.eid != nil {
+		if e.ownsProv {
+			// URMA_EID names a hardware EID; the software provider's EID
+			// encodes its socket address instead.
+			e.log.V(1).Info("ignoring the configured EID on the software provider", "eid", e.s.eid.String())
+		} else {
+			eidIndex = -1
+			for _, x := range dev.EIDs {
+				if x.EID == *e.s.eid {
+					eidIndex = x.Index
+				}
+			}
+			if eidIndex < 0 {
+				return fallbackf(ReasonDeviceMissing, "device %s has no EID %s", dev.Name, e.s.eid)
+			}
+		}
+	}
+	e.uctx, err = e.prov.Open(dev.Name, eidIndex)
+	if err != nil {
+		return fallbackf(ReasonDeviceMissing, "open device %s: %v", dev.Name, err)
+	}
+	if !e.s.noToken {
+		e.token = randomToken()
+	}
+	if err := e.registerMemory(); err != nil {
+		return fallbackf(ReasonResources, "%v", err)
+	}
+	e.checkMemlock()
+	e.jetties = newJettyPool(e)
+	if e.s.flags.UsePolling {
+		e.pollers = newPollerGroup(e.s.flags.PollerNum, e.s.flags.PollerYield)
+		e.pollers.start(&e.wg, e.done)
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.jetties.fill(e.done)
+	}()
+	e.removeSource = e.metrics.AddResourceSource(e.resourceStats)
+	e.log.V(1).Info("URMA ready", "provider", e.prov.Name(), "device", dev.Name, "eid", e.uctx.EID().String(),
+		"buffers", e.s.flags.BufferCount, "bufferSize", e.bufSize, "sq", e.sqSize, "rq", e.rqSize,
+		"polling", e.s.flags.UsePolling, "jettyBudget", e.s.budget.Limit(), "preparedJetties", e.jetties.target)
+	return nil
+}
+
+// newSoftProvider creates the default provider: the software provider with
+// the socket fabric, one device (named as configured, or soft0) listening
+// on the host address connections use.
+func (e *engine) newSoftProvider(local netip.Addr) (*soft.Provider, error) {
+	name := e.s.device
+	if name == "" {
+		name = soft.DefaultDevice
+	}
+	host := advertiseAddr(local)
+	return soft.New(soft.Options{
+		Listen:  net.JoinHostPort(host.String(), "0"),
+		Devices: []soft.DeviceSpec{{Name: name}},
+		Logger:  e.log.WithName("soft"),
+	})
+}
+
+// advertiseAddr picks the address the software fabric listens on: the
+// connection's own host address, or for an unspecified one POD_IP, the
+// first non-loopback IPv4 address of the host, or 127.0.0.1.
+func advertiseAddr(local netip.Addr) netip.Addr {
+	local = local.Unmap()
+	if local.IsValid() && !local.IsUnspecified() && local.Is4() {
+		return local
+	}
+	if v, ok := os.LookupEnv("POD_IP"); ok {
+		if a, err := netip.ParseAddr(strings.TrimSpace(v)); err == nil && a.Unmap().Is4() {
+			return a.Unmap()
+		}
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				if ip := p.Addr(); ip.Is4() && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
+					return ip
+				}
+			}
+		}
+	}
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+}
+
+// pickDevice finds the named device, or the first with an active port.
+func pickDevice(devs []urma.DeviceInfo, name string) (urma.DeviceInfo, *fallback) {
+	var names []string
+	for _, d := range devs {
+		names = append(names, d.Name)
+		if name != "" && d.Name == name {
+			return d, nil
+		}
+	}
+	if name != "" {
+		return urma.DeviceInfo{}, fallbackf(ReasonDeviceMissing, "device %q not found (devices: %s)", name, strings.Join(names, ", "))
+	}
+	for _, d := range devs {
+		if d.HasUsablePort() {
+			return d, nil
+		}
+	}
+	if len(devs) == 0 {
+		return urma.DeviceInfo{}, fallbackf(ReasonDeviceMissing, "the provider has no devices")
+	}
+	return urma.DeviceInfo{}, fallbackf(ReasonDeviceMissing, "no device has an active port (devices: %s)", strings.Join(names, ", "))
+}
+
+// checkDevice checks that the device can carry our queues and an ordered
+// byte stream over RM jetties, brpc's transport mode.
+func (e *engine) checkDevice() *fallback {
+	c := e.dev.Caps
+	switch {
+	case c.TransMode&urma.TransModeRM == 0:
+		return fallbackf(ReasonDeviceUnsuitable, "device %s does not support RM jetties", e.dev.Name)
+	case !c.OrderedRM:
+		return fallbackf(ReasonDeviceUnsuitable, "device %s does not deliver RM messages in order", e.dev.Name)
+	case c.MaxJFSDepth != 0 && uint32(e.sqSize) > c.MaxJFSDepth:
+		return fallbackf(ReasonDeviceUnsuitable, "urma_sq_size %d exceeds device %s max_jfs_depth %d", e.sqSize, e.dev.Name, c.MaxJFSDepth)
+	case c.MaxJFRDepth != 0 && uint32(e.rqSize) > c.MaxJFRDepth:
+		return fallbackf(ReasonDeviceUnsuitable, "urma_rq_size %d exceeds device %s max_jfr_depth %d", e.rqSize, e.dev.Name, c.MaxJFRDepth)
+	case c.MaxJFCDepth != 0 && uint32(e.jfcDepth()) > c.MaxJFCDepth:
+		return fallbackf(ReasonDeviceUnsuitable, "completion queue depth %d exceeds device %s max_jfc_depth %d", e.jfcDepth(), e.dev.Name, c.MaxJFCDepth)
+	case c.MaxMsgSize != 0 && uint64(e.bufSize) > c.MaxMsgSize:
+		return fallbackf(ReasonDeviceUnsuitable, "urma_buffer_size %d exceeds device %s max_msg_size %d", e.bufSize, e.dev.Name, c.MaxMsgSize)
+	}
+	return nil
+}
+
+// jfcDepth holds every completion a connection can have outstanding: its
+// sends, its receives, and the flush-done record.
+func (e *engine) jfcDepth() int { return e.sqSize + e.rqSize + 1 }
+
+// registerMemory maps and registers the buffer pool, local-only when the
+// provider allows it (a SEND lands in posted receives without any remote
+// access right), and a one-page segment with remote read access and the
+// token: what peers import before our jetty, as brpc's handshake demands.
+func (e *engine) registerMemory() error {
+	size := e.bufSize * e.s.flags.BufferCount
+	mem, err := urma.AllocMemory(size)
+	if err != nil {
+		return fmt.Errorf("allocate buffer pool of %d x %d bytes: %w", e.s.flags.BufferCount, e.bufSize, err)
+	}
+	seg, err := e.uctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
+	if err != nil {
+		e.log.Info("provider refused a local-only registration; registering the pool with remote access and the token", "error", err.Error())
+		seg, err = e.uctx.RegisterSegment(mem, e.remoteSegmentConfig(urma.AccessRead|urma.AccessWrite))
+	}
+	if err != nil {
+		_ = mem.Free()
+		return fmt.Errorf("register buffer pool of %d bytes: %w", size, err)
+	}
+	e.pool = newRegisteredPool(mem, seg, e.bufSize, e.s.flags.BufferCount)
+
+	e.helloMem, err = urma.AllocMemory(os.Getpagesize())
+	if err != nil {
+		return fmt.Errorf("allocate handshake segment: %w", err)
+	}
+	e.helloSeg, err = e.uctx.RegisterSegment(e.helloMem, e.remoteSegmentConfig(urma.AccessRead))
+	if err != nil {
+		return fmt.Errorf("register handshake segment: %w", err)
+	}
+	return nil
+}
+
+func (e *engine) remoteSegmentConfig(a urma.Access) urma.SegmentConfig {
+	if e.s.noToken {
+		return urma.SegmentConfig{Access: a, TokenPolicy: urma.TokenNone}
+	}
+	return urma.SegmentConfig{Access: a, TokenPolicy: urma.TokenPlainText, Token: e.token}
+}
+
+// randomToken draws a non-zero 32-bit token.
+func randomToken() urma.Token {
+	var b [4]byte
+	for {
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
+		if t := binary.BigEndian.Uint32(b[:]); t != 0 {
+			return urma.Token(t)
+		}
+	}
+}
+
+// checkMemlock warns when RLIMIT_MEMLOCK cannot hold the registered pool:
+// the most common reason RDMA-style registration fails on hardware.
+func (e *engine) checkMemlock() {
+	need := int64(e.bufSize)*int64(e.s.flags.BufferCount) + int64(os.Getpagesize())
+	limit, unlimited, err := memlockLimit()
+	if err != nil {
+		e.log.Error(err, "cannot read RLIMIT_MEMLOCK")
+		return
+	}
+	if unlimited {
+		e.metrics.Memlock(-1, 0)
+		return
+	}
+	var short int64
+	if limit < need {
+		short = need - limit
+		e.log.Info("WARNING: RLIMIT_MEMLOCK is below the registered buffer pool; hardware providers will fail to register it (raise the container's memlock limit, or lower urma_buffer_count/urma_buffer_size)",
+			"memlockBytes", limit, "poolBytes", need, "provider", e.prov.Name())
+	}
+	e.metrics.Memlock(limit, short)
+}
+
+// ref takes a reference for a connection; false once the engine is gone.
+func (e *engine) ref() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.shutdown {
+		return false
+	}
+	e.refs++
+	return true
+}
+
+// unref drops a reference; the last one tears everything down.
+func (e *engine) unref() {
+	e.mu.Lock()
+	e.refs--
+	last := e.refs == 0 && !e.shutdown
+	if last {
+		e.shutdown = true
+	}
+	e.mu.Unlock()
+	if !last {
+		return
+	}
+	close(e.done)
+	e.wg.Wait()
+	e.teardownResources()
+}
+
+// teardownResources destroys what bringUp created, in reverse order. It is
+// safe on a partial bring-up.
+func (e *engine) teardownResources() {
+	if e.removeSource != nil {
+		e.removeSource()
+		e.removeSource = nil
+	}
+	if e.jetties != nil {
+		e.jetties.drain()
+	}
+	var errs []error
+	if e.helloSeg != nil {
+		errs = append(errs, e.helloSeg.Close())
+		e.helloSeg = nil
+	}
+	if e.helloMem != nil {
+		errs = append(errs, e.helloMem.Free())
+		e.helloMem = nil
+	}
+	if e.pool != nil {
+		if err := e.pool.seg.Close(); err != nil {
+			// Never unmap memory a device may still write into.
+			errs = append(errs, fmt.Errorf("unregister buffer pool (its memory stays mapped): %w", err))
+		} else {
+			errs = append(errs, e.pool.mem.Free())
+		}
+		e.pool = nil
+	}
+	if e.uctx != nil {
+		errs = append(errs, e.uctx.Close())
+		e.uctx = nil
+	}
+	if e.ownsProv && e.prov != nil {
+		errs = append(errs, e.prov.Close())
+		e.prov = nil
+	}
+	if err := errors.Join(errs...); err != nil {
+		e.log.Error(err, "releasing URMA resources")
+	}
+}
+
+func (e *engine) resourceStats() metrics.ResourceStats {
+	var s metrics.ResourceStats
+	if e.pool != nil {
+		s.PoolFree, s.PoolInUse = e.pool.stats()
+	}
+	if e.jetties != nil {
+		s.JettiesPrepared, s.JettiesInUse = e.jetties.stats()
+	}
+	s.JettyBudget = e.s.budget.Limit()
+	return s
+}

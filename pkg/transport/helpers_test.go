@@ -1,0 +1,149 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/flags"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
+)
+
+// noEnv is a LookupEnv that finds nothing, so tests never depend on the
+// environment they run in.
+func noEnv(string) (string, bool) { return "", false }
+
+// envOf is a LookupEnv over a map.
+func envOf(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// smallFlags are flags sized for tests: small queues and pool.
+func smallFlags() flags.Flags {
+	f := flags.Defaults()
+	f.SQSize, f.RQSize = 16, 16
+	f.BufferSize = 1024
+	f.BufferCount = 256
+	f.PreparedJettyCnt = 1
+	return f
+}
+
+// fabricPair returns two providers on one in-process fabric: two "hosts".
+func fabricPair(t testing.TB) (urma.Provider, urma.Provider) {
+	t.Helper()
+	f := soft.NewFabric()
+	mk := func() urma.Provider {
+		p, err := soft.New(soft.Options{Fabric: f, Logger: logr.Discard()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		return p
+	}
+	return mk(), mk()
+}
+
+// cfgWith builds a test Config on provider p with flags f.
+func cfgWith(p urma.Provider, f flags.Flags) Config {
+	return Config{Provider: p, Flags: &f, LookupEnv: noEnv, Logger: logr.Discard()}
+}
+
+// pair is a connected client and server.
+type pair struct {
+	client, server Conn
+}
+
+// connect listens with scfg, dials with ccfg, and returns both ends. The
+// listener and dialer are closed at cleanup (after the conns, which the
+// test closes or cleanup does).
+func connect(t testing.TB, scfg, ccfg Config) pair {
+	t.Helper()
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	d, err := NewDialer(ccfg)
+	if err != nil {
+		t.Fatalf("new dialer: %v", err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	return dialAccept(t, ln, d)
+}
+
+func dialAccept(t testing.TB, ln *Listener, d *Dialer) pair {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	acc := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		acc <- res{c, err}
+	}()
+	cc, err := d.DialContext(ctx, ln.Addr().String())
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	r := <-acc
+	if r.err != nil {
+		t.Fatalf("accept: %v", r.err)
+	}
+	p := pair{client: cc.(Conn), server: r.c.(Conn)}
+	t.Cleanup(func() {
+		_ = p.client.Close()
+		_ = p.server.Close()
+	})
+	return p
+}
+
+// waitFor polls cond until it holds or the deadline passes; for states that
+// have no event to wait on (goroutine counts).
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// checkNoLeaks records the goroutines now and, at cleanup, waits for the
+// count to come back down.
+func checkNoLeaks(t *testing.T) {
+	t.Helper()
+	before := runtime.NumGoroutine()
+	t.Cleanup(func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for runtime.NumGoroutine() > before {
+			if time.Now().After(deadline) {
+				buf := make([]byte, 1<<20)
+				n := runtime.Stack(buf, true)
+				t.Fatalf("goroutine leak: %d running, %d before\n%s", runtime.NumGoroutine(), before, filterStacks(string(buf[:n])))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}
+
+// filterStacks keeps the goroutines that run this module's code.
+func filterStacks(all string) string {
+	var keep []string
+	for _, g := range strings.Split(all, "\n\n") {
+		if strings.Contains(g, "urma-k8s") {
+			keep = append(keep, g)
+		}
+	}
+	return strings.Join(keep, "\n\n")
+}

@@ -1,0 +1,204 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// jettyRes is one connection's queues: completion channel (event mode),
+// completion queue, receive queue, and the jetty sharing it.
+type jettyRes struct {
+	jfce  urma.JFCE // nil in polling mode
+	jfc   urma.JFC
+	jfr   urma.JFR
+	jetty urma.Jetty
+}
+
+// createJetty builds a jettyRes in liburma's order.
+func (e *engine) createJetty() (r *jettyRes, err error) {
+	r = &jettyRes{}
+	defer func() {
+		if err != nil {
+			_ = r.destroy()
+			r = nil
+		}
+	}()
+	if !e.s.flags.UsePolling {
+		if r.jfce, err = e.uctx.CreateJFCE(); err != nil {
+			return nil, fmt.Errorf("create JFCE: %w", err)
+		}
+	}
+	if r.jfc, err = e.uctx.CreateJFC(urma.JFCConfig{Depth: uint32(e.jfcDepth()), JFCE: r.jfce}); err != nil {
+		return nil, fmt.Errorf("create JFC of depth %d: %w", e.jfcDepth(), err)
+	}
+	policy := urma.TokenPlainText
+	if e.s.noToken {
+		policy = urma.TokenNone
+	}
+	if r.jfr, err = e.uctx.CreateJFR(urma.JFRConfig{
+		Depth: uint32(e.rqSize), MaxSGE: 1, JFC: r.jfc, MinRNRTimer: minRNRTimer,
+		TokenPolicy: policy, Token: e.token,
+	}); err != nil {
+		return nil, fmt.Errorf("create JFR of depth %d: %w", e.rqSize, err)
+	}
+	if r.jetty, err = e.uctx.CreateJetty(urma.JettyConfig{
+		Mode: urma.RM, SQDepth: uint32(e.sqSize), MaxSGE: 1, SendJFC: r.jfc, JFR: r.jfr,
+		RNRRetry: rnrRetryForever, ErrTimeout: errTimeout, Token: e.token,
+	}); err != nil {
+		return nil, fmt.Errorf("create jetty of SQ depth %d: %w", e.sqSize, err)
+	}
+	return r, nil
+}
+
+// Jetty parameters. Credits keep a sender from outrunning posted receives,
+// so "receiver not ready" only happens in the instant a credit message's
+// buffer is being reposted: retry it, forever, briefly.
+const (
+	minRNRTimer     = 4
+	rnrRetryForever = 7
+	errTimeout      = 17
+)
+
+// destroy tears a jettyRes down in reverse order.
+func (r *jettyRes) destroy() error {
+	var errs []error
+	if r.jetty != nil {
+		errs = append(errs, r.jetty.Close())
+	}
+	if r.jfr != nil {
+		errs = append(errs, r.jfr.Close())
+	}
+	if r.jfc != nil {
+		errs = append(errs, r.jfc.Close())
+	}
+	if r.jfce != nil {
+		errs = append(errs, r.jfce.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// jettyPool hands out jettyRes: prepared ones first, fresh ones while the
+// budget allows. Every jetty, prepared or connected, counts against the
+// budget. Jetties are used once (reusing one needs a reset brpc does not do
+// either) and the pool is refilled in the background.
+type jettyPool struct {
+	e      *engine
+	budget *JettyBudget
+	target int // prepared jetties to keep
+
+	mu       sync.Mutex
+	prepared []*jettyRes
+	live     int // counted against the budget by this pool
+	kick     chan struct{}
+}
+
+func newJettyPool(e *engine) *jettyPool {
+	target := e.s.flags.PreparedJettyCnt
+	if n, ok := nofileLimit(); ok {
+		if c := preparedCap(n); c < target {
+			e.log.Info("capping prepared jetties by RLIMIT_NOFILE", "requested", target, "cap", c, "nofile", n)
+			target = c
+		}
+	}
+	if l := e.s.budget.Limit(); l > 0 && l < target {
+		target = l
+	}
+	return &jettyPool{e: e, budget: e.s.budget, target: target, kick: make(chan struct{}, 1)}
+}
+
+// acquire returns a jetty for a new connection, or why there is none.
+func (p *jettyPool) acquire() (*jettyRes, *fallback) {
+	p.mu.Lock()
+	if n := len(p.prepared); n > 0 {
+		r := p.prepared[n-1]
+		p.prepared = p.prepared[:n-1]
+		p.mu.Unlock()
+		p.wake()
+		return r, nil
+	}
+	p.mu.Unlock()
+	if !p.budget.take() {
+		return nil, fallbackf(ReasonBudgetExhausted, "all %d jetties of the budget are in use (%s)", p.budget.Limit(), EnvJettyBudget)
+	}
+	r, err := p.e.createJetty()
+	if err != nil {
+		p.budget.give()
+		return nil, fallbackf(ReasonResources, "%v", err)
+	}
+	p.mu.Lock()
+	p.live++
+	p.mu.Unlock()
+	return r, nil
+}
+
+// release destroys a connection's jetty and gives its budget back.
+func (p *jettyPool) release(r *jettyRes) {
+	if err := r.destroy(); err != nil {
+		p.e.log.Error(err, "destroying a connection's jetty")
+	}
+	p.mu.Lock()
+	p.live--
+	p.mu.Unlock()
+	p.budget.give()
+	p.wake()
+}
+
+func (p *jettyPool) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// fill keeps target jetties prepared until done closes.
+func (p *jettyPool) fill(done <-chan struct{}) {
+	for {
+		p.mu.Lock()
+		short := len(p.prepared) < p.target
+		p.mu.Unlock()
+		if short && p.budget.take() {
+			r, err := p.e.createJetty()
+			if err != nil {
+				p.budget.give()
+				// Wait for a kick before trying again.
+				p.e.log.Error(err, "preparing a jetty")
+			} else {
+				p.mu.Lock()
+				p.prepared = append(p.prepared, r)
+				p.live++
+				p.mu.Unlock()
+				continue
+			}
+		}
+		select {
+		case <-done:
+			return
+		case <-p.kick:
+		}
+	}
+}
+
+// drain destroys the prepared jetties (engine shutdown).
+func (p *jettyPool) drain() {
+	p.mu.Lock()
+	rs := p.prepared
+	p.prepared = nil
+	p.live -= len(rs)
+	p.mu.Unlock()
+	for _, r := range rs {
+		if err := r.destroy(); err != nil {
+			p.e.log.Error(err, "destroying a prepared jetty")
+		}
+		p.budget.give()
+	}
+}
+
+// stats reports prepared jetties and all jetties this pool counts.
+func (p *jettyPool) stats() (prepared, live int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.prepared), p.live
+}

@@ -1,0 +1,214 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
+)
+
+// keepAlive makes a silently dead peer (no FIN, no RST) visible on the TCP
+// control connection within about 30s; URMA error completions and the
+// software fabric's peer timeout usually say so sooner.
+var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+func checkNetwork(network string) error {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+		return nil
+	}
+	return fmt.Errorf("network %q is not supported: the transport's control plane is TCP (tcp, tcp4, tcp6)", network)
+}
+
+func newMetrics(cfg Config) (*metrics.Metrics, error) {
+	if cfg.Registerer == nil {
+		return nil, nil
+	}
+	return metrics.New(cfg.Registerer)
+}
+
+// Listener accepts connections that run on URMA when the client can, and on
+// TCP otherwise (a plain TCP client is served transparently). Handshakes run
+// concurrently, so a slow client does not hold up Accept.
+type Listener struct {
+	ln      net.Listener
+	e       *engine
+	log     interface{ Info(string, ...any) }
+	ctx     context.Context
+	cancel  context.CancelFunc
+	conns   chan Conn
+	closed  chan struct{}
+	failed  chan struct{} // the accept loop stopped on an error (loopErr)
+	wg      sync.WaitGroup
+	once    sync.Once
+	mu      sync.Mutex
+	loopErr error
+}
+
+var _ net.Listener = (*Listener)(nil)
+
+// Listen listens on a TCP address and brings URMA up (the software provider
+// listens on the same host address unless Config.Provider is given). If URMA
+// cannot be used, every connection falls back to TCP and says why
+// (Listener.FallbackReason). Errors are only for what makes the listener
+// itself impossible: a bad network or address, a bad configuration.
+func Listen(network, address string, cfg Config) (net.Listener, error) {
+	return ListenTransport(network, address, cfg)
+}
+
+// ListenTransport is Listen returning the concrete *Listener.
+func ListenTransport(network, address string, cfg Config) (*Listener, error) {
+	if err := checkNetwork(network); err != nil {
+		return nil, err
+	}
+	s, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg)
+	if err != nil {
+		return nil, err
+	}
+	lc := net.ListenConfig{KeepAliveConfig: keepAlive}
+	ln, err := lc.Listen(context.Background(), network, address)
+	if err != nil {
+		return nil, err
+	}
+	e := newEngine(s, metrics.RoleServer, m)
+	var host netip.Addr
+	if ta, ok := ln.Addr().(*net.TCPAddr); ok {
+		host, _ = netip.AddrFromSlice(ta.IP)
+	}
+	e.start(host)
+	l := &Listener{
+		ln: ln, e: e, log: e.log,
+		conns:  make(chan Conn, 16),
+		closed: make(chan struct{}),
+		failed: make(chan struct{}),
+	}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	var backoff time.Duration
+	for {
+		tcp, err := l.ln.Accept()
+		if err != nil {
+			select {
+			case <-l.closed:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || isTemporary(err) {
+				// Out of descriptors and the like: back off and retry, as
+				// net/http does.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				l.log.Info("accept failed, retrying", "error", err.Error(), "backoff", backoff)
+				select {
+				case <-time.After(backoff):
+				case <-l.closed:
+					return
+				}
+				continue
+			}
+			l.mu.Lock()
+			l.loopErr = err
+			l.mu.Unlock()
+			close(l.failed)
+			return
+		}
+		backoff = 0
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			c, err := serverHandshake(l.ctx, l.e, tcp)
+			if err != nil {
+				l.log.Info("dropping a connection", "error", err.Error())
+				return
+			}
+			select {
+			case l.conns <- c:
+			case <-l.closed:
+				_ = c.Close()
+			}
+		}()
+	}
+}
+
+// isTemporary reports errors Accept recovers from (EMFILE, ENFILE, ...),
+// which the net package still marks Temporary.
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// Accept waits for the next connection, URMA or TCP.
+func (l *Listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+	case <-l.failed:
+	}
+	// Prefer a connection that is ready over the close.
+	select {
+	case c := <-l.conns:
+		return c, nil
+	default:
+	}
+	l.mu.Lock()
+	err := l.loopErr
+	l.mu.Unlock()
+	select {
+	case <-l.closed:
+		err = net.ErrClosed
+	default:
+	}
+	return nil, &net.OpError{Op: "accept", Net: "urma", Addr: l.ln.Addr(), Err: err}
+}
+
+// Close stops accepting and aborts handshakes in progress; connections
+// already accepted stay open, and the URMA resources go when the last of
+// them closes.
+func (l *Listener) Close() error {
+	err := error(net.ErrClosed)
+	l.once.Do(func() {
+		close(l.closed)
+		l.cancel()
+		err = l.ln.Close()
+		l.wg.Wait()
+		for {
+			select {
+			case c := <-l.conns:
+				_ = c.Close()
+				continue
+			default:
+			}
+			break
+		}
+		l.e.unref()
+	})
+	return err
+}
+
+// Addr is the TCP address the listener accepts on.
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+// FallbackReason says why every connection of this listener will use TCP,
+// "" when URMA is available.
+func (l *Listener) FallbackReason() string {
+	if fb := l.e.unavailable(); fb != nil {
+		return fb.String()
+	}
+	return ""
+}

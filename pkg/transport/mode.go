@@ -1,0 +1,159 @@
+package transport
+
+import (
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// Mode is the data plane a connection runs on.
+type Mode int
+
+// Modes.
+const (
+	ModeTCP  Mode = iota + 1 // the bytes go over the TCP connection
+	ModeURMA                 // the bytes go over URMA; TCP carries only the handshake and EOF
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeTCP:
+		return "tcp"
+	case ModeURMA:
+		return "urma"
+	}
+	return "unknown"
+}
+
+// Reason says why a connection fell back to TCP. The values are a fixed set
+// so they can label metrics; FallbackReason adds the details.
+type Reason string
+
+// Fallback reasons.
+const (
+	// ReasonDisabled: Config.DisableURMA is set (TCP-only mode).
+	ReasonDisabled Reason = "urma_disabled"
+	// ReasonProviderUnavailable: no URMA provider could be created (e.g.
+	// URMA_PROVIDER names one that is not built in, or the software
+	// provider's fabric could not listen).
+	ReasonProviderUnavailable Reason = "provider_unavailable"
+	// ReasonDeviceMissing: the configured device (Config.Device,
+	// URMA_DEVICE, --urma_device) does not exist, or no device does.
+	ReasonDeviceMissing Reason = "device_missing"
+	// ReasonDeviceUnsuitable: the device cannot carry an ordered byte
+	// stream (no RM mode with in-order delivery).
+	ReasonDeviceUnsuitable Reason = "device_unsuitable"
+	// ReasonBudgetExhausted: the jetty budget (URMA_JETTY_BUDGET) is spent.
+	ReasonBudgetExhausted Reason = "jetty_budget_exhausted"
+	// ReasonResources: creating queues, registering or taking buffers failed.
+	ReasonResources Reason = "resource_allocation_failed"
+	// ReasonPeerNotURMA: the peer does not speak the handshake at all (a
+	// plain TCP client or server).
+	ReasonPeerNotURMA Reason = "peer_not_urma"
+	// ReasonPeerSilent: a client sent fewer than four bytes within the
+	// handshake timeout; served as plain TCP with those bytes kept.
+	ReasonPeerSilent Reason = "peer_silent"
+	// ReasonPeerDeclined: the peer speaks the handshake but chose TCP (its
+	// fallback hello, or an ACK without the URMA bit).
+	ReasonPeerDeclined Reason = "peer_declined"
+	// ReasonInvalidHello: the peer's hello broke a validity rule.
+	ReasonInvalidHello Reason = "invalid_hello"
+	// ReasonImportFailed: importing the peer's segment or jetty failed
+	// (unreachable device, wrong token, different transport mode).
+	ReasonImportFailed Reason = "import_failed"
+)
+
+// Conn is what every connection of this package implements: a net.Conn
+// that says which data plane it runs on.
+type Conn interface {
+	net.Conn
+	// Mode says whether the bytes move over URMA or TCP.
+	Mode() Mode
+	// FallbackReason says why the connection runs on TCP ("reason: detail"),
+	// "" when it runs on URMA.
+	FallbackReason() string
+	// Debug is a snapshot of the connection's state for people.
+	Debug() DebugInfo
+}
+
+// ModeOf reports the mode of a connection made by this package, or of
+// anything wrapping one that exposes Mode(); ok is false otherwise.
+func ModeOf(c net.Conn) (m Mode, ok bool) {
+	mc, ok := c.(interface{ Mode() Mode })
+	if !ok {
+		return 0, false
+	}
+	return mc.Mode(), true
+}
+
+// DebugInfo is a connection's state, for logs and debug endpoints.
+type DebugInfo struct {
+	Mode             Mode
+	Role             string // "client" or "server"
+	State            string
+	FallbackReason   string `json:",omitempty"`
+	HandshakeVersion int    `json:",omitempty"` // 2 or 3; 0 when no hello was exchanged
+	LocalAddr        string
+	RemoteAddr       string
+
+	// URMA only.
+	Device           string       `json:",omitempty"`
+	LocalJetty       urma.JettyID `json:",omitempty"`
+	RemoteJetty      urma.JettyID `json:",omitempty"`
+	SQWindow         int          `json:",omitempty"` // send WRs we may still post
+	RemoteRQWindow   int          `json:",omitempty"` // receives the peer has posted for us
+	WindowCapacity   int          `json:",omitempty"` // both windows' size: min(sq, peer rq) - 3
+	CreditThreshold  int          `json:",omitempty"` // credits we hold back before returning them
+	PendingCredits   int          `json:",omitempty"` // receives reposted but not yet returned
+	CreditWRsFree    int          `json:",omitempty"` // of the 3 reserved credit WRs
+	BufferedMessages int          `json:",omitempty"` // received, not yet read
+	RemoteBufferSize int          `json:",omitempty"`
+
+	BytesSent, BytesReceived       uint64
+	MessagesSent, MessagesReceived uint64 `json:",omitempty"`
+	WindowStalls                   uint64 `json:",omitempty"`
+}
+
+// String formats the snapshot on one line, key=value.
+func (d DebugInfo) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "mode=%s role=%s state=%s local=%s remote=%s", d.Mode, d.Role, d.State, d.LocalAddr, d.RemoteAddr)
+	if d.FallbackReason != "" {
+		fmt.Fprintf(&b, " fallback=%q", d.FallbackReason)
+	}
+	if d.HandshakeVersion != 0 {
+		fmt.Fprintf(&b, " hello=v%d", d.HandshakeVersion)
+	}
+	if d.Mode == ModeURMA {
+		fmt.Fprintf(&b, " device=%s jetty=%d remote_jetty=%s/%d sq_window=%d remote_rq_window=%d capacity=%d credit_threshold=%d pending_credits=%d credit_wrs=%d buffered=%d remote_buffer=%d",
+			d.Device, d.LocalJetty.ID, d.RemoteJetty.EID, d.RemoteJetty.ID, d.SQWindow, d.RemoteRQWindow, d.WindowCapacity,
+			d.CreditThreshold, d.PendingCredits, d.CreditWRsFree, d.BufferedMessages, d.RemoteBufferSize)
+	}
+	fmt.Fprintf(&b, " bytes_sent=%d bytes_received=%d", d.BytesSent, d.BytesReceived)
+	if d.Mode == ModeURMA {
+		fmt.Fprintf(&b, " msgs_sent=%d msgs_received=%d window_stalls=%d", d.MessagesSent, d.MessagesReceived, d.WindowStalls)
+	}
+	return b.String()
+}
+
+// fallback is a reason with its detail.
+type fallback struct {
+	reason Reason
+	detail string
+}
+
+func (f fallback) String() string {
+	if f.reason == "" {
+		return ""
+	}
+	if f.detail == "" {
+		return string(f.reason)
+	}
+	return string(f.reason) + ": " + f.detail
+}
+
+func fallbackf(r Reason, format string, args ...any) *fallback {
+	return &fallback{reason: r, detail: fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,162 @@
+package transport
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
+)
+
+// tcpConn is a connection that fell back to TCP: the TCP connection itself,
+// plus bytes the handshake already read from it (a plain client's first
+// bytes, or a foreign server's), which Read returns first.
+type tcpConn struct {
+	net.Conn
+	role     string
+	why      fallback
+	version  int // hello version exchanged before falling back; 0 if none
+	metrics  *metrics.Metrics
+	counters metrics.DataCounters
+
+	readMu  sync.Mutex
+	prefix  []byte
+	heap    *bufferPool // lazily: ZeroCopyConn over TCP uses heap buffers
+	heapMu  sync.Mutex
+	bufSize int
+
+	bytesSent, bytesReceived atomic.Uint64
+	closeOnce                sync.Once
+	closeErr                 error
+}
+
+var (
+	_ Conn         = (*tcpConn)(nil)
+	_ ZeroCopyConn = (*tcpConn)(nil)
+)
+
+func newTCPConn(c net.Conn, role string, why fallback, prefix []byte, version int, bufSize int, m *metrics.Metrics) *tcpConn {
+	t := &tcpConn{
+		Conn: c, role: role, why: why, version: version,
+		prefix: prefix, bufSize: bufSize, metrics: m, counters: m.Data(metrics.ModeTCP),
+	}
+	m.ConnOpened(metrics.ModeTCP, role)
+	return t
+}
+
+func (c *tcpConn) Mode() Mode             { return ModeTCP }
+func (c *tcpConn) FallbackReason() string { return c.why.String() }
+
+// Read returns the kept handshake bytes first, then reads the socket.
+func (c *tcpConn) Read(p []byte) (int, error) {
+	c.readMu.Lock()
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		if len(c.prefix) == 0 {
+			c.prefix = nil
+		}
+		c.readMu.Unlock()
+		c.count(0, n)
+		return n, nil
+	}
+	c.readMu.Unlock()
+	n, err := c.Conn.Read(p)
+	c.count(0, n)
+	return n, err
+}
+
+func (c *tcpConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.count(n, 0)
+	return n, err
+}
+
+func (c *tcpConn) count(sent, received int) {
+	if sent > 0 {
+		c.bytesSent.Add(uint64(sent))
+		c.counters.BytesSent.Add(float64(sent))
+	}
+	if received > 0 {
+		c.bytesReceived.Add(uint64(received))
+		c.counters.BytesReceived.Add(float64(received))
+	}
+}
+
+func (c *tcpConn) Close() error {
+	c.closeOnce.Do(func() {
+		c.closeErr = c.Conn.Close()
+		c.metrics.ConnClosed(metrics.ModeTCP, c.role)
+	})
+	return c.closeErr
+}
+
+// Debug reports the connection's state.
+func (c *tcpConn) Debug() DebugInfo {
+	return DebugInfo{
+		Mode:             ModeTCP,
+		Role:             c.role,
+		State:            "FALLBACK_TCP",
+		FallbackReason:   c.why.String(),
+		HandshakeVersion: c.version,
+		LocalAddr:        c.LocalAddr().String(),
+		RemoteAddr:       c.RemoteAddr().String(),
+		BytesSent:        c.bytesSent.Load(),
+		BytesReceived:    c.bytesReceived.Load(),
+	}
+}
+
+// heapPool returns the connection's heap buffers for the zero-copy API,
+// created on first use.
+func (c *tcpConn) heapPool() *bufferPool {
+	c.heapMu.Lock()
+	defer c.heapMu.Unlock()
+	if c.heap == nil {
+		c.heap = newHeapPool(c.bufSize, tcpZeroCopyBuffers)
+	}
+	return c.heap
+}
+
+// tcpZeroCopyBuffers bounds the heap buffers a TCP-mode connection hands
+// out through the zero-copy API.
+const tcpZeroCopyBuffers = 16
+
+// AllocBuffer returns a buffer to fill and pass to WriteBuffer. In TCP mode
+// it is ordinary memory.
+func (c *tcpConn) AllocBuffer() (*Buffer, error) {
+	b, err := c.heapPool().get(nil, nil, false)
+	if err != nil {
+		return nil, c.opErr("write", err)
+	}
+	return b, nil
+}
+
+// WriteBuffer writes the first n bytes of b and releases it.
+func (c *tcpConn) WriteBuffer(b *Buffer, n int) error {
+	if err := checkWriteBuffer(b, n); err != nil {
+		return c.opErr("write", err)
+	}
+	_, err := c.Write(b.data[:n])
+	b.Release()
+	return err
+}
+
+// ReadBuffer reads what is available, up to one buffer, into a buffer the
+// caller must Release.
+func (c *tcpConn) ReadBuffer() (*Buffer, error) {
+	b, err := c.heapPool().get(nil, nil, false)
+	if err != nil {
+		return nil, c.opErr("read", err)
+	}
+	n, err := c.Read(b.data)
+	if n == 0 {
+		b.Release()
+		return nil, err
+	}
+	b.off, b.n = 0, n
+	return b, nil
+}
+
+func (c *tcpConn) opErr(op string, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
