@@ -144,9 +144,9 @@ func newURMAConn(e *engine, tcp net.Conn, role string) (*urmaConn, *fallback) {
 		readable: make(chan struct{}, 1), writable: make(chan struct{}, 1),
 		flushDone: make(chan struct{}),
 		rdl:       newDeadline(), wdl: newDeadline(),
-		cqes:      make([]urma.Completion, e.s.flags.CQEPollOnce),
-		evDone:    make(chan struct{}), watchDone: make(chan struct{}),
-		counters:  e.metrics.Data(metrics.ModeURMA),
+		cqes:   make([]urma.Completion, e.s.flags.CQEPollOnce),
+		evDone: make(chan struct{}), watchDone: make(chan struct{}),
+		counters: e.metrics.Data(metrics.ModeURMA),
 	}
 	if !c.pool.tryGetN(rq, c.rx) {
 		free, _ := c.pool.stats()
