@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"io"
 	"net"
 	"runtime"
 	"strings"
@@ -77,6 +78,9 @@ func connect(t testing.TB, scfg, ccfg Config) pair {
 	return dialAccept(t, ln, d)
 }
 
+// syncBytes is what a client that fell back before its hello sends first.
+const syncBytes = "sync"
+
 func dialAccept(t testing.TB, ln *Listener, d *Dialer) pair {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -94,9 +98,23 @@ func dialAccept(t testing.TB, ln *Listener, d *Dialer) pair {
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
+	// A client that fell back before its hello is a plain TCP client: the
+	// server decides on its first four bytes, so it must speak first.
+	early := cc.(Conn).Mode() == ModeTCP && cc.(Conn).Debug().HandshakeVersion == 0
+	if early {
+		if _, err := cc.Write([]byte(syncBytes)); err != nil {
+			t.Fatalf("write sync bytes: %v", err)
+		}
+	}
 	r := <-acc
 	if r.err != nil {
 		t.Fatalf("accept: %v", r.err)
+	}
+	if early {
+		got := make([]byte, len(syncBytes))
+		if _, err := io.ReadFull(r.c, got); err != nil || string(got) != syncBytes {
+			t.Fatalf("server read %q, %v; want the client's %q", got, err, syncBytes)
+		}
 	}
 	p := pair{client: cc.(Conn), server: r.c.(Conn)}
 	t.Cleanup(func() {

@@ -1,0 +1,483 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
+)
+
+// exchange writes msg from a to b and back, checking both arrive intact.
+func exchange(t *testing.T, a, b net.Conn, msg string) {
+	t.Helper()
+	for _, dir := range []struct{ from, to net.Conn }{{a, b}, {b, a}} {
+		errc := make(chan error, 1)
+		go func() {
+			_, err := dir.from.Write([]byte(msg))
+			errc <- err
+		}()
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(dir.to, got); err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		if string(got) != msg {
+			t.Fatalf("got %q, want %q", got, msg)
+		}
+	}
+}
+
+// fakeHello is a hello that passes every validity rule but names a jetty
+// that exists nowhere.
+func fakeHello() handshake.Hello {
+	h := handshake.Hello{
+		BufferSize: 8192, RecvBufferCnt: 127, JettyID: 7, UASID: 1, TPType: handshake.TPCTP,
+		SegUASID: 1, SegVA: 0x1000, SegLen: 4096, SegTokenID: 1,
+	}
+	h.EID[0], h.SegEID[0] = 0xfe, 0xfe
+	return h
+}
+
+// TestFallbackMatrix covers who talks to whom, and what each side ends up
+// with: mode, reason, and bytes that still flow.
+func TestFallbackMatrix(t *testing.T) {
+	checkNoLeaks(t)
+	tests := []struct {
+		name         string
+		server       func(*Config)
+		client       func(*Config)
+		wantMode     Mode
+		clientReason Reason
+		serverReason Reason
+	}{
+		{name: "urma to urma, v2", wantMode: ModeURMA},
+		{name: "urma to urma, v3", wantMode: ModeURMA, client: func(c *Config) { c.Flags.ClientHandshakeVersion = 3 }},
+		{name: "urma to urma, polling server", wantMode: ModeURMA, server: func(c *Config) { c.Flags.UsePolling, c.Flags.PollerYield = true, true }},
+		{name: "urma to urma, no token (brpc compatible)", wantMode: ModeURMA, server: func(c *Config) { c.NoToken = true }, client: func(c *Config) { c.NoToken = true }},
+		{
+			name: "urma client, tcp-only server", wantMode: ModeTCP,
+			server:       func(c *Config) { c.DisableURMA = true },
+			clientReason: ReasonPeerDeclined, serverReason: ReasonDisabled,
+		},
+		{
+			name: "urma client v3, tcp-only server", wantMode: ModeTCP,
+			server:       func(c *Config) { c.DisableURMA = true },
+			client:       func(c *Config) { c.Flags.ClientHandshakeVersion = 3 },
+			clientReason: ReasonPeerDeclined, serverReason: ReasonDisabled,
+		},
+		{
+			name: "tcp-only client, urma server", wantMode: ModeTCP,
+			client:       func(c *Config) { c.DisableURMA = true },
+			clientReason: ReasonDisabled, serverReason: ReasonPeerNotURMA,
+		},
+		{
+			name: "client device missing", wantMode: ModeTCP,
+			client:       func(c *Config) { c.Device = "udma9" },
+			clientReason: ReasonDeviceMissing, serverReason: ReasonPeerNotURMA,
+		},
+		{
+			name: "server device missing", wantMode: ModeTCP,
+			server:       func(c *Config) { c.Device = "udma9" },
+			clientReason: ReasonPeerDeclined, serverReason: ReasonDeviceMissing,
+		},
+		{
+			name: "client provider not built in", wantMode: ModeTCP,
+			client:       func(c *Config) { c.Provider = nil; c.LookupEnv = envOf(map[string]string{EnvProvider: "liburma"}) },
+			clientReason: ReasonProviderUnavailable, serverReason: ReasonPeerNotURMA,
+		},
+		{
+			name: "server pool too small for a connection", wantMode: ModeTCP,
+			server:       func(c *Config) { c.Flags.BufferCount = 16; c.Flags.RQSize = 32 },
+			clientReason: ReasonPeerDeclined, serverReason: ReasonResources,
+		},
+		{
+			name: "client and server on different fabrics", wantMode: ModeTCP,
+			client:       func(c *Config) { c.Provider, _ = fabricPair(t) },
+			clientReason: ReasonPeerDeclined, serverReason: ReasonImportFailed,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			fs, fc := smallFlags(), smallFlags()
+			scfg, ccfg := cfgWith(pa, fs), cfgWith(pb, fc)
+			if tc.server != nil {
+				tc.server(&scfg)
+			}
+			if tc.client != nil {
+				tc.client(&ccfg)
+			}
+			p := connect(t, scfg, ccfg)
+			for _, side := range []struct {
+				name   string
+				c      Conn
+				reason Reason
+			}{{"client", p.client, tc.clientReason}, {"server", p.server, tc.serverReason}} {
+				if side.c.Mode() != tc.wantMode {
+					t.Errorf("%s mode %s, want %s (fallback %q)", side.name, side.c.Mode(), tc.wantMode, side.c.FallbackReason())
+				}
+				if got := side.c.FallbackReason(); !strings.HasPrefix(got, string(side.reason)) || (side.reason == "") != (got == "") {
+					t.Errorf("%s fallback reason %q, want %q", side.name, got, side.reason)
+				}
+				if m, ok := ModeOf(side.c); !ok || m != tc.wantMode {
+					t.Errorf("ModeOf(%s) = %v, %v", side.name, m, ok)
+				}
+				if d := side.c.Debug(); d.Mode != tc.wantMode || !strings.Contains(d.String(), "mode="+tc.wantMode.String()) {
+					t.Errorf("%s debug dump %q", side.name, d)
+				}
+			}
+			exchange(t, p.client, p.server, "bytes flow either way: "+tc.name)
+		})
+	}
+}
+
+// TestPlainTCPClientServedTransparently: a client that knows nothing of
+// URMA gets the server's application, and the server's application gets
+// every byte the client sent, the four the handshake peeked at included.
+func TestPlainTCPClientServedTransparently(t *testing.T) {
+	checkNoLeaks(t)
+	pa, _ := fabricPair(t)
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, smallFlags()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	tests := []struct {
+		name   string
+		send   string
+		reason Reason
+	}{
+		{"http request", "GET / HTTP/1.0\r\nHost: x\r\n\r\n", ReasonPeerNotURMA},
+		{"looks like a magic but is not", "URMb and more", ReasonPeerNotURMA},
+		{"two bytes then close", "hi", ReasonPeerNotURMA},
+		{"nothing then close", "", ReasonPeerNotURMA},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			if _, err := raw.Write([]byte(tc.send)); err != nil {
+				t.Fatal(err)
+			}
+			if len(tc.send) < handshake.MagicLen {
+				_ = raw.(*net.TCPConn).CloseWrite()
+			}
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			sc := c.(Conn)
+			if sc.Mode() != ModeTCP || !strings.HasPrefix(sc.FallbackReason(), string(tc.reason)) {
+				t.Fatalf("mode %s reason %q, want tcp %s", sc.Mode(), sc.FallbackReason(), tc.reason)
+			}
+			got := make([]byte, len(tc.send))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != tc.send {
+				t.Fatalf("server read %q, %v; want %q", got, err, tc.send)
+			}
+			if len(tc.send) >= handshake.MagicLen {
+				if _, err := c.Write([]byte("reply")); err != nil {
+					t.Fatal(err)
+				}
+				r := make([]byte, 5)
+				if _, err := io.ReadFull(raw, r); err != nil || string(r) != "reply" {
+					t.Fatalf("client read %q, %v", r, err)
+				}
+			} else if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+				t.Fatalf("after the client's close: %d, %v; want EOF", n, err)
+			}
+		})
+	}
+}
+
+// TestSilentClientServedAfterTimeout: a client that waits for the server to
+// speak first is served as plain TCP once the handshake timeout passes,
+// with the bytes it did send kept.
+func TestSilentClientServedAfterTimeout(t *testing.T) {
+	checkNoLeaks(t)
+	pa, _ := fabricPair(t)
+	cfg := cfgWith(pa, smallFlags())
+	cfg.HandshakeTimeout = 100 * time.Millisecond
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Write([]byte("ab")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if r := c.(Conn).FallbackReason(); !strings.HasPrefix(r, string(ReasonPeerSilent)) {
+		t.Fatalf("reason %q, want %s", r, ReasonPeerSilent)
+	}
+	if _, err := c.Write([]byte("220 ready\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Write([]byte("cd")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "abcd" {
+		t.Fatalf("server read %q, %v; want abcd", got, err)
+	}
+}
+
+// rawHello sends hello bytes (and then ack, if not nil) from a plain TCP
+// client and returns the connection and the server's reply hello.
+func rawHello(t *testing.T, addr string, hello []byte) (net.Conn, handshake.Hello, error) {
+	t.Helper()
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = raw.Close() })
+	_ = raw.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := raw.Write(hello); err != nil {
+		t.Fatal(err)
+	}
+	magic := make([]byte, 4)
+	if _, err := io.ReadFull(raw, magic); err != nil {
+		t.Fatalf("read reply magic: %v", err)
+	}
+	h, _, err := handshake.ReadHello(raw, magic)
+	return raw, h, err
+}
+
+// TestInvalidHelloFallsBack: a hello that breaks a rule gets the fallback
+// hello, and an ACK without the URMA bit makes a TCP connection; with the
+// URMA bit the server drops the connection (it fell back: protocol breakdown).
+func TestInvalidHelloFallsBack(t *testing.T) {
+	checkNoLeaks(t)
+	pa, _ := fabricPair(t)
+	reg := prometheus.NewRegistry()
+	cfg := cfgWith(pa, smallFlags())
+	cfg.Registerer = reg
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+
+	bad := fakeHello()
+	bad.JettyID = 0
+	longMsg := handshake.AppendV2(nil, fakeHello())
+	binary.BigEndian.PutUint16(longMsg[4:], uint16(len(longMsg)+100))
+	longMsg = append(longMsg, bytes.Repeat([]byte{0xaa}, 100)...) // valid, but names no jetty: import fails
+	tests := []struct {
+		name   string
+		hello  []byte
+		reason Reason
+	}{
+		{"v2 jetty id zero", handshake.AppendV2(nil, bad), ReasonInvalidHello},
+		{"v3 jetty id zero", handshake.AppendV3(nil, bad), ReasonInvalidHello},
+		{"v2 wrong version", func() []byte { b := handshake.AppendV2(nil, fakeHello()); b[7] = 9; return b }(), ReasonInvalidHello},
+		{"v3 garbage body", []byte("URM3\x00\x00\x00\x03\xff\xff\xff"), ReasonInvalidHello},
+		{"v2 longer msg_len, jetty unknown", longMsg, ReasonImportFailed},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, reply, err := rawHello(t, ln.Addr().String(), tc.hello)
+			if !errors.Is(err, handshake.ErrInvalidHello) || !handshake.IsFallback(reply) {
+				t.Fatalf("server reply: %+v, %v; want the fallback hello", reply, err)
+			}
+			if _, err := raw.Write(append(handshake.AppendAck(nil, false), "after"...)); err != nil {
+				t.Fatal(err)
+			}
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if r := c.(Conn).FallbackReason(); !strings.HasPrefix(r, string(tc.reason)) {
+				t.Fatalf("reason %q, want %s", r, tc.reason)
+			}
+			got := make([]byte, 5)
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != "after" {
+				t.Fatalf("read %q, %v: the ACK must not reach the application", got, err)
+			}
+		})
+	}
+
+	t.Run("ack asks for urma after the server fell back", func(t *testing.T) {
+		raw, _, err := rawHello(t, ln.Addr().String(), handshake.AppendV2(nil, bad))
+		if !errors.Is(err, handshake.ErrInvalidHello) {
+			t.Fatal(err)
+		}
+		if _, err := raw.Write(handshake.AppendAck(nil, true)); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := raw.Read(make([]byte, 1)); err == nil {
+			t.Fatalf("read %d bytes; the server should have dropped the connection", n)
+		}
+		waitFor(t, "the handshake error metric", 5*time.Second, func() bool {
+			return handshakeCount(t, reg, "error", "server") >= 1
+		})
+	})
+}
+
+// handshakeCount reads the count of the handshake histogram for result.
+func handshakeCount(t *testing.T, reg *prometheus.Registry, result, role string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "urma_transport_handshake_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["result"] == result && labels["role"] == role {
+				n += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return n
+}
+
+// TestClientAlwaysSendsAck pins the client's bytes against a scripted
+// server: after a fallback hello, the ACK still comes, with flags 0.
+func TestClientAlwaysSendsAck(t *testing.T) {
+	checkNoLeaks(t)
+	tests := []struct {
+		name    string
+		version int
+		reply   func() []byte
+		reason  Reason
+	}{
+		{"v2 fallback hello", 2, func() []byte { return handshake.AppendV2Fallback(nil) }, ReasonPeerDeclined},
+		{"v3 fallback hello", 3, func() []byte { return handshake.AppendV3Fallback(nil) }, ReasonPeerDeclined},
+		{"v2 hello naming no jetty", 2, func() []byte { return handshake.AppendV2(nil, fakeHello()) }, ReasonImportFailed},
+		{"v2 broken hello", 2, func() []byte { b := handshake.AppendV2(nil, fakeHello()); b[9] = 7; return b }, ReasonInvalidHello},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			type result struct {
+				version handshake.Version
+				ack     []byte
+				err     error
+			}
+			got := make(chan result, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					got <- result{err: err}
+					return
+				}
+				defer c.Close()
+				magic := make([]byte, 4)
+				if _, err := io.ReadFull(c, magic); err != nil {
+					got <- result{err: err}
+					return
+				}
+				_, v, err := handshake.ReadHello(c, magic)
+				if err != nil {
+					got <- result{err: err}
+					return
+				}
+				if _, err := c.Write(tc.reply()); err != nil {
+					got <- result{err: err}
+					return
+				}
+				ack := make([]byte, 4)
+				_, err = io.ReadFull(c, ack)
+				got <- result{v, ack, err}
+				_, _ = io.Copy(c, c) // then echo, as a TCP server
+			}()
+			_, pb := fabricPair(t)
+			f := smallFlags()
+			f.ClientHandshakeVersion = tc.version
+			c, err := Dial(context.Background(), "tcp", ln.Addr().String(), cfgWith(pb, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			r := <-got
+			if r.err != nil {
+				t.Fatalf("scripted server: %v", r.err)
+			}
+			if int(r.version) != tc.version {
+				t.Errorf("client sent a v%d hello, want v%d", r.version, tc.version)
+			}
+			if !bytes.Equal(r.ack, []byte{0, 0, 0, 0}) {
+				t.Errorf("ACK %x, want 00000000", r.ack)
+			}
+			if got := c.(Conn).FallbackReason(); !strings.HasPrefix(got, string(tc.reason)) {
+				t.Errorf("reason %q, want %s", got, tc.reason)
+			}
+			if _, err := c.Write([]byte("ping")); err != nil {
+				t.Fatal(err)
+			}
+			b := make([]byte, 4)
+			if _, err := io.ReadFull(c, b); err != nil || string(b) != "ping" {
+				t.Fatalf("echo %q, %v", b, err)
+			}
+		})
+	}
+}
+
+// TestForeignServer: a server that speaks first and knows nothing of URMA.
+// The client keeps what it said and falls back without an ACK.
+func TestForeignServer(t *testing.T) {
+	checkNoLeaks(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = c.Write([]byte("SSH-2.0-test\r\n"))
+		_, _ = io.Copy(io.Discard, c)
+	}()
+	_, pb := fabricPair(t)
+	c, err := Dial(context.Background(), "tcp", ln.Addr().String(), cfgWith(pb, smallFlags()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if r := c.(Conn).FallbackReason(); !strings.HasPrefix(r, string(ReasonPeerNotURMA)) {
+		t.Fatalf("reason %q", r)
+	}
+	got := make([]byte, 14)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "SSH-2.0-test\r\n" {
+		t.Fatalf("read %q, %v: the server's greeting must be kept", got, err)
+	}
+}
