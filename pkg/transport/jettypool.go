@@ -89,10 +89,12 @@ type jettyPool struct {
 	budget *JettyBudget
 	target int // prepared jetties to keep
 
-	mu       sync.Mutex
-	prepared []*jettyRes
-	live     int // counted against the budget by this pool
-	kick     chan struct{}
+	mu        sync.Mutex
+	prepared  []*jettyRes
+	preparing int        // jetties the filler is creating, budget already taken
+	ready     *sync.Cond // signalled when the filler finishes one
+	live      int        // counted against the budget by this pool
+	kick      chan struct{}
 }
 
 func newJettyPool(e *engine) *jettyPool {
@@ -106,31 +108,43 @@ func newJettyPool(e *engine) *jettyPool {
 	if l := e.s.budget.Limit(); l > 0 && l < target {
 		target = l
 	}
-	return &jettyPool{e: e, budget: e.s.budget, target: target, kick: make(chan struct{}, 1)}
+	p := &jettyPool{e: e, budget: e.s.budget, target: target, kick: make(chan struct{}, 1)}
+	p.ready = sync.NewCond(&p.mu)
+	return p
 }
 
-// acquire returns a jetty for a new connection, or why there is none.
+// acquire returns a jetty for a new connection, or why there is none. When
+// the budget is spent only because the filler is creating a jetty right
+// now, it waits for that one.
 func (p *jettyPool) acquire() (*jettyRes, *fallback) {
 	p.mu.Lock()
-	if n := len(p.prepared); n > 0 {
-		r := p.prepared[n-1]
-		p.prepared = p.prepared[:n-1]
-		p.mu.Unlock()
-		p.wake()
-		return r, nil
+	for {
+		if n := len(p.prepared); n > 0 {
+			r := p.prepared[n-1]
+			p.prepared = p.prepared[:n-1]
+			p.mu.Unlock()
+			p.wake()
+			return r, nil
+		}
+		if p.budget.take() {
+			p.live++
+			break
+		}
+		if p.preparing == 0 {
+			p.mu.Unlock()
+			return nil, fallbackf(ReasonBudgetExhausted, "all %d jetties of the budget are in use (%s)", p.budget.Limit(), EnvJettyBudget)
+		}
+		p.ready.Wait()
 	}
 	p.mu.Unlock()
-	if !p.budget.take() {
-		return nil, fallbackf(ReasonBudgetExhausted, "all %d jetties of the budget are in use (%s)", p.budget.Limit(), EnvJettyBudget)
-	}
 	r, err := p.e.createJetty()
 	if err != nil {
+		p.mu.Lock()
+		p.live--
+		p.mu.Unlock()
 		p.budget.give()
 		return nil, fallbackf(ReasonResources, "%v", err)
 	}
-	p.mu.Lock()
-	p.live++
-	p.mu.Unlock()
 	return r, nil
 }
 
@@ -157,21 +171,27 @@ func (p *jettyPool) wake() {
 func (p *jettyPool) fill(done <-chan struct{}) {
 	for {
 		p.mu.Lock()
-		short := len(p.prepared) < p.target
+		short := len(p.prepared)+p.preparing < p.target && p.budget.take()
+		if short {
+			p.preparing++
+		}
 		p.mu.Unlock()
-		if short && p.budget.take() {
+		if short {
 			r, err := p.e.createJetty()
-			if err != nil {
-				p.budget.give()
-				// Wait for a kick before trying again.
-				p.e.log.Error(err, "preparing a jetty")
-			} else {
-				p.mu.Lock()
+			p.mu.Lock()
+			p.preparing--
+			if err == nil {
 				p.prepared = append(p.prepared, r)
 				p.live++
-				p.mu.Unlock()
+			}
+			p.ready.Broadcast()
+			p.mu.Unlock()
+			if err == nil {
 				continue
 			}
+			// Wait for a kick before trying again.
+			p.budget.give()
+			p.e.log.Error(err, "preparing a jetty")
 		}
 		select {
 		case <-done:

@@ -68,6 +68,7 @@ type bufferPool struct {
 	free    []int32
 	waitCh  chan struct{} // closed when a buffer comes back while someone waits
 	outside int           // buffers not on the free list
+	waiting int           // callers waiting in get
 }
 
 // newRegisteredPool cuts count buffers of size bytes from mem, registered as seg.
@@ -125,15 +126,30 @@ func (p *bufferPool) get(cancel, expired <-chan struct{}, failFast bool) (*Buffe
 			p.waitCh = make(chan struct{})
 		}
 		ch := p.waitCh
+		p.waiting++
 		p.mu.Unlock()
+		var err error
 		select {
 		case <-ch:
 		case <-cancel:
-			return nil, errConnClosed
+			err = errConnClosed
 		case <-expired:
-			return nil, os.ErrDeadlineExceeded
+			err = os.ErrDeadlineExceeded
+		}
+		p.mu.Lock()
+		p.waiting--
+		p.mu.Unlock()
+		if err != nil {
+			return nil, err
 		}
 	}
+}
+
+// waiters is how many callers wait for a buffer.
+func (p *bufferPool) waiters() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waiting
 }
 
 // tryGetN takes n buffers at once, or none.
