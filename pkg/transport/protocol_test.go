@@ -1,0 +1,263 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// rawPeer is a hand-driven URMA client, built from the provider's verbs and
+// the handshake codec, that can break the data-plane rules on purpose (and
+// stands in for a brpc peer: no token, no extension).
+type rawPeer struct {
+	t      *testing.T
+	ctx    urma.Context
+	jfc    urma.JFC
+	jfr    urma.JFR
+	jetty  urma.Jetty
+	mem    *urma.Memory
+	seg    urma.Segment
+	target urma.RemoteJetty
+	rseg   urma.RemoteSegment
+	tcp     net.Conn
+	server  handshake.Hello
+	credits int // credits the server returned so far
+}
+
+const rawBuf = 4096
+
+func newRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
+	t.Helper()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &rawPeer{t: t}
+	var err error
+	r.ctx, err = prov.Open("", 0)
+	must(err)
+	r.jfc, err = r.ctx.CreateJFC(urma.JFCConfig{Depth: 128})
+	must(err)
+	r.jfr, err = r.ctx.CreateJFR(urma.JFRConfig{Depth: 16, JFC: r.jfc})
+	must(err)
+	r.jetty, err = r.ctx.CreateJetty(urma.JettyConfig{Mode: urma.RM, SQDepth: 16, SendJFC: r.jfc, JFR: r.jfr, RNRRetry: 7})
+	must(err)
+	r.mem, err = urma.AllocMemory(32 * rawBuf)
+	must(err)
+	r.seg, err = r.ctx.RegisterSegment(r.mem, urma.SegmentConfig{Access: urma.AccessRead | urma.AccessWrite})
+	must(err)
+	for i := 0; i < 16; i++ {
+		must(r.jfr.PostRecv(&urma.RecvWR{UserCtx: uint64(i), SGEs: []urma.SGE{{Segment: r.seg, Offset: uint64(i * rawBuf), Len: rawBuf}}}))
+	}
+	t.Cleanup(r.close)
+
+	r.tcp, err = net.Dial("tcp", addr)
+	must(err)
+	id, sid := r.jetty.ID(), r.seg.ID()
+	hello := handshake.Hello{
+		BufferSize: rawBuf, RecvBufferCnt: 15, JettyID: id.ID, EID: id.EID, UASID: id.UASID, TPType: handshake.TPCTP,
+		SegEID: sid.EID, SegUASID: sid.UASID, SegVA: sid.VA, SegLen: sid.Len, SegTokenID: sid.TokenID,
+	}
+	_, err = r.tcp.Write(handshake.AppendV2(nil, hello))
+	must(err)
+	magic := make([]byte, 4)
+	_, err = io.ReadFull(r.tcp, magic)
+	must(err)
+	r.server, _, err = handshake.ReadHello(r.tcp, magic)
+	must(err)
+	h := r.server
+	r.rseg, err = r.ctx.ImportSegment(urma.SegmentID{EID: h.SegEID, UASID: h.SegUASID, VA: h.SegVA, Len: h.SegLen, TokenID: h.SegTokenID}, urma.Token(h.Token))
+	must(err)
+	r.target, err = r.ctx.ImportJetty(context.Background(), urma.JettyID{EID: h.EID, UASID: h.UASID, ID: h.JettyID}, urma.RM, urma.Token(h.Token))
+	must(err)
+	_, err = r.tcp.Write(handshake.AppendAck(nil, true))
+	must(err)
+	return r
+}
+
+func (r *rawPeer) close() {
+	if r.tcp != nil {
+		_ = r.tcp.Close()
+	}
+	for _, c := range []io.Closer{r.target, r.rseg, r.jetty, r.jfr, r.jfc, r.seg} {
+		if c != nil {
+			_ = c.Close()
+		}
+	}
+	if r.mem != nil {
+		_ = r.mem.Free()
+	}
+	if r.ctx != nil {
+		_ = r.ctx.Close()
+	}
+}
+
+// send posts one SEND (n payload bytes from buffer 20) or, with imm != 0, a
+// SEND_WITH_IMM, and waits for its completion.
+func (r *rawPeer) send(n int, imm uint64) urma.Status {
+	r.t.Helper()
+	wr := urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: r.target, UserCtx: 99}
+	if n > 0 {
+		wr.SGEs = []urma.SGE{{Segment: r.seg, Offset: 20 * rawBuf, Len: uint32(n)}}
+	}
+	if imm != 0 {
+		wr.Opcode, wr.Imm = urma.OpSendWithImm, imm
+	}
+	if err := r.jetty.PostSend(&wr); err != nil {
+		r.t.Fatal(err)
+	}
+	cs := make([]urma.Completion, 8)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		k, err := r.jfc.Poll(cs)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		for _, c := range cs[:k] {
+			if c.Recv && c.Opcode == urma.CROpSendWithImm && c.Status == urma.StatusSuccess {
+				r.credits += int(c.Imm)
+				slot := c.UserCtx
+				if err := r.jfr.PostRecv(&urma.RecvWR{UserCtx: slot, SGEs: []urma.SGE{{Segment: r.seg, Offset: slot * rawBuf, Len: rawBuf}}}); err != nil {
+					r.t.Fatal(err)
+				}
+			}
+			if !c.Recv && c.UserCtx == 99 {
+				return c.Status
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	r.t.Fatal("no send completion")
+	return 0
+}
+
+// TestProtocolErrors: a peer that breaks the data-plane rules gets its
+// connection closed with an error that says which rule, and the metric
+// counts it.
+func TestProtocolErrors(t *testing.T) {
+	checkNoLeaks(t)
+	tests := []struct {
+		name    string
+		breakIt func(r *rawPeer)
+		wantErr string
+		proto   bool
+	}{
+		{"credit above the window", func(r *rawPeer) { r.send(0, 1000) }, "peer returned 1000 credits", true},
+		{"credit overflowing the window", func(r *rawPeer) { r.send(0, 1) }, "peer returned 1 credits with the remote receive window at 13 of 13", true},
+		{"zero-length message without credit", func(r *rawPeer) { r.send(0, 0) }, "zero-length message without a credit", true},
+		{"message larger than a receive buffer", func(r *rawPeer) { r.send(rawBuf, 0) }, "status LOC_LEN", false},
+		{"data on the TCP connection", func(r *rawPeer) { _, _ = r.tcp.Write([]byte("x")) }, "sent data on the TCP connection", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			reg := prometheus.NewRegistry()
+			scfg := cfgWith(pa, smallFlags()) // 1 KiB buffers, 16-deep queues
+			scfg.NoToken = true                // a brpc-style peer
+			scfg.Registerer = reg
+			ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			r := newRawPeer(t, pb, ln.Addr().String())
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if c.(Conn).Mode() != ModeURMA {
+				t.Fatalf("mode %s (%s)", c.(Conn).Mode(), c.(Conn).FallbackReason())
+			}
+			// The raw peer's first message is fine.
+			if st := r.send(10, 0); st != urma.StatusSuccess {
+				t.Fatalf("first send: %s", st)
+			}
+			if _, err := io.ReadFull(c, make([]byte, 10)); err != nil {
+				t.Fatal(err)
+			}
+			tc.breakIt(r)
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || errors.Is(err, ErrProtocol) != tc.proto {
+				t.Fatalf("read: %v; want an error containing %q (protocol error: %v)", err, tc.wantErr, tc.proto)
+			}
+			if _, err := c.Write([]byte("x")); err == nil {
+				t.Fatal("write on a failed connection succeeded")
+			}
+			// The peer sees its TCP connection end.
+			_ = r.tcp.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := r.tcp.Read(make([]byte, 1)); err == nil {
+				t.Fatal("the peer's TCP connection is still open")
+			}
+			if tc.proto {
+				waitFor(t, "the protocol error metric", 5*time.Second, func() bool {
+					mfs, _ := reg.Gather()
+					for _, mf := range mfs {
+						if mf.GetName() == "urma_transport_protocol_errors_total" {
+							return mf.GetMetric()[0].GetCounter().GetValue() == 1
+						}
+					}
+					return false
+				})
+			}
+		})
+	}
+}
+
+// TestBrpcStylePeerCredits: a peer without our extension (a brpc peer) gets
+// its credits in batches below the smallest legal window, and a steady
+// stream flows both ways.
+func TestBrpcStylePeerCredits(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	f := smallFlags()
+	f.RQSize = 64
+	scfg := cfgWith(pa, f)
+	scfg.NoToken = true
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	r := newRawPeer(t, pb, ln.Addr().String())
+	if r.server.HasToken {
+		t.Error("a NoToken server advertised a token")
+	}
+	if r.server.RecvBufferCnt != 63 {
+		t.Errorf("server advertised recv_buffer_cnt %d, want rq_size-1 = 63", r.server.RecvBufferCnt)
+	}
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	uc := c.(*urmaConn)
+	if want := (16 - creditWRs) / 2; uc.threshold != want {
+		t.Fatalf("credit threshold for a peer of unknown SQ depth = %d, want %d", uc.threshold, want)
+	}
+	// Thirteen messages (the raw peer's whole window) reach the reader, and
+	// reading them returns credits before the peer's window runs out.
+	for i := 0; i < 13; i++ {
+		if st := r.send(100, 0); st != urma.StatusSuccess {
+			t.Fatalf("send %d: %s", i, st)
+		}
+		if _, err := io.ReadFull(c, make([]byte, 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r.credits < 7 {
+		t.Fatalf("the peer got %d credits back for 13 messages, want at least one batch of 7", r.credits)
+	}
+}
