@@ -19,15 +19,15 @@ import (
 // the handshake codec, that can break the data-plane rules on purpose (and
 // stands in for a brpc peer: no token, no extension).
 type rawPeer struct {
-	t      *testing.T
-	ctx    urma.Context
-	jfc    urma.JFC
-	jfr    urma.JFR
-	jetty  urma.Jetty
-	mem    *urma.Memory
-	seg    urma.Segment
-	target urma.RemoteJetty
-	rseg   urma.RemoteSegment
+	t       *testing.T
+	ctx     urma.Context
+	jfc     urma.JFC
+	jfr     urma.JFR
+	jetty   urma.Jetty
+	mem     *urma.Memory
+	seg     urma.Segment
+	target  urma.RemoteJetty
+	rseg    urma.RemoteSegment
 	tcp     net.Conn
 	server  handshake.Hello
 	credits int // credits the server returned so far
@@ -164,7 +164,7 @@ func TestProtocolErrors(t *testing.T) {
 			pa, pb := fabricPair(t)
 			reg := prometheus.NewRegistry()
 			scfg := cfgWith(pa, smallFlags()) // 1 KiB buffers, 16-deep queues
-			scfg.NoToken = true                // a brpc-style peer
+			scfg.NoToken = true               // a brpc-style peer
 			scfg.Registerer = reg
 			ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
 			if err != nil {
