@@ -1,0 +1,150 @@
+{{/*
+Chart name, truncated to 63 characters (the DNS label limit of object names).
+*/}}
+{{- define "urma-k8s.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Prefix of every object name. Names get suffixes of up to 21 characters
+("-device-plugin-metrics"), so the prefix is kept to 42.
+*/}}
+{{- define "urma-k8s.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 42 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 42 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 42 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "urma-k8s.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every object.
+*/}}
+{{- define "urma-k8s.labels" -}}
+helm.sh/chart: {{ include "urma-k8s.chart" . }}
+app.kubernetes.io/name: {{ include "urma-k8s.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: urma-k8s
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels of one component; call with (dict "ctx" $ "component" "operator").
+*/}}
+{{- define "urma-k8s.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "urma-k8s.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+All labels of one component; call with (dict "ctx" $ "component" "operator").
+*/}}
+{{- define "urma-k8s.componentLabels" -}}
+{{ include "urma-k8s.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+Image reference; call with (dict "ctx" $ "image" .Values.operator.image).
+A digest wins over a tag; the tag defaults to the chart's appVersion.
+*/}}
+{{- define "urma-k8s.image" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+{{- end }}
+
+{{- define "urma-k8s.devicePlugin.fullname" -}}
+{{- printf "%s-device-plugin" (include "urma-k8s.fullname" .) }}
+{{- end }}
+
+{{- define "urma-k8s.devicePlugin.serviceAccountName" -}}
+{{- if .Values.devicePlugin.serviceAccount.create }}
+{{- default (include "urma-k8s.devicePlugin.fullname" .) .Values.devicePlugin.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.devicePlugin.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "urma-k8s.operator.fullname" -}}
+{{- printf "%s-operator" (include "urma-k8s.fullname" .) }}
+{{- end }}
+
+{{- define "urma-k8s.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "urma-k8s.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Names shared by the webhook Service, its configuration, its certificate and
+the operator's flags: they must agree, so they are defined once.
+*/}}
+{{- define "urma-k8s.webhook.serviceName" -}}
+{{- printf "%s-webhook" (include "urma-k8s.fullname" .) }}
+{{- end }}
+
+{{/*
+Name of a webhook configuration; call with (dict "ctx" $ "kind" "MutatingWebhookConfiguration").
+*/}}
+{{- define "urma-k8s.webhook.configName" -}}
+{{- printf "%s-%s" (include "urma-k8s.fullname" .ctx) (ternary "mutating" "validating" (eq .kind "MutatingWebhookConfiguration")) }}
+{{- end }}
+
+{{/*
+Kinds of webhook configuration the operator's generated manifest defines, one a line.
+*/}}
+{{- define "urma-k8s.webhook.kinds" -}}
+{{- range $doc := regexSplit "(?m)^---\\s*$" (.Files.Get "files/webhook/manifests.yaml") -1 }}
+{{- $cfg := fromYaml $doc }}
+{{- if and $cfg (not (hasKey $cfg "Error")) $cfg.kind }}
+{{ $cfg.kind }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "urma-k8s.webhook.certSecretName" -}}
+{{- printf "%s-webhook-cert" (include "urma-k8s.fullname" .) }}
+{{- end }}
+
+{{- define "urma-k8s.webhook.certificateName" -}}
+{{- printf "%s-webhook" (include "urma-k8s.fullname" .) }}
+{{- end }}
+
+{{- define "urma-k8s.webhook.issuerName" -}}
+{{- printf "%s-selfsigned" (include "urma-k8s.fullname" .) }}
+{{- end }}
+
+{{/*
+Checks of value combinations that values.schema.json cannot express; they
+fail the render with a message that names the values.
+*/}}
+{{- define "urma-k8s.validate" -}}
+{{- if and .Values.operator.enabled (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) }}
+{{- fail "operator.replicas > 1 needs operator.leaderElection.enabled=true: replicas would reconcile the same UrmaEndpoints at once" }}
+{{- end }}
+{{- if and .Values.webhook.enabled (not .Values.operator.enabled) }}
+{{- fail "webhook.enabled=true needs operator.enabled=true: the operator serves the webhook, and a webhook without a server blocks labelled pods" }}
+{{- end }}
+{{- if and .Values.webhook.enabled .Values.operator.enabled (eq (int .Values.operator.replicas) 0) (eq .Values.webhook.failurePolicy "Fail") }}
+{{- fail "operator.replicas=0 with webhook.enabled=true and webhook.failurePolicy=Fail blocks every pod labelled urma.openeuler.org/endpoint; set webhook.enabled=false or webhook.failurePolicy=Ignore" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,51 @@
+package chart_test
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestBadValuesRejected checks that wrong values fail `helm template` (and so
+// `helm install`) with a message that names the value.
+func TestBadValuesRejected(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		values []string
+		want   []string // every string must appear in helm's error
+	}{
+		{"negative replicas", []string{"--set", "operator.replicas=-1"}, []string{"'/operator/replicas'", "minimum"}},
+		{"replicas not a number", []string{"--set-string", "operator.replicas=two"}, []string{"'/operator/replicas'", "want integer"}},
+		{"unknown pull policy", []string{"--set", "devicePlugin.image.pullPolicy=Sometimes"}, []string{"'/devicePlugin/image/pullPolicy'"}},
+		{"negative soft devices", []string{"--set", "devicePlugin.softDevices=-1"}, []string{"'/devicePlugin/softDevices'", "minimum"}},
+		{"too many soft devices", []string{"--set", "devicePlugin.softDevices=1000"}, []string{"'/devicePlugin/softDevices'", "maximum"}},
+		{"soft devices not a number", []string{"--set-string", "devicePlugin.softDevices=four"}, []string{"'/devicePlugin/softDevices'", "want integer"}},
+		{"misspelt value", []string{"--set", "devicePlugin.softDevice=4"}, []string{"'/devicePlugin'", "'softDevice' not allowed"}},
+		{"boolean node selector value", []string{"--set", "devicePlugin.nodeSelector.urma\\.openeuler\\.org/present=true"}, []string{"'/devicePlugin/nodeSelector/urma.openeuler.org~1present'", "want string"}},
+		{"relative host path", []string{"--set", "devicePlugin.kubeletSocketDir=var/lib/kubelet"}, []string{"'/devicePlugin/kubeletSocketDir'"}},
+		{"port out of range", []string{"--set", "operator.metrics.port=70000"}, []string{"'/operator/metrics/port'", "maximum"}},
+		{"unknown failure policy", []string{"--set", "webhook.failurePolicy=Sometimes"}, []string{"'/webhook/failurePolicy'"}},
+		{"webhook timeout too long", []string{"--set", "webhook.timeoutSeconds=31"}, []string{"'/webhook/timeoutSeconds'", "maximum"}},
+		{"bad digest", []string{"--set", "operator.image.digest=latest"}, []string{"'/operator/image/digest'"}},
+		{"bad certificate duration", []string{"--set", "webhook.certManager.duration=90 days"}, []string{"'/webhook/certManager/duration'"}},
+		{"crds.install not a boolean", []string{"--set-string", "crds.install=yes"}, []string{"'/crds/install'", "want boolean"}},
+		// Combinations the schema cannot express, checked by the templates.
+		{"replicas without leader election", []string{"--set", "operator.replicas=2", "--set", "operator.leaderElection.enabled=false"}, []string{"operator.replicas", "operator.leaderElection.enabled"}},
+		{"webhook without operator", []string{"--set", "operator.enabled=false"}, []string{"webhook.enabled", "operator.enabled"}},
+		{"no operator pods behind a failing webhook", []string{"--set", "operator.replicas=0"}, []string{"operator.replicas=0", "webhook.failurePolicy"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			res := runHelm(t, templateArgs(tc.values...)...)
+			if res.err == nil {
+				t.Fatalf("helm template %s succeeded, want it rejected", strings.Join(tc.values, " "))
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(res.stderr, w) {
+					t.Errorf("helm's error does not name %q:\n%s", w, res.stderr)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,502 @@
+package chart_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+const (
+	endpointLabel  = "urma.openeuler.org/endpoint"
+	presentLabel   = "urma.openeuler.org/present"
+	crdName        = "urmaendpoints.urma.openeuler.org"
+	dpName         = releaseName + "-urma-k8s-device-plugin"
+	operatorName   = releaseName + "-urma-k8s-operator"
+	webhookSvcName = releaseName + "-urma-k8s-webhook"
+	webhookCfgName = releaseName + "-urma-k8s-mutating"
+	certSecretName = releaseName + "-urma-k8s-webhook-cert"
+)
+
+// TestTemplateDefaults checks what a default install creates.
+func TestTemplateDefaults(t *testing.T) {
+	t.Parallel()
+	objs := render(t)
+
+	for _, kind := range []string{"CustomResourceDefinition", "DaemonSet", "Deployment", "MutatingWebhookConfiguration"} {
+		if len(ofKind(objs, kind)) == 0 {
+			t.Errorf("default render has no %s; it has %v", kind, names(objs))
+		}
+	}
+	for _, kind := range []string{"Certificate", "Issuer", "ServiceMonitor", "PodDisruptionBudget"} {
+		if found := ofKind(objs, kind); len(found) != 0 {
+			t.Errorf("default render has %v, want no %s (it is opt-in)", names(found), kind)
+		}
+	}
+
+	crd := named(objs, "CustomResourceDefinition", crdName)
+	if crd == nil {
+		t.Fatalf("no CRD %s in %v", crdName, names(objs))
+	}
+	if got := crd.GetAnnotations()["helm.sh/resource-policy"]; got != "keep" {
+		t.Errorf("CRD resource-policy annotation = %q, want keep (uninstall must not delete every UrmaEndpoint)", got)
+	}
+
+	t.Run("device plugin", func(t *testing.T) {
+		ds := named(objs, "DaemonSet", dpName)
+		if ds == nil {
+			t.Fatalf("no DaemonSet %s in %v", dpName, names(objs))
+		}
+		spec := podSpec(t, ds)
+		if got, want := spec["nodeSelector"], map[string]any{presentLabel: "true"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("nodeSelector = %v, want %v", got, want)
+		}
+		if got := spec["priorityClassName"]; got != "system-node-critical" {
+			t.Errorf("priorityClassName = %v, want system-node-critical", got)
+		}
+		c := container(t, ds, "device-plugin")
+		argv := args(t, c)
+		if v, ok := argValue(argv, "--soft-devices"); ok {
+			t.Errorf("hardware mode passes --soft-devices=%s", v)
+		}
+		if v, _ := argValue(argv, "--socket-dir"); v != "/var/lib/kubelet/device-plugins" {
+			t.Errorf("--socket-dir = %q, want the mounted kubelet directory", v)
+		}
+		checkNodeNameEnv(t, c)
+		checkHostPaths(t, ds, map[string]hostMount{
+			"/var/lib/kubelet/device-plugins": {mountPath: "/var/lib/kubelet/device-plugins", readOnly: false},
+			"/sys":                            {mountPath: "/host/sys", readOnly: true},
+			"/dev":                            {mountPath: "/host/dev", readOnly: true},
+		})
+		sc, _ := c["securityContext"].(map[string]any)
+		if sc["privileged"] != false || sc["allowPrivilegeEscalation"] != false {
+			t.Errorf("device plugin securityContext = %v, want unprivileged without privilege escalation", sc)
+		}
+		if caps, _ := sc["capabilities"].(map[string]any); !reflect.DeepEqual(caps["drop"], []any{"ALL"}) {
+			t.Errorf("device plugin capabilities = %v, want drop ALL", caps)
+		}
+		role := named(objs, "ClusterRole", dpName)
+		if role == nil {
+			t.Fatalf("no ClusterRole %s for node labelling", dpName)
+		}
+		wantRules := []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get", "patch"}}}
+		if got := field(t, role, "rules"); !reflect.DeepEqual(got, wantRules) {
+			t.Errorf("device plugin rules = %v, want %v", got, wantRules)
+		}
+	})
+
+	t.Run("operator", func(t *testing.T) {
+		dep := named(objs, "Deployment", operatorName)
+		if dep == nil {
+			t.Fatalf("no Deployment %s in %v", operatorName, names(objs))
+		}
+		c := container(t, dep, "operator")
+		argv := args(t, c)
+		for flag, want := range map[string]string{"--leader-elect": "true", "--enable-webhooks": "true"} {
+			if got, _ := argValue(argv, flag); got != want {
+				t.Errorf("%s = %q, want %q (args %v)", flag, got, want, argv)
+			}
+		}
+		for _, probe := range []string{"livenessProbe", "readinessProbe"} {
+			if c[probe] == nil {
+				t.Errorf("operator container has no %s", probe)
+			}
+		}
+		if sc, _ := podSpec(t, dep)["securityContext"].(map[string]any); sc["runAsNonRoot"] != true {
+			t.Errorf("operator pod securityContext = %v, want runAsNonRoot", sc)
+		}
+		checkWebhookTargetsService(t, objs)
+		cfg := named(objs, "MutatingWebhookConfiguration", webhookCfgName)
+		if cfg == nil {
+			t.Fatalf("no MutatingWebhookConfiguration %s", webhookCfgName)
+		}
+		if _, ok := cfg.GetAnnotations()["cert-manager.io/inject-ca-from"]; ok {
+			t.Errorf("self-generated certificate mode must not ask cert-manager for the CA")
+		}
+		if named(objs, "ClusterRole", operatorName+"-webhook-ca") == nil {
+			t.Errorf("self-generated certificate mode needs the ClusterRole that lets the operator patch the caBundle")
+		}
+	})
+}
+
+// TestTemplateValues checks that non-default values change what they should.
+func TestTemplateValues(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		values []string
+		check  func(t *testing.T, objs []*unstructured.Unstructured)
+	}{{
+		name:   "software devices run everywhere",
+		values: []string{"--set", "devicePlugin.softDevices=4"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			if v, ok := argValue(args(t, container(t, ds, "device-plugin")), "--soft-devices"); v != "4" || !ok {
+				t.Errorf("--soft-devices = %q (present %v), want 4", v, ok)
+			}
+			if sel, ok := podSpec(t, ds)["nodeSelector"]; ok {
+				t.Errorf("software devices mode keeps nodeSelector %v, want none", sel)
+			}
+		},
+	}, {
+		name:   "hardware plugin on every node",
+		values: []string{"--set", "devicePlugin.nodeSelector=null"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			if sel, ok := podSpec(t, ds)["nodeSelector"]; ok {
+				t.Errorf("nodeSelector=null keeps nodeSelector %v", sel)
+			}
+			if v, ok := argValue(args(t, container(t, ds, "device-plugin")), "--soft-devices"); ok {
+				t.Errorf("hardware mode passes --soft-devices=%s", v)
+			}
+		},
+	}, {
+		name:   "software devices on selected nodes",
+		values: []string{"--set", "devicePlugin.softDevices=2", "--set", "devicePlugin.softDevicesNodeSelector.pool=urma-soft"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			if got, want := podSpec(t, ds)["nodeSelector"], map[string]any{"pool": "urma-soft"}; !reflect.DeepEqual(got, want) {
+				t.Errorf("nodeSelector = %v, want %v", got, want)
+			}
+		},
+	}, {
+		name:   "plugin budget flags",
+		values: []string{"--set", "devicePlugin.jettiesPerUnit=32", "--set", "devicePlugin.hostReserve=0"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			argv := args(t, container(t, one(t, objs, "DaemonSet"), "device-plugin"))
+			for flag, want := range map[string]string{"--units-per-id": "32", "--host-reserve": "0"} {
+				if got, ok := argValue(argv, flag); !ok || got != want {
+					t.Errorf("%s = %q (present %v), want %q; args %v", flag, got, ok, want, argv)
+				}
+			}
+		},
+	}, {
+		name:   "no node labelling means no node RBAC and no token",
+		values: []string{"--set", "devicePlugin.nodeLabels.enabled=false"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if r := named(objs, "ClusterRole", dpName); r != nil {
+				t.Errorf("ClusterRole %s rendered without node labelling", dpName)
+			}
+			if got := podSpec(t, one(t, objs, "DaemonSet"))["automountServiceAccountToken"]; got != false {
+				t.Errorf("automountServiceAccountToken = %v, want false", got)
+			}
+		},
+	}, {
+		name:   "cert-manager with its own self-signed issuer",
+		values: []string{"--set", "webhook.certManager.enabled=true"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			cert := one(t, objs, "Certificate")
+			issuer := one(t, objs, "Issuer")
+			if got := field(t, cert, "spec", "issuerRef", "name"); got != issuer.GetName() {
+				t.Errorf("Certificate issuerRef.name = %v, want the chart's Issuer %s", got, issuer.GetName())
+			}
+			if got := field(t, cert, "spec", "secretName"); got != certSecretName {
+				t.Errorf("Certificate secretName = %v, want %s", got, certSecretName)
+			}
+			dns := fmt.Sprint(field(t, cert, "spec", "dnsNames"))
+			if !strings.Contains(dns, webhookSvcName+"."+releaseNS+".svc") {
+				t.Errorf("Certificate dnsNames %s do not name the webhook Service", dns)
+			}
+			cfg := one(t, objs, "MutatingWebhookConfiguration")
+			if got, want := cfg.GetAnnotations()["cert-manager.io/inject-ca-from"], releaseNS+"/"+cert.GetName(); got != want {
+				t.Errorf("inject-ca-from = %q, want %q", got, want)
+			}
+			if !secretMounted(t, one(t, objs, "Deployment"), certSecretName) {
+				t.Errorf("the operator does not mount Secret %s", certSecretName)
+			}
+			if r := named(objs, "ClusterRole", operatorName+"-webhook-ca"); r != nil {
+				t.Errorf("cert-manager mode still grants the operator the caBundle patch")
+			}
+		},
+	}, {
+		name:   "cert-manager with an existing ClusterIssuer",
+		values: []string{"--set", "webhook.certManager.enabled=true", "--set", "webhook.certManager.issuerRef.name=corp-ca", "--set", "webhook.certManager.issuerRef.kind=ClusterIssuer"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if found := ofKind(objs, "Issuer"); len(found) != 0 {
+				t.Errorf("rendered %v although an existing issuer was given", names(found))
+			}
+			cert := one(t, objs, "Certificate")
+			if got := field(t, cert, "spec", "issuerRef"); !reflect.DeepEqual(got, map[string]any{"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}) {
+				t.Errorf("issuerRef = %v", got)
+			}
+		},
+	}, {
+		name:   "webhook off",
+		values: []string{"--set", "webhook.enabled=false"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, kind := range []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Certificate"} {
+				if found := ofKind(objs, kind); len(found) != 0 {
+					t.Errorf("webhook.enabled=false still renders %v", names(found))
+				}
+			}
+			if named(objs, "Service", webhookSvcName) != nil {
+				t.Errorf("webhook.enabled=false still renders the webhook Service")
+			}
+			if got, _ := argValue(args(t, container(t, one(t, objs, "Deployment"), "operator")), "--enable-webhooks"); got != "false" {
+				t.Errorf("--enable-webhooks = %q, want false", got)
+			}
+		},
+	}, {
+		name:   "replicas and disruption budget",
+		values: []string{"--set", "operator.replicas=3", "--set", "operator.podDisruptionBudget.enabled=true"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if got := field(t, one(t, objs, "Deployment"), "spec", "replicas"); got != int64(3) {
+				t.Errorf("replicas = %v (%T), want 3", got, got)
+			}
+			one(t, objs, "PodDisruptionBudget")
+		},
+	}, {
+		name:   "service monitors select metrics services",
+		values: []string{"--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=prom"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			monitors := ofKind(objs, "ServiceMonitor")
+			if len(monitors) != 2 {
+				t.Fatalf("want a ServiceMonitor for the operator and one for the plugin, got %v", names(monitors))
+			}
+			for _, sm := range monitors {
+				if sm.GetLabels()["release"] != "prom" {
+					t.Errorf("%s lacks the extra label release=prom", sm.GetName())
+				}
+				sel, _ := field(t, sm, "spec", "selector", "matchLabels").(map[string]any)
+				if !serviceWithMetricsPort(objs, sel) {
+					t.Errorf("%s selects %v, which matches no Service with a port named metrics", sm.GetName(), sel)
+				}
+			}
+		},
+	}, {
+		name:   "CRDs managed elsewhere",
+		values: []string{"--set", "crds.install=false"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if found := ofKind(objs, "CustomResourceDefinition"); len(found) != 0 {
+				t.Errorf("crds.install=false still renders %v", names(found))
+			}
+		},
+	}, {
+		name:   "CRDs deleted on uninstall",
+		values: []string{"--set", "crds.keep=false"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			crd := one(t, objs, "CustomResourceDefinition")
+			if v, ok := crd.GetAnnotations()["helm.sh/resource-policy"]; ok {
+				t.Errorf("crds.keep=false still annotates resource-policy=%s", v)
+			}
+		},
+	}, {
+		name:   "image digest wins over tag",
+		values: []string{"--set", "operator.image.digest=sha256:" + strings.Repeat("ab", 32), "--set", "operator.image.tag=ignored"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			want := "ghcr.io/openeuler/urma-operator@sha256:" + strings.Repeat("ab", 32)
+			if got := container(t, one(t, objs, "Deployment"), "operator")["image"]; got != want {
+				t.Errorf("operator image = %v, want %s", got, want)
+			}
+		},
+	}, {
+		name:   "components can be left out",
+		values: []string{"--set", "devicePlugin.enabled=false", "--set", "operator.enabled=false", "--set", "webhook.enabled=false"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, o := range objs {
+				if o.GetKind() != "CustomResourceDefinition" {
+					t.Errorf("with both components off the chart still renders %s/%s", o.GetKind(), o.GetName())
+				}
+			}
+		},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.check(t, render(t, tc.values...))
+		})
+	}
+}
+
+type hostMount struct {
+	mountPath string
+	readOnly  bool
+}
+
+// checkHostPaths checks that each host path is a volume mounted where and how
+// want says.
+func checkHostPaths(t *testing.T, ds *unstructured.Unstructured, want map[string]hostMount) {
+	t.Helper()
+	spec := podSpec(t, ds)
+	volumes, _ := spec["volumes"].([]any)
+	volumeOf := map[string]string{} // host path -> volume name
+	for _, v := range volumes {
+		m, _ := v.(map[string]any)
+		if hp, ok := m["hostPath"].(map[string]any); ok {
+			volumeOf[fmt.Sprint(hp["path"])] = fmt.Sprint(m["name"])
+		}
+	}
+	mounts := map[string]map[string]any{}
+	for _, c := range spec["containers"].([]any) {
+		vms, _ := c.(map[string]any)["volumeMounts"].([]any)
+		for _, vm := range vms {
+			m, _ := vm.(map[string]any)
+			mounts[fmt.Sprint(m["name"])] = m
+		}
+	}
+	for host, w := range want {
+		vol, ok := volumeOf[host]
+		if !ok {
+			t.Errorf("no hostPath volume for %s (have %v)", host, volumeOf)
+			continue
+		}
+		m, ok := mounts[vol]
+		if !ok {
+			t.Errorf("hostPath %s (volume %s) is not mounted", host, vol)
+			continue
+		}
+		ro, _ := m["readOnly"].(bool)
+		if m["mountPath"] != w.mountPath || ro != w.readOnly {
+			t.Errorf("hostPath %s mounted at %v readOnly=%v, want %s readOnly=%v", host, m["mountPath"], ro, w.mountPath, w.readOnly)
+		}
+	}
+}
+
+func checkNodeNameEnv(t *testing.T, c map[string]any) {
+	t.Helper()
+	env, _ := c["env"].([]any)
+	for _, e := range env {
+		m, _ := e.(map[string]any)
+		if m["name"] != "NODE_NAME" {
+			continue
+		}
+		want := map[string]any{"fieldRef": map[string]any{"fieldPath": "spec.nodeName"}}
+		if !reflect.DeepEqual(m["valueFrom"], want) {
+			t.Errorf("NODE_NAME valueFrom = %v, want the downward API spec.nodeName", m["valueFrom"])
+		}
+		return
+	}
+	t.Errorf("container %v has no NODE_NAME env", c["name"])
+}
+
+// checkWebhookTargetsService checks that every webhook calls the chart's
+// webhook Service, whose target port is the operator's webhook port, and that
+// pod webhooks only see pods carrying the endpoint label.
+func checkWebhookTargetsService(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	svc := named(objs, "Service", webhookSvcName)
+	if svc == nil {
+		t.Fatalf("no webhook Service %s", webhookSvcName)
+	}
+	ports, _ := field(t, svc, "spec", "ports").([]any)
+	if len(ports) != 1 {
+		t.Fatalf("webhook Service ports = %v, want one", ports)
+	}
+	port, _ := ports[0].(map[string]any)
+	dep := named(objs, "Deployment", operatorName)
+	var containerPort any
+	for _, p := range container(t, dep, "operator")["ports"].([]any) {
+		if m, _ := p.(map[string]any); m["name"] == port["targetPort"] {
+			containerPort = m["containerPort"]
+		}
+	}
+	if containerPort == nil {
+		t.Errorf("webhook Service targetPort %v is no port of the operator container", port["targetPort"])
+	}
+	if got, _ := argValue(args(t, container(t, dep, "operator")), "--webhook-port"); got != fmt.Sprint(containerPort) {
+		t.Errorf("--webhook-port = %q, but the Service targets container port %v", got, containerPort)
+	}
+	cfgs := append(ofKind(objs, "MutatingWebhookConfiguration"), ofKind(objs, "ValidatingWebhookConfiguration")...)
+	for _, cfg := range cfgs {
+		for _, w := range field(t, cfg, "webhooks").([]any) {
+			wh, _ := w.(map[string]any)
+			ref, _ := wh["clientConfig"].(map[string]any)["service"].(map[string]any)
+			if ref["name"] != webhookSvcName || ref["namespace"] != releaseNS || fmt.Sprint(ref["port"]) != fmt.Sprint(port["port"]) {
+				t.Errorf("webhook %v calls service %v, want %s/%s port %v", wh["name"], ref, releaseNS, webhookSvcName, port["port"])
+			}
+			if !matchesPods(wh) {
+				continue
+			}
+			want := map[string]any{"matchExpressions": []any{map[string]any{"key": endpointLabel, "operator": "Exists"}}}
+			if !reflect.DeepEqual(wh["objectSelector"], want) {
+				t.Errorf("pod webhook %v objectSelector = %v, want only pods labelled %s", wh["name"], wh["objectSelector"], endpointLabel)
+			}
+		}
+	}
+}
+
+// matchesPods reports whether a webhook's rules include pods.
+func matchesPods(wh map[string]any) bool {
+	rules, _ := wh["rules"].([]any)
+	for _, r := range rules {
+		res, _ := r.(map[string]any)["resources"].([]any)
+		if slices.Contains(res, any("pods")) {
+			return true
+		}
+	}
+	return false
+}
+
+func secretMounted(t *testing.T, dep *unstructured.Unstructured, secret string) bool {
+	t.Helper()
+	volumes, _ := podSpec(t, dep)["volumes"].([]any)
+	for _, v := range volumes {
+		m, _ := v.(map[string]any)
+		if s, ok := m["secret"].(map[string]any); ok && s["secretName"] == secret {
+			name := m["name"]
+			for _, vm := range container(t, dep, "operator")["volumeMounts"].([]any) {
+				if vm.(map[string]any)["name"] == name {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// serviceWithMetricsPort reports whether a rendered Service carries every
+// selector label and has a port named metrics.
+func serviceWithMetricsPort(objs []*unstructured.Unstructured, selector map[string]any) bool {
+	for _, svc := range ofKind(objs, "Service") {
+		labels := svc.GetLabels()
+		match := len(selector) > 0
+		for k, v := range selector {
+			if labels[k] != v {
+				match = false
+			}
+		}
+		if !match {
+			continue
+		}
+		ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+		for _, p := range ports {
+			if p.(map[string]any)["name"] == "metrics" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestDefaultImagesAreTheBuiltOnes checks that the chart's default images are
+// the ones hack/images.sh builds by default, so `make images` output installs
+// without overriding image values.
+func TestDefaultImagesAreTheBuiltOnes(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	cmd := exec.Command("bash", filepath.Join(root, "hack", "images.sh"), "--print")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "REGISTRY=", "TAG=")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("hack/images.sh --print: %v", err)
+	}
+	built := map[string]bool{}
+	for _, m := range regexp.MustCompile(` -t (\S+)`).FindAllStringSubmatch(string(out), -1) {
+		built[m[1]] = true
+	}
+	objs := render(t)
+	for _, w := range []struct{ kind, container string }{{"DaemonSet", "device-plugin"}, {"Deployment", "operator"}} {
+		image := fmt.Sprint(container(t, one(t, objs, w.kind), w.container)["image"])
+		if !built[image] {
+			t.Errorf("%s image %s is not one hack/images.sh builds (%v)", w.kind, image, built)
+		}
+	}
+}
