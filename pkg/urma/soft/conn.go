@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -39,20 +40,20 @@ var errConnDead = errors.New("connection closed")
 
 // conn is the one TCP connection between this device and a peer device. A
 // reader goroutine decodes frames and reads payloads straight into posted
-// receive buffers; a writer goroutine drains the queue into a buffered
-// writer, flushing once per batch.
+// receive buffers; a writer goroutine drains the queue with one writev(2) per
+// batch, header and payload of every frame gathered from where they lie.
 type conn struct {
-	sd         *sockDevice
-	p          *peer
-	nc         net.Conn
-	br         *bufio.Reader
-	bw         *bufio.Writer
-	peerEID    urma.EID
-	session    uint64
-	peerMax    uint64 // the peer's MaxMsgSize
-	dialedByMe bool
-	rx         *atomic.Uint64 // bytes read, for the watchdog
-	tx         atomic.Uint64  // bytes written
+	sd            *sockDevice
+	p             *peer
+	fd            int // blocking socket; the reader closes it last
+	br            *bufio.Reader
+	local, remote string // addresses, for logs and tests
+	peerEID       urma.EID
+	session       uint64
+	peerMax       uint64 // the peer's MaxMsgSize
+	dialedByMe    bool
+	rx            *atomic.Uint64 // bytes read, for the watchdog
+	tx            atomic.Uint64  // bytes written
 
 	mu        sync.Mutex
 	space     *sync.Cond // the reader waits here while too many answers are queued
@@ -63,8 +64,14 @@ type conn struct {
 	imports   map[uint32]chan urma.Code
 	nextReq   uint32
 
-	doorbell chan struct{}
-	done     chan struct{} // closed when the connection dies
+	doorbell   chan struct{}
+	done       chan struct{} // closed when the connection dies
+	writerDone chan struct{} // closed when the writer goroutine returns
+
+	// Writer goroutine only.
+	bufs    [][]byte
+	iov     []unix.Iovec
+	started []int
 
 	// Reader goroutine only.
 	blocked map[blockKey]uint64
@@ -75,15 +82,17 @@ type conn struct {
 	idleTicks      int
 }
 
-func newConn(sd *sockDevice, p *peer, nc net.Conn, br *bufio.Reader, rx *atomic.Uint64, h hello, dialedByMe bool) *conn {
+// newConn wraps an established connection: fd for writing (and shutting
+// down), rd for reading.
+func newConn(sd *sockDevice, p *peer, fd int, rd io.Reader, rx *atomic.Uint64, h hello, dialedByMe bool, local, remote string) *conn {
 	c := &conn{
-		sd: sd, p: p, nc: nc, br: br, rx: rx,
+		sd: sd, p: p, fd: fd, br: bufio.NewReaderSize(rd, ioBufSize), rx: rx, local: local, remote: remote,
 		peerEID: p.eid, session: h.session, peerMax: h.maxMsg, dialedByMe: dialedByMe,
-		imports:  make(map[uint32]chan urma.Code),
-		doorbell: make(chan struct{}, 1),
-		done:     make(chan struct{}),
+		imports:    make(map[uint32]chan urma.Code),
+		doorbell:   make(chan struct{}, 1),
+		done:       make(chan struct{}),
+		writerDone: make(chan struct{}),
 	}
-	c.bw = bufio.NewWriterSize(countWriter{nc, &c.tx}, ioBufSize)
 	c.space = sync.NewCond(&c.mu)
 	return c
 }
@@ -138,7 +147,9 @@ func (c *conn) fail(err error) {
 	c.space.Broadcast()
 	c.mu.Unlock()
 	close(c.done)
-	_ = c.nc.Close()
+	// Wake the reader and writer out of their blocking calls; the reader
+	// closes the descriptor once both are out.
+	_ = unix.Shutdown(c.fd, unix.SHUT_RDWR)
 	p, sd := c.p, c.sd
 	p.mu.Lock()
 	if p.conn == c {
@@ -158,7 +169,7 @@ func (c *conn) fail(err error) {
 }
 
 func (c *conn) writeLoop() {
-	var hb [4 + sendHdrLen]byte
+	defer close(c.writerDone)
 	for {
 		select {
 		case <-c.doorbell:
@@ -180,7 +191,7 @@ func (c *conn) writeLoop() {
 			c.ctlQueued = 0
 			c.space.Broadcast()
 			c.mu.Unlock()
-			err := c.writeBatch(batch, hb[:])
+			err := c.writeBatch(batch)
 			clear(batch)
 			c.mu.Lock()
 			c.spare = batch[:0]
@@ -190,22 +201,20 @@ func (c *conn) writeLoop() {
 				return
 			}
 		}
-		if err := c.bw.Flush(); err != nil {
-			c.fail(fmt.Errorf("write: %w", err))
-			return
-		}
 	}
 }
 
-// writeBatch encodes frames into the buffered writer: header and payload of
-// a send go out together, payload read straight from registered memory.
-func (c *conn) writeBatch(batch []txItem, hb []byte) error {
+// writeBatch writes a batch of frames: headers and control frames from the
+// items themselves, payloads straight from registered memory, gathered into
+// writev calls. A send's slot is marked as being written until its bytes are
+// in the kernel.
+func (c *conn) writeBatch(batch []txItem) error {
+	bufs, started := c.bufs[:0], c.started[:0]
+	var err error
 	for i := range batch {
 		it := &batch[i]
 		if it.j == nil {
-			if _, err := c.bw.Write(it.ctl[:it.n]); err != nil {
-				return err
-			}
+			bufs = append(bufs, it.ctl[:it.n])
 			continue
 		}
 		var h sendHeader
@@ -218,23 +227,51 @@ func (c *conn) writeBatch(batch []txItem, hb []byte) error {
 			it.j.onAnswer(h.tag, urma.StatusLocLen, 0)
 			continue
 		}
-		_, err := c.bw.Write(encodeSendHeader(hb, &h))
-		if err == nil && inline != nil {
-			_, err = c.bw.Write(inline)
+		bufs = append(bufs, encodeSendHeader(it.ctl[:], &h))
+		if inline != nil {
+			bufs = append(bufs, inline)
 		}
-		for k := 0; err == nil && k < len(payload); k++ {
-			_, err = c.bw.Write(payload[k].buf)
+		for k := range payload {
+			bufs = append(bufs, payload[k].buf)
 		}
-		it.j.endWrite(it.seq)
-		if err != nil {
-			return err
+		started = append(started, i)
+		if len(bufs) >= iovMax/2 {
+			if err = c.writeOut(bufs, batch, started); err != nil {
+				break
+			}
+			bufs, started = bufs[:0], started[:0]
 		}
 	}
-	return nil
+	if err == nil {
+		err = c.writeOut(bufs, batch, started)
+	} else {
+		c.endWrites(batch, started)
+	}
+	clear(bufs)
+	c.bufs, c.started = bufs[:0], started[:0]
+	return err
+}
+
+// writeOut writes bufs, then releases the slots whose frames they carried.
+func (c *conn) writeOut(bufs [][]byte, batch []txItem, started []int) error {
+	var err error
+	if len(bufs) > 0 {
+		c.iov, err = writevAll(c.fd, bufs, c.iov, &c.tx)
+	}
+	c.endWrites(batch, started)
+	return err
+}
+
+func (c *conn) endWrites(batch []txItem, started []int) {
+	for _, i := range started {
+		batch[i].j.endWrite(batch[i].seq)
+	}
 }
 
 func (c *conn) readLoop() {
 	c.fail(c.readFrames())
+	<-c.writerDone
+	_ = unix.Close(c.fd)
 }
 
 // readFrames decodes frames until the connection breaks or the peer breaks
@@ -408,27 +445,4 @@ func (c *conn) onSend(body []byte, bodyLen uint32) error {
 func (c *conn) discard(n uint32) error {
 	_, err := c.br.Discard(int(n))
 	return err
-}
-
-// countReader and countWriter count bytes for the watchdog.
-type countReader struct {
-	r io.Reader
-	n *atomic.Uint64
-}
-
-func (r countReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	r.n.Add(uint64(n))
-	return n, err
-}
-
-type countWriter struct {
-	w io.Writer
-	n *atomic.Uint64
-}
-
-func (w countWriter) Write(p []byte) (int, error) {
-	n, err := w.w.Write(p)
-	w.n.Add(uint64(n))
-	return n, err
 }

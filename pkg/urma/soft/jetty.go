@@ -47,6 +47,11 @@ type sqSlot struct {
 	rnrBlock bool   // the receiver holds an RNR block for this slot
 	writing  bool   // the socket writer is reading the payload
 	tx       uint32 // transmissions so far; a queued frame names the one it carries
+	// An answer that arrived while the writer still read the payload waits
+	// here, so a completion always means the slot and its memory are free.
+	deferred  bool
+	defStatus urma.Status
+	defRNR    uint8
 }
 
 // jetty is a send queue sharing a JFR.
@@ -82,6 +87,8 @@ type jetty struct {
 	stalled          bool // waiting for the RNR retry timer
 	timer            *time.Timer
 	bound            *remoteJetty // RC: the one target
+	writing          int          // slots the socket writer is reading now
+	written          *sync.Cond   // signalled when writing drops to zero
 }
 
 var _ urma.Jetty = (*jetty)(nil)
@@ -137,6 +144,7 @@ func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 			s.inline = j.inlineBuf[uint64(i)*uint64(cfg.MaxInline) : uint64(i+1)*uint64(cfg.MaxInline)]
 		}
 	}
+	j.written = sync.NewCond(&j.mu)
 	j.timer = time.AfterFunc(time.Hour, j.onTimer)
 	j.timer.Stop()
 	if err := q.attach(op); err != nil {
@@ -229,7 +237,7 @@ func (j *jetty) PostSend(wr *urma.SendWR) error {
 	}
 	s.seq, s.state = j.tail, slotQueued
 	s.opcode, s.flags, s.userCtx, s.imm, s.target = wr.Opcode, wr.Flags, wr.UserCtx, wr.Imm, t
-	s.retries, s.resume, s.rnrBlock, s.writing, s.localErr = 0, false, false, false, 0
+	s.retries, s.resume, s.rnrBlock, s.writing, s.deferred, s.localErr = 0, false, false, false, false, 0
 	s.length, s.nsge, s.isInline = uint32(min(length, 1<<32-1)), 0, false
 	for i := range wr.SGEs {
 		ref, ok := resolveSGE(j.ctx, &wr.SGEs[i])
@@ -488,7 +496,9 @@ func (j *jetty) SetError() error {
 
 // Close destroys the jetty. Outstanding sends are dropped without
 // completions, as on hardware; move it to ERROR and wait for FLUSH_ERR_DONE
-// first to get them back.
+// first to get them back. A send whose bytes are being handed to the kernel
+// is let finish (at most until the connection's peer timeout), so that once
+// Close returns no segment is referenced by this jetty.
 func (j *jetty) Close() error {
 	j.mu.Lock()
 	if j.closed {
@@ -506,6 +516,9 @@ func (j *jetty) Close() error {
 		}
 	}
 	j.reap()
+	for j.writing > 0 {
+		j.written.Wait()
+	}
 	j.mu.Unlock()
 	j.dev.freeJetty(j.id.ID)
 	j.jfr.detach()
@@ -548,6 +561,10 @@ func (j *jetty) onAnswer(tag uint64, st urma.Status, rnrTimer uint8) {
 	if s.state != slotInflight || uint32(s.seq) != uint32(tag) {
 		return
 	}
+	if s.writing {
+		s.deferred, s.defStatus, s.defRNR = true, st, rnrTimer
+		return
+	}
 	j.result(s, st, rnrTimer)
 }
 
@@ -562,6 +579,7 @@ func (j *jetty) beginWrite(seq uint64, tx uint32, h *sendHeader) (payload []sgeR
 		return nil, nil, false
 	}
 	s.writing = true
+	j.writing++
 	*h = sendHeader{
 		opcode: s.opcode, src: j.id.ID, srcUASID: j.id.UASID, dst: s.target.id.ID,
 		token: uint32(s.target.token), tag: uint64(j.instance)<<32 | uint64(uint32(seq)), imm: s.imm,
@@ -584,7 +602,17 @@ func (j *jetty) beginWrite(seq uint64, tx uint32, h *sendHeader) (payload []sgeR
 // meanwhile.
 func (j *jetty) endWrite(seq uint64) {
 	j.mu.Lock()
-	j.slot(seq).writing = false
+	s := j.slot(seq)
+	s.writing = false
+	if j.writing--; j.writing == 0 {
+		j.written.Broadcast()
+	}
+	if s.deferred {
+		s.deferred = false
+		if !j.closed && j.state == urma.JettyReady && s.state == slotInflight {
+			j.result(s, s.defStatus, s.defRNR)
+		}
+	}
 	j.reap()
 	j.mu.Unlock()
 }

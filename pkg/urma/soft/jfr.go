@@ -50,7 +50,8 @@ type jfr struct {
 	head, n    int
 	inProgress int
 	closed     bool
-	users      int // jetties sharing this JFR
+	users      int        // jetties sharing this JFR
+	drained    *sync.Cond // signalled when inProgress drops to zero
 }
 
 var _ urma.JFR = (*jfr)(nil)
@@ -81,6 +82,7 @@ func newJFR(c *devContext, cfg urma.JFRConfig) (*jfr, error) {
 		ring: make([]recvSlot, cfg.Depth),
 		flat: make([]sgeRef, int(cfg.Depth)*int(maxSGE)),
 	}
+	r.drained = sync.NewCond(&r.mu)
 	if err := q.attach(op); err != nil {
 		return nil, err
 	}
@@ -181,11 +183,13 @@ type recvMeta struct {
 // finish completes a taken receive with status and length, and drops its
 // references.
 func (r *jfr) finish(t *recvTicket, status urma.Status, length uint32, m *recvMeta) {
+	releaseSGEs(t.sges[:t.nsge])
 	r.mu.Lock()
-	r.inProgress--
+	if r.inProgress--; r.inProgress == 0 {
+		r.drained.Broadcast()
+	}
 	closed := r.closed
 	r.mu.Unlock()
-	releaseSGEs(t.sges[:t.nsge])
 	if closed {
 		return
 	}
@@ -213,7 +217,9 @@ func (r *jfr) finish(t *recvTicket, status urma.Status, length uint32, m *recvMe
 func (r *jfr) putBack(t *recvTicket) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.inProgress--
+	if r.inProgress--; r.inProgress == 0 {
+		r.drained.Broadcast()
+	}
 	if r.closed {
 		releaseSGEs(t.sges[:t.nsge])
 		return
@@ -228,7 +234,10 @@ func (r *jfr) putBack(t *recvTicket) {
 
 // Close destroys the JFR, dropping posted receives without completions (the
 // JFR is a separate, possibly shared, object: a jetty's SetError does not
-// flush it). It fails with ErrBusy while jetties use it.
+// flush it). It fails with ErrBusy while jetties use it. A message being
+// written into a receive buffer is let finish (at most until the
+// connection's peer timeout), so that once Close returns no segment is
+// referenced by this JFR.
 func (r *jfr) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -260,6 +269,9 @@ func (r *jfr) destroy() {
 		*slot = recvSlot{}
 	}
 	r.n = 0
+	for r.inProgress > 0 {
+		r.drained.Wait()
+	}
 	r.mu.Unlock()
 	r.ctx.dev.freeJFR(r.id.ID)
 	r.jfc.detach()

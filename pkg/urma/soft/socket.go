@@ -1,7 +1,6 @@
 package soft
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -169,11 +169,9 @@ func (sd *sockDevice) acceptLoop() {
 // dial or dialed connection stands, and the dialer then waits for that one.
 func (sd *sockDevice) handshakeIn(nc net.Conn) {
 	_ = nc.SetDeadline(time.Now().Add(sd.dialTO))
-	rx := new(atomic.Uint64)
-	br := bufio.NewReaderSize(countReader{nc, rx}, ioBufSize)
 	var buf [4 + helloLen]byte
 	var h hello
-	_, err := io.ReadFull(br, buf[:])
+	_, err := io.ReadFull(nc, buf[:]) // exactly the HELLO: nothing of what follows is read here
 	if err == nil {
 		h, err = decodeHello(buf[:])
 	}
@@ -196,17 +194,21 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
-	_ = nc.SetDeadline(time.Time{})
-	c := newConn(sd, p, nc, br, rx, h, false)
+	fd, local, remote, err := detachFD(nc)
+	if err != nil {
+		sd.log().Error(err, "refusing connection")
+		return
+	}
+	rx := new(atomic.Uint64)
+	c := newConn(sd, p, fd, fdReader{fd, rx}, rx, h, false, local, remote)
 	p.mu.Lock()
 	peerWins := bytes.Compare(h.src[:], sd.eid[:]) < 0
 	mineStands := p.dialing || (p.conn != nil && p.conn.dialedByMe)
 	if !peerWins && mineStands {
 		p.mu.Unlock()
 		ack.status = helloDuplicate
-		_ = nc.SetDeadline(time.Now().Add(sd.dialTO))
-		_, _ = nc.Write(encodeHelloAck(ackBuf[:], &ack))
-		_ = nc.Close()
+		_, _ = unix.Write(fd, encodeHelloAck(ackBuf[:], &ack)) // 44 bytes into an empty send buffer: does not block
+		_ = unix.Close(fd)
 		return
 	}
 	// The HELLO_ACK is the connection's first frame: queue it before
@@ -225,19 +227,21 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 // one and starts it; p.mu is held. It returns the connection c replaces,
 // which the caller fails after unlocking.
 func (sd *sockDevice) adoptLocked(p *peer, c *conn) *conn {
+	c.mu.Lock() // the watchdog may see c as soon as it is in sd.conns
+	c.q = append(c.q, p.pending...)
+	c.mu.Unlock()
+	clear(p.pending)
+	p.pending = p.pending[:0]
 	sd.mu.Lock()
 	if sd.closed {
 		sd.mu.Unlock()
-		_ = c.nc.Close()
+		_ = unix.Close(c.fd)
 		return nil
 	}
 	sd.conns[c] = struct{}{}
 	sd.mu.Unlock()
 	old := p.conn
 	p.conn = c
-	c.q = append(c.q, p.pending...)
-	clear(p.pending)
-	p.pending = p.pending[:0]
 	sd.log().Info("connected", "peer", p.eid.String(), "dialed", c.dialedByMe, "peerSession", c.session)
 	sd.prov.goTracked(c.readLoop)
 	sd.prov.goTracked(c.writeLoop)
@@ -430,11 +434,9 @@ func (p *peer) dialOnce(ctx context.Context) error {
 		_ = nc.Close()
 		return fmt.Errorf("send HELLO to %s: %w", addr, err)
 	}
-	rx := new(atomic.Uint64)
-	br := bufio.NewReaderSize(countReader{nc, rx}, ioBufSize)
 	var abuf [4 + helloAckLen]byte
 	var a helloAck
-	if _, err = io.ReadFull(br, abuf[:]); err == nil {
+	if _, err = io.ReadFull(nc, abuf[:]); err == nil {
 		a, err = decodeHelloAck(abuf[:])
 	}
 	if err != nil {
@@ -449,8 +451,12 @@ func (p *peer) dialOnce(ctx context.Context) error {
 		_ = nc.Close()
 		return fmt.Errorf("%s is device %s, not %s", addr, a.eid, p.eid)
 	}
-	_ = nc.SetDeadline(time.Time{})
-	c := newConn(sd, p, nc, br, rx, hello{session: a.session, src: a.eid, maxMsg: a.maxMsg}, true)
+	fd, local, remote, err := detachFD(nc)
+	if err != nil {
+		return err
+	}
+	rx := new(atomic.Uint64)
+	c := newConn(sd, p, fd, fdReader{fd, rx}, rx, hello{session: a.session, src: a.eid, maxMsg: a.maxMsg}, true, local, remote)
 	p.mu.Lock()
 	old := sd.adoptLocked(p, c)
 	p.mu.Unlock()

@@ -1,0 +1,108 @@
+package soft
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"testing"
+
+	"github.com/go-logr/logr"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// frames concatenates encoded frames into one input.
+func frames(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+
+func sendFrame(h sendHeader, payload []byte) []byte {
+	h.length = uint32(len(payload))
+	var b [4 + sendHdrLen]byte
+	return append(append([]byte{}, encodeSendHeader(b[:], &h)...), payload...)
+}
+
+// FuzzReadFrames feeds arbitrary bytes to an established connection's
+// reader, backed by a real device with a jetty and posted receives. It must
+// never panic, never read or write out of bounds, and end every input with
+// an error (EOF or a protocol error).
+func FuzzReadFrames(f *testing.F) {
+	p, err := New(Options{Logger: logr.Discard()}) // not newProvider: its test logger must not be called from fuzz targets
+	mustOK(f, err, "new provider")
+	f.Cleanup(func() { p.Close() })
+	s := newSide(f, p, urma.JettyConfig{}, 1024)
+	j := s.jetty.(*jetty)
+	tag := uint64(j.instance)<<32 | 5
+	var buf [64]byte
+	ok := sendHeader{opcode: urma.OpSendWithImm, flags: sendFlagSolicited, src: 3, dst: j.id.ID, token: 7, tag: tag, imm: 42}
+	f.Add(sendFrame(ok, []byte("hello")))
+	f.Add(frames(sendFrame(ok, bytes.Repeat([]byte{1}, 70000)), sendFrame(ok, nil)))
+	f.Add(sendFrame(sendHeader{opcode: urma.OpSend, dst: j.id.ID, token: 8, tag: tag}, []byte("wrong token")))
+	f.Add(sendFrame(sendHeader{opcode: urma.OpSend, dst: 999, token: 7, tag: tag, flags: sendFlagResume}, []byte("no jetty")))
+	f.Add(frames(encodeAck(buf[:], &ackFrame{status: statusRNR, rnrTimer: 3, src: j.id.ID, dst: 1, tag: tag})))
+	f.Add(frames(encodeCancel(buf[:], &cancelFrame{src: 3, dst: j.id.ID, tag: tag})))
+	f.Add(frames(encodeImportJetty(buf[:], &importJettyReq{mode: urma.RC, req: 1, jetty: j.id.ID, token: 7})))
+	f.Add(frames(encodeImportSeg(buf[:], &importSegReq{req: 2, tokenID: 1, len: 1 << 20, token: 7})))
+	f.Add(frames(encodeImportResp(buf[:], 3, urma.CodeAccess)))
+	f.Add(frames(encodePing(buf[:])))
+	f.Add([]byte{0, 0, 0, 0})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, frameSend})
+	sd := p.devices[0].sock
+	peerEID, _ := SocketEID(netip.MustParseAddrPort("127.0.0.2:2"))
+	fakePeer, err := sd.peer(peerEID)
+	mustOK(f, err, "peer")
+	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0) // the writer's sink
+	mustOK(f, err, "open "+os.DevNull)
+	f.Cleanup(func() { devNull.Close() })
+	rbuf := make([]urma.Completion, 64)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for i := uint64(0); ; i++ {
+			sges := []urma.SGE{{Segment: s.seg, Offset: i % 8 * 4096, Len: 4096}, {Segment: s.seg, Offset: 65536, Len: 65536}}
+			if s.jfr.PostRecv(&urma.RecvWR{UserCtx: i, SGEs: sges}) != nil {
+				break
+			}
+		}
+		rx := new(atomic.Uint64)
+		c := newConn(sd, fakePeer, int(devNull.Fd()), countReader{bytes.NewReader(data), rx}, rx, hello{maxMsg: 1 << 20}, false, "fuzz", "fuzz")
+		done := c.writerDone
+		go c.writeLoop()
+		err := c.readFrames()
+		if err == nil {
+			t.Fatal("reader ended without an error")
+		}
+		var pe protocolError
+		if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.As(err, &pe) {
+			t.Fatalf("reader ended with %v, want EOF or a protocol error", err)
+		}
+		c.fail(err)
+		<-done
+		for _, q := range []urma.JFC{s.rjfc, s.sjfc} {
+			for n, _ := q.Poll(rbuf); n > 0; n, _ = q.Poll(rbuf) {
+			}
+		}
+	})
+}
+
+// FuzzHandshake decodes arbitrary handshake frames: errors, never panics,
+// and whatever decodes re-encodes to the same bytes.
+func FuzzHandshake(f *testing.F) {
+	var b [64]byte
+	src, _ := SocketEID(netip.MustParseAddrPort("127.0.0.1:1"))
+	f.Add(encodeHello(b[:], &hello{session: 7, src: src, dst: src, maxMsg: 99}))
+	f.Add(encodeHelloAck(b[:], &helloAck{status: helloDuplicate, eid: src}))
+	f.Add([]byte("SRMA"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var out [64]byte
+		if h, err := decodeHello(data); err == nil {
+			if got := encodeHello(out[:], &h); !bytes.Equal(got, data) {
+				t.Fatalf("HELLO %x re-encodes as %x", data, got)
+			}
+		}
+		if a, err := decodeHelloAck(data); err == nil {
+			if got := encodeHelloAck(out[:], &a); !bytes.Equal(got, data) {
+				t.Fatalf("HELLO_ACK %x re-encodes as %x", data, got)
+			}
+		}
+	})
+}

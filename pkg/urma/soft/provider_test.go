@@ -1,0 +1,492 @@
+package soft
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// side is a minimal endpoint for soft-specific tests.
+type side struct {
+	t     testing.TB
+	ctx   urma.Context
+	sjfc  urma.JFC
+	rjfc  urma.JFC
+	jfr   urma.JFR
+	jetty urma.Jetty
+	mem   *urma.Memory
+	seg   urma.Segment
+}
+
+func mustOK(t testing.TB, err error, what string) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func newSide(t testing.TB, p *Provider, jc urma.JettyConfig, cqDepth uint32) *side {
+	t.Helper()
+	s := &side{t: t}
+	var err error
+	s.ctx, err = p.Open("", 0)
+	mustOK(t, err, "open")
+	s.sjfc, err = s.ctx.CreateJFC(urma.JFCConfig{Depth: cqDepth})
+	mustOK(t, err, "create send JFC")
+	s.rjfc, err = s.ctx.CreateJFC(urma.JFCConfig{Depth: 256})
+	mustOK(t, err, "create receive JFC")
+	s.jfr, err = s.ctx.CreateJFR(urma.JFRConfig{Depth: 64, MaxSGE: 2, JFC: s.rjfc, Token: 7})
+	mustOK(t, err, "create JFR")
+	if jc.Mode == 0 {
+		jc.Mode = urma.RC
+	}
+	if jc.SQDepth == 0 {
+		jc.SQDepth = 64
+	}
+	jc.SendJFC, jc.JFR = s.sjfc, s.jfr
+	s.jetty, err = s.ctx.CreateJetty(jc)
+	mustOK(t, err, "create jetty")
+	s.mem, err = urma.AllocMemory(1 << 20)
+	mustOK(t, err, "alloc")
+	s.seg, err = s.ctx.RegisterSegment(s.mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
+	mustOK(t, err, "register")
+	t.Cleanup(func() {
+		for _, c := range []interface{ Close() error }{s.jetty, s.jfr, s.rjfc, s.sjfc, s.seg} {
+			_ = c.Close()
+		}
+		_ = s.mem.Free()
+		_ = s.ctx.Close()
+	})
+	return s
+}
+
+func (s *side) importJetty(o *side) urma.RemoteJetty {
+	s.t.Helper()
+	rj, err := s.ctx.ImportJetty(s.t.Context(), o.jetty.ID(), urma.RC, 7)
+	mustOK(s.t, err, "import")
+	s.t.Cleanup(func() { _ = rj.Close() })
+	return rj
+}
+
+func (s *side) postRecv(ctx uint64, off, n int) {
+	s.t.Helper()
+	mustOK(s.t, s.jfr.PostRecv(&urma.RecvWR{UserCtx: ctx, SGEs: []urma.SGE{{Segment: s.seg, Offset: uint64(off), Len: uint32(n)}}}), "post receive")
+}
+
+func (s *side) send(target urma.RemoteJetty, ctx uint64, off, n int, flags urma.SendFlags) error {
+	return s.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: flags | urma.SendCompleteEnable, Target: target, UserCtx: ctx,
+		SGEs: []urma.SGE{{Segment: s.seg, Offset: uint64(off), Len: uint32(n)}}})
+}
+
+func pollN(t testing.TB, q urma.JFC, n int, timeout time.Duration) []urma.Completion {
+	t.Helper()
+	var out []urma.Completion
+	buf := make([]urma.Completion, 16)
+	deadline := time.Now().Add(timeout)
+	for len(out) < n {
+		k, err := q.Poll(buf[:min(16, n-len(out))])
+		mustOK(t, err, "poll")
+		out = append(out, buf[:k]...)
+		if k == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("got %d of %d completions in %v: %+v", len(out), n, timeout, out)
+			}
+			time.Sleep(50 * time.Microsecond) // polling deadline: completions arrive from other goroutines
+		}
+	}
+	return out
+}
+
+func TestDefaultDevice(t *testing.T) {
+	for _, fabric := range []string{"inproc", "socket"} {
+		t.Run(fabric, func(t *testing.T) {
+			opts := Options{}
+			if fabric == "inproc" {
+				opts.Fabric = NewFabric()
+			}
+			p := newProvider(t, opts)
+			if p.Name() != "soft-"+fabric {
+				t.Errorf("provider name %q", p.Name())
+			}
+			devs, err := p.Devices()
+			mustOK(t, err, "devices")
+			if len(devs) != 1 {
+				t.Fatalf("want one default device, got %d", len(devs))
+			}
+			d := devs[0]
+			want := DefaultCaps()
+			want.PortCount = 1
+			if d.Name != DefaultDevice || d.Driver != Driver || d.TransportType != urma.TransportUB || d.Caps != want {
+				t.Errorf("default device %+v, want soft0/soft/UB with %+v", d, want)
+			}
+			if len(d.Ports) != 1 || d.Ports[0].State != urma.PortActive || len(d.EIDs) != 1 || d.ReservedJetty.Len() != 0 {
+				t.Errorf("ports %+v, EIDs %+v, reserved %+v", d.Ports, d.EIDs, d.ReservedJetty)
+			}
+			ap, isSocket := SocketAddr(d.EIDs[0].EID)
+			if isSocket != (fabric == "socket") {
+				t.Errorf("EID %s: socket encoding %v on the %s fabric", d.EIDs[0].EID, isSocket, fabric)
+			}
+			if isSocket && (ap.Addr() != netip.MustParseAddr("127.0.0.1") || ap.Port() == 0) {
+				t.Errorf("EID %s encodes %s, want 127.0.0.1:<port>", d.EIDs[0].EID, ap)
+			}
+			// Devices returns copies.
+			devs[0].Ports[0].State = urma.PortDown
+			again, _ := p.Devices()
+			if again[0].Ports[0].State != urma.PortActive {
+				t.Error("Devices hands out the provider's own slices")
+			}
+		})
+	}
+}
+
+func TestDeviceSpecs(t *testing.T) {
+	eid1, _ := urma.ParseEID("fd00::1")
+	eid2, _ := urma.ParseEID("fd00::2")
+	good := []struct {
+		name  string
+		opts  Options
+		check func(t *testing.T, p *Provider)
+	}{
+		{"custom caps", Options{Fabric: NewFabric(), Devices: []DeviceSpec{{Name: "small", Caps: urma.DeviceCaps{MaxJFSDepth: 8, MaxMsgSize: 4096}}}},
+			func(t *testing.T, p *Provider) {
+				ctx, err := p.Open("small", 0)
+				mustOK(t, err, "open")
+				defer ctx.Close()
+				if c := ctx.Device().Caps; c.MaxJFSDepth != 8 || c.MaxMsgSize != 4096 || c.MaxJFRDepth != DefaultCaps().MaxJFRDepth {
+					t.Errorf("caps %+v: want the given fields and defaults for the rest", c)
+				}
+			}},
+		{"two devices with EIDs", Options{Fabric: NewFabric(), Devices: []DeviceSpec{{EIDs: []urma.EID{eid1, eid2}}, {}}},
+			func(t *testing.T, p *Provider) {
+				devs, _ := p.Devices()
+				if len(devs) != 2 || devs[0].Name != "soft0" || devs[1].Name != "soft1" {
+					t.Fatalf("devices %+v", devs)
+				}
+				ctx, err := p.Open("soft0", 1)
+				mustOK(t, err, "open EID index 1")
+				defer ctx.Close()
+				if ctx.EID() != eid2 {
+					t.Errorf("EID %s, want %s", ctx.EID(), eid2)
+				}
+			}},
+		{"ports and unordered RM", Options{Fabric: NewFabric(), Devices: []DeviceSpec{{UnorderedRM: true, TransportType: urma.TransportIP,
+			Ports: []urma.Port{{Index: 0, State: urma.PortDown}, {Index: 1, State: urma.PortActive}}}}},
+			func(t *testing.T, p *Provider) {
+				d, _ := p.Devices()
+				if d[0].Caps.OrderedRM || d[0].Caps.PortCount != 2 || d[0].TransportType != urma.TransportIP {
+					t.Errorf("device %+v", d[0])
+				}
+			}},
+		{"socket advertise", Options{Devices: []DeviceSpec{{Listen: "127.0.0.1:0", Advertise: "10.1.2.3:4567"}}},
+			func(t *testing.T, p *Provider) {
+				d, _ := p.Devices()
+				ap, ok := SocketAddr(d[0].EIDs[0].EID)
+				if !ok || ap.String() != "10.1.2.3:4567" {
+					t.Errorf("EID %s encodes %v, want 10.1.2.3:4567", d[0].EIDs[0].EID, ap)
+				}
+			}},
+	}
+	for _, c := range good {
+		t.Run(c.name, func(t *testing.T) { c.check(t, newProvider(t, c.opts)) })
+	}
+	fab := NewFabric()
+	newProvider(t, Options{Fabric: fab, Devices: []DeviceSpec{{EIDs: []urma.EID{eid1}}}})
+	bad := []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{"duplicate names", Options{Fabric: NewFabric(), Devices: []DeviceSpec{{Name: "x"}, {Name: "x"}}}, "listed twice"},
+		{"EID taken on the fabric", Options{Fabric: fab, Devices: []DeviceSpec{{EIDs: []urma.EID{eid1}}}}, "already in use"},
+		{"EID listed twice", Options{Fabric: NewFabric(), Devices: []DeviceSpec{{EIDs: []urma.EID{eid2, eid2}}}}, "listed twice"},
+		{"zero EID", Options{Fabric: NewFabric(), Devices: []DeviceSpec{{EIDs: []urma.EID{{}}}}}, "zero"},
+		{"too many SGEs", Options{Fabric: NewFabric(), Devices: []DeviceSpec{{Caps: urma.DeviceCaps{MaxJFSSge: 17}}}}, "max SGE"},
+		{"message too large", Options{Fabric: NewFabric(), Devices: []DeviceSpec{{Caps: urma.DeviceCaps{MaxMsgSize: 2 << 30}}}}, "max message size"},
+		{"socket with two EIDs", Options{Devices: []DeviceSpec{{EIDs: []urma.EID{eid1, eid2}}}}, "one EID"},
+		{"socket unspecified listen", Options{Listen: "0.0.0.0:0"}, "Advertise"},
+		{"socket bad listen", Options{Listen: "256.0.0.1:0"}, "listen"},
+		{"socket IPv6 advertise", Options{Devices: []DeviceSpec{{Advertise: "[::1]:80"}}}, "IPv4"},
+	}
+	for _, c := range bad {
+		t.Run(c.name, func(t *testing.T) {
+			noLeaks(t)
+			p, err := New(c.opts)
+			if err == nil {
+				p.Close()
+				t.Fatalf("New accepted %s", c.name)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q does not say %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestEIDEncoding(t *testing.T) {
+	for _, s := range []string{"127.0.0.1:1", "10.0.0.7:4000", "255.255.255.254:65535"} {
+		ap := netip.MustParseAddrPort(s)
+		e, err := SocketEID(ap)
+		mustOK(t, err, "encode "+s)
+		if !strings.HasPrefix(e.String(), "fd75:726d:6173:100:") {
+			t.Errorf("EID %s lacks the soft prefix", e)
+		}
+		back, ok := SocketAddr(e)
+		if !ok || back != ap {
+			t.Errorf("%s -> %s -> %v, %v", ap, e, back, ok)
+		}
+	}
+	if e, _ := SocketEID(netip.MustParseAddrPort("127.0.0.1:4000")); e.String() != "fd75:726d:6173:100:0:fa0:7f00:1" {
+		t.Errorf("127.0.0.1:4000 encodes as %s", e)
+	}
+	for _, s := range []string{"[::1]:80", "0.0.0.0:80", "127.0.0.1:0"} {
+		if _, err := SocketEID(netip.MustParseAddrPort(s)); err == nil {
+			t.Errorf("SocketEID(%s) succeeded", s)
+		}
+	}
+	mapped, _ := urma.ParseEID("10.0.0.1")
+	inproc := inprocEID(3)
+	for _, e := range []urma.EID{{}, mapped, inproc} {
+		if ap, ok := SocketAddr(e); ok {
+			t.Errorf("SocketAddr(%s) = %s, want no address", e, ap)
+		}
+	}
+}
+
+func FuzzSocketAddr(f *testing.F) {
+	e, _ := SocketEID(netip.MustParseAddrPort("127.0.0.1:80"))
+	f.Add(e[:])
+	f.Add(make([]byte, 16))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) != 16 {
+			return
+		}
+		ap, ok := SocketAddr(urma.EID(b))
+		if !ok {
+			return
+		}
+		again, err := SocketEID(ap)
+		if err != nil || again != urma.EID(b) {
+			t.Fatalf("%x decodes to %s which encodes to %s, %v", b, ap, again, err)
+		}
+	})
+}
+
+// The JFC keeps completions past its depth, in order, and logs the overflow.
+func TestJFCOverflowKeepsCompletions(t *testing.T) {
+	var mu sync.Mutex
+	var logged []string
+	log := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		logged = append(logged, args)
+		mu.Unlock()
+	}, funcr.Options{})
+	fab := NewFabric()
+	p := newProvider(t, Options{Fabric: fab, Logger: log})
+	a := newSide(t, p, urma.JettyConfig{}, 2)
+	b := newSide(t, p, urma.JettyConfig{}, 64)
+	target := a.importJetty(b)
+	for i := 0; i < 5; i++ {
+		b.postRecv(uint64(i), i*64, 64)
+		mustOK(t, a.send(target, uint64(i), 0, 64, 0), "send")
+	}
+	cs := pollN(t, a.sjfc, 5, time.Second)
+	for i, c := range cs {
+		if c.UserCtx != uint64(i) || c.Status != urma.StatusSuccess {
+			t.Errorf("completion %d: %+v", i, c)
+		}
+	}
+	if n := a.sjfc.(*jfc).overflowCount(); n != 3 {
+		t.Errorf("overflow count %d, want 3", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(logged) != 1 || !strings.Contains(logged[0], "JFC overflow") {
+		t.Errorf("want one overflow log line, got %q", logged)
+	}
+}
+
+// A segment referenced by a posted receive cannot be unregistered; once the
+// receive is gone it can.
+func TestSegmentBusyWhileReferenced(t *testing.T) {
+	p := newProvider(t, Options{Fabric: NewFabric()})
+	s := newSide(t, p, urma.JettyConfig{}, 64)
+	seg2, err := s.ctx.RegisterSegment(s.mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
+	mustOK(t, err, "register")
+	mustOK(t, s.jfr.PostRecv(&urma.RecvWR{SGEs: []urma.SGE{{Segment: seg2, Len: 8}}}), "post")
+	if err := seg2.Close(); !errors.Is(err, urma.ErrBusy) {
+		t.Fatalf("unregister a segment under a posted receive: want ErrBusy, got %v", err)
+	}
+	if seg2.Bytes() == nil {
+		t.Error("a busy segment lost its bytes")
+	}
+	mustOK(t, s.jetty.Close(), "close jetty")
+	mustOK(t, s.jfr.Close(), "close JFR")
+	mustOK(t, seg2.Close(), "unregister after the JFR is gone")
+	if seg2.Bytes() != nil {
+		t.Error("unregistered segment still exposes memory")
+	}
+}
+
+// An RC jetty sends to one target only.
+func TestRCBindsToFirstTarget(t *testing.T) {
+	p := newProvider(t, Options{Fabric: NewFabric()})
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	b := newSide(t, p, urma.JettyConfig{}, 64)
+	c := newSide(t, p, urma.JettyConfig{}, 64)
+	tb, tc := a.importJetty(b), a.importJetty(c)
+	b.postRecv(1, 0, 8)
+	mustOK(t, a.send(tb, 1, 0, 8, 0), "send to the first target")
+	if err := a.send(tc, 2, 0, 8, 0); !errors.Is(err, urma.ErrInval) {
+		t.Fatalf("RC send to a second target: want ErrInval, got %v", err)
+	}
+	// An RM jetty may address both, but not through an RC import.
+	rm := newSide(t, p, urma.JettyConfig{Mode: urma.RM}, 64)
+	if err := rm.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Target: tb}); !errors.Is(err, urma.ErrInval) {
+		t.Fatalf("RM jetty through a foreign RC import: want ErrInval, got %v", err)
+	}
+	_, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 7)
+	if !errors.Is(err, urma.ErrInval) {
+		t.Fatalf("import an RC jetty as RM: want ErrInval, got %v", err)
+	}
+}
+
+// An inline send copies its bytes at post: the buffer may change at once.
+func TestInlineSendCopiesAtPost(t *testing.T) {
+	p := newProvider(t, Options{Fabric: NewFabric()})
+	a := newSide(t, p, urma.JettyConfig{MaxInline: 64, RNRRetry: 7}, 64)
+	b := newSide(t, p, urma.JettyConfig{}, 64)
+	target := a.importJetty(b)
+	copy(a.mem.Bytes(), "original-bytes")
+	mustOK(t, a.send(target, 1, 0, 14, urma.SendInline), "inline send")
+	copy(a.mem.Bytes(), "CHANGED-BYTES!")
+	b.postRecv(1, 0, 64) // the send waited on RNR until now
+	pollN(t, b.rjfc, 1, time.Second)
+	if got := string(b.mem.Bytes()[:14]); got != "original-bytes" {
+		t.Errorf("received %q, want the bytes at post time", got)
+	}
+	if err := a.send(target, 2, 0, 65, urma.SendInline); !errors.Is(err, urma.ErrInval) {
+		t.Errorf("inline send past MaxInline: want ErrInval, got %v", err)
+	}
+	if _, err := a.ctx.CreateJetty(urma.JettyConfig{Mode: urma.RC, SQDepth: 4, MaxInline: DefaultCaps().MaxJFSInlineSize + 1, SendJFC: a.sjfc, JFR: a.jfr}); !errors.Is(err, urma.ErrInval) {
+		t.Errorf("max inline above caps: want ErrInval, got %v", err)
+	}
+}
+
+// A message larger than the device's maximum completes with LOC_LEN.
+func TestMessageAboveMaxSize(t *testing.T) {
+	p := newProvider(t, Options{Fabric: NewFabric(), Devices: []DeviceSpec{{Caps: urma.DeviceCaps{MaxMsgSize: 1024}}}})
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	b := newSide(t, p, urma.JettyConfig{}, 64)
+	target := a.importJetty(b)
+	b.postRecv(1, 0, 4096)
+	mustOK(t, a.send(target, 9, 0, 1025, 0), "post")
+	if c := pollN(t, a.sjfc, 1, time.Second)[0]; c.Status != urma.StatusLocLen || c.UserCtx != 9 {
+		t.Errorf("oversize send completed as %+v, want LOC_LEN", c)
+	}
+}
+
+// SetError flushes sends only: receives posted to the (shared) JFR stay.
+func TestSetErrorKeepsReceives(t *testing.T) {
+	p := newProvider(t, Options{Fabric: NewFabric()})
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	b := newSide(t, p, urma.JettyConfig{}, 64)
+	b.postRecv(42, 0, 64)
+	mustOK(t, b.jetty.SetError(), "set error")
+	if c := pollN(t, b.sjfc, 1, time.Second)[0]; c.Status != urma.StatusWRFlushErrDone {
+		t.Fatalf("flush record %+v", c)
+	}
+	// The JFR still takes a message sent to another jetty sharing it.
+	j2, err := b.ctx.CreateJetty(urma.JettyConfig{Mode: urma.RC, SQDepth: 4, SendJFC: b.sjfc, JFR: b.jfr})
+	mustOK(t, err, "second jetty on the JFR")
+	defer j2.Close()
+	target, err := a.ctx.ImportJetty(t.Context(), j2.ID(), urma.RC, 7)
+	mustOK(t, err, "import")
+	defer target.Close()
+	mustOK(t, a.send(target, 1, 0, 8, 0), "send")
+	if c := pollN(t, b.rjfc, 1, time.Second)[0]; c.UserCtx != 42 || c.Status != urma.StatusSuccess || c.LocalID != j2.ID().ID {
+		t.Errorf("receive %+v, want the receive posted before SetError, for jetty %d", c, j2.ID().ID)
+	}
+}
+
+// Provider.Close destroys everything, stops every goroutine and leaves each
+// object answering ErrClosed; peers see error completions.
+func TestProviderClose(t *testing.T) {
+	for _, fabric := range []string{"inproc", "socket"} {
+		t.Run(fabric, func(t *testing.T) {
+			noLeaks(t)
+			opts := Options{PeerTimeout: 300 * time.Millisecond, DialTimeout: 500 * time.Millisecond, Logger: logr.Discard()}
+			if fabric == "inproc" {
+				opts.Fabric = NewFabric()
+			}
+			pa, err := New(opts)
+			mustOK(t, err, "new A")
+			defer pa.Close()
+			pb, err := New(opts)
+			mustOK(t, err, "new B")
+			a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+			b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+			ta := a.importJetty(b)
+			tb := b.importJetty(a)
+			mustOK(t, a.send(ta, 1, 0, 64, 0), "send waiting on RNR")
+			mustOK(t, b.send(tb, 2, 0, 64, 0), "send waiting on RNR")
+			mustOK(t, pb.Close(), "close provider B")
+			mustOK(t, pb.Close(), "close provider B twice")
+			if c := pollN(t, a.sjfc, 1, 3*time.Second)[0]; c.Status != urma.StatusAckTimeout {
+				t.Errorf("A's send after B closed: %+v, want ACK_TIMEOUT", c)
+			}
+			if _, err := pb.Devices(); !errors.Is(err, urma.ErrClosed) {
+				t.Errorf("Devices after Close: %v", err)
+			}
+			if _, err := pb.Open("", 0); !errors.Is(err, urma.ErrClosed) {
+				t.Errorf("Open after Close: %v", err)
+			}
+			if _, err := b.sjfc.Poll(make([]urma.Completion, 1)); !errors.Is(err, urma.ErrClosed) {
+				t.Errorf("Poll after provider Close: %v", err)
+			}
+			if err := b.send(tb, 3, 0, 8, 0); !errors.Is(err, urma.ErrClosed) {
+				t.Errorf("PostSend after provider Close: %v", err)
+			}
+			if err := b.ctx.Close(); err != nil {
+				t.Errorf("context Close after provider Close: %v", err)
+			}
+		})
+	}
+}
+
+func TestOpenArguments(t *testing.T) {
+	p := newProvider(t, Options{Fabric: NewFabric()})
+	if _, err := p.Open("nope", 0); !errors.Is(err, urma.ErrNoDev) || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("open unknown device: %v", err)
+	}
+	if _, err := p.Open("soft0", -1); !errors.Is(err, urma.ErrInval) {
+		t.Errorf("open EID index -1: %v", err)
+	}
+	c, err := p.Open("", 0)
+	mustOK(t, err, "open the first device")
+	defer c.Close()
+	if c.Device().Name != "soft0" || c.UASID() == 0 {
+		t.Errorf("context on %s uasid %d", c.Device().Name, c.UASID())
+	}
+	c2, err := p.Open("", 0)
+	mustOK(t, err, "open again")
+	defer c2.Close()
+	if c2.UASID() == c.UASID() {
+		t.Error("two contexts share a UASID")
+	}
+	_, err = c.ImportJetty(t.Context(), urma.JettyID{EID: inprocEID(999), ID: 1}, urma.RC, 0)
+	if !errors.Is(err, urma.ErrUnreachable) {
+		t.Errorf("import from an EID not on the fabric: %v", err)
+	}
+	_, err = c.ImportJetty(t.Context(), urma.JettyID{EID: c.EID(), ID: 999}, urma.RC, 0)
+	if !errors.Is(err, urma.ErrNoEnt) {
+		t.Errorf("import a jetty that does not exist: %v", err)
+	}
+}

@@ -1,0 +1,371 @@
+package soft
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+func socketOpts() Options {
+	return Options{PeerTimeout: 400 * time.Millisecond, DialTimeout: time.Second, Logger: logr.Discard()}
+}
+
+// conns lists a provider's live fabric connections.
+func (p *Provider) conns() []*conn {
+	var out []*conn
+	for _, d := range p.devices {
+		d.sock.mu.Lock()
+		for c := range d.sock.conns {
+			out = append(out, c)
+		}
+		d.sock.mu.Unlock()
+	}
+	return out
+}
+
+func (p *Provider) addr() string { return p.devices[0].sock.ln.Addr().String() }
+
+// Two devices that dial each other at the same moment end up with exactly
+// one TCP connection, the same one on both sides, and it carries traffic
+// both ways.
+func TestOneConnectionPerDevicePair(t *testing.T) {
+	for round := 0; round < 25; round++ {
+		func() {
+			noLeaks(t)
+			pa, pb := newProvider(t, socketOpts()), newProvider(t, socketOpts())
+			a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+			b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+			var ta, tb urma.RemoteJetty
+			var ea, eb error
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				<-start
+				ta, ea = a.ctx.ImportJetty(context.Background(), b.jetty.ID(), urma.RC, 7)
+			}()
+			go func() {
+				defer wg.Done()
+				<-start
+				tb, eb = b.ctx.ImportJetty(context.Background(), a.jetty.ID(), urma.RC, 7)
+			}()
+			close(start)
+			wg.Wait()
+			mustOK(t, ea, "import A->B")
+			mustOK(t, eb, "import B->A")
+			defer ta.Close()
+			defer tb.Close()
+			ca, cb := pa.conns(), pb.conns()
+			if len(ca) != 1 || len(cb) != 1 {
+				t.Fatalf("round %d: %d and %d connections, want one each", round, len(ca), len(cb))
+			}
+			if ca[0].local != cb[0].remote || ca[0].remote != cb[0].local {
+				t.Fatalf("round %d: the sides kept different connections: %s<->%s vs %s<->%s", round,
+					ca[0].local, ca[0].remote, cb[0].local, cb[0].remote)
+			}
+			a.postRecv(1, 0, 64)
+			b.postRecv(1, 0, 64)
+			mustOK(t, a.send(ta, 1, 0, 64, 0), "send A->B")
+			mustOK(t, b.send(tb, 1, 0, 64, 0), "send B->A")
+			pollN(t, a.rjfc, 1, 2*time.Second)
+			pollN(t, b.rjfc, 1, 2*time.Second)
+		}()
+	}
+}
+
+// fakePeer is a hand-driven socket fabric device: it answers the handshake
+// and imports, then does whatever the test scripts.
+type fakePeer struct {
+	t   testing.TB
+	ln  net.Listener
+	eid urma.EID
+}
+
+func newFakePeer(t testing.TB) *fakePeer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	mustOK(t, err, "listen")
+	t.Cleanup(func() { ln.Close() })
+	eid, err := SocketEID(netip.MustParseAddrPort(ln.Addr().String()))
+	mustOK(t, err, "EID")
+	return &fakePeer{t: t, ln: ln, eid: eid}
+}
+
+// accept takes one connection and answers its HELLO and one IMPORT_JETTY.
+func (f *fakePeer) accept() (net.Conn, *bufio.Reader) {
+	nc, err := f.ln.Accept()
+	if err != nil {
+		return nil, nil
+	}
+	br := bufio.NewReader(nc)
+	var hb [4 + helloLen]byte
+	if _, err := io.ReadFull(br, hb[:]); err != nil {
+		return nil, nil
+	}
+	var ab [4 + helloAckLen]byte
+	nc.Write(encodeHelloAck(ab[:], &helloAck{eid: f.eid, maxMsg: 1 << 20}))
+	var ib [4 + importJettyLen]byte
+	if _, err := io.ReadFull(br, ib[:]); err != nil {
+		return nil, nil
+	}
+	r, _ := decodeImportJetty(ib[4:])
+	var rb [4 + importRespLen]byte
+	nc.Write(encodeImportResp(rb[:], r.req, urma.CodeSuccess))
+	return nc, br
+}
+
+// readSend reads one SEND frame, payload included.
+func readSend(br *bufio.Reader) (sendHeader, error) {
+	var h sendHeader
+	var b [4 + sendHdrLen]byte
+	if _, err := io.ReadFull(br, b[:]); err != nil {
+		return h, err
+	}
+	if err := decodeSendHeader(b[4:], be.Uint32(b[:4]), &h); err != nil {
+		return h, err
+	}
+	_, err := br.Discard(int(h.length))
+	return h, err
+}
+
+// logSink records log lines.
+type logSink struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logSink) logger() logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		l.mu.Lock()
+		l.lines = append(l.lines, args)
+		l.mu.Unlock()
+	}, funcr.Options{})
+}
+
+func (l *logSink) has(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, x := range l.lines {
+		if strings.Contains(x, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// A peer that breaks the protocol loses its connection, with the reason
+// logged, and the sends outstanding to it complete with ACK_TIMEOUT; a peer
+// that goes silent is declared dead after PeerTimeout with the same result.
+func TestBadPeerFailsOutstandingSends(t *testing.T) {
+	cases := []struct {
+		name    string
+		respond func(nc net.Conn, h sendHeader)
+		log     string
+	}{
+		{"bad ACK status", func(nc net.Conn, h sendHeader) {
+			var b [4 + ackLen]byte
+			encodeAck(b[:], &ackFrame{status: urma.StatusLocAccess, src: h.src, dst: h.dst, tag: h.tag})
+			nc.Write(b[:])
+		}, "ACK status"},
+		{"unknown frame", func(nc net.Conn, h sendHeader) { nc.Write([]byte{0, 0, 0, 4, 200, 0, 0, 0}) }, "unknown frame type"},
+		{"oversize SEND", func(nc net.Conn, h sendHeader) { nc.Write([]byte{0xff, 0xff, 0xff, 0xff, frameSend}) }, "payload outside"},
+		{"silent", func(nc net.Conn, h sendHeader) {}, "peer silent"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			noLeaks(t)
+			var sink logSink
+			opts := socketOpts()
+			opts.Logger = sink.logger()
+			p := newProvider(t, opts)
+			a := newSide(t, p, urma.JettyConfig{RNRRetry: 7}, 64)
+			f := newFakePeer(t)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				nc, br := f.accept()
+				if nc == nil {
+					return
+				}
+				defer nc.Close()
+				h, err := readSend(br)
+				if err != nil {
+					return
+				}
+				c.respond(nc, h)
+				io.Copy(io.Discard, br) // read until the provider hangs up
+			}()
+			target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+			mustOK(t, err, "import from the fake peer")
+			defer target.Close()
+			start := time.Now()
+			mustOK(t, a.send(target, 1, 0, 100, 0), "send")
+			mustOK(t, a.send(target, 2, 0, 100, 0), "send")
+			cs := pollN(t, a.sjfc, 2, 5*time.Second)
+			if cs[0].Status != urma.StatusAckTimeout || cs[1].Status != urma.StatusWRFlushErr {
+				t.Errorf("completions %+v, want ACK_TIMEOUT then WR_FLUSH_ERR", cs)
+			}
+			if c.name == "silent" && time.Since(start) > 4*opts.PeerTimeout {
+				t.Errorf("silent peer declared dead after %v, PeerTimeout is %v", time.Since(start), opts.PeerTimeout)
+			}
+			<-done
+			if !sink.has(c.log) {
+				t.Errorf("no log line says %q: %q", c.log, sink.lines)
+			}
+		})
+	}
+}
+
+// Hostile bytes on the listener close that connection, say why in the log,
+// and leave the device serving honest peers.
+func TestHostileConnections(t *testing.T) {
+	var sink logSink
+	opts := socketOpts()
+	opts.Logger = sink.logger()
+	pb := newProvider(t, opts)
+	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	bEID := b.ctx.EID()
+	fakeEID, _ := SocketEID(netip.MustParseAddrPort("127.0.0.9:9"))
+	hello := func(dst urma.EID) []byte {
+		var hb [4 + helloLen]byte
+		return encodeHello(hb[:], &hello{session: 1, src: fakeEID, dst: dst, maxMsg: 1 << 20})
+	}
+	good := hello(bEID)
+	cases := []struct {
+		name  string
+		bytes []byte
+		log   string
+	}{
+		{"garbage", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + strings.Repeat("z", 40)), "bad HELLO"},
+		{"truncated hello", good[:20], "bad HELLO"},
+		{"wrong magic", append(append([]byte{}, good[:8]...), append([]byte("XXXX"), good[12:]...)...), "magic"},
+		{"wrong version", append(append([]byte{}, good[:5]...), append([]byte{9}, good[6:]...)...), "version"},
+		{"another device", hello(fakeEID), "wrong EID"},
+		{"huge length", append(append([]byte{}, good...), 0xff, 0xff, 0xff, 0xf0, frameSend), "payload outside"},
+		{"unknown type", append(append([]byte{}, good...), 0, 0, 0, 4, 77, 0, 0, 0), "unknown frame type"},
+		{"short ACK", append(append([]byte{}, good...), 0, 0, 0, 8, frameAck, 0, 0, 0, 0, 0, 0, 0), "want 20"},
+		{"second hello", append(append([]byte{}, good...), good...), "handshake frame"},
+		{"bad SEND opcode", append(append([]byte{}, good...), func() []byte {
+			var sb [4 + sendHdrLen]byte
+			encodeSendHeader(sb[:], &sendHeader{opcode: 0x66, dst: 1})
+			return sb[:]
+		}()...), "opcode"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			nc, err := net.Dial("tcp", pb.addr())
+			mustOK(t, err, "dial")
+			defer nc.Close()
+			nc.Write(c.bytes)
+			nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err = io.Copy(io.Discard, nc) // ends when the device hangs up
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("device kept a hostile connection open")
+			}
+			deadline := time.Now().Add(2 * time.Second)
+			for !sink.has(c.log) {
+				if time.Now().After(deadline) {
+					t.Fatalf("no log line says %q: %q", c.log, sink.lines)
+				}
+				time.Sleep(time.Millisecond) // polling deadline: the device logs after hanging up
+			}
+		})
+	}
+	// An honest peer still gets through.
+	pa := newProvider(t, socketOpts())
+	a := newSide(t, pa, urma.JettyConfig{}, 64)
+	target := a.importJetty(b)
+	b.postRecv(1, 0, 64)
+	mustOK(t, a.send(target, 1, 0, 64, 0), "send")
+	if c := pollN(t, a.sjfc, 1, 2*time.Second)[0]; c.Status != urma.StatusSuccess {
+		t.Fatalf("honest send after hostile peers: %+v", c)
+	}
+}
+
+// A device whose EID encodes no address is reached through the Resolver.
+func TestResolver(t *testing.T) {
+	custom, _ := urma.ParseEID("fd00::b0b")
+	pb := newProvider(t, Options{Devices: []DeviceSpec{{EIDs: []urma.EID{custom}}}, Logger: logr.Discard()})
+	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	if b.ctx.EID() != custom {
+		t.Fatalf("device EID %s, want %s", b.ctx.EID(), custom)
+	}
+	plain := newProvider(t, socketOpts())
+	pa := newSide(t, plain, urma.JettyConfig{}, 64)
+	_, err := pa.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RC, 7)
+	if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "no resolver") {
+		t.Fatalf("import without a resolver: %v", err)
+	}
+	asked := make(chan urma.EID, 4)
+	opts := socketOpts()
+	opts.Resolver = func(ctx context.Context, e urma.EID) (string, error) {
+		asked <- e
+		if e == custom {
+			return pb.addr(), nil
+		}
+		return "", nil
+	}
+	pr := newProvider(t, opts)
+	a := newSide(t, pr, urma.JettyConfig{}, 64)
+	target := a.importJetty(b)
+	if e := <-asked; e != custom {
+		t.Errorf("resolver asked for %s", e)
+	}
+	b.postRecv(1, 0, 64)
+	mustOK(t, a.send(target, 1, 0, 64, 0), "send")
+	pollN(t, b.rjfc, 1, 2*time.Second)
+	// A failing resolver fails the import with its reason.
+	opts.Resolver = func(context.Context, urma.EID) (string, error) { return "", errors.New("no such pod") }
+	bad := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
+	_, err = bad.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RC, 7)
+	if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "no such pod") {
+		t.Fatalf("import with a failing resolver: %v", err)
+	}
+}
+
+// A peer that does not answer the handshake in time is unreachable, and the
+// import says so within the dial timeout.
+func TestDialTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	mustOK(t, err, "listen")
+	defer ln.Close()
+	go func() { // accept and say nothing
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	eid, _ := SocketEID(netip.MustParseAddrPort(ln.Addr().String()))
+	opts := socketOpts()
+	opts.DialTimeout = 200 * time.Millisecond
+	a := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
+	start := time.Now()
+	_, err = a.ctx.ImportJetty(context.Background(), urma.JettyID{EID: eid, ID: 1}, urma.RC, 0)
+	if !errors.Is(err, urma.ErrUnreachable) {
+		t.Fatalf("import from a mute peer: %v", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("import took %v with a %v dial timeout", el, opts.DialTimeout)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := a.ctx.ImportJetty(ctx, urma.JettyID{EID: eid, ID: 1}, urma.RC, 0); !errors.Is(err, urma.ErrTimeout) && !errors.Is(err, urma.ErrUnreachable) {
+		t.Fatalf("import with a short context: %v", err)
+	}
+}
