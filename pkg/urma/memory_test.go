@@ -64,12 +64,20 @@ func TestAllocMemoryIsPageAligned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Free()
+	t.Cleanup(func() {
+		if err := a.Free(); err != nil {
+			t.Error(err)
+		}
+	})
 	b, err := AllocMemory(100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Free()
+	t.Cleanup(func() {
+		if err := b.Free(); err != nil {
+			t.Error(err)
+		}
+	})
 	for _, m := range []*Memory{a, b} {
 		if addr := uintptrOf(m.Bytes()); addr%4096 != 0 {
 			t.Fatalf("region at %#x is not page aligned", addr)

@@ -398,12 +398,19 @@ func checkName(s string) error {
 		return fmt.Errorf("longer than %d bytes", maxNameLen)
 	}
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == ':' || c == '-') {
+		if c := s[i]; !nameChar(c) {
 			return fmt.Errorf("character %q is not a letter, digit, or one of _ . : -", c)
 		}
 	}
 	return nil
+}
+
+func nameChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return c == '_' || c == '.' || c == ':' || c == '-'
 }
 
 // quote renders s for a Problem, cut to 64 bytes so a hostile value cannot

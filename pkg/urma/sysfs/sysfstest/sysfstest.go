@@ -165,11 +165,13 @@ func (tr *Tree) AddDevice(d Device) error {
 	if err := mkdirErr(dir); err != nil {
 		return err
 	}
-	// w records the first failed write; later writes are skipped.
+	// w records the first failed write; later writes are skipped. The new
+	// directory is not linked from the class directory until the end, so
+	// plain (not rename-atomic) writes are safe until then.
 	var werr error
 	w := func(rel, format string, args ...any) {
 		if werr == nil {
-			werr = writeFileErr(filepath.Join(dir, rel), fmt.Sprintf(format, args...))
+			werr = writeNewErr(filepath.Join(dir, rel), fmt.Sprintf(format, args...))
 		}
 	}
 
@@ -235,12 +237,12 @@ func (tr *Tree) AddDevice(d Device) error {
 			if f.content == "" {
 				continue
 			}
-			if err := writeFileErr(filepath.Join(parent, f.name), f.content+"\n"); err != nil {
+			if err := writeNewErr(filepath.Join(parent, f.name), f.content+"\n"); err != nil {
 				return err
 			}
 		}
 		if d.NUMANode != nil {
-			if err := writeFileErr(filepath.Join(parent, "numa_node"), fmt.Sprintf("%d\n", *d.NUMANode)); err != nil {
+			if err := writeNewErr(filepath.Join(parent, "numa_node"), fmt.Sprintf("%d\n", *d.NUMANode)); err != nil {
 				return err
 			}
 		}
@@ -401,6 +403,17 @@ func writeFileErr(path, content string) error {
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
 		os.Remove(f.Name())
+		return fmt.Errorf("sysfstest: %w", err)
+	}
+	return nil
+}
+
+// writeNewErr writes a file into a directory no reader can see yet.
+func writeNewErr(path, content string) error {
+	if err := mkdirErr(filepath.Dir(path)); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		return fmt.Errorf("sysfstest: %w", err)
 	}
 	return nil
