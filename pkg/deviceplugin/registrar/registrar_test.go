@@ -1,0 +1,324 @@
+package registrar
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/kubelettest"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
+)
+
+const resource = "urma.openeuler.org/jetty"
+
+func socketDir(t *testing.T) string {
+	t.Helper()
+	dir, cleanup, err := kubelettest.SocketDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	return dir
+}
+
+func waitCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+type plugin struct {
+	reg  *Registrar
+	inv  *inventory.Inventory
+	stop func()
+}
+
+// startPlugin runs a registrar over an inventory with one device of 3 units.
+func startPlugin(t *testing.T, dir string, mutate func(*Config)) *plugin {
+	t.Helper()
+	inv := inventory.New(16)
+	inv.Publish(inventory.Snapshot{JettiesPerUnit: 16, Devices: []inventory.Device{
+		{Name: "udma0", Healthy: true, NUMANode: 0, Budget: budget.Budget{Units: 3, Jetties: 48}},
+	}})
+	log := testr.New(t)
+	m := metrics.New()
+	cfg := Config{
+		SocketDir: dir, ResourceName: resource, Options: server.Options(),
+		CheckInterval: time.Hour, BackoffInitial: time.Millisecond, BackoffMax: 20 * time.Millisecond,
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	reg := New(cfg, server.New(server.Config{}, inv, log, m), log, m)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- reg.Run(ctx) }()
+	p := &plugin{reg: reg, inv: inv}
+	stopped := false
+	p.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	}
+	t.Cleanup(p.stop)
+	return p
+}
+
+// eventually polls cond until it holds or a deadline passes; for state
+// that offers no change notification.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+func startKubelet(t *testing.T, dir string) *kubelettest.Kubelet {
+	t.Helper()
+	k, err := kubelettest.Start(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Stop)
+	return k
+}
+
+// listed waits until the kubelet has n registrations and a ListAndWatch
+// list of want units.
+func listed(t *testing.T, k *kubelettest.Kubelet, registrations, units int) kubelettest.State {
+	t.Helper()
+	s, err := k.WaitFor(waitCtx(t), func(s kubelettest.State) bool {
+		p, ok := s.Plugins[resource]
+		return s.Registrations[resource] == registrations && ok && p.Streaming && len(p.Devices) == units
+	})
+	if err != nil {
+		t.Fatalf("%v; state %+v", err, s)
+	}
+	return s
+}
+
+func TestRegisters(t *testing.T) {
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	p := startPlugin(t, dir, nil)
+	s := listed(t, k, 1, 3)
+	pl := s.Plugins[resource]
+	if pl.Request.Version != pluginapi.Version || pl.Request.Endpoint != DefaultSocketName {
+		t.Errorf("registration %+v", pl.Request)
+	}
+	if !pl.Options.GetPreferredAllocationAvailable || !pl.Request.Options.GetPreferredAllocationAvailable {
+		t.Errorf("options %+v / %+v", pl.Options, pl.Request.Options)
+	}
+	if pl.Devices[0].ID != "udma0-0" || pl.Devices[0].Topology.Nodes[0].ID != 0 {
+		t.Errorf("devices %v", pl.Devices)
+	}
+	eventually(t, "registered state", func() bool { return p.reg.Serving() && p.reg.Registered() })
+	// kubelet allocates through the registered endpoint.
+	resp, err := k.Client(resource).Allocate(waitCtx(t), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"udma0-1"}}}})
+	if err != nil || resp.ContainerResponses[0].Envs[server.EnvJettyBudget] != "16" {
+		t.Fatalf("Allocate via kubelet: %v, %v", resp, err)
+	}
+}
+
+func TestUpdatesReachKubelet(t *testing.T) {
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	p := startPlugin(t, dir, nil)
+	listed(t, k, 1, 3)
+	p.inv.Publish(inventory.Snapshot{JettiesPerUnit: 16, Devices: []inventory.Device{
+		{Name: "udma0", Healthy: false, Reason: "no EID", NUMANode: 0, Budget: budget.Budget{Units: 3, Jetties: 48}},
+		{Name: "udma1", Healthy: true, NUMANode: 1, Budget: budget.Budget{Units: 2, Jetties: 32}},
+	}})
+	s := listed(t, k, 1, 5)
+	for _, d := range s.Plugins[resource].Devices {
+		if want := strings.HasPrefix(d.ID, "udma1"); (d.Health == pluginapi.Healthy) != want {
+			t.Errorf("%s is %s", d.ID, d.Health)
+		}
+	}
+}
+
+func TestStartsBeforeKubelet(t *testing.T) {
+	dir := socketDir(t)
+	p := startPlugin(t, dir, nil)
+	// Serving, though there is no kubelet to register with yet.
+	eventually(t, "serving without a kubelet", p.reg.Serving)
+	if p.reg.Registered() {
+		t.Fatal("registered without a kubelet")
+	}
+	k := startKubelet(t, dir)
+	listed(t, k, 1, 3)
+}
+
+func TestKubeletRestart(t *testing.T) {
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	startPlugin(t, dir, nil)
+	listed(t, k, 1, 3)
+	for i := range 3 {
+		var err error
+		k, err = k.Restart()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(k.Stop)
+		// The new kubelet knows nothing; the plugin must come back by itself.
+		listed(t, k, 1, 3)
+		if _, err := os.Stat(filepath.Join(dir, DefaultSocketName)); err != nil {
+			t.Fatalf("restart %d: our socket: %v", i, err)
+		}
+	}
+}
+
+func TestOwnSocketRemoved(t *testing.T) {
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	startPlugin(t, dir, nil)
+	listed(t, k, 1, 3)
+	if err := os.Remove(filepath.Join(dir, DefaultSocketName)); err != nil {
+		t.Fatal(err)
+	}
+	listed(t, k, 2, 3)
+}
+
+func TestPeriodicCheckWithoutFsnotify(t *testing.T) {
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	startPlugin(t, dir, func(c *Config) {
+		c.pollOnly = true
+		c.CheckInterval = 5 * time.Millisecond
+	})
+	listed(t, k, 1, 3)
+	// A restart whose events nobody sees: the inode checks must notice.
+	k, err := k.Restart()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Stop)
+	listed(t, k, 1, 3)
+	// kubelet.sock replaced while our socket survives. A hard link keeps
+	// the old inode allocated so that the new kubelet.sock cannot reuse it:
+	// with coarse timestamps the two would otherwise look identical to a
+	// stat (a real kubelet restart takes long enough to differ).
+	if err := os.Link(filepath.Join(dir, kubeletSocketName), filepath.Join(dir, "old-kubelet.sock")); err != nil {
+		t.Fatal(err)
+	}
+	k.Stop()
+	k2 := startKubelet(t, dir)
+	listed(t, k2, 1, 3)
+}
+
+func TestShutdownRemovesSocketAndGoroutines(t *testing.T) {
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	base := runtime.NumGoroutine()
+	p := startPlugin(t, dir, nil)
+	listed(t, k, 1, 3)
+	p.stop()
+	if _, err := os.Stat(filepath.Join(dir, DefaultSocketName)); !os.IsNotExist(err) {
+		t.Fatalf("socket after shutdown: %v", err)
+	}
+	if p.reg.Serving() || p.reg.Registered() {
+		t.Fatal("state not cleared on shutdown")
+	}
+	// The kubelet's stream to us has ended; let its goroutines settle.
+	if _, err := k.WaitFor(waitCtx(t), func(s kubelettest.State) bool { return !s.Plugins[resource].Streaming }); err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > base {
+		if time.Now().After(end) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("goroutines %d > %d:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
+		}
+		runtime.Gosched()
+	}
+}
+
+func TestRemoveOwnSocketLeavesForeignFile(t *testing.T) {
+	dir := socketDir(t)
+	r := New(Config{SocketDir: dir, ResourceName: resource}, server.New(server.Config{}, inventory.New(16), testr.New(t), nil), testr.New(t), nil)
+	s, err := r.serve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := s.ino
+	s.srv.Stop()
+	<-s.done
+	if _, err := os.Stat(r.SocketPath()); err != nil {
+		t.Fatalf("stopping the server unlinked the socket: %v", err)
+	}
+	// Another instance took the path over (e.g. a rolling update).
+	if err := os.Remove(r.SocketPath()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(r.SocketPath(), []byte("someone else's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.removeOwnSocket(ours)
+	if b, err := os.ReadFile(r.SocketPath()); err != nil || string(b) != "someone else's" {
+		t.Fatalf("foreign file at our path: %q, %v", b, err)
+	}
+	if err := os.Remove(r.SocketPath()); err != nil {
+		t.Fatal(err)
+	}
+	s, err = r.serve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.srv.Stop()
+	<-s.done
+	r.removeOwnSocket(s.ino)
+	if _, err := os.Stat(r.SocketPath()); !os.IsNotExist(err) {
+		t.Fatalf("our own socket survived removeOwnSocket: %v", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	long := "/" + strings.Repeat("d", 100)
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"ok", Config{ResourceName: resource}, ""},
+		{"relative dir", Config{SocketDir: "plugins", ResourceName: resource}, "absolute"},
+		{"name with slash", Config{SocketName: "a/b.sock", ResourceName: resource}, "plain file name"},
+		{"kubelet's name", Config{SocketName: "kubelet.sock", ResourceName: resource}, "plain file name"},
+		{"too long", Config{SocketDir: long, ResourceName: resource}, "unix sockets allow"},
+		{"no resource", Config{}, "resource name"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Validate = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
