@@ -20,6 +20,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/devpath"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/preferred"
@@ -354,25 +355,26 @@ func (s *Server) containerResponse(snap *inventory.Snapshot, sh []Share) *plugin
 // /dev/... path that kubelet and the runtime understand; "" if the path is
 // not under DevRoot.
 func (s *Server) HostPath(pluginPath string) string {
-	if pluginPath == "" {
-		return ""
-	}
-	rel, err := filepath.Rel(s.cfg.DevRoot, pluginPath)
-	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
-		return ""
-	}
-	return filepath.Join("/dev", rel)
+	return devpath.ToHost(s.cfg.DevRoot, pluginPath)
 }
 
 // ExtraNodes returns the configured extra device nodes that exist, as paths
 // under DevRoot, logging the ones that do not.
 func (s *Server) ExtraNodes() []string {
+	return ExistingNodes(s.cfg.DevRoot, s.cfg.ExtraDevNodes, s.log)
+}
+
+// ExistingNodes maps host /dev/... paths to paths under devRoot and keeps
+// those that exist, logging the others.
+func ExistingNodes(devRoot string, hostPaths []string, log logr.Logger) []string {
 	var out []string
-	for _, p := range s.cfg.ExtraDevNodes {
-		rel := strings.TrimPrefix(filepath.Clean(p), "/dev/")
-		local := filepath.Join(s.cfg.DevRoot, rel)
+	for _, p := range hostPaths {
+		local := devpath.ToLocal(devRoot, p)
+		if local == "" {
+			continue
+		}
 		if _, err := os.Stat(local); err != nil {
-			s.log.Info("extra device node not found; not mounting it", "node", p, "lookedAt", local)
+			log.Info("extra device node not found; not giving it to containers", "node", p, "lookedAt", local)
 			continue
 		}
 		out = append(out, local)
