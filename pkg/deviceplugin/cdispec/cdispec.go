@@ -1,0 +1,193 @@
+// Package cdispec writes the Container Device Interface spec for the
+// advertised URMA devices, so that in CDI mode Allocate can answer with CDI
+// device names ("urma.openeuler.org/jetty=udma0") and the container runtime
+// injects the device nodes.
+//
+// One spec file holds every hardware device: each device's node is a
+// per-device edit, and the nodes every UDMA container needs besides
+// (/dev/ummu/tid and configured extras) are spec-wide edits, applied once
+// whichever devices a container gets. Software devices need no node and are
+// not in the spec. The file is rewritten when the set changes and left in
+// place on shutdown, so containers created while the plugin restarts still
+// start.
+package cdispec
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	specs "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/devpath"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
+)
+
+// Defaults.
+const (
+	DefaultDir  = "/var/run/cdi"
+	DefaultKind = "urma.openeuler.org/jetty"
+)
+
+// Config configures the writer.
+type Config struct {
+	// Dir is the CDI spec directory the runtime reads (e.g. /var/run/cdi).
+	Dir string
+	// Kind is "<vendor>/<class>"; device names are "<Kind>=<device>".
+	Kind string
+	// DevRoot is where the plugin sees the host's /dev.
+	DevRoot string
+	// ExtraDevNodes are host /dev/... paths every hardware container gets.
+	ExtraDevNodes []string
+}
+
+// Validate checks the kind with the CDI parser's rules.
+func (c Config) Validate() error {
+	if c.Dir == "" {
+		return fmt.Errorf("CDI spec directory is empty")
+	}
+	vendor, class := parser.ParseQualifier(c.Kind)
+	if err := parser.ValidateVendorName(vendor); err != nil {
+		return fmt.Errorf("CDI kind %q: %w", c.Kind, err)
+	}
+	if err := parser.ValidateClassName(class); err != nil {
+		return fmt.Errorf("CDI kind %q: %w", c.Kind, err)
+	}
+	return nil
+}
+
+// Writer keeps the spec file in step with the inventory.
+type Writer struct {
+	cfg   Config
+	cache *cdi.Cache
+	log   logr.Logger
+	name  string // spec file name, without extension
+	last  string // rendering of the last spec written, "" = none/removed
+
+	afterSync func(generation uint64) // test hook, called after each Sync in Run
+}
+
+// New returns a writer for cfg.
+func New(cfg Config, log logr.Logger) (*Writer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(cfg.Dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		// Errors here are about existing files in the directory (someone
+		// else's broken spec); we only write, so they do not stop us.
+		log.Info("CDI spec directory has problems; writing ours anyway", "dir", cfg.Dir, "error", err.Error())
+	}
+	vendor, class := parser.ParseQualifier(cfg.Kind)
+	return &Writer{cfg: cfg, cache: cache, log: log, name: cdi.GenerateSpecName(vendor, class)}, nil
+}
+
+// Name is the qualified CDI device name of a URMA device.
+func (w *Writer) Name(device string) string { return w.cfg.Kind + "=" + device }
+
+// Build renders the spec for a snapshot; ok is false when no hardware
+// device has a device node (nothing for CDI to inject).
+func (w *Writer) Build(snap *inventory.Snapshot) (spec *specs.Spec, ok bool) {
+	spec = &specs.Spec{Kind: w.cfg.Kind}
+	for _, d := range snap.Devices {
+		host := devpath.ToHost(w.cfg.DevRoot, d.DevNode)
+		if d.Software || host == "" {
+			continue
+		}
+		spec.Devices = append(spec.Devices, specs.Device{
+			Name:           d.Name,
+			ContainerEdits: specs.ContainerEdits{DeviceNodes: []*specs.DeviceNode{{Path: host, HostPath: host, Permissions: "rw"}}},
+		})
+	}
+	if len(spec.Devices) == 0 {
+		return nil, false
+	}
+	var common []string
+	if p := devpath.ToHost(w.cfg.DevRoot, snap.UMMUNode); p != "" {
+		common = append(common, p)
+	}
+	for _, local := range server.ExistingNodes(w.cfg.DevRoot, w.cfg.ExtraDevNodes, w.log) {
+		if p := devpath.ToHost(w.cfg.DevRoot, local); p != "" && !slices.Contains(common, p) {
+			common = append(common, p)
+		}
+	}
+	for _, p := range common {
+		spec.ContainerEdits.DeviceNodes = append(spec.ContainerEdits.DeviceNodes, &specs.DeviceNode{Path: p, HostPath: p, Permissions: "rw"})
+	}
+	v, err := cdi.MinimumRequiredVersion(spec)
+	if err != nil {
+		v = specs.CurrentVersion
+	}
+	spec.Version = v
+	return spec, true
+}
+
+// Sync writes the spec for a snapshot if it differs from the last one
+// written, or removes the file when there is nothing to inject.
+func (w *Writer) Sync(snap *inventory.Snapshot) error {
+	spec, ok := w.Build(snap)
+	if !ok {
+		if w.last == "" {
+			return nil
+		}
+		if err := w.cache.RemoveSpec(w.name + ".yaml"); err != nil {
+			return fmt.Errorf("remove CDI spec %s: %w", w.name, err)
+		}
+		w.last = ""
+		w.log.Info("removed the CDI spec: no hardware device to inject", "dir", w.cfg.Dir)
+		return nil
+	}
+	key := render(spec)
+	if key == w.last {
+		return nil
+	}
+	if err := w.cache.WriteSpec(spec, w.name+".yaml"); err != nil {
+		return fmt.Errorf("write CDI spec %s into %s: %w", w.name, w.cfg.Dir, err)
+	}
+	w.last = key
+	w.log.Info("wrote the CDI spec", "dir", w.cfg.Dir, "kind", w.cfg.Kind, "devices", len(spec.Devices))
+	return nil
+}
+
+func render(s *specs.Spec) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s|%s|", s.Version, s.Kind)
+	for _, n := range s.ContainerEdits.DeviceNodes {
+		fmt.Fprintf(&b, "%s,", n.Path)
+	}
+	for _, d := range s.Devices {
+		fmt.Fprintf(&b, "|%s:", d.Name)
+		for _, n := range d.ContainerEdits.DeviceNodes {
+			fmt.Fprintf(&b, "%s,", n.Path)
+		}
+	}
+	return b.String()
+}
+
+// Run syncs the spec with every new snapshot until ctx ends, retrying a
+// failed write every retry interval.
+func (w *Writer) Run(ctx context.Context, inv *inventory.Inventory, retry time.Duration) error {
+	t := time.NewTicker(retry)
+	defer t.Stop()
+	for {
+		snap, changed := inv.Current()
+		if err := w.Sync(snap); err != nil {
+			w.log.Error(err, "CDI spec not updated; retrying")
+		}
+		if w.afterSync != nil {
+			w.afterSync(snap.Generation)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,177 @@
+package cdispec
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+)
+
+func devRoot(t *testing.T, nodes ...string) string {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "dev")
+	for _, n := range nodes {
+		p := filepath.Join(root, n)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+func snap(root string) *inventory.Snapshot {
+	soft := inventory.SoftDevices(inventory.Config{Budget: budget.Default(), SoftDevices: 1, SoftJetties: 32})[0]
+	return &inventory.Snapshot{
+		UMMUNode: filepath.Join(root, "ummu/tid"),
+		Devices: []inventory.Device{
+			soft,
+			{Name: "udma0", Healthy: true, DevNode: filepath.Join(root, "uburma/udma0")},
+			{Name: "udma1", Healthy: true, DevNode: filepath.Join(root, "uburma/udma1")},
+			{Name: "udma2", Reason: "device node missing"},
+		},
+	}
+}
+
+func TestBuild(t *testing.T) {
+	root := devRoot(t, "ummu/tid", "extra0")
+	w, err := New(Config{Dir: t.TempDir(), Kind: DefaultKind, DevRoot: root, ExtraDevNodes: []string{"/dev/extra0", "/dev/missing"}}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, ok := w.Build(snap(root))
+	if !ok {
+		t.Fatal("Build found nothing to inject")
+	}
+	var names []string
+	for _, d := range spec.Devices {
+		names = append(names, d.Name)
+		if len(d.ContainerEdits.DeviceNodes) != 1 || d.ContainerEdits.DeviceNodes[0].Path != "/dev/uburma/"+d.Name || d.ContainerEdits.DeviceNodes[0].HostPath != "/dev/uburma/"+d.Name {
+			t.Errorf("device %s edits %+v", d.Name, d.ContainerEdits.DeviceNodes)
+		}
+	}
+	if !slices.Equal(names, []string{"udma0", "udma1"}) {
+		t.Errorf("devices %v, want udma0 udma1 (no software device, none without a node)", names)
+	}
+	var common []string
+	for _, n := range spec.ContainerEdits.DeviceNodes {
+		common = append(common, n.Path)
+	}
+	if !slices.Equal(common, []string{"/dev/ummu/tid", "/dev/extra0"}) {
+		t.Errorf("spec-wide nodes %v", common)
+	}
+	if spec.Kind != DefaultKind || spec.Version == "" {
+		t.Errorf("kind %q version %q", spec.Kind, spec.Version)
+	}
+	if w.Name("udma0") != "urma.openeuler.org/jetty=udma0" {
+		t.Errorf("Name = %q", w.Name("udma0"))
+	}
+}
+
+func TestSyncWritesAReadableSpecAndRemovesIt(t *testing.T) {
+	root := devRoot(t, "ummu/tid")
+	dir := t.TempDir()
+	w, err := New(Config{Dir: dir, Kind: DefaultKind, DevRoot: root}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(snap(root)); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatalf("the runtime's CDI cache rejects our spec: %v", err)
+	}
+	if got := reader.ListDevices(); !slices.Equal(got, []string{"urma.openeuler.org/jetty=udma0", "urma.openeuler.org/jetty=udma1"}) {
+		t.Fatalf("CDI devices %v", got)
+	}
+	if d := reader.GetDevice("urma.openeuler.org/jetty=udma1"); d == nil || d.ContainerEdits.DeviceNodes[0].Path != "/dev/uburma/udma1" {
+		t.Fatalf("udma1: %+v", d)
+	}
+
+	// udma1 goes away: the spec follows.
+	s := snap(root)
+	s.Devices = s.Devices[:2]
+	if err := w.Sync(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if got := reader.ListDevices(); !slices.Equal(got, []string{"urma.openeuler.org/jetty=udma0"}) {
+		t.Fatalf("after udma1 left: %v", got)
+	}
+
+	// Only software devices: nothing to inject, the file goes.
+	if err := w.Sync(&inventory.Snapshot{Devices: s.Devices[:1]}); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 0 {
+		t.Fatalf("spec dir not empty: %v", entries)
+	}
+}
+
+func TestRunFollowsInventory(t *testing.T) {
+	root := devRoot(t)
+	dir := t.TempDir()
+	w, err := New(Config{Dir: dir, Kind: "example.com/urma", DevRoot: root}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	synced := make(chan uint64, 16)
+	w.afterSync = func(gen uint64) { synced <- gen }
+	inv := inventory.New(16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, inv, time.Hour) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	inv.Publish(inventory.Snapshot{Devices: []inventory.Device{{Name: "udma7", Healthy: true, DevNode: filepath.Join(root, "uburma/udma7")}}})
+	timeout := time.After(10 * time.Second)
+	for gen := uint64(0); gen < 1; {
+		select {
+		case gen = <-synced:
+		case <-timeout:
+			t.Fatal("Run did not sync the published snapshot")
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "example.com-urma.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec, err := cdi.ParseSpec(b); err != nil || spec.Devices[0].Name != "udma7" {
+		t.Fatalf("spec %+v, %v", spec, err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		c  Config
+		ok bool
+	}{
+		{Config{Dir: "/var/run/cdi", Kind: DefaultKind}, true},
+		{Config{Dir: "", Kind: DefaultKind}, false},
+		{Config{Dir: "/x", Kind: "jetty"}, false},
+		{Config{Dir: "/x", Kind: "urma.openeuler.org/"}, false},
+		{Config{Dir: "/x", Kind: "bad vendor/jetty"}, false},
+	} {
+		if err := tc.c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.c, err, tc.ok)
+		}
+	}
+}
