@@ -68,10 +68,15 @@ type conn struct {
 	done       chan struct{} // closed when the connection dies
 	writerDone chan struct{} // closed when the writer goroutine returns
 
-	// Writer goroutine only.
-	bufs    [][]byte
-	iov     []unix.Iovec
-	started []int
+	// Write side, guarded by wmu: whoever holds it writes. Posting
+	// goroutines and the reader write directly when it is free and the
+	// socket has room; the writer goroutine takes over when it is not.
+	wmu     sync.Mutex
+	batch   []txItem     // frames being written
+	next    int          // first frame of batch not yet encoded
+	iovBuf  []unix.Iovec // storage for iov
+	iov     []unix.Iovec // encoded bytes not yet written
+	started []int        // frames of batch whose payload is in iov
 
 	// Reader goroutine only.
 	blocked map[blockKey]uint64
@@ -97,11 +102,17 @@ func newConn(sd *sockDevice, p *peer, fd int, rd io.Reader, rx *atomic.Uint64, h
 	return c
 }
 
-// enqueue queues a frame. The reader (fromReader) waits while too many
-// answers are queued, so a peer that sends but does not read stalls itself
-// instead of growing this queue.
+// enqueue queues a frame; the caller then kicks (writes it directly) or
+// rings (wakes the writer goroutine). The reader (fromReader) waits while
+// too many answers are queued, so a peer that sends but does not read stalls
+// itself instead of growing this queue.
 func (c *conn) enqueue(it *txItem, fromReader bool) error {
 	c.mu.Lock()
+	if fromReader && c.ctlQueued >= maxCtlQueued {
+		c.mu.Unlock()
+		c.ring() // the writer drains the queue, blocking if it must
+		c.mu.Lock()
+	}
 	for fromReader && c.ctlQueued >= maxCtlQueued && !c.dead {
 		c.space.Wait()
 	}
@@ -113,12 +124,18 @@ func (c *conn) enqueue(it *txItem, fromReader bool) error {
 	if it.j == nil {
 		c.ctlQueued++
 	}
-	first := len(c.q) == 1
 	c.mu.Unlock()
-	if first {
+	return nil
+}
+
+// ringIfQueued wakes the writer if anything waits.
+func (c *conn) ringIfQueued() {
+	c.mu.Lock()
+	more := len(c.q) > 0
+	c.mu.Unlock()
+	if more {
 		c.ring()
 	}
-	return nil
 }
 
 func (c *conn) ring() {
@@ -176,45 +193,95 @@ func (c *conn) writeLoop() {
 		case <-c.done:
 			return
 		}
-		for {
-			c.mu.Lock()
-			if c.dead {
-				c.mu.Unlock()
-				return
-			}
-			batch := c.q
-			if len(batch) == 0 {
-				c.mu.Unlock()
-				break
-			}
-			c.q, c.spare = c.spare[:0], nil
-			c.ctlQueued = 0
-			c.space.Broadcast()
-			c.mu.Unlock()
-			err := c.writeBatch(batch)
-			clear(batch)
-			c.mu.Lock()
-			c.spare = batch[:0]
-			c.mu.Unlock()
-			if err != nil {
-				c.fail(fmt.Errorf("write: %w", err))
-				return
-			}
+		c.wmu.Lock()
+		_, err := c.drain(true)
+		c.wmu.Unlock()
+		if err != nil {
+			c.fail(fmt.Errorf("write: %w", err))
+			return
 		}
 	}
 }
 
-// writeBatch writes a batch of frames: headers and control frames from the
-// items themselves, payloads straight from registered memory, gathered into
-// writev calls. A send's slot is marked as being written until its bytes are
-// in the kernel.
-func (c *conn) writeBatch(batch []txItem) error {
-	bufs, started := c.bufs[:0], c.started[:0]
-	var err error
-	for i := range batch {
-		it := &batch[i]
+// kick writes what is queued from the calling goroutine, without blocking:
+// it saves the writer goroutine's wakeup on the common path. Whatever it
+// cannot write (lock taken, socket full) it leaves to the writer goroutine.
+// The caller holds no jetty lock.
+func (c *conn) kick() {
+	if !c.wmu.TryLock() {
+		c.ring()
+		return
+	}
+	stuck, err := c.drain(false)
+	c.wmu.Unlock()
+	if err != nil {
+		c.fail(fmt.Errorf("write: %w", err))
+		return
+	}
+	if stuck {
+		c.ring()
+		return
+	}
+	c.ringIfQueued()
+}
+
+// drain writes queued frames until the queue is empty; c.wmu is held. Each
+// batch is encoded into iovecs (headers and control frames from the items,
+// payloads straight from registered memory) and written with sendmsg. A
+// send's slot stays marked as being written until its bytes are in the
+// kernel. Without wait it returns stuck when the socket is full, leaving its
+// progress in c.batch/c.iov for the next holder.
+func (c *conn) drain(wait bool) (stuck bool, err error) {
+	for {
+		if len(c.iov) > 0 {
+			c.iov, err = sendIov(c.fd, c.iov, wait, &c.tx)
+			if err == unix.EAGAIN && !wait {
+				return true, nil
+			}
+			if err != nil {
+				return false, err
+			}
+			if len(c.iov) > 0 {
+				continue
+			}
+			clear(c.iovBuf[:cap(c.iovBuf)]) // drop the pointers into registered memory
+			c.endWrites()
+		}
+		if c.next < len(c.batch) {
+			c.encode()
+			continue
+		}
+		if c.batch != nil {
+			clear(c.batch)
+			c.mu.Lock()
+			c.spare = c.batch[:0]
+			c.mu.Unlock()
+			c.batch, c.next = nil, 0
+		}
+		c.mu.Lock()
+		if c.dead {
+			c.mu.Unlock()
+			return false, errConnDead
+		}
+		if len(c.q) == 0 {
+			c.mu.Unlock()
+			return false, nil
+		}
+		c.batch, c.q, c.spare = c.q, c.spare[:0], nil
+		c.ctlQueued = 0
+		c.space.Broadcast()
+		c.mu.Unlock()
+	}
+}
+
+// encode turns the next frames of c.batch into iovecs, up to half the
+// kernel's iovec limit.
+func (c *conn) encode() {
+	iov := c.iovBuf[:0]
+	for ; c.next < len(c.batch) && len(iov) < iovMax/2; c.next++ {
+		it := &c.batch[c.next]
 		if it.j == nil {
-			bufs = append(bufs, it.ctl[:it.n])
+			iov = appendIov(iov, it.ctl[:it.n])
 			continue
 		}
 		var h sendHeader
@@ -227,50 +294,41 @@ func (c *conn) writeBatch(batch []txItem) error {
 			it.j.onAnswer(h.tag, urma.StatusLocLen, 0)
 			continue
 		}
-		bufs = append(bufs, encodeSendHeader(it.ctl[:], &h))
-		if inline != nil {
-			bufs = append(bufs, inline)
-		}
+		iov = appendIov(iov, encodeSendHeader(it.ctl[:], &h))
+		iov = appendIov(iov, inline)
 		for k := range payload {
-			bufs = append(bufs, payload[k].buf)
+			iov = appendIov(iov, payload[k].buf)
 		}
-		started = append(started, i)
-		if len(bufs) >= iovMax/2 {
-			if err = c.writeOut(bufs, batch, started); err != nil {
-				break
-			}
-			bufs, started = bufs[:0], started[:0]
-		}
+		c.started = append(c.started, c.next)
 	}
-	if err == nil {
-		err = c.writeOut(bufs, batch, started)
-	} else {
-		c.endWrites(batch, started)
+	c.iovBuf, c.iov = iov, iov
+	if len(iov) == 0 {
+		c.endWrites()
 	}
-	clear(bufs)
-	c.bufs, c.started = bufs[:0], started[:0]
-	return err
 }
 
-// writeOut writes bufs, then releases the slots whose frames they carried.
-func (c *conn) writeOut(bufs [][]byte, batch []txItem, started []int) error {
-	var err error
-	if len(bufs) > 0 {
-		c.iov, err = writevAll(c.fd, bufs, c.iov, &c.tx)
+// endWrites releases the slots whose frames are written (or abandoned).
+func (c *conn) endWrites() {
+	for _, i := range c.started {
+		c.batch[i].j.endWrite(c.batch[i].seq)
 	}
-	c.endWrites(batch, started)
-	return err
+	c.started = c.started[:0]
 }
 
-func (c *conn) endWrites(batch []txItem, started []int) {
-	for _, i := range started {
-		batch[i].j.endWrite(batch[i].seq)
-	}
+// abandonWrites releases slots still marked as being written when the
+// connection dies.
+func (c *conn) abandonWrites() {
+	c.wmu.Lock()
+	c.endWrites()
+	c.iov = nil
+	clear(c.iovBuf[:cap(c.iovBuf)])
+	c.wmu.Unlock()
 }
 
 func (c *conn) readLoop() {
 	c.fail(c.readFrames())
 	<-c.writerDone
+	c.abandonWrites()
 	_ = unix.Close(c.fd)
 }
 
@@ -280,7 +338,14 @@ func (c *conn) readLoop() {
 func (c *conn) readFrames() error {
 	var hdr [4 + maxCtlFrame]byte
 	maxMsg := c.sd.dev.caps.MaxMsgSize
-	for {
+	for n := 1; ; n++ {
+		// Answers go out when the reader is about to wait for more, or
+		// every 32 frames of a long burst. The writer goroutine sends them:
+		// answers written at once would return one by one and pace the
+		// sender into one frame per write; batched, they keep it batching.
+		if c.br.Buffered() == 0 || n%32 == 0 {
+			c.ringIfQueued()
+		}
 		if _, err := io.ReadFull(c.br, hdr[:5]); err != nil {
 			return err
 		}

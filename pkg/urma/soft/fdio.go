@@ -83,44 +83,51 @@ func (r countReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// iovMax is the kernel's limit on iovecs per writev (UIO_MAXIOV).
+// iovMax is the kernel's limit on iovecs per sendmsg (UIO_MAXIOV).
 const iovMax = 1024
 
-// writevAll writes every buffer with as few writev(2) calls as the kernel
-// allows; iov is scratch space, returned for reuse.
-func writevAll(fd int, bufs [][]byte, iov []unix.Iovec, count *atomic.Uint64) ([]unix.Iovec, error) {
-	iov = iov[:0]
-	for _, b := range bufs {
-		if len(b) > 0 {
-			v := unix.Iovec{Base: unsafe.SliceData(b)}
-			v.SetLen(len(b))
-			iov = append(iov, v)
-		}
+// appendIov adds b to iov.
+func appendIov(iov []unix.Iovec, b []byte) []unix.Iovec {
+	if len(b) == 0 {
+		return iov
 	}
-	rest := iov
-	for len(rest) > 0 {
-		k := min(len(rest), iovMax)
-		r, _, e := unix.Syscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&rest[0])), uintptr(k))
+	v := unix.Iovec{Base: unsafe.SliceData(b)}
+	v.SetLen(len(b))
+	return append(iov, v)
+}
+
+// sendIov writes as much of iov as one sendmsg(2) takes and returns what is
+// left. With wait false it never blocks (MSG_DONTWAIT) and reports EAGAIN
+// when the socket is full. MSG_NOSIGNAL: a broken connection is an error,
+// not a SIGPIPE.
+func sendIov(fd int, iov []unix.Iovec, wait bool, count *atomic.Uint64) ([]unix.Iovec, error) {
+	flags := unix.MSG_NOSIGNAL
+	if !wait {
+		flags |= unix.MSG_DONTWAIT
+	}
+	for {
+		var msg unix.Msghdr
+		msg.Iov = &iov[0]
+		msg.SetIovlen(min(len(iov), iovMax))
+		r, _, e := unix.Syscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(&msg)), uintptr(flags))
 		if e == unix.EINTR {
 			continue
 		}
 		if e != 0 {
-			clear(iov)
-			return iov[:0], e
+			return iov, e
 		}
 		n := uint64(r)
 		count.Add(n)
 		for n > 0 {
-			if n >= rest[0].Len {
-				n -= rest[0].Len
-				rest = rest[1:]
+			if n >= iov[0].Len {
+				n -= iov[0].Len
+				iov = iov[1:]
 				continue
 			}
-			rest[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(rest[0].Base), n))
-			rest[0].Len -= n
+			iov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(iov[0].Base), n))
+			iov[0].Len -= n
 			n = 0
 		}
+		return iov, nil
 	}
-	clear(iov) // drop the pointers into registered memory
-	return iov[:0], nil
 }

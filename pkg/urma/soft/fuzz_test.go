@@ -5,9 +5,10 @@ import (
 	"errors"
 	"io"
 	"net/netip"
-	"os"
 	"sync/atomic"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/go-logr/logr"
 
@@ -52,9 +53,6 @@ func FuzzReadFrames(f *testing.F) {
 	peerEID, _ := SocketEID(netip.MustParseAddrPort("127.0.0.2:2"))
 	fakePeer, err := sd.peer(peerEID)
 	mustOK(f, err, "peer")
-	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0) // the writer's sink
-	mustOK(f, err, "open "+os.DevNull)
-	f.Cleanup(func() { devNull.Close() })
 	rbuf := make([]urma.Completion, 64)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for i := uint64(0); ; i++ {
@@ -63,11 +61,24 @@ func FuzzReadFrames(f *testing.F) {
 				break
 			}
 		}
+		// What the connection writes goes into a socket pair, drained.
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		mustOK(t, err, "socketpair")
+		drained := make(chan struct{})
+		go func() {
+			defer close(drained)
+			var b [4096]byte
+			for {
+				if n, err := unix.Read(fds[1], b[:]); n <= 0 || err != nil {
+					return
+				}
+			}
+		}()
 		rx := new(atomic.Uint64)
-		c := newConn(sd, fakePeer, int(devNull.Fd()), countReader{bytes.NewReader(data), rx}, rx, hello{maxMsg: 1 << 20}, false, "fuzz", "fuzz")
+		c := newConn(sd, fakePeer, fds[0], countReader{bytes.NewReader(data), rx}, rx, hello{maxMsg: 1 << 20}, false, "fuzz", "fuzz")
 		done := c.writerDone
 		go c.writeLoop()
-		err := c.readFrames()
+		err = c.readFrames()
 		if err == nil {
 			t.Fatal("reader ended without an error")
 		}
@@ -77,6 +88,10 @@ func FuzzReadFrames(f *testing.F) {
 		}
 		c.fail(err)
 		<-done
+		c.abandonWrites()
+		unix.Close(fds[0])
+		<-drained
+		unix.Close(fds[1])
 		for _, q := range []urma.JFC{s.rjfc, s.sjfc} {
 			for n, _ := q.Poll(rbuf); n > 0; n, _ = q.Poll(rbuf) {
 			}

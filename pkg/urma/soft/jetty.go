@@ -89,6 +89,7 @@ type jetty struct {
 	bound            *remoteJetty // RC: the one target
 	writing          int          // slots the socket writer is reading now
 	written          *sync.Cond   // signalled when writing drops to zero
+	kickConn         *conn        // connection to write to once j.mu is released
 }
 
 var _ urma.Jetty = (*jetty)(nil)
@@ -210,7 +211,18 @@ func (j *jetty) PostSend(wr *urma.SendWR) error {
 		return urma.Errorf(op, urma.CodeInval, "target imported as %s, jetty is %s", t.mode, j.mode)
 	}
 	j.mu.Lock()
-	defer j.mu.Unlock()
+	err := j.postLocked(wr, t)
+	c := j.kickConn
+	j.kickConn = nil
+	j.mu.Unlock()
+	if c != nil {
+		c.kick() // write the frame from here: no writer wakeup on the common path
+	}
+	return err
+}
+
+func (j *jetty) postLocked(wr *urma.SendWR, t *remoteJetty) error {
+	const op = "post_jetty_send_wr"
 	switch {
 	case j.closed:
 		return errClosed(op, "jetty")
@@ -301,8 +313,21 @@ func (j *jetty) transmit(s *sqSlot) {
 		j.result(s, st, rnr)
 		return
 	}
-	if !s.target.peer.send(j, s.seq, s.tx) {
+	c, ok := s.target.peer.send(j, s.seq, s.tx)
+	if !ok {
 		j.result(s, urma.StatusAckTimeout, 0)
+		return
+	}
+	switch {
+	case c == nil:
+	case j.tail-j.head > 1 || (j.kickConn != nil && j.kickConn != c):
+		// Sends are streaming: the writer goroutine batches them into
+		// few large writes, which beats a syscall per send.
+		c.ring()
+	default:
+		// A lone send (request/response): write it from the posting
+		// goroutine once j.mu is released, saving the writer's wakeup.
+		j.kickConn = c
 	}
 }
 
@@ -408,12 +433,16 @@ func rnrDelay(t uint8, retry uint8) time.Duration {
 
 func (j *jetty) onTimer() {
 	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.closed || j.state != urma.JettyReady || !j.stalled {
-		return
+	if !j.closed && j.state == urma.JettyReady && j.stalled {
+		j.stalled = false
+		j.pump()
 	}
-	j.stalled = false
-	j.pump()
+	c := j.kickConn
+	j.kickConn = nil
+	j.mu.Unlock()
+	if c != nil {
+		c.kick()
+	}
 }
 
 // finish completes a slot: a record when it failed or asked for one, then

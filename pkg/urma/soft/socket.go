@@ -279,7 +279,9 @@ func (sd *sockDevice) watchdog() {
 			if tx := c.tx.Load(); tx == c.lastTx {
 				var it txItem
 				it.n = uint8(len(encodePing(it.ctl[:])))
-				c.enqueue(&it, false)
+				if c.enqueue(&it, false) == nil {
+					c.ring()
+				}
 			} else {
 				c.lastTx = tx
 			}
@@ -301,20 +303,21 @@ type peer struct {
 	pending  []txItem      // sends waiting for a connection
 }
 
-// send queues a transmission of a jetty's slot; false means the peer cannot
-// be reached now. j.mu is held.
-func (p *peer) send(j *jetty, seq uint64, tx uint32) bool {
+// send queues a transmission of a jetty's slot and returns the connection
+// to kick once j.mu is released (nil while a connection is being dialed);
+// false means the peer cannot be reached now. j.mu is held.
+func (p *peer) send(j *jetty, seq uint64, tx uint32) (*conn, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.conn; c != nil {
-		return c.enqueue(&txItem{j: j, seq: seq, tx: tx}, false) == nil
+		return c, c.enqueue(&txItem{j: j, seq: seq, tx: tx}, false) == nil
 	}
 	if p.sd.ctx.Err() != nil {
-		return false
+		return nil, false
 	}
 	p.pending = append(p.pending, txItem{j: j, seq: seq, tx: tx})
 	p.startDialLocked()
-	return true
+	return nil, true
 }
 
 // cancel tells the peer to drop the RNR block of the send tagged
@@ -328,7 +331,9 @@ func (p *peer) cancel(j *jetty, seq uint64, dst uint32) {
 	}
 	var it txItem
 	it.n = uint8(len(encodeCancel(it.ctl[:], &cancelFrame{src: j.id.ID, dst: dst, tag: uint64(j.instance)<<32 | uint64(uint32(seq))})))
-	_ = c.enqueue(&it, false)
+	if c.enqueue(&it, false) == nil {
+		c.ring()
+	}
 }
 
 func (p *peer) startDialLocked() {
@@ -497,7 +502,9 @@ func (p *peer) ask(ctx context.Context, op string, encode func([]byte, uint32) [
 	c.mu.Unlock()
 	var it txItem
 	it.n = uint8(len(encode(it.ctl[:], req)))
-	_ = c.enqueue(&it, false)
+	if c.enqueue(&it, false) == nil {
+		c.kick()
+	}
 	select {
 	case code := <-ch:
 		return code, nil
