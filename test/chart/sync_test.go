@@ -106,26 +106,48 @@ func TestSyncScriptCheck(t *testing.T) {
 	}
 }
 
-// TestOperatorRBACMatchesGenerated compares the rendered operator ClusterRole
-// with config/rbac/role.yaml, generated from the operator's markers.
+// TestOperatorRBACMatchesGenerated compares the rendered operator RBAC with
+// config/rbac/role.yaml, generated from the operator's markers: the
+// ClusterRole's rules must be the generated ClusterRole's, and every rule of a
+// generated Role must be in the chart's Role (in the release namespace).
 func TestOperatorRBACMatchesGenerated(t *testing.T) {
 	t.Parallel()
 	generated := readManifests(t, filepath.Join(repoRoot(t), "config", "rbac", "role.yaml"))
-	var want any
+	var clusterRules, roleRules []any
 	for _, o := range generated {
-		if o.GetKind() == "ClusterRole" {
-			want = o.Object["rules"]
+		rules, _ := o.Object["rules"].([]any)
+		switch o.GetKind() {
+		case "ClusterRole":
+			clusterRules = append(clusterRules, rules...)
+		case "Role":
+			roleRules = append(roleRules, rules...)
+		default:
+			t.Errorf("config/rbac/role.yaml has a %s, which the chart does not render", o.GetKind())
 		}
 	}
-	if want == nil {
-		t.Fatal("config/rbac/role.yaml has no ClusterRole with rules")
+	if len(clusterRules) == 0 {
+		t.Fatal("config/rbac/role.yaml has no ClusterRole rules")
 	}
-	role := named(render(t), "ClusterRole", operatorName)
+	objs := render(t)
+	role := named(objs, "ClusterRole", operatorName)
 	if role == nil {
 		t.Fatalf("no ClusterRole %s rendered", operatorName)
 	}
-	if got := role.Object["rules"]; !reflect.DeepEqual(got, want) {
-		t.Errorf("ClusterRole %s rules differ from config/rbac/role.yaml:\n got %v\nwant %v", operatorName, got, want)
+	if got := role.Object["rules"]; !reflect.DeepEqual(got, clusterRules) {
+		t.Errorf("ClusterRole %s rules differ from config/rbac/role.yaml:\n got %v\nwant %v", operatorName, got, clusterRules)
+	}
+	nsRole := named(objs, "Role", operatorName)
+	if nsRole == nil {
+		t.Fatalf("no Role %s rendered", operatorName)
+	}
+	if nsRole.GetNamespace() != releaseNS {
+		t.Errorf("Role %s is in namespace %q, want the release namespace %s", operatorName, nsRole.GetNamespace(), releaseNS)
+	}
+	have, _ := nsRole.Object["rules"].([]any)
+	for _, want := range roleRules {
+		if !slices.ContainsFunc(have, func(r any) bool { return reflect.DeepEqual(r, want) }) {
+			t.Errorf("Role %s lacks generated rule %v", operatorName, want)
+		}
 	}
 }
 

@@ -21,7 +21,7 @@ const (
 	dpName         = releaseName + "-urma-k8s-device-plugin"
 	operatorName   = releaseName + "-urma-k8s-operator"
 	webhookSvcName = releaseName + "-urma-k8s-webhook"
-	webhookCfgName = releaseName + "-urma-k8s-mutating"
+	webhookCfgName = "urma-operator-mutating" // generated name, kept by the chart
 	certSecretName = releaseName + "-urma-k8s-webhook-cert"
 )
 
@@ -120,8 +120,10 @@ func TestTemplateDefaults(t *testing.T) {
 		if _, ok := cfg.GetAnnotations()["cert-manager.io/inject-ca-from"]; ok {
 			t.Errorf("self-generated certificate mode must not ask cert-manager for the CA")
 		}
-		if named(objs, "ClusterRole", operatorName+"-webhook-ca") == nil {
-			t.Errorf("self-generated certificate mode needs the ClusterRole that lets the operator patch the caBundle")
+		for flag, want := range map[string]string{"--self-signed-certs": "true", "--cert-secret": certSecretName, "--webhook-service": webhookSvcName} {
+			if got, _ := argValue(argv, flag); got != want {
+				t.Errorf("%s = %q, want %q", flag, got, want)
+			}
 		}
 	})
 }
@@ -211,8 +213,12 @@ func TestTemplateValues(t *testing.T) {
 			if !secretMounted(t, one(t, objs, "Deployment"), certSecretName) {
 				t.Errorf("the operator does not mount Secret %s", certSecretName)
 			}
-			if r := named(objs, "ClusterRole", operatorName+"-webhook-ca"); r != nil {
-				t.Errorf("cert-manager mode still grants the operator the caBundle patch")
+			argv := args(t, container(t, one(t, objs, "Deployment"), "operator"))
+			if got, _ := argValue(argv, "--self-signed-certs"); got != "false" {
+				t.Errorf("--self-signed-certs = %q with cert-manager, want false", got)
+			}
+			if got, ok := argValue(argv, "--cert-secret"); ok {
+				t.Errorf("--cert-secret=%s passed although cert-manager writes the Secret", got)
 			}
 		},
 	}, {

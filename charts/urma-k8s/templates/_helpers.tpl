@@ -102,25 +102,6 @@ the operator's flags: they must agree, so they are defined once.
 {{- printf "%s-webhook" (include "urma-k8s.fullname" .) }}
 {{- end }}
 
-{{/*
-Name of a webhook configuration; call with (dict "ctx" $ "kind" "MutatingWebhookConfiguration").
-*/}}
-{{- define "urma-k8s.webhook.configName" -}}
-{{- printf "%s-%s" (include "urma-k8s.fullname" .ctx) (ternary "mutating" "validating" (eq .kind "MutatingWebhookConfiguration")) }}
-{{- end }}
-
-{{/*
-Kinds of webhook configuration the operator's generated manifest defines, one a line.
-*/}}
-{{- define "urma-k8s.webhook.kinds" -}}
-{{- range $doc := regexSplit "(?m)^---\\s*$" (.Files.Get "files/webhook/manifests.yaml") -1 }}
-{{- $cfg := fromYaml $doc }}
-{{- if and $cfg (not (hasKey $cfg "Error")) $cfg.kind }}
-{{ $cfg.kind }}
-{{- end }}
-{{- end }}
-{{- end }}
-
 {{- define "urma-k8s.webhook.certSecretName" -}}
 {{- printf "%s-webhook-cert" (include "urma-k8s.fullname" .) }}
 {{- end }}
@@ -131,6 +112,32 @@ Kinds of webhook configuration the operator's generated manifest defines, one a 
 
 {{- define "urma-k8s.webhook.issuerName" -}}
 {{- printf "%s-selfsigned" (include "urma-k8s.fullname" .) }}
+{{- end }}
+
+{{/*
+Rules of the operator's generated RBAC (files/rbac/role.yaml, a copy of
+config/rbac/role.yaml), as YAML lists under "cluster" (ClusterRole rules) and
+"namespaced" (Role rules; controller-gen writes them for the namespace in the
+marker, the chart grants them in the release namespace).
+*/}}
+{{- define "urma-k8s.operator.generatedRules" -}}
+{{- $cluster := list }}
+{{- $namespaced := list }}
+{{- range $doc := regexSplit "(?m)^---\\s*$" (.Files.Get "files/rbac/role.yaml") -1 }}
+{{- $o := fromYaml $doc }}
+{{- if hasKey $o "Error" }}
+{{- fail (printf "files/rbac/role.yaml is not valid YAML: %s" $o.Error) }}
+{{- end }}
+{{- if eq (toString $o.kind) "ClusterRole" }}
+{{- $cluster = concat $cluster $o.rules }}
+{{- else if eq (toString $o.kind) "Role" }}
+{{- $namespaced = concat $namespaced $o.rules }}
+{{- end }}
+{{- end }}
+{{- if not $cluster }}
+{{- fail "files/rbac/role.yaml has no ClusterRole rules: run hack/sync-chart-crds.sh" }}
+{{- end }}
+{{- toYaml (dict "cluster" $cluster "namespaced" $namespaced) }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,61 @@
+package chart_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestRenderedArgsAcceptedByBinaries builds the operator and the device plugin
+// and runs each with the arguments the chart renders (default and every
+// ci/*-values.yaml) followed by -h. The Go flag parser reads the arguments in
+// order and stops at -h with exit status 0, so any flag the binary does not
+// define, or a value it cannot parse, fails here instead of in a crash-looping
+// pod.
+func TestRenderedArgsAcceptedByBinaries(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	binDir := t.TempDir()
+	binaries := []struct {
+		kind, container, pkg, bin string
+	}{
+		{"Deployment", "operator", "./cmd/operator", "urma-operator"},
+		{"DaemonSet", "device-plugin", "./cmd/deviceplugin", "urma-device-plugin"},
+	}
+	for _, b := range binaries {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.bin), b.pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+
+	variants := map[string][]string{"default": nil}
+	for _, f := range ciValuesFiles(t) {
+		variants[filepath.Base(f)] = []string{"-f", f}
+	}
+	for name, values := range variants {
+		objs := render(t, values...)
+		for _, b := range binaries {
+			workloads := ofKind(objs, b.kind)
+			if len(workloads) == 0 {
+				continue // component disabled in this variant
+			}
+			argv := append(args(t, container(t, workloads[0], b.container)), "-h")
+			t.Run(name+"/"+b.bin, func(t *testing.T) {
+				cmd := exec.Command(filepath.Join(binDir, b.bin), argv...)
+				// No cluster: the binary must stop at -h before it needs one.
+				cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(t.TempDir(), "none"), "NODE_NAME=test-node", "POD_NAMESPACE="+releaseNS)
+				var out bytes.Buffer
+				cmd.Stdout = &out
+				cmd.Stderr = &out
+				if err := cmd.Run(); err != nil {
+					t.Errorf("%s %s: %v\n%s", b.bin, strings.Join(argv, " "), err, out.String())
+				}
+			})
+		}
+	}
+}
