@@ -875,7 +875,7 @@ func (c *urmaConn) AllocBuffer() (*Buffer, error) {
 // WriteBuffer sends the first n bytes of b as one message, without copying.
 func (c *urmaConn) WriteBuffer(b *Buffer, n int) error {
 	if err := checkWriteBuffer(b, n); err != nil {
-		if b != nil && b.recv == nil && b.held.Load() {
+		if b != nil && b.recv == nil {
 			b.Release()
 		}
 		return c.opErr("write", err)

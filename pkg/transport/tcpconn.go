@@ -134,6 +134,9 @@ func (c *tcpConn) AllocBuffer() (*Buffer, error) {
 // WriteBuffer writes the first n bytes of b and releases it.
 func (c *tcpConn) WriteBuffer(b *Buffer, n int) error {
 	if err := checkWriteBuffer(b, n); err != nil {
+		if b != nil && b.recv == nil {
+			b.Release()
+		}
 		return c.opErr("write", err)
 	}
 	_, err := c.Write(b.data[:n])

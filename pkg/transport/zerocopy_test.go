@@ -1,0 +1,169 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+	"time"
+)
+
+// TestZeroCopy: AllocBuffer/WriteBuffer and ReadBuffer/Release move
+// messages without copies on URMA, work the same over TCP, mix with Read,
+// and reject misuse.
+func TestZeroCopy(t *testing.T) {
+	checkNoLeaks(t)
+	for _, tc := range []struct {
+		name     string
+		disabled bool
+		zerocopy bool
+	}{{"urma", false, true}, {"urma copying receives", false, false}, {"tcp", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			f := smallFlags()
+			f.RecvZerocopy = tc.zerocopy
+			scfg, ccfg := cfgWith(pa, f), cfgWith(pb, f)
+			scfg.DisableURMA = tc.disabled
+			p := connect(t, scfg, ccfg)
+			zw, zr := p.client.(ZeroCopyConn), p.server.(ZeroCopyConn)
+			if zw.MaxMessage() != f.BufferSize {
+				t.Fatalf("MaxMessage %d, want %d", zw.MaxMessage(), f.BufferSize)
+			}
+			// More messages than the window: credits must flow while the
+			// reader reads.
+			var sent bytes.Buffer
+			for i := 0; i < 50; i++ {
+				n := 1 + (i*97)%zw.MaxMessage()
+				for k := 0; k < n; k++ {
+					sent.WriteByte(byte(i + k))
+				}
+			}
+			werr := make(chan error, 1)
+			go func() {
+				rest := sent.Bytes()
+				for i := 0; i < 50; i++ {
+					b, err := zw.AllocBuffer()
+					if err != nil {
+						werr <- err
+						return
+					}
+					n := copy(b.Data()[:1+(i*97)%zw.MaxMessage()], rest)
+					rest = rest[n:]
+					if err := zw.WriteBuffer(b, n); err != nil {
+						werr <- err
+						return
+					}
+				}
+				werr <- nil
+			}()
+			var got bytes.Buffer
+			for got.Len() < sent.Len() {
+				b, err := zr.ReadBuffer()
+				if err != nil {
+					t.Fatalf("ReadBuffer after %d bytes: %v", got.Len(), err)
+				}
+				got.Write(b.Bytes())
+				if b.Len() != len(b.Bytes()) {
+					t.Fatal("Len disagrees with Bytes")
+				}
+				b.Release()
+				b.Release() // a second release is a no-op
+			}
+			if err := <-werr; err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Bytes(), sent.Bytes()) {
+				t.Fatal("data differs")
+			}
+
+			// Read and ReadBuffer share the stream: a Read takes part of a
+			// message, ReadBuffer returns the rest.
+			b, _ := zw.AllocBuffer()
+			copy(b.Data(), "hello world")
+			if err := zw.WriteBuffer(b, 11); err != nil {
+				t.Fatal(err)
+			}
+			head := make([]byte, 6)
+			if _, err := io.ReadFull(p.server, head); err != nil {
+				t.Fatal(err)
+			}
+			rest, err := zr.ReadBuffer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(head)+string(rest.Bytes()) != "hello world" {
+				t.Fatalf("got %q + %q", head, rest.Bytes())
+			}
+			rest.Release()
+
+			// Misuse is an error, never a panic.
+			b, _ = zw.AllocBuffer()
+			if err := zw.WriteBuffer(b, zw.MaxMessage()+1); err == nil {
+				t.Error("oversize WriteBuffer succeeded")
+			}
+			if err := zw.WriteBuffer(b, 1); err == nil {
+				t.Error("WriteBuffer of a buffer already taken back succeeded")
+			}
+			if err := zw.WriteBuffer(nil, 1); err == nil {
+				t.Error("WriteBuffer(nil) succeeded")
+			}
+			if !tc.disabled {
+				// A message at or above urma_zerocopy_min_size is handed
+				// over in its receive buffer, which cannot be written back;
+				// a copied one is an ordinary pool buffer.
+				b, _ := zw.AllocBuffer()
+				if err := zw.WriteBuffer(b, 600); err != nil {
+					t.Fatal(err)
+				}
+				rb, err := zr.ReadBuffer()
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = zr.WriteBuffer(rb, 1)
+				if tc.zerocopy && err == nil {
+					t.Error("writing a received buffer back succeeded")
+				}
+				if !tc.zerocopy && err != nil {
+					t.Errorf("writing a copied receive back: %v", err)
+				}
+				rb.Release()
+			}
+
+			// After the writer closes, ReadBuffer says io.EOF.
+			_ = p.client.Close()
+			if _, err := zr.ReadBuffer(); !errors.Is(err, io.EOF) {
+				t.Fatalf("ReadBuffer after the peer closed: %v", err)
+			}
+		})
+	}
+}
+
+// TestZeroCopyHoldingBuffersStallsThePeer: received buffers the application
+// holds are receives the peer cannot use; releasing them lets it go on.
+func TestZeroCopyHoldingBuffersStallsThePeer(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	p := connect(t, cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags()))
+	zr := p.server.(ZeroCopyConn)
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.client.Write(make([]byte, 64*1024))
+		done <- err
+	}()
+	var held []*Buffer
+	for len(held) < 13 { // the whole window
+		b, err := zr.ReadBuffer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, b)
+	}
+	waitFor(t, "the writer to stall", 5*time.Second, func() bool { return p.client.Debug().RemoteRQWindow == 0 })
+	for _, b := range held {
+		b.Release()
+	}
+	go func() { _, _ = io.Copy(io.Discard, p.server) }()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
