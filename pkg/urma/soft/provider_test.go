@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -71,6 +72,14 @@ func newSide(t testing.TB, p *Provider, jc urma.JettyConfig, cqDepth uint32) *si
 func (s *side) importJetty(o *side) urma.RemoteJetty {
 	s.t.Helper()
 	rj, err := s.ctx.ImportJetty(s.t.Context(), o.jetty.ID(), urma.RC, 7)
+	mustOK(s.t, err, "import")
+	s.t.Cleanup(func() { _ = rj.Close() })
+	return rj
+}
+
+func (s *side) importJettyID(id urma.JettyID) urma.RemoteJetty {
+	s.t.Helper()
+	rj, err := s.ctx.ImportJetty(s.t.Context(), id, urma.RC, 0)
 	mustOK(s.t, err, "import")
 	s.t.Cleanup(func() { _ = rj.Close() })
 	return rj
@@ -488,5 +497,75 @@ func TestOpenArguments(t *testing.T) {
 	_, err = c.ImportJetty(t.Context(), urma.JettyID{EID: c.EID(), ID: 999}, urma.RC, 0)
 	if !errors.Is(err, urma.ErrNoEnt) {
 		t.Errorf("import a jetty that does not exist: %v", err)
+	}
+}
+
+// The JFCE fd works with epoll (and so with any poller): it reports ready
+// after an armed JFC gets a completion, and not before.
+func TestJFCEWithEpoll(t *testing.T) {
+	p := newProvider(t, Options{Fabric: NewFabric()})
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	ctx, err := p.Open("", 0)
+	mustOK(t, err, "open")
+	defer ctx.Close()
+	ce, err := ctx.CreateJFCE()
+	mustOK(t, err, "create JFCE")
+	defer ce.Close()
+	q, err := ctx.CreateJFC(urma.JFCConfig{Depth: 16, JFCE: ce})
+	mustOK(t, err, "create JFC")
+	defer q.Close()
+	r, err := ctx.CreateJFR(urma.JFRConfig{Depth: 4, JFC: q})
+	mustOK(t, err, "create JFR")
+	defer r.Close()
+	j, err := ctx.CreateJetty(urma.JettyConfig{Mode: urma.RC, SQDepth: 4, SendJFC: q, JFR: r})
+	mustOK(t, err, "create jetty")
+	defer j.Close()
+	mem, err := urma.AllocMemory(4096)
+	mustOK(t, err, "alloc")
+	defer mem.Free()
+	seg, err := ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
+	mustOK(t, err, "register")
+	defer seg.Close()
+
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	mustOK(t, err, "epoll_create")
+	defer unix.Close(ep)
+	mustOK(t, unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ce.Fd(), &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ce.Fd())}), "epoll_ctl")
+	events := make([]unix.EpollEvent, 1)
+	if n, _ := unix.EpollWait(ep, events, 0); n != 0 {
+		t.Fatal("epoll reports an idle JFCE ready")
+	}
+	mustOK(t, q.Rearm(false), "rearm")
+	mustOK(t, r.PostRecv(&urma.RecvWR{UserCtx: 1, SGEs: []urma.SGE{{Segment: seg, Len: 64}}}), "post receive")
+	target := a.importJettyID(j.ID())
+	mustOK(t, a.send(target, 1, 0, 64, 0), "send")
+	n, err := unix.EpollWait(ep, events, 5000)
+	if err != nil || n != 1 || events[0].Fd != int32(ce.Fd()) {
+		t.Fatalf("epoll_wait: %d events, %v", n, err)
+	}
+	out := make([]urma.JFC, 1)
+	if k, err := ce.Wait(out, 0); k != 1 || err != nil || out[0] != q {
+		t.Fatalf("wait: %d, %v", k, err)
+	}
+	q.Ack(1)
+	if n, _ := unix.EpollWait(ep, events, 0); n != 0 {
+		t.Fatal("epoll still reports the JFCE ready after its event was taken")
+	}
+}
+
+// A socket device reaches its own jetties without a connection.
+func TestSocketDeviceSendsToItself(t *testing.T) {
+	p := newProvider(t, socketOpts())
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	b := newSide(t, p, urma.JettyConfig{}, 64)
+	target := a.importJetty(b)
+	b.postRecv(5, 0, 64)
+	copy(a.mem.Bytes(), "to myself")
+	mustOK(t, a.send(target, 1, 0, 9, 0), "send")
+	if c := pollN(t, b.rjfc, 1, 2*time.Second)[0]; c.Status != urma.StatusSuccess || string(b.mem.Bytes()[:9]) != "to myself" {
+		t.Fatalf("receive %+v, bytes %q", c, b.mem.Bytes()[:9])
+	}
+	if n := len(p.conns()); n != 0 {
+		t.Errorf("%d connections for traffic within one device", n)
 	}
 }

@@ -16,6 +16,7 @@ func init() {
 	register("SendRecvBytes", testSendRecvBytes)
 	register("OrderRC", func(t *testing.T, pr Pair) { testOrder(t, pr, urma.RC) })
 	register("OrderRM", func(t *testing.T, pr Pair) { testOrder(t, pr, urma.RM) })
+	register("OrderUnderRNR", testOrderUnderRNR)
 	register("Bidirectional", testBidirectional)
 	register("ConcurrentJetties", testConcurrentJetties)
 }
@@ -157,6 +158,16 @@ func testOrder(t *testing.T, pr Pair, mode urma.TransportMode) {
 	target := a.importFrom(b, b.cfg.Token)
 	const total, slot = 3000, 8192
 	stream(t, a, b, target, total, slot)
+}
+
+// With far fewer receive buffers than sends in flight, senders meet
+// "receiver not ready" again and again; retries must still deliver every
+// message once, in order.
+func testOrderUnderRNR(t *testing.T, pr Pair) {
+	a := open(t, pr.A, pr.DeviceA, epConfig{SQDepth: 32})
+	b := open(t, pr.B, pr.DeviceB, epConfig{RQDepth: 2})
+	target := a.importFrom(b, b.cfg.Token)
+	stream(t, a, b, target, 1500, 4096)
 }
 
 // stream sends total numbered messages a -> b and checks order and content.
