@@ -1,6 +1,7 @@
 # urma-k8s. `make demo` runs the whole stack on the software provider;
 # `make test` runs every test. Tools come from hack/ and are cached in bin/.
 SHELL := /usr/bin/env bash
+.SHELLFLAGS := -eo pipefail -c
 .DEFAULT_GOAL := help
 
 -include hack/tools.mk
@@ -23,17 +24,42 @@ vet: ## go vet and gofmt check
 	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: test
-test: vet ## run all tests with -race (builds envtest binaries and helm on first run)
-	$(GO) test $(GOTEST_FLAGS) $(PKGS)
+test: vet verify-generated envtest-assets helm ## run all tests with -race (first run builds kube-apiserver, etcd and helm into bin/)
+	hack/sync-chart-crds.sh --check
+	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) HELM=$(HELM) $(GO) test $(GOTEST_FLAGS) $(PKGS)
 
+.PHONY: verify-generated
+verify-generated: controller-gen ## fail when generated CRDs, RBAC, webhooks or deepcopy are stale
+	CONTROLLER_GEN=$(CONTROLLER_GEN) hack/verify-generated.sh
+
+.PHONY: manifests
+manifests: controller-gen ## regenerate deepcopy, CRDs, RBAC and webhook manifests, and the chart's CRD copy
+	CONTROLLER_GEN=$(CONTROLLER_GEN) hack/generate.sh
+	hack/sync-chart-crds.sh
+
+BENCH ?= .
+BENCHTIME ?= 1s
 .PHONY: bench
-bench: ## run the benchmarks and print them beside their baselines
-	@echo "bench: nothing to benchmark yet"
+bench: ## run the benchmarks; each figure is printed beside its same-run baselines
+	@mkdir -p bin
+	@echo "==> raw software provider (pkg/urma/soft) vs memcpy and TCP loopback"
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/urma/soft/ | tee bin/bench-soft.txt | $(GO) run ./hack/benchreport -baseline memcpy=BenchmarkMemcpy -baseline tcp=BenchmarkTCPLoopback
+	@echo "==> transport vs raw provider vs TCP loopback vs memcpy"
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/transport/ | tee bin/bench-transport.txt | $(GO) run ./hack/benchreport $(TRANSPORT_BASELINES)
+
+.PHONY: fuzz
+FUZZTIME ?= 30s
+fuzz: ## run every fuzz target for FUZZTIME each
+	hack/fuzz.sh $(FUZZTIME)
 
 .PHONY: lint
-lint: ## golangci-lint (installed into bin/ on first use)
-	@echo "lint: not wired yet"
+lint: golangci-lint ## golangci-lint (built into bin/ on first use)
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: images
+images: ## build container images with docker or podman, where an engine runs
+	hack/images.sh
 
 .PHONY: demo
-demo: ## run the stack end to end on the software provider
-	@echo "demo: not there yet"
+demo: ## run the stack end to end on the software provider (see docs/demo.md)
+	hack/demo.sh
