@@ -1,0 +1,240 @@
+// Package nodelabel publishes the node facts the operator tunes against:
+// labels and annotations on the Node (package nodefacts names them) and,
+// optionally, a Node Feature Discovery feature file.
+//
+// It writes only after the first discovery scan, so a restarting plugin
+// never flashes "no devices" onto the node, and it never removes its labels
+// on shutdown.
+package nodelabel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+)
+
+// FeatureFileName is the NFD feature file written into the features dir.
+const FeatureFileName = "urma"
+
+// Defaults.
+const (
+	DefaultRetryInitial = time.Second
+	DefaultRetryMax     = time.Minute
+)
+
+// FactsFor summarises a snapshot: the number of advertised devices, whether
+// they are all software devices, and the smallest of each capability (a pod
+// may land on any device, so the operator must not exceed any of them).
+func FactsFor(snap *inventory.Snapshot) nodefacts.Facts {
+	f := nodefacts.Facts{DeviceCount: len(snap.Devices), JettiesPerUnit: snap.JettiesPerUnit}
+	if f.DeviceCount == 0 {
+		return nodefacts.Facts{}
+	}
+	f.Software = true
+	for i, d := range snap.Devices {
+		c := d.Info.Caps
+		if !d.Software {
+			f.Software = false
+		}
+		if i == 0 {
+			f.MaxJFSDepth, f.MaxJFRDepth, f.MaxJFCDepth = c.MaxJFSDepth, c.MaxJFRDepth, c.MaxJFCDepth
+			f.MaxMsgSize, f.JettiesPerDevice = c.MaxMsgSize, d.Budget.Jetties
+			continue
+		}
+		f.MaxJFSDepth = min(f.MaxJFSDepth, c.MaxJFSDepth)
+		f.MaxJFRDepth = min(f.MaxJFRDepth, c.MaxJFRDepth)
+		f.MaxJFCDepth = min(f.MaxJFCDepth, c.MaxJFCDepth)
+		f.MaxMsgSize = min(f.MaxMsgSize, c.MaxMsgSize)
+		f.JettiesPerDevice = min(f.JettiesPerDevice, d.Budget.Jetties)
+	}
+	return f
+}
+
+// NodePatch is the JSON merge patch that sets the facts' labels and
+// annotations and deletes the annotation keys the facts do not carry.
+func NodePatch(f nodefacts.Facts) ([]byte, error) {
+	annotations := map[string]*string{}
+	have := f.Annotations()
+	for _, k := range nodefacts.AnnotationKeys() {
+		if v, ok := have[k]; ok {
+			annotations[k] = &v
+		} else {
+			annotations[k] = nil // null deletes in a merge patch
+		}
+	}
+	patch := map[string]any{"metadata": map[string]any{"labels": f.Labels(), "annotations": annotations}}
+	b, err := json.Marshal(patch)
+	if err != nil {
+		return nil, fmt.Errorf("encode node patch: %w", err)
+	}
+	return b, nil
+}
+
+// FeatureFile renders the NFD local feature file: one name=value per line.
+// NFD prefixes names without a namespace with feature.node.kubernetes.io/;
+// ours carry urma.openeuler.org/, which NFD must be allowed to write
+// (nfd-master -extra-label-ns=urma.openeuler.org). NFD files carry labels
+// only, so the capabilities become labels there.
+func FeatureFile(f nodefacts.Facts) string {
+	kv := f.Labels()
+	for k, v := range f.Annotations() {
+		kv[k] = v
+	}
+	keys := make([]string, 0, len(kv))
+	for k := range kv {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	b.WriteString("# Written by urma-device-plugin; rewritten when devices change.\n")
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s=%s\n", k, kv[k])
+	}
+	return b.String()
+}
+
+// Config configures the publisher. With neither a node name nor a features
+// directory it does nothing.
+type Config struct {
+	// NodeName is the Node to label (from the NODE_NAME env); "" disables
+	// labelling.
+	NodeName string
+	// FeaturesDir is NFD's features.d directory; "" disables the file.
+	FeaturesDir string
+	// RetryInitial and RetryMax bound the backoff after a failed update.
+	RetryInitial, RetryMax time.Duration
+}
+
+// Publisher keeps the node facts in step with the inventory.
+type Publisher struct {
+	cfg     Config
+	client  kubernetes.Interface
+	log     logr.Logger
+	metrics *metrics.Metrics
+
+	afterApply func(nodefacts.Facts, error) // test hook
+	looked     func(generation uint64)      // test hook: a snapshot was considered
+}
+
+// New returns a publisher; client may be nil when NodeName is empty, and
+// metrics may be nil.
+func New(cfg Config, client kubernetes.Interface, log logr.Logger, m *metrics.Metrics) *Publisher {
+	if cfg.RetryInitial <= 0 {
+		cfg.RetryInitial = DefaultRetryInitial
+	}
+	if cfg.RetryMax < cfg.RetryInitial {
+		cfg.RetryMax = max(DefaultRetryMax, cfg.RetryInitial)
+	}
+	return &Publisher{cfg: cfg, client: client, log: log, metrics: m}
+}
+
+// Enabled reports whether there is anything to publish to.
+func (p *Publisher) Enabled() bool {
+	return (p.cfg.NodeName != "" && p.client != nil) || p.cfg.FeaturesDir != ""
+}
+
+// Apply publishes one set of facts.
+func (p *Publisher) Apply(ctx context.Context, f nodefacts.Facts) error {
+	if p.cfg.NodeName != "" && p.client != nil {
+		patch, err := NodePatch(f)
+		if err != nil {
+			return err
+		}
+		if _, err := p.client.CoreV1().Nodes().Patch(ctx, p.cfg.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "urma-device-plugin"}); err != nil {
+			return fmt.Errorf("patch node %s labels and annotations (RBAC needs nodes get/patch): %w", p.cfg.NodeName, err)
+		}
+	}
+	if p.cfg.FeaturesDir != "" {
+		if err := writeAtomic(filepath.Join(p.cfg.FeaturesDir, FeatureFileName), FeatureFile(f)); err != nil {
+			return fmt.Errorf("write NFD feature file: %w", err)
+		}
+	}
+	return nil
+}
+
+// Run publishes the facts of every new snapshot (after the first scan)
+// until ctx ends; failures are retried with backoff and never end Run.
+func (p *Publisher) Run(ctx context.Context, inv *inventory.Inventory) error {
+	if !p.Enabled() {
+		p.log.Info("node facts not published: set NODE_NAME (with RBAC to get and patch nodes) or --nfd-features-dir")
+		<-ctx.Done()
+		return nil
+	}
+	var applied *nodefacts.Facts
+	backoff := p.cfg.RetryInitial
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	for {
+		snap, changed := inv.Current()
+		if snap.Generation > 0 {
+			f := FactsFor(snap)
+			if applied == nil || *applied != f {
+				err := p.Apply(ctx, f)
+				p.metrics.ObserveNodeUpdate(err)
+				if err != nil {
+					p.log.Error(err, "node facts not published; retrying", "in", backoff)
+					retry.Reset(backoff)
+					backoff = min(backoff*2, p.cfg.RetryMax)
+				} else {
+					applied, backoff = &f, p.cfg.RetryInitial
+					p.log.Info("published node facts", "node", p.cfg.NodeName, "devices", f.DeviceCount, "software", f.Software,
+						"jettiesPerDevice", f.JettiesPerDevice)
+				}
+				if p.afterApply != nil {
+					p.afterApply(f, err)
+				}
+			}
+		}
+		if p.looked != nil {
+			p.looked(snap.Generation)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-retry.C:
+		}
+	}
+}
+
+func writeAtomic(path, content string) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".urma-*")
+	if err != nil {
+		return err
+	}
+	_, werr := f.WriteString(content)
+	cerr := f.Close()
+	if werr != nil || cerr != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("write %s: %w", f.Name(), errors.Join(werr, cerr))
+	}
+	if err := os.Chmod(f.Name(), 0o644); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	return nil
+}

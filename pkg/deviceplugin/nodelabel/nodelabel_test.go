@@ -1,0 +1,308 @@
+package nodelabel
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+func hwDevice(name string, jfs, jfr, jfc uint32, msg uint64, jetties uint32) inventory.Device {
+	return inventory.Device{
+		Name: name, Healthy: true, Budget: budget.Budget{Jetties: jetties, Units: jetties / 16},
+		Info: urma.DeviceInfo{Name: name, Caps: urma.DeviceCaps{MaxJFSDepth: jfs, MaxJFRDepth: jfr, MaxJFCDepth: jfc, MaxMsgSize: msg}},
+	}
+}
+
+func twoDevices() *inventory.Snapshot {
+	return &inventory.Snapshot{JettiesPerUnit: 16, Generation: 1, Devices: []inventory.Device{
+		hwDevice("udma0", 8192, 2048, 1<<22, 1<<32, 1008),
+		hwDevice("udma1", 4096, 4096, 1<<20, 1<<31, 2000),
+	}}
+}
+
+func TestFactsFor(t *testing.T) {
+	soft := inventory.SoftDevices(inventory.Config{Budget: budget.Default(), SoftDevices: 2, SoftJetties: 64})
+	tests := []struct {
+		name string
+		snap *inventory.Snapshot
+		want nodefacts.Facts
+	}{
+		{"none", &inventory.Snapshot{JettiesPerUnit: 16}, nodefacts.Facts{}},
+		{"minimum of each capability", twoDevices(), nodefacts.Facts{
+			DeviceCount: 2, MaxJFSDepth: 4096, MaxJFRDepth: 2048, MaxJFCDepth: 1 << 20, MaxMsgSize: 1 << 31,
+			JettiesPerDevice: 1008, JettiesPerUnit: 16,
+		}},
+		{"software only", &inventory.Snapshot{JettiesPerUnit: 16, Devices: soft}, nodefacts.Facts{
+			DeviceCount: 2, Software: true, MaxJFSDepth: soft[0].Info.Caps.MaxJFSDepth, MaxJFRDepth: soft[0].Info.Caps.MaxJFRDepth,
+			MaxJFCDepth: soft[0].Info.Caps.MaxJFCDepth, MaxMsgSize: soft[0].Info.Caps.MaxMsgSize, JettiesPerDevice: 64, JettiesPerUnit: 16,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := FactsFor(tt.snap)
+			if got != tt.want {
+				t.Errorf("FactsFor = %+v\nwant %+v", got, tt.want)
+			}
+			if err := got.Validate(); err != nil {
+				t.Errorf("facts invalid: %v", err)
+			}
+		})
+	}
+	mixed := twoDevices()
+	mixed.Devices = append(mixed.Devices, soft[0])
+	if FactsFor(mixed).Software {
+		t.Error("hardware plus software reported as software")
+	}
+}
+
+func newNode() *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name:        "node-a",
+		Labels:      map[string]string{"kubernetes.io/hostname": "node-a"},
+		Annotations: map[string]string{"example.com/keep": "yes", nodefacts.AnnotationMaxJFSDepth: "1"},
+	}}
+}
+
+func getNode(t *testing.T, c *fake.Clientset) *corev1.Node {
+	t.Helper()
+	n, err := c.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestApplyLabelsAndAnnotatesTheNode(t *testing.T) {
+	c := fake.NewClientset(newNode())
+	p := New(Config{NodeName: "node-a"}, c, testr.New(t), nil)
+	want := FactsFor(twoDevices())
+	if err := p.Apply(context.Background(), want); err != nil {
+		t.Fatal(err)
+	}
+	n := getNode(t, c)
+	if n.Labels[nodefacts.LabelPresent] != "true" || n.Labels[nodefacts.LabelDeviceCount] != "2" || n.Labels["kubernetes.io/hostname"] != "node-a" {
+		t.Errorf("labels %v", n.Labels)
+	}
+	got, err := nodefacts.Parse(n.Annotations)
+	if err != nil || got != want {
+		t.Fatalf("operator's Parse of the node: %+v, %v; want %+v", got, err, want)
+	}
+	if n.Annotations["example.com/keep"] != "yes" {
+		t.Error("unrelated annotation lost")
+	}
+
+	// Devices gone for good: capabilities removed, count 0, present=false.
+	if err := p.Apply(context.Background(), FactsFor(&inventory.Snapshot{})); err != nil {
+		t.Fatal(err)
+	}
+	n = getNode(t, c)
+	if n.Labels[nodefacts.LabelPresent] != "false" {
+		t.Errorf("present = %q", n.Labels[nodefacts.LabelPresent])
+	}
+	if _, ok := n.Annotations[nodefacts.AnnotationMaxJFSDepth]; ok {
+		t.Errorf("stale capability annotation kept: %v", n.Annotations)
+	}
+	if got, err := nodefacts.Parse(n.Annotations); err != nil || got.Present() {
+		t.Errorf("Parse after removal: %+v, %v", got, err)
+	}
+}
+
+func TestApplyMissingNode(t *testing.T) {
+	p := New(Config{NodeName: "ghost"}, fake.NewClientset(), testr.New(t), nil)
+	err := p.Apply(context.Background(), nodefacts.Facts{})
+	if err == nil || !strings.Contains(err.Error(), "ghost") || !strings.Contains(err.Error(), "RBAC") {
+		t.Fatalf("Apply = %v, want an error naming the node and RBAC", err)
+	}
+}
+
+func TestFeatureFile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "features.d")
+	p := New(Config{FeaturesDir: dir}, nil, testr.New(t), nil)
+	if err := p.Apply(context.Background(), FactsFor(twoDevices())); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, FeatureFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("line %q is not name=value", line)
+		}
+		got[k] = v
+	}
+	want := map[string]string{
+		nodefacts.LabelPresent: "true", nodefacts.LabelDeviceCount: "2", nodefacts.LabelSoftware: "false",
+		nodefacts.AnnotationMaxJFSDepth: "4096", nodefacts.AnnotationJettiesPerDevice: "1008", nodefacts.AnnotationJettiesPerUnit: "16",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("features dir holds %d files, want 1 (no temp leftovers)", len(entries))
+	}
+}
+
+type run struct {
+	applied chan nodefacts.Facts
+	errs    chan error
+}
+
+func startRun(t *testing.T, p *Publisher, inv *inventory.Inventory) *run {
+	t.Helper()
+	r := &run{applied: make(chan nodefacts.Facts, 32), errs: make(chan error, 32)}
+	p.afterApply = func(f nodefacts.Facts, err error) {
+		if err != nil {
+			r.errs <- err
+			return
+		}
+		r.applied <- f
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, inv) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return r
+}
+
+func patches(c *fake.Clientset) int {
+	n := 0
+	for _, a := range c.Actions() {
+		if a.GetVerb() == "patch" {
+			n++
+		}
+	}
+	return n
+}
+
+func TestRunWaitsForFirstScanAndSkipsRepeats(t *testing.T) {
+	c := fake.NewClientset(newNode())
+	inv := inventory.New(16)
+	p := New(Config{NodeName: "node-a"}, c, testr.New(t), nil)
+	looked := make(chan uint64, 32)
+	p.looked = func(gen uint64) { looked <- gen }
+	r := startRun(t, p, inv)
+
+	// Generation 0 (no scan yet) must not be published: that would flash
+	// present=false on every plugin restart. Publishing the first scan must.
+	select {
+	case gen := <-looked:
+		if gen != 0 {
+			t.Fatalf("first look at generation %d", gen)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run never looked at the inventory")
+	}
+	if n := patches(c); n != 0 {
+		t.Fatalf("%d patches before the first scan, want 0", n)
+	}
+	inv.Publish(*twoDevices())
+	select {
+	case f := <-r.applied:
+		if f.DeviceCount != 2 {
+			t.Fatalf("first publication %+v, want the scanned devices", f)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing published")
+	}
+	if n := patches(c); n != 1 {
+		t.Fatalf("%d patches, want 1", n)
+	}
+	// Same facts, new generation (a health flip): no new patch. A change
+	// of facts: one more.
+	s2 := twoDevices()
+	s2.Devices[0].Healthy = false
+	inv.Publish(*s2)
+	s3 := twoDevices()
+	s3.Devices = s3.Devices[:1]
+	inv.Publish(*s3)
+	select {
+	case f := <-r.applied:
+		if f.DeviceCount != 1 {
+			t.Fatalf("second publication %+v, want one device", f)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("change not published")
+	}
+	if n := patches(c); n != 2 {
+		t.Fatalf("%d patches, want 2 (the health flip changes no fact)", n)
+	}
+}
+
+func TestRunRetriesFailures(t *testing.T) {
+	c := fake.NewClientset(newNode())
+	var mu sync.Mutex
+	failures := 3
+	c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failures > 0 {
+			failures--
+			return true, nil, errors.New("apiserver unavailable")
+		}
+		return false, nil, nil
+	})
+	inv := inventory.New(16)
+	inv.Publish(*twoDevices())
+	r := startRun(t, New(Config{NodeName: "node-a", RetryInitial: time.Millisecond, RetryMax: 4 * time.Millisecond}, c, testr.New(t), nil), inv)
+	for i := range 3 {
+		select {
+		case err := <-r.errs:
+			if !strings.Contains(err.Error(), "apiserver unavailable") {
+				t.Fatalf("error %d: %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no retry %d", i)
+		}
+	}
+	select {
+	case <-r.applied:
+	case <-time.After(10 * time.Second):
+		t.Fatal("never succeeded after the failures")
+	}
+	if getNode(t, c).Labels[nodefacts.LabelPresent] != "true" {
+		t.Fatal("node not labelled")
+	}
+}
+
+func TestDisabledRunReturnsOnCancel(t *testing.T) {
+	p := New(Config{}, nil, testr.New(t), nil)
+	if p.Enabled() {
+		t.Fatal("enabled without node name or features dir")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := p.Run(ctx, inventory.New(16)); err != nil {
+		t.Fatal(err)
+	}
+}
