@@ -22,6 +22,7 @@ func TestBadValuesRejected(t *testing.T) {
 		{"soft devices not a number", []string{"--set-string", "devicePlugin.softDevices=four"}, []string{"'/devicePlugin/softDevices'", "want integer"}},
 		{"misspelt value", []string{"--set", "devicePlugin.softDevice=4"}, []string{"'/devicePlugin'", "'softDevice' not allowed"}},
 		{"boolean node selector value", []string{"--set", "devicePlugin.nodeSelector.urma\\.openeuler\\.org/present=true"}, []string{"'/devicePlugin/nodeSelector/urma.openeuler.org~1present'", "want string"}},
+		{"bad node label key", []string{"--set", "devicePlugin.nodeLabel=not a label"}, []string{"'/devicePlugin/nodeLabel'", "does not match pattern"}},
 		{"relative host path", []string{"--set", "devicePlugin.kubeletSocketDir=var/lib/kubelet"}, []string{"'/devicePlugin/kubeletSocketDir'"}},
 		{"port out of range", []string{"--set", "operator.metrics.port=70000"}, []string{"'/operator/metrics/port'", "maximum"}},
 		{"unknown failure policy", []string{"--set", "webhook.failurePolicy=Sometimes"}, []string{"'/webhook/failurePolicy'"}},

@@ -55,8 +55,11 @@ func TestTemplateDefaults(t *testing.T) {
 			t.Fatalf("no DaemonSet %s in %v", dpName, names(objs))
 		}
 		spec := podSpec(t, ds)
-		if got, want := spec["nodeSelector"], map[string]any{presentLabel: "true"}; !reflect.DeepEqual(got, want) {
-			t.Errorf("nodeSelector = %v, want %v", got, want)
+		if got, want := requiredNodeTerms(spec), []any{map[string]any{"matchExpressions": []any{presentExists}}}; !reflect.DeepEqual(got, want) {
+			t.Errorf("required node affinity = %v, want %v: nodes labelled %s, whatever its value", got, want, presentLabel)
+		}
+		if sel, ok := spec["nodeSelector"]; ok {
+			t.Errorf("nodeSelector = %v, want none by default", sel)
 		}
 		if got := spec["priorityClassName"]; got != "system-node-critical" {
 			t.Errorf("priorityClassName = %v, want system-node-critical", got)
@@ -144,19 +147,48 @@ func TestTemplateValues(t *testing.T) {
 				t.Errorf("--soft-devices = %q (present %v), want 4", v, ok)
 			}
 			if sel, ok := podSpec(t, ds)["nodeSelector"]; ok {
-				t.Errorf("software devices mode keeps nodeSelector %v, want none", sel)
+				t.Errorf("software devices mode has nodeSelector %v, want none", sel)
+			}
+			if terms := requiredNodeTerms(podSpec(t, ds)); terms != nil {
+				t.Errorf("software devices mode keeps the hardware node affinity %v", terms)
 			}
 		},
 	}, {
 		name:   "hardware plugin on every node",
-		values: []string{"--set", "devicePlugin.nodeSelector=null"},
+		values: []string{"--set", "devicePlugin.nodeLabel="},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
-			if sel, ok := podSpec(t, ds)["nodeSelector"]; ok {
-				t.Errorf("nodeSelector=null keeps nodeSelector %v", sel)
+			if aff, ok := podSpec(t, ds)["affinity"]; ok {
+				t.Errorf("nodeLabel=\"\" keeps affinity %v", aff)
 			}
 			if v, ok := argValue(args(t, container(t, ds, "device-plugin")), "--soft-devices"); ok {
 				t.Errorf("hardware mode passes --soft-devices=%s", v)
+			}
+		},
+	}, {
+		name: "hardware node label added to the user's node affinity",
+		values: []string{
+			"--set", "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+			"--set", "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+			"--set", "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1].matchFields[0].key=metadata.name",
+			"--set", "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1].matchFields[0].operator=In",
+			"--set", "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1].matchFields[0].values[0]=node-a",
+			"--set", "devicePlugin.nodeSelector.pool=ub",
+		},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			spec := podSpec(t, one(t, objs, "DaemonSet"))
+			want := []any{
+				map[string]any{"matchExpressions": []any{map[string]any{"key": "pool", "operator": "Exists"}, presentExists}},
+				map[string]any{
+					"matchFields":      []any{map[string]any{"key": "metadata.name", "operator": "In", "values": []any{"node-a"}}},
+					"matchExpressions": []any{presentExists},
+				},
+			}
+			if got := requiredNodeTerms(spec); !reflect.DeepEqual(got, want) {
+				t.Errorf("node selector terms = %v, want the label requirement in every term: %v", got, want)
+			}
+			if got := spec["nodeSelector"]; !reflect.DeepEqual(got, map[string]any{"pool": "ub"}) {
+				t.Errorf("nodeSelector = %v, want pool=ub", got)
 			}
 		},
 	}, {
@@ -319,6 +351,15 @@ func TestTemplateValues(t *testing.T) {
 			tc.check(t, render(t, tc.values...))
 		})
 	}
+}
+
+// presentExists is the hardware-mode node requirement.
+var presentExists = map[string]any{"key": presentLabel, "operator": "Exists"}
+
+// requiredNodeTerms returns the pod's required node affinity terms, or nil.
+func requiredNodeTerms(spec map[string]any) []any {
+	terms, _, _ := unstructured.NestedSlice(spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+	return terms
 }
 
 type hostMount struct {
