@@ -1,0 +1,275 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// stopGrace is how long a child gets to exit after SIGTERM before its whole
+// process group is killed.
+const stopGrace = 5 * time.Second
+
+// maxKeptOutput bounds what a child's stdout keeps in memory; the full output
+// is always in its log file.
+const maxKeptOutput = 4 << 20
+
+// child is a program the demo started in its own process group, so that
+// stopping it also stops anything it started, and so that a Ctrl-C typed at
+// the terminal reaches the demo only: the demo then stops its children in
+// order instead of having them die under it.
+type child struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	logFile *os.File
+	out     *lineBuffer
+
+	done    chan struct{} // closed when the process has exited and its output is drained
+	waitErr error         // set before done is closed
+}
+
+// startChild starts path with args and env added to the demo's environment.
+// stdout is kept in memory (and copied to the log); stderr goes to the log
+// only. The log lives in logDir as <name>.log.
+func startChild(logDir, name, path string, args, env []string) (*child, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("start %s: %w (run hack/demo.sh, which builds it)", name, err)
+	}
+	logPath := filepath.Join(logDir, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: create its log: %w", name, err)
+	}
+	fmt.Fprintf(logFile, "# %s %s\n", path, strings.Join(args, " "))
+	c := &child{name: name, logPath: logPath, logFile: logFile, out: newLineBuffer(maxKeptOutput), done: make(chan struct{})}
+	cmd := exec.Command(path, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout = io.MultiWriter(c.out, &lockedWriter{w: logFile})
+	cmd.Stderr = &lockedWriter{w: logFile}
+	cmd.SysProcAttr = procAttr()
+	// Output copying must not outlive the process by much, even if it
+	// started grandchildren that keep the pipe open.
+	cmd.WaitDelay = stopGrace
+	c.cmd = cmd
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() {
+		c.waitErr = cmd.Wait()
+		c.out.close()
+		c.logFile.Close()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// exited reports whether the child has exited.
+func (c *child) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// wait waits for the child to exit by itself, up to timeout, and returns its
+// stdout. A non-zero exit, a timeout or ctx ending is an error that carries
+// the end of the child's log.
+func (c *child) wait(ctx context.Context, timeout time.Duration) ([]byte, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		c.stop()
+		return nil, fmt.Errorf("%s: %w", c.name, context.Cause(ctx))
+	case <-t.C:
+		c.stop()
+		return nil, fmt.Errorf("%s did not finish within %s%s", c.name, timeout, c.logTail())
+	}
+	if c.waitErr != nil {
+		return c.out.bytes(), fmt.Errorf("%s failed: %w%s", c.name, c.waitErr, c.logTail())
+	}
+	return c.out.bytes(), nil
+}
+
+// waitLine waits until the child prints a stdout line for which match
+// returns ok, and returns match's value. It fails when the child exits
+// first, on timeout, and when ctx ends.
+func (c *child) waitLine(ctx context.Context, timeout time.Duration, what string, match func(string) (string, bool)) (string, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	seen := 0
+	for {
+		lines, changed, closed := c.out.since(seen)
+		for _, l := range lines {
+			if v, ok := match(l); ok {
+				return v, nil
+			}
+		}
+		seen += len(lines)
+		if closed {
+			<-c.done
+			return "", fmt.Errorf("%s exited (%v) before printing %s%s", c.name, c.waitErr, what, c.logTail())
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return "", fmt.Errorf("waiting for %s to print %s: %w", c.name, what, context.Cause(ctx))
+		case <-t.C:
+			return "", fmt.Errorf("%s did not print %s within %s%s", c.name, what, timeout, c.logTail())
+		}
+	}
+}
+
+// stop ends the child's process group: SIGTERM, then SIGKILL after
+// stopGrace. It is safe to call more than once and after the child exited.
+func (c *child) stop() {
+	if c.exited() {
+		return
+	}
+	signalGroup(c.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(stopGrace):
+		signalGroup(c.cmd.Process.Pid, syscall.SIGKILL)
+		<-c.done
+	}
+}
+
+// logTail is the end of the child's log, indented, for error messages.
+func (c *child) logTail() string {
+	b, err := os.ReadFile(c.logPath)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("\n    last lines of %s:\n%s", c.logPath, indent(lastLines(string(b), 15), "      "))
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	s = strings.TrimRight(s, "\n")
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// indent prefixes every line of s with prefix.
+func indent(s, prefix string) string {
+	if s == "" {
+		return ""
+	}
+	return prefix + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n"+prefix)
+}
+
+// lockedWriter serialises writes from the stdout and stderr copiers into one
+// log file.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// lineBuffer keeps a child's stdout and lets readers wait for new lines.
+// Beyond its limit it keeps counting lines but drops their text, so that a
+// chatty child cannot exhaust the demo's memory.
+type lineBuffer struct {
+	mu      sync.Mutex
+	limit   int
+	buf     bytes.Buffer
+	partial []byte
+	lines   []string
+	// lineBytes is the text kept in lines; past limit, lines are kept empty.
+	lineBytes int
+	changed   chan struct{} // closed and replaced whenever lines grows or the buffer closes
+	closed    bool
+}
+
+func newLineBuffer(limit int) *lineBuffer {
+	return &lineBuffer{limit: limit, changed: make(chan struct{})}
+}
+
+func (b *lineBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf.Len() < b.limit {
+		b.buf.Write(p[:min(len(p), b.limit-b.buf.Len())])
+	}
+	grew := false
+	rest := p
+	for {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			if len(b.partial) < b.limit {
+				b.partial = append(b.partial, rest[:min(len(rest), b.limit-len(b.partial))]...)
+			}
+			break
+		}
+		line := strings.TrimRight(string(append(b.partial, rest[:i]...)), "\r")
+		b.partial = nil
+		if b.lineBytes >= b.limit {
+			line = ""
+		}
+		b.lineBytes += len(line)
+		b.lines = append(b.lines, line)
+		grew = true
+		rest = rest[i+1:]
+	}
+	if grew {
+		b.notify()
+	}
+	return len(p), nil
+}
+
+// close marks the end of output; a last line without newline counts.
+func (b *lineBuffer) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.partial) > 0 {
+		b.lines = append(b.lines, string(b.partial))
+		b.partial = nil
+	}
+	b.closed = true
+	b.notify()
+}
+
+func (b *lineBuffer) notify() {
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// since returns the lines after the first n, a channel closed at the next
+// change, and whether the output has ended.
+func (b *lineBuffer) since(n int) ([]string, <-chan struct{}, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	if n < len(b.lines) {
+		out = append(out, b.lines[n:]...)
+	}
+	return out, b.changed, b.closed
+}
+
+func (b *lineBuffer) bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}

@@ -1,0 +1,19 @@
+//go:build unix
+
+package main
+
+import "syscall"
+
+// procAttr puts a child in a process group of its own, and on Linux asks the
+// kernel to kill it should the demo itself die without cleaning up.
+func procAttr() *syscall.SysProcAttr {
+	a := &syscall.SysProcAttr{Setpgid: true}
+	setParentDeathSignal(a)
+	return a
+}
+
+// signalGroup sends sig to the process group led by pid; errors (the group
+// is already gone) are of no interest to a caller that is stopping it.
+func signalGroup(pid int, sig syscall.Signal) {
+	_ = syscall.Kill(-pid, sig)
+}
