@@ -35,10 +35,11 @@ type sockDevice struct {
 	ctx      context.Context // cancelled by close: stops dials
 	cancel   context.CancelFunc
 
-	mu     sync.Mutex
-	closed bool
-	peers  map[urma.EID]*peer
-	conns  map[*conn]struct{}
+	mu          sync.Mutex
+	closed      bool
+	peers       map[urma.EID]*peer
+	conns       map[*conn]struct{}
+	handshaking map[net.Conn]struct{} // accepted, HELLO not yet answered
 }
 
 // listen opens the device's listener and works out its EID.
@@ -58,6 +59,7 @@ func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
 		dev: d, prov: d.prov, ln: ln, session: rand.Uint64(), resolver: opts.Resolver,
 		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout,
 		peers: make(map[urma.EID]*peer), conns: make(map[*conn]struct{}),
+		handshaking: make(map[net.Conn]struct{}),
 	}
 	sd.ctx, sd.cancel = context.WithCancel(context.Background())
 	if len(spec.EIDs) == 1 {
@@ -95,6 +97,9 @@ func (sd *sockDevice) close() {
 	conns := make([]*conn, 0, len(sd.conns))
 	for c := range sd.conns {
 		conns = append(conns, c)
+	}
+	for nc := range sd.handshaking {
+		_ = nc.Close() // a silent dialer must not hold Close up for the dial timeout
 	}
 	sd.mu.Unlock()
 	sd.cancel()
@@ -168,6 +173,19 @@ func (sd *sockDevice) acceptLoop() {
 // with the smaller EID turns the other dial down (DUPLICATE) while its own
 // dial or dialed connection stands, and the dialer then waits for that one.
 func (sd *sockDevice) handshakeIn(nc net.Conn) {
+	sd.mu.Lock()
+	if sd.closed {
+		sd.mu.Unlock()
+		_ = nc.Close()
+		return
+	}
+	sd.handshaking[nc] = struct{}{}
+	sd.mu.Unlock()
+	defer func() {
+		sd.mu.Lock()
+		delete(sd.handshaking, nc)
+		sd.mu.Unlock()
+	}()
 	_ = nc.SetDeadline(time.Now().Add(sd.dialTO))
 	var buf [4 + helloLen]byte
 	var h hello
@@ -433,6 +451,8 @@ func (p *peer) dialOnce(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)
 	}
+	stop := context.AfterFunc(ctx, func() { _ = nc.Close() }) // device closing: do not wait for the deadline
+	defer stop()
 	var buf [4 + helloLen]byte
 	h := hello{session: sd.session, src: sd.eid, dst: p.eid, maxMsg: sd.dev.caps.MaxMsgSize}
 	if _, err := nc.Write(encodeHello(buf[:], &h)); err != nil {

@@ -373,3 +373,37 @@ func TestDialTimeout(t *testing.T) {
 		t.Fatalf("import with a short context: %v", err)
 	}
 }
+
+// Closing a provider does not wait for a dialer that never says HELLO, nor
+// for a dial to a peer that never answers.
+func TestCloseDoesNotWaitForHandshakes(t *testing.T) {
+	noLeaks(t)
+	opts := socketOpts()
+	opts.DialTimeout = 30 * time.Second
+	p, err := New(opts)
+	mustOK(t, err, "new")
+	silent, err := net.Dial("tcp", p.addr())
+	mustOK(t, err, "dial")
+	defer silent.Close()
+	mute, err := net.Listen("tcp", "127.0.0.1:0")
+	mustOK(t, err, "listen")
+	defer mute.Close()
+	muteEID, _ := SocketEID(netip.MustParseAddrPort(mute.Addr().String()))
+	s := newSide(t, p, urma.JettyConfig{}, 64)
+	imported := make(chan error, 1)
+	go func() {
+		_, err := s.ctx.ImportJetty(context.Background(), urma.JettyID{EID: muteEID, ID: 1}, urma.RC, 0)
+		imported <- err
+	}()
+	c, err := mute.Accept() // the dial arrived; never answer it
+	mustOK(t, err, "accept")
+	defer c.Close()
+	start := time.Now()
+	mustOK(t, p.Close(), "close")
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("Close took %v", el)
+	}
+	if err := <-imported; !errors.Is(err, urma.ErrClosed) && !errors.Is(err, urma.ErrUnreachable) {
+		t.Errorf("import during Close: %v", err)
+	}
+}
