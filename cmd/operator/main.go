@@ -1,0 +1,211 @@
+// Command urma-operator reconciles UrmaEndpoint resources into tuned urma_*
+// transport flags and injects them into pods (docs/operator.md).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/controllers"
+	"github.com/openeuler/urma-k8s/pkg/webhook"
+	"github.com/openeuler/urma-k8s/pkg/webhook/certs"
+)
+
+// options are the command line.
+type options struct {
+	leaderElect             bool
+	leaderElectionNamespace string
+	metricsAddr             string
+	probeAddr               string
+	enableWebhooks          bool
+	webhookPort             int
+	certDir                 string
+	selfSignedCerts         bool
+	namespace               string
+	webhookService          string
+	certSecret              string
+	zap                     zap.Options
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	o := options{}
+	fs := flag.NewFlagSet("urma-operator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader so that only one replica reconciles (use with more than one replica)")
+	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint; 0 disables it")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
+	fs.BoolVar(&o.enableWebhooks, "enable-webhooks", true, "serve the pod mutating and UrmaEndpoint validating webhooks")
+	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "port of the webhook server")
+	fs.StringVar(&o.certDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory holding the webhook server's tls.crt and tls.key")
+	fs.BoolVar(&o.selfSignedCerts, "self-signed-certs", true, "generate and rotate the webhook certificate and caBundle; set false when cert-manager provides them")
+	fs.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "urma-system"), "namespace the operator runs in (webhook Service and certificate Secret)")
+	fs.StringVar(&o.webhookService, "webhook-service", "urma-operator-webhook", "name of the Service in front of the webhook server")
+	fs.StringVar(&o.certSecret, "cert-secret", "urma-operator-webhook-certs", "Secret holding the self-signed CA and serving certificate")
+	o.zap.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return options{}, err
+	}
+	if fs.NArg() > 0 {
+		return options{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if o.webhookPort <= 0 || o.webhookPort > 65535 {
+		return options{}, fmt.Errorf("--webhook-port %d is not a port", o.webhookPort)
+	}
+	return o, nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "urma-operator:", err)
+		os.Exit(2)
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zap)))
+	log := ctrl.Log.WithName("urma-operator")
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		log.Error(err, "no Kubernetes client configuration")
+		os.Exit(1)
+	}
+	if err := run(ctrl.SetupSignalHandler(), cfg, o, log); err != nil {
+		log.Error(err, "operator stopped")
+		os.Exit(1)
+	}
+}
+
+// run wires the manager and blocks until ctx ends.
+func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) error {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("register Kubernetes types: %w", err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("register UrmaEndpoint types: %w", err)
+	}
+	mopts := ctrl.Options{
+		Scheme:                  scheme,
+		Cache:                   controllers.CacheOptions(),
+		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:  o.probeAddr,
+		LeaderElection:          o.leaderElect,
+		LeaderElectionID:        "urma-operator.urma.openeuler.org",
+		LeaderElectionNamespace: o.leaderElectionNamespace,
+		// Let a new leader take over at once when this one stops cleanly.
+		LeaderElectionReleaseOnCancel: true,
+	}
+	if o.enableWebhooks {
+		mopts.WebhookServer = ctrlwebhook.NewServer(ctrlwebhook.Options{Port: o.webhookPort, CertDir: o.certDir})
+	}
+	mgr, err := ctrl.NewManager(cfg, mopts)
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+	r := &controllers.UrmaEndpointReconciler{
+		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Recorder: mgr.GetEventRecorder("urma-operator"),
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up UrmaEndpoint controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("add health check: %w", err)
+	}
+	if o.enableWebhooks {
+		if o.selfSignedCerts {
+			rot, err := newRotator(cfg, scheme, o, log)
+			if err != nil {
+				return err
+			}
+			// The webhook server reads the files when it starts.
+			if err := ensureWithRetry(ctx, rot, log); err != nil {
+				return err
+			}
+			if err := mgr.Add(rot); err != nil {
+				return fmt.Errorf("add certificate rotator: %w", err)
+			}
+		}
+		if err := webhook.Register(mgr); err != nil {
+			return fmt.Errorf("register webhooks: %w", err)
+		}
+		if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+			return fmt.Errorf("add webhook readiness check: %w", err)
+		}
+	} else {
+		log.Info("webhooks disabled: pods get no flags injected; mount the ConfigMap yourself")
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("add readiness check: %w", err)
+	}
+	log.Info("starting", "leaderElect", o.leaderElect, "webhooks", o.enableWebhooks, "selfSignedCerts", o.selfSignedCerts)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("run manager: %w", err)
+	}
+	return nil
+}
+
+func newRotator(cfg *rest.Config, scheme *runtime.Scheme, o options, log logr.Logger) (*certs.Rotator, error) {
+	// Uncached: the manager's cache is not running yet, and Secrets must not
+	// be cached cluster-wide.
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("create client for certificates: %w", err)
+	}
+	svc := o.webhookService + "." + o.namespace + ".svc"
+	return &certs.Rotator{
+		Client: c, Reader: c,
+		Secret:             types.NamespacedName{Namespace: o.namespace, Name: o.certSecret},
+		CertDir:            o.certDir,
+		DNSNames:           []string{svc, svc + ".cluster.local"},
+		MutatingWebhooks:   []string{webhook.MutatingConfigName},
+		ValidatingWebhooks: []string{webhook.ValidatingConfigName},
+		Log:                log.WithName("certs"),
+	}, nil
+}
+
+// ensureWithRetry gets the first certificate, retrying transient failures
+// (API server not reachable yet) for up to two minutes.
+func ensureWithRetry(ctx context.Context, rot *certs.Rotator, log logr.Logger) error {
+	var last error
+	err := wait.ExponentialBackoffWithContext(ctx, wait.Backoff{Duration: time.Second, Factor: 2, Steps: 8, Cap: 30 * time.Second},
+		func(ctx context.Context) (bool, error) {
+			if last = rot.Ensure(ctx); last != nil {
+				log.Info("webhook certificates not ready; retrying", "error", last.Error())
+				return false, nil
+			}
+			return true, nil
+		})
+	if err != nil {
+		return fmt.Errorf("webhook certificates: %w (last error: %v)", err, last)
+	}
+	return nil
+}

@@ -1,0 +1,82 @@
+package plan
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+)
+
+// Observation is what the cluster says about one endpoint right now.
+type Observation struct {
+	Input Input
+	// Pods are the endpoint's pods that are neither finished nor terminating.
+	Pods []corev1.Pod
+	// ConfigMap is the endpoint's ConfigMap as the reader sees it; nil when
+	// absent (the operator's cache only holds ConfigMaps it manages).
+	ConfigMap *corev1.ConfigMap
+	// LastKnownErr is set when the ConfigMap's recorded limits are unreadable.
+	LastKnownErr error
+}
+
+// NodeListGVK lets callers list nodes as metadata only (the device facts are
+// annotations; node status is large and changes every few seconds).
+func NodeList() *metav1.PartialObjectMetadataList {
+	l := &metav1.PartialObjectMetadataList{}
+	l.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
+	return l
+}
+
+// Observe reads the pods, nodes and ConfigMap that Make needs.
+func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint) (Observation, error) {
+	obs := Observation{Input: Input{Spec: ep.Spec}}
+
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.InNamespace(ep.Namespace),
+		client.MatchingLabels{v1alpha1.LabelEndpoint: ep.Name}); err != nil {
+		return Observation{}, fmt.Errorf("list pods of endpoint %s/%s: %w", ep.Namespace, ep.Name, err)
+	}
+	seen := map[string]bool{}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		obs.Pods = append(obs.Pods, p)
+		if n := p.Spec.NodeName; n != "" && !seen[n] {
+			seen[n] = true
+			obs.Input.PodNodes = append(obs.Input.PodNodes, n)
+		}
+	}
+
+	nodes := NodeList()
+	if err := c.List(ctx, nodes); err != nil {
+		return Observation{}, fmt.Errorf("list nodes: %w", err)
+	}
+	for _, n := range nodes.Items {
+		obs.Input.Nodes = append(obs.Input.Nodes, NodeFromAnnotations(n.Name, n.Labels, n.Annotations))
+	}
+
+	var cm corev1.ConfigMap
+	err := c.Get(ctx, client.ObjectKey{Namespace: ep.Namespace, Name: v1alpha1.ConfigMapName(ep.Name)}, &cm)
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return Observation{}, fmt.Errorf("get ConfigMap %s/%s: %w", ep.Namespace, v1alpha1.ConfigMapName(ep.Name), err)
+	default:
+		obs.ConfigMap = &cm
+		if s, ok := cm.Annotations[v1alpha1.AnnotationDeviceLimits]; ok && metav1.IsControlledBy(&cm, ep) {
+			l, err := DecodeLimits(s)
+			if err != nil {
+				obs.LastKnownErr = err
+			} else {
+				obs.Input.LastKnown = &l
+			}
+		}
+	}
+	return obs, nil
+}

@@ -1,0 +1,413 @@
+// Package plan decides what an UrmaEndpoint should render: it turns the spec
+// into a tuning profile, groups the relevant nodes by their device limits,
+// picks the limits to tune against and runs pkg/tuning. Make is pure; Observe
+// does the reads Make needs. Both the reconciler and the admission webhook
+// use it, so a warning at admission and a condition in status say the same.
+package plan
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/pkg/tuning"
+)
+
+// MaxGroupsInStatus and MaxNodesPerGroup bound what status lists.
+const (
+	MaxGroupsInStatus = 16
+	MaxNodesPerGroup  = 5
+)
+
+// Node is one node as far as tuning is concerned.
+type Node struct {
+	Name   string
+	Labels map[string]string
+	// Limits are the node's device limits; nil when it reports no usable
+	// facts (no annotations, no devices, or malformed ones: see FactsErr).
+	Limits *tuning.Limits
+	// FactsErr is set when the node's annotations are present but invalid.
+	FactsErr error
+	// JettiesPerUnit is how many jetties one unit of the
+	// urma.openeuler.org/jetty resource stands for on this node (0: unknown).
+	JettiesPerUnit int64
+}
+
+// NodeFromAnnotations parses a node's URMA facts (pkg/nodefacts).
+func NodeFromAnnotations(name string, nodeLabels, annotations map[string]string) Node {
+	n := Node{Name: name, Labels: nodeLabels}
+	f, err := nodefacts.Parse(annotations)
+	switch {
+	case errors.Is(err, nodefacts.ErrNoFacts):
+	case err != nil:
+		n.FactsErr = err
+	case f.Present():
+		l := LimitsFromFacts(f)
+		n.Limits = &l
+		n.JettiesPerUnit = int64(f.JettiesPerUnit)
+	}
+	return n
+}
+
+// LimitsFromFacts converts the device plugin's facts to tuning limits.
+func LimitsFromFacts(f nodefacts.Facts) tuning.Limits {
+	return tuning.Limits{
+		MaxJFSDepth:      int64(f.MaxJFSDepth),
+		MaxJFRDepth:      int64(f.MaxJFRDepth),
+		MaxJFCDepth:      int64(f.MaxJFCDepth),
+		MaxMsgSize:       int64(min(f.MaxMsgSize, 1<<62)),
+		JettiesPerDevice: int64(f.JettiesPerDevice),
+		DeviceCount:      int64(f.DeviceCount),
+	}
+}
+
+// Input is everything Make looks at.
+type Input struct {
+	Spec v1alpha1.UrmaEndpointSpec
+	// Nodes is every node in the cluster (metadata only).
+	Nodes []Node
+	// PodNodes names the nodes the endpoint's pods are scheduled on.
+	PodNodes []string
+	// LastKnown are the limits the current ConfigMap was rendered with, if any.
+	LastKnown *tuning.Limits
+}
+
+// Problem is one reason the flags were rendered with less than full
+// information; it becomes the Degraded condition.
+type Problem struct {
+	Reason  string
+	Message string
+}
+
+// Plan is what the endpoint should render.
+type Plan struct {
+	Result tuning.Result
+	// Rendered is the flags file (flags.Render).
+	Rendered string
+	// Hash identifies Rendered.
+	Hash   string
+	Limits tuning.Limits
+	Source v1alpha1.LimitsSource
+	Groups []v1alpha1.NodeGroup
+	// Problems, most important first.
+	Problems []Problem
+	// JettyUnits is how many units of urma.openeuler.org/jetty a pod
+	// requests so that it gets at least JettyBudget jetties on any of the
+	// relevant nodes (see JettyUnits).
+	JettyUnits int64
+}
+
+// Profile converts the spec's traffic description to tuning's.
+func Profile(spec v1alpha1.UrmaEndpointSpec) tuning.Profile {
+	p := tuning.Profile{
+		MessageSize:           spec.Profile.MessageSize.Value(),
+		ConnectionsPerPod:     int64(spec.Profile.ConnectionsPerPod),
+		InflightPerConnection: int64(spec.Profile.InflightPerConnection),
+		Objective:             tuning.Objective(spec.Profile.Objective),
+		JettyBudget:           int64(spec.JettyBudget),
+		Completion:            tuning.Completion(spec.Completion),
+		HandshakeVersion:      int64(spec.HandshakeVersion),
+	}
+	// Defaults the API server applies, for objects that skipped defaulting
+	// (e.g. built in Go by a test or another controller).
+	if p.ConnectionsPerPod == 0 {
+		p.ConnectionsPerPod = 1
+	}
+	if p.InflightPerConnection == 0 {
+		p.InflightPerConnection = 32
+	}
+	if spec.Profile.MaxMessageSize != nil {
+		p.MaxMessageSize = spec.Profile.MaxMessageSize.Value()
+	}
+	if spec.Profile.MemoryBudget != nil {
+		p.MemoryBudget = spec.Profile.MemoryBudget.Value()
+	}
+	if b := spec.Bonding; b != nil {
+		switch b.Mode {
+		case v1alpha1.BondingActiveBackup:
+			p.BondingMode = 1
+		case v1alpha1.BondingBalance:
+			p.BondingMode = 2
+		}
+		if b.Level == v1alpha1.BondingLevelPort {
+			p.BondingLevel = 1
+		}
+	}
+	return p
+}
+
+// Overrides converts the spec's overrides to plain strings.
+func Overrides(spec v1alpha1.UrmaEndpointSpec) map[string]string {
+	if len(spec.Overrides) == 0 {
+		return nil
+	}
+	o := make(map[string]string, len(spec.Overrides))
+	for k, v := range spec.Overrides {
+		o[k] = string(v)
+	}
+	return o
+}
+
+// Hash identifies a rendered flags file: the first 16 hex digits of its
+// SHA-256, short enough for a printer column, long enough never to collide
+// between two versions of one endpoint.
+func Hash(rendered string) string {
+	sum := sha256.Sum256([]byte(rendered))
+	return hex.EncodeToString(sum[:8])
+}
+
+// EncodeLimits and DecodeLimits store limits in a ConfigMap annotation.
+func EncodeLimits(l tuning.Limits) string {
+	b, _ := json.Marshal(toAPI(l)) // plain struct of ints: cannot fail
+	return string(b)
+}
+
+// DecodeLimits reads what EncodeLimits wrote; it fails on anything else.
+func DecodeLimits(s string) (tuning.Limits, error) {
+	var d v1alpha1.DeviceLimits
+	if err := json.Unmarshal([]byte(s), &d); err != nil {
+		return tuning.Limits{}, fmt.Errorf("decode device limits %q: %w", s, err)
+	}
+	l := fromAPI(d)
+	if err := l.Validate(); err != nil {
+		return tuning.Limits{}, fmt.Errorf("decode device limits %q: %w", s, err)
+	}
+	return l, nil
+}
+
+// ToAPI converts limits for status.
+func ToAPI(l tuning.Limits) *v1alpha1.DeviceLimits { d := toAPI(l); return &d }
+
+func toAPI(l tuning.Limits) v1alpha1.DeviceLimits {
+	return v1alpha1.DeviceLimits{
+		MaxJFSDepth: l.MaxJFSDepth, MaxJFRDepth: l.MaxJFRDepth, MaxJFCDepth: l.MaxJFCDepth,
+		MaxMsgSize: l.MaxMsgSize, JettiesPerDevice: l.JettiesPerDevice, DeviceCount: l.DeviceCount,
+	}
+}
+
+func fromAPI(d v1alpha1.DeviceLimits) tuning.Limits {
+	return tuning.Limits{
+		MaxJFSDepth: d.MaxJFSDepth, MaxJFRDepth: d.MaxJFRDepth, MaxJFCDepth: d.MaxJFCDepth,
+		MaxMsgSize: d.MaxMsgSize, JettiesPerDevice: d.JettiesPerDevice, DeviceCount: d.DeviceCount,
+	}
+}
+
+// group is a set of nodes with identical limits (nil: no usable facts).
+type group struct {
+	limits *tuning.Limits
+	nodes  []string
+}
+
+// Make decides the flags. It fails (wrapping tuning.ErrInvalid) only when the
+// spec is wrong on its face, e.g. an override out of range that the CRD's
+// rules do not cover.
+func Make(in Input) (Plan, error) {
+	groups, invalid := selectNodes(in)
+	var pl Plan
+	switch {
+	case len(groups) == 0 && in.LastKnown != nil:
+		pl.Limits, pl.Source = *in.LastKnown, v1alpha1.LimitsLastKnown
+		pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNoNodeFacts,
+			"no node with URMA device facts matches; keeping the device limits the current flags were tuned against"})
+	case len(groups) == 0:
+		pl.Limits, pl.Source = tuning.SoftwareLimits(), v1alpha1.LimitsSoftware
+		pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNoNodeFacts,
+			"no node with URMA device facts matches; tuned against the software provider's limits"})
+	default:
+		pl.Source = v1alpha1.LimitsSoftware
+		first := true
+		for _, g := range groups {
+			l := tuning.SoftwareLimits()
+			if g.limits != nil {
+				l = *g.limits
+				pl.Source = v1alpha1.LimitsFromNodes
+			}
+			if first {
+				pl.Limits, first = l, false
+			} else {
+				pl.Limits = pl.Limits.Min(l)
+			}
+		}
+		if last := groups[len(groups)-1]; last.limits == nil {
+			pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNoNodeFacts, fmt.Sprintf(
+				"pods run on %d node(s) without URMA device facts (%s); the software provider's limits are assumed there",
+				len(last.nodes), listNames(last.nodes))})
+		}
+	}
+	if len(invalid) > 0 {
+		pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonInvalidNodeFacts, fmt.Sprintf(
+			"node(s) with malformed URMA facts are ignored: %s", strings.Join(invalid, "; "))})
+	}
+	if len(groups) > 1 {
+		desc := make([]string, 0, len(groups))
+		for _, g := range groups {
+			l := "no facts"
+			if g.limits != nil {
+				l = g.limits.String()
+			}
+			desc = append(desc, fmt.Sprintf("[%s: %s]", listNames(g.nodes), l))
+		}
+		pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNodeGroupsDiffer, fmt.Sprintf(
+			"%d node groups report different device limits; one flag set serves every pod, so it uses the smallest of each limit: %s",
+			len(groups), strings.Join(desc, " "))})
+	}
+	pl.Groups = statusGroups(groups)
+	pl.JettyUnits = jettyUnits(int64(in.Spec.JettyBudget), groups, in.Nodes)
+
+	res, err := tuning.Derive(Profile(in.Spec), Overrides(in.Spec), pl.Limits)
+	if err != nil {
+		return Plan{}, fmt.Errorf("derive flags: %w", err)
+	}
+	if len(res.Warnings) > 0 {
+		pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonHardwareWarnings, strings.Join(res.Warnings, "; ")})
+	}
+	pl.Result = res
+	pl.Rendered = res.Flags.Render()
+	pl.Hash = Hash(pl.Rendered)
+	return pl, nil
+}
+
+// JettyUnits is how many units of urma.openeuler.org/jetty a pod of this
+// endpoint requests: the device plugin advertises jetties in units of
+// JettiesPerUnit, which may differ between nodes, so the pod asks for
+// ceil(jettyBudget / smallest unit) units and gets at least its budget
+// wherever it lands. Without facts, one unit counts as one jetty.
+func JettyUnits(in Input) int64 {
+	groups, _ := selectNodes(in)
+	return jettyUnits(int64(in.Spec.JettyBudget), groups, in.Nodes)
+}
+
+func jettyUnits(budget int64, groups []group, nodes []Node) int64 {
+	perUnit := map[string]int64{}
+	for _, n := range nodes {
+		perUnit[n.Name] = n.JettiesPerUnit
+	}
+	var smallest int64
+	for _, g := range groups {
+		for _, name := range g.nodes {
+			if u := perUnit[name]; u > 0 && (smallest == 0 || u < smallest) {
+				smallest = u
+			}
+		}
+	}
+	if smallest <= 0 {
+		smallest = 1
+	}
+	return max(1, (budget+smallest-1)/smallest)
+}
+
+// selectNodes returns the groups of relevant nodes (those with facts that
+// match the node selector, and those running the endpoint's pods), groups
+// with facts first (sorted by their limits' text), the no-facts group last;
+// and the relevant nodes whose facts are malformed, which never count as
+// having facts.
+func selectNodes(in Input) ([]group, []string) {
+	byName := make(map[string]Node, len(in.Nodes))
+	for _, n := range in.Nodes {
+		byName[n.Name] = n
+	}
+	sel := labels.SelectorFromSet(in.Spec.NodeSelector)
+	chosen := map[string]bool{}
+	reported := map[string]bool{}
+	for _, n := range in.Nodes {
+		if !sel.Matches(labels.Set(n.Labels)) {
+			continue
+		}
+		if n.Limits != nil {
+			chosen[n.Name] = true
+		}
+		if n.FactsErr != nil {
+			reported[n.Name] = true
+		}
+	}
+	for _, name := range in.PodNodes {
+		if n, ok := byName[name]; ok {
+			chosen[name] = true
+			if n.FactsErr != nil {
+				reported[name] = true
+			}
+		}
+	}
+	var invalid []string
+	for _, name := range sortedSet(reported) {
+		invalid = append(invalid, fmt.Sprintf("%s: %v", name, byName[name].FactsErr))
+	}
+	keyed := map[string]*group{}
+	var noFacts *group
+	for _, name := range sortedSet(chosen) {
+		n := byName[name]
+		if n.Limits == nil {
+			if noFacts == nil {
+				noFacts = &group{}
+			}
+			noFacts.nodes = append(noFacts.nodes, name)
+			continue
+		}
+		k := n.Limits.String()
+		g, ok := keyed[k]
+		if !ok {
+			l := *n.Limits
+			g = &group{limits: &l}
+			keyed[k] = g
+		}
+		g.nodes = append(g.nodes, name)
+	}
+	out := make([]group, 0, len(keyed)+1)
+	for _, k := range sortedKeys(keyed) {
+		out = append(out, *keyed[k])
+	}
+	if noFacts != nil {
+		out = append(out, *noFacts)
+	}
+	return out, invalid
+}
+
+func statusGroups(groups []group) []v1alpha1.NodeGroup {
+	var out []v1alpha1.NodeGroup
+	for _, g := range groups {
+		if len(out) == MaxGroupsInStatus {
+			break
+		}
+		ng := v1alpha1.NodeGroup{NodeCount: int32(len(g.nodes))}
+		if g.limits != nil {
+			ng.Limits = ToAPI(*g.limits)
+		}
+		ng.Nodes = append([]string(nil), g.nodes[:min(len(g.nodes), MaxNodesPerGroup)]...)
+		out = append(out, ng)
+	}
+	return out
+}
+
+// listNames shows up to MaxNodesPerGroup names and how many more.
+func listNames(names []string) string {
+	if len(names) <= MaxNodesPerGroup {
+		return strings.Join(names, ",")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:MaxNodesPerGroup], ","), len(names)-MaxNodesPerGroup)
+}
+
+func sortedSet(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

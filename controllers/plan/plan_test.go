@@ -1,0 +1,231 @@
+package plan
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/pkg/tuning"
+)
+
+func spec() v1alpha1.UrmaEndpointSpec {
+	return v1alpha1.UrmaEndpointSpec{
+		JettyBudget: 8,
+		Profile: v1alpha1.TrafficProfile{
+			MessageSize: resource.MustParse("4Ki"), ConnectionsPerPod: 4, InflightPerConnection: 32,
+			Objective: v1alpha1.ObjectiveBalanced,
+		},
+	}
+}
+
+func facts(jfs uint32, perUnit uint32) nodefacts.Facts {
+	return nodefacts.Facts{DeviceCount: 1, MaxJFSDepth: jfs, MaxJFRDepth: 4096, MaxJFCDepth: 8192,
+		MaxMsgSize: 1 << 20, JettiesPerDevice: 512, JettiesPerUnit: perUnit}
+}
+
+func node(name string, labels map[string]string, f *nodefacts.Facts) Node {
+	var ann map[string]string
+	if f != nil {
+		ann = f.Annotations()
+	}
+	return NodeFromAnnotations(name, labels, ann)
+}
+
+func TestProfile(t *testing.T) {
+	s := spec()
+	max := resource.MustParse("1Mi")
+	mem := resource.MustParse("64Mi")
+	s.Profile.MaxMessageSize, s.Profile.MemoryBudget = &max, &mem
+	s.Completion, s.HandshakeVersion = v1alpha1.CompletionPolling, 3
+	s.Bonding = &v1alpha1.Bonding{Mode: v1alpha1.BondingBalance, Level: v1alpha1.BondingLevelPort}
+	want := tuning.Profile{MessageSize: 4096, MaxMessageSize: 1 << 20, ConnectionsPerPod: 4, InflightPerConnection: 32,
+		Objective: tuning.Balanced, MemoryBudget: 64 << 20, JettyBudget: 8, Completion: tuning.CompletionPolling,
+		HandshakeVersion: 3, BondingMode: 2, BondingLevel: 1}
+	if got := Profile(s); got != want {
+		t.Errorf("Profile:\n got  %+v\n want %+v", got, want)
+	}
+	bare := v1alpha1.UrmaEndpointSpec{JettyBudget: 1, Profile: v1alpha1.TrafficProfile{MessageSize: resource.MustParse("1")}}
+	if got := Profile(bare); got.ConnectionsPerPod != 1 || got.InflightPerConnection != 32 {
+		t.Errorf("API defaults not applied to an undefaulted spec: %+v", got)
+	}
+	for mode, want := range map[v1alpha1.BondingMode]int64{v1alpha1.BondingStandalone: 0, v1alpha1.BondingActiveBackup: 1, v1alpha1.BondingBalance: 2} {
+		s.Bonding = &v1alpha1.Bonding{Mode: mode, Level: v1alpha1.BondingLevelIODIE}
+		if got := Profile(s); got.BondingMode != want || got.BondingLevel != 0 {
+			t.Errorf("bonding %s -> %d/%d, want %d/0", mode, got.BondingMode, got.BondingLevel, want)
+		}
+	}
+}
+
+func TestNodeFromAnnotations(t *testing.T) {
+	f := facts(1024, 16)
+	n := node("a", nil, &f)
+	if n.Limits == nil || n.Limits.MaxJFSDepth != 1024 || n.JettiesPerUnit != 16 || n.FactsErr != nil {
+		t.Errorf("hardware node: %+v", n)
+	}
+	if n := node("b", nil, nil); n.Limits != nil || n.FactsErr != nil {
+		t.Errorf("node without annotations: %+v", n)
+	}
+	none := nodefacts.Facts{DeviceCount: 0}
+	if n := node("c", nil, &none); n.Limits != nil || n.FactsErr != nil {
+		t.Errorf("node without devices: %+v", n)
+	}
+	bad := NodeFromAnnotations("d", nil, map[string]string{nodefacts.AnnotationDeviceCount: "two"})
+	if bad.Limits != nil || bad.FactsErr == nil {
+		t.Errorf("malformed node: %+v", bad)
+	}
+}
+
+func TestMakeNodeSelection(t *testing.T) {
+	big, small := facts(4096, 16), facts(256, 8)
+	gpu := map[string]string{"pool": "a"}
+	other := map[string]string{"pool": "b"}
+	malformed := NodeFromAnnotations("bad", gpu, map[string]string{nodefacts.AnnotationDeviceCount: "x"})
+	last := tuning.Limits{MaxJFSDepth: 100, MaxJFRDepth: 100, MaxJFCDepth: 400, MaxMsgSize: 4096}
+	cases := []struct {
+		name       string
+		selector   map[string]string
+		nodes      []Node
+		podNodes   []string
+		lastKnown  *tuning.Limits
+		source     v1alpha1.LimitsSource
+		jfs        int64
+		reasons    []string
+		groupSizes []int32
+		units      int64
+	}{
+		{name: "no nodes, first render: software limits", source: v1alpha1.LimitsSoftware,
+			jfs: tuning.SoftwareLimits().MaxJFSDepth, reasons: []string{v1alpha1.ReasonNoNodeFacts}, units: 8},
+		{name: "no nodes, rendered before: last known limits", lastKnown: &last, source: v1alpha1.LimitsLastKnown,
+			jfs: 100, reasons: []string{v1alpha1.ReasonNoNodeFacts}, units: 8},
+		{name: "one group", nodes: []Node{node("n1", gpu, &big), node("n2", gpu, &big)}, source: v1alpha1.LimitsFromNodes,
+			jfs: 4096, groupSizes: []int32{2}, units: 1},
+		{name: "groups differ: smallest of each", nodes: []Node{node("n1", gpu, &big), node("n2", gpu, &small)}, source: v1alpha1.LimitsFromNodes,
+			jfs: 256, reasons: []string{v1alpha1.ReasonNodeGroupsDiffer}, groupSizes: []int32{1, 1}, units: 1},
+		{name: "selector leaves out other pools", selector: gpu, nodes: []Node{node("n1", gpu, &big), node("n2", other, &small)},
+			source: v1alpha1.LimitsFromNodes, jfs: 4096, groupSizes: []int32{1}, units: 1},
+		{name: "pods' nodes count even outside the selector", selector: gpu, nodes: []Node{node("n1", gpu, &big), node("n2", other, &small)},
+			podNodes: []string{"n2"}, source: v1alpha1.LimitsFromNodes, jfs: 256, reasons: []string{v1alpha1.ReasonNodeGroupsDiffer}, groupSizes: []int32{1, 1}, units: 1},
+		{name: "pod on a node without facts", nodes: []Node{node("n1", gpu, &big), node("plain", nil, nil)}, podNodes: []string{"plain"},
+			source: v1alpha1.LimitsFromNodes, jfs: 4096, reasons: []string{v1alpha1.ReasonNoNodeFacts, v1alpha1.ReasonNodeGroupsDiffer}, groupSizes: []int32{1, 1}, units: 1},
+		{name: "pods only on nodes without facts", nodes: []Node{node("plain", nil, nil)}, podNodes: []string{"plain", "gone"},
+			source: v1alpha1.LimitsSoftware, jfs: tuning.SoftwareLimits().MaxJFSDepth, reasons: []string{v1alpha1.ReasonNoNodeFacts}, groupSizes: []int32{1}, units: 8},
+		{name: "malformed facts reported, not used", nodes: []Node{node("n1", gpu, &big), malformed}, source: v1alpha1.LimitsFromNodes,
+			jfs: 4096, reasons: []string{v1alpha1.ReasonInvalidNodeFacts}, groupSizes: []int32{1}, units: 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := spec()
+			s.NodeSelector = c.selector
+			pl, err := Make(Input{Spec: s, Nodes: c.nodes, PodNodes: c.podNodes, LastKnown: c.lastKnown})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pl.Source != c.source {
+				t.Errorf("source %s, want %s", pl.Source, c.source)
+			}
+			if pl.Limits.MaxJFSDepth != c.jfs {
+				t.Errorf("maxJfsDepth %d, want %d", pl.Limits.MaxJFSDepth, c.jfs)
+			}
+			var reasons []string
+			for _, p := range pl.Problems {
+				reasons = append(reasons, p.Reason)
+			}
+			if !reflect.DeepEqual(reasons, c.reasons) {
+				t.Errorf("problems %+v, want reasons %v", pl.Problems, c.reasons)
+			}
+			var sizes []int32
+			for _, g := range pl.Groups {
+				sizes = append(sizes, g.NodeCount)
+			}
+			if !reflect.DeepEqual(sizes, c.groupSizes) {
+				t.Errorf("group sizes %v, want %v", sizes, c.groupSizes)
+			}
+			if pl.JettyUnits != c.units {
+				t.Errorf("jetty units %d, want %d", pl.JettyUnits, c.units)
+			}
+			if pl.Hash != Hash(pl.Rendered) || pl.Rendered != pl.Result.Flags.Render() {
+				t.Error("hash or rendering inconsistent")
+			}
+		})
+	}
+}
+
+func TestMakeGroupsMessageAndTruncation(t *testing.T) {
+	var nodes []Node
+	for i := 0; i < 20; i++ {
+		f := facts(uint32(100+i), 16)
+		nodes = append(nodes, node(fmt.Sprintf("n%02d", i), nil, &f))
+	}
+	for i := 0; i < 7; i++ {
+		f := facts(4096, 16)
+		nodes = append(nodes, node(fmt.Sprintf("same%d", i), nil, &f))
+	}
+	pl, err := Make(Input{Spec: spec(), Nodes: nodes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pl.Groups) != MaxGroupsInStatus {
+		t.Errorf("%d groups in status, want at most %d", len(pl.Groups), MaxGroupsInStatus)
+	}
+	for _, g := range pl.Groups {
+		if len(g.Nodes) > MaxNodesPerGroup {
+			t.Errorf("group lists %d nodes", len(g.Nodes))
+		}
+	}
+	msg := pl.Problems[0].Message
+	if !strings.Contains(msg, "21 node groups") || !strings.Contains(msg, "same0,same1,same2,same3,same4 and 2 more") {
+		t.Errorf("NodeGroupsDiffer message: %s", msg)
+	}
+	if pl.Limits.MaxJFSDepth != 100 {
+		t.Errorf("maxJfsDepth %d, want the smallest (100)", pl.Limits.MaxJFSDepth)
+	}
+}
+
+func TestJettyUnitsUseTheSmallestUnit(t *testing.T) {
+	a, b := facts(4096, 16), facts(4096, 8)
+	s := spec()
+	s.JettyBudget = 40
+	in := Input{Spec: s, Nodes: []Node{node("a", nil, &a), node("b", nil, &b)}}
+	if got := JettyUnits(in); got != 5 {
+		t.Errorf("JettyUnits = %d, want ceil(40/8) = 5", got)
+	}
+	in.Nodes = nil
+	if got := JettyUnits(in); got != 40 {
+		t.Errorf("JettyUnits without facts = %d, want 40 (one jetty per unit)", got)
+	}
+}
+
+func TestMakeRejectsInvalidOverrides(t *testing.T) {
+	s := spec()
+	s.Overrides = map[string]v1alpha1.FlagValue{"urma_poller_num": "100"}
+	_, err := Make(Input{Spec: s})
+	if !errors.Is(err, tuning.ErrInvalid) || !strings.Contains(err.Error(), "urma_poller_num") {
+		t.Errorf("error %v, want an ErrInvalid naming urma_poller_num", err)
+	}
+}
+
+func TestLimitsEncoding(t *testing.T) {
+	l := tuning.Limits{MaxJFSDepth: 1, MaxJFRDepth: 2, MaxJFCDepth: 3, MaxMsgSize: 4, JettiesPerDevice: 5, DeviceCount: 6}
+	got, err := DecodeLimits(EncodeLimits(l))
+	if err != nil || got != l {
+		t.Errorf("round trip: %+v, %v", got, err)
+	}
+	for _, bad := range []string{"", "{", `{"maxJfsDepth":0,"maxJfrDepth":1,"maxJfcDepth":1,"maxMsgSize":1}`} {
+		if _, err := DecodeLimits(bad); err == nil {
+			t.Errorf("DecodeLimits(%q) accepted", bad)
+		}
+	}
+}
+
+func TestHash(t *testing.T) {
+	a, b := Hash("--urma_sq_size=16\n"), Hash("--urma_sq_size=32\n")
+	if len(a) != 16 || a == b || a != Hash("--urma_sq_size=16\n") {
+		t.Errorf("Hash: %q %q", a, b)
+	}
+}

@@ -1,0 +1,15 @@
+package controllers
+
+// RBAC the operator needs beyond the reconciler's own reads and writes.
+//
+// Setting blockOwnerDeletion on the ConfigMap's ownerReference requires
+// update on the owner's finalizers subresource (OwnerReferencesPermission
+// Enforcement); the operator adds no finalizer itself.
+//
+// +kubebuilder:rbac:groups=urma.openeuler.org,resources=urmaendpoints/finalizers,verbs=update
+//
+// Leader election: a Lease in the operator's namespace, and the events it
+// records there. The chart renders this Role into its release namespace.
+//
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=urma-system,resources=leases,verbs=get;create;update
+// +kubebuilder:rbac:groups="",namespace=urma-system,resources=events,verbs=create;patch

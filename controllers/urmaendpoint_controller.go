@@ -1,0 +1,315 @@
+// Package controllers holds the UrmaEndpoint reconciler: it renders each
+// endpoint's tuned flags into a ConfigMap the endpoint owns and reports in
+// status what was rendered, what was clamped and how many pods run it.
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/controllers/plan"
+)
+
+// Labels the operator puts on the ConfigMaps it renders; its cache only
+// holds ConfigMaps carrying them.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagerName    = "urma-operator"
+)
+
+// Event reasons.
+const (
+	EventFlagsRendered = "FlagsRendered"
+	EventClamped       = "Clamped"
+	EventDegraded      = "Degraded"
+	EventInvalidSpec   = "InvalidSpec"
+	EventConflict      = "ConfigMapConflict"
+	EventApplyFailed   = "ApplyFailed"
+)
+
+// +kubebuilder:rbac:groups=urma.openeuler.org,resources=urmaendpoints,verbs=get;list;watch
+// +kubebuilder:rbac:groups=urma.openeuler.org,resources=urmaendpoints/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// UrmaEndpointReconciler renders UrmaEndpoints into ConfigMaps.
+type UrmaEndpointReconciler struct {
+	Client   client.Client
+	Scheme   *runtime.Scheme
+	Recorder events.EventRecorder
+
+	reconciles atomic.Int64
+}
+
+// Reconciles is how many times Reconcile ran; tests use it to check that a
+// settled endpoint causes no further work.
+func (r *UrmaEndpointReconciler) Reconciles() int64 { return r.reconciles.Load() }
+
+// CacheOptions scopes the manager's cache: only pods that name an endpoint
+// and only ConfigMaps this operator manages are cached, so the operator's
+// memory does not grow with the cluster's unrelated pods and ConfigMaps.
+func CacheOptions() cache.Options {
+	hasEndpoint, _ := labels.NewRequirement(v1alpha1.LabelEndpoint, selection.Exists, nil) // constant, valid
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Pod{}:       {Label: labels.NewSelector().Add(*hasEndpoint)},
+		&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagerName})},
+	}}
+}
+
+// Reconcile reads the endpoint and its world, renders the ConfigMap and
+// writes status when it changed.
+func (r *UrmaEndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	r.reconciles.Add(1)
+	var ep v1alpha1.UrmaEndpoint
+	if err := r.Client.Get(ctx, req.NamespacedName, &ep); err != nil {
+		// Gone: its ConfigMap goes with it (ownerReference).
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !ep.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	obs, err := plan.Observe(ctx, r.Client, &ep)
+	if err != nil {
+		// A failed read changes nothing: no ConfigMap write, no status reset.
+		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, err)
+	}
+	status, result, applyErr := r.render(ctx, &ep, obs)
+	if err := r.writeStatus(ctx, &ep, status); err != nil {
+		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, err)
+	}
+	if applyErr != nil {
+		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, applyErr)
+	}
+	return result, nil
+}
+
+// ConflictRetry is how often an endpoint whose ConfigMap name is taken by
+// someone else looks again (that ConfigMap is outside the cache, so its
+// deletion sends no event).
+const ConflictRetry = 2 * time.Minute
+
+// render applies the ConfigMap and returns the status that describes it.
+// Whatever goes wrong, the existing ConfigMap is left as it is.
+func (r *UrmaEndpointReconciler) render(ctx context.Context, ep *v1alpha1.UrmaEndpoint, obs plan.Observation) (v1alpha1.UrmaEndpointStatus, ctrl.Result, error) {
+	st := *ep.Status.DeepCopy()
+	st.ObservedGeneration = ep.Generation
+	st.ConfigMapName = v1alpha1.ConfigMapName(ep.Name)
+
+	pl, err := plan.Make(obs.Input)
+	if err != nil {
+		setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonInvalidSpec,
+			err.Error()+"; the ConfigMap keeps the last valid flags")
+		countPods(&st, obs.Pods)
+		return st, ctrl.Result{}, nil // retrying cannot fix the spec; the next edit will
+	}
+	if obs.LastKnownErr != nil {
+		pl.Problems = append(pl.Problems, plan.Problem{Reason: v1alpha1.ReasonInvalidNodeFacts, Message: obs.LastKnownErr.Error()})
+	}
+
+	var result ctrl.Result
+	applyErr := r.applyConfigMap(ctx, ep, obs.ConfigMap, pl)
+	switch {
+	case apierrors.IsAlreadyExists(applyErr):
+		setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonConfigMapConflict, fmt.Sprintf(
+			"ConfigMap %s exists and is not managed by this endpoint; delete or rename it", st.ConfigMapName))
+		applyErr, result = nil, ctrl.Result{RequeueAfter: ConflictRetry}
+	case applyErr != nil:
+		setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonApplyFailed, applyErr.Error())
+	default:
+		setCondition(&st, ep, v1alpha1.ConditionReady, true, v1alpha1.ReasonRendered,
+			fmt.Sprintf("ConfigMap %s holds flags %s", st.ConfigMapName, pl.Hash))
+		st.FlagsHash = pl.Hash
+		st.Effective = effective(pl)
+		st.DeviceLimits = plan.ToAPI(pl.Limits)
+		st.LimitsSource = pl.Source
+		st.NodeGroups = pl.Groups
+		st.RegisteredBytesPerPod = pl.Result.RegisteredBytes
+		st.JettyUnitsPerPod = pl.JettyUnits
+		r.setClamped(&st, ep, pl)
+		r.setDegraded(&st, ep, pl)
+	}
+	countPods(&st, obs.Pods)
+	return st, result, applyErr
+}
+
+// applyConfigMap creates or updates the endpoint's ConfigMap when its content
+// differs from the plan. It returns an AlreadyExists error when a ConfigMap
+// of that name belongs to someone else.
+func (r *UrmaEndpointReconciler) applyConfigMap(ctx context.Context, ep *v1alpha1.UrmaEndpoint, current *corev1.ConfigMap, pl plan.Plan) error {
+	name := v1alpha1.ConfigMapName(ep.Name)
+	if current != nil && !metav1.IsControlledBy(current, ep) {
+		r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventConflict, "Render",
+			"ConfigMap %s is not controlled by this endpoint; not touching it", name)
+		return apierrors.NewAlreadyExists(corev1.Resource("configmaps"), name)
+	}
+	desired := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ep.Namespace, Name: name}}
+	if current != nil {
+		desired = current.DeepCopy()
+	}
+	oldHash := desired.Data[v1alpha1.ConfigMapKeyHash]
+	if desired.Labels == nil {
+		desired.Labels = map[string]string{}
+	}
+	desired.Labels[LabelManagedBy] = ManagerName
+	desired.Labels[v1alpha1.LabelEndpoint] = ep.Name
+	if desired.Annotations == nil {
+		desired.Annotations = map[string]string{}
+	}
+	desired.Annotations[v1alpha1.AnnotationFlagsHash] = pl.Hash
+	desired.Annotations[v1alpha1.AnnotationDeviceLimits] = plan.EncodeLimits(pl.Limits)
+	desired.Data = map[string]string{
+		v1alpha1.ConfigMapKeyFlags: pl.Rendered,
+		v1alpha1.ConfigMapKeyHash:  pl.Hash,
+	}
+	if err := controllerutil.SetControllerReference(ep, desired, r.Scheme); err != nil {
+		return fmt.Errorf("own ConfigMap %s: %w", name, err)
+	}
+	if current != nil && equality.Semantic.DeepEqual(current, desired) {
+		return nil
+	}
+	if current == nil {
+		if err := r.Client.Create(ctx, desired); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				// Not in our cache, so not labelled as ours: someone else's.
+				r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventConflict, "Render",
+					"ConfigMap %s already exists and is not managed by urma-operator; not touching it", name)
+				return err
+			}
+			r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventApplyFailed, "Render", "create ConfigMap %s: %v", name, err)
+			return fmt.Errorf("create ConfigMap %s: %w", name, err)
+		}
+		r.Recorder.Eventf(ep, desired, corev1.EventTypeNormal, EventFlagsRendered, "Render",
+			"created ConfigMap %s with flags %s", name, pl.Hash)
+		return nil
+	}
+	if err := r.Client.Update(ctx, desired); err != nil {
+		r.Recorder.Eventf(ep, desired, corev1.EventTypeWarning, EventApplyFailed, "Render", "update ConfigMap %s: %v", name, err)
+		return fmt.Errorf("update ConfigMap %s: %w", name, err)
+	}
+	if oldHash != pl.Hash {
+		r.Recorder.Eventf(ep, desired, corev1.EventTypeNormal, EventFlagsRendered, "Render",
+			"flags changed %s -> %s; pods started earlier keep the old flags until restarted", oldHash, pl.Hash)
+	}
+	return nil
+}
+
+func (r *UrmaEndpointReconciler) setClamped(st *v1alpha1.UrmaEndpointStatus, ep *v1alpha1.UrmaEndpoint, pl plan.Plan) {
+	if len(pl.Result.Clamps) == 0 {
+		setCondition(st, ep, v1alpha1.ConditionClamped, false, v1alpha1.ReasonNoClamps, "every value is what the rules and overrides asked for")
+		return
+	}
+	parts := make([]string, len(pl.Result.Clamps))
+	for i, c := range pl.Result.Clamps {
+		parts[i] = c.String()
+	}
+	msg := strings.Join(parts, "; ")
+	if changed := setCondition(st, ep, v1alpha1.ConditionClamped, true, v1alpha1.ReasonValuesClamped, msg); changed {
+		r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventClamped, "Tune", "%s", msg)
+	}
+}
+
+func (r *UrmaEndpointReconciler) setDegraded(st *v1alpha1.UrmaEndpointStatus, ep *v1alpha1.UrmaEndpoint, pl plan.Plan) {
+	if len(pl.Problems) == 0 {
+		setCondition(st, ep, v1alpha1.ConditionDegraded, false, v1alpha1.ReasonAsExpected, "tuned against the device limits of every relevant node")
+		return
+	}
+	msgs := make([]string, len(pl.Problems))
+	for i, p := range pl.Problems {
+		msgs[i] = p.Reason + ": " + p.Message
+	}
+	msg := strings.Join(msgs, "; ")
+	if changed := setCondition(st, ep, v1alpha1.ConditionDegraded, true, pl.Problems[0].Reason, msg); changed {
+		r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventDegraded, "Tune", "%s", msg)
+	}
+}
+
+// setCondition sets one condition and reports whether its status, reason or
+// message changed (LastTransitionTime only moves when the status does).
+func setCondition(st *v1alpha1.UrmaEndpointStatus, ep *v1alpha1.UrmaEndpoint, typ string, status bool, reason, msg string) bool {
+	s := metav1.ConditionFalse
+	if status {
+		s = metav1.ConditionTrue
+	}
+	// The API limits a condition message to 32768 bytes.
+	if len(msg) > 32000 {
+		msg = msg[:32000] + " ..."
+	}
+	old := meta.FindStatusCondition(st.Conditions, typ)
+	changed := old == nil || old.Status != s || old.Reason != reason || old.Message != msg
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+		Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: ep.Generation,
+	})
+	return changed
+}
+
+func effective(pl plan.Plan) map[string]string {
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(pl.Rendered), "\n") {
+		name, value, ok := strings.Cut(strings.TrimPrefix(line, "--"), "=")
+		if ok {
+			out[name] = value
+		}
+	}
+	return out
+}
+
+func countPods(st *v1alpha1.UrmaEndpointStatus, pods []corev1.Pod) {
+	st.MatchedPods, st.PodsOnCurrentFlags = int32(len(pods)), 0
+	for _, p := range pods {
+		if st.FlagsHash != "" && p.Annotations[v1alpha1.AnnotationFlagsHash] == st.FlagsHash {
+			st.PodsOnCurrentFlags++
+		}
+	}
+}
+
+// writeStatus writes status only when it differs from what is stored, so a
+// settled endpoint causes no writes (and so no further events).
+func (r *UrmaEndpointReconciler) writeStatus(ctx context.Context, ep *v1alpha1.UrmaEndpoint, st v1alpha1.UrmaEndpointStatus) error {
+	if equality.Semantic.DeepEqual(ep.Status, st) {
+		return nil
+	}
+	ep = ep.DeepCopy()
+	ep.Status = st
+	if err := r.Client.Status().Update(ctx, ep); err != nil {
+		return fmt.Errorf("update status: %w", err)
+	}
+	log.FromContext(ctx).V(1).Info("status updated", "hash", st.FlagsHash, "pods", st.MatchedPods, "current", st.PodsOnCurrentFlags)
+	return nil
+}
+
+// SetupWithManager watches endpoints, their ConfigMaps, their pods and the
+// nodes' device facts.
+func (r *UrmaEndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.UrmaEndpoint{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&corev1.ConfigMap{}).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToEndpoint), builder.WithPredicates(podChanged())).
+		Watches(nodeMetadata(), handler.EnqueueRequestsFromMapFunc(r.allEndpoints),
+			builder.OnlyMetadata, builder.WithPredicates(nodeFactsChanged())).
+		Named("urmaendpoint").
+		Complete(r)
+}

@@ -1,0 +1,341 @@
+package certs
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+)
+
+const dnsName = "urma-operator-webhook.urma-system.svc"
+
+var secretKey = types.NamespacedName{Namespace: "urma-system", Name: "urma-operator-webhook-certs"}
+
+type fixture struct {
+	c   client.Client
+	r   *Rotator
+	now time.Time
+}
+
+func newFixture(t *testing.T, objs ...client.Object) *fixture {
+	t.Helper()
+	scheme := kruntime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := admissionv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+	f := &fixture{c: c, now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f.r = &Rotator{
+		Client: c, Reader: c, Secret: secretKey, CertDir: t.TempDir(),
+		DNSNames:           []string{dnsName, dnsName + ".cluster.local"},
+		MutatingWebhooks:   []string{"urma-operator-mutating"},
+		ValidatingWebhooks: []string{"urma-operator-validating"},
+		Now:                func() time.Time { return f.now },
+		Log:                testr.New(t),
+	}
+	return f
+}
+
+func webhookConfigs() []client.Object {
+	svc := func() admissionv1.WebhookClientConfig {
+		return admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Namespace: "urma-system", Name: "urma-operator-webhook"}}
+	}
+	none := admissionv1.SideEffectClassNone
+	return []client.Object{
+		&admissionv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "urma-operator-mutating"},
+			Webhooks: []admissionv1.MutatingWebhook{{Name: "pods.urma.openeuler.org", ClientConfig: svc(), SideEffects: &none, AdmissionReviewVersions: []string{"v1"}}}},
+		&admissionv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "urma-operator-validating"},
+			Webhooks: []admissionv1.ValidatingWebhook{
+				{Name: "a.urma.openeuler.org", ClientConfig: svc(), SideEffects: &none, AdmissionReviewVersions: []string{"v1"}},
+				{Name: "b.urma.openeuler.org", ClientConfig: svc(), SideEffects: &none, AdmissionReviewVersions: []string{"v1"}},
+			}},
+	}
+}
+
+func (f *fixture) secret(t *testing.T) *corev1.Secret {
+	t.Helper()
+	var s corev1.Secret
+	if err := f.c.Get(context.Background(), secretKey, &s); err != nil {
+		t.Fatalf("get secret: %v", err)
+	}
+	return &s
+}
+
+func (f *fixture) bundles(t *testing.T) [][]byte {
+	t.Helper()
+	ctx := context.Background()
+	var m admissionv1.MutatingWebhookConfiguration
+	var v admissionv1.ValidatingWebhookConfiguration
+	if err := f.c.Get(ctx, client.ObjectKey{Name: "urma-operator-mutating"}, &m); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.Get(ctx, client.ObjectKey{Name: "urma-operator-validating"}, &v); err != nil {
+		t.Fatal(err)
+	}
+	return [][]byte{m.Webhooks[0].ClientConfig.CABundle, v.Webhooks[0].ClientConfig.CABundle, v.Webhooks[1].ClientConfig.CABundle}
+}
+
+// handshake serves the files in CertDir on loopback and connects trusting
+// only caBundle, as the API server does; it returns the handshake error.
+func (f *fixture) handshake(t *testing.T, caBundle []byte, serverName string) error {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(filepath.Join(f.r.CertDir, "tls.crt"), filepath.Join(f.r.CertDir, "tls.key"))
+	if err != nil {
+		t.Fatalf("load written key pair: %v", err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_ = conn.(*tls.Conn).Handshake()
+		conn.Close()
+	}()
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caBundle) {
+		t.Fatal("caBundle holds no certificate")
+	}
+	// The certificates are valid at the fixture's clock, not the wall clock.
+	cfg := &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12, Time: func() time.Time { return f.now }}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", ln.Addr().String(), cfg)
+	if err == nil {
+		conn.Close()
+	}
+	ln.Close()
+	<-done
+	return err
+}
+
+func TestEnsureCreatesAndTrusts(t *testing.T) {
+	f := newFixture(t, webhookConfigs()...)
+	if err := f.r.Ensure(context.Background()); err != nil {
+		t.Fatalf("Ensure: %v", err)
+	}
+	s := f.secret(t)
+	if s.Type != corev1.SecretTypeTLS {
+		t.Errorf("secret type %q, want %q", s.Type, corev1.SecretTypeTLS)
+	}
+	b, err := ParseBundle(s.Data)
+	if err != nil {
+		t.Fatalf("stored bundle: %v", err)
+	}
+	for i, got := range f.bundles(t) {
+		if !bytes.Equal(got, b.CABundle()) {
+			t.Errorf("webhook %d caBundle not set to the CA", i)
+		}
+	}
+	for _, name := range f.r.DNSNames {
+		if err := f.handshake(t, b.CABundle(), name); err != nil {
+			t.Errorf("TLS handshake for %s: %v", name, err)
+		}
+	}
+	if err := f.handshake(t, b.CABundle(), "other.example"); err == nil {
+		t.Error("handshake for a name not in the certificate succeeded")
+	}
+	key, err := os.Stat(filepath.Join(f.r.CertDir, "tls.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key.Mode().Perm()&0o077 != 0 {
+		t.Errorf("tls.key mode %v is readable by others", key.Mode().Perm())
+	}
+}
+
+func TestEnsureIsStableWhenFresh(t *testing.T) {
+	f := newFixture(t, webhookConfigs()...)
+	ctx := context.Background()
+	if err := f.r.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rv := f.secret(t).ResourceVersion
+	crt, _ := os.ReadFile(filepath.Join(f.r.CertDir, "tls.crt"))
+	f.now = f.now.Add(30 * 24 * time.Hour)
+	if err := f.r.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.secret(t).ResourceVersion; got != rv {
+		t.Errorf("secret rewritten (resourceVersion %s -> %s) though the certificate is fresh", rv, got)
+	}
+	crt2, _ := os.ReadFile(filepath.Join(f.r.CertDir, "tls.crt"))
+	if !bytes.Equal(crt, crt2) {
+		t.Error("tls.crt rewritten though the certificate is fresh")
+	}
+}
+
+func TestEnsureRenews(t *testing.T) {
+	cases := []struct {
+		name      string
+		advance   time.Duration
+		newCA     bool
+		keepsPrev bool
+	}{
+		{name: "serving certificate near expiry, same CA", advance: 300 * 24 * time.Hour, newCA: false},
+		{name: "CA near expiry: new CA, old one still trusted", advance: 8 * 365 * 24 * time.Hour, newCA: true, keepsPrev: true},
+		{name: "everything expired: new CA, old one dropped", advance: 11 * 365 * 24 * time.Hour, newCA: true, keepsPrev: false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, webhookConfigs()...)
+			ctx := context.Background()
+			if err := f.r.Ensure(ctx); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := ParseBundle(f.secret(t).Data)
+			f.now = f.now.Add(c.advance)
+			if err := f.r.Ensure(ctx); err != nil {
+				t.Fatal(err)
+			}
+			after, err := ParseBundle(f.secret(t).Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.ServerCert.SerialNumber.Cmp(before.ServerCert.SerialNumber) == 0 {
+				t.Error("serving certificate not renewed")
+			}
+			if gotNew := !after.CACert.Equal(before.CACert); gotNew != c.newCA {
+				t.Errorf("new CA = %v, want %v", gotNew, c.newCA)
+			}
+			if gotPrev := after.PreviousCA != nil && after.PreviousCA.Equal(before.CACert); gotPrev != c.keepsPrev {
+				t.Errorf("previous CA kept = %v, want %v", gotPrev, c.keepsPrev)
+			}
+			for i, got := range f.bundles(t) {
+				if !bytes.Equal(got, after.CABundle()) {
+					t.Errorf("webhook %d caBundle not updated", i)
+				}
+			}
+			if err := f.handshake(t, after.CABundle(), dnsName); err != nil {
+				t.Errorf("handshake with the renewed certificate: %v", err)
+			}
+		})
+	}
+}
+
+func TestEnsureReplacesBrokenSecretAndNewNames(t *testing.T) {
+	broken := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secretKey.Namespace, Name: secretKey.Name},
+		Data: map[string][]byte{KeyCA: []byte("not pem")}}
+	f := newFixture(t, broken)
+	ctx := context.Background()
+	if err := f.r.Ensure(ctx); err != nil {
+		t.Fatalf("Ensure with a broken secret: %v", err)
+	}
+	b, err := ParseBundle(f.secret(t).Data)
+	if err != nil {
+		t.Fatalf("secret still broken: %v", err)
+	}
+	f.r.DNSNames = append(f.r.DNSNames, "urma-operator-webhook.other.svc")
+	if err := f.r.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b2, _ := ParseBundle(f.secret(t).Data)
+	if b2.ServerCert.VerifyHostname("urma-operator-webhook.other.svc") != nil {
+		t.Error("certificate not reissued for a new DNS name")
+	}
+	if !b2.CACert.Equal(b.CACert) {
+		t.Error("CA replaced though only the names changed")
+	}
+}
+
+func TestParseBundleNamesTheBadKey(t *testing.T) {
+	f := newFixture(t)
+	if err := f.r.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	good := f.secret(t).Data
+	other := newFixture(t)
+	if err := other.r.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		key   string
+		value []byte
+		want  string
+	}{
+		{KeyCA, nil, "secret key ca.crt: no PEM certificate"},
+		{KeyCAKey, []byte("x"), "secret key ca.key: no PEM EC private key"},
+		{KeyCert, good[KeyCA][:20], "secret key tls.crt"},
+		{KeyKey, other.secret(t).Data[KeyKey], "tls.key does not match tls.crt"},
+		{KeyPreviousCA, []byte("junk"), "secret key ca-previous.crt"},
+	} {
+		d := map[string][]byte{}
+		for k, v := range good {
+			d[k] = v
+		}
+		d[c.key] = c.value
+		_, err := ParseBundle(d)
+		if err == nil || !bytes.Contains([]byte(err.Error()), []byte(c.want)) {
+			t.Errorf("corrupt %s: error %v, want it to contain %q", c.key, err, c.want)
+		}
+	}
+}
+
+func TestEnsureWithoutWebhookConfigurations(t *testing.T) {
+	f := newFixture(t)
+	if err := f.r.Ensure(context.Background()); err != nil {
+		t.Fatalf("Ensure without webhook configurations installed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(f.r.CertDir, "tls.crt")); err != nil {
+		t.Errorf("certificate not written: %v", err)
+	}
+}
+
+func TestStartStopsWithContext(t *testing.T) {
+	f := newFixture(t, webhookConfigs()...)
+	f.r.CheckInterval = time.Millisecond
+	before := runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.r.Start(ctx) }()
+	// Wait until a tick has created the secret, then stop.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var s corev1.Secret
+		if f.c.Get(ctx, secretKey, &s) == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Start never ran Ensure")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Start returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Start did not return after cancel")
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("goroutines: %d before, %d after Start returned", before, n)
+	}
+}
