@@ -1,0 +1,198 @@
+// Package deviceplugin assembles urma-device-plugin: discovery and health
+// (watch, inventory), the kubelet service (server, registrar), CDI specs,
+// node facts, metrics and the discover report. cmd/deviceplugin only parses
+// flags into a Config and calls Run or Discover.
+package deviceplugin
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/cdispec"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/registrar"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/watch"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
+)
+
+// Defaults not owned by a sub-package.
+const (
+	DefaultMetricsAddress     = ":9400"
+	DefaultSoftJetties        = 1024
+	DefaultDebounceScans      = 2
+	DefaultDebounceHold       = 3 * time.Second
+	DefaultNodeRetry          = time.Second
+	DefaultCDIRetry           = 30 * time.Second
+	defaultHTTPReadTimeout    = 10 * time.Second
+	defaultHTTPShutdownPeriod = 5 * time.Second
+)
+
+// Config is everything the plugin can be told.
+type Config struct {
+	Sysfs     sysfs.Options
+	Inventory inventory.Config
+	Watch     watch.Config
+	Server    server.Config
+	Registrar registrar.Config
+
+	// CDI enables CDI mode: write a spec into CDI.Dir and answer Allocate
+	// with CDI device names.
+	CDIEnabled bool
+	CDI        cdispec.Config
+
+	// LabelNode enables node labels/annotations; NodeName is the Node
+	// (default: $NODE_NAME) and Kubeconfig an optional kubeconfig path
+	// (default: in-cluster).
+	LabelNode   bool
+	NodeName    string
+	Kubeconfig  string
+	FeaturesDir string
+
+	// MetricsAddress serves /metrics and /healthz; "" disables.
+	MetricsAddress string
+}
+
+// Default returns the defaults.
+func Default() Config {
+	return Config{
+		Inventory: inventory.Config{
+			Budget:      budget.Default(),
+			Selection:   selection.Policy{Bonding: selection.BondingAuto},
+			Debounce:    health.Debounce{Observations: DefaultDebounceScans, Hold: DefaultDebounceHold},
+			SoftJetties: DefaultSoftJetties,
+		},
+		Watch:  watch.Config{PollInterval: watch.DefaultPollInterval, Settle: watch.DefaultSettle},
+		Server: server.Config{Resync: server.DefaultResync},
+		Registrar: registrar.Config{
+			SocketDir: registrar.DefaultSocketDir, SocketName: registrar.DefaultSocketName,
+			ResourceName: nodefacts.ResourceName, CheckInterval: registrar.DefaultCheckInterval,
+		},
+		CDI:            cdispec.Config{Dir: cdispec.DefaultDir, Kind: cdispec.DefaultKind},
+		LabelNode:      true,
+		MetricsAddress: DefaultMetricsAddress,
+	}
+}
+
+// AddDiscoveryFlags registers the flags shared by serve and discover: the
+// host roots, the budget rule, selection and software devices.
+func (c *Config) AddDiscoveryFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Sysfs.SysfsRoot, "sysfs-root", "/sys", "root of the host's sysfs; devices are read from <root>/class/ubcore and <root>/class/uburma")
+	fs.StringVar(&c.Sysfs.DevRoot, "dev-root", "/dev", "where the host's /dev is visible; device nodes are checked under it (kubelet is always given /dev/... paths)")
+	b := &c.Inventory.Budget
+	uintVar(fs, &b.JettiesPerUnit, "jetties-per-unit", "jetties one advertised unit (device ID) stands for; use the same value on every node")
+	uintVar(fs, &b.HostReserve, "host-reserve", "jetties per device kept for host processes and never advertised")
+	uintVar(fs, &b.MaxUnitsPerDevice, "max-units-per-device", "most units (device IDs) advertised per device; jetties beyond are not advertised")
+	listVar(fs, &c.Inventory.Selection.Include, "include", "comma-separated glob patterns; only matching device names are advertised (default: all)")
+	listVar(fs, &c.Inventory.Selection.Exclude, "exclude", "comma-separated glob patterns of device names never advertised")
+	listVar(fs, &c.Inventory.Selection.Drivers, "drivers", "comma-separated driver names to advertise (default: any)")
+	fs.Func("transports", "comma-separated transport types to advertise: UB, IB, IP, HNS_UB or numbers (default: any)", func(s string) error {
+		c.Inventory.Selection.Transports = nil
+		for _, part := range splitList(s) {
+			t, err := selection.ParseTransport(part)
+			if err != nil {
+				return err
+			}
+			c.Inventory.Selection.Transports = append(c.Inventory.Selection.Transports, t)
+		}
+		return nil
+	})
+	fs.Func("bonding", "bonding policy: auto (only bonding devices when any exists), only, never, all (default auto)", func(s string) error {
+		c.Inventory.Selection.Bonding = selection.BondingPolicy(s)
+		return nil
+	})
+	fs.IntVar(&c.Inventory.SoftDevices, "soft-devices", c.Inventory.SoftDevices, "advertise this many software-provider devices (soft0, soft1, ...) for nodes without UB hardware")
+	uintVar(fs, &c.Inventory.SoftJetties, "soft-jetties", "max_jetty of each software device")
+}
+
+// AddServeFlags registers the serve command's flags (discovery flags too).
+func (c *Config) AddServeFlags(fs *flag.FlagSet) {
+	c.AddDiscoveryFlags(fs)
+	fs.DurationVar(&c.Watch.PollInterval, "poll-interval", c.Watch.PollInterval, "rescan devices this often (fsnotify triggers extra scans)")
+	fs.IntVar(&c.Inventory.Debounce.Observations, "health-debounce-scans", c.Inventory.Debounce.Observations, "consecutive scans a health change must be seen in before it is reported")
+	fs.DurationVar(&c.Inventory.Debounce.Hold, "health-debounce-hold", c.Inventory.Debounce.Hold, "least time a health change must persist before it is reported")
+	fs.StringVar(&c.Registrar.SocketDir, "socket-dir", c.Registrar.SocketDir, "kubelet's device-plugin socket directory")
+	fs.StringVar(&c.Registrar.SocketName, "socket-name", c.Registrar.SocketName, "this plugin's socket file name in --socket-dir")
+	fs.StringVar(&c.Registrar.ResourceName, "resource-name", c.Registrar.ResourceName, "extended resource to advertise")
+	fs.DurationVar(&c.Registrar.CheckInterval, "kubelet-check-interval", c.Registrar.CheckInterval, "how often to check that kubelet.sock and our socket are unchanged (fsnotify reacts at once)")
+	fs.DurationVar(&c.Server.Resync, "resync-interval", c.Server.Resync, "resend the full device list to kubelet this often")
+	listVar(fs, &c.Server.ExtraDevNodes, "extra-dev-nodes", "comma-separated /dev/... nodes every container with a hardware device also gets (skipped when absent)")
+	fs.BoolVar(&c.CDIEnabled, "cdi", c.CDIEnabled, "CDI mode: write a CDI spec and answer Allocate with CDI device names")
+	fs.StringVar(&c.CDI.Dir, "cdi-spec-dir", c.CDI.Dir, "directory to write the CDI spec into (one the container runtime reads)")
+	fs.StringVar(&c.CDI.Kind, "cdi-kind", c.CDI.Kind, "CDI vendor/class of the devices")
+	fs.BoolVar(&c.LabelNode, "label-node", c.LabelNode, "label and annotate this Node (NODE_NAME) with the device facts; needs RBAC nodes get/patch")
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "Node to label (default: $NODE_NAME)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for node labelling outside a cluster (default: in-cluster config)")
+	fs.StringVar(&c.FeaturesDir, "nfd-features-dir", c.FeaturesDir, "also write a Node Feature Discovery feature file into this features.d directory")
+	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address serving /metrics and /healthz; empty disables")
+}
+
+// Validate checks the whole configuration and names every problem.
+func (c *Config) Validate() error {
+	var errs []error
+	if err := c.Inventory.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Watch.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Server.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Registrar.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.CDIEnabled {
+		if err := c.CDI.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+func listVar(fs *flag.FlagSet, dst *[]string, name, usage string) {
+	fs.Func(name, usage, func(s string) error {
+		*dst = splitList(s)
+		return nil
+	})
+}
+
+func uintVar(fs *flag.FlagSet, dst *uint32, name, usage string) {
+	fs.Var((*uint32Value)(dst), name, usage)
+}
+
+type uint32Value uint32
+
+func (v *uint32Value) String() string {
+	if v == nil {
+		return "0"
+	}
+	return fmt.Sprint(uint32(*v))
+}
+
+func (v *uint32Value) Set(s string) error {
+	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
+	if err != nil {
+		return fmt.Errorf("%q is not an unsigned 32-bit number", s)
+	}
+	*v = uint32Value(n)
+	return nil
+}

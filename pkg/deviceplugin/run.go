@@ -1,0 +1,190 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/cdispec"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/discover"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/nodelabel"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/registrar"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/watch"
+	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
+)
+
+// Deps are the things Run would otherwise create itself; tests inject them.
+type Deps struct {
+	// KubeClient labels the Node; nil means build one from Kubeconfig or
+	// the in-cluster config when node labelling is on.
+	KubeClient kubernetes.Interface
+	// MetricsListening, when set, is told the address /metrics is served on.
+	MetricsListening func(addr string)
+}
+
+// Run serves the device plugin until ctx is cancelled. It returns an error
+// only for a configuration it cannot work with (invalid flags, an
+// unbindable metrics address); everything at runtime is retried.
+func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	if cfg.Inventory.SoftDevices > 0 {
+		log.Info("advertising software-provider devices; allocations from them set URMA_PROVIDER=soft",
+			"count", cfg.Inventory.SoftDevices, "jettiesEach", cfg.Inventory.SoftJetties)
+	}
+	m := metrics.New()
+	inv := inventory.New(cfg.Inventory.Budget.JettiesPerUnit)
+
+	srvCfg := cfg.Server
+	srvCfg.DevRoot = cfg.Sysfs.DevRoot
+	var cdiWriter *cdispec.Writer
+	if cfg.CDIEnabled {
+		cdiCfg := cfg.CDI
+		cdiCfg.DevRoot, cdiCfg.ExtraDevNodes = cfg.Sysfs.DevRoot, cfg.Server.ExtraDevNodes
+		w, err := cdispec.New(cdiCfg, log.WithName("cdi"))
+		if err != nil {
+			return err
+		}
+		cdiWriter = w
+		srvCfg.CDIKind = cdiCfg.Kind
+	}
+	svc := server.New(srvCfg, inv, log.WithName("server"), m)
+	regCfg := cfg.Registrar
+	regCfg.Options = server.Options()
+	reg := registrar.New(regCfg, svc, log.WithName("registrar"), m)
+	watcher := watch.New(cfg.Watch, watch.SysfsSource{Opts: cfg.Sysfs}, inventory.NewBuilder(cfg.Inventory), inv, log.WithName("discovery"), m)
+
+	publisher, err := newPublisher(cfg, deps, log.WithName("node"), m)
+	if err != nil {
+		return err
+	}
+
+	var lis net.Listener
+	if cfg.MetricsAddress != "" {
+		lis, err = net.Listen("tcp", cfg.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("serve metrics on %s: %w", cfg.MetricsAddress, err)
+		}
+		if deps.MetricsListening != nil {
+			deps.MetricsListening(lis.Addr().String())
+		}
+	}
+
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return watcher.Run(ctx) })
+	g.Go(func() error { return reg.Run(ctx) })
+	g.Go(func() error { return publisher.Run(ctx, inv) })
+	if cdiWriter != nil {
+		g.Go(func() error { return cdiWriter.Run(ctx, inv, DefaultCDIRetry) })
+	}
+	if lis != nil {
+		g.Go(func() error { return serveHTTP(ctx, lis, m, reg, inv, log.WithName("http")) })
+	}
+	log.Info("urma-device-plugin started", "resource", cfg.Registrar.ResourceName, "socketDir", cfg.Registrar.SocketDir,
+		"sysfsRoot", cfg.Sysfs.SysfsRoot, "devRoot", cfg.Sysfs.DevRoot, "jettiesPerUnit", cfg.Inventory.Budget.JettiesPerUnit,
+		"cdi", cfg.CDIEnabled, "metrics", cfg.MetricsAddress)
+	err = g.Wait()
+	log.Info("urma-device-plugin stopped")
+	return err
+}
+
+func newPublisher(cfg Config, deps Deps, log logr.Logger, m *metrics.Metrics) (*nodelabel.Publisher, error) {
+	pcfg := nodelabel.Config{FeaturesDir: cfg.FeaturesDir, RetryInitial: DefaultNodeRetry}
+	client := deps.KubeClient
+	if cfg.LabelNode && cfg.NodeName != "" {
+		pcfg.NodeName = cfg.NodeName
+		if client == nil {
+			c, err := kubeClient(cfg.Kubeconfig)
+			if err != nil {
+				// Labelling is optional; the plugin's job is kubelet's.
+				log.Error(err, "no Kubernetes API access; not labelling the node")
+				pcfg.NodeName = ""
+			}
+			client = c
+		}
+	} else if cfg.LabelNode {
+		log.Info("NODE_NAME is not set; not labelling the node")
+	}
+	return nodelabel.New(pcfg, client, log, m), nil
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load Kubernetes client config: %w", err)
+	}
+	rc.UserAgent = "urma-device-plugin"
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("create Kubernetes client: %w", err)
+	}
+	return c, nil
+}
+
+// serveHTTP serves /metrics and /healthz until ctx ends. /healthz is 200
+// while the plugin's gRPC socket is served (kubelet being away is not the
+// plugin's illness) and says whether it is registered and how many devices
+// it advertises.
+func serveHTTP(ctx context.Context, lis net.Listener, m *metrics.Metrics, reg *registrar.Registrar, inv *inventory.Inventory, log logr.Logger) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		snap, _ := inv.Current()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !reg.Serving() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not serving the device plugin socket")
+			return
+		}
+		fmt.Fprintf(w, "ok: serving; registered=%v devices=%d\n", reg.Registered(), len(snap.Devices))
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: defaultHTTPReadTimeout}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("metrics server: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), defaultHTTPShutdownPeriod)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Error(err, "metrics server shutdown")
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics server: %w", err)
+	}
+	return nil
+}
+
+// Discover prints the discovery report (see package discover) to w.
+func Discover(w io.Writer, cfg Config) error {
+	if err := cfg.Inventory.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	devs, err := sysfs.Discover(cfg.Sysfs)
+	if err != nil {
+		return err
+	}
+	return discover.Write(w, discover.Report(devs, cfg.Inventory))
+}
+

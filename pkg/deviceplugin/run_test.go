@@ -1,0 +1,400 @@
+package deviceplugin
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/kubelettest"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
+)
+
+const deadline = 15 * time.Second
+
+type node struct {
+	t       *testing.T
+	tree    *sysfstest.Tree
+	dir     string
+	kubelet *kubelettest.Kubelet
+	client  *fake.Clientset
+	metrics string // base URL
+	stop    func()
+}
+
+// start runs the whole plugin against a fake host tree, a fake kubelet and
+// a fake API server.
+func start(t *testing.T, tree *sysfstest.Tree, mutate func(*Config)) *node {
+	t.Helper()
+	dir, cleanup, err := kubelettest.SocketDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	k, err := kubelettest.Start(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{t: t, tree: tree, dir: dir, kubelet: k,
+		client: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})}
+	t.Cleanup(func() { n.kubelet.Stop() })
+
+	cfg := Default()
+	cfg.Sysfs = tree.Options()
+	cfg.Registrar.SocketDir = dir
+	cfg.Registrar.BackoffInitial, cfg.Registrar.BackoffMax = time.Millisecond, 20*time.Millisecond
+	cfg.Watch.PollInterval, cfg.Watch.Settle = 10*time.Millisecond, time.Millisecond
+	cfg.Inventory.Debounce.Hold = 0
+	cfg.NodeName = "node-a"
+	cfg.MetricsAddress = "127.0.0.1:0"
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	addr := make(chan string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, testr.New(t), cfg, Deps{KubeClient: n.client, MetricsListening: func(a string) { addr <- a }})
+	}()
+	select {
+	case a := <-addr:
+		n.metrics = "http://" + a
+	case err := <-done:
+		t.Fatalf("Run ended at once: %v", err)
+	}
+	stopped := false
+	n.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run = %v, want nil after cancel", err)
+			}
+		case <-time.After(deadline):
+			t.Error("Run did not stop")
+		}
+	}
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *node) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	n.t.Cleanup(cancel)
+	return ctx
+}
+
+// units waits until kubelet's view satisfies cond and returns it.
+func (n *node) units(what string, cond func(map[string]*pluginapi.Device) bool) map[string]*pluginapi.Device {
+	n.t.Helper()
+	var last map[string]*pluginapi.Device
+	_, err := n.kubelet.WaitFor(n.ctx(), func(s kubelettest.State) bool {
+		p, ok := s.Plugins[nodefacts.ResourceName]
+		if !ok || !p.Streaming {
+			return false
+		}
+		last = map[string]*pluginapi.Device{}
+		for _, d := range p.Devices {
+			last[d.ID] = d
+		}
+		return cond(last)
+	})
+	if err != nil {
+		n.t.Fatalf("waiting for %s: %v; kubelet has %d units", what, err, len(last))
+	}
+	return last
+}
+
+func count(prefix, health string) func(map[string]*pluginapi.Device) int {
+	return func(m map[string]*pluginapi.Device) int {
+		c := 0
+		for id, d := range m {
+			if strings.HasPrefix(id, prefix) && (health == "" || d.Health == health) {
+				c++
+			}
+		}
+		return c
+	}
+}
+
+func (n *node) allocate(ids ...string) (*pluginapi.ContainerAllocateResponse, error) {
+	c := n.kubelet.Client(nodefacts.ResourceName)
+	if c == nil {
+		n.t.Fatal("kubelet has no client for the resource")
+	}
+	resp, err := c.Allocate(n.ctx(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}})
+	if err != nil {
+		return nil, err
+	}
+	return resp.ContainerResponses[0], nil
+}
+
+func (n *node) get(path string) (int, string) {
+	n.t.Helper()
+	resp, err := http.Get(n.metrics + path)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// eventually polls for state that has no change notification (the fake
+// API server, the metrics endpoint).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+func (n *node) nodeObj() *corev1.Node {
+	obj, err := n.client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return obj
+}
+
+func TestHardwareLifecycle(t *testing.T) {
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	tree.AddDevNode(t, sysfstest.UMMUNode)
+	n := start(t, tree, nil)
+
+	// 1024 max_jetty - 16 reserved = 1008 = 63 units of 16, on NUMA node 0.
+	got := n.units("udma0's 63 units", func(m map[string]*pluginapi.Device) bool { return count("udma0-", pluginapi.Healthy)(m) == 63 })
+	if topo := got["udma0-62"].Topology; topo == nil || topo.Nodes[0].ID != 0 {
+		t.Errorf("udma0-62 topology %v", topo)
+	}
+
+	resp, err := n.allocate("udma0-0", "udma0-1", "udma0-2", "udma0-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Envs[server.EnvDevice] != "udma0" || resp.Envs[server.EnvJettyBudget] != "64" || resp.Envs[server.EnvEID] != "::ffff:10.0.0.1" {
+		t.Errorf("env %v", resp.Envs)
+	}
+	var paths []string
+	for _, d := range resp.Devices {
+		paths = append(paths, d.ContainerPath+"="+d.HostPath)
+	}
+	if strings.Join(paths, ",") != "/dev/uburma/udma0=/dev/uburma/udma0,/dev/ummu/tid=/dev/ummu/tid" {
+		t.Errorf("devices %v", paths)
+	}
+
+	eventually(t, "node labelled", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
+	facts, err := nodefacts.Parse(n.nodeObj().Annotations)
+	if err != nil || facts.DeviceCount != 1 || facts.JettiesPerDevice != 1008 || facts.MaxJFSDepth != 8192 || facts.JettiesPerUnit != 16 {
+		t.Errorf("node facts %+v, %v", facts, err)
+	}
+
+	if code, body := n.get("/healthz"); code != http.StatusOK || !strings.Contains(body, "registered=true") {
+		t.Errorf("/healthz %d %q", code, body)
+	}
+	eventually(t, "metrics", func() bool {
+		_, body := n.get("/metrics")
+		return strings.Contains(body, `urma_deviceplugin_units{device="udma0"} 63`) &&
+			strings.Contains(body, "urma_deviceplugin_registered 1") &&
+			strings.Contains(body, `urma_deviceplugin_allocated_units_total{device="udma0"} 4`)
+	})
+
+	// Hot-plug a second device on NUMA node 1.
+	d1 := sysfstest.DefaultDevice("udma1")
+	one := 1
+	d1.NUMANode = &one
+	tree.Add(t, d1)
+	got = n.units("hot-plugged udma1", func(m map[string]*pluginapi.Device) bool { return count("udma1-", pluginapi.Healthy)(m) == 63 })
+	if got["udma1-0"].Topology.Nodes[0].ID != 1 {
+		t.Errorf("udma1 topology %v", got["udma1-0"].Topology)
+	}
+	pref, err := n.kubelet.Client(nodefacts.ResourceName).GetPreferredAllocation(n.ctx(), &pluginapi.PreferredAllocationRequest{
+		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+			AvailableDeviceIDs: []string{"udma0-5", "udma1-0", "udma1-1", "udma0-6"}, MustIncludeDeviceIDs: []string{"udma1-9"}, AllocationSize: 3,
+		}},
+	})
+	if err != nil || strings.Join(pref.ContainerResponses[0].DeviceIDs, ",") != "udma1-9,udma1-0,udma1-1" {
+		t.Errorf("preferred %v, %v", pref, err)
+	}
+
+	// Health flips (debounced over two scans) and recovers.
+	tree.SetPortState(t, "udma1", 0, urma.PortDown)
+	n.units("udma1 unhealthy", func(m map[string]*pluginapi.Device) bool { return count("udma1-", pluginapi.Unhealthy)(m) == 63 })
+	_, err = n.allocate("udma1-0")
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "udma1-0") || !strings.Contains(err.Error(), "port0 DOWN") {
+		t.Errorf("allocating an unhealthy unit: %v", err)
+	}
+	eventually(t, "unhealthy reason metric", func() bool {
+		_, body := n.get("/metrics")
+		return strings.Contains(body, `urma_deviceplugin_device_healthy{device="udma1"} 0`) && strings.Contains(body, `urma_deviceplugin_healthy_units{device="udma1"} 0`)
+	})
+	tree.SetPortState(t, "udma1", 0, urma.PortActive)
+	n.units("udma1 recovered", func(m map[string]*pluginapi.Device) bool { return count("udma1-", pluginapi.Healthy)(m) == 63 })
+
+	// A malformed file makes the device unhealthy, with the reason in the metrics.
+	tree.WriteFile(t, "udma1", "max_jetty", "many\n")
+	n.units("udma1 malformed", func(m map[string]*pluginapi.Device) bool { return count("udma1-", "")(m) == 0 })
+	eventually(t, "discovery problem metric", func() bool {
+		_, body := n.get("/metrics")
+		return strings.Contains(body, `urma_deviceplugin_discovery_problems{device="udma1"} 1`) && strings.Contains(body, "max_jetty")
+	})
+	tree.WriteFile(t, "udma1", "max_jetty", "1024\n")
+	n.units("udma1 repaired", func(m map[string]*pluginapi.Device) bool { return count("udma1-", pluginapi.Healthy)(m) == 63 })
+
+	// kubelet restarts: sockets wiped, registrations forgotten.
+	k2, err := n.kubelet.Restart()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.kubelet = k2
+	n.units("full list after kubelet restart", func(m map[string]*pluginapi.Device) bool { return len(m) == 126 })
+	if _, err := n.allocate("udma0-7"); err != nil {
+		t.Errorf("allocate after kubelet restart: %v", err)
+	}
+
+	// Hot-unplug.
+	tree.Remove(t, "udma1")
+	n.units("udma1 removed", func(m map[string]*pluginapi.Device) bool { return len(m) == 63 && count("udma1-", "")(m) == 0 })
+	eventually(t, "device count label", func() bool { return n.nodeObj().Labels[nodefacts.LabelDeviceCount] == "1" })
+
+	n.stop()
+	if _, err := os.Stat(filepath.Join(n.dir, "urma-jetty.sock")); !os.IsNotExist(err) {
+		t.Errorf("socket after shutdown: %v", err)
+	}
+	if n.nodeObj().Labels[nodefacts.LabelPresent] != "true" {
+		t.Error("shutdown changed the node labels")
+	}
+}
+
+func TestBondingOnlyAdvertisesTheBond(t *testing.T) {
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	tree.Add(t, sysfstest.DefaultDevice("udma1"))
+	bond := sysfstest.DefaultDevice("bonding_dev_0")
+	bond.Bonding = true
+	tree.Add(t, bond)
+	n := start(t, tree, nil)
+	got := n.units("the bonding device only", func(m map[string]*pluginapi.Device) bool { return count("bonding_dev_0-", pluginapi.Healthy)(m) == 63 })
+	if len(got) != 63 {
+		t.Fatalf("%d units, want only the bond's 63", len(got))
+	}
+	if got["bonding_dev_0-0"].Topology != nil {
+		t.Errorf("bond has no NUMA node, got topology %v", got["bonding_dev_0-0"].Topology)
+	}
+}
+
+func TestSoftDevicesOnANodeWithoutHardware(t *testing.T) {
+	tree := sysfstest.New(t)
+	n := start(t, tree, func(c *Config) {
+		c.Inventory.SoftDevices, c.Inventory.SoftJetties = 2, 64
+	})
+	n.units("soft units", func(m map[string]*pluginapi.Device) bool { return count("soft0-", pluginapi.Healthy)(m) == 4 && count("soft1-", pluginapi.Healthy)(m) == 4 })
+	resp, err := n.allocate("soft1-0", "soft1-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Envs[server.EnvProvider] != server.ProviderSoft || resp.Envs[server.EnvDevice] != "soft1" || resp.Envs[server.EnvJettyBudget] != "32" {
+		t.Errorf("env %v", resp.Envs)
+	}
+	if len(resp.Devices) != 0 || len(resp.Mounts) != 0 {
+		t.Errorf("software device mounted something: %v %v", resp.Devices, resp.Mounts)
+	}
+	eventually(t, "node labelled software", func() bool {
+		l := n.nodeObj().Labels
+		return l[nodefacts.LabelSoftware] == "true" && l[nodefacts.LabelDeviceCount] == "2"
+	})
+}
+
+func TestStartsWithoutDevicesAndSaysSo(t *testing.T) {
+	tree := sysfstest.New(t)
+	n := start(t, tree, nil)
+	n.units("registration with no units", func(m map[string]*pluginapi.Device) bool { return len(m) == 0 })
+	eventually(t, "no-devices metrics", func() bool {
+		_, body := n.get("/metrics")
+		return strings.Contains(body, "urma_deviceplugin_no_devices 1") && strings.Contains(body, "driver not loaded") &&
+			strings.Contains(body, "urma_deviceplugin_registered 1")
+	})
+	eventually(t, "present=false", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "false" })
+	// The driver loads later.
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	n.units("late device", func(m map[string]*pluginapi.Device) bool { return count("udma0-", pluginapi.Healthy)(m) == 63 })
+	eventually(t, "present=true", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
+}
+
+func TestCDIMode(t *testing.T) {
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	cdiDir := t.TempDir()
+	n := start(t, tree, func(c *Config) {
+		c.CDIEnabled, c.CDI.Dir = true, cdiDir
+	})
+	n.units("udma0", func(m map[string]*pluginapi.Device) bool { return count("udma0-", pluginapi.Healthy)(m) == 63 })
+	resp, err := n.allocate("udma0-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.CdiDevices) != 1 || resp.CdiDevices[0].Name != "urma.openeuler.org/jetty=udma0" || len(resp.Devices) != 0 {
+		t.Errorf("CDI answer %v / devices %v", resp.CdiDevices, resp.Devices)
+	}
+	eventually(t, "CDI spec", func() bool {
+		b, err := os.ReadFile(filepath.Join(cdiDir, "urma.openeuler.org-jetty.yaml"))
+		return err == nil && strings.Contains(string(b), "/dev/uburma/udma0")
+	})
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	cfg := Default()
+	cfg.Inventory.Budget.JettiesPerUnit = 0
+	cfg.Registrar.SocketDir = "relative"
+	err := Run(context.Background(), testr.New(t), cfg, Deps{})
+	if err == nil || !strings.Contains(err.Error(), "jetties per unit") || !strings.Contains(err.Error(), "absolute") {
+		t.Fatalf("Run = %v, want both problems named", err)
+	}
+}
+
+func TestDiscover(t *testing.T) {
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	cfg := Default()
+	cfg.Sysfs = tree.Options()
+	var b strings.Builder
+	if err := Discover(&b, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), `"name": "udma0"`) || !strings.Contains(b.String(), `"units": 63`) {
+		t.Fatalf("report:\n%s", b.String())
+	}
+	cfg.Inventory.Selection.Include = []string{"["}
+	if err := Discover(io.Discard, cfg); err == nil {
+		t.Fatal("Discover accepted a bad pattern")
+	}
+}
+
