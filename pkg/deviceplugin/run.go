@@ -187,4 +187,3 @@ func Discover(w io.Writer, cfg Config) error {
 	}
 	return discover.Write(w, discover.Report(devs, cfg.Inventory))
 }
-

@@ -316,7 +316,9 @@ func TestSoftDevicesOnANodeWithoutHardware(t *testing.T) {
 	n := start(t, tree, func(c *Config) {
 		c.Inventory.SoftDevices, c.Inventory.SoftJetties = 2, 64
 	})
-	n.units("soft units", func(m map[string]*pluginapi.Device) bool { return count("soft0-", pluginapi.Healthy)(m) == 4 && count("soft1-", pluginapi.Healthy)(m) == 4 })
+	n.units("soft units", func(m map[string]*pluginapi.Device) bool {
+		return count("soft0-", pluginapi.Healthy)(m) == 4 && count("soft1-", pluginapi.Healthy)(m) == 4
+	})
 	resp, err := n.allocate("soft1-0", "soft1-3")
 	if err != nil {
 		t.Fatal(err)
@@ -397,4 +399,3 @@ func TestDiscover(t *testing.T) {
 		t.Fatal("Discover accepted a bad pattern")
 	}
 }
-
