@@ -19,6 +19,7 @@ import (
 //
 //	BenchmarkMemcpy/size=S                             copy between two mmap'd regions
 //	BenchmarkTCPLoopback/size=S                        one-way stream over loopback TCP
+//	BenchmarkTCPLoopbackRTT/size=S                     ping-pong over loopback TCP
 //	BenchmarkRaw/fabric=F/completion=C/size=S          one-way send/recv throughput
 //	BenchmarkRawRTT/fabric=F/completion=C/size=S       round trip (ping-pong) latency
 //
@@ -88,6 +89,50 @@ func BenchmarkTCPLoopback(b *testing.B) {
 			c.Close()
 			if n := <-done; n != int64(b.N)*int64(s.n) {
 				b.Fatalf("receiver got %d bytes, want %d", n, int64(b.N)*int64(s.n))
+			}
+		})
+	}
+}
+
+func BenchmarkTCPLoopbackRTT(b *testing.B) {
+	for _, s := range benchSizes {
+		b.Run("size="+s.name, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			go func() { // echo
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				buf := make([]byte, s.n)
+				for {
+					if _, err := io.ReadFull(c, buf); err != nil {
+						return
+					}
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			buf := make([]byte, s.n)
+			b.ReportAllocs()
+			b.SetBytes(int64(s.n))
+			for b.Loop() {
+				if _, err := c.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, buf); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}
