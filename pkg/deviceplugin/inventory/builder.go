@@ -10,6 +10,7 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
 
@@ -205,27 +206,9 @@ func SoftDevices(cfg Config) []Device {
 	return out
 }
 
-// SoftDriver is the driver name software devices report (pkg/urma/soft's).
-const SoftDriver = "soft"
+// SoftDriver is the driver name software devices report.
+const SoftDriver = soft.Driver
 
-// softCaps mirrors pkg/urma/soft.DefaultCaps, the limits the software
-// provider enforces; the node facts the operator tunes against come from here.
-func softCaps() urma.DeviceCaps {
-	return urma.DeviceCaps{
-		MaxJFC:           1024,
-		MaxJFS:           1024,
-		MaxJFR:           1024,
-		MaxJetty:         1024,
-		MaxJFCDepth:      1 << 20,
-		MaxJFSDepth:      1 << 14,
-		MaxJFRDepth:      1 << 16,
-		MaxJFSInlineSize: 256,
-		MaxJFSSge:        16,
-		MaxJFSRsge:       16,
-		MaxJFRSge:        16,
-		MaxMsgSize:       16 << 20,
-		TransMode:        urma.TransModeRC | urma.TransModeRM,
-		MaxEIDCnt:        16,
-		OrderedRM:        true,
-	}
-}
+// softCaps are the limits the software provider enforces; the node facts
+// the operator tunes against come from here.
+func softCaps() urma.DeviceCaps { return soft.DefaultCaps() }
