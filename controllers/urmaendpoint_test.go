@@ -3,6 +3,8 @@ package controllers_test
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
@@ -640,4 +643,32 @@ func waitCounterStable(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestExamplesAreAccepted creates every examples/urmaendpoint-*.yaml and
+// waits for it to render.
+func TestExamplesAreAccepted(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "examples", "urmaendpoint-*.yaml"))
+	if err != nil || len(files) < 3 {
+		t.Fatalf("examples: %v %v", files, err)
+	}
+	ns := newNamespace(t)
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ep v1alpha1.UrmaEndpoint
+			if err := yaml.UnmarshalStrict(raw, &ep); err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			ep.Namespace = ns
+			create(t, &ep)
+			got := settled(t, ns, ep.Name, metav1.ConditionTrue)
+			if got.Status.FlagsHash == "" || got.Status.Effective["urma_buffer_size"] == "" {
+				t.Errorf("example rendered nothing: %+v", got.Status)
+			}
+		})
+	}
 }

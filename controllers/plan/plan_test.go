@@ -3,15 +3,19 @@ package plan
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/tuning"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
 func spec() v1alpha1.UrmaEndpointSpec {
@@ -227,5 +231,72 @@ func TestHash(t *testing.T) {
 	a, b := Hash("--urma_sq_size=16\n"), Hash("--urma_sq_size=32\n")
 	if len(a) != 16 || a == b || a != Hash("--urma_sq_size=16\n") {
 		t.Errorf("Hash: %q %q", a, b)
+	}
+}
+
+// TestSoftwareLimitsMatchSoftProvider keeps tuning's assumption for nodes
+// without facts equal to what pkg/urma/soft's devices actually allow.
+func TestSoftwareLimitsMatchSoftProvider(t *testing.T) {
+	caps := soft.DefaultCaps()
+	want := tuning.Limits{
+		MaxJFSDepth: int64(caps.MaxJFSDepth), MaxJFRDepth: int64(caps.MaxJFRDepth), MaxJFCDepth: int64(caps.MaxJFCDepth),
+		MaxMsgSize: int64(caps.MaxMsgSize), JettiesPerDevice: int64(caps.MaxJetty), DeviceCount: 1,
+	}
+	if got := tuning.SoftwareLimits(); got != want {
+		t.Errorf("tuning.SoftwareLimits() = %+v, soft.DefaultCaps() gives %+v", got, want)
+	}
+}
+
+// TestExamplesRenderAsDocumented keeps docs/operator.md's numbers true.
+func TestExamplesRenderAsDocumented(t *testing.T) {
+	hardware := tuning.Limits{MaxJFSDepth: 1024, MaxJFRDepth: 1024, MaxJFCDepth: 2048, MaxMsgSize: 1 << 20, JettiesPerDevice: 960, DeviceCount: 2}
+	cases := []struct {
+		file    string
+		limits  tuning.Limits
+		want    map[string]string
+		clamped []string
+	}{
+		{file: "latency", limits: hardware, want: map[string]string{
+			"urma_buffer_size": "2048", "urma_sq_size": "35", "urma_rq_size": "35", "urma_buffer_count": "1120",
+			"urma_use_polling": "true", "urma_poller_num": "2", "urma_cqe_poll_once": "16", "urma_zerocopy_min_size": "2048",
+			"urma_prepared_jetty_cnt": "16"}},
+		{file: "throughput", limits: hardware, want: map[string]string{
+			"urma_buffer_size": "1048576", "urma_sq_size": "35", "urma_rq_size": "35", "urma_buffer_count": "280",
+			"urma_use_polling": "false", "urma_cqe_poll_once": "64"},
+			clamped: []string{"urma_buffer_size 4194304 -> 1048576 (device maxMsgSize 1048576)"}},
+		{file: "throughput", limits: tuning.SoftwareLimits(), want: map[string]string{
+			"urma_buffer_size": "4194304", "urma_sq_size": "16", "urma_buffer_count": "128"}},
+		{file: "balanced", limits: hardware, want: map[string]string{
+			"urma_buffer_size": "16384", "urma_sq_size": "35", "urma_buffer_count": "560", "urma_use_polling": "false",
+			"urma_client_handshake_version": "3", "urma_bonding_mode": "1", "urma_bonding_level": "1",
+			"urma_prepared_jetty_cnt": "4", "urma_cqe_poll_once": "16"}},
+	}
+	for _, c := range cases {
+		t.Run(c.file, func(t *testing.T) {
+			raw, err := os.ReadFile(filepath.Join("..", "..", "examples", "urmaendpoint-"+c.file+".yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ep v1alpha1.UrmaEndpoint
+			if err := yaml.UnmarshalStrict(raw, &ep); err != nil {
+				t.Fatalf("example does not decode: %v", err)
+			}
+			r, err := tuning.Derive(Profile(ep.Spec), Overrides(ep.Spec), c.limits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, want := range c.want {
+				if got, _ := r.Flags.Get(name); got != want {
+					t.Errorf("%s = %s, docs say %s", name, got, want)
+				}
+			}
+			var clamps []string
+			for _, cl := range r.Clamps {
+				clamps = append(clamps, cl.String())
+			}
+			if !reflect.DeepEqual(clamps, c.clamped) {
+				t.Errorf("clamps %q, docs say %q", clamps, c.clamped)
+			}
+		})
 	}
 }

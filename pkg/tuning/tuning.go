@@ -127,14 +127,15 @@ type Limits struct {
 	DeviceCount int64
 }
 
-// SoftwareLimits are the limits assumed where no node reports facts: those
-// of pkg/urma's software provider defaults (docs/tuning.md).
+// SoftwareLimits are the limits assumed where no node reports facts: the
+// default capabilities of pkg/urma/soft's devices (a test in
+// controllers/plan keeps them equal), one device per node.
 func SoftwareLimits() Limits {
 	return Limits{
-		MaxJFSDepth:      4096,
-		MaxJFRDepth:      4096,
-		MaxJFCDepth:      8192,
-		MaxMsgSize:       1 << 20,
+		MaxJFSDepth:      1 << 14,
+		MaxJFRDepth:      1 << 16,
+		MaxJFCDepth:      1 << 20,
+		MaxMsgSize:       16 << 20,
 		JettiesPerDevice: 1024,
 		DeviceCount:      1,
 	}
