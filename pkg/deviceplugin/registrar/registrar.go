@@ -166,6 +166,7 @@ func (r *Registrar) Run(ctx context.Context) error {
 	var kubeletIno fileID // identity of kubelet.sock at our last registration
 	needServe, needRegister := true, true
 	backoff := r.cfg.BackoffInitial
+	failures := 0 // consecutive failed registrations
 	retry := time.NewTimer(0)
 	defer retry.Stop()
 	check := time.NewTicker(r.cfg.CheckInterval)
@@ -252,12 +253,19 @@ func (r *Registrar) Run(ctx context.Context) error {
 				err := r.register(ctx)
 				r.metrics.ObserveRegistration(err)
 				if err != nil {
-					r.log.Info("registration with kubelet failed; retrying", "error", err.Error(), "in", backoff)
+					// While kubelet is down this repeats every BackoffMax: say
+					// it loudly the first time and then once a minute or so.
+					failures++
+					lg := r.log.V(1)
+					if failures == 1 || failures%12 == 0 {
+						lg = r.log
+					}
+					lg.Info("registration with kubelet failed; retrying", "error", err.Error(), "in", backoff, "attempt", failures)
 					retry.Reset(backoff)
 					backoff = min(backoff*2, r.cfg.BackoffMax)
 					continue
 				}
-				needRegister, backoff = false, r.cfg.BackoffInitial
+				needRegister, backoff, failures = false, r.cfg.BackoffInitial, 0
 				kubeletIno = target
 				r.setState(true, true)
 				r.log.Info("registered with kubelet", "resource", r.cfg.ResourceName, "kubeletSocket", r.kubeletSocket())
