@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
@@ -372,5 +374,25 @@ func TestConfigValidate(t *testing.T) {
 		if err := tc.c.Validate(); (err == nil) != tc.ok {
 			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.c, err, tc.ok)
 		}
+	}
+}
+
+// Kubelet refuses ListAndWatch messages over 4 MiB (kubernetes #109304).
+// At the default cap a node would need hundreds of devices to get near it.
+func TestListFitsKubeletMessageLimit(t *testing.T) {
+	const devices = 64
+	snap := &inventory.Snapshot{JettiesPerUnit: 16}
+	for i := range devices {
+		snap.Devices = append(snap.Devices, inventory.Device{
+			Name: fmt.Sprintf("bonding_dev_%d", i), Healthy: true, NUMANode: i % 8,
+			Budget: budget.Budget{Units: budget.DefaultMaxUnitsPerDevice},
+		})
+	}
+	msg := &pluginapi.ListAndWatchResponse{Devices: Units(snap)}
+	if len(msg.Devices) != devices*budget.DefaultMaxUnitsPerDevice {
+		t.Fatalf("%d units", len(msg.Devices))
+	}
+	if size := proto.Size(msg); size > 4<<20 {
+		t.Fatalf("%d devices at the default cap make a %d-byte list, over kubelet's 4 MiB", devices, size)
 	}
 }
