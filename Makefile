@@ -43,7 +43,7 @@ BENCHTIME ?= 1s
 bench: ## run the benchmarks; each figure is printed beside its same-run baselines
 	@mkdir -p bin
 	@echo "==> raw software provider (pkg/urma/soft) vs memcpy and TCP loopback"
-	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/urma/soft/ | tee bin/bench-soft.txt | $(GO) run ./hack/benchreport -baseline memcpy=BenchmarkMemcpy -baseline tcp=BenchmarkTCPLoopback
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/urma/soft/ | tee bin/bench-soft.txt | $(GO) run ./hack/benchreport -baseline memcpy=BenchmarkMemcpy -baseline tcp=BenchmarkTCPLoopback/ -baseline tcp-rtt=BenchmarkTCPLoopbackRTT -baseline raw-socket=BenchmarkRaw/fabric=socket/completion=event
 	@echo "==> transport vs raw provider vs TCP loopback vs memcpy"
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/transport/ | tee bin/bench-transport.txt | $(GO) run ./hack/benchreport $(TRANSPORT_BASELINES)
 
