@@ -278,13 +278,15 @@ func (c *urmaConn) startEvents() error {
 func (c *urmaConn) eventLoop(rc syscall.RawConn) {
 	defer close(c.evDone)
 	c.poll()
+	var n int
+	var werr error
+	// One closure for the loop's life: a fresh one per wait would allocate.
+	ready := func(uintptr) bool {
+		n, werr = c.res.jfce.Wait(c.evJFCs[:], 0)
+		return n > 0 || werr != nil
+	}
 	for {
-		var n int
-		var werr error
-		err := rc.Read(func(uintptr) bool {
-			n, werr = c.res.jfce.Wait(c.evJFCs[:], 0)
-			return n > 0 || werr != nil
-		})
+		err := rc.Read(ready)
 		if err != nil {
 			return // the file was closed: teardown
 		}

@@ -173,7 +173,7 @@ func (e *engine) newSoftProvider(local netip.Addr) (*soft.Provider, error) {
 	return soft.New(soft.Options{
 		Listen:  net.JoinHostPort(host.String(), "0"),
 		Devices: []soft.DeviceSpec{{Name: name}},
-		Logger:  e.log.WithName("soft"),
+		Logger:  e.log.WithName("soft").V(1), // its connection events are detail; errors still show
 	})
 }
 

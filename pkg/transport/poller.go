@@ -10,7 +10,10 @@ import (
 // goroutines that poll the completion queues of the connections assigned to
 // them, round robin, instead of waiting for completion events. A poller
 // with no connection sleeps; one with connections spins, yielding the
-// processor after an empty round when urma_poller_yield is set.
+// processor after every empty round when urma_poller_yield is set, and
+// otherwise after spinYieldRounds empty rounds: unlike brpc's dedicated
+// polling threads, a poller shares the Go scheduler's few processors with
+// the very goroutines that read and write, and must not starve them.
 type pollerGroup struct {
 	yield bool
 
@@ -72,6 +75,7 @@ func (g *pollerGroup) remove(c *urmaConn, i int) {
 func (g *pollerGroup) run(i int, done <-chan struct{}) {
 	var conns []*urmaConn
 	seen := ^uint64(0)
+	empty := 0
 	for {
 		select {
 		case <-done:
@@ -96,8 +100,17 @@ func (g *pollerGroup) run(i int, done <-chan struct{}) {
 		for _, c := range conns {
 			progress += c.poll()
 		}
-		if progress == 0 && g.yield {
+		if progress > 0 {
+			empty = 0
+			continue
+		}
+		empty++
+		if g.yield || empty%spinYieldRounds == 0 {
 			runtime.Gosched()
 		}
 	}
 }
+
+// spinYieldRounds is how many empty rounds a poller without
+// urma_poller_yield spins before it yields once.
+const spinYieldRounds = 64

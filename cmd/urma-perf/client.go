@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/transport"
+)
+
+// ConnReport describes one client connection.
+type ConnReport struct {
+	Mode             string `json:"mode"`
+	FallbackReason   string `json:"fallbackReason,omitempty"`
+	HandshakeVersion int    `json:"handshakeVersion,omitempty"`
+	Local            string `json:"local"`
+	Requests         uint64 `json:"requests"`
+	Error            string `json:"error,omitempty"`
+}
+
+// Latency is in microseconds.
+type Latency struct {
+	Avg  float64 `json:"avg"`
+	Min  float64 `json:"min"`
+	P50  float64 `json:"p50"`
+	P99  float64 `json:"p99"`
+	P999 float64 `json:"p999"`
+	Max  float64 `json:"max"`
+}
+
+// Report is the client's result; --json prints it as is.
+type Report struct {
+	Server              string       `json:"server"`
+	Size                int          `json:"size"`
+	ResponseSize        int          `json:"responseSize"`
+	Concurrency         int          `json:"concurrency"`
+	DurationSeconds     float64      `json:"durationSeconds"`
+	Requests            uint64       `json:"requests"`
+	QPS                 float64      `json:"qps"`
+	SentBytesPerSec     float64      `json:"sentBytesPerSec"`
+	ReceivedBytesPerSec float64      `json:"receivedBytesPerSec"`
+	LatencyMicros       Latency      `json:"latencyMicros"`
+	URMAConns           int          `json:"urmaConns"`
+	TCPConns            int          `json:"tcpConns"`
+	Conns               []ConnReport `json:"conns"`
+}
+
+func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("urma-perf client", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	server := fs.String("server", "", "address of a urma-perf server (required)")
+	size := fs.Int("size", 4096, "request size in bytes")
+	concurrency := fs.Int("concurrency", 1, "connections, each running one request at a time")
+	duration := fs.Duration("duration", 5*time.Second, "how long to send requests")
+	mode := fs.String("mode", "auto", "auto: whatever each connection negotiates; urma: fail (exit 3) if any connection falls back; tcp: TCP only")
+	var c common
+	c.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case *server == "":
+		return usageError{errors.New("--server is required")}
+	case *size < 1 || *size > maxSize:
+		return usageError{fmt.Errorf("--size %d outside 1..%d", *size, maxSize)}
+	case *concurrency < 1 || *concurrency > 4096:
+		return usageError{fmt.Errorf("--concurrency %d outside 1..4096", *concurrency)}
+	case *duration <= 0:
+		return usageError{fmt.Errorf("--duration %s must be positive", *duration)}
+	case *mode != "auto" && *mode != "urma" && *mode != "tcp":
+		return usageError{fmt.Errorf("--mode %q: want auto, urma or tcp", *mode)}
+	}
+	cfg, err := c.config(fs, stderr)
+	if err != nil {
+		return usageError{err}
+	}
+	cfg.DisableURMA = *mode == "tcp"
+	d, err := transport.NewDialer(cfg)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+
+	rep, err := measure(ctx, d, *server, *size, *concurrency, *duration)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, string(b))
+	} else {
+		printReport(stdout, rep)
+	}
+	if *mode == "urma" && rep.TCPConns > 0 {
+		return fmt.Errorf("%w: %d of %d connections fell back to TCP", errNotURMA, rep.TCPConns, len(rep.Conns))
+	}
+	for _, cr := range rep.Conns {
+		if cr.Error != "" {
+			return fmt.Errorf("a connection failed: %s", cr.Error)
+		}
+	}
+	return nil
+}
+
+// worker is one connection's loop and results.
+type worker struct {
+	conn     net.Conn
+	hist     histogram
+	requests uint64
+	err      error
+}
+
+func measure(ctx context.Context, d *transport.Dialer, server string, size, concurrency int, duration time.Duration) (*Report, error) {
+	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	workers := make([]*worker, concurrency)
+	respSize := 0
+	for i := range workers {
+		conn, err := d.DialContext(dialCtx, server)
+		if err != nil {
+			closeAll(workers)
+			return nil, fmt.Errorf("connection %d: %w", i, err)
+		}
+		workers[i] = &worker{conn: conn}
+		if _, err := conn.Write(appendClientHeader(nil, size)); err != nil {
+			closeAll(workers)
+			return nil, fmt.Errorf("connection %d: send perf header: %w", i, err)
+		}
+		rs, err := readServerHeader(conn)
+		if err != nil {
+			closeAll(workers)
+			return nil, fmt.Errorf("connection %d: %w", i, err)
+		}
+		respSize = rs
+	}
+	defer closeAll(workers)
+
+	start := time.Now()
+	end := start.Add(duration)
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.run(ctx, end, size, respSize)
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+
+	rep := &Report{Server: server, Size: size, ResponseSize: respSize, Concurrency: concurrency, DurationSeconds: elapsed}
+	var all histogram
+	for _, w := range workers {
+		all.merge(&w.hist)
+		rep.Requests += w.requests
+		tc := w.conn.(transport.Conn)
+		dbg := tc.Debug()
+		cr := ConnReport{
+			Mode: tc.Mode().String(), FallbackReason: tc.FallbackReason(), HandshakeVersion: dbg.HandshakeVersion,
+			Local: w.conn.LocalAddr().String(), Requests: w.requests,
+		}
+		if w.err != nil {
+			cr.Error = w.err.Error()
+		}
+		if tc.Mode() == transport.ModeURMA {
+			rep.URMAConns++
+		} else {
+			rep.TCPConns++
+		}
+		rep.Conns = append(rep.Conns, cr)
+	}
+	rep.QPS = float64(rep.Requests) / elapsed
+	rep.SentBytesPerSec = float64(rep.Requests) * float64(size) / elapsed
+	rep.ReceivedBytesPerSec = float64(rep.Requests) * float64(respSize) / elapsed
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	rep.LatencyMicros = Latency{
+		Avg: us(all.mean()), Min: us(all.minV), P50: us(all.quantile(0.5)),
+		P99: us(all.quantile(0.99)), P999: us(all.quantile(0.999)), Max: us(all.maxV),
+	}
+	return rep, nil
+}
+
+// run sends requests until end (or ctx ends) and times each round trip.
+func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
+	req := make([]byte, size)
+	resp := make([]byte, respSize)
+	for i := range req {
+		req[i] = byte(i)
+	}
+	for ctx.Err() == nil {
+		t0 := time.Now()
+		if !t0.Before(end) {
+			return
+		}
+		if _, err := w.conn.Write(req); err != nil {
+			w.err = fmt.Errorf("write: %w", err)
+			return
+		}
+		if _, err := io.ReadFull(w.conn, resp); err != nil {
+			w.err = fmt.Errorf("read: %w", err)
+			return
+		}
+		w.hist.record(time.Since(t0))
+		w.requests++
+	}
+}
+
+func closeAll(ws []*worker) {
+	for _, w := range ws {
+		if w != nil {
+			_ = w.conn.Close()
+		}
+	}
+}
+
+func printReport(w io.Writer, r *Report) {
+	fmt.Fprintf(w, "urma-perf client: server=%s size=%d response=%d concurrency=%d duration=%.2fs\n",
+		r.Server, r.Size, r.ResponseSize, r.Concurrency, r.DurationSeconds)
+	for i, c := range r.Conns {
+		fmt.Fprintf(w, "  conn %d %s mode=%s", i, c.Local, c.Mode)
+		if c.HandshakeVersion != 0 {
+			fmt.Fprintf(w, " hello=v%d", c.HandshakeVersion)
+		}
+		if c.FallbackReason != "" {
+			fmt.Fprintf(w, " fallback=%q", c.FallbackReason)
+		}
+		fmt.Fprintf(w, " requests=%d", c.Requests)
+		if c.Error != "" {
+			fmt.Fprintf(w, " error=%q", c.Error)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "connections: %d urma, %d tcp\n", r.URMAConns, r.TCPConns)
+	fmt.Fprintf(w, "requests: %d  qps: %.1f\n", r.Requests, r.QPS)
+	fmt.Fprintf(w, "throughput: sent %.2f MB/s, received %.2f MB/s\n", r.SentBytesPerSec/1e6, r.ReceivedBytesPerSec/1e6)
+	l := r.LatencyMicros
+	fmt.Fprintf(w, "latency (us): avg %.1f min %.1f p50 %.1f p99 %.1f p999 %.1f max %.1f\n", l.Avg, l.Min, l.P50, l.P99, l.P999, l.Max)
+}

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// isolate keeps the environment the tests run in out of the transport.
+func isolate(t *testing.T) {
+	for _, k := range []string{"URMA_FLAGS_FILE", "URMA_DEVICE", "URMA_DEVICES", "URMA_EID", "URMA_JETTY_BUDGET", "URMA_PROVIDER"} {
+		t.Setenv(k, "")
+	}
+}
+
+// small keeps the registered pools small.
+var small = []string{"--urma_buffer_count=512", "--urma_sq_size=32", "--urma_rq_size=32"}
+
+// startServer runs `urma-perf server` in process and returns its address
+// and its output so far; the server stops at cleanup.
+func startServer(t *testing.T, args ...string) (addr string, events chan serverEvent) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() {
+		done <- run(ctx, append(append([]string{"server", "--listen", "127.0.0.1:0", "--json"}, small...), args...), pw, &stderr)
+		_ = pw.Close()
+	}()
+	events = make(chan serverEvent, 100)
+	sc := bufio.NewScanner(pr)
+	go func() {
+		defer close(events)
+		for sc.Scan() {
+			var e serverEvent
+			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+				t.Errorf("server printed %q: %v", sc.Text(), err)
+				continue
+			}
+			events <- e
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("server exited %d: %s", code, stderr.String())
+		}
+		for range events {
+		}
+	})
+	select {
+	case e := <-events:
+		if e.Event != "listening" {
+			t.Fatalf("first server event %+v", e)
+		}
+		return e.Addr, events
+	case <-time.After(30 * time.Second):
+		t.Fatalf("server did not start: %s", stderr.String())
+	}
+	return "", nil
+}
+
+func runClientJSON(t *testing.T, args ...string) (Report, int, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), append(append([]string{"client", "--json"}, small...), args...), &out, &errb)
+	var r Report
+	if code == 0 || code == 3 {
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+			t.Fatalf("client output %q: %v", out.String(), err)
+		}
+	}
+	return r, code, errb.String()
+}
+
+func TestClientServer(t *testing.T) {
+	isolate(t)
+	tests := []struct {
+		name       string
+		serverArgs []string
+		clientArgs []string
+		wantCode   int
+		wantURMA   int
+		wantTCP    int
+		wantResp   int
+	}{
+		{name: "echo over urma", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "3000", "--concurrency", "3"}, wantURMA: 3, wantResp: 3000},
+		{name: "acks over urma", clientArgs: []string{"--size", "100", "--concurrency", "2"}, wantURMA: 2, wantResp: ackSize},
+		{name: "client forced to tcp", serverArgs: []string{"--echo"}, clientArgs: []string{"--mode", "tcp", "--concurrency", "2"}, wantTCP: 2, wantResp: 4096},
+		{name: "tcp-only server", serverArgs: []string{"--echo", "--mode", "tcp"}, clientArgs: []string{"--concurrency", "2"}, wantTCP: 2, wantResp: 4096},
+		{name: "urma required, server tcp-only", serverArgs: []string{"--mode", "tcp"}, clientArgs: []string{"--mode", "urma"}, wantCode: 3, wantTCP: 1, wantResp: ackSize},
+		{name: "v3 hello and polling", serverArgs: []string{"--echo", "--urma_use_polling", "--urma_poller_yield"}, clientArgs: []string{"--urma_client_handshake_version=3"}, wantURMA: 1, wantResp: 4096},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, events := startServer(t, tc.serverArgs...)
+			r, code, stderr := runClientJSON(t, append([]string{"--server", addr, "--duration", "300ms"}, tc.clientArgs...)...)
+			if code != tc.wantCode {
+				t.Fatalf("client exit %d, want %d; stderr: %s", code, tc.wantCode, stderr)
+			}
+			if r.URMAConns != tc.wantURMA || r.TCPConns != tc.wantTCP {
+				t.Fatalf("conns urma=%d tcp=%d, want %d/%d: %+v", r.URMAConns, r.TCPConns, tc.wantURMA, tc.wantTCP, r.Conns)
+			}
+			if r.ResponseSize != tc.wantResp {
+				t.Errorf("response size %d, want %d", r.ResponseSize, tc.wantResp)
+			}
+			if r.Requests == 0 || r.QPS <= 0 || r.LatencyMicros.P50 <= 0 || r.LatencyMicros.P999 < r.LatencyMicros.P50 || r.LatencyMicros.Max < r.LatencyMicros.P999 {
+				t.Errorf("implausible results: %+v", r)
+			}
+			for _, c := range r.Conns {
+				if c.Mode == "tcp" && c.FallbackReason == "" {
+					t.Errorf("a tcp connection without a reason: %+v", c)
+				}
+			}
+			// The server reports each connection's mode too.
+			seen := 0
+			for seen < tc.wantURMA+tc.wantTCP {
+				select {
+				case e := <-events:
+					if e.Event == "conn" {
+						seen++
+						if (e.Mode == "urma") != (tc.wantURMA > 0) {
+							t.Errorf("server conn %+v", e)
+						}
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("server reported %d connections", seen)
+				}
+			}
+		})
+	}
+}
+
+func TestEchoServerAnswersPlainTCP(t *testing.T) {
+	isolate(t)
+	addr, _ := startServer(t, "--echo")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg := "hello from a plain TCP client\n"
+	if _, err := c.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
+		t.Fatalf("echo %q, %v", got, err)
+	}
+}
+
+func TestTextOutput(t *testing.T) {
+	isolate(t)
+	addr, _ := startServer(t, "--echo")
+	var out, errb bytes.Buffer
+	code := run(context.Background(), append([]string{"client", "--server", addr, "--duration", "200ms", "--concurrency", "2"}, small...), &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"conn 0 ", "conn 1 ", "mode=urma", "qps:", "throughput:", "p50", "p99", "p999", "connections: 2 urma, 0 tcp"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestCommandLineErrors(t *testing.T) {
+	isolate(t)
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "flags")
+	if err := os.WriteFile(bad, []byte("--urma_sq_size=8\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		code    int
+		wantErr string
+	}{
+		{"no command", nil, nil, 2, "usage"},
+		{"unknown command", []string{"bench"}, nil, 2, `unknown command "bench"`},
+		{"client without server", []string{"client"}, nil, 2, "--server is required"},
+		{"bad size", []string{"client", "--server", "x:1", "--size", "0"}, nil, 2, "--size 0 outside"},
+		{"bad mode", []string{"client", "--server", "x:1", "--mode", "rdma"}, nil, 2, `--mode "rdma"`},
+		{"bad urma flag", []string{"server", "--urma_sq_size=5"}, nil, 2, "urma_sq_size: 5 is out of range (want 16..4096)"},
+		{"unknown flag", []string{"server", "--urma_nope=1"}, nil, 2, "flag provided but not defined"},
+		{"bad flags file", []string{"server"}, map[string]string{"URMA_FLAGS_FILE": bad}, 2, "line 1: flag urma_sq_size: 8 is out of range"},
+		{"server unreachable", []string{"client", "--server", "127.0.0.1:1", "--duration", "10ms"}, nil, 1, "connection 0"},
+		{"help", []string{"help"}, nil, 0, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			var out, errb bytes.Buffer
+			code := run(context.Background(), tc.args, &out, &errb)
+			if code != tc.code || !strings.Contains(errb.String()+out.String(), tc.wantErr) {
+				t.Fatalf("exit %d (want %d), output %q (want %q)", code, tc.code, errb.String()+out.String(), tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestTwoProcesses builds urma-perf and runs server and client as two
+// processes over the software provider's socket fabric, as `make demo`
+// does.
+func TestTwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	isolate(t)
+	bin := filepath.Join(t.TempDir(), "urma-perf")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("go build: %v", err)
+	}
+	srv := exec.Command(bin, append([]string{"server", "--listen", "127.0.0.1:0", "--echo", "--json"}, small...)...)
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var srvErr bytes.Buffer
+	srv.Stderr = &srvErr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() {
+		t.Fatalf("server printed nothing: %s", srvErr.String())
+	}
+	var ev serverEvent
+	if err := json.Unmarshal(sc.Bytes(), &ev); err != nil || ev.Event != "listening" {
+		t.Fatalf("server said %q: %v", sc.Text(), err)
+	}
+	cli := exec.Command(bin, append([]string{"client", "--server", ev.Addr, "--size", "8192", "--concurrency", "2", "--duration", "500ms", "--mode", "urma", "--json"}, small...)...)
+	cli.Stderr = os.Stderr
+	res, err := cli.Output()
+	if err != nil {
+		t.Fatalf("client: %v\n%s", err, res)
+	}
+	var r Report
+	if err := json.Unmarshal(res, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.URMAConns != 2 || r.Requests == 0 {
+		t.Fatalf("two processes over the socket fabric: %+v", r)
+	}
+	// SIGTERM stops the server cleanly.
+	if err := srv.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Wait(); err != nil {
+		t.Fatalf("server exit: %v: %s", err, srvErr.String())
+	}
+}

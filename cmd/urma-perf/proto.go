@@ -1,0 +1,70 @@
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// The perf protocol, after the transport's own handshake. The client opens
+// each connection with a 16-byte header; the server answers with 8 bytes
+// saying how long each response will be:
+//
+//	client: "UPRF" u32 version=1 u32 request size u32 flags (0)
+//	server: "UPRF" u32 response size (the request size with --echo, else 8)
+//
+// then request, response, request, response... A connection that does not
+// start with "UPRF" is a plain TCP client: it gets a byte echo (or, from a
+// non-echo server, silence).
+const (
+	perfMagic   = "UPRF"
+	perfVersion = 1
+	ackSize     = 8
+	// maxSize bounds a request so a bad header cannot make the server
+	// allocate without limit.
+	maxSize = 64 << 20
+)
+
+func appendClientHeader(dst []byte, size int) []byte {
+	dst = append(dst, perfMagic...)
+	dst = binary.BigEndian.AppendUint32(dst, perfVersion)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(size))
+	return binary.BigEndian.AppendUint32(dst, 0)
+}
+
+// readClientHeaderRest reads the 12 bytes after the magic.
+func readClientHeaderRest(r io.Reader) (size int, err error) {
+	var b [12]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, fmt.Errorf("read perf header: %w", err)
+	}
+	if v := binary.BigEndian.Uint32(b[0:]); v != perfVersion {
+		return 0, fmt.Errorf("perf header version %d, want %d", v, perfVersion)
+	}
+	size = int(binary.BigEndian.Uint32(b[4:]))
+	if size < 1 || size > maxSize {
+		return 0, fmt.Errorf("perf request size %d outside 1..%d", size, maxSize)
+	}
+	return size, nil
+}
+
+func appendServerHeader(dst []byte, respSize int) []byte {
+	dst = append(dst, perfMagic...)
+	return binary.BigEndian.AppendUint32(dst, uint32(respSize))
+}
+
+func readServerHeader(r io.Reader) (respSize int, err error) {
+	var b [8]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, fmt.Errorf("read the server's perf header: %w", err)
+	}
+	if string(b[:4]) != perfMagic {
+		return 0, errors.New("the server is not a urma-perf server (no perf header)")
+	}
+	respSize = int(binary.BigEndian.Uint32(b[4:]))
+	if respSize < 1 || respSize > maxSize {
+		return 0, fmt.Errorf("server response size %d outside 1..%d", respSize, maxSize)
+	}
+	return respSize, nil
+}

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/openeuler/urma-k8s/pkg/transport"
+)
+
+// serverEvent is one line of the server's output (JSON with --json).
+type serverEvent struct {
+	Event          string `json:"event"` // listening, conn, closed
+	Addr           string `json:"addr,omitempty"`
+	Remote         string `json:"remote,omitempty"`
+	Mode           string `json:"mode,omitempty"`
+	FallbackReason string `json:"fallbackReason,omitempty"`
+	Echo           bool   `json:"echo,omitempty"`
+	Protocol       string `json:"protocol,omitempty"` // perf or plain
+	BytesIn        uint64 `json:"bytesIn,omitempty"`
+	BytesOut       uint64 `json:"bytesOut,omitempty"`
+	Error          string `json:"error,omitempty"`
+}
+
+// printer writes events, one per line, from any goroutine.
+type printer struct {
+	mu   sync.Mutex
+	w    io.Writer
+	json bool
+}
+
+func (p *printer) event(e serverEvent) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.json {
+		b, _ := json.Marshal(e)
+		fmt.Fprintln(p.w, string(b))
+		return
+	}
+	switch e.Event {
+	case "listening":
+		fmt.Fprintf(p.w, "listening on %s echo=%v urma=%v", e.Addr, e.Echo, e.FallbackReason == "")
+		if e.FallbackReason != "" {
+			fmt.Fprintf(p.w, " (every connection falls back: %s)", e.FallbackReason)
+		}
+		fmt.Fprintln(p.w)
+	case "conn":
+		fmt.Fprintf(p.w, "conn from %s mode=%s", e.Remote, e.Mode)
+		if e.FallbackReason != "" {
+			fmt.Fprintf(p.w, " fallback=%q", e.FallbackReason)
+		}
+		fmt.Fprintln(p.w)
+	case "closed":
+		fmt.Fprintf(p.w, "conn from %s closed protocol=%s in=%d out=%d", e.Remote, e.Protocol, e.BytesIn, e.BytesOut)
+		if e.Error != "" {
+			fmt.Fprintf(p.w, " error=%q", e.Error)
+		}
+		fmt.Fprintln(p.w)
+	}
+}
+
+func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("urma-perf server", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:0", "TCP address to listen on (the software provider listens on the same host)")
+	echo := fs.Bool("echo", false, "return every request; without it each request gets an 8-byte answer")
+	mode := fs.String("mode", "auto", "auto: URMA when the client can; tcp: TCP only (URMA clients fall back)")
+	var c common
+	c.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *mode != "auto" && *mode != "tcp" {
+		return usageError{fmt.Errorf("--mode %q: want auto or tcp", *mode)}
+	}
+	cfg, err := c.config(fs, stderr)
+	if err != nil {
+		return usageError{err}
+	}
+	cfg.DisableURMA = *mode == "tcp"
+	ln, err := transport.ListenTransport("tcp", *listen, cfg)
+	if err != nil {
+		return err
+	}
+	out := &printer{w: stdout, json: c.json}
+	out.event(serverEvent{Event: "listening", Addr: ln.Addr().String(), Echo: *echo, FallbackReason: ln.FallbackReason()})
+
+	var wg sync.WaitGroup
+	conns := map[net.Conn]struct{}{}
+	var mu sync.Mutex
+	stop := context.AfterFunc(ctx, func() {
+		_ = ln.Close()
+		mu.Lock()
+		for c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+	})
+	defer stop()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			wg.Wait()
+			return err
+		}
+		mu.Lock()
+		conns[conn] = struct{}{}
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			serveConn(conn, *echo, out)
+			mu.Lock()
+			delete(conns, conn)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// countingConn counts bytes each way.
+type countingConn struct {
+	net.Conn
+	in, out atomic.Uint64
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.in.Add(uint64(n))
+	return n, err
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.out.Add(uint64(n))
+	return n, err
+}
+
+func serveConn(conn net.Conn, echo bool, out *printer) {
+	defer conn.Close()
+	tc := conn.(transport.Conn)
+	out.event(serverEvent{Event: "conn", Remote: conn.RemoteAddr().String(), Mode: tc.Mode().String(), FallbackReason: tc.FallbackReason()})
+	c := &countingConn{Conn: conn}
+	protocol, err := serve(c, echo)
+	ev := serverEvent{Event: "closed", Remote: conn.RemoteAddr().String(), Protocol: protocol, BytesIn: c.in.Load(), BytesOut: c.out.Load()}
+	if err != nil {
+		ev.Error = err.Error()
+	}
+	out.event(ev)
+}
+
+// serve answers one connection until it ends; a clean end is no error.
+func serve(c net.Conn, echo bool) (protocol string, err error) {
+	magic := make([]byte, len(perfMagic))
+	n, err := io.ReadFull(c, magic)
+	if err != nil || string(magic) != perfMagic {
+		// A plain client: echo its bytes, or swallow them.
+		if echo {
+			if _, werr := c.Write(magic[:n]); werr != nil {
+				return "plain", werr
+			}
+			if err == nil {
+				_, err = io.Copy(c, c)
+			}
+		} else if err == nil {
+			_, err = io.Copy(io.Discard, c)
+		}
+		return "plain", cleanEnd(err)
+	}
+	size, err := readClientHeaderRest(c)
+	if err != nil {
+		return "perf", err
+	}
+	resp := ackSize
+	if echo {
+		resp = size
+	}
+	if _, err := c.Write(appendServerHeader(nil, resp)); err != nil {
+		return "perf", err
+	}
+	buf := make([]byte, max(size, ackSize))
+	for {
+		if _, err := io.ReadFull(c, buf[:size]); err != nil {
+			return "perf", cleanEnd(err)
+		}
+		if _, err := c.Write(buf[:resp]); err != nil {
+			return "perf", err
+		}
+	}
+}
+
+// cleanEnd maps the peer's orderly close, and ours at shutdown, to no error.
+func cleanEnd(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
