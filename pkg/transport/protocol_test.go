@@ -261,3 +261,58 @@ func TestBrpcStylePeerCredits(t *testing.T) {
 		t.Fatalf("the peer got %d credits back for 13 messages, want at least one batch of 7", r.credits)
 	}
 }
+
+// TestTokenProtectsJettyAndSegments: what a server advertises can be
+// imported only with the listener's token; its receive memory cannot be
+// imported at all (local-only).
+func TestTokenProtectsJettyAndSegments(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, smallFlags()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	r := newRawPeer(t, pb, ln.Addr().String()) // imports with the right token
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h := r.server
+	if !h.HasToken || h.Token == 0 {
+		t.Fatalf("server hello carries no token: %+v", h)
+	}
+	jetty := urma.JettyID{EID: h.EID, UASID: h.UASID, ID: h.JettyID}
+	seg := urma.SegmentID{EID: h.SegEID, UASID: h.SegUASID, VA: h.SegVA, Len: h.SegLen, TokenID: h.SegTokenID}
+	for _, tok := range []urma.Token{0, urma.Token(h.Token + 1)} {
+		if rj, err := r.ctx.ImportJetty(context.Background(), jetty, urma.RM, tok); !errors.Is(err, urma.ErrAccess) {
+			if rj != nil {
+				_ = rj.Close()
+			}
+			t.Errorf("import jetty with token %#x: %v, want ErrAccess", tok, err)
+		}
+		if rs, err := r.ctx.ImportSegment(seg, tok); !errors.Is(err, urma.ErrAccess) {
+			if rs != nil {
+				_ = rs.Close()
+			}
+			t.Errorf("import segment with token %#x: %v, want ErrAccess", tok, err)
+		}
+	}
+	pool := c.(*urmaConn).pool.seg.ID()
+	if rs, err := r.ctx.ImportSegment(pool, urma.Token(h.Token)); !errors.Is(err, urma.ErrAccess) {
+		if rs != nil {
+			_ = rs.Close()
+		}
+		t.Errorf("import the receive pool even with the token: %v, want ErrAccess (local-only)", err)
+	}
+	// Two listeners draw different tokens.
+	ln2, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, smallFlags()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln2.Close()
+	if ln2.e.token == ln.e.token {
+		t.Error("two listeners share a token")
+	}
+}
