@@ -399,3 +399,15 @@ func TestDiscover(t *testing.T) {
 		t.Fatal("Discover accepted a bad pattern")
 	}
 }
+
+func TestRunLeavesNoGoroutines(t *testing.T) {
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	base := runtime.NumGoroutine()
+	n := start(t, tree, func(c *Config) { c.CDIEnabled, c.CDI.Dir = true, t.TempDir() })
+	n.units("udma0", func(m map[string]*pluginapi.Device) bool { return len(m) == 63 })
+	eventually(t, "node labelled", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
+	n.stop()
+	n.kubelet.Stop()
+	eventually(t, "goroutines back to the baseline", func() bool { return runtime.NumGoroutine() <= base })
+}
