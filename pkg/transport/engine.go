@@ -115,6 +115,12 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 	if fb := e.checkDevice(); fb != nil {
 		return fb
 	}
+	if dev.Bonding() {
+		// brpc sets the bonding mode right after creating the context;
+		// urma.Context has no call for it yet.
+		e.log.Info("bonding device: urma_bonding_mode and urma_bonding_level cannot be applied through the provider API; the device's current mode is used",
+			"device", dev.Name, "bondingMode", e.s.flags.BondingMode, "bondingLevel", e.s.flags.BondingLevel)
+	}
 	eidIndex := 0
 	if e.s.eid != nil {
 		if e.ownsProv {
