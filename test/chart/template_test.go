@@ -205,7 +205,7 @@ func TestTemplateValues(t *testing.T) {
 		values: []string{"--set", "devicePlugin.jettiesPerUnit=32", "--set", "devicePlugin.hostReserve=0"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			argv := args(t, container(t, one(t, objs, "DaemonSet"), "device-plugin"))
-			for flag, want := range map[string]string{"--units-per-id": "32", "--host-reserve": "0"} {
+			for flag, want := range map[string]string{"--jetties-per-unit": "32", "--host-reserve": "0"} {
 				if got, ok := argValue(argv, flag); !ok || got != want {
 					t.Errorf("%s = %q (present %v), want %q; args %v", flag, got, ok, want, argv)
 				}
