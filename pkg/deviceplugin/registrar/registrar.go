@@ -162,181 +162,217 @@ type served struct {
 // Run serves and registers until ctx is cancelled, then stops the server,
 // removes the socket and returns nil.
 func (r *Registrar) Run(ctx context.Context) error {
-	var cur *served
-	var kubeletIno fileID // identity of kubelet.sock at our last registration
-	needServe, needRegister := true, true
-	backoff := r.cfg.BackoffInitial
-	failures := 0 // consecutive failed registrations
-	retry := time.NewTimer(0)
-	defer retry.Stop()
+	l := &loop{r: r, needServe: true, needRegister: true, backoff: r.cfg.BackoffInitial, retry: time.NewTimer(0)}
+	defer l.retry.Stop()
 	check := time.NewTicker(r.cfg.CheckInterval)
 	defer check.Stop()
-
-	var fsw *fsnotify.Watcher
-	var events <-chan fsnotify.Event
-	var fsErrs <-chan error
+	defer l.closeWatch()
 	defer func() {
-		if fsw != nil {
-			fsw.Close()
-		}
-	}()
-	ensureWatch := func() {
-		if fsw != nil || r.cfg.pollOnly {
-			return
-		}
-		w, err := fsnotify.NewWatcher()
-		if err != nil {
-			r.log.Error(err, "fsnotify unavailable; checking the socket directory by polling only")
-			return
-		}
-		if err := w.Add(r.cfg.SocketDir); err != nil {
-			w.Close()
-			r.log.V(1).Info("cannot watch the socket directory yet", "dir", r.cfg.SocketDir, "error", err.Error())
-			return
-		}
-		fsw, events, fsErrs = w, w.Events, w.Errors
-	}
-
-	stop := func() {
-		if cur == nil {
-			return
-		}
-		cur.srv.Stop()
-		<-cur.done
-		cur = nil
-	}
-	defer func() {
-		stop()
+		l.stop()
 		r.setState(false, false)
 	}()
 
 	for {
-		ensureWatch()
+		l.ensureWatch()
 		var serveDone <-chan struct{}
-		if cur != nil {
-			serveDone = cur.done
+		if l.cur != nil {
+			serveDone = l.cur.done
 		}
 		select {
 		case <-ctx.Done():
-			if cur != nil {
-				ino := cur.ino
-				stop()
+			if l.cur != nil {
+				ino := l.cur.ino
+				l.stop()
 				r.removeOwnSocket(ino)
 				r.log.Info("device plugin stopped and its socket removed", "socket", r.SocketPath())
 			}
 			return nil
-
-		case <-retry.C:
-			if cur != nil && inode(r.SocketPath()) != cur.ino {
-				// Removed under us, and the event is still queued: kubelet
-				// would dial a socket that is gone and hang for its 10 s.
-				needServe = true
-			}
-			if needServe {
-				stop()
-				s, err := r.serve()
-				if err != nil {
-					r.log.Error(err, "cannot serve the device plugin socket; retrying", "in", backoff)
-					retry.Reset(backoff)
-					backoff = min(backoff*2, r.cfg.BackoffMax)
-					continue
-				}
-				cur, needServe, needRegister = s, false, true
-				r.setState(true, false)
-				r.log.Info("serving the device plugin", "socket", r.SocketPath())
-			}
-			if needRegister {
-				// The identity of the kubelet.sock we are about to dial, taken
-				// before the call: if kubelet restarts during it, the
-				// periodic check sees a different socket and registers again.
-				target := inode(r.kubeletSocket())
-				err := r.register(ctx)
-				r.metrics.ObserveRegistration(err)
-				if err != nil {
-					// While kubelet is down this repeats every BackoffMax: say
-					// it loudly the first time and then once a minute or so.
-					failures++
-					lg := r.log.V(1)
-					if failures == 1 || failures%12 == 0 {
-						lg = r.log
-					}
-					lg.Info("registration with kubelet failed; retrying", "error", err.Error(), "in", backoff, "attempt", failures)
-					retry.Reset(backoff)
-					backoff = min(backoff*2, r.cfg.BackoffMax)
-					continue
-				}
-				needRegister, backoff, failures = false, r.cfg.BackoffInitial, 0
-				kubeletIno = target
-				r.setState(true, true)
-				r.log.Info("registered with kubelet", "resource", r.cfg.ResourceName, "kubeletSocket", r.kubeletSocket())
-			}
-
+		case <-l.retry.C:
+			l.attempt(ctx)
 		case <-serveDone:
 			r.log.Info("device plugin gRPC server ended unexpectedly; serving again")
-			cur, needServe = nil, true
-			r.setState(false, false)
-			r.kick(retry, &backoff)
-
-		case ev, ok := <-events:
+			l.cur = nil
+			l.reserve()
+		case ev, ok := <-l.events:
 			if !ok {
-				fsw, events, fsErrs = nil, nil, nil
+				l.closeWatch()
 				continue
 			}
-			switch {
-			case ev.Name == r.cfg.SocketDir && ev.Has(fsnotify.Remove|fsnotify.Rename):
-				// The directory itself went away: watch it again once it is
-				// back; the periodic check notices our socket is gone.
-				fsw.Close()
-				fsw, events, fsErrs = nil, nil, nil
-			case ev.Name == r.kubeletSocket() && ev.Has(fsnotify.Create):
-				if !needRegister && inode(r.kubeletSocket()) == kubeletIno {
-					continue // the kubelet we already registered with
-				}
-				r.log.Info("kubelet.sock created: kubelet (re)started; registering again")
-				needRegister = true
-				r.setState(cur != nil, false)
-				r.kick(retry, &backoff)
-			case ev.Name == r.SocketPath() && ev.Has(fsnotify.Remove|fsnotify.Rename):
-				if cur != nil && inode(r.SocketPath()) == cur.ino {
-					continue // our own re-creation raced the event
-				}
-				r.log.Info("our socket was removed (kubelet restart?); serving again and re-registering", "socket", r.SocketPath())
-				needServe = true
-				r.setState(false, false)
-				r.kick(retry, &backoff)
-			}
-
-		case err, ok := <-fsErrs:
+			l.onEvent(ev)
+		case err, ok := <-l.fsErrs:
 			if !ok {
-				fsErrs = nil
+				l.fsErrs = nil
 				continue
 			}
 			r.log.Error(err, "fsnotify error on the socket directory; relying on the periodic check")
-
 		case <-check.C:
-			if cur != nil && inode(r.SocketPath()) != cur.ino {
-				r.log.Info("our socket is gone or replaced; serving again", "socket", r.SocketPath())
-				needServe = true
-				r.setState(false, false)
-				r.kick(retry, &backoff)
-				continue
-			}
-			if !needRegister && !needServe {
-				if ino := inode(r.kubeletSocket()); ino != (fileID{}) && ino != kubeletIno {
-					r.log.Info("kubelet.sock replaced since we registered; registering again")
-					needRegister = true
-					r.setState(cur != nil, false)
-					r.kick(retry, &backoff)
-				}
-			}
+			l.onCheck()
 		}
 	}
 }
 
+// loop is Run's state; only Run's goroutine touches it.
+type loop struct {
+	r            *Registrar
+	cur          *served // nil when not serving
+	kubeletIno   fileID  // identity of kubelet.sock at our last registration
+	needServe    bool
+	needRegister bool
+	backoff      time.Duration
+	failures     int // consecutive failed registrations
+	retry        *time.Timer
+
+	fsw        *fsnotify.Watcher
+	events     <-chan fsnotify.Event
+	fsErrs     <-chan error
+	noFsnotify bool // inotify is unavailable (said once)
+}
+
+// attempt serves and registers as needed, scheduling a retry on failure.
+func (l *loop) attempt(ctx context.Context) {
+	r := l.r
+	if l.cur != nil && inode(r.SocketPath()) != l.cur.ino {
+		// Removed under us, and the event is still queued: kubelet would
+		// dial a socket that is gone and hang for its 10 s.
+		l.needServe = true
+	}
+	if l.needServe {
+		l.stop()
+		s, err := r.serve()
+		if err != nil {
+			r.log.Error(err, "cannot serve the device plugin socket; retrying", "in", l.backoff)
+			l.again()
+			return
+		}
+		l.cur, l.needServe, l.needRegister = s, false, true
+		r.setState(true, false)
+		r.log.Info("serving the device plugin", "socket", r.SocketPath())
+	}
+	if !l.needRegister {
+		return
+	}
+	// The identity of the kubelet.sock about to be dialled, taken before the
+	// call: if kubelet restarts during it, the periodic check sees a
+	// different socket and registers again.
+	target := inode(r.kubeletSocket())
+	err := r.register(ctx)
+	r.metrics.ObserveRegistration(err)
+	if err != nil {
+		// While kubelet is down this repeats every BackoffMax: say it loudly
+		// the first time and then about once a minute.
+		l.failures++
+		lg := r.log.V(1)
+		if l.failures == 1 || l.failures%12 == 0 {
+			lg = r.log
+		}
+		lg.Info("registration with kubelet failed; retrying", "error", err.Error(), "in", l.backoff, "attempt", l.failures)
+		l.again()
+		return
+	}
+	l.needRegister, l.backoff, l.failures = false, r.cfg.BackoffInitial, 0
+	l.kubeletIno = target
+	r.setState(true, true)
+	r.log.Info("registered with kubelet", "resource", r.cfg.ResourceName, "kubeletSocket", r.kubeletSocket())
+}
+
+// onEvent reacts to a change in the socket directory.
+func (l *loop) onEvent(ev fsnotify.Event) {
+	r := l.r
+	switch {
+	case ev.Name == r.cfg.SocketDir && ev.Has(fsnotify.Remove|fsnotify.Rename):
+		// The directory itself went away: watch it again once it is back;
+		// the periodic check notices our socket is gone.
+		l.closeWatch()
+	case ev.Name == r.kubeletSocket() && ev.Has(fsnotify.Create):
+		if !l.needRegister && inode(r.kubeletSocket()) == l.kubeletIno {
+			return // the kubelet we already registered with
+		}
+		r.log.Info("kubelet.sock created: kubelet (re)started; registering again")
+		l.reregister()
+	case ev.Name == r.SocketPath() && ev.Has(fsnotify.Remove|fsnotify.Rename):
+		if l.cur != nil && inode(r.SocketPath()) == l.cur.ino {
+			return // our own re-creation raced the event
+		}
+		r.log.Info("our socket was removed (kubelet restart?); serving again and re-registering", "socket", r.SocketPath())
+		l.reserve()
+	}
+}
+
+// onCheck is the periodic backstop for missed events.
+func (l *loop) onCheck() {
+	r := l.r
+	if l.cur != nil && inode(r.SocketPath()) != l.cur.ino {
+		r.log.Info("our socket is gone or replaced; serving again", "socket", r.SocketPath())
+		l.reserve()
+		return
+	}
+	if l.needRegister || l.needServe {
+		return
+	}
+	if ino := inode(r.kubeletSocket()); ino != (fileID{}) && ino != l.kubeletIno {
+		r.log.Info("kubelet.sock replaced since we registered; registering again")
+		l.reregister()
+	}
+}
+
+// reserve schedules serving again (and so registering again) at once.
+func (l *loop) reserve() {
+	l.needServe = true
+	l.r.setState(false, false)
+	l.kick()
+}
+
+// reregister schedules a registration at once.
+func (l *loop) reregister() {
+	l.needRegister = true
+	l.r.setState(l.cur != nil, false)
+	l.kick()
+}
+
 // kick makes the next attempt immediate with a fresh backoff.
-func (r *Registrar) kick(retry *time.Timer, backoff *time.Duration) {
-	*backoff = r.cfg.BackoffInitial
-	retry.Reset(0)
+func (l *loop) kick() {
+	l.backoff = l.r.cfg.BackoffInitial
+	l.retry.Reset(0)
+}
+
+// again schedules the next attempt after the backoff, and doubles it.
+func (l *loop) again() {
+	l.retry.Reset(l.backoff)
+	l.backoff = min(l.backoff*2, l.r.cfg.BackoffMax)
+}
+
+func (l *loop) stop() {
+	if l.cur == nil {
+		return
+	}
+	l.cur.srv.Stop()
+	<-l.cur.done
+	l.cur = nil
+}
+
+func (l *loop) ensureWatch() {
+	if l.fsw != nil || l.r.cfg.pollOnly || l.noFsnotify {
+		return
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		l.noFsnotify = true
+		l.r.log.Error(err, "fsnotify unavailable; checking the socket directory by polling only")
+		return
+	}
+	if err := w.Add(l.r.cfg.SocketDir); err != nil {
+		w.Close()
+		l.r.log.V(1).Info("cannot watch the socket directory yet", "dir", l.r.cfg.SocketDir, "error", err.Error())
+		return
+	}
+	l.fsw, l.events, l.fsErrs = w, w.Events, w.Errors
+}
+
+func (l *loop) closeWatch() {
+	if l.fsw != nil {
+		l.fsw.Close()
+	}
+	l.fsw, l.events, l.fsErrs = nil, nil, nil
 }
 
 // serve listens on the socket (replacing a stale file) and starts serving.
