@@ -77,7 +77,9 @@ type urmaConn struct {
 	creditWRs      int // of the reserved credit WRs, free
 	pendingCredits int // receives reposted, not yet returned to the peer
 	peerGone       bool
-	err            error
+	err            error // the connection is broken both ways
+	sendErr        error // our sends fail; reads go on until the peer's EOF
+	escalate       *time.Timer
 	torn           bool
 	stopped        bool
 	creditWR       urma.SendWR
@@ -332,20 +334,29 @@ func (c *urmaConn) poll() int {
 
 // handleBatch applies completion records; pollMu is held.
 func (c *urmaConn) handleBatch(cs []urma.Completion) {
-	var perr error
+	var perr, serr error
 	readable, writable := false, false
 	c.mu.Lock()
 	for i := range cs {
 		r, w, err := c.handleLocked(&cs[i])
 		readable = readable || r
 		writable = writable || w
-		if err != nil && perr == nil {
+		var sf sendFailure
+		switch {
+		case err == nil:
+		case errors.As(err, &sf):
+			if serr == nil {
+				serr = sf.err
+			}
+		case perr == nil:
 			perr = err
 		}
 	}
 	c.mu.Unlock()
 	if perr != nil {
 		c.fail(perr)
+	} else if serr != nil {
+		c.failSend(serr)
 	}
 	if readable {
 		notify(c.readable)
@@ -417,8 +428,15 @@ func (c *urmaConn) handleLocked(cr *urma.Completion) (readable, writable bool, e
 	return true, writable, nil
 }
 
+// sendFailure is a failed send completion: the peer's jetty is gone or
+// unreachable. It breaks our sending direction only (see failSend).
+type sendFailure struct{ err error }
+
+func (s sendFailure) Error() string { return s.err.Error() }
+
 // handleErrorLocked handles a failed completion: expected flushes while
-// closing, anything else breaks the connection.
+// closing; a failed send breaks the sending direction (sendFailure); a
+// failed receive breaks the connection.
 func (c *urmaConn) handleErrorLocked(cr *urma.Completion) (bool, bool, error) {
 	if !cr.Recv && cr.UserCtx != 0 && cr.Status != urma.StatusWRFlushErrDone {
 		if idx := cr.UserCtx - 1; idx < uint64(len(c.pool.bufs)) {
@@ -440,11 +458,10 @@ func (c *urmaConn) handleErrorLocked(cr *urma.Completion) (bool, bool, error) {
 			return false, true, nil
 		}
 	}
-	kind := "send"
 	if cr.Recv {
-		kind = "receive"
+		return true, true, fmt.Errorf("URMA receive completed with status %s", cr.Status)
 	}
-	return true, true, fmt.Errorf("URMA %s completed with status %s", kind, cr.Status)
+	return true, true, sendFailure{fmt.Errorf("URMA send completed with status %s", cr.Status)}
 }
 
 // postRecvLocked (re)posts receive slot; c.mu is held.
@@ -533,6 +550,7 @@ func (c *urmaConn) watchTCP() {
 	c.mu.Lock()
 	c.peerGone = true
 	c.stopLocked()
+	c.stopEscalationLocked()
 	c.mu.Unlock()
 	if err != nil && !errors.Is(err, io.EOF) {
 		c.log.V(1).Info("TCP connection broke", "error", err.Error())
@@ -559,6 +577,7 @@ func (c *urmaConn) fail(err error) {
 	}
 	c.err = err
 	c.stopLocked()
+	c.stopEscalationLocked()
 	c.mu.Unlock()
 	if errors.Is(err, ErrProtocol) {
 		c.e.metrics.ProtocolError()
@@ -567,6 +586,35 @@ func (c *urmaConn) fail(err error) {
 	_ = c.tcp.Close()
 	notify(c.readable)
 	notify(c.writable)
+}
+
+// sendFailGrace is how long a connection whose sends fail waits for the
+// peer's EOF before it counts as broken. A peer that closes gracefully
+// closes its TCP connection before it destroys its jetty, so a credit sent
+// in that instant fails although the session is ending cleanly.
+const sendFailGrace = 2 * time.Second
+
+// failSend breaks the sending direction: writes fail with err at once;
+// reads go on, and end with io.EOF if the peer's TCP connection ends within
+// sendFailGrace, else with err.
+func (c *urmaConn) failSend(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil || c.sendErr != nil || c.peerGone || c.state == stateClosed {
+		return
+	}
+	c.sendErr = err
+	c.stopLocked()
+	c.escalate = time.AfterFunc(sendFailGrace, func() { c.fail(err) })
+	notify(c.writable)
+}
+
+// stopEscalationLocked cancels failSend's timer; c.mu is held.
+func (c *urmaConn) stopEscalationLocked() {
+	if c.escalate != nil {
+		c.escalate.Stop()
+		c.escalate = nil
+	}
 }
 
 // notify wakes the waiter on ch, if any, without blocking.
@@ -598,6 +646,8 @@ func (c *urmaConn) writeErrLocked() error {
 		return c.err
 	case c.peerGone:
 		return errPeerClosed
+	case c.sendErr != nil:
+		return c.sendErr
 	}
 	return nil
 }
@@ -631,7 +681,6 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 			}
 			select {
 			case <-c.readable:
-			case <-c.stopCh:
 			case <-c.closedCh:
 			case <-c.rdl.done():
 			}
@@ -697,7 +746,6 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 		}
 		select {
 		case <-c.readable:
-		case <-c.stopCh:
 		case <-c.closedCh:
 		case <-c.rdl.done():
 		}
@@ -923,6 +971,7 @@ func (c *urmaConn) Close() error {
 	c.state = stateClosed
 	close(c.closedCh)
 	c.stopLocked()
+	c.stopEscalationLocked()
 	c.mu.Unlock()
 	notify(c.readable)
 	notify(c.writable)
@@ -948,7 +997,7 @@ func (c *urmaConn) waitSendsDone() {
 	for {
 		c.mu.Lock()
 		outstanding := (c.windowCap - c.sqWindow) + (creditWRs - c.creditWRs)
-		done := outstanding == 0 || c.err != nil || c.peerGone
+		done := outstanding == 0 || c.err != nil || c.sendErr != nil || c.peerGone
 		c.mu.Unlock()
 		if done {
 			return
@@ -1089,6 +1138,8 @@ func (c *urmaConn) Debug() DebugInfo {
 		state = "FAILED: " + c.err.Error()
 	case c.peerGone:
 		state = "PEER_CLOSED"
+	case c.sendErr != nil:
+		state = "SEND_FAILED: " + c.sendErr.Error()
 	}
 	d := DebugInfo{
 		Mode: ModeURMA, Role: c.role, State: state, HandshakeVersion: c.version,

@@ -316,3 +316,53 @@ func TestTokenProtectsJettyAndSegments(t *testing.T) {
 		t.Error("two listeners share a token")
 	}
 }
+
+// TestCreditToAClosedPeer: a peer that sent its last messages and closed
+// is still read to the end. Close closes the TCP connection before it
+// destroys the jetty, but the reader may notice the EOF only after it
+// returned credits to the vanished jetty; that failed send must not turn
+// the buffered bytes and the io.EOF into an error. Here the peer's jetty
+// goes first, so the failing credit is certain.
+func TestCreditToAClosedPeer(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	scfg := cfgWith(pa, smallFlags())
+	scfg.NoToken = true
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	r := newRawPeer(t, pb, ln.Addr().String())
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const msgs, size = 13, 100 // the whole window
+	for i := 0; i < msgs; i++ {
+		if st := r.send(size, 0); st != urma.StatusSuccess {
+			t.Fatalf("send %d: %s", i, st)
+		}
+	}
+	// The peer's jetty vanishes; its TCP connection is still open.
+	for _, x := range []io.Closer{r.target, r.rseg, r.jetty} {
+		_ = x.Close()
+	}
+	r.target, r.rseg, r.jetty = nil, nil, nil
+	got := make([]byte, msgs*size)
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("read the buffered messages: %v", err)
+	}
+	uc := c.(*urmaConn)
+	waitFor(t, "the credit to the vanished jetty to fail", 5*time.Second, func() bool {
+		return strings.HasPrefix(uc.Debug().State, "SEND_FAILED")
+	})
+	if _, err := c.Write([]byte("x")); err == nil || !strings.Contains(err.Error(), "REM_ACCESS_ABORT") {
+		t.Fatalf("write after the failed send: %v", err)
+	}
+	_ = r.tcp.Close() // now the peer's end arrives
+	if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("read after the peer's EOF: %d, %v; want io.EOF", n, err)
+	}
+}
