@@ -3,7 +3,7 @@
 # docs/demo.md). Everything is built from source into bin/ and reused on
 # later runs:
 #
-#   bin/k8s/{kube-apiserver,etcd}   the local control plane (hack/tools.mk envtest-assets)
+#   bin/k8s/{kube-apiserver,etcd}   the local control plane (hack/tools.sh, as hack/tools.mk)
 #   bin/urma-operator               ./cmd/operator
 #   bin/urma-device-plugin          ./cmd/deviceplugin
 #   bin/urma-perf                   ./cmd/urma-perf
@@ -28,11 +28,9 @@ command -v go >/dev/null 2>&1 || die "go is not on PATH"
 if [[ ! -x bin/k8s/kube-apiserver || ! -x bin/k8s/etcd ]]; then
 	log "building the local control plane (kube-apiserver, etcd) from source: the first time this takes several minutes (10 or more on 2 cores); later runs reuse bin/k8s"
 fi
-if command -v make >/dev/null 2>&1; then
-	make --no-print-directory -f hack/tools.mk envtest-assets
-else
-	hack/tools.sh envtest-assets
-fi
+# Only the two binaries envtest runs: `make -f hack/tools.mk envtest-assets`
+# would build kubectl too, which the demo does not need.
+BIN="$ROOT/bin" ENVTEST_ASSETS="$ROOT/bin/k8s" hack/tools.sh kube-apiserver etcd
 
 # The project's binaries. A binary whose package has not landed yet is
 # skipped here; the demo then stops with a clear message at the step that

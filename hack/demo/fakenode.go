@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/discover"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
@@ -71,86 +73,18 @@ func (d *demo) discoverFakeNode(ctx context.Context) error {
 	return nil
 }
 
-// discoveredDevice is the part of one entry of `urma-device-plugin
-// discover`'s JSON that the demo shows.
-type discoveredDevice struct {
-	Name          string      `json:"name"`
-	Driver        string      `json:"driver"`
-	TransportType looseString `json:"transportType"`
-	NUMANode      *int        `json:"numaNode"`
-	DevNode       string      `json:"devNode"`
-	Ports         []discPort  `json:"ports"`
-	EIDs          []discEID   `json:"eids"`
-	Caps          discCaps    `json:"caps"`
-	ReservedJetty urma.Range  `json:"reservedJetty"`
-	Healthy       bool        `json:"healthy"`
-	Reason        string      `json:"reason"`
-	Budget        *discBudget `json:"budget"`
-}
+// discoveredDevice is one entry of `urma-device-plugin discover`'s JSON.
+type discoveredDevice = discover.Device
 
-type discPort struct {
-	Index  int         `json:"index"`
-	State  looseString `json:"state"`
-	Usable bool        `json:"usable"`
-}
-
-type discEID struct {
-	Index int    `json:"index"`
-	EID   string `json:"eid"`
-}
-
-type discCaps struct {
-	MaxJetty    uint32 `json:"maxJetty"`
-	MaxJFSDepth uint32 `json:"maxJfsDepth"`
-	MaxJFRDepth uint32 `json:"maxJfrDepth"`
-	MaxJFCDepth uint32 `json:"maxJfcDepth"`
-	MaxMsgSize  uint64 `json:"maxMsgSize"`
-}
-
-type discBudget struct {
-	Jetties uint32 `json:"jetties"`
-	Units   uint32 `json:"units"`
-}
-
-// looseString reads a JSON string or number as text, so an enum shown
-// either as its name or as its kernel value prints the same way.
-type looseString string
-
-func (s *looseString) UnmarshalJSON(b []byte) error {
-	var str string
-	if err := json.Unmarshal(b, &str); err == nil {
-		*s = looseString(str)
-		return nil
-	}
-	var n json.Number
-	if err := json.Unmarshal(b, &n); err != nil {
-		return fmt.Errorf("want a string or a number, got %s", b)
-	}
-	*s = looseString(n.String())
-	return nil
-}
-
-// parseDiscover reads discover's JSON: an array of devices, or an object
-// with a "devices" array.
+// parseDiscover reads discover's JSON array of devices.
 func parseDiscover(b []byte) ([]discoveredDevice, error) {
 	b = bytes.TrimSpace(b)
 	if len(b) == 0 {
 		return nil, fmt.Errorf("no output")
 	}
 	var devs []discoveredDevice
-	if b[0] == '{' {
-		var wrapped struct {
-			Devices *[]discoveredDevice `json:"devices"`
-		}
-		if err := json.Unmarshal(b, &wrapped); err != nil {
-			return nil, fmt.Errorf("not the discover JSON: %w", err)
-		}
-		if wrapped.Devices == nil {
-			return nil, fmt.Errorf(`not the discover JSON: an object without a "devices" array`)
-		}
-		devs = *wrapped.Devices
-	} else if err := json.Unmarshal(b, &devs); err != nil {
-		return nil, fmt.Errorf("not the discover JSON: %w", err)
+	if err := json.Unmarshal(b, &devs); err != nil {
+		return nil, fmt.Errorf("not the discover JSON (an array of devices): %w", err)
 	}
 	for i, dv := range devs {
 		if dv.Name == "" {
@@ -166,12 +100,16 @@ func formatDevices(devs []discoveredDevice) string {
 		return "no devices discovered\n"
 	}
 	var b strings.Builder
+	// Why devices are not advertised, as footnotes: the reasons are long.
+	notAdvertised := map[string][]string{}
+	var reasons []string
+	var resource, perUnit uint32
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "DEVICE\tDRIVER\tNUMA\tPORTS\tEID\tMAX JETTY\tHEALTH\tBUDGET")
 	for _, dv := range devs {
 		numa := "-"
-		if dv.NUMANode != nil && *dv.NUMANode >= 0 {
-			numa = strconv.Itoa(*dv.NUMANode)
+		if dv.NUMANode >= 0 {
+			numa = strconv.Itoa(dv.NUMANode)
 		}
 		ports := make([]string, len(dv.Ports))
 		for i, p := range dv.Ports {
@@ -191,15 +129,34 @@ func formatDevices(devs []discoveredDevice) string {
 				health += ": " + dv.Reason
 			}
 		}
-		budget := "not advertised"
-		if dv.Budget != nil && dv.Budget.Units > 0 {
-			budget = fmt.Sprintf("%d jetties (%d units)", dv.Budget.Jetties, dv.Budget.Units)
-		} else if dv.Budget != nil {
-			budget = "0"
+		budget := fmt.Sprintf("%d jetties (%d units)", dv.Budget.Jetties, dv.Budget.Units)
+		if !dv.Advertised {
+			budget = "not advertised*"
+			why := "(no reason given)"
+			if dv.Selection != nil && *dv.Selection != "" {
+				why = *dv.Selection
+			}
+			if _, seen := notAdvertised[why]; !seen {
+				reasons = append(reasons, why)
+			}
+			notAdvertised[why] = append(notAdvertised[why], dv.Name)
+		} else {
+			resource += dv.Budget.Units
+			if dv.Budget.Units > 0 {
+				perUnit = dv.Budget.Jetties / dv.Budget.Units
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", dv.Name, dv.Driver, numa, orDash(strings.Join(ports, ",")), eid, dv.Caps.MaxJetty, health, budget)
 	}
 	tw.Flush()
+	for _, why := range reasons {
+		fmt.Fprintf(&b, "* %s: %s\n", strings.Join(notAdvertised[why], ", "), why)
+	}
+	if resource > 0 {
+		fmt.Fprintf(&b, "=> the device plugin advertises %d units of %s on this node (%d jetties each)\n", resource, nodefacts.ResourceName, perUnit)
+	} else {
+		fmt.Fprintf(&b, "=> the device plugin advertises no %s on this node\n", nodefacts.ResourceName)
+	}
 	return b.String()
 }
 

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 )
 
@@ -185,17 +186,21 @@ func (d *demo) demoNodes() ([]*corev1.Node, error) {
 	return []*corev1.Node{node}, nil
 }
 
-// factsFromDiscovery derives the facts the device plugin would publish for
-// the discovered devices: the smallest of each limit over the healthy devices
-// it advertises (those with a budget).
+// factsFromDiscovery derives the facts the device plugin publishes for the
+// discovered devices (as nodelabel.FactsFor does for its inventory): the
+// number of advertised devices and the smallest of each limit among them,
+// since a pod may land on any.
 func factsFromDiscovery(devs []discoveredDevice) (nodefacts.Facts, error) {
 	var f nodefacts.Facts
 	for _, dv := range devs {
-		if !dv.Healthy || dv.Budget == nil || dv.Budget.Units == 0 {
+		if !dv.Advertised {
 			continue
 		}
 		c := dv.Caps
-		perUnit := dv.Budget.Jetties / dv.Budget.Units
+		perUnit := budget.Default().JettiesPerUnit
+		if dv.Budget.Units > 0 {
+			perUnit = dv.Budget.Jetties / dv.Budget.Units
+		}
 		if f.DeviceCount == 0 {
 			f = nodefacts.Facts{
 				MaxJFSDepth: c.MaxJFSDepth, MaxJFRDepth: c.MaxJFRDepth, MaxJFCDepth: c.MaxJFCDepth,
@@ -207,12 +212,11 @@ func factsFromDiscovery(devs []discoveredDevice) (nodefacts.Facts, error) {
 			f.MaxJFCDepth = min(f.MaxJFCDepth, c.MaxJFCDepth)
 			f.MaxMsgSize = min(f.MaxMsgSize, c.MaxMsgSize)
 			f.JettiesPerDevice = min(f.JettiesPerDevice, dv.Budget.Jetties)
-			f.JettiesPerUnit = min(f.JettiesPerUnit, perUnit)
 		}
 		f.DeviceCount++
 	}
 	if f.DeviceCount == 0 {
-		return f, errors.New("the device plugin advertises no healthy device on the fake node")
+		return f, errors.New("the device plugin advertises no device on the fake node")
 	}
 	if err := f.Validate(); err != nil {
 		return f, fmt.Errorf("node facts from the discovered devices: %w", err)

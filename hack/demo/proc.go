@@ -167,12 +167,16 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// indent prefixes every line of s with prefix.
+// indent prefixes every non-empty line of s with prefix and drops trailing
+// newlines.
 func indent(s, prefix string) string {
-	if s == "" {
-		return ""
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	for i, l := range lines {
+		if strings.TrimSpace(l) != "" {
+			lines[i] = prefix + l
+		}
 	}
-	return prefix + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n"+prefix)
+	return strings.Join(lines, "\n")
 }
 
 // lockedWriter serialises writes from the stdout and stderr copiers into one
