@@ -1,0 +1,103 @@
+package deviceplugin
+
+import (
+	"flag"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+func parse(t *testing.T, args ...string) (Config, error) {
+	t.Helper()
+	cfg := Default()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg.AddServeFlags(fs)
+	err := fs.Parse(args)
+	return cfg, err
+}
+
+func TestDefaultsAreValid(t *testing.T) {
+	cfg, err := parse(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+	if cfg.Sysfs.SysfsRoot != "/sys" || cfg.Sysfs.DevRoot != "/dev" || cfg.Registrar.SocketDir != "/var/lib/kubelet/device-plugins" ||
+		cfg.Inventory.Budget.JettiesPerUnit != 16 || cfg.Inventory.Selection.Bonding != selection.BondingAuto || !cfg.LabelNode {
+		t.Errorf("defaults %+v", cfg)
+	}
+}
+
+func TestServeFlags(t *testing.T) {
+	cfg, err := parse(t,
+		"--sysfs-root=/host/sys", "--dev-root=/host/dev", "--jetties-per-unit=32", "--host-reserve=64",
+		"--max-units-per-device=100", "--include=udma*, bonding*", "--exclude=udma9", "--drivers=udma",
+		"--transports=UB,hns_ub", "--bonding=never", "--soft-devices=3", "--soft-jetties=256",
+		"--poll-interval=2s", "--health-debounce-scans=3", "--health-debounce-hold=1s",
+		"--socket-dir=/plugins", "--socket-name=x.sock", "--resource-name=example.com/j",
+		"--kubelet-check-interval=1s", "--resync-interval=30s", "--extra-dev-nodes=/dev/a,/dev/b",
+		"--cdi", "--cdi-spec-dir=/etc/cdi", "--cdi-kind=example.com/urma", "--label-node=false",
+		"--node-name=n1", "--kubeconfig=/kc", "--nfd-features-dir=/nfd", "--metrics-address=:1234",
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name string
+		ok   bool
+	}{
+		{"roots", cfg.Sysfs.SysfsRoot == "/host/sys" && cfg.Sysfs.DevRoot == "/host/dev"},
+		{"budget", cfg.Inventory.Budget.JettiesPerUnit == 32 && cfg.Inventory.Budget.HostReserve == 64 && cfg.Inventory.Budget.MaxUnitsPerDevice == 100},
+		{"include", slices.Equal(cfg.Inventory.Selection.Include, []string{"udma*", "bonding*"})},
+		{"exclude", slices.Equal(cfg.Inventory.Selection.Exclude, []string{"udma9"})},
+		{"drivers", slices.Equal(cfg.Inventory.Selection.Drivers, []string{"udma"})},
+		{"transports", slices.Equal(cfg.Inventory.Selection.Transports, []urma.TransportType{urma.TransportUB, urma.TransportHNSUB})},
+		{"bonding", cfg.Inventory.Selection.Bonding == selection.BondingNever},
+		{"soft", cfg.Inventory.SoftDevices == 3 && cfg.Inventory.SoftJetties == 256},
+		{"watch", cfg.Watch.PollInterval == 2*time.Second && cfg.Inventory.Debounce.Observations == 3 && cfg.Inventory.Debounce.Hold == time.Second},
+		{"registrar", cfg.Registrar.SocketDir == "/plugins" && cfg.Registrar.SocketName == "x.sock" && cfg.Registrar.ResourceName == "example.com/j" && cfg.Registrar.CheckInterval == time.Second},
+		{"server", cfg.Server.Resync == 30*time.Second && slices.Equal(cfg.Server.ExtraDevNodes, []string{"/dev/a", "/dev/b"})},
+		{"cdi", cfg.CDIEnabled && cfg.CDI.Dir == "/etc/cdi" && cfg.CDI.Kind == "example.com/urma"},
+		{"node", !cfg.LabelNode && cfg.NodeName == "n1" && cfg.Kubeconfig == "/kc" && cfg.FeaturesDir == "/nfd"},
+		{"metrics", cfg.MetricsAddress == ":1234"},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			t.Errorf("%s not parsed: %+v", c.name, cfg)
+		}
+	}
+}
+
+func TestValidateNamesEveryProblem(t *testing.T) {
+	cfg, err := parse(t, "--jetties-per-unit=0", "--poll-interval=0s", "--extra-dev-nodes=/etc/x", "--socket-dir=rel", "--cdi", "--cdi-kind=nokind")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cfg.Validate()
+	for _, want := range []string{"jetties per unit", "poll interval", "/etc/x", "absolute", "nokind"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate = %v, want it to mention %q", err, want)
+		}
+	}
+}
+
+func TestBadFlagValues(t *testing.T) {
+	for _, args := range [][]string{
+		{"--jetties-per-unit=-1"}, {"--jetties-per-unit=4294967296"}, {"--host-reserve=x"}, {"--transports=roce"},
+	} {
+		if _, err := parse(t, args...); err == nil {
+			t.Errorf("parse(%q) succeeded", args)
+		}
+	}
+}
