@@ -84,7 +84,25 @@ func newNode(t *testing.T, group string, facts *nodefacts.Facts) *corev1.Node {
 		t.Fatalf("create node: %v", err)
 	}
 	t.Cleanup(func() { _ = env.c.Delete(ctx(), n) })
+	waitCached(t, n)
 	return n
+}
+
+// waitCached waits until the operator's cache holds this version of the
+// node, so that what the test does next sees it as the operator will.
+func waitCached(t *testing.T, n *corev1.Node) {
+	t.Helper()
+	eventually(t, "node "+n.Name+" in the operator's cache", func() error {
+		m := &metav1.PartialObjectMetadata{}
+		m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+		if err := env.cache.Get(ctx(), client.ObjectKeyFromObject(n), m); err != nil {
+			return err
+		}
+		if m.ResourceVersion != n.ResourceVersion {
+			return fmt.Errorf("cache has resourceVersion %s, want %s", m.ResourceVersion, n.ResourceVersion)
+		}
+		return nil
+	})
 }
 
 // newEndpoint returns a Balanced endpoint tuned against nodes of group.

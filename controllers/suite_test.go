@@ -41,6 +41,7 @@ type suite struct {
 	cfg        *rest.Config
 	scheme     *runtime.Scheme
 	c          client.Client // direct (uncached) client for the tests
+	cache      client.Reader // the manager's cache, which the operator reads
 	reconciler *controllers.UrmaEndpointReconciler
 }
 
@@ -146,7 +147,7 @@ func runSuite(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
-	env = &suite{cfg: cfg, scheme: scheme, c: c, reconciler: r}
+	env = &suite{cfg: cfg, scheme: scheme, c: c, cache: mgr.GetCache(), reconciler: r}
 	return m.Run()
 }
 

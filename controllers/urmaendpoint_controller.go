@@ -99,6 +99,12 @@ func (r *UrmaEndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	status, result, applyErr := r.render(ctx, &ep, obs)
 	if err := r.writeStatus(ctx, &ep, status); err != nil {
+		if apierrors.IsConflict(err) {
+			// The cache was behind our own last write; the newer version's
+			// status-only event is filtered out, so look again shortly.
+			log.FromContext(ctx).V(1).Info("status conflict; retrying", "error", err.Error())
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
 		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, err)
 	}
 	if applyErr != nil {
@@ -180,7 +186,13 @@ func (r *UrmaEndpointReconciler) applyConfigMap(ctx context.Context, ep *v1alpha
 		desired.Annotations = map[string]string{}
 	}
 	desired.Annotations[v1alpha1.AnnotationFlagsHash] = pl.Hash
-	desired.Annotations[v1alpha1.AnnotationDeviceLimits] = plan.EncodeLimits(pl.Limits)
+	// Record limits that came from nodes, so an empty read later keeps them;
+	// assumed software limits are not worth keeping over anything.
+	if pl.Source == v1alpha1.LimitsSoftware {
+		delete(desired.Annotations, v1alpha1.AnnotationDeviceLimits)
+	} else {
+		desired.Annotations[v1alpha1.AnnotationDeviceLimits] = plan.EncodeLimits(pl.Limits)
+	}
 	desired.Data = map[string]string{
 		v1alpha1.ConfigMapKeyFlags: pl.Rendered,
 		v1alpha1.ConfigMapKeyHash:  pl.Hash,

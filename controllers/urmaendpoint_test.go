@@ -438,7 +438,7 @@ func TestInvalidEndpointsRejectedByAPIServer(t *testing.T) {
 		{"buffer above range", override("urma_buffer_size", fmt.Sprint(buf.Max*2)), "spec.overrides.urma_buffer_size must be a power of two"},
 		{"buffer at minimum", override("urma_buffer_size", fmt.Sprint(buf.Min)), ""},
 		{"buffer at maximum", override("urma_buffer_size", fmt.Sprint(buf.Max)), ""},
-		{"unknown flag", override("urma_turbo", "1"), "spec.overrides: unknown flag(s) urma_turbo"},
+		{"unknown flag", override("urma_turbo", "1"), "spec.overrides: unknown flag; the known flags are urma_bonding_level"},
 		{"flag out of range without a CEL rule (validating webhook)", override("urma_poller_num", "100"), "urma_poller_num: 100 is out of range"},
 		{"message above max message", func(ep *v1alpha1.UrmaEndpoint) {
 			m := q("4Ki")
@@ -670,5 +670,30 @@ func TestExamplesAreAccepted(t *testing.T) {
 				t.Errorf("example rendered nothing: %+v", got.Status)
 			}
 		})
+	}
+}
+
+// TestAssumedLimitsAreNotKept: limits assumed without node facts are not
+// recorded, so later renders still say Software, never LastKnown.
+func TestAssumedLimitsAreNotKept(t *testing.T) {
+	ns := newNamespace(t)
+	create(t, newEndpoint(ns, "soft", "nobody"))
+	ep := settled(t, ns, "soft", metav1.ConditionTrue)
+	ep.Spec.Profile.InflightPerConnection = 64
+	if err := env.c.Update(ctx(), ep); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "generation 2 rendered", func() error {
+		got := getEndpoint(t, ns, "soft")
+		if got.Status.ObservedGeneration != got.Generation || got.Status.Effective["urma_sq_size"] != "67" {
+			return fmt.Errorf("generation %d/%d sq %s", got.Status.ObservedGeneration, got.Generation, got.Status.Effective["urma_sq_size"])
+		}
+		if got.Status.LimitsSource != v1alpha1.LimitsSoftware {
+			return fmt.Errorf("limitsSource %s, want Software", got.Status.LimitsSource)
+		}
+		return nil
+	})
+	if _, ok := configMap(t, ns, "soft").Annotations[v1alpha1.AnnotationDeviceLimits]; ok {
+		t.Error("assumed software limits were recorded as last known")
 	}
 }

@@ -44,6 +44,7 @@ type options struct {
 	namespace               string
 	webhookService          string
 	certSecret              string
+	extraDNSNames           []string
 	zap                     zap.Options
 }
 
@@ -62,6 +63,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "urma-system"), "namespace the operator runs in (webhook Service and certificate Secret)")
 	fs.StringVar(&o.webhookService, "webhook-service", "urma-operator-webhook", "name of the Service in front of the webhook server")
 	fs.StringVar(&o.certSecret, "cert-secret", "urma-operator-webhook-certs", "Secret holding the self-signed CA and serving certificate")
+	fs.Func("webhook-extra-dns-names", "comma-separated extra DNS names for the self-signed serving certificate (when the API server reaches the webhook by another name)", func(v string) error {
+		for _, n := range strings.Split(v, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				o.extraDNSNames = append(o.extraDNSNames, n)
+			}
+		}
+		return nil
+	})
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
@@ -185,7 +194,7 @@ func newRotator(cfg *rest.Config, scheme *runtime.Scheme, o options, log logr.Lo
 		Client: c, Reader: c,
 		Secret:             types.NamespacedName{Namespace: o.namespace, Name: o.certSecret},
 		CertDir:            o.certDir,
-		DNSNames:           []string{svc, svc + ".cluster.local"},
+		DNSNames:           append([]string{svc, svc + ".cluster.local"}, o.extraDNSNames...),
 		MutatingWebhooks:   []string{webhook.MutatingConfigName},
 		ValidatingWebhooks: []string{webhook.ValidatingConfigName},
 		Log:                log.WithName("certs"),
