@@ -210,7 +210,7 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 
 	ep := &v1alpha1.UrmaEndpoint{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "svc"},
-		Spec: v1alpha1.UrmaEndpointSpec{JettyBudget: 4, Profile: v1alpha1.TrafficProfile{MessageSize: resource.MustParse("4Ki")}},
+		Spec:       v1alpha1.UrmaEndpointSpec{JettyBudget: 4, Profile: v1alpha1.TrafficProfile{MessageSize: resource.MustParse("4Ki")}},
 	}
 	if err := c.Create(ctx, ep); err != nil {
 		t.Fatal(err)
