@@ -127,8 +127,10 @@ func (r *UrmaEndpointReconciler) render(ctx context.Context, ep *v1alpha1.UrmaEn
 
 	pl, err := plan.Make(obs.Input)
 	if err != nil {
-		setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonInvalidSpec,
-			err.Error()+"; the ConfigMap keeps the last valid flags")
+		msg := err.Error() + "; the ConfigMap keeps the last valid flags"
+		if setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonInvalidSpec, msg) {
+			r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventInvalidSpec, "Tune", "%s", msg)
+		}
 		countPods(&st, obs.Pods)
 		return st, ctrl.Result{}, nil // retrying cannot fix the spec; the next edit will
 	}
