@@ -42,7 +42,7 @@ type child struct {
 // only. The log lives in logDir as <name>.log.
 func startChild(logDir, name, path string, args, env []string) (*child, error) {
 	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("start %s: %w (run hack/demo.sh, which builds it)", name, err)
+		return nil, fmt.Errorf("start %s: %w (hack/demo.sh builds it; if it said it skipped it, its package is not in this checkout)", name, err)
 	}
 	logPath := filepath.Join(logDir, name+".log")
 	logFile, err := os.Create(logPath)
