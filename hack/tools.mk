@@ -35,13 +35,16 @@ GOLANGCI_LINT := $(BIN)/golangci-lint
 
 TOOLS_SH := BIN='$(BIN)' ENVTEST_ASSETS='$(ENVTEST_ASSETS)' $(TOOLS_REPO_ROOT)/hack/tools.sh
 
-.PHONY: tools envtest-assets controller-gen helm golangci-lint tools-sync
+.PHONY: tools envtest-assets kubectl controller-gen helm golangci-lint tools-sync
 
 tools: ## build every tool into bin/ (first run takes a while, then instant)
 	@$(TOOLS_SH) all
 
-envtest-assets: ## kube-apiserver, etcd, kubectl into bin/k8s (KUBEBUILDER_ASSETS)
+envtest-assets: ## kube-apiserver and etcd into bin/k8s (KUBEBUILDER_ASSETS)
 	@$(TOOLS_SH) envtest-assets
+
+kubectl: ## bin/k8s/kubectl (optional: envtest does not need it)
+	@$(TOOLS_SH) kubectl
 
 controller-gen: ## bin/controller-gen
 	@$(TOOLS_SH) controller-gen

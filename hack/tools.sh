@@ -2,7 +2,8 @@
 # Builds the project's development tools from source (Go module proxy only,
 # never prebuilt binaries) and caches them under bin/:
 #
-#   bin/k8s/kube-apiserver, bin/k8s/etcd, bin/k8s/kubectl   (envtest: KUBEBUILDER_ASSETS=bin/k8s)
+#   bin/k8s/kube-apiserver, bin/k8s/etcd   (envtest: KUBEBUILDER_ASSETS=bin/k8s)
+#   bin/k8s/kubectl                        (optional; envtest does not need it)
 #   bin/controller-gen, bin/helm, bin/golangci-lint
 #
 # Versions come from hack/versions.env only. A tool is rebuilt only when its
@@ -11,7 +12,7 @@
 #
 # Usage: hack/tools.sh [TARGET...]        (default: all)
 #   all | tools       every tool below
-#   envtest-assets    kube-apiserver + etcd + kubectl into $ENVTEST_ASSETS
+#   envtest-assets    kube-apiserver + etcd into $ENVTEST_ASSETS (kubectl: ask for it)
 #   kube-apiserver | etcd | kubectl | controller-gen | helm | golangci-lint
 #   sync              regenerate the wrapper modules hack/tools/{kube-apiserver,etcd}
 #                     from hack/versions.env (commit their go.mod/go.sum afterwards)
@@ -216,6 +217,7 @@ _etcd() {
 go_install() {
 	local name=$1 pkg=$2 version=$3 extra=${4:-} tmp
 	stamp_current "$name" "$version" "$BIN/$name" && return 0
+	rm -rf "$BIN/.install-$name."* # left by an interrupted run (we hold the lock)
 	tmp=$(mktemp -d "$BIN/.install-$name.XXXXXX")
 	if ! timed "building $name $version (first time only)" \
 		env GOBIN="$tmp" go install -trimpath -ldflags="-s -w $extra" "$pkg@$version"; then
@@ -266,8 +268,10 @@ ensure() { # ensure TOOL: build TOOL unless cached (cheap check first, then unde
 	locked "$tool" "${fn[@]}"
 }
 
-ENVTEST_TOOLS=(kube-apiserver etcd kubectl)
-ALL_TOOLS=("${ENVTEST_TOOLS[@]}" controller-gen helm golangci-lint)
+# kubectl is left out of envtest-assets: envtest starts without it and it
+# would add minutes to every fresh machine's (and CI's) first `make test`.
+ENVTEST_TOOLS=(kube-apiserver etcd)
+ALL_TOOLS=("${ENVTEST_TOOLS[@]}" kubectl controller-gen helm golangci-lint)
 
 main() {
 	local target t
