@@ -341,14 +341,16 @@ func (c *urmaConn) handleBatch(cs []urma.Completion) {
 		r, w, err := c.handleLocked(&cs[i])
 		readable = readable || r
 		writable = writable || w
-		var sf sendFailure
-		switch {
-		case err == nil:
-		case errors.As(err, &sf):
+		if err == nil {
+			continue
+		}
+		// A type assertion, not errors.As: handleLocked returns
+		// sendFailure unwrapped, and errors.As would allocate per record.
+		if sf, ok := err.(sendFailure); ok {
 			if serr == nil {
 				serr = sf.err
 			}
-		case perr == nil:
+		} else if perr == nil {
 			perr = err
 		}
 	}

@@ -167,3 +167,55 @@ func TestZeroCopyHoldingBuffersStallsThePeer(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestZeroCopyDoesNotAllocate: in steady state a message sent with
+// AllocBuffer/WriteBuffer and taken with ReadBuffer/Release allocates
+// nothing, on either side, completion handling included; nor does
+// Write/Read.
+func TestZeroCopyDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	checkNoLeaks(t)
+	for _, polling := range []bool{false, true} {
+		pa, pb := fabricPair(t)
+		f := smallFlags()
+		f.UsePolling, f.PollerYield = polling, polling
+		p := connect(t, cfgWith(pa, f), cfgWith(pb, f))
+		zw, zr := p.client.(ZeroCopyConn), p.server.(ZeroCopyConn)
+		msg := func() {
+			b, err := zw.AllocBuffer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := zw.WriteBuffer(b, 1000); err != nil { // above urma_zerocopy_min_size
+				t.Fatal(err)
+			}
+			r, err := zr.ReadBuffer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Release()
+		}
+		for i := 0; i < 1000; i++ { // warm up: pools, channels, credits
+			msg()
+		}
+		if avg := testing.AllocsPerRun(2000, msg); avg > 0.01 {
+			t.Errorf("polling=%v: %.3f allocations per zero-copy message, want 0", polling, avg)
+		}
+		// The copying API allocates nothing per message either.
+		out, in := make([]byte, 3000), make([]byte, 3000)
+		copying := func() {
+			if _, err := p.client.Write(out); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(p.server, in); err != nil {
+				t.Fatal(err)
+			}
+		}
+		copying()
+		if avg := testing.AllocsPerRun(1000, copying); avg > 0.01 {
+			t.Errorf("polling=%v: %.3f allocations per Write/Read, want 0", polling, avg)
+		}
+	}
+}
