@@ -1,0 +1,140 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/flags"
+)
+
+func TestPreparedCap(t *testing.T) {
+	tests := []struct {
+		nofile uint64
+		want   int
+	}{
+		{0, 0}, {64, 0}, {65, 0}, {66, 1}, {1024, 480}, {1 << 20, (1<<20 - 64) / 2},
+	}
+	for _, tc := range tests {
+		if got := preparedCap(tc.nofile); got != tc.want {
+			t.Errorf("preparedCap(%d) = %d, want %d", tc.nofile, got, tc.want)
+		}
+	}
+}
+
+// setRlimit lowers a soft limit for the test and restores it after.
+func setRlimit(t *testing.T, resource int, cur uint64) {
+	t.Helper()
+	var old unix.Rlimit
+	if err := unix.Getrlimit(resource, &old); err != nil {
+		t.Fatal(err)
+	}
+	if old.Max != unix.RLIM_INFINITY && cur > old.Max {
+		t.Skipf("hard limit %d is below %d", old.Max, cur)
+	}
+	if err := unix.Setrlimit(resource, &unix.Rlimit{Cur: cur, Max: old.Max}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Setrlimit(resource, &old) })
+}
+
+// TestPreparedJettiesCappedByNofileAndBudget: urma_prepared_jetty_cnt is
+// capped by RLIMIT_NOFILE ((limit - 64) / 2) and by the jetty budget.
+func TestPreparedJettiesCappedByNofileAndBudget(t *testing.T) {
+	checkNoLeaks(t)
+	tests := []struct {
+		name   string
+		nofile uint64
+		budget int
+		want   int
+	}{
+		{"nofile caps", 100, 0, 18},
+		{"budget caps", 4096, 5, 5},
+		{"flag wins", 4096, 0, 32},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			setRlimit(t, unix.RLIMIT_NOFILE, tc.nofile)
+			pa, _ := fabricPair(t)
+			f := smallFlags()
+			f.PreparedJettyCnt = 32
+			f.BufferCount = 64
+			cfg := cfgWith(pa, f)
+			cfg.JettyBudget = tc.budget
+			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			if got := ln.e.jetties.target; got != tc.want {
+				t.Fatalf("prepared jetty target %d, want %d", got, tc.want)
+			}
+			waitFor(t, "the pool to prepare its jetties", 10*time.Second, func() bool {
+				prepared, _ := ln.e.jetties.stats()
+				return prepared == tc.want
+			})
+		})
+	}
+}
+
+// TestMemlockReported: an RLIMIT_MEMLOCK below the pool is reported in the
+// metrics (and the log); the software provider works regardless.
+func TestMemlockReported(t *testing.T) {
+	checkNoLeaks(t)
+	setRlimit(t, unix.RLIMIT_MEMLOCK, 64<<10)
+	reg := prometheus.NewRegistry()
+	pa, pb := fabricPair(t)
+	f := smallFlags() // 256 x 1 KiB
+	scfg := cfgWith(pa, f)
+	scfg.Registerer = reg
+	p := connect(t, scfg, cfgWith(pb, f))
+	got := gatherFlat(t, reg)
+	pool := float64(f.BufferCount*f.BufferSize + unix.Getpagesize())
+	if got["urma_transport_memlock_limit_bytes"] != 64<<10 {
+		t.Errorf("memlock limit metric %v, want %d", got["urma_transport_memlock_limit_bytes"], 64<<10)
+	}
+	if want := pool - 64<<10; got["urma_transport_memlock_shortfall_bytes"] != want {
+		t.Errorf("memlock shortfall metric %v, want %v", got["urma_transport_memlock_shortfall_bytes"], want)
+	}
+	if p.server.Mode() != ModeURMA {
+		t.Errorf("the software provider should not mind memlock: %s", p.server.FallbackReason())
+	}
+}
+
+// TestListenOnUnspecifiedAddress: with the zero Config, a listener on
+// 0.0.0.0 puts the software fabric on an address peers can dial.
+func TestListenOnUnspecifiedAddress(t *testing.T) {
+	checkNoLeaks(t)
+	f := flags.Defaults()
+	f.BufferCount = 512
+	cfg := Config{Flags: &f, LookupEnv: noEnv}
+	ln, err := ListenTransport("tcp", "0.0.0.0:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if r := ln.FallbackReason(); r != "" {
+		t.Fatalf("listener cannot use URMA: %s", r)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	c, err := Dial(context.Background(), "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if m, _ := ModeOf(c); m != ModeURMA {
+		t.Fatalf("mode %s: %s", m, c.(Conn).FallbackReason())
+	}
+	exchange(t, c, s, "over the socket fabric")
+}
+
