@@ -137,4 +137,3 @@ func TestListenOnUnspecifiedAddress(t *testing.T) {
 	}
 	exchange(t, c, s, "over the socket fabric")
 }
-
