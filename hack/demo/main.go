@@ -120,7 +120,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if interrupted {
 		fmt.Fprintln(stdout, "\n==> interrupted: cleaning up")
 	}
-	// Cleanup runs with its own deadline: ctx may already be over.
+	// Cleanup needs no context: ctx may be over, and every stop it does is bounded.
 	cleanupErr := d.cleanup()
 	switch {
 	case runErr != nil && interrupted:
