@@ -39,6 +39,7 @@ func (d *demo) startControlPlane(ctx context.Context) error {
 		ErrorIfCRDPathMissing:    true,
 		AttachControlPlaneOutput: d.o.verbose,
 	}
+	fmt.Fprintf(d.out, "    starting kube-apiserver and etcd from %s (10 s, up to a minute on a busy machine)\n", d.o.assetsDir)
 	// Start does not take a context; a Ctrl-C meanwhile is acted on when it
 	// returns, and cleanup stops whatever it started.
 	cfg, err := d.env.Start()
