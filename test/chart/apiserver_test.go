@@ -24,6 +24,7 @@ import (
 // server-side applies every rendered object with dryRun=All. Server-side apply
 // rejects fields a schema does not declare, so a misplaced field fails too.
 func TestRenderedObjectsAcceptedByAPIServer(t *testing.T) {
+	t.Parallel()
 	assets := kubebuilderAssets(t)
 
 	type variant struct {

@@ -37,17 +37,3 @@ func TestHelmLint(t *testing.T) {
 		})
 	}
 }
-
-// TestCIValuesRender renders every ci/*-values.yaml (they are also what the
-// API server dry-run applies).
-func TestCIValuesRender(t *testing.T) {
-	t.Parallel()
-	for _, f := range ciValuesFiles(t) {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			t.Parallel()
-			if objs := render(t, "-f", f); len(objs) == 0 {
-				t.Errorf("%s renders nothing", f)
-			}
-		})
-	}
-}
