@@ -3,6 +3,7 @@ package transport
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -72,7 +73,7 @@ func TestURMAEcho(t *testing.T) {
 	if err := p.client.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := p.server.Read(make([]byte, 1)); err != io.EOF {
+	if n, err := p.server.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("read after peer close: %d, %v; want EOF", n, err)
 	}
 	if s := p.server.Debug().State; s != "PEER_CLOSED" {

@@ -346,7 +346,7 @@ func (c *urmaConn) handleBatch(cs []urma.Completion) {
 		}
 		// A type assertion, not errors.As: handleLocked returns
 		// sendFailure unwrapped, and errors.As would allocate per record.
-		if sf, ok := err.(sendFailure); ok {
+		if sf, ok := err.(sendFailure); ok { //nolint:errorlint // unwrapped by construction; errors.As would allocate
 			if serr == nil {
 				serr = sf.err
 			}
@@ -672,7 +672,7 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 		if c.rxLen == 0 {
 			err := c.readErrLocked()
 			c.mu.Unlock()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				return 0, io.EOF
 			}
 			if err != nil {
@@ -740,7 +740,7 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 		}
 		err := c.readErrLocked()
 		c.mu.Unlock()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return nil, io.EOF
 		}
 		if err != nil {

@@ -197,7 +197,7 @@ func TestPlainTCPClientServedTransparently(t *testing.T) {
 				if _, err := io.ReadFull(raw, r); err != nil || string(r) != "reply" {
 					t.Fatalf("client read %q, %v", r, err)
 				}
-			} else if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			} else if n, err := c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
 				t.Fatalf("after the client's close: %d, %v; want EOF", n, err)
 			}
 		})

@@ -362,7 +362,7 @@ func TestCreditToAClosedPeer(t *testing.T) {
 		t.Fatalf("write after the failed send: %v", err)
 	}
 	_ = r.tcp.Close() // now the peer's end arrives
-	if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+	if n, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("read after the peer's EOF: %d, %v; want io.EOF", n, err)
 	}
 }

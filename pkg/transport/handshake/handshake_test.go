@@ -303,7 +303,7 @@ func TestReadHello(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := bytes.NewReader(append(bytes.Clone(tc.stream[MagicLen:]), trailer...))
-			if tc.wantErr == io.ErrUnexpectedEOF {
+			if errors.Is(tc.wantErr, io.ErrUnexpectedEOF) {
 				r = bytes.NewReader(tc.stream[MagicLen:])
 			}
 			got, v, err := ReadHello(r, tc.stream[:MagicLen])
