@@ -3,6 +3,7 @@ package chart_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -49,12 +50,18 @@ func TestRenderedObjectsAcceptedByAPIServer(t *testing.T) {
 	}
 
 	env := &envtest.Environment{
-		BinaryAssetsDirectory:    assets,
-		CRDs:                     crds,
-		CRDDirectoryPaths:        []string{filepath.Join("testdata", "crds")},
-		ErrorIfCRDPathMissing:    true,
-		ControlPlaneStartTimeout: 90 * time.Second,
-		ControlPlaneStopTimeout:  30 * time.Second,
+		BinaryAssetsDirectory: assets,
+		CRDs:                  crds,
+		CRDDirectoryPaths:     []string{filepath.Join("testdata", "crds")},
+		ErrorIfCRDPathMissing: true,
+	}
+	// envtest's 20 s default is too short on a loaded 2-core machine; a
+	// timeout set in the environment (make test sets one) wins.
+	if os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT") == "" {
+		env.ControlPlaneStartTimeout = 120 * time.Second
+	}
+	if os.Getenv("KUBEBUILDER_CONTROLPLANE_STOP_TIMEOUT") == "" {
+		env.ControlPlaneStopTimeout = 60 * time.Second
 	}
 	cfg, err := env.Start()
 	if err != nil {
