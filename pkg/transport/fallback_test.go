@@ -481,3 +481,63 @@ func TestForeignServer(t *testing.T) {
 		t.Fatalf("read %q, %v: the server's greeting must be kept", got, err)
 	}
 }
+
+// TestForeignClientWithoutAck: a client without our extension (brpc) that
+// the server declines may go straight to TCP without an ACK; its bytes
+// reach the application intact, whether it speaks first or waits.
+func TestForeignClientWithoutAck(t *testing.T) {
+	checkNoLeaks(t)
+	pa, _ := fabricPair(t)
+	cfg := cfgWith(pa, smallFlags())
+	cfg.DisableURMA = true
+	cfg.HandshakeTimeout = 200 * time.Millisecond
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, tc := range []struct {
+		name, first string
+	}{{"speaks first", "PRPC request bytes"}, {"waits for the server", ""}} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, reply, err := rawHello(t, ln.Addr().String(), handshake.AppendV2(nil, fakeHello()))
+			if !errors.Is(err, handshake.ErrInvalidHello) || !handshake.IsFallback(reply) {
+				t.Fatalf("reply %+v, %v; want the fallback hello", reply, err)
+			}
+			if tc.first != "" {
+				if _, err := raw.Write([]byte(tc.first)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if c.(Conn).Mode() != ModeTCP {
+				t.Fatal("not TCP")
+			}
+			if tc.first != "" {
+				got := make([]byte, len(tc.first))
+				if _, err := io.ReadFull(c, got); err != nil || string(got) != tc.first {
+					t.Fatalf("read %q, %v; want %q", got, err, tc.first)
+				}
+			}
+			exchange(t, raw, c, "then both ways")
+		})
+	}
+	// Our own clients (with the extension) still must ACK: bit 0 after a
+	// fallback is a breakdown, not data.
+	h := fakeHello()
+	h.SQSize = 16
+	raw, _, err := rawHello(t, ln.Addr().String(), handshake.AppendV2(nil, h))
+	if !errors.Is(err, handshake.ErrInvalidHello) {
+		t.Fatal(err)
+	}
+	if _, err := raw.Write([]byte("PRPC")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := raw.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("read %d bytes; the server should have dropped our own client's bad ACK", n)
+	}
+}

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -249,9 +250,24 @@ func serverExchange(ctx context.Context, e *engine, tcp net.Conn) (Conn, string,
 	if _, err := tcp.Write(reply); err != nil {
 		return fail(fmt.Errorf("send hello: %w", err))
 	}
-	useURMA, flags, err := handshake.ReadAck(tcp)
+	// A foreign client (no extension in its hello: brpc) that we decline
+	// may send no ACK at all: brpc's URMA client goes straight to TCP.
+	// Its first bytes then cannot pass for an ACK (reserved bits set), or
+	// it says nothing until the handshake timeout; either way it is served
+	// as TCP with nothing lost. Our own clients always send the ACK.
+	lenient := c == nil && !h.HasToken && h.SQSize == 0
+	var ackBytes [handshake.AckLen]byte
+	n, err = io.ReadFull(tcp, ackBytes[:])
 	if err != nil {
-		return fail(err)
+		if lenient && isTimeout(err) {
+			return tcpMode(fb, ackBytes[:n], int(version))
+		}
+		return fail(fmt.Errorf("read handshake ACK: %w", err))
+	}
+	flags := binary.BigEndian.Uint32(ackBytes[:])
+	useURMA := flags&handshake.AckUseURMA != 0
+	if lenient && flags&^handshake.AckUseURMA != 0 {
+		return tcpMode(fb, ackBytes[:], int(version))
 	}
 	switch {
 	case !useURMA && c != nil:
