@@ -15,7 +15,7 @@ import (
 )
 
 // TestDeployManifest decodes every object of deploy.yaml strictly into its
-// Go type, so a misspelt field fails here rather than on a user's cluster,
+// Go type, so a misspelled field fails here rather than on a user's cluster,
 // and checks that the pieces name each other: both pod templates carry the
 // endpoint label of the UrmaEndpoint, and the client dials the Service.
 func TestDeployManifest(t *testing.T) {

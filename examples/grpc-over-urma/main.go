@@ -140,7 +140,9 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer, rea
 	select {
 	case <-ctx.Done():
 		srv.GracefulStop()
-		<-served
+		if err := <-served; err != nil { // nil after GracefulStop
+			return fmt.Errorf("serve gRPC: %w", err)
+		}
 		return nil
 	case err := <-served:
 		return fmt.Errorf("serve gRPC: %w", err)
@@ -238,7 +240,7 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	select {
 	case c = <-modes:
 	default:
-		return errors.New("the calls succeeded but no connection was dialled")
+		return errors.New("the calls succeeded but no connection was dialed")
 	}
 	fmt.Fprintf(stdout, "%d health checks in %s (%.1f us each); connection %s\n",
 		*calls, elapsed.Round(time.Microsecond), float64(elapsed.Microseconds())/float64(*calls), describe(c))
