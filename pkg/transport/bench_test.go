@@ -93,12 +93,12 @@ func benchMemcpy(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer src.Free()
+	defer func() { _ = src.Free() }()
 	dst, err := urma.AllocMemory(n)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer dst.Free()
+	defer func() { _ = dst.Free() }()
 	b.ReportAllocs()
 	b.SetBytes(int64(n))
 	for b.Loop() {

@@ -4,7 +4,7 @@ import "sync"
 
 // JettyBudget counts jetties against a limit: the pod's share of the
 // device, as the device plugin allocated it (URMA_JETTY_BUDGET). It is an
-// admission budget the workload honours, not isolation the device enforces.
+// admission budget the workload honors, not isolation the device enforces.
 // Share one between the Listeners and Dialers of a process through
 // Config.Budget so they stay within the pod's budget together.
 type JettyBudget struct {

@@ -45,7 +45,7 @@ type Config struct {
 	Flags *flags.Flags
 	// Provider is the URMA implementation to use; the transport does not
 	// close it. Nil creates the software provider (socket fabric) on the
-	// host address of the listener, or of the first dialled connection.
+	// host address of the listener, or of the first dialed connection.
 	Provider urma.Provider
 	// Device names the device to open; "" takes URMA_DEVICE, then the first
 	// of URMA_DEVICES, then --urma_device, then the first device with an

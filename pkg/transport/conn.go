@@ -43,8 +43,8 @@ const (
 // registered pool into the peer's posted receives, credits returned as empty
 // SEND_WITH_IMMs, the TCP connection kept only to notice the peer's end.
 //
-// Locks: readMu serialises readers, writeMu writers; mu guards the windows,
-// the receive queue and the state; pollMu serialises completion handling.
+// Locks: readMu serializes readers, writeMu writers; mu guards the windows,
+// the receive queue and the state; pollMu serializes completion handling.
 // Order: readMu/writeMu -> mu; pollMu -> mu. Provider calls never call back,
 // so they may be made under any of them.
 type urmaConn struct {
@@ -201,7 +201,7 @@ func (c *urmaConn) applyPeer(ctx context.Context, h handshake.Hello) *fallback {
 	c.windowCap = min(c.e.sqSize, peerRQ) - creditWRs
 	// Our receive window as the peer computes it; the peer's SQ depth is
 	// only known from our extension, else assume the smallest legal one.
-	peerWindow := min(c.e.rqSize, 16) - creditWRs
+	peerWindow := min(c.e.rqSize-creditWRs, minPeerWindow)
 	if h.SQSize != 0 {
 		peerWindow = min(c.e.rqSize, int(h.SQSize)) - creditWRs
 	}
@@ -987,6 +987,8 @@ func (c *urmaConn) Close() error {
 	}
 	<-c.watchDone
 	c.teardown()
+	c.rdl.stop()
+	c.wdl.stop()
 	c.e.metrics.ConnClosed(metrics.ModeURMA, c.role)
 	return err
 }

@@ -80,7 +80,7 @@ func (d *Dialer) FallbackReason() string {
 	return ""
 }
 
-// Close releases the dialer; connections already dialled stay open, and the
+// Close releases the dialer; connections already dialed stay open, and the
 // URMA resources go when the last of them closes.
 func (d *Dialer) Close() error {
 	d.mu.Lock()

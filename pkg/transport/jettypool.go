@@ -92,7 +92,7 @@ type jettyPool struct {
 	mu        sync.Mutex
 	prepared  []*jettyRes
 	preparing int        // jetties the filler is creating, budget already taken
-	ready     *sync.Cond // signalled when the filler finishes one
+	ready     *sync.Cond // signaled when the filler finishes one
 	live      int        // counted against the budget by this pool
 	kick      chan struct{}
 }

@@ -181,7 +181,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 // already accepted stay open, and the URMA resources go when the last of
 // them closes.
 func (l *Listener) Close() error {
-	err := error(net.ErrClosed)
+	err := net.ErrClosed
 	l.once.Do(func() {
 		close(l.closed)
 		l.cancel()
