@@ -130,7 +130,7 @@ func (c *Config) AddServeFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CDI.Kind, "cdi-kind", c.CDI.Kind, "CDI vendor/class of the devices")
 	fs.BoolVar(&c.LabelNode, "label-node", c.LabelNode, "label and annotate this Node (NODE_NAME) with the device facts; needs RBAC nodes get/patch")
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "Node to label (default: $NODE_NAME)")
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for node labelling outside a cluster (default: in-cluster config)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for node labeling outside a cluster (default: in-cluster config)")
 	fs.StringVar(&c.FeaturesDir, "nfd-features-dir", c.FeaturesDir, "also write a Node Feature Discovery feature file into this features.d directory")
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address serving /metrics and /healthz; empty disables")
 }

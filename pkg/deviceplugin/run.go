@@ -28,13 +28,13 @@ import (
 // Deps are the things Run would otherwise create itself; tests inject them.
 type Deps struct {
 	// KubeClient labels the Node; nil means build one from Kubeconfig or
-	// the in-cluster config when node labelling is on.
+	// the in-cluster config when node labeling is on.
 	KubeClient kubernetes.Interface
 	// MetricsListening, when set, is told the address /metrics is served on.
 	MetricsListening func(addr string)
 }
 
-// Run serves the device plugin until ctx is cancelled. It returns an error
+// Run serves the device plugin until ctx is canceled. It returns an error
 // only for a configuration it cannot work with (invalid flags, an
 // unbindable metrics address); everything at runtime is retried.
 func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
@@ -109,14 +109,14 @@ func newPublisher(cfg Config, deps Deps, log logr.Logger, m *metrics.Metrics) (*
 		if client == nil {
 			c, err := kubeClient(cfg.Kubeconfig)
 			if err != nil {
-				// Labelling is optional; the plugin's job is kubelet's.
-				log.Error(err, "no Kubernetes API access; not labelling the node")
+				// Labeling is optional; the plugin's job is kubelet's.
+				log.Error(err, "no Kubernetes API access; not labeling the node")
 				pcfg.NodeName = ""
 			}
 			client = c
 		}
 	} else if cfg.LabelNode {
-		log.Info("NODE_NAME is not set; not labelling the node")
+		log.Info("NODE_NAME is not set; not labeling the node")
 	}
 	return nodelabel.New(pcfg, client, log, m), nil
 }

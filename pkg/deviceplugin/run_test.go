@@ -211,7 +211,7 @@ func TestHardwareLifecycle(t *testing.T) {
 		t.Errorf("devices %v", paths)
 	}
 
-	eventually(t, "node labelled", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
+	eventually(t, "node labeled", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
 	facts, err := nodefacts.Parse(n.nodeObj().Annotations)
 	if err != nil || facts.DeviceCount != 1 || facts.JettiesPerDevice != 1008 || facts.MaxJFSDepth != 8192 || facts.JettiesPerUnit != 16 {
 		t.Errorf("node facts %+v, %v", facts, err)
@@ -329,7 +329,7 @@ func TestSoftDevicesOnANodeWithoutHardware(t *testing.T) {
 	if len(resp.Devices) != 0 || len(resp.Mounts) != 0 {
 		t.Errorf("software device mounted something: %v %v", resp.Devices, resp.Mounts)
 	}
-	eventually(t, "node labelled software", func() bool {
+	eventually(t, "node labeled software", func() bool {
 		l := n.nodeObj().Labels
 		return l[nodefacts.LabelSoftware] == "true" && l[nodefacts.LabelDeviceCount] == "2"
 	})
@@ -406,7 +406,7 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 	base := runtime.NumGoroutine()
 	n := start(t, tree, func(c *Config) { c.CDIEnabled, c.CDI.Dir = true, t.TempDir() })
 	n.units("udma0", func(m map[string]*pluginapi.Device) bool { return len(m) == 63 })
-	eventually(t, "node labelled", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
+	eventually(t, "node labeled", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
 	n.stop()
 	n.kubelet.Stop()
 	eventually(t, "goroutines back to the baseline", func() bool { return runtime.NumGoroutine() <= base })

@@ -120,7 +120,7 @@ func (w *Writer) Build(snap *inventory.Snapshot) (spec *specs.Spec, ok bool) {
 	for _, p := range common {
 		spec.ContainerEdits.DeviceNodes = append(spec.ContainerEdits.DeviceNodes, &specs.DeviceNode{Path: p, HostPath: p, Permissions: "rw"})
 	}
-	v, err := cdi.MinimumRequiredVersion(spec)
+	v, err := specs.MinimumRequiredVersion(spec)
 	if err != nil {
 		v = specs.CurrentVersion
 	}

@@ -20,7 +20,7 @@ const ns = "urma_deviceplugin_"
 type Metrics struct {
 	reg *prometheus.Registry
 
-	mu              sync.Mutex // serialises snapshot updates (reset + set)
+	mu              sync.Mutex // serializes snapshot updates (reset + set)
 	units           *prometheus.GaugeVec
 	healthyUnits    *prometheus.GaugeVec
 	deviceHealthy   *prometheus.GaugeVec
@@ -51,7 +51,7 @@ func New() *Metrics {
 		deviceHealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: ns + "device_healthy",
 			Help: "1 when the device is healthy (after debounce), else 0."}, []string{"device"}),
 		unhealthyReason: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: ns + "device_unhealthy_reason",
-			Help: "1 for each unhealthy device, labelled with why."}, []string{"device", "reason"}),
+			Help: "1 for each unhealthy device, labeled with why."}, []string{"device", "reason"}),
 		devices: prometheus.NewGauge(prometheus.GaugeOpts{Name: ns + "devices",
 			Help: "Devices advertised (hardware and software)."}),
 		noDevices: prometheus.NewGauge(prometheus.GaugeOpts{Name: ns + "no_devices",

@@ -37,7 +37,7 @@ const (
 	DefaultRetryMax     = time.Minute
 )
 
-// FactsFor summarises a snapshot: the number of advertised devices, whether
+// FactsFor summarizes a snapshot: the number of advertised devices, whether
 // they are all software devices, and the smallest of each capability (a pod
 // may land on any device, so the operator must not exceed any of them).
 func FactsFor(snap *inventory.Snapshot) nodefacts.Facts {
@@ -112,7 +112,7 @@ func FeatureFile(f nodefacts.Facts) string {
 // directory it does nothing.
 type Config struct {
 	// NodeName is the Node to label (from the NODE_NAME env); "" disables
-	// labelling.
+	// labeling.
 	NodeName string
 	// FeaturesDir is NFD's features.d directory; "" disables the file.
 	FeaturesDir string

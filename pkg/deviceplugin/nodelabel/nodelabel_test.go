@@ -291,7 +291,7 @@ func TestRunRetriesFailures(t *testing.T) {
 		t.Fatal("never succeeded after the failures")
 	}
 	if getNode(t, c).Labels[nodefacts.LabelPresent] != "true" {
-		t.Fatal("node not labelled")
+		t.Fatal("node not labeled")
 	}
 }
 

@@ -159,7 +159,7 @@ type served struct {
 	done chan struct{} // closed when Serve returns
 }
 
-// Run serves and registers until ctx is cancelled, then stops the server,
+// Run serves and registers until ctx is canceled, then stops the server,
 // removes the socket and returns nil.
 func (r *Registrar) Run(ctx context.Context) error {
 	l := &loop{r: r, needServe: true, needRegister: true, backoff: r.cfg.BackoffInitial, retry: time.NewTimer(0)}
@@ -251,7 +251,7 @@ func (l *loop) attempt(ctx context.Context) {
 	if !l.needRegister {
 		return
 	}
-	// The identity of the kubelet.sock about to be dialled, taken before the
+	// The identity of the kubelet.sock about to be dialed, taken before the
 	// call: if kubelet restarts during it, the periodic check sees a
 	// different socket and registers again.
 	target := inode(r.kubeletSocket())
@@ -454,7 +454,7 @@ func inode(path string) fileID {
 		return fileID{}
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return fileID{dev: uint64(st.Dev), ino: st.Ino, ctime: st.Ctim}
+		return fileID{dev: uint64(st.Dev), ino: st.Ino, ctime: st.Ctim} //nolint:unconvert // Stat_t.Dev is narrower on some architectures
 	}
 	return fileID{}
 }
