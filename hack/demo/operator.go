@@ -105,7 +105,7 @@ func (d *demo) runOperator(ctx context.Context) error {
 	var last urmav1.UrmaEndpoint
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		if op.exited() {
-			return false, fmt.Errorf("the operator exited (%v)%s", op.waitErr, op.logTail())
+			return false, fmt.Errorf("the operator exited (%s)%s", op.exitStatus(), op.logTail())
 		}
 		if err := c.Get(ctx, key, &last); err != nil {
 			return false, nil // transient; the deadline bounds it
@@ -277,7 +277,7 @@ func waitHTTPOK(ctx context.Context, c *child, url string, timeout time.Duration
 	hc := &http.Client{Timeout: time.Second}
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		if c.exited() {
-			return false, fmt.Errorf("%s exited (%v)%s", c.name, c.waitErr, c.logTail())
+			return false, fmt.Errorf("%s exited (%s)%s", c.name, c.exitStatus(), c.logTail())
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {

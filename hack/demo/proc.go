@@ -83,6 +83,14 @@ func (c *child) exited() bool {
 	}
 }
 
+// exitStatus describes how the child ended; call it after done is closed.
+func (c *child) exitStatus() string {
+	if c.waitErr == nil {
+		return "exit status 0"
+	}
+	return c.waitErr.Error()
+}
+
 // wait waits for the child to exit by itself, up to timeout, and returns its
 // stdout. A non-zero exit, a timeout or ctx ending is an error that carries
 // the end of the child's log.
@@ -121,7 +129,7 @@ func (c *child) waitLine(ctx context.Context, timeout time.Duration, what string
 		seen += len(lines)
 		if closed {
 			<-c.done
-			return "", fmt.Errorf("%s exited (%v) before printing %s%s", c.name, c.waitErr, what, c.logTail())
+			return "", fmt.Errorf("%s exited (%s) before printing %s%s", c.name, c.exitStatus(), what, c.logTail())
 		}
 		select {
 		case <-changed:

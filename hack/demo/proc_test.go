@@ -161,6 +161,15 @@ func TestChildFailures(t *testing.T) {
 			wantErr: []string{"exited", "exit status 3", "before printing ready", "something went wrong"},
 		},
 		{
+			name:   "exits cleanly before the line",
+			script: `echo starting`,
+			run: func(ctx context.Context, c *child) error {
+				_, err := c.waitLine(ctx, 10*time.Second, "ready", match)
+				return err
+			},
+			wantErr: []string{"exited (exit status 0) before printing ready", "starting"},
+		},
+		{
 			name:   "line never comes",
 			script: `echo starting; exec sleep 600`,
 			run: func(ctx context.Context, c *child) error {
