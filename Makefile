@@ -45,6 +45,7 @@ manifests: controller-gen ## regenerate deepcopy, CRDs, RBAC and webhook manifes
 	hack/sync-chart-crds.sh
 
 BENCH ?= .
+TRANSPORT_BASELINES := -baseline memcpy=BenchmarkTransport/mode=memcpy -baseline tcp=BenchmarkTransport/mode=tcp -baseline raw=BenchmarkTransport/mode=raw
 BENCHTIME ?= 1s
 .PHONY: bench
 bench: ## run the benchmarks; each figure is printed beside its same-run baselines
