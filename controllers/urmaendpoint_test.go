@@ -535,7 +535,7 @@ func TestDeleteLeavesOwnedConfigMapToTheGarbageCollector(t *testing.T) {
 		if isNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("still there: %v", err)
+		return fmt.Errorf("still there: %w", err)
 	})
 	// The operator itself deletes nothing (no finalizer); envtest has no
 	// garbage collector, so the ConfigMap is still here with its reference.

@@ -324,7 +324,3 @@ type UrmaEndpointList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []UrmaEndpoint `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&UrmaEndpoint{}, &UrmaEndpointList{})
-}

@@ -214,7 +214,7 @@ func ensureWithRetry(ctx context.Context, rot *certs.Rotator, log logr.Logger) e
 			return true, nil
 		})
 	if err != nil {
-		return fmt.Errorf("webhook certificates: %w (last error: %v)", err, last)
+		return fmt.Errorf("webhook certificates: %w", errors.Join(err, last))
 	}
 	return nil
 }

@@ -43,9 +43,9 @@ func node(name string, labels map[string]string, f *nodefacts.Facts) Node {
 
 func TestProfile(t *testing.T) {
 	s := spec()
-	max := resource.MustParse("1Mi")
+	maxMsg := resource.MustParse("1Mi")
 	mem := resource.MustParse("64Mi")
-	s.Profile.MaxMessageSize, s.Profile.MemoryBudget = &max, &mem
+	s.Profile.MaxMessageSize, s.Profile.MemoryBudget = &maxMsg, &mem
 	s.Completion, s.HandshakeVersion = v1alpha1.CompletionPolling, 3
 	s.Bonding = &v1alpha1.Bonding{Mode: v1alpha1.BondingBalance, Level: v1alpha1.BondingLevelPort}
 	want := tuning.Profile{MessageSize: 4096, MaxMessageSize: 1 << 20, ConnectionsPerPod: 4, InflightPerConnection: 32,
