@@ -220,12 +220,6 @@ func field(t testing.TB, o *unstructured.Unstructured, path ...string) any {
 	return v
 }
 
-// hasField reports whether a nested field is present.
-func hasField(o *unstructured.Unstructured, path ...string) bool {
-	_, ok, _ := unstructured.NestedFieldNoCopy(o.Object, path...)
-	return ok
-}
-
 // podSpec returns the pod template spec of a workload.
 func podSpec(t testing.TB, o *unstructured.Unstructured) map[string]any {
 	t.Helper()

@@ -2,6 +2,7 @@ package images_test
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -166,7 +167,8 @@ func runImages(t *testing.T, env []string, args ...string) scriptResult {
 	cmd.Stderr = &stderr
 	err := cmd.Run()
 	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
 		code = ee.ExitCode()
 	} else if err != nil {
 		t.Fatalf("running hack/images.sh: %v", err)

@@ -235,7 +235,7 @@ func (c *conn) drain(wait bool) (stuck bool, err error) {
 	for {
 		if len(c.iov) > 0 {
 			c.iov, err = sendIov(c.fd, c.iov, wait, &c.tx)
-			if err == unix.EAGAIN && !wait {
+			if errors.Is(err, unix.EAGAIN) && !wait {
 				return true, nil
 			}
 			if err != nil {

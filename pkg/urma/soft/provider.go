@@ -1,7 +1,6 @@
 package soft
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -250,10 +249,4 @@ func (p *Provider) sleep(d time.Duration) bool {
 // errClosed builds the error every verb returns on a destroyed object.
 func errClosed(op, what string) error {
 	return urma.Errorf(op, urma.ErrClosed.Code, "%s is closed", what)
-}
-
-// isCode reports whether err is an *urma.Error with code c.
-func isCode(err error, c urma.Code) bool {
-	var e *urma.Error
-	return errors.As(err, &e) && e.Code == c
 }
