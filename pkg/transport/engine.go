@@ -161,7 +161,9 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 		e.jetties.fill(e.done)
 	}()
 	e.removeSource = e.metrics.AddResourceSource(e.resourceStats)
-	e.log.V(1).Info("URMA ready", "provider", e.prov.Name(), "device", dev.Name, "eid", e.uctx.EID().String(),
+	// At the default level: an operator must be able to tell from the log
+	// whether bytes move through hardware or through the software provider.
+	e.log.Info("URMA ready", "provider", e.prov.Name(), "device", dev.Name, "eid", e.uctx.EID().String(),
 		"buffers", e.s.flags.BufferCount, "bufferSize", e.bufSize, "sq", e.sqSize, "rq", e.rqSize,
 		"polling", e.s.flags.UsePolling, "jettyBudget", e.s.budget.Limit(), "preparedJetties", e.jetties.target)
 	return nil
