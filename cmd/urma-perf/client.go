@@ -11,45 +11,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/openeuler/urma-k8s/cmd/urma-perf/perfjson"
 	"github.com/openeuler/urma-k8s/pkg/transport"
 )
 
-// ConnReport describes one client connection.
-type ConnReport struct {
-	Mode             string `json:"mode"`
-	FallbackReason   string `json:"fallbackReason,omitempty"`
-	HandshakeVersion int    `json:"handshakeVersion,omitempty"`
-	Local            string `json:"local"`
-	Requests         uint64 `json:"requests"`
-	Error            string `json:"error,omitempty"`
-}
-
-// Latency is in microseconds.
-type Latency struct {
-	Avg  float64 `json:"avg"`
-	Min  float64 `json:"min"`
-	P50  float64 `json:"p50"`
-	P99  float64 `json:"p99"`
-	P999 float64 `json:"p999"`
-	Max  float64 `json:"max"`
-}
-
-// Report is the client's result; --json prints it as is.
-type Report struct {
-	Server              string       `json:"server"`
-	Size                int          `json:"size"`
-	ResponseSize        int          `json:"responseSize"`
-	Concurrency         int          `json:"concurrency"`
-	DurationSeconds     float64      `json:"durationSeconds"`
-	Requests            uint64       `json:"requests"`
-	QPS                 float64      `json:"qps"`
-	SentBytesPerSec     float64      `json:"sentBytesPerSec"`
-	ReceivedBytesPerSec float64      `json:"receivedBytesPerSec"`
-	LatencyMicros       Latency      `json:"latencyMicros"`
-	URMAConns           int          `json:"urmaConns"`
-	TCPConns            int          `json:"tcpConns"`
-	Conns               []ConnReport `json:"conns"`
-}
+// The --json output types live in perfjson so that programs reading them
+// (the demo) decode exactly what urma-perf writes.
+type (
+	ConnReport = perfjson.ConnReport
+	Latency    = perfjson.Latency
+	Report     = perfjson.Report
+)
 
 func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("urma-perf client", flag.ContinueOnError)

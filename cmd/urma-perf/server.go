@@ -11,22 +11,11 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/openeuler/urma-k8s/cmd/urma-perf/perfjson"
 	"github.com/openeuler/urma-k8s/pkg/transport"
 )
 
-// serverEvent is one line of the server's output (JSON with --json).
-type serverEvent struct {
-	Event          string `json:"event"` // listening, conn, closed
-	Addr           string `json:"addr,omitempty"`
-	Remote         string `json:"remote,omitempty"`
-	Mode           string `json:"mode,omitempty"`
-	FallbackReason string `json:"fallbackReason,omitempty"`
-	Echo           bool   `json:"echo,omitempty"`
-	Protocol       string `json:"protocol,omitempty"` // perf or plain
-	BytesIn        uint64 `json:"bytesIn,omitempty"`
-	BytesOut       uint64 `json:"bytesOut,omitempty"`
-	Error          string `json:"error,omitempty"`
-}
+type serverEvent = perfjson.ServerEvent
 
 // printer writes events, one per line, from any goroutine.
 type printer struct {

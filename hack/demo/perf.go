@@ -10,56 +10,21 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/openeuler/urma-k8s/cmd/urma-perf/perfjson"
 )
 
 // softDevice is the device the device plugin's --soft-devices advertises
 // first, and the one the software provider creates.
 const softDevice = "soft0"
 
-// perfReport is urma-perf client --json's report (cmd/urma-perf, Report).
-type perfReport struct {
-	Server              string        `json:"server"`
-	Size                int           `json:"size"`
-	ResponseSize        int           `json:"responseSize"`
-	Concurrency         int           `json:"concurrency"`
-	DurationSeconds     float64       `json:"durationSeconds"`
-	Requests            uint64        `json:"requests"`
-	QPS                 float64       `json:"qps"`
-	SentBytesPerSec     float64       `json:"sentBytesPerSec"`
-	ReceivedBytesPerSec float64       `json:"receivedBytesPerSec"`
-	LatencyMicros       perfLatency   `json:"latencyMicros"`
-	URMAConns           int           `json:"urmaConns"`
-	TCPConns            int           `json:"tcpConns"`
-	Conns               []perfConnRep `json:"conns"`
-}
-
-type perfLatency struct {
-	Avg  float64 `json:"avg"`
-	Min  float64 `json:"min"`
-	P50  float64 `json:"p50"`
-	P99  float64 `json:"p99"`
-	P999 float64 `json:"p999"`
-	Max  float64 `json:"max"`
-}
-
-type perfConnRep struct {
-	Mode             string `json:"mode"`
-	FallbackReason   string `json:"fallbackReason,omitempty"`
-	HandshakeVersion int    `json:"handshakeVersion,omitempty"`
-	Local            string `json:"local"`
-	Requests         uint64 `json:"requests"`
-	Error            string `json:"error,omitempty"`
-}
-
-// serverEvent is one line of urma-perf server --json's output.
-type serverEvent struct {
-	Event          string `json:"event"` // listening, conn, closed
-	Addr           string `json:"addr,omitempty"`
-	Remote         string `json:"remote,omitempty"`
-	Mode           string `json:"mode,omitempty"`
-	FallbackReason string `json:"fallbackReason,omitempty"`
-	Error          string `json:"error,omitempty"`
-}
+// urma-perf's --json output, decoded with urma-perf's own types.
+type (
+	perfReport  = perfjson.Report
+	perfLatency = perfjson.Latency
+	perfConnRep = perfjson.ConnReport
+	serverEvent = perfjson.ServerEvent
+)
 
 // parseServerEvent reads one line of the server's output; ok is false for
 // lines that are not events.

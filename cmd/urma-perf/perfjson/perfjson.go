@@ -1,0 +1,55 @@
+// Package perfjson is urma-perf's --json output format: the client's Report
+// and the server's event lines. It is a package of its own so that readers
+// of that output (hack/demo) decode the very types urma-perf writes.
+package perfjson
+
+// ConnReport describes one client connection.
+type ConnReport struct {
+	Mode             string `json:"mode"`
+	FallbackReason   string `json:"fallbackReason,omitempty"`
+	HandshakeVersion int    `json:"handshakeVersion,omitempty"`
+	Local            string `json:"local"`
+	Requests         uint64 `json:"requests"`
+	Error            string `json:"error,omitempty"`
+}
+
+// Latency is in microseconds.
+type Latency struct {
+	Avg  float64 `json:"avg"`
+	Min  float64 `json:"min"`
+	P50  float64 `json:"p50"`
+	P99  float64 `json:"p99"`
+	P999 float64 `json:"p999"`
+	Max  float64 `json:"max"`
+}
+
+// Report is the client's result; --json prints it as is.
+type Report struct {
+	Server              string       `json:"server"`
+	Size                int          `json:"size"`
+	ResponseSize        int          `json:"responseSize"`
+	Concurrency         int          `json:"concurrency"`
+	DurationSeconds     float64      `json:"durationSeconds"`
+	Requests            uint64       `json:"requests"`
+	QPS                 float64      `json:"qps"`
+	SentBytesPerSec     float64      `json:"sentBytesPerSec"`
+	ReceivedBytesPerSec float64      `json:"receivedBytesPerSec"`
+	LatencyMicros       Latency      `json:"latencyMicros"`
+	URMAConns           int          `json:"urmaConns"`
+	TCPConns            int          `json:"tcpConns"`
+	Conns               []ConnReport `json:"conns"`
+}
+
+// ServerEvent is one line of the server's output (JSON with --json).
+type ServerEvent struct {
+	Event          string `json:"event"` // listening, conn, closed
+	Addr           string `json:"addr,omitempty"`
+	Remote         string `json:"remote,omitempty"`
+	Mode           string `json:"mode,omitempty"`
+	FallbackReason string `json:"fallbackReason,omitempty"`
+	Echo           bool   `json:"echo,omitempty"`
+	Protocol       string `json:"protocol,omitempty"` // perf or plain
+	BytesIn        uint64 `json:"bytesIn,omitempty"`
+	BytesOut       uint64 `json:"bytesOut,omitempty"`
+	Error          string `json:"error,omitempty"`
+}
