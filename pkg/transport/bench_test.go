@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/internal/benchbase"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
@@ -38,10 +39,7 @@ import (
 // transport's buffers are sized to hold one (urma_buffer_size = max(8KiB,
 // S)), as a deployment moving S-sized messages would configure them.
 
-var benchSizes = []struct {
-	name string
-	n    int
-}{{"64B", 64}, {"4KiB", 4 << 10}, {"64KiB", 64 << 10}, {"1MiB", 1 << 20}}
+var benchSizes = benchbase.Sizes()
 
 // benchFlags sizes the transport for messages of n bytes.
 func benchFlags(n int, polling bool) flags.Flags {
@@ -60,17 +58,17 @@ func benchFlags(n int, polling bool) flags.Flags {
 func BenchmarkTransport(b *testing.B) {
 	for _, mode := range []string{"memcpy", "tcp", "raw", "urma", "urma-polling", "urma-socket"} {
 		for _, s := range benchSizes {
-			b.Run(fmt.Sprintf("mode=%s/size=%s", mode, s.name), func(b *testing.B) {
+			b.Run(fmt.Sprintf("mode=%s/size=%s", mode, s.Name), func(b *testing.B) {
 				switch mode {
 				case "memcpy":
-					benchMemcpy(b, s.n)
+					benchbase.Memcpy(b, s.N)
 				case "tcp":
-					benchTCP(b, s.n)
+					benchTCP(b, s.N)
 				case "raw":
-					benchRaw(b, s.n)
+					benchRaw(b, s.N)
 				default:
-					c, srv := benchConns(b, mode, s.n)
-					benchStream(b, c, srv, s.n)
+					c, srv := benchConns(b, mode, s.N)
+					benchStream(b, c, srv, s.N)
 				}
 			})
 		}
@@ -80,29 +78,11 @@ func BenchmarkTransport(b *testing.B) {
 func BenchmarkTransportZeroCopy(b *testing.B) {
 	for _, mode := range []string{"urma", "urma-socket"} {
 		for _, s := range benchSizes {
-			b.Run(fmt.Sprintf("mode=%s/size=%s", mode, s.name), func(b *testing.B) {
-				c, srv := benchConns(b, mode, s.n)
-				benchZeroCopy(b, c.(ZeroCopyConn), srv.(ZeroCopyConn), s.n)
+			b.Run(fmt.Sprintf("mode=%s/size=%s", mode, s.Name), func(b *testing.B) {
+				c, srv := benchConns(b, mode, s.N)
+				benchZeroCopy(b, c.(ZeroCopyConn), srv.(ZeroCopyConn), s.N)
 			})
 		}
-	}
-}
-
-func benchMemcpy(b *testing.B, n int) {
-	src, err := urma.AllocMemory(n)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = src.Free() }()
-	dst, err := urma.AllocMemory(n)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = dst.Free() }()
-	b.ReportAllocs()
-	b.SetBytes(int64(n))
-	for b.Loop() {
-		copy(dst.Bytes(), src.Bytes())
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/internal/benchbase"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -25,39 +26,19 @@ import (
 //
 // F is inproc or socket, C is poll or event, S is 64B, 4KiB, 64KiB or 1MiB.
 
-var benchSizes = []struct {
-	name string
-	n    int
-}{{"64B", 64}, {"4KiB", 4 << 10}, {"64KiB", 64 << 10}, {"1MiB", 1 << 20}}
+var benchSizes = benchbase.Sizes()
 
 var benchFabrics = []string{"inproc", "socket"}
 
 func BenchmarkMemcpy(b *testing.B) {
 	for _, s := range benchSizes {
-		b.Run("size="+s.name, func(b *testing.B) {
-			src, err := urma.AllocMemory(s.n)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer src.Free()
-			dst, err := urma.AllocMemory(s.n)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer dst.Free()
-			copy(dst.Bytes(), src.Bytes()) // fault the pages in, as benchPair does
-			b.ReportAllocs()
-			b.SetBytes(int64(s.n))
-			for b.Loop() {
-				copy(dst.Bytes(), src.Bytes())
-			}
-		})
+		b.Run("size="+s.Name, func(b *testing.B) { benchbase.Memcpy(b, s.N) })
 	}
 }
 
 func BenchmarkTCPLoopback(b *testing.B) {
 	for _, s := range benchSizes {
-		b.Run("size="+s.name, func(b *testing.B) {
+		b.Run("size="+s.Name, func(b *testing.B) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				b.Fatal(err)
@@ -78,17 +59,17 @@ func BenchmarkTCPLoopback(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			buf := make([]byte, s.n)
+			buf := make([]byte, s.N)
 			b.ReportAllocs()
-			b.SetBytes(int64(s.n))
+			b.SetBytes(int64(s.N))
 			for b.Loop() {
 				if _, err := c.Write(buf); err != nil {
 					b.Fatal(err)
 				}
 			}
 			c.Close()
-			if n := <-done; n != int64(b.N)*int64(s.n) {
-				b.Fatalf("receiver got %d bytes, want %d", n, int64(b.N)*int64(s.n))
+			if n := <-done; n != int64(b.N)*int64(s.N) {
+				b.Fatalf("receiver got %d bytes, want %d", n, int64(b.N)*int64(s.N))
 			}
 		})
 	}
@@ -96,7 +77,7 @@ func BenchmarkTCPLoopback(b *testing.B) {
 
 func BenchmarkTCPLoopbackRTT(b *testing.B) {
 	for _, s := range benchSizes {
-		b.Run("size="+s.name, func(b *testing.B) {
+		b.Run("size="+s.Name, func(b *testing.B) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				b.Fatal(err)
@@ -108,7 +89,7 @@ func BenchmarkTCPLoopbackRTT(b *testing.B) {
 					return
 				}
 				defer c.Close()
-				buf := make([]byte, s.n)
+				buf := make([]byte, s.N)
 				for {
 					if _, err := io.ReadFull(c, buf); err != nil {
 						return
@@ -123,9 +104,9 @@ func BenchmarkTCPLoopbackRTT(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer c.Close()
-			buf := make([]byte, s.n)
+			buf := make([]byte, s.N)
 			b.ReportAllocs()
-			b.SetBytes(int64(s.n))
+			b.SetBytes(int64(s.N))
 			for b.Loop() {
 				if _, err := c.Write(buf); err != nil {
 					b.Fatal(err)
@@ -274,12 +255,12 @@ func BenchmarkRaw(b *testing.B) {
 	for _, fabric := range benchFabrics {
 		for _, mode := range []string{"poll", "event"} {
 			for _, s := range benchSizes {
-				b.Run(fmt.Sprintf("fabric=%s/completion=%s/size=%s", fabric, mode, s.name), func(b *testing.B) {
+				b.Run(fmt.Sprintf("fabric=%s/completion=%s/size=%s", fabric, mode, s.Name), func(b *testing.B) {
 					window := 64
-					if s.n >= 1<<20 {
+					if s.N >= 1<<20 {
 						window = 16
 					}
-					benchThroughput(b, fabric, mode == "event", window, s.n)
+					benchThroughput(b, fabric, mode == "event", window, s.N)
 				})
 			}
 		}
@@ -375,8 +356,8 @@ func BenchmarkRawRTT(b *testing.B) {
 	for _, fabric := range benchFabrics {
 		for _, mode := range []string{"poll", "event"} {
 			for _, s := range benchSizes {
-				b.Run(fmt.Sprintf("fabric=%s/completion=%s/size=%s", fabric, mode, s.name), func(b *testing.B) {
-					benchRTT(b, fabric, mode == "event", s.n)
+				b.Run(fmt.Sprintf("fabric=%s/completion=%s/size=%s", fabric, mode, s.Name), func(b *testing.B) {
+					benchRTT(b, fabric, mode == "event", s.N)
 				})
 			}
 		}
