@@ -156,6 +156,9 @@ func FromSysfs(d *sysfs.Device, rule budget.Config) Device {
 		Budget:   rule.For(d.Caps.MaxJetty, d.ReservedJetty),
 		DevNode:  d.DevNode,
 		Info:     cloneInfo(&d.DeviceInfo),
+		VendorID: d.VendorID,
+		DeviceID: d.DeviceID,
+		Bonding:  d.IsBonding,
 	}
 	if len(d.Problems) > 0 {
 		// A device whose files cannot be read has no trustworthy budget.

@@ -37,6 +37,11 @@ type Device struct {
 	// Vanished reports that the last scan did not see the device; it stays
 	// listed (unhealthy) until its absence is debounced.
 	Vanished bool
+	// VendorID and DeviceID are the PCI ids (e.g. "0x19e5"), "" when the
+	// device has none (bonding and software devices). Bonding marks a
+	// bonding (aggregate) device. The DRA driver publishes them as attributes.
+	VendorID, DeviceID string
+	Bonding            bool
 }
 
 // Snapshot is one version of the advertised set. It is immutable once
@@ -90,6 +95,7 @@ func sameDevice(a, b *Device) bool {
 	return a.Name == b.Name && a.Software == b.Software && a.NUMANode == b.NUMANode &&
 		a.Healthy == b.Healthy && a.Reason == b.Reason && a.Budget == b.Budget &&
 		a.DevNode == b.DevNode && a.EID == b.EID && a.Vanished == b.Vanished &&
+		a.VendorID == b.VendorID && a.DeviceID == b.DeviceID && a.Bonding == b.Bonding &&
 		sameInfo(&a.Info, &b.Info)
 }
 

@@ -24,7 +24,7 @@ func dev(name string, numa int) sysfs.Device {
 			EIDs:          []urma.EIDEntry{{Index: 3, EID: eid2}, {Index: 1, EID: eid}},
 		},
 		Class: sysfs.ClassUbcore, NUMANode: numa, DevNode: "/dev/uburma/" + name,
-		IsBonding: strings.HasPrefix(name, "bonding"),
+		IsBonding: strings.HasPrefix(name, "bonding"), VendorID: "0x19e5", DeviceID: "0xa001",
 	}
 }
 
@@ -65,6 +65,9 @@ func TestBuildDescribesDevices(t *testing.T) {
 	if d.EID != "::ffff:10.0.0.1" {
 		t.Errorf("EID = %q, want the lowest-index slot's ::ffff:10.0.0.1", d.EID)
 	}
+	if d.VendorID != "0x19e5" || d.DeviceID != "0xa001" || d.Bonding {
+		t.Errorf("PCI ids / bonding = %q %q %v, want 0x19e5 0xa001 false", d.VendorID, d.DeviceID, d.Bonding)
+	}
 	if snap.UMMUNode != "/dev/ummu/tid" || snap.JettiesPerUnit != 16 {
 		t.Errorf("snapshot %+v", snap)
 	}
@@ -104,6 +107,9 @@ func TestBuildSelection(t *testing.T) {
 	snap, decisions, _ := b.Build(Scan{Devices: []sysfs.Device{dev("udma0", 0), dev("bonding_dev_0", -1), dev("udma1", 0)}}, time.Now())
 	if got := strings.Join(names(snap), ","); got != "bonding_dev_0" {
 		t.Fatalf("devices %s, want only the bonding device", got)
+	}
+	if !snap.Devices[0].Bonding {
+		t.Error("bonding_dev_0 is not marked Bonding")
 	}
 	if decisions[0].Selected || !strings.Contains(decisions[0].Why, "bonding") {
 		t.Errorf("udma0 decision %+v", decisions[0])
@@ -289,5 +295,24 @@ func TestSnapshotsAreIndependentOfLaterScans(t *testing.T) {
 	d.Ports[0].State = urma.PortDown
 	if got, _ := snap.Lookup("udma0"); got.Info.Ports[0].State != urma.PortActive {
 		t.Fatal("snapshot shares the scan's port slice")
+	}
+}
+
+func TestPublishSeesIdentityChanges(t *testing.T) {
+	for _, change := range []func(*sysfs.Device){
+		func(d *sysfs.Device) { d.VendorID = "0x1234" },
+		func(d *sysfs.Device) { d.DeviceID = "0x1234" },
+		func(d *sysfs.Device) { d.IsBonding = true },
+	} {
+		inv := New(16)
+		b := NewBuilder(cfg(1))
+		d := dev("udma0", 0)
+		snap, _, _ := b.Build(Scan{Devices: []sysfs.Device{d}}, time.Now())
+		inv.Publish(snap)
+		change(&d)
+		snap, _, _ = b.Build(Scan{Devices: []sysfs.Device{d}}, time.Now())
+		if !inv.Publish(snap) {
+			t.Errorf("a changed PCI id or bonding flag was not published")
+		}
 	}
 }
