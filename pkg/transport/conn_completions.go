@@ -1,0 +1,230 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// startEvents puts the JFCE's fd into Go's poller. The fd is duplicated so
+// that closing the *os.File (which stops the event loop) leaves the
+// provider's fd alone.
+func (c *urmaConn) startEvents() error {
+	fd := c.res.jfce.Fd()
+	if fd < 0 {
+		return errors.New("completion channel has no file descriptor")
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("duplicate completion channel fd: %w", err)
+	}
+	f := os.NewFile(uintptr(dup), "urma-jfce")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return fmt.Errorf("completion channel fd: %w", err)
+	}
+	if err := c.res.jfc.Rearm(false); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("arm completion queue: %w", err)
+	}
+	c.evFile = f
+	go c.eventLoop(rc)
+	return nil
+}
+
+// eventLoop waits for completion events: wait, ack, poll, rearm, poll again
+// (a completion can land between the poll and the rearm).
+func (c *urmaConn) eventLoop(rc syscall.RawConn) {
+	defer close(c.evDone)
+	c.poll()
+	var n int
+	var werr error
+	// One closure for the loop's life: a fresh one per wait would allocate.
+	ready := func(uintptr) bool {
+		n, werr = c.res.jfce.Wait(c.evJFCs[:], 0)
+		return n > 0 || werr != nil
+	}
+	for {
+		err := rc.Read(ready)
+		if err != nil {
+			return // the file was closed: teardown
+		}
+		if werr != nil {
+			c.fail(fmt.Errorf("wait for completion events: %w", werr))
+			return
+		}
+		c.res.jfc.Ack(uint32(n))
+		c.poll()
+		if err := c.res.jfc.Rearm(false); err != nil {
+			c.fail(fmt.Errorf("rearm completion queue: %w", err))
+			return
+		}
+		c.poll()
+	}
+}
+
+// poll drains the completion queue and handles every record; it returns how
+// many it handled.
+func (c *urmaConn) poll() int {
+	c.pollMu.Lock()
+	defer c.pollMu.Unlock()
+	if c.pollOff {
+		return 0
+	}
+	total := 0
+	for {
+		n, err := c.res.jfc.Poll(c.cqes)
+		if err != nil {
+			c.pollOff = true
+			c.fail(fmt.Errorf("poll completion queue: %w", err))
+			return total
+		}
+		if n > 0 {
+			c.handleBatch(c.cqes[:n])
+		}
+		total += n
+		if n < len(c.cqes) {
+			return total
+		}
+	}
+}
+
+// handleBatch applies completion records; pollMu is held.
+func (c *urmaConn) handleBatch(cs []urma.Completion) {
+	var perr, serr error
+	readable, writable := false, false
+	c.mu.Lock()
+	for i := range cs {
+		r, w, err := c.handleLocked(&cs[i])
+		readable = readable || r
+		writable = writable || w
+		if err == nil {
+			continue
+		}
+		// A type assertion, not errors.As: handleLocked returns
+		// sendFailure unwrapped, and errors.As would allocate per record.
+		if sf, ok := err.(sendFailure); ok { //nolint:errorlint // unwrapped by construction; errors.As would allocate
+			if serr == nil {
+				serr = sf.err
+			}
+		} else if perr == nil {
+			perr = err
+		}
+	}
+	c.mu.Unlock()
+	if perr != nil {
+		c.fail(perr)
+	} else if serr != nil {
+		c.failSend(serr)
+	}
+	if readable {
+		notify(c.readable)
+	}
+	if writable {
+		notify(c.writable)
+	}
+}
+
+// handleLocked applies one completion record; c.mu is held. It reports
+// whether readers or writers should look again, and any error that breaks
+// the connection.
+func (c *urmaConn) handleLocked(cr *urma.Completion) (readable, writable bool, err error) {
+	if cr.Status != urma.StatusSuccess {
+		return c.handleErrorLocked(cr)
+	}
+	if !cr.Recv {
+		if cr.UserCtx == 0 { // a credit message went out
+			if c.creditWRs >= creditWRs {
+				return false, false, protocolErr("credit send completion beyond the %d reserved work requests", creditWRs)
+			}
+			c.creditWRs++
+			c.maybeCreditLocked()
+			return false, true, nil
+		}
+		idx := cr.UserCtx - 1
+		if idx >= uint64(len(c.pool.bufs)) {
+			return false, false, fmt.Errorf("send completion names buffer %d of %d", idx, len(c.pool.bufs))
+		}
+		c.pool.put(&c.pool.bufs[idx])
+		if c.sqWindow >= c.windowCap {
+			return false, false, protocolErr("send completion beyond the window of %d", c.windowCap)
+		}
+		c.sqWindow++
+		return false, true, nil
+	}
+
+	slot := int(cr.UserCtx) - 1
+	if slot < 0 || slot >= len(c.rx) || c.rxState[slot] != rxPosted {
+		return false, false, fmt.Errorf("receive completion names slot %d, not a posted receive", slot)
+	}
+	if cr.Opcode == urma.CROpSendWithImm && cr.Imm > 0 {
+		if cr.Imm > uint64(c.windowCap) || c.remoteRQWindow+int(cr.Imm) > c.windowCap {
+			return false, false, protocolErr("peer returned %d credits with the remote receive window at %d of %d", cr.Imm, c.remoteRQWindow, c.windowCap)
+		}
+		c.remoteRQWindow += int(cr.Imm)
+		writable = true
+	} else if cr.CompletionLen == 0 {
+		return false, false, protocolErr("zero-length message without a credit")
+	}
+	if int(cr.CompletionLen) > c.e.bufSize {
+		return false, false, protocolErr("message of %d bytes exceeds the %d-byte receive buffer", cr.CompletionLen, c.e.bufSize)
+	}
+	if cr.CompletionLen == 0 {
+		// A credit message used one of the reserved receives: repost it at
+		// once; it is not a credit to return.
+		if err := c.postRecvLocked(int32(slot)); err != nil {
+			return false, writable, fmt.Errorf("repost receive: %w", err)
+		}
+		return false, writable, nil
+	}
+	b := c.rx[slot]
+	b.off, b.n = 0, int(cr.CompletionLen)
+	c.rxState[slot] = rxQueued
+	c.rxq[(c.rxHead+c.rxLen)%len(c.rxq)] = int32(slot)
+	c.rxLen++
+	c.msgsReceived.Add(1)
+	c.counters.MessagesReceived.Inc()
+	return true, writable, nil
+}
+
+// sendFailure is a failed send completion: the peer's jetty is gone or
+// unreachable. It breaks our sending direction only (see failSend).
+type sendFailure struct{ err error }
+
+func (s sendFailure) Error() string { return s.err.Error() }
+
+// handleErrorLocked handles a failed completion: expected flushes while
+// closing; a failed send breaks the sending direction (sendFailure); a
+// failed receive breaks the connection.
+func (c *urmaConn) handleErrorLocked(cr *urma.Completion) (bool, bool, error) {
+	if !cr.Recv && cr.UserCtx != 0 && cr.Status != urma.StatusWRFlushErrDone {
+		if idx := cr.UserCtx - 1; idx < uint64(len(c.pool.bufs)) {
+			c.pool.put(&c.pool.bufs[idx])
+		}
+		if c.sqWindow < c.windowCap {
+			c.sqWindow++
+		}
+	}
+	if !cr.Recv && cr.UserCtx == 0 && cr.Status == urma.StatusWRFlushErr && c.creditWRs < creditWRs {
+		c.creditWRs++
+	}
+	switch cr.Status {
+	case urma.StatusWRFlushErrDone:
+		c.flushOnce.Do(func() { close(c.flushDone) })
+		return false, true, nil
+	case urma.StatusWRFlushErr:
+		if c.state == stateClosed {
+			return false, true, nil
+		}
+	}
+	if cr.Recv {
+		return true, true, fmt.Errorf("URMA receive completed with status %s", cr.Status)
+	}
+	return true, true, sendFailure{fmt.Errorf("URMA send completed with status %s", cr.Status)}
+}

@@ -1,0 +1,233 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// rxState is where one of a connection's receive buffers is.
+type rxState uint8
+
+const (
+	rxPosted   rxState = iota // posted to the JFR
+	rxQueued                  // holds a message not yet read
+	rxApp                     // handed to the application by ReadBuffer
+	rxReturned                // back in the pool (after teardown)
+)
+
+// postRecvLocked (re)posts receive slot; c.mu is held.
+func (c *urmaConn) postRecvLocked(slot int32) error {
+	b := c.rx[slot]
+	c.recvSGE[0] = c.pool.sge(b, 0, c.pool.size)
+	c.recvWR = urma.RecvWR{UserCtx: uint64(slot) + 1, SGEs: c.recvSGE[:]}
+	if err := c.res.jfr.PostRecv(&c.recvWR); err != nil {
+		return err
+	}
+	c.rxState[slot] = rxPosted
+	return nil
+}
+
+// consumeLocked reposts a slot the reader is done with and counts a credit
+// to return; c.mu is held.
+func (c *urmaConn) consumeLocked(slot int32) error {
+	if err := c.postRecvLocked(slot); err != nil {
+		return fmt.Errorf("repost receive: %w", err)
+	}
+	c.pendingCredits++
+	c.maybeCreditLocked()
+	return nil
+}
+
+// maybeCreditLocked returns the pending credits once they pass the
+// threshold and a reserved credit WR is free; c.mu is held.
+func (c *urmaConn) maybeCreditLocked() {
+	if c.pendingCredits <= c.threshold || c.creditWRs == 0 || c.state == stateHandshake || c.stopped {
+		return
+	}
+	n := c.pendingCredits
+	c.creditWR = urma.SendWR{
+		Opcode: urma.OpSendWithImm, Flags: urma.SendCompleteEnable | urma.SendSolicitedEnable,
+		Target: c.remoteJetty, Imm: uint64(n),
+	}
+	if err := c.res.jetty.PostSend(&c.creditWR); err != nil {
+		// The jetty is failing; the completion or the TCP watcher will say why.
+		c.log.V(1).Info("posting credits failed", "credits", n, "error", err.Error())
+		return
+	}
+	c.pendingCredits = 0
+	c.creditWRs--
+}
+
+// recycleRecv takes back a receive buffer the application Released.
+func (c *urmaConn) recycleRecv(b *Buffer) {
+	slot := int(b.slot)
+	c.mu.Lock()
+	if slot < 0 || slot >= len(c.rx) || c.rx[slot] != b || c.rxState[slot] != rxApp {
+		c.mu.Unlock()
+		return
+	}
+	if c.torn {
+		c.rxState[slot] = rxReturned
+		c.mu.Unlock()
+		c.pool.put(b)
+		return
+	}
+	err := c.consumeLocked(int32(slot))
+	c.mu.Unlock()
+	if err != nil {
+		c.fail(err)
+	}
+}
+
+// readErrLocked is why a read with nothing buffered cannot wait; nil when it
+// can. c.mu is held.
+func (c *urmaConn) readErrLocked() error {
+	switch {
+	case c.err != nil:
+		return c.err
+	case c.peerGone:
+		return io.EOF
+	}
+	return nil
+}
+
+// Read reads from the received messages, waiting within the read deadline.
+func (c *urmaConn) Read(p []byte) (int, error) {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	for {
+		c.mu.Lock()
+		closed := c.state == stateClosed
+		c.mu.Unlock()
+		if closed {
+			return 0, c.opErr("read", errConnClosed)
+		}
+		if c.rdl.passed() {
+			return 0, c.opErr("read", os.ErrDeadlineExceeded)
+		}
+		c.mu.Lock()
+		if c.rxLen == 0 {
+			err := c.readErrLocked()
+			c.mu.Unlock()
+			if errors.Is(err, io.EOF) {
+				return 0, io.EOF
+			}
+			if err != nil {
+				return 0, c.opErr("read", err)
+			}
+			if len(p) == 0 {
+				return 0, nil
+			}
+			select {
+			case <-c.readable:
+			case <-c.closedCh:
+			case <-c.rdl.done():
+			}
+			continue
+		}
+		head, avail := c.rxHead, c.rxLen
+		c.mu.Unlock()
+		// The writer side of the ring only appends beyond head+avail, and
+		// only this reader consumes, so the messages can be copied unlocked.
+		n, used := 0, 0
+		for used < avail && n < len(p) {
+			b := c.rx[c.rxq[(head+used)%len(c.rxq)]]
+			k := copy(p[n:], b.data[b.off:b.n])
+			n += k
+			b.off += k
+			if b.off < b.n {
+				break
+			}
+			used++
+		}
+		var err error
+		c.mu.Lock()
+		for i := 0; i < used && err == nil; i++ {
+			slot := c.rxq[c.rxHead]
+			c.rxHead = (c.rxHead + 1) % len(c.rxq)
+			c.rxLen--
+			err = c.consumeLocked(slot)
+		}
+		c.mu.Unlock()
+		if err != nil {
+			c.fail(err)
+		}
+		c.countReceived(n)
+		return n, nil
+	}
+}
+
+// ReadBuffer returns the next received message, or the rest of one.
+func (c *urmaConn) ReadBuffer() (*Buffer, error) {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	for {
+		c.mu.Lock()
+		closed := c.state == stateClosed
+		c.mu.Unlock()
+		if closed {
+			return nil, c.opErr("read", errConnClosed)
+		}
+		if c.rdl.passed() {
+			return nil, c.opErr("read", os.ErrDeadlineExceeded)
+		}
+		c.mu.Lock()
+		if c.rxLen > 0 {
+			break // with c.mu held
+		}
+		err := c.readErrLocked()
+		c.mu.Unlock()
+		if errors.Is(err, io.EOF) {
+			return nil, io.EOF
+		}
+		if err != nil {
+			return nil, c.opErr("read", err)
+		}
+		select {
+		case <-c.readable:
+		case <-c.closedCh:
+		case <-c.rdl.done():
+		}
+	}
+	slot := c.rxq[c.rxHead]
+	b := c.rx[slot]
+	f := c.e.s.flags
+	if f.RecvZerocopy && b.n-b.off >= f.ZerocopyMinSize {
+		c.rxHead = (c.rxHead + 1) % len(c.rxq)
+		c.rxLen--
+		c.rxState[slot] = rxApp
+		c.mu.Unlock()
+		b.held.Store(true)
+		c.countReceived(b.n - b.off)
+		return b, nil
+	}
+	c.mu.Unlock()
+	// Small message (or zero-copy off): copy it out so the receive can be
+	// reposted at once.
+	nb, err := c.pool.get(c.closedCh, c.rdl.done(), c.e.s.failWhenPoolDry)
+	if err != nil {
+		return nil, c.opErr("read", err)
+	}
+	nb.n = copy(nb.data, b.data[b.off:b.n])
+	c.mu.Lock()
+	c.rxHead = (c.rxHead + 1) % len(c.rxq)
+	c.rxLen--
+	err = c.consumeLocked(slot)
+	c.mu.Unlock()
+	if err != nil {
+		c.fail(err)
+	}
+	c.countReceived(nb.n)
+	return nb, nil
+}
+
+func (c *urmaConn) countReceived(n int) {
+	if n > 0 {
+		c.bytesReceived.Add(uint64(n))
+		c.counters.BytesReceived.Add(float64(n))
+	}
+}

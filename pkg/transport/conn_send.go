@@ -1,0 +1,192 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// writeErrLocked is why a write cannot proceed; c.mu is held.
+func (c *urmaConn) writeErrLocked() error {
+	switch {
+	case c.state == stateClosed:
+		return errConnClosed
+	case c.err != nil:
+		return c.err
+	case c.peerGone:
+		return errPeerClosed
+	case c.sendErr != nil:
+		return c.sendErr
+	}
+	return nil
+}
+
+// reserveWindow takes one slot of both windows, waiting within the write
+// deadline while either is empty.
+func (c *urmaConn) reserveWindow() error {
+	stalled := false
+	for {
+		if c.wdl.passed() {
+			return os.ErrDeadlineExceeded
+		}
+		c.mu.Lock()
+		if err := c.writeErrLocked(); err != nil {
+			c.mu.Unlock()
+			return err
+		}
+		if c.sqWindow > 0 && c.remoteRQWindow > 0 {
+			c.sqWindow--
+			c.remoteRQWindow--
+			c.mu.Unlock()
+			return nil
+		}
+		if !stalled {
+			stalled = true
+			c.stalls.Add(1)
+			if c.remoteRQWindow == 0 {
+				c.counters.StallRemoteRQ.Inc()
+			} else {
+				c.counters.StallSQ.Inc()
+			}
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.writable:
+		case <-c.stopCh:
+		case <-c.wdl.done():
+		}
+	}
+}
+
+func (c *urmaConn) unreserveWindow() {
+	c.mu.Lock()
+	c.sqWindow++
+	c.remoteRQWindow++
+	c.mu.Unlock()
+	notify(c.writable)
+}
+
+// takeBuffer takes a pool buffer for a send.
+func (c *urmaConn) takeBuffer() (*Buffer, error) {
+	b, err := c.pool.get(c.stopCh, c.wdl.done(), c.e.s.failWhenPoolDry)
+	if err == nil {
+		return b, nil
+	}
+	if errors.Is(err, errConnClosed) {
+		// stopCh closed: say why.
+		c.mu.Lock()
+		if werr := c.writeErrLocked(); werr != nil {
+			err = werr
+		}
+		c.mu.Unlock()
+	}
+	if errors.Is(err, ErrPoolExhausted) || errors.Is(err, os.ErrDeadlineExceeded) {
+		c.counters.StallPool.Inc()
+	}
+	return nil, err
+}
+
+// postData posts n bytes of b as one SEND; writeMu is held and a window
+// slot reserved. The buffer belongs to the provider until its completion.
+func (c *urmaConn) postData(b *Buffer, n int) error {
+	c.sendSGE[0] = c.pool.sge(b, 0, n)
+	c.sendWR = urma.SendWR{
+		Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: c.remoteJetty,
+		UserCtx: uint64(b.idx) + 1, SGEs: c.sendSGE[:],
+	}
+	b.held.Store(false)
+	if err := c.res.jetty.PostSend(&c.sendWR); err != nil {
+		c.pool.put(b)
+		c.unreserveWindow()
+		err = fmt.Errorf("post send: %w", err)
+		c.fail(err)
+		return err
+	}
+	c.bytesSent.Add(uint64(n))
+	c.msgsSent.Add(1)
+	c.counters.BytesSent.Add(float64(n))
+	c.counters.MessagesSent.Inc()
+	return nil
+}
+
+// Write sends p as messages of at most one buffer each, waiting within the
+// write deadline while a window or the pool is empty.
+func (c *urmaConn) Write(p []byte) (int, error) {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	if len(p) == 0 {
+		c.mu.Lock()
+		err := c.writeErrLocked()
+		c.mu.Unlock()
+		if err == nil && c.wdl.passed() {
+			err = os.ErrDeadlineExceeded
+		}
+		if err != nil {
+			return 0, c.opErr("write", err)
+		}
+		return 0, nil
+	}
+	n := 0
+	for n < len(p) {
+		if err := c.reserveWindow(); err != nil {
+			return n, c.opErr("write", err)
+		}
+		b, err := c.takeBuffer()
+		if err != nil {
+			c.unreserveWindow()
+			return n, c.opErr("write", err)
+		}
+		k := copy(b.data[:c.chunk], p[n:])
+		if err := c.postData(b, k); err != nil {
+			return n, c.opErr("write", err)
+		}
+		n += k
+	}
+	return n, nil
+}
+
+// AllocBuffer takes a pool buffer to fill and WriteBuffer.
+func (c *urmaConn) AllocBuffer() (*Buffer, error) {
+	b, err := c.takeBuffer()
+	if err != nil {
+		return nil, c.opErr("write", err)
+	}
+	return b, nil
+}
+
+// WriteBuffer sends the first n bytes of b as one message, without copying.
+func (c *urmaConn) WriteBuffer(b *Buffer, n int) error {
+	if err := checkWriteBuffer(b, n); err != nil {
+		if b != nil && b.recv == nil {
+			b.Release()
+		}
+		return c.opErr("write", err)
+	}
+	if b.pool != c.pool {
+		b.Release()
+		return c.opErr("write", errors.New("write buffer: the buffer belongs to another transport's pool"))
+	}
+	if n > c.chunk {
+		b.Release()
+		return c.opErr("write", fmt.Errorf("write buffer: %d bytes exceed the largest message of %d (the peer's buffer size)", n, c.chunk))
+	}
+	if n == 0 {
+		b.Release()
+		return nil
+	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	if err := c.reserveWindow(); err != nil {
+		b.Release()
+		return c.opErr("write", err)
+	}
+	if err := c.postData(b, n); err != nil {
+		return c.opErr("write", err)
+	}
+	return nil
+}
+
+// MaxMessage is the most bytes one WriteBuffer may send.
+func (c *urmaConn) MaxMessage() int { return c.chunk }
