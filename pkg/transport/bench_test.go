@@ -226,7 +226,7 @@ func newRawEP(b *testing.B, p urma.Provider, window, n int) *rawEP {
 	must(err)
 	e.jfc, err = e.ctx.CreateJFC(urma.JFCConfig{Depth: uint32(4 * window), JFCE: e.jfce})
 	must(err)
-	e.jfr, err = e.ctx.CreateJFR(urma.JFRConfig{Depth: uint32(window), JFC: e.jfc})
+	e.jfr, err = e.ctx.CreateJFR(urma.JFRConfig{Mode: urma.RM, Depth: uint32(window), JFC: e.jfc})
 	must(err)
 	e.jetty, err = e.ctx.CreateJetty(urma.JettyConfig{Mode: urma.RM, SQDepth: uint32(window), SendJFC: e.jfc, JFR: e.jfr, RNRRetry: 7})
 	must(err)

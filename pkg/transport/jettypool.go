@@ -39,14 +39,14 @@ func (e *engine) createJetty() (r *jettyRes, err error) {
 		policy = urma.TokenNone
 	}
 	if r.jfr, err = e.uctx.CreateJFR(urma.JFRConfig{
-		Depth: uint32(e.rqSize), MaxSGE: 1, JFC: r.jfc, MinRNRTimer: minRNRTimer,
+		Mode: urma.RM, Depth: uint32(e.rqSize), MaxSGE: 1, JFC: r.jfc, MinRNRTimer: minRNRTimer,
 		TokenPolicy: policy, Token: e.token,
 	}); err != nil {
 		return nil, fmt.Errorf("create JFR of depth %d: %w", e.rqSize, err)
 	}
 	if r.jetty, err = e.uctx.CreateJetty(urma.JettyConfig{
 		Mode: urma.RM, SQDepth: uint32(e.sqSize), MaxSGE: 1, SendJFC: r.jfc, JFR: r.jfr,
-		RNRRetry: rnrRetryForever, ErrTimeout: errTimeout, Token: e.token,
+		RNRRetry: rnrRetryForever, ErrTimeout: errTimeout,
 	}); err != nil {
 		return nil, fmt.Errorf("create jetty of SQ depth %d: %w", e.sqSize, err)
 	}

@@ -49,7 +49,7 @@ func newRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
 	must(err)
 	r.jfc, err = r.ctx.CreateJFC(urma.JFCConfig{Depth: 128})
 	must(err)
-	r.jfr, err = r.ctx.CreateJFR(urma.JFRConfig{Depth: 16, JFC: r.jfc})
+	r.jfr, err = r.ctx.CreateJFR(urma.JFRConfig{Mode: urma.RM, Depth: 16, JFC: r.jfc})
 	must(err)
 	r.jetty, err = r.ctx.CreateJetty(urma.JettyConfig{Mode: urma.RM, SQDepth: 16, SendJFC: r.jfc, JFR: r.jfr, RNRRetry: 7})
 	must(err)
@@ -262,9 +262,12 @@ func TestBrpcStylePeerCredits(t *testing.T) {
 	}
 }
 
-// TestTokenProtectsJettyAndSegments: what a server advertises can be
-// imported only with the listener's token; its receive memory cannot be
-// imported at all (local-only).
+// TestTokenProtectsJettyAndSegments: a server's jetty takes messages only
+// with the listener's token. As on UB hardware, importing never checks a
+// token; the target checks it on every message, so a send through an
+// import with a wrong token completes with REM_ACCESS_ABORT and the server
+// sees nothing. (Segments are checked the same way, on access; the
+// transport does no one-sided access.)
 func TestTokenProtectsJettyAndSegments(t *testing.T) {
 	checkNoLeaks(t)
 	pa, pb := fabricPair(t)
@@ -284,27 +287,34 @@ func TestTokenProtectsJettyAndSegments(t *testing.T) {
 		t.Fatalf("server hello carries no token: %+v", h)
 	}
 	jetty := urma.JettyID{EID: h.EID, UASID: h.UASID, ID: h.JettyID}
-	seg := urma.SegmentID{EID: h.SegEID, UASID: h.SegUASID, VA: h.SegVA, Len: h.SegLen, TokenID: h.SegTokenID}
+	good, goodJetty := r.target, r.jetty
 	for _, tok := range []urma.Token{0, urma.Token(h.Token + 1)} {
-		if rj, err := r.ctx.ImportJetty(context.Background(), jetty, urma.RM, tok); !errors.Is(err, urma.ErrAccess) {
-			if rj != nil {
-				_ = rj.Close()
-			}
-			t.Errorf("import jetty with token %#x: %v, want ErrAccess", tok, err)
+		rj, err := r.ctx.ImportJetty(context.Background(), jetty, urma.RM, tok)
+		if err != nil {
+			t.Fatalf("import jetty with token %#x: %v (imports do not check tokens)", tok, err)
 		}
-		if rs, err := r.ctx.ImportSegment(seg, tok); !errors.Is(err, urma.ErrAccess) {
-			if rs != nil {
-				_ = rs.Close()
-			}
-			t.Errorf("import segment with token %#x: %v, want ErrAccess", tok, err)
+		// A failed send puts a jetty in ERROR: one jetty per attempt.
+		j, err := r.ctx.CreateJetty(urma.JettyConfig{Mode: urma.RM, SQDepth: 16, SendJFC: r.jfc, JFR: r.jfr, RNRRetry: 7})
+		if err != nil {
+			t.Fatal(err)
 		}
+		r.target, r.jetty = rj, j
+		if st := r.send(8, 0); st != urma.StatusRemAccessAbort {
+			t.Errorf("send with token %#x completed as %s, want REM_ACCESS_ABORT", tok, st)
+		}
+		r.target, r.jetty = good, goodJetty
+		_ = j.Close()
+		_ = rj.Close()
 	}
-	pool := c.(*urmaConn).pool.seg.ID()
-	if rs, err := r.ctx.ImportSegment(pool, urma.Token(h.Token)); !errors.Is(err, urma.ErrAccess) {
-		if rs != nil {
-			_ = rs.Close()
-		}
-		t.Errorf("import the receive pool even with the token: %v, want ErrAccess (local-only)", err)
+	// The rejected messages did not reach the server: the next bytes it
+	// reads are those sent with the right token.
+	copy(r.mem.Bytes()[20*rawBuf:], "right token")
+	if st := r.send(11, 0); st != urma.StatusSuccess {
+		t.Fatalf("send with the right token: %s", st)
+	}
+	got := make([]byte, 11)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "right token" {
+		t.Fatalf("server read %q, %v; want the right-token message only", got, err)
 	}
 	// Two listeners draw different tokens.
 	ln2, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, smallFlags()))

@@ -57,8 +57,8 @@ const (
 // Completion is one completion record (urma_cr_t).
 type Completion struct {
 	Status Status
-	// Opcode is the send opcode for send completions and a CROp* value for
-	// receive completions.
+	// Opcode is a CROp* value for receive completions. Send completions
+	// carry none (liburma fills it only for receives) and leave it zero.
 	Opcode        Opcode
 	Recv          bool   // the s_r flag: false for a send, true for a receive
 	UserCtx       uint64 // the user_ctx of the work request it completes

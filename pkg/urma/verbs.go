@@ -108,10 +108,14 @@ type Context interface {
 
 	// RegisterSegment registers mmap'd memory from AllocMemory.
 	RegisterSegment(mem *Memory, cfg SegmentConfig) (Segment, error)
-	// ImportSegment makes a peer's segment reachable; a wrong token fails with ErrAccess.
+	// ImportSegment makes a peer's segment reachable. It does not check
+	// the token: as on UB hardware, the token is stored with the import and
+	// the segment's owner checks it on every access.
 	ImportSegment(id SegmentID, token Token) (RemoteSegment, error)
-	// ImportJetty makes a peer's jetty a send target; a wrong token fails
-	// with ErrAccess and an unreachable peer with ErrUnreachable.
+	// ImportJetty makes a peer's jetty a send target; an unreachable peer
+	// fails with ErrUnreachable. It does not check the token: the target
+	// checks it on every message, and a SEND carrying a wrong token
+	// completes at the sender with StatusRemAccessAbort.
 	ImportJetty(ctx context.Context, id JettyID, mode TransportMode, token Token) (RemoteJetty, error)
 
 	io.Closer
@@ -144,15 +148,23 @@ type JFC interface {
 	Rearm(solicitedOnly bool) error
 	// Ack acknowledges n events returned by JFCE.Wait for this JFC.
 	Ack(n uint32)
+	// Close destroys the JFC. It fails with ErrBusy while JFRs or jetties
+	// use it, and otherwise blocks until every event JFCE.Wait returned for
+	// it has been acknowledged with Ack, as urma_delete_jfc does.
 	io.Closer
 }
 
 // JFRConfig configures a receive queue.
 type JFRConfig struct {
+	// Mode is required: every jetty sharing the JFR must have the same mode.
+	Mode        TransportMode
 	Depth       uint32
 	MaxSGE      uint32
 	JFC         JFC
 	MinRNRTimer uint8
+	// TokenPolicy and Token guard every jetty that shares the JFR: each
+	// message must carry Token, unless the policy is TokenNone, which
+	// checks nothing.
 	TokenPolicy TokenPolicy
 	Token       Token
 }
@@ -192,17 +204,21 @@ const (
 // SGE slice after PostSend returns, so callers may reuse them; the memory the
 // SGEs point at must stay untouched until the send completes.
 type SendWR struct {
-	Opcode  Opcode // OpSend or OpSendWithImm
-	Flags   SendFlags
+	Opcode Opcode // OpSend or OpSendWithImm
+	Flags  SendFlags
+	// Target is where an RM send goes. An RC jetty is bound to the Target
+	// of its first PostSend; later posts go to that target whatever Target
+	// says, and may leave it nil.
 	Target  RemoteJetty
 	UserCtx uint64
 	SGEs    []SGE
 	Imm     uint64
 }
 
-// JettyConfig configures a jetty: a send queue sharing a receive queue.
+// JettyConfig configures a jetty: a send queue sharing a receive queue. A
+// jetty has no token of its own: its receive side is guarded by its JFR's.
 type JettyConfig struct {
-	Mode       TransportMode
+	Mode       TransportMode // must equal the JFR's mode
 	SQDepth    uint32
 	MaxSGE     uint32
 	MaxInline  uint32
@@ -211,7 +227,6 @@ type JettyConfig struct {
 	RNRRetry   uint8 // 0..7; 7 retries forever
 	ErrTimeout uint8 // 0..31
 	Priority   uint8 // 0..15
-	Token      Token // guards the jetty's receive side
 }
 
 // JettyState is a jetty's state.
@@ -230,7 +245,11 @@ type Jetty interface {
 	// a jetty in ERROR with ErrInval.
 	PostSend(wr *SendWR) error
 	// SetError moves the jetty to ERROR: outstanding sends complete with
-	// WR_FLUSH_ERR, then one WR_FLUSH_ERR_DONE record follows.
+	// WR_FLUSH_ERR, in posting order, then one WR_FLUSH_ERR_DONE record
+	// follows. A send error moves the jetty to ERROR by itself and flushes
+	// the rest the same way; SetError then only adds the WR_FLUSH_ERR_DONE.
+	// (Hardware reports the flush in two phases, FLUSH_ERR_DONE first and
+	// the unhandled requests after it; providers present this order.)
 	SetError() error
 	State() JettyState
 	io.Closer
@@ -239,6 +258,8 @@ type Jetty interface {
 // RemoteJetty is an imported peer jetty.
 type RemoteJetty interface {
 	ID() JettyID
+	// Close unimports the jetty. An RC target bound to a jetty cannot be
+	// unimported (ErrBusy) until that jetty is closed.
 	io.Closer
 }
 

@@ -171,7 +171,7 @@ func benchPair(b *testing.B, fabric string, event bool, window, size int) (*benc
 		must(err)
 		e.recvJFC, err = e.ctx.CreateJFC(urma.JFCConfig{Depth: uint32(4 * window), JFCE: jfce})
 		must(err)
-		e.jfr, err = e.ctx.CreateJFR(urma.JFRConfig{Depth: uint32(window), JFC: e.recvJFC})
+		e.jfr, err = e.ctx.CreateJFR(urma.JFRConfig{Mode: urma.RC, Depth: uint32(window), JFC: e.recvJFC})
 		must(err)
 		e.jetty, err = e.ctx.CreateJetty(urma.JettyConfig{Mode: urma.RC, SQDepth: uint32(window), SendJFC: e.sendJFC, JFR: e.jfr, RNRRetry: 7})
 		must(err)

@@ -393,14 +393,14 @@ func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
 		if err != nil {
 			return protocolError{err}
 		}
-		return c.answerImport(r.req, d.checkJettyImport(r.jetty, r.mode, urma.Token(r.token)))
+		return c.answerImport(r.req, d.checkJettyImport(r.jetty, r.mode))
 	case frameImportSeg:
 		r, err := decodeImportSeg(body)
 		if err != nil {
 			return protocolError{err}
 		}
 		id := urma.SegmentID{EID: c.sd.eid, UASID: r.uasid, VA: r.va, Len: r.len, TokenID: r.tokenID}
-		return c.answerImport(r.req, d.checkSegmentImport(id, urma.Token(r.token)))
+		return c.answerImport(r.req, d.checkSegmentImport(id))
 	case frameImportResp:
 		req, code, err := decodeImportResp(body)
 		if err != nil {
@@ -454,7 +454,7 @@ func (c *conn) onSend(body []byte, bodyLen uint32) error {
 		}
 	}
 	tj := c.sd.dev.jetty(h.dst)
-	if tj == nil || uint32(tj.token) != h.token {
+	if tj == nil || !tj.jfr.accepts(urma.Token(h.token)) {
 		if err := c.discard(h.length); err != nil {
 			return err
 		}

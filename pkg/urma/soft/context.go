@@ -125,12 +125,13 @@ func (c *devContext) RegisterSegment(mem *urma.Memory, cfg urma.SegmentConfig) (
 	return newSegment(c, mem, cfg)
 }
 
-// ImportSegment imports a peer's segment after checking its token.
+// ImportSegment imports a peer's segment; the token is stored, not checked.
 func (c *devContext) ImportSegment(id urma.SegmentID, token urma.Token) (urma.RemoteSegment, error) {
 	return importSegment(c, id, token)
 }
 
-// ImportJetty imports a peer's jetty after checking its token and mode.
+// ImportJetty imports a peer's jetty after checking that it exists in mode;
+// the token is stored and checked by the target on every message.
 func (c *devContext) ImportJetty(ctx context.Context, id urma.JettyID, mode urma.TransportMode, token urma.Token) (urma.RemoteJetty, error) {
 	return importJetty(ctx, c, id, mode, token)
 }

@@ -141,9 +141,11 @@ func (d *device) segment(tokenID uint32) *segment {
 	return d.segs[tokenID]
 }
 
-// checkJettyImport answers an import of jetty id with token and mode, for a
-// local importer or a peer's request.
-func (d *device) checkJettyImport(id uint32, mode urma.TransportMode, token urma.Token) urma.Code {
+// checkJettyImport answers an import of jetty id in mode, for a local
+// importer or a peer's request. The token is not checked: udma stores it
+// with the import (udma_u_jetty.c:701-704) and the target checks it on
+// every packet (see jfr.accepts).
+func (d *device) checkJettyImport(id uint32, mode urma.TransportMode) urma.Code {
 	if d.closed.Load() {
 		return urma.CodeConnRefused
 	}
@@ -151,25 +153,22 @@ func (d *device) checkJettyImport(id uint32, mode urma.TransportMode, token urma
 	switch {
 	case j == nil:
 		return urma.CodeNoEnt
-	case j.token != token:
-		return urma.CodeAccess
 	case j.mode != mode:
 		return urma.CodeInval
 	}
 	return urma.CodeSuccess
 }
 
-// checkSegmentImport answers an import of a segment.
-func (d *device) checkSegmentImport(id urma.SegmentID, token urma.Token) urma.Code {
+// checkSegmentImport answers an import of a segment. Neither the token nor
+// the access flags are checked: udma_u_import_seg stores the token, and the
+// owner checks both on each access.
+func (d *device) checkSegmentImport(id urma.SegmentID) urma.Code {
 	if d.closed.Load() {
 		return urma.CodeConnRefused
 	}
 	s := d.segment(id.TokenID)
-	switch {
-	case s == nil || s.id.VA != id.VA || s.id.Len != id.Len || s.id.UASID != id.UASID:
+	if s == nil || s.id.VA != id.VA || s.id.Len != id.Len || s.id.UASID != id.UASID {
 		return urma.CodeNoEnt
-	case s.cfg.Access == urma.AccessLocalOnly || s.cfg.Token != token:
-		return urma.CodeAccess
 	}
 	return urma.CodeSuccess
 }
@@ -190,8 +189,6 @@ func codeErr(op string, c urma.Code, what string) error {
 		return nil
 	case urma.CodeNoEnt:
 		return urma.Errorf(op, c, "%s does not exist", what)
-	case urma.CodeAccess:
-		return urma.Errorf(op, c, "%s: wrong token or no remote access", what)
 	case urma.CodeInval:
 		return urma.Errorf(op, c, "%s: transport mode differs from the jetty's", what)
 	case urma.CodeConnRefused:

@@ -11,8 +11,8 @@
 //
 // What hardware does, this provider does: queue depths are enforced (ErrAgain),
 // receivers that have no buffer posted make the sender retry (RNR), a too small
-// buffer completes with LOC_LEN, tokens are checked at import and on every
-// message, a send error puts the jetty into ERROR and flushes what is
+// buffer completes with LOC_LEN, tokens are checked by the target on every
+// message (never at import, as on hardware), a send error puts the jetty into ERROR and flushes what is
 // outstanding, a vanished peer turns outstanding sends into ACK_TIMEOUT
 // completions, and completion events arrive on a Linux eventfd. Where this
 // provider chooses differently from hardware (completion queue overflow, the

@@ -67,7 +67,6 @@ type jetty struct {
 	id        urma.JettyID
 	instance  uint32 // unique per device: tells a re-created jetty's traffic from its predecessor's
 	mode      urma.TransportMode
-	token     urma.Token
 	sendJFC   *jfc
 	jfr       *jfr
 	rnrRetry  uint8
@@ -123,17 +122,18 @@ func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 	if !ok || r == nil || r.ctx != c {
 		return nil, urma.Errorf(op, urma.CodeInval, "JFR is missing or was not created by this context")
 	}
+	if r.mode != cfg.Mode {
+		// udma_u_jetty.c:105-118 (init_jetty_trans_mode): the send and
+		// receive sides of a jetty must use one transport mode.
+		return nil, urma.Errorf(op, urma.CodeInval, "jetty mode %s differs from its JFR's mode %s", cfg.Mode, r.mode)
+	}
 	maxSGE := max(cfg.MaxSGE, 1)
 	ringSize := uint64(1) << bits.Len32(cfg.SQDepth-1) // a power of two, so sequence numbers wrap cleanly
 	j := &jetty{
 		ctx: c, dev: c.dev, mode: cfg.Mode, sendJFC: q, jfr: r,
 		rnrRetry: cfg.RNRRetry, depth: cfg.SQDepth, maxSGE: maxSGE, maxInline: cfg.MaxInline,
-		token: cfg.Token,
 		slots: make([]sqSlot, ringSize), mask: ringSize - 1,
 		flat: make([]sgeRef, ringSize*uint64(maxSGE)),
-	}
-	if j.token == 0 {
-		j.token = r.token
 	}
 	if cfg.MaxInline > 0 {
 		j.inlineBuf = make([]byte, ringSize*uint64(cfg.MaxInline))
@@ -189,6 +189,9 @@ func (j *jetty) slot(seq uint64) *sqSlot { return &j.slots[seq&j.mask] }
 // PostSend posts one send. Structural mistakes fail the call (ErrInval), a
 // full queue fails with ErrAgain; a bad SGE (LOC_ACCESS) or an oversize
 // message (LOC_LEN) is accepted and completes with that status in its turn.
+// An RC jetty binds to the target of its first send and ignores wr.Target
+// from then on, as udma does (udma_u_jfs.c:960-963 takes an RC SQ's bound
+// target jetty, never the work request's).
 func (j *jetty) PostSend(wr *urma.SendWR) error {
 	const op = "post_jetty_send_wr"
 	if wr == nil {
@@ -200,18 +203,15 @@ func (j *jetty) PostSend(wr *urma.SendWR) error {
 	if uint32(len(wr.SGEs)) > j.maxSGE {
 		return urma.Errorf(op, urma.CodeInval, "%d SGEs, the jetty takes at most %d", len(wr.SGEs), j.maxSGE)
 	}
-	t, ok := wr.Target.(*remoteJetty)
-	if !ok || t == nil || t.ctx != j.ctx {
-		return urma.Errorf(op, urma.CodeInval, "target was not imported by this jetty's context")
-	}
-	if t.closed.Load() {
-		return errClosed(op, "target jetty")
-	}
-	if t.mode != j.mode {
-		return urma.Errorf(op, urma.CodeInval, "target imported as %s, jetty is %s", t.mode, j.mode)
-	}
 	j.mu.Lock()
-	err := j.postLocked(wr, t)
+	t := j.bound
+	var err error
+	if t == nil {
+		t, err = j.checkTarget(wr.Target)
+	}
+	if err == nil {
+		err = j.postLocked(wr, t)
+	}
 	c := j.kickConn
 	j.kickConn = nil
 	j.mu.Unlock()
@@ -219,6 +219,22 @@ func (j *jetty) PostSend(wr *urma.SendWR) error {
 		c.kick() // write the frame from here: no writer wakeup on the common path
 	}
 	return err
+}
+
+// checkTarget validates the target of a send on an RM jetty or an RC
+// jetty's first send; j.mu is held.
+func (j *jetty) checkTarget(target urma.RemoteJetty) (*remoteJetty, error) {
+	const op = "post_jetty_send_wr"
+	t, ok := target.(*remoteJetty)
+	switch {
+	case !ok || t == nil || t.ctx != j.ctx:
+		return nil, urma.Errorf(op, urma.CodeInval, "target was not imported by this jetty's context")
+	case t.closed.Load():
+		return nil, errClosed(op, "target jetty")
+	case t.mode != j.mode:
+		return nil, urma.Errorf(op, urma.CodeInval, "target imported as %s, jetty is %s", t.mode, j.mode)
+	}
+	return t, nil
 }
 
 func (j *jetty) postLocked(wr *urma.SendWR, t *remoteJetty) error {
@@ -231,12 +247,14 @@ func (j *jetty) postLocked(wr *urma.SendWR, t *remoteJetty) error {
 	case j.tail-j.head >= uint64(j.depth):
 		return urma.Errorf(op, urma.CodeAgain, "jetty %d send queue is full (depth %d)", j.id.ID, j.depth)
 	}
-	if j.mode == urma.RC {
-		if j.bound == nil {
-			j.bound = t
-		} else if !j.bound.sameTarget(t) {
-			return urma.Errorf(op, urma.CodeInval, "RC jetty %d is bound to %s/%d", j.id.ID, j.bound.id.EID, j.bound.id.ID)
+	if j.mode == urma.RC && j.bound == nil {
+		// urma_bind_jetty at the first send: from now on the import
+		// cannot be unimported (udma_u_jetty.c:459-463) until the jetty
+		// is closed.
+		if !t.bind() {
+			return errClosed(op, "target jetty")
 		}
+		j.bound = t
 	}
 	s := j.slot(j.tail)
 	var length uint64
@@ -340,7 +358,7 @@ func (j *jetty) deliverLocal(s *sqSlot) (urma.Status, uint8) {
 		return urma.StatusAckTimeout, 0
 	}
 	tj := t.dev.jetty(t.id.ID)
-	if tj == nil || tj.token != t.token {
+	if tj == nil || !tj.jfr.accepts(t.token) {
 		return urma.StatusRemAccessAbort, 0
 	}
 	var tk recvTicket
@@ -449,9 +467,8 @@ func (j *jetty) onTimer() {
 // the slot is freed in order; j.mu is held.
 func (j *jetty) finish(s *sqSlot, st urma.Status) {
 	if st != urma.StatusSuccess || s.flags&urma.SendCompleteEnable != 0 {
-		c := urma.Completion{
+		c := urma.Completion{ // no opcode: liburma fills it for receives only (urma_types.h:1154)
 			Status:   st,
-			Opcode:   s.opcode,
 			UserCtx:  s.userCtx,
 			LocalID:  j.id.ID,
 			RemoteID: s.target.id,
@@ -548,7 +565,12 @@ func (j *jetty) Close() error {
 	for j.writing > 0 {
 		j.written.Wait()
 	}
+	bound := j.bound
+	j.bound = nil
 	j.mu.Unlock()
+	if bound != nil {
+		bound.unbind() // urma_unbind_jetty, before urma_delete_jetty
+	}
 	j.dev.freeJetty(j.id.ID)
 	j.jfr.detach()
 	j.sendJFC.detach()
@@ -656,6 +678,9 @@ type remoteJetty struct {
 	dev    *device // in-process fabric, or this provider's own device
 	peer   *peer   // socket fabric
 	closed atomic.Bool
+
+	mu    sync.Mutex // orders bind against Close
+	bound int        // RC jetties bound to this import
 }
 
 var _ urma.RemoteJetty = (*remoteJetty)(nil)
@@ -667,16 +692,48 @@ func (r *remoteJetty) sameTarget(o *remoteJetty) bool {
 	return r.id.EID == o.id.EID && r.id.ID == o.id.ID
 }
 
-// Close unimports the jetty; sends already posted to it still go out.
-func (r *remoteJetty) Close() error {
-	if r.closed.Swap(true) {
-		return nil
+// bind records an RC jetty's binding; it fails once the import is closed.
+func (r *remoteJetty) bind() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed.Load() {
+		return false
 	}
-	r.ctx.release(r)
+	r.bound++
+	return true
+}
+
+func (r *remoteJetty) unbind() {
+	r.mu.Lock()
+	r.bound--
+	r.mu.Unlock()
+}
+
+// Close unimports the jetty; sends already posted to it still go out. An
+// RC import bound to a jetty fails with ErrBusy until that jetty is closed,
+// as udma_u_unimport_jetty refuses (udma_u_jetty.c:459-463).
+func (r *remoteJetty) Close() error {
+	r.mu.Lock()
+	if r.bound > 0 && !r.closed.Load() {
+		n := r.bound
+		r.mu.Unlock()
+		return urma.Errorf("unimport_jetty", urma.CodeBusy, "RC target %s/%d is bound to %d jetty; close the jetty first", r.id.EID, r.id.ID, n)
+	}
+	already := r.closed.Swap(true)
+	r.mu.Unlock()
+	if !already {
+		r.ctx.release(r)
+	}
 	return nil
 }
 
-func (r *remoteJetty) forceClose() { _ = r.Close() }
+// forceClose unimports regardless of bindings: Provider.Close destroys the
+// jetties first.
+func (r *remoteJetty) forceClose() {
+	if !r.closed.Swap(true) {
+		r.ctx.release(r)
+	}
+}
 
 func importJetty(ctx context.Context, c *devContext, id urma.JettyID, mode urma.TransportMode, token urma.Token) (*remoteJetty, error) {
 	const op = "import_jetty"
@@ -695,7 +752,7 @@ func importJetty(ctx context.Context, c *devContext, id urma.JettyID, mode urma.
 	}
 	var code urma.Code
 	if dev != nil {
-		code = dev.checkJettyImport(id.ID, mode, token)
+		code = dev.checkJettyImport(id.ID, mode)
 	} else if code, err = peer.importJetty(ctx, id.ID, mode, token); err != nil {
 		return nil, err
 	}

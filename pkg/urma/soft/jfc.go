@@ -2,6 +2,7 @@ package soft
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -31,6 +32,8 @@ type jfc struct {
 	closed        bool
 	users         int // JFRs and jetties attached
 	acked         uint64
+	reported      atomic.Uint64 // events JFCE.Wait returned; counted under the JFCE's lock
+	ackedCond     *sync.Cond    // signalled by Ack, for a Close waiting on acks
 }
 
 var _ urma.JFC = (*jfc)(nil)
@@ -53,6 +56,7 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 		return nil, err
 	}
 	q := &jfc{ctx: c, id: id, depth: cfg.Depth, jfce: e, userCtx: cfg.UserCtx, ring: make([]urma.Completion, cfg.Depth)}
+	q.ackedCond = sync.NewCond(&q.mu)
 	if e != nil {
 		if err := e.attach(); err != nil {
 			c.dev.freeJFC()
@@ -155,15 +159,19 @@ func (q *jfc) Rearm(solicitedOnly bool) error {
 	return nil
 }
 
-// Ack acknowledges n events; liburma counts them, and so does this provider,
-// but nothing waits on the count.
+// Ack acknowledges n events; Close waits until every event Wait returned
+// was acknowledged.
 func (q *jfc) Ack(n uint32) {
 	q.mu.Lock()
 	q.acked += uint64(n)
+	q.ackedCond.Broadcast()
 	q.mu.Unlock()
 }
 
-// Close destroys the JFC; it fails with ErrBusy while JFRs or jetties use it.
+// Close destroys the JFC; it fails with ErrBusy while JFRs or jetties use
+// it. Otherwise it waits until every event JFCE.Wait returned for this JFC
+// has been acknowledged, as urma_delete_jfc does (core/urma_cmd.c:1174-1185
+// waits on the event condition until comp_events_acked catches up).
 func (q *jfc) Close() error {
 	q.mu.Lock()
 	if q.closed {
@@ -176,13 +184,15 @@ func (q *jfc) Close() error {
 		return urma.Errorf("delete_jfc", urma.CodeBusy, "%d JFRs or jetties still use JFC %d", n, q.id)
 	}
 	q.mu.Unlock()
-	q.destroy()
+	q.destroy(true)
 	return nil
 }
 
-func (q *jfc) forceClose() { q.destroy() }
+// forceClose does not wait for acks: Provider.Close is tearing down
+// everything, including whoever would have acked.
+func (q *jfc) forceClose() { q.destroy(false) }
 
-func (q *jfc) destroy() {
+func (q *jfc) destroy(waitAcks bool) {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -191,7 +201,12 @@ func (q *jfc) destroy() {
 	q.closed = true
 	q.n, q.overflow = 0, nil
 	if q.jfce != nil {
+		// After forget no Wait can return this JFC again, so reported
+		// is final.
 		q.jfce.forget(q)
+	}
+	for waitAcks && q.acked < q.reported.Load() {
+		q.ackedCond.Wait()
 	}
 	q.mu.Unlock()
 	if q.jfce != nil {

@@ -112,6 +112,7 @@ func (e *jfce) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
 		n := 0
 		for n < len(out) && n < len(e.pending) {
 			out[n] = e.pending[n]
+			e.pending[n].reported.Add(1)
 			n++
 		}
 		if n > 0 {

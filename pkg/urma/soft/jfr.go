@@ -37,6 +37,7 @@ const (
 type jfr struct {
 	ctx    *devContext
 	id     urma.JettyID
+	mode   urma.TransportMode
 	depth  uint32
 	maxSGE uint32
 	jfc    *jfc
@@ -59,6 +60,14 @@ var _ urma.JFR = (*jfr)(nil)
 func newJFR(c *devContext, cfg urma.JFRConfig) (*jfr, error) {
 	const op = "create_jfr"
 	caps := c.dev.caps
+	switch {
+	case cfg.Mode == 0:
+		return nil, urma.Errorf(op, urma.CodeInval, "transport mode not set (RC or RM); the JFR's jetties must use the same")
+	case cfg.Mode == urma.RC && caps.TransMode&urma.TransModeRC == 0,
+		cfg.Mode == urma.RM && caps.TransMode&urma.TransModeRM == 0,
+		cfg.Mode != urma.RC && cfg.Mode != urma.RM:
+		return nil, urma.Errorf(op, urma.CodeInval, "transport mode %s not supported by device %s", cfg.Mode, c.dev.info.Name)
+	}
 	if cfg.Depth == 0 || cfg.Depth > caps.MaxJFRDepth {
 		return nil, urma.Errorf(op, urma.CodeInval, "depth %d outside 1..%d (device max_jfr_depth)", cfg.Depth, caps.MaxJFRDepth)
 	}
@@ -77,7 +86,7 @@ func newJFR(c *devContext, cfg urma.JFRConfig) (*jfr, error) {
 		return nil, urma.Errorf(op, urma.CodeInval, "JFC is missing or was not created by this context")
 	}
 	r := &jfr{
-		ctx: c, depth: cfg.Depth, maxSGE: maxSGE, jfc: q, minRNR: cfg.MinRNRTimer,
+		ctx: c, mode: cfg.Mode, depth: cfg.Depth, maxSGE: maxSGE, jfc: q, minRNR: cfg.MinRNRTimer,
 		policy: cfg.TokenPolicy, token: cfg.Token,
 		ring: make([]recvSlot, cfg.Depth),
 		flat: make([]sgeRef, int(cfg.Depth)*int(maxSGE)),
@@ -148,6 +157,14 @@ func (r *jfr) PostRecv(wr *urma.RecvWR) error {
 	r.n++
 	r.mu.Unlock()
 	return nil
+}
+
+// accepts reports whether a message carrying token may use this JFR. The
+// target checks the token on every packet (URMA User Guide §9.1.2, "URMA
+// User Guide.md":2293); under TokenNone no token value travels and nothing
+// is checked (User Guide:2318).
+func (r *jfr) accepts(token urma.Token) bool {
+	return r.policy == urma.TokenNone || token == r.token
 }
 
 // take hands the oldest posted receive to a message, into t.

@@ -44,11 +44,11 @@ func newSide(t testing.TB, p *Provider, jc urma.JettyConfig, cqDepth uint32) *si
 	mustOK(t, err, "create send JFC")
 	s.rjfc, err = s.ctx.CreateJFC(urma.JFCConfig{Depth: 256})
 	mustOK(t, err, "create receive JFC")
-	s.jfr, err = s.ctx.CreateJFR(urma.JFRConfig{Depth: 64, MaxSGE: 2, JFC: s.rjfc, Token: 7})
-	mustOK(t, err, "create JFR")
 	if jc.Mode == 0 {
 		jc.Mode = urma.RC
 	}
+	s.jfr, err = s.ctx.CreateJFR(urma.JFRConfig{Mode: jc.Mode, Depth: 64, MaxSGE: 2, JFC: s.rjfc, TokenPolicy: urma.TokenPlainText, Token: 7})
+	mustOK(t, err, "create JFR")
 	if jc.SQDepth == 0 {
 		jc.SQDepth = 64
 	}
@@ -344,26 +344,26 @@ func TestSegmentBusyWhileReferenced(t *testing.T) {
 	}
 }
 
-// An RC jetty sends to one target only.
-func TestRCBindsToFirstTarget(t *testing.T) {
+// Mode mismatches are refused: an RM jetty cannot send through an RC
+// import, and a jetty cannot be imported in a mode it does not have.
+func TestModeMismatch(t *testing.T) {
 	p := newProvider(t, Options{Fabric: NewFabric()})
-	a := newSide(t, p, urma.JettyConfig{}, 64)
 	b := newSide(t, p, urma.JettyConfig{}, 64)
-	c := newSide(t, p, urma.JettyConfig{}, 64)
-	tb, tc := a.importJetty(b), a.importJetty(c)
-	b.postRecv(1, 0, 8)
-	mustOK(t, a.send(tb, 1, 0, 8, 0), "send to the first target")
-	if err := a.send(tc, 2, 0, 8, 0); !errors.Is(err, urma.ErrInval) {
-		t.Fatalf("RC send to a second target: want ErrInval, got %v", err)
-	}
-	// An RM jetty may address both, but not through an RC import.
+	rc := newSide(t, p, urma.JettyConfig{}, 64)
 	rm := newSide(t, p, urma.JettyConfig{Mode: urma.RM}, 64)
+	tb := rc.importJetty(b)
 	if err := rm.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Target: tb}); !errors.Is(err, urma.ErrInval) {
 		t.Fatalf("RM jetty through a foreign RC import: want ErrInval, got %v", err)
 	}
-	_, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 7)
+	if err := rm.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend}); !errors.Is(err, urma.ErrInval) {
+		t.Fatalf("RM send without a target: want ErrInval, got %v", err)
+	}
+	_, err := rc.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 7)
 	if !errors.Is(err, urma.ErrInval) {
 		t.Fatalf("import an RC jetty as RM: want ErrInval, got %v", err)
+	}
+	if err := rc.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend}); !errors.Is(err, urma.ErrInval) {
+		t.Fatalf("first RC send without a target: want ErrInval, got %v", err)
 	}
 }
 
@@ -514,7 +514,7 @@ func TestJFCEWithEpoll(t *testing.T) {
 	q, err := ctx.CreateJFC(urma.JFCConfig{Depth: 16, JFCE: ce})
 	mustOK(t, err, "create JFC")
 	defer q.Close()
-	r, err := ctx.CreateJFR(urma.JFRConfig{Depth: 4, JFC: q})
+	r, err := ctx.CreateJFR(urma.JFRConfig{Mode: urma.RC, Depth: 4, JFC: q})
 	mustOK(t, err, "create JFR")
 	defer r.Close()
 	j, err := ctx.CreateJetty(urma.JettyConfig{Mode: urma.RC, SQDepth: 4, SendJFC: q, JFR: r})

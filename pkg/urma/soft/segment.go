@@ -194,7 +194,7 @@ func importSegment(c *devContext, id urma.SegmentID, token urma.Token) (*remoteS
 	}
 	var code urma.Code
 	if dev != nil {
-		code = dev.checkSegmentImport(id, token)
+		code = dev.checkSegmentImport(id)
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), c.prov.opts.DialTimeout)
 		defer cancel()

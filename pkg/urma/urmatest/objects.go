@@ -21,7 +21,7 @@ func testCloseOrder(t *testing.T, pr Pair) {
 	must(t, err, "create JFCE")
 	jfc, err := ctx.CreateJFC(urma.JFCConfig{Depth: 16, JFCE: jfce})
 	must(t, err, "create JFC")
-	jfr, err := ctx.CreateJFR(urma.JFRConfig{Depth: 4, JFC: jfc})
+	jfr, err := ctx.CreateJFR(urma.JFRConfig{Mode: urma.RC, Depth: 4, JFC: jfc})
 	must(t, err, "create JFR")
 	jetty, err := ctx.CreateJetty(urma.JettyConfig{Mode: urma.RC, SQDepth: 4, SendJFC: jfc, JFR: jfr})
 	must(t, err, "create jetty")

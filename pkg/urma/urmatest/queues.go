@@ -87,12 +87,12 @@ func testDepthAboveCaps(t *testing.T, pr Pair) {
 			return err
 		}},
 		{"JFR", func() error {
-			r, err := e.ctx.CreateJFR(urma.JFRConfig{Depth: caps.MaxJFRDepth + 1, JFC: e.recvJFC})
+			r, err := e.ctx.CreateJFR(urma.JFRConfig{Mode: e.cfg.Mode, Depth: caps.MaxJFRDepth + 1, JFC: e.recvJFC})
 			closeIf(r, err)
 			return err
 		}},
 		{"JFR-SGE", func() error {
-			r, err := e.ctx.CreateJFR(urma.JFRConfig{Depth: 4, MaxSGE: caps.MaxJFRSge + 1, JFC: e.recvJFC})
+			r, err := e.ctx.CreateJFR(urma.JFRConfig{Mode: e.cfg.Mode, Depth: 4, MaxSGE: caps.MaxJFRSge + 1, JFC: e.recvJFC})
 			closeIf(r, err)
 			return err
 		}},
@@ -292,7 +292,7 @@ func testSetErrorFlush(t *testing.T, pr Pair) {
 	}
 	wantErr(t, a.jetty.PostSend(a.sendWR(target, 9, 0, 8)), urma.ErrInval, "post on a jetty in ERROR")
 	// An idle jetty flushes nothing but still reports the end of the flush.
-	idle := a.newJetty(a.cfg.Token)
+	idle := a.newJetty()
 	a.own(idle)
 	must(t, idle.SetError(), "set idle jetty error")
 	if c := wait(t, a.sendJFC, 1, waitTimeout)[0]; c.Status != urma.StatusWRFlushErrDone || c.LocalID != idle.ID().ID {

@@ -2,11 +2,13 @@
 // implementations. Run takes any pair of providers that can reach each other
 // and checks, one subtest per behaviour, what a transport relies on: real
 // bytes arrive intact and in order, queue depths are enforced, receivers
-// without buffers make senders retry (RNR), tokens are checked, errors flush
-// queues, vanished peers produce error completions instead of hangs,
-// completion events fire exactly when armed, and objects refuse to die out of
-// order. The software provider runs it in its tests; a hardware provider runs
-// the same suite unchanged.
+// without buffers make senders retry (RNR), tokens are checked per message
+// (not at import), errors flush queues, vanished peers produce error
+// completions instead of hangs, completion events fire exactly when armed,
+// and objects refuse to die out of order. Where UB hardware imposes a rule a
+// software provider could get wrong, the case says where in UMDK the rule
+// comes from (hardware.go gathers most of them). The software provider runs
+// the suite in its tests, and the liburma provider runs it unchanged.
 package urmatest
 
 import (
@@ -146,9 +148,8 @@ func open(t testing.TB, p urma.Provider, dev string, cfg epConfig) *endpoint {
 	must(t, err, "create send JFC")
 	e.recvJFC, err = e.ctx.CreateJFC(urma.JFCConfig{Depth: cfg.CQDepth, JFCE: e.jfce})
 	must(t, err, "create receive JFC")
-	e.jfr, err = e.ctx.CreateJFR(urma.JFRConfig{Depth: cfg.RQDepth, MaxSGE: cfg.MaxSGE, JFC: e.recvJFC, MinRNRTimer: cfg.MinRNR, Token: cfg.Token})
-	must(t, err, "create JFR")
-	e.jetty = e.newJetty(cfg.Token)
+	e.jfr = e.newJFR(cfg.Token)
+	e.jetty = e.newJetty()
 	e.mem, err = urma.AllocMemory(cfg.MemSize)
 	must(t, err, "alloc memory")
 	e.seg, err = e.ctx.RegisterSegment(e.mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
@@ -156,18 +157,33 @@ func open(t testing.TB, p urma.Provider, dev string, cfg epConfig) *endpoint {
 	return e
 }
 
-func (e *endpoint) newJetty(token urma.Token) urma.Jetty {
+// newJFR creates a receive queue guarded by token (policy PLAIN_TEXT).
+func (e *endpoint) newJFR(token urma.Token) urma.JFR {
+	e.t.Helper()
+	r, err := e.ctx.CreateJFR(urma.JFRConfig{
+		Mode: e.cfg.Mode, Depth: e.cfg.RQDepth, MaxSGE: e.cfg.MaxSGE, JFC: e.recvJFC, MinRNRTimer: e.cfg.MinRNR,
+		TokenPolicy: urma.TokenPlainText, Token: token,
+	})
+	must(e.t, err, "create JFR")
+	return r
+}
+
+// newJetty creates a jetty on the endpoint's send JFC and JFR; its receive
+// side has the JFR's token.
+func (e *endpoint) newJetty() urma.Jetty {
 	e.t.Helper()
 	j, err := e.ctx.CreateJetty(urma.JettyConfig{
 		Mode: e.cfg.Mode, SQDepth: e.cfg.SQDepth, MaxSGE: e.cfg.MaxSGE, SendJFC: e.sendJFC, JFR: e.jfr,
-		RNRRetry: *e.cfg.RNRRetry, Token: token,
+		RNRRetry: *e.cfg.RNRRetry,
 	})
 	must(e.t, err, "create jetty")
 	return j
 }
 
-// close tears down in liburma's order. A provider killed under the test
-// has destroyed everything already; its objects then close as no-ops.
+// close tears down in liburma's order. The endpoint's jetty goes first: it
+// unbinds an RC target, which cannot be unimported while bound. A provider
+// killed under the test has destroyed everything already; its objects then
+// close as no-ops.
 func (e *endpoint) close() {
 	ok := func(err error, what string) bool {
 		if err != nil && !errors.Is(err, urma.ErrClosed) {
@@ -176,13 +192,16 @@ func (e *endpoint) close() {
 		}
 		return true
 	}
+	if e.jetty != nil {
+		ok(e.jetty.Close(), "jetty")
+	}
 	for i := len(e.extra) - 1; i >= 0; i-- {
 		ok(e.extra[i].Close(), "extra object")
 	}
 	for _, c := range []struct {
 		o    io.Closer
 		what string
-	}{{e.jetty, "jetty"}, {e.jfr, "JFR"}, {e.recvJFC, "receive JFC"}, {e.sendJFC, "send JFC"}, {e.jfce, "JFCE"}} {
+	}{{e.jfr, "JFR"}, {e.recvJFC, "receive JFC"}, {e.sendJFC, "send JFC"}, {e.jfce, "JFCE"}} {
 		if c.o != nil {
 			ok(c.o.Close(), c.what)
 		}
