@@ -1,0 +1,360 @@
+package slices_test
+
+import (
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
+	"github.com/openeuler/urma-k8s/pkg/dra/dratest"
+	"github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
+)
+
+func str(t *testing.T, d resourceapi.Device, name resourceapi.QualifiedName) string {
+	t.Helper()
+	a, ok := d.Attributes[name]
+	if !ok || a.StringValue == nil {
+		t.Fatalf("device %s: attribute %s missing or not a string: %+v", d.Name, name, a)
+	}
+	return *a.StringValue
+}
+
+func num(t *testing.T, d resourceapi.Device, name resourceapi.QualifiedName) int64 {
+	t.Helper()
+	a, ok := d.Attributes[name]
+	if !ok || a.IntValue == nil {
+		t.Fatalf("device %s: attribute %s missing or not an int: %+v", d.Name, name, a)
+	}
+	return *a.IntValue
+}
+
+func flag(t *testing.T, d resourceapi.Device, name resourceapi.QualifiedName) bool {
+	t.Helper()
+	a, ok := d.Attributes[name]
+	if !ok || a.BoolValue == nil {
+		t.Fatalf("device %s: attribute %s missing or not a bool: %+v", d.Name, name, a)
+	}
+	return *a.BoolValue
+}
+
+func only(t *testing.T, snap *inventory.Snapshot, name string) *inventory.Device {
+	t.Helper()
+	d, ok := snap.Lookup(name)
+	if !ok {
+		t.Fatalf("no device %s in the snapshot", name)
+	}
+	return d
+}
+
+func TestDeviceAttributes(t *testing.T) {
+	dev := sysfstest.DefaultDevice("udma0")
+	numa := 1
+	dev.NUMANode = &numa
+	dev.EIDs = []string{"0000:0000:0000:0000:0000:ffff:0a00:0001", "", "0000:0000:0000:0000:0000:ffff:0a00:0009"}
+	snap := dratest.Snapshot(t, dratest.Config(0), dev)
+	d := slices.Device(only(t, snap, "udma0"), slices.DefaultRequestPolicy())
+
+	if d.Name != "udma0" {
+		t.Errorf("name %q, want udma0", d.Name)
+	}
+	for attr, want := range map[resourceapi.QualifiedName]string{
+		slices.AttrDevice:    "udma0",
+		slices.AttrDriver:    "udma",
+		slices.AttrTransport: "UB",
+		slices.AttrEID:       "::ffff:10.0.0.1",
+		slices.AttrEIDs:      "::ffff:10.0.0.1,::ffff:10.0.0.9",
+		slices.AttrPCIVendor: "0x19e5",
+		slices.AttrPCIDevice: "0xa001",
+		slices.AttrGUID:      dev.GUID,
+	} {
+		if got := str(t, d, attr); got != want {
+			t.Errorf("%s = %q, want %q", attr, got, want)
+		}
+	}
+	c := dev.Caps
+	for attr, want := range map[resourceapi.QualifiedName]int64{
+		slices.AttrNUMANode:         1,
+		slices.AttrEIDCount:         2,
+		slices.AttrMaxJetty:         int64(c.MaxJetty),
+		slices.AttrMaxJFSDepth:      int64(c.MaxJFSDepth),
+		slices.AttrMaxJFRDepth:      int64(c.MaxJFRDepth),
+		slices.AttrMaxJFCDepth:      int64(c.MaxJFCDepth),
+		slices.AttrMaxJFSSge:        int64(c.MaxJFSSge),
+		slices.AttrMaxJFRSge:        int64(c.MaxJFRSge),
+		slices.AttrMaxMsgSize:       int64(c.MaxMsgSize),
+		slices.AttrMaxJFSInlineSize: int64(c.MaxJFSInlineSize),
+	} {
+		if got := num(t, d, attr); got != want {
+			t.Errorf("%s = %d, want %d", attr, got, want)
+		}
+	}
+	if flag(t, d, slices.AttrBonding) || flag(t, d, slices.AttrSoftware) {
+		t.Error("a plain hardware device is marked bonding or software")
+	}
+	if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
+		t.Error("the device is not shareable (AllowMultipleAllocations)")
+	}
+	if len(d.Taints) != 0 {
+		t.Errorf("a healthy device is tainted: %+v", d.Taints)
+	}
+	if n := len(d.Attributes) + len(d.Capacity); n > resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice {
+		t.Errorf("%d attributes and capacities, the API allows %d", n, resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice)
+	}
+	for name, a := range d.Attributes {
+		if a.StringValue != nil && len(*a.StringValue) > resourceapi.DeviceAttributeMaxValueLength {
+			t.Errorf("attribute %s is %d bytes long", name, len(*a.StringValue))
+		}
+		if errs := validation.IsCIdentifier(string(name)); len(errs) > 0 {
+			t.Errorf("attribute name %q: %v", name, errs)
+		}
+	}
+}
+
+func TestDeviceWithoutNUMAOrPCI(t *testing.T) {
+	bond := sysfstest.DefaultDevice("bonding_dev_0")
+	bond.Bonding = true
+	snap := dratest.Snapshot(t, dratest.Config(0), bond)
+	d := slices.Device(only(t, snap, "bonding_dev_0"), slices.DefaultRequestPolicy())
+	for _, attr := range []resourceapi.QualifiedName{slices.AttrNUMANode, slices.AttrPCIVendor, slices.AttrPCIDevice} {
+		if _, ok := d.Attributes[attr]; ok {
+			t.Errorf("attribute %s set for a bonding device without a parent", attr)
+		}
+	}
+	if !flag(t, d, slices.AttrBonding) {
+		t.Error("bonding device not marked bonding")
+	}
+	if str(t, d, slices.AttrDevice) != "bonding_dev_0" {
+		t.Error("the device attribute must keep the URMA name")
+	}
+}
+
+func TestEIDsAttributeKeepsWholeEntries(t *testing.T) {
+	dev := sysfstest.DefaultDevice("udma0")
+	dev.EIDs = []string{
+		"1111:2222:3333:4444:5555:6666:7777:8888",
+		"1111:2222:3333:4444:5555:6666:7777:8889",
+		"1111:2222:3333:4444:5555:6666:7777:888a",
+	}
+	snap := dratest.Snapshot(t, dratest.Config(0), dev)
+	d := slices.Device(only(t, snap, "udma0"), slices.DefaultRequestPolicy())
+	got := str(t, d, slices.AttrEIDs)
+	if got != "1111:2222:3333:4444:5555:6666:7777:8888" {
+		t.Errorf("eids %q: want only the first EID (two do not fit 64 bytes)", got)
+	}
+	if num(t, d, slices.AttrEIDCount) != 3 {
+		t.Error("eidCount must count every EID")
+	}
+}
+
+func TestJettyCapacityIsTheBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		maxJetty    uint32
+		reserved    urma.Range
+		noReserved  bool
+		hostReserve uint32
+		want        int64
+	}{
+		{"reserved range", 1024, urma.Range{Min: 0, Max: 15}, false, 0, 1008},
+		{"host reserve", 1024, urma.Range{Min: 0, Max: 15}, false, 8, 1000},
+		// No rounding to units and no 1024-unit cap: every jetty counts.
+		{"odd size", 1037, urma.Range{Min: 0, Max: 15}, false, 0, 1021},
+		{"beyond the unit cap", 40000, urma.Range{Min: 0, Max: 15}, false, 0, 39984},
+		{"all reserved", 16, urma.Range{Min: 0, Max: 15}, false, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dev := sysfstest.DefaultDevice("udma0")
+			dev.Caps.MaxJetty, dev.Reserved, dev.NoReserved = tc.maxJetty, tc.reserved, tc.noReserved
+			snap := dratest.Snapshot(t, dratest.Config(tc.hostReserve), dev)
+			d := slices.Device(only(t, snap, "udma0"), slices.DefaultRequestPolicy())
+			c := d.Capacity[slices.CapacityJetties]
+			if got := c.Value.Value(); got != tc.want {
+				t.Fatalf("jetties capacity %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRequestPolicy(t *testing.T) {
+	snap := dratest.Snapshot(t, dratest.Config(0), sysfstest.DefaultDevice("udma0"))
+	d := slices.Device(only(t, snap, "udma0"), slices.RequestPolicy{Default: 32, Min: 8, Step: 4})
+	p := d.Capacity[slices.CapacityJetties].RequestPolicy
+	if p == nil || p.Default == nil || p.ValidRange == nil || p.ValidRange.Min == nil || p.ValidRange.Step == nil {
+		t.Fatalf("request policy incomplete: %+v", p)
+	}
+	if p.Default.Value() != 32 || p.ValidRange.Min.Value() != 8 || p.ValidRange.Step.Value() != 4 || p.ValidRange.Max != nil {
+		t.Errorf("policy default %s min %s step %s max %v, want 32, 8, 4, none", p.Default, p.ValidRange.Min, p.ValidRange.Step, p.ValidRange.Max)
+	}
+}
+
+func TestRequestPolicyValidate(t *testing.T) {
+	if err := slices.DefaultRequestPolicy().Validate(); err != nil {
+		t.Fatalf("default policy: %v", err)
+	}
+	for _, tc := range []struct {
+		p    slices.RequestPolicy
+		want string
+	}{
+		{slices.RequestPolicy{Default: 16, Min: 0, Step: 1}, "minimum 0"},
+		{slices.RequestPolicy{Default: 16, Min: 1, Step: 0}, "step 0"},
+		{slices.RequestPolicy{Default: 4, Min: 8, Step: 1}, "below the minimum"},
+		{slices.RequestPolicy{Default: 17, Min: 8, Step: 4}, "multiple of step"},
+	} {
+		err := tc.p.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: Validate = %v, want an error about %q", tc.p, err, tc.want)
+		}
+	}
+}
+
+func taint(d resourceapi.Device, key string) (resourceapi.DeviceTaint, bool) {
+	for _, tn := range d.Taints {
+		if tn.Key == key {
+			return tn, true
+		}
+	}
+	return resourceapi.DeviceTaint{}, false
+}
+
+func TestTooSmallBudgetIsTaintedWithoutPolicy(t *testing.T) {
+	for _, maxJetty := range []uint32{16, 17, 31} { // capacity 0, 1, 15 < default 16
+		dev := sysfstest.DefaultDevice("udma0")
+		dev.Caps.MaxJetty = maxJetty
+		snap := dratest.Snapshot(t, dratest.Config(0), dev)
+		d := slices.Device(only(t, snap, "udma0"), slices.DefaultRequestPolicy())
+		if d.Capacity[slices.CapacityJetties].RequestPolicy != nil {
+			t.Errorf("max_jetty %d: a request policy the API would refuse", maxJetty)
+		}
+		tn, ok := taint(d, slices.TaintNoBudget)
+		if !ok || tn.Effect != resourceapi.DeviceTaintEffectNoSchedule {
+			t.Errorf("max_jetty %d: taints %+v, want %s NoSchedule", maxJetty, d.Taints, slices.TaintNoBudget)
+		}
+	}
+	// Exactly enough for the default: untainted.
+	dev := sysfstest.DefaultDevice("udma0")
+	dev.Caps.MaxJetty = 32
+	snap := dratest.Snapshot(t, dratest.Config(0), dev)
+	if d := slices.Device(only(t, snap, "udma0"), slices.DefaultRequestPolicy()); len(d.Taints) != 0 {
+		t.Errorf("16 jetties with default 16: tainted %+v", d.Taints)
+	}
+}
+
+func TestUnhealthyDevicesAreTaintedWithReason(t *testing.T) {
+	down := sysfstest.DefaultDevice("udma1")
+	down.Ports = []urma.PortState{urma.PortDown}
+	noNode := sysfstest.DefaultDevice("udma2")
+	noNode.NoDevNode = true
+	noEID := sysfstest.DefaultDevice("udma3")
+	noEID.EIDs = nil
+	both := sysfstest.DefaultDevice("udma4")
+	both.Ports = []urma.PortState{urma.PortDown}
+	both.EIDs = nil
+	tree := sysfstest.New(t)
+	for _, d := range []sysfstest.Device{down, noNode, noEID, both, sysfstest.DefaultDevice("udma5")} {
+		tree.Add(t, d)
+	}
+	tree.WriteFile(t, "udma5", "max_jfs_depth", "garbage")
+	snap := dratest.SnapshotOfTree(t, dratest.Config(0), tree)
+	for name, want := range map[string]string{
+		"udma1": slices.ReasonPortDown,
+		"udma2": slices.ReasonNoDeviceNode,
+		"udma3": slices.ReasonNoEID,
+		"udma4": slices.ReasonPortDown + "_" + slices.ReasonNoEID,
+		"udma5": slices.ReasonSysfs,
+	} {
+		inv := only(t, snap, name)
+		d := slices.Device(inv, slices.DefaultRequestPolicy())
+		tn, ok := taint(d, slices.TaintUnhealthy)
+		if !ok || tn.Value != want || tn.Effect != resourceapi.DeviceTaintEffectNoSchedule {
+			t.Errorf("%s (%s): taints %+v, want %s=%s NoSchedule", name, inv.Reason, d.Taints, slices.TaintUnhealthy, want)
+		}
+		if errs := validation.IsValidLabelValue(tn.Value); len(errs) > 0 {
+			t.Errorf("%s: taint value %q: %v", name, tn.Value, errs)
+		}
+	}
+	vanished := inventory.Device{Name: "udma9", Vanished: true, Reason: "device no longer discovered"}
+	if got := slices.ReasonCode(&vanished); got != slices.ReasonVanished {
+		t.Errorf("vanished device: reason code %q", got)
+	}
+}
+
+func TestDeviceName(t *testing.T) {
+	for _, tc := range []struct{ in, prefix string }{
+		{"udma0", "udma0"},
+		{"soft12", "soft12"},
+		{"bonding_dev_0", "bonding-dev-0-"},
+		{"UDMA0", "udma0-"},
+		{"_x_", "x-"},
+		{strings.Repeat("a", 80), strings.Repeat("a", 54) + "-"},
+	} {
+		got := slices.DeviceName(tc.in)
+		if errs := validation.IsDNS1123Label(got); len(errs) > 0 {
+			t.Errorf("DeviceName(%q) = %q: %v", tc.in, got, errs)
+		}
+		if !strings.HasPrefix(got, tc.prefix) || (tc.prefix == tc.in) != (got == tc.in) {
+			t.Errorf("DeviceName(%q) = %q, want prefix %q", tc.in, got, tc.prefix)
+		}
+	}
+	if slices.DeviceName("bonding_dev_0") == slices.DeviceName("bonding-dev-0") ||
+		slices.DeviceName("a_b") == slices.DeviceName("a.b") {
+		t.Error("distinct URMA names map to one DRA name")
+	}
+}
+
+func TestResourcesChunksIntoSlices(t *testing.T) {
+	var devs []sysfstest.Device
+	for i := range 70 {
+		devs = append(devs, sysfstest.DefaultDevice("udma"+string(rune('a'+i/26))+string(rune('a'+i%26))))
+	}
+	snap := dratest.Snapshot(t, dratest.Config(0), devs...)
+	res := slices.Resources("node-1", snap, slices.DefaultRequestPolicy())
+	pool, ok := res.Pools["node-1"]
+	if !ok || len(res.Pools) != 1 {
+		t.Fatalf("pools %v, want one named after the node", res.Pools)
+	}
+	if len(pool.Slices) != 2 || len(pool.Slices[0].Devices) != 64 || len(pool.Slices[1].Devices) != 6 {
+		t.Fatalf("slices of %v devices, want 64 + 6", sliceSizes(pool.Slices))
+	}
+	if pool.Slices[0].Devices[0].Name != "udmaaa" || pool.Slices[1].Devices[5].Name != "udmacr" {
+		t.Error("devices are not in name order")
+	}
+	empty := slices.Resources("node-1", &inventory.Snapshot{}, slices.DefaultRequestPolicy())
+	if p := empty.Pools["node-1"]; len(p.Slices) != 0 {
+		t.Errorf("no devices: %d slices, want none (which removes old ones)", len(p.Slices))
+	}
+}
+
+func TestSelectionAppliesToSlices(t *testing.T) {
+	cfg := dratest.Config(0)
+	cfg.Selection = selection.Policy{Exclude: []string{"udma1"}}
+	snap := dratest.Snapshot(t, cfg, sysfstest.DefaultDevice("udma0"), sysfstest.DefaultDevice("udma1"))
+	res := slices.Resources("n", snap, slices.DefaultRequestPolicy())
+	devs := res.Pools["n"].Slices[0].Devices
+	if len(devs) != 1 || devs[0].Name != "udma0" {
+		t.Fatalf("devices %v, want only udma0 (udma1 excluded)", devs)
+	}
+}
+
+func sliceSizes(ss []resourceslice.Slice) []int {
+	var n []int
+	for _, s := range ss {
+		n = append(n, len(s.Devices))
+	}
+	return n
+}
+
+func TestDeviceClass(t *testing.T) {
+	dc := slices.DeviceClass()
+	if dc.Name != slices.DriverName || dc.Spec.ExtendedResourceName == nil || *dc.Spec.ExtendedResourceName != "urma.openeuler.org/jetty" {
+		t.Fatalf("device class %+v", dc)
+	}
+	if len(dc.Spec.Selectors) != 1 || !strings.Contains(dc.Spec.Selectors[0].CEL.Expression, `"urma.openeuler.org"`) {
+		t.Fatalf("selectors %+v", dc.Spec.Selectors)
+	}
+}
