@@ -60,6 +60,10 @@ FUZZTIME ?= 30s
 fuzz: ## run every fuzz target for FUZZTIME each
 	hack/fuzz.sh $(FUZZTIME)
 
+.PHONY: mutation
+mutation: gremlins ## mutation testing of the core packages, not part of `test` (slow: docs/contributing.md); PKGS=./pkg/tuning narrows it
+	GREMLINS=$(GREMLINS) hack/mutation.sh $(if $(filter-out ./...,$(PKGS)),$(PKGS))
+
 .PHONY: lint
 lint: golangci-lint ## golangci-lint (built into bin/ on first use)
 	$(GOLANGCI_LINT) run ./...

@@ -21,7 +21,7 @@ TOOLS_MK_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
 TOOLS_REPO_ROOT := $(abspath $(TOOLS_MK_DIR)/..)
 
 # Defines KUBERNETES_VERSION, ETCD_VERSION, CONTROLLER_TOOLS_VERSION,
-# HELM_VERSION, GOLANGCI_LINT_VERSION.
+# HELM_VERSION, GOLANGCI_LINT_VERSION, GREMLINS_VERSION.
 include $(TOOLS_MK_DIR)/versions.env
 
 BIN := $(TOOLS_REPO_ROOT)/bin
@@ -32,10 +32,11 @@ KUBECTL := $(ENVTEST_ASSETS)/kubectl
 CONTROLLER_GEN := $(BIN)/controller-gen
 HELM := $(BIN)/helm
 GOLANGCI_LINT := $(BIN)/golangci-lint
+GREMLINS := $(BIN)/gremlins
 
 TOOLS_SH := BIN='$(BIN)' ENVTEST_ASSETS='$(ENVTEST_ASSETS)' $(TOOLS_REPO_ROOT)/hack/tools.sh
 
-.PHONY: tools envtest-assets kubectl controller-gen helm golangci-lint tools-sync
+.PHONY: tools envtest-assets kubectl controller-gen helm golangci-lint gremlins tools-sync
 
 tools: ## build every tool into bin/ (first run takes a while, then instant)
 	@$(TOOLS_SH) all
@@ -54,6 +55,9 @@ helm: ## bin/helm
 
 golangci-lint: ## bin/golangci-lint
 	@$(TOOLS_SH) golangci-lint
+
+gremlins: ## bin/gremlins (mutation testing, `make mutation`)
+	@$(TOOLS_SH) gremlins
 
 tools-sync: ## regenerate hack/tools/*/go.{mod,sum} after editing hack/versions.env
 	@$(TOOLS_SH) sync

@@ -4,7 +4,7 @@
 #
 #   bin/k8s/kube-apiserver, bin/k8s/etcd   (envtest: KUBEBUILDER_ASSETS=bin/k8s)
 #   bin/k8s/kubectl                        (optional; envtest does not need it)
-#   bin/controller-gen, bin/helm, bin/golangci-lint
+#   bin/controller-gen, bin/helm, bin/golangci-lint, bin/gremlins
 #
 # Versions come from hack/versions.env only. A tool is rebuilt only when its
 # pinned version (or, for the wrapper-module tools, hack/tools/<tool>/go.{mod,sum})
@@ -13,7 +13,7 @@
 # Usage: hack/tools.sh [TARGET...]        (default: all)
 #   all | tools       every tool below
 #   envtest-assets    kube-apiserver + etcd into $ENVTEST_ASSETS (kubectl: ask for it)
-#   kube-apiserver | etcd | kubectl | controller-gen | helm | golangci-lint
+#   kube-apiserver | etcd | kubectl | controller-gen | helm | golangci-lint | gremlins
 #   sync              regenerate the wrapper modules hack/tools/{kube-apiserver,etcd}
 #                     from hack/versions.env (commit their go.mod/go.sum afterwards)
 #
@@ -237,6 +237,12 @@ _golangci_lint() {
 	go_install golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint "$GOLANGCI_LINT_VERSION"
 }
 
+_gremlins() {
+	# main.version is what `gremlins --version` prints ("dev" otherwise).
+	go_install gremlins github.com/go-gremlins/gremlins/cmd/gremlins "$GREMLINS_VERSION" \
+		"-X main.version=$GREMLINS_VERSION"
+}
+
 _helm() {
 	stamp_current helm "$HELM_VERSION" "$BIN/helm" && return 0
 	# The same -X flags as helm's own Makefile: without them `helm version`
@@ -263,6 +269,7 @@ ensure() { # ensure TOOL: build TOOL unless cached (cheap check first, then unde
 	controller-gen) fn=(_controller_gen) ;;
 	helm) fn=(_helm) ;;
 	golangci-lint) fn=(_golangci_lint) ;;
+	gremlins) fn=(_gremlins) ;;
 	*) die "unknown tool: $tool" ;;
 	esac
 	locked "$tool" "${fn[@]}"
@@ -271,7 +278,7 @@ ensure() { # ensure TOOL: build TOOL unless cached (cheap check first, then unde
 # kubectl is left out of envtest-assets: envtest starts without it and it
 # would add minutes to every fresh machine's (and CI's) first `make test`.
 ENVTEST_TOOLS=(kube-apiserver etcd)
-ALL_TOOLS=("${ENVTEST_TOOLS[@]}" kubectl controller-gen helm golangci-lint)
+ALL_TOOLS=("${ENVTEST_TOOLS[@]}" kubectl controller-gen helm golangci-lint gremlins)
 
 main() {
 	local target t

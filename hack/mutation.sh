@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Mutation testing of the core packages with gremlins (bin/gremlins, pinned in
+# hack/versions.env): every covered arithmetic, comparison, boundary,
+# increment and negation in a package is broken one at a time, and the
+# package's own tests must fail. Prints, per package, the test efficacy
+# (killed / (killed + lived)) and mutator coverage beside the goal, then each
+# surviving mutant; hack/mutation-equivalent.txt explains the ones that cannot
+# change behaviour. See docs/contributing.md for when to run it.
+#
+# Usage: hack/mutation.sh [PKG...]    default: the core packages below
+#   PKG is a package directory (./pkg/tuning) or a pattern (./pkg/deviceplugin/...);
+#   each package is mutated on its own, against its own tests.
+#
+# Environment:
+#   MUTATION_WORKERS              parallel mutants (default: nproc)
+#   MUTATION_TIMEOUT_COEFFICIENT  a mutant's tests time out after this many times the
+#                                 package's unmutated test run (default 5)
+#   MUTATION_GOAL                 efficacy goal in percent (default 90)
+#   MUTATION_OUT                  results directory (default .mutation/, git-ignored)
+#   GREMLINS                      the gremlins binary (default bin/gremlins)
+#
+# Exit status 1 when a package misses the goal or has an unexplained survivor.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+CORE_PKGS=(
+	./pkg/transport
+	./pkg/transport/handshake
+	./pkg/urma/soft
+	./pkg/urma/sysfs
+	./pkg/deviceplugin/...
+	./pkg/tuning
+	./pkg/webhook/...
+	./controllers/plan
+)
+
+GREMLINS=${GREMLINS:-$ROOT/bin/gremlins}
+OUT=${MUTATION_OUT:-$ROOT/.mutation}
+WORKERS=${MUTATION_WORKERS:-$(nproc)}
+COEFFICIENT=${MUTATION_TIMEOUT_COEFFICIENT:-5}
+GOAL=${MUTATION_GOAL:-90}
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'hack/mutation.sh: error: %s\n' "$*" >&2; exit 2; }
+
+# test_flags DIR: go test flags for a package's runs under mutation, passed
+# through GOFLAGS because gremlins has no flag for them. They apply to the
+# coverage run as well, so a mutant that only the left-out tests reach is
+# reported NOT COVERED, never LIVED or KILLED.
+test_flags() {
+	case $1 in
+	pkg/urma/soft)
+		# A steady-state allocation count over many round trips (most of the
+		# package's test time); it sees allocations, not behaviour, and runs in
+		# `make test`'s non-race step.
+		echo '-skip=^TestSteadyStateAllocs$'
+		;;
+	esac
+}
+
+[[ -x "$GREMLINS" ]] || die "$GREMLINS is missing: run 'make gremlins' (hack/tools.sh gremlins)"
+[[ $# -gt 0 ]] || set -- "${CORE_PKGS[@]}"
+
+# Expand patterns to the packages that have tests of their own.
+pkgs=()
+for pattern in "$@"; do
+	found=$(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.Dir}}{{end}}' "$pattern") ||
+		die "go list $pattern failed"
+	for dir in $found; do
+		pkgs+=("${dir#"$ROOT"/}")
+	done
+done
+[[ ${#pkgs[@]} -gt 0 ]] || die "no package with tests in: $*"
+
+mkdir -p "$OUT"
+results=()
+for pkg in "${pkgs[@]}"; do
+	name=${pkg//\//_}
+	json=$OUT/$name.json
+	rm -f "$json"
+	start=$SECONDS
+	log "$pkg: mutating with $WORKERS workers (log: ${OUT#"$ROOT"/}/$name.log)"
+	# -count=1: a cached coverage run would make the timeout (a multiple of its
+	# duration) far too short. --exclude-files '/': gremlins walks the
+	# directory tree, and subpackages are measured on their own.
+	# shellcheck disable=SC2046 # test_flags prints flags to split
+	GOFLAGS="$(go env GOFLAGS) -count=1 $(test_flags "$pkg")" \
+		"$GREMLINS" unleash \
+		--workers "$WORKERS" \
+		--timeout-coefficient "$COEFFICIENT" \
+		--exclude-files '/' \
+		--output "$json" \
+		"$ROOT/$pkg" >"$OUT/$name.log" 2>&1 || {
+		tail -20 "$OUT/$name.log" >&2
+		die "gremlins failed on $pkg (full log: $OUT/$name.log)"
+	}
+	# A package without a single mutation point writes no result.
+	[[ -f "$json" ]] || echo '{"files":[]}' >"$json"
+	grep -E 'Test efficacy|Mutator coverage' "$OUT/$name.log" | sed "s|^|    |" >&2 || true
+	log "$pkg: done in $((SECONDS - start))s"
+	results+=("$pkg=$json")
+done
+
+echo
+go build -o "$OUT/mutationreport" ./hack/mutationreport
+"$OUT/mutationreport" -goal "$GOAL" -equivalent hack/mutation-equivalent.txt -root "$ROOT" "${results[@]}"
