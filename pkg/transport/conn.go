@@ -15,23 +15,16 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
-// connState is where a URMA connection is in its life.
-type connState int
-
-const (
-	stateHandshake connState = iota
-	stateEstablished
-	stateClosed
-)
-
 // urmaConn is a connection whose bytes move over URMA: SENDs from the
 // registered pool into the peer's posted receives, credits returned as empty
 // SEND_WITH_IMMs, the TCP connection kept only to notice the peer's end.
 //
-// Locks: readMu serializes readers, writeMu writers; mu guards the windows,
-// the receive queue and the state; pollMu serializes completion handling.
-// Order: readMu/writeMu -> mu; pollMu -> mu. Provider calls never call back,
-// so they may be made under any of them.
+// Its life is one state (conn_lifecycle.go), changed only by the named
+// transitions there, under mu. mu also guards the windows and the receive
+// ring. The other three locks carry no state of their own: readMu
+// serializes readers, writeMu writers, pollMu completion handling.
+// Order: readMu -> pollMu -> mu; writeMu -> mu. Provider calls never call
+// back, so they may be made under any of them.
 type urmaConn struct {
 	e       *engine
 	res     *jettyRes
@@ -53,7 +46,9 @@ type urmaConn struct {
 	rx []*Buffer // receive buffers, by slot (the receive's user_ctx - 1)
 
 	mu             sync.Mutex
-	state          connState
+	state          atomic.Uint32 // a connState; written only under mu
+	cause          error         // why the state is stateSendFailed or stateFailed
+	escalate       *time.Timer   // stateSendFailed: turns it into stateFailed
 	rxState        []rxState
 	rxq            []int32 // ring of slots holding unread messages
 	rxHead, rxLen  int
@@ -61,40 +56,29 @@ type urmaConn struct {
 	remoteRQWindow int // receives the peer has posted for us
 	creditWRs      int // of the reserved credit WRs, free
 	pendingCredits int // receives reposted, not yet returned to the peer
-	peerGone       bool
-	err            error // the connection is broken both ways
-	sendErr        error // our sends fail; reads go on until the peer's EOF
-	escalate       *time.Timer
-	torn           bool
-	stopped        bool
 	creditWR       urma.SendWR
 	recvWR         urma.RecvWR
 	recvSGE        [1]urma.SGE
 
-	stopCh    chan struct{} // closed when writing can no longer succeed
-	closedCh  chan struct{} // closed by Close
-	readable  chan struct{}
-	writable  chan struct{}
-	flushDone chan struct{}
-	flushOnce sync.Once
+	// Channels the transitions close, for the goroutines waiting on them.
+	stopCh   chan struct{} // writing can no longer succeed (left stateOpen)
+	closedCh chan struct{} // Close was called (stateClosing)
+	readable chan struct{}
+	writable chan struct{}
 
 	readMu, writeMu sync.Mutex
 	rdl, wdl        *deadline
 	sendWR          urma.SendWR // writeMu
 	sendSGE         [1]urma.SGE
 
-	pollMu     sync.Mutex
-	cqes       []urma.Completion
-	pollOff    bool
-	pollerIdx  int
-	evFile     *os.File
-	evJFCs     [1]urma.JFC
-	evDone     chan struct{}
-	watchDone  chan struct{}
-	started    bool // completion machinery and watcher running
-	engineHeld bool
-
-	closeOnce sync.Once
+	pollMu    sync.Mutex
+	cqes      []urma.Completion
+	flushDone chan struct{} // closed under pollMu when the flush-done record arrives
+	pollerIdx int
+	evFile    *os.File
+	evJFCs    [1]urma.JFC
+	evDone    chan struct{}
+	watchDone chan struct{}
 
 	bytesSent, bytesReceived atomic.Uint64
 	msgsSent, msgsReceived   atomic.Uint64
@@ -121,7 +105,7 @@ func newURMAConn(e *engine, tcp net.Conn, role string) (*urmaConn, *fallback) {
 	}
 	rq := e.rqSize
 	c := &urmaConn{
-		e: e, res: res, pool: e.pool, tcp: tcp, role: role, engineHeld: true,
+		e: e, res: res, pool: e.pool, tcp: tcp, role: role,
 		log:      e.log.WithValues("local", tcp.LocalAddr().String(), "remote", tcp.RemoteAddr().String()),
 		rx:       make([]*Buffer, rq),
 		rxState:  make([]rxState, rq),
@@ -151,7 +135,7 @@ func newURMAConn(e *engine, tcp net.Conn, role string) (*urmaConn, *fallback) {
 	}
 	c.mu.Unlock()
 	if err != nil {
-		c.releaseResources()
+		c.release()
 		return nil, fallbackf(ReasonResources, "post receive: %v", err)
 	}
 	return c, nil
@@ -253,10 +237,10 @@ func (c *urmaConn) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
+// isClosed reports whether Close was called.
 func (c *urmaConn) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.state == stateClosed
+	s := c.stateNow()
+	return s == stateClosing || s == stateReleased
 }
 
 func (c *urmaConn) Mode() Mode             { return ModeURMA }
@@ -266,18 +250,10 @@ func (c *urmaConn) FallbackReason() string { return "" }
 func (c *urmaConn) Debug() DebugInfo {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	state := "ESTABLISHED"
-	switch {
-	case c.state == stateHandshake:
-		state = "HANDSHAKE"
-	case c.state == stateClosed:
-		state = "CLOSED"
-	case c.err != nil:
-		state = "FAILED: " + c.err.Error()
-	case c.peerGone:
-		state = "PEER_CLOSED"
-	case c.sendErr != nil:
-		state = "SEND_FAILED: " + c.sendErr.Error()
+	s := c.stateNow()
+	state := s.String()
+	if s == stateFailed || s == stateSendFailed {
+		state += ": " + c.cause.Error()
 	}
 	d := DebugInfo{
 		Mode: ModeURMA, Role: c.role, State: state, HandshakeVersion: c.version,

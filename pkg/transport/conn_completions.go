@@ -70,18 +70,18 @@ func (c *urmaConn) eventLoop(rc syscall.RawConn) {
 }
 
 // poll drains the completion queue and handles every record; it returns how
-// many it handled.
+// many it handled. Once the connection is released the queue is gone: a
+// poller still holding the connection in an old snapshot finds nothing.
 func (c *urmaConn) poll() int {
 	c.pollMu.Lock()
 	defer c.pollMu.Unlock()
-	if c.pollOff {
+	if c.stateNow() == stateReleased {
 		return 0
 	}
 	total := 0
 	for {
 		n, err := c.res.jfc.Poll(c.cqes)
 		if err != nil {
-			c.pollOff = true
 			c.fail(fmt.Errorf("poll completion queue: %w", err))
 			return total
 		}
@@ -216,10 +216,14 @@ func (c *urmaConn) handleErrorLocked(cr *urma.Completion) (bool, bool, error) {
 	}
 	switch cr.Status {
 	case urma.StatusWRFlushErrDone:
-		c.flushOnce.Do(func() { close(c.flushDone) })
+		select {
+		case <-c.flushDone:
+		default: // the first record; pollMu makes this the only closer
+			close(c.flushDone)
+		}
 		return false, true, nil
 	case urma.StatusWRFlushErr:
-		if c.state == stateClosed {
+		if c.stateNow() == stateClosing {
 			return false, true, nil
 		}
 	}

@@ -9,7 +9,95 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
 )
 
-// establish starts the data plane: completion handling and the TCP watcher.
+// connState is where a URMA connection is in its life. It changes only
+// through the transitions below, each under c.mu:
+//
+//	handshake --establish--> open
+//	handshake --release----> released           (fallback or failed handshake)
+//	open --failSend--> sendFailed --escalate--> failed
+//	open, sendFailed --peerClose--> peerClosed
+//	open, sendFailed, peerClosed --fail--> failed
+//	any but closing, released --Close--> closing --release--> released
+type connState uint32
+
+const (
+	// stateHandshake: the jetty and receive buffers are taken and the
+	// receives posted; the peer's hello is being applied.
+	stateHandshake connState = iota
+	// stateOpen: data flows both ways.
+	stateOpen
+	// stateSendFailed: our sends fail (cause); reads go on until the peer's
+	// end, or until sendFailGrace passes (then stateFailed).
+	stateSendFailed
+	// statePeerClosed: the peer ended the connection: reads drain what
+	// arrived, then io.EOF; writes fail with EPIPE.
+	statePeerClosed
+	// stateFailed: broken both ways; reads (once drained) and writes return
+	// cause.
+	stateFailed
+	// stateClosing: Close was called; reads and writes return net.ErrClosed
+	// while posted sends drain and the jetty is flushed.
+	stateClosing
+	// stateReleased: the jetty is destroyed and the receive buffers are
+	// back in the pool; a buffer the application still holds goes back when
+	// it is released.
+	stateReleased
+)
+
+var connStateNames = [...]string{"HANDSHAKE", "ESTABLISHED", "SEND_FAILED", "PEER_CLOSED", "FAILED", "CLOSING", "CLOSED"}
+
+func (s connState) String() string { return connStateNames[s] }
+
+// nextStates lists, for each state, the states a transition may lead to.
+var nextStates = [...][]connState{
+	stateHandshake:  {stateOpen, stateReleased},
+	stateOpen:       {stateSendFailed, statePeerClosed, stateFailed, stateClosing},
+	stateSendFailed: {statePeerClosed, stateFailed, stateClosing},
+	statePeerClosed: {stateFailed, stateClosing},
+	stateFailed:     {stateClosing},
+	stateClosing:    {stateReleased},
+	stateReleased:   nil,
+}
+
+// stateNow is the current state. Under c.mu it is exact; without, it is a
+// snapshot (used by poll, which needs only "released or not" and holds
+// pollMu, which the release transition also holds).
+func (c *urmaConn) stateNow() connState { return connState(c.state.Load()) }
+
+// moveLocked makes the transition to next if the current state allows it,
+// and reports whether it did; c.mu is held. It performs what entering and
+// leaving a state implies, so no caller has to remember it.
+func (c *urmaConn) moveLocked(next connState) bool {
+	cur := c.stateNow()
+	allowed := false
+	for _, s := range nextStates[cur] {
+		allowed = allowed || s == next
+	}
+	if !allowed {
+		return false
+	}
+	c.state.Store(uint32(next))
+	if cur == stateSendFailed && c.escalate != nil {
+		c.escalate.Stop()
+		c.escalate = nil
+	}
+	if cur == stateOpen || (cur == stateHandshake && next == stateReleased) {
+		close(c.stopCh)
+	}
+	if next == stateClosing {
+		close(c.closedCh)
+	}
+	return true
+}
+
+// wake tells blocked readers and writers to look at the state again.
+func (c *urmaConn) wake() {
+	notify(c.readable)
+	notify(c.writable)
+}
+
+// establish starts the data plane (completion handling and the TCP
+// watcher) and makes the transition handshake -> open.
 func (c *urmaConn) establish(version int) error {
 	c.version = version
 	if c.e.pollers != nil {
@@ -18,9 +106,8 @@ func (c *urmaConn) establish(version int) error {
 	} else if err := c.startEvents(); err != nil {
 		return err
 	}
-	c.started = true
 	c.mu.Lock()
-	c.state = stateEstablished
+	c.moveLocked(stateOpen)
 	c.mu.Unlock()
 	go c.watchTCP()
 	c.e.metrics.ConnOpened(metrics.ModeURMA, c.role)
@@ -37,54 +124,46 @@ func (c *urmaConn) watchTCP() {
 		c.fail(protocolErr("the peer sent data on the TCP connection after URMA was established"))
 		return
 	}
-	c.mu.Lock()
-	closing := c.state == stateClosed
-	c.mu.Unlock()
-	if closing {
+	if s := c.stateNow(); s == stateClosing || s == stateReleased {
 		return
 	}
 	// Take the receives that completed before the peer closed, so that the
 	// reader sees every byte before io.EOF.
 	c.poll()
-	c.mu.Lock()
-	c.peerGone = true
-	c.stopLocked()
-	c.stopEscalationLocked()
-	c.mu.Unlock()
+	c.peerClose()
 	if err != nil && !errors.Is(err, io.EOF) {
 		c.log.V(1).Info("TCP connection broke", "error", err.Error())
 	}
-	notify(c.readable)
-	notify(c.writable)
 }
 
-// stopLocked closes stopCh once; c.mu is held.
-func (c *urmaConn) stopLocked() {
-	if !c.stopped {
-		c.stopped = true
-		close(c.stopCh)
+// peerClose makes the transition to peerClosed: the peer ended cleanly.
+func (c *urmaConn) peerClose() {
+	c.mu.Lock()
+	moved := c.moveLocked(statePeerClosed)
+	c.mu.Unlock()
+	if moved {
+		c.wake()
 	}
 }
 
-// fail breaks the connection with err (the first error wins) and closes the
-// TCP connection so the peer notices.
+// fail makes the transition to failed with err (the first error wins) and
+// closes the TCP connection so the peer notices.
 func (c *urmaConn) fail(err error) {
 	c.mu.Lock()
-	if c.err != nil || c.state == stateClosed {
-		c.mu.Unlock()
+	moved := c.moveLocked(stateFailed)
+	if moved {
+		c.cause = err
+	}
+	c.mu.Unlock()
+	if !moved {
 		return
 	}
-	c.err = err
-	c.stopLocked()
-	c.stopEscalationLocked()
-	c.mu.Unlock()
 	if errors.Is(err, ErrProtocol) {
 		c.e.metrics.ProtocolError()
 	}
 	c.log.Info("URMA connection failed", "error", err.Error())
 	_ = c.tcp.Close()
-	notify(c.readable)
-	notify(c.writable)
+	c.wake()
 }
 
 // sendFailGrace is how long a connection whose sends fail waits for the
@@ -93,27 +172,18 @@ func (c *urmaConn) fail(err error) {
 // in that instant fails although the session is ending cleanly.
 const sendFailGrace = 2 * time.Second
 
-// failSend breaks the sending direction: writes fail with err at once;
-// reads go on, and end with io.EOF if the peer's TCP connection ends within
-// sendFailGrace, else with err.
+// failSend makes the transition to sendFailed: writes fail with err at
+// once; reads go on, and end with io.EOF if the peer's TCP connection ends
+// within sendFailGrace, else with err.
 func (c *urmaConn) failSend(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err != nil || c.sendErr != nil || c.peerGone || c.state == stateClosed {
+	if !c.moveLocked(stateSendFailed) {
 		return
 	}
-	c.sendErr = err
-	c.stopLocked()
+	c.cause = err
 	c.escalate = time.AfterFunc(sendFailGrace, func() { c.fail(err) })
 	notify(c.writable)
-}
-
-// stopEscalationLocked cancels failSend's timer; c.mu is held.
-func (c *urmaConn) stopEscalationLocked() {
-	if c.escalate != nil {
-		c.escalate.Stop()
-		c.escalate = nil
-	}
 }
 
 // Close ends the connection gracefully: sends already posted complete (so
@@ -121,46 +191,45 @@ func (c *urmaConn) stopEscalationLocked() {
 // the TCP connection closes, which is the peer's io.EOF. Blocked reads and
 // writes return at once.
 func (c *urmaConn) Close() error {
-	first := false
-	c.closeOnce.Do(func() { first = true })
-	if !first {
+	c.mu.Lock()
+	was := c.stateNow()
+	moved := c.moveLocked(stateClosing)
+	c.mu.Unlock()
+	if !moved {
 		return c.opErr("close", errConnClosed)
 	}
-	c.mu.Lock()
-	c.state = stateClosed
-	close(c.closedCh)
-	c.stopLocked()
-	c.stopEscalationLocked()
-	c.mu.Unlock()
-	notify(c.readable)
-	notify(c.writable)
+	c.wake()
 
-	c.writeMu.Lock() // no write is half-posted
-	c.waitSendsDone()
-	c.writeMu.Unlock()
+	if was == stateOpen {
+		c.writeMu.Lock() // no write is half-posted
+		c.waitSendsDone()
+		c.writeMu.Unlock()
+	}
 	err := c.tcp.Close()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil // fail() closed it already
 	}
 	<-c.watchDone
-	c.teardown()
+	c.flush()
+	c.stopCompletions()
+	c.release()
 	c.rdl.stop()
 	c.wdl.stop()
 	c.e.metrics.ConnClosed(metrics.ModeURMA, c.role)
 	return err
 }
 
-// waitSendsDone waits until every posted send, data or credit, completed,
-// the connection broke, or CloseTimeout passed.
+// waitSendsDone waits until every posted send, data or credit, completed or
+// CloseTimeout passed. A failed send completes too, so a broken peer does
+// not hold Close up.
 func (c *urmaConn) waitSendsDone() {
 	timer := time.NewTimer(c.e.s.closeTimeout)
 	defer timer.Stop()
 	for {
 		c.mu.Lock()
 		outstanding := (c.windowCap - c.sqWindow) + (creditWRs - c.creditWRs)
-		done := outstanding == 0 || c.err != nil || c.sendErr != nil || c.peerGone
 		c.mu.Unlock()
-		if done {
+		if outstanding == 0 {
 			return
 		}
 		select {
@@ -172,27 +241,23 @@ func (c *urmaConn) waitSendsDone() {
 	}
 }
 
-// teardown releases the connection's URMA resources: flush the jetty, stop
-// completion handling, unimport the peer, give the jetty and the receive
-// buffers back, and drop the engine reference.
-func (c *urmaConn) teardown() {
-	if c.started {
-		if err := c.res.jetty.SetError(); err == nil {
-			timer := time.NewTimer(flushTimeout)
-			select {
-			case <-c.flushDone:
-			case <-timer.C:
-				c.log.Info("jetty flush did not complete in time", "timeout", flushTimeout)
-			}
-			timer.Stop()
-		}
-		c.stopCompletions()
-	}
-	c.releaseResources()
-}
-
 // flushTimeout bounds the wait for a jetty's flush-done record.
 const flushTimeout = 2 * time.Second
+
+// flush moves the jetty to ERROR, so every send still posted completes
+// (flushed), and waits for the flush-done record.
+func (c *urmaConn) flush() {
+	if err := c.res.jetty.SetError(); err != nil {
+		return
+	}
+	timer := time.NewTimer(flushTimeout)
+	defer timer.Stop()
+	select {
+	case <-c.flushDone:
+	case <-timer.C:
+		c.log.Info("jetty flush did not complete in time", "timeout", flushTimeout)
+	}
+}
 
 // stopCompletions stops the event loop or leaves the poller, then handles
 // what is left in the queue.
@@ -204,14 +269,39 @@ func (c *urmaConn) stopCompletions() {
 	}
 	<-c.evDone
 	c.poll()
-	c.pollMu.Lock()
-	c.pollOff = true
-	c.pollMu.Unlock()
 }
 
-// releaseResources undoes the handshake's allocations; used by teardown and
-// by a handshake that falls back or fails.
-func (c *urmaConn) releaseResources() {
+// release makes the transition to released (from handshake, when the
+// connection falls back or its handshake fails, or from closing) and gives
+// everything back: the imported peer, the jetty, the receive buffers not
+// held by the application, the engine reference. The transition comes
+// first, under every lock that could touch the receive queue, so that a
+// Buffer.Release racing with it either reposts to a live JFR or returns
+// the buffer to the pool: never both, never neither.
+func (c *urmaConn) release() {
+	c.readMu.Lock() // no reader is copying out of a receive buffer
+	c.pollMu.Lock() // no completion is being handled, and none will be
+	c.mu.Lock()
+	moved := c.moveLocked(stateReleased)
+	var back []*Buffer
+	if moved {
+		for i, st := range c.rxState {
+			if st == rxSpare || st == rxPosted || st == rxQueued {
+				c.rxState[i] = rxReturned
+				back = append(back, c.rx[i])
+			}
+		}
+		c.rxLen = 0
+	}
+	res := c.res
+	c.res = nil
+	c.mu.Unlock()
+	c.pollMu.Unlock()
+	c.readMu.Unlock()
+	if !moved {
+		return
+	}
+
 	var errs []error
 	if c.remoteJetty != nil {
 		errs = append(errs, c.remoteJetty.Close())
@@ -222,26 +312,11 @@ func (c *urmaConn) releaseResources() {
 	if err := errors.Join(errs...); err != nil {
 		c.log.Error(err, "unimporting the peer")
 	}
-	c.e.jetties.release(c.res)
-	c.readMu.Lock()
-	c.mu.Lock()
-	c.res = nil
-	c.torn = true
-	var back []*Buffer
-	for i, st := range c.rxState {
-		if st == rxPosted || st == rxQueued {
-			c.rxState[i] = rxReturned
-			back = append(back, c.rx[i])
-		}
-	}
-	c.rxLen = 0
-	c.mu.Unlock()
-	c.readMu.Unlock()
+	// The JFR goes before its buffers: a posted buffer is the device's
+	// until then.
+	c.e.jetties.release(res)
 	for _, b := range back {
 		c.pool.put(b)
 	}
-	if c.engineHeld {
-		c.engineHeld = false
-		c.e.unref()
-	}
+	c.e.unref()
 }

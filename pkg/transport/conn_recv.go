@@ -13,10 +13,11 @@ import (
 type rxState uint8
 
 const (
-	rxPosted   rxState = iota // posted to the JFR
+	rxSpare    rxState = iota // the connection's, not posted (a repost failed)
+	rxPosted                  // posted to the JFR
 	rxQueued                  // holds a message not yet read
 	rxApp                     // handed to the application by ReadBuffer
-	rxReturned                // back in the pool (after teardown)
+	rxReturned                // back in the pool (after release)
 )
 
 // postRecvLocked (re)posts receive slot; c.mu is held.
@@ -25,6 +26,7 @@ func (c *urmaConn) postRecvLocked(slot int32) error {
 	c.recvSGE[0] = c.pool.sge(b, 0, c.pool.size)
 	c.recvWR = urma.RecvWR{UserCtx: uint64(slot) + 1, SGEs: c.recvSGE[:]}
 	if err := c.res.jfr.PostRecv(&c.recvWR); err != nil {
+		c.rxState[slot] = rxSpare // kept, to go back to the pool at release
 		return err
 	}
 	c.rxState[slot] = rxPosted
@@ -45,7 +47,7 @@ func (c *urmaConn) consumeLocked(slot int32) error {
 // maybeCreditLocked returns the pending credits once they pass the
 // threshold and a reserved credit WR is free; c.mu is held.
 func (c *urmaConn) maybeCreditLocked() {
-	if c.pendingCredits <= c.threshold || c.creditWRs == 0 || c.state == stateHandshake || c.stopped {
+	if c.pendingCredits <= c.threshold || c.creditWRs == 0 || c.stateNow() != stateOpen {
 		return
 	}
 	n := c.pendingCredits
@@ -70,7 +72,7 @@ func (c *urmaConn) recycleRecv(b *Buffer) {
 		c.mu.Unlock()
 		return
 	}
-	if c.torn {
+	if c.stateNow() == stateReleased {
 		c.rxState[slot] = rxReturned
 		c.mu.Unlock()
 		c.pool.put(b)
@@ -86,11 +88,13 @@ func (c *urmaConn) recycleRecv(b *Buffer) {
 // readErrLocked is why a read with nothing buffered cannot wait; nil when it
 // can. c.mu is held.
 func (c *urmaConn) readErrLocked() error {
-	switch {
-	case c.err != nil:
-		return c.err
-	case c.peerGone:
+	switch c.stateNow() {
+	case stateFailed:
+		return c.cause
+	case statePeerClosed:
 		return io.EOF
+	case stateClosing, stateReleased:
+		return errConnClosed
 	}
 	return nil
 }
@@ -100,10 +104,7 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
 	for {
-		c.mu.Lock()
-		closed := c.state == stateClosed
-		c.mu.Unlock()
-		if closed {
+		if c.isClosed() {
 			return 0, c.opErr("read", errConnClosed)
 		}
 		if c.rdl.passed() {
@@ -146,11 +147,15 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 		}
 		var err error
 		c.mu.Lock()
-		for i := 0; i < used && err == nil; i++ {
+		for i := 0; i < used; i++ {
 			slot := c.rxq[c.rxHead]
 			c.rxHead = (c.rxHead + 1) % len(c.rxq)
 			c.rxLen--
-			err = c.consumeLocked(slot)
+			if err == nil {
+				err = c.consumeLocked(slot)
+			} else {
+				c.rxState[slot] = rxSpare // read already; the connection is failing
+			}
 		}
 		c.mu.Unlock()
 		if err != nil {
@@ -166,10 +171,7 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
 	for {
-		c.mu.Lock()
-		closed := c.state == stateClosed
-		c.mu.Unlock()
-		if closed {
+		if c.isClosed() {
 			return nil, c.opErr("read", errConnClosed)
 		}
 		if c.rdl.passed() {

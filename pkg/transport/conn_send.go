@@ -10,15 +10,13 @@ import (
 
 // writeErrLocked is why a write cannot proceed; c.mu is held.
 func (c *urmaConn) writeErrLocked() error {
-	switch {
-	case c.state == stateClosed:
+	switch c.stateNow() {
+	case stateClosing, stateReleased:
 		return errConnClosed
-	case c.err != nil:
-		return c.err
-	case c.peerGone:
+	case stateFailed, stateSendFailed:
+		return c.cause
+	case statePeerClosed:
 		return errPeerClosed
-	case c.sendErr != nil:
-		return c.sendErr
 	}
 	return nil
 }

@@ -94,7 +94,7 @@ func clientHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 	conn, result, err := c.clientExchange(ctx, version)
 	stop()
 	if err != nil {
-		c.releaseResources()
+		c.release()
 		_ = tcp.Close()
 		e.metrics.Handshake(metrics.ResultError, role, time.Since(start).Seconds())
 		if ctx.Err() != nil {
@@ -115,7 +115,7 @@ func (c *urmaConn) clientExchange(ctx context.Context, version handshake.Version
 				return nil, "", fmt.Errorf("send ACK: %w", err)
 			}
 		}
-		c.releaseResources()
+		c.release()
 		return newTCPConn(tcp, c.role, *fb, prefix, int(version), c.e.bufSize, c.e.metrics), metrics.ResultFallback, nil
 	}
 	if _, err := tcp.Write(appendHello(nil, version, c.localHello())); err != nil {
@@ -227,7 +227,7 @@ func serverExchange(ctx context.Context, e *engine, tcp net.Conn) (Conn, string,
 		c, fb = newURMAConn(e, tcp, role)
 		if fb == nil {
 			if fb = c.applyPeer(ctx, h); fb != nil {
-				c.releaseResources()
+				c.release()
 				c = nil
 			}
 		}
@@ -243,7 +243,7 @@ func serverExchange(ctx context.Context, e *engine, tcp net.Conn) (Conn, string,
 	}
 	fail := func(err error) (Conn, string, error) {
 		if c != nil {
-			c.releaseResources()
+			c.release()
 		}
 		return nil, metrics.ResultError, err
 	}
@@ -271,7 +271,7 @@ func serverExchange(ctx context.Context, e *engine, tcp net.Conn) (Conn, string,
 	}
 	switch {
 	case !useURMA && c != nil:
-		c.releaseResources()
+		c.release()
 		return tcpMode(fallbackf(ReasonPeerDeclined, "the client's ACK (flags %#x) asks for TCP", flags), nil, int(version))
 	case !useURMA:
 		return tcpMode(fb, nil, int(version))
