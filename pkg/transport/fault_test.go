@@ -25,14 +25,19 @@ type faultConfig struct {
 // faults is a faultConfig that tests change while connections run, and
 // the count of queues created and not yet destroyed, by verb.
 type faults struct {
-	mu   sync.Mutex
-	cfg  faultConfig
-	live map[string]int
+	mu    sync.Mutex
+	cfg   faultConfig
+	live  map[string]int
+	tried map[string]int // Create<verb> calls, failed ones included
 }
 
 func (f *faults) createErr(verb string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.tried == nil {
+		f.tried = map[string]int{}
+	}
+	f.tried[verb]++
 	if err := f.cfg.create[verb]; err != nil {
 		return err
 	}
@@ -59,6 +64,13 @@ func (f *faults) get() faultConfig {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.cfg
+}
+
+// attempts is how many times Create<verb> was called.
+func (f *faults) attempts(verb string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tried[verb]
 }
 
 // liveQueues is how many queues of each verb exist.

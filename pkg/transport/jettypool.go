@@ -17,40 +17,56 @@ type jettyRes struct {
 	jetty urma.Jetty
 }
 
-// createJetty builds a jettyRes in liburma's order.
-func (e *engine) createJetty() (r *jettyRes, err error) {
-	r = &jettyRes{}
-	defer func() {
-		if err != nil {
-			_ = r.destroy()
-			r = nil
+// createJetty builds a jettyRes in liburma's order. On failure it destroys
+// whatever it created and names the step that failed.
+func (e *engine) createJetty() (*jettyRes, error) {
+	r := &jettyRes{}
+	if err := e.buildJetty(r); err != nil {
+		if derr := r.destroy(); derr != nil {
+			e.log.Error(derr, "destroying a partly created jetty")
 		}
-	}()
+		return nil, err
+	}
+	return r, nil
+}
+
+// buildJetty creates r's queues one by one, stopping at the first error.
+// Each is stored only once created: a provider may return a typed nil with
+// its error.
+func (e *engine) buildJetty(r *jettyRes) error {
 	if !e.s.flags.UsePolling {
-		if r.jfce, err = e.uctx.CreateJFCE(); err != nil {
-			return nil, fmt.Errorf("create JFCE: %w", err)
+		jfce, err := e.uctx.CreateJFCE()
+		if err != nil {
+			return fmt.Errorf("create JFCE: %w", err)
 		}
+		r.jfce = jfce
 	}
-	if r.jfc, err = e.uctx.CreateJFC(urma.JFCConfig{Depth: uint32(e.jfcDepth()), JFCE: r.jfce}); err != nil {
-		return nil, fmt.Errorf("create JFC of depth %d: %w", e.jfcDepth(), err)
+	jfc, err := e.uctx.CreateJFC(urma.JFCConfig{Depth: uint32(e.jfcDepth()), JFCE: r.jfce})
+	if err != nil {
+		return fmt.Errorf("create JFC of depth %d: %w", e.jfcDepth(), err)
 	}
+	r.jfc = jfc
 	policy := urma.TokenPlainText
 	if e.s.noToken {
 		policy = urma.TokenNone
 	}
-	if r.jfr, err = e.uctx.CreateJFR(urma.JFRConfig{
+	jfr, err := e.uctx.CreateJFR(urma.JFRConfig{
 		Mode: urma.RM, Depth: uint32(e.rqSize), MaxSGE: 1, JFC: r.jfc, MinRNRTimer: minRNRTimer,
 		TokenPolicy: policy, Token: e.token,
-	}); err != nil {
-		return nil, fmt.Errorf("create JFR of depth %d: %w", e.rqSize, err)
+	})
+	if err != nil {
+		return fmt.Errorf("create JFR of depth %d: %w", e.rqSize, err)
 	}
-	if r.jetty, err = e.uctx.CreateJetty(urma.JettyConfig{
+	r.jfr = jfr
+	jetty, err := e.uctx.CreateJetty(urma.JettyConfig{
 		Mode: urma.RM, SQDepth: uint32(e.sqSize), MaxSGE: 1, SendJFC: r.jfc, JFR: r.jfr,
 		RNRRetry: rnrRetryForever, ErrTimeout: errTimeout,
-	}); err != nil {
-		return nil, fmt.Errorf("create jetty of SQ depth %d: %w", e.sqSize, err)
+	})
+	if err != nil {
+		return fmt.Errorf("create jetty of SQ depth %d: %w", e.sqSize, err)
 	}
-	return r, nil
+	r.jetty = jetty
+	return nil
 }
 
 // Jetty parameters. Credits keep a sender from outrunning posted receives,

@@ -1,0 +1,63 @@
+package transport
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// TestJettyCreationFails: a provider that fails to create a queue at any
+// step (completion channel, completion queue, receive queue, jetty) makes
+// the connection fall back to TCP with the step named, destroys what was
+// created before it, and panics nowhere: not in a dial, not in the
+// background filler of prepared jetties (issue 15, item 1).
+func TestJettyCreationFails(t *testing.T) {
+	checkNoLeaks(t)
+	for _, verb := range []string{"jfce", "jfc", "jfr", "jetty"} {
+		for _, prepared := range []int{0, 1} {
+			name := verb + "/on dial"
+			if prepared > 0 {
+				name = verb + "/in the filler"
+			}
+			t.Run(name, func(t *testing.T) {
+				pa, pb := fabricPair(t)
+				fp := newFaultProvider(pb)
+				fp.f.set(func(c *faultConfig) {
+					c.create = map[string]error{verb: urma.Errorf("create_"+verb, urma.CodeNoMem, "injected")}
+				})
+				cf := smallFlags()
+				cf.PreparedJettyCnt = prepared
+				d, err := NewDialer(cfgWith(fp, cf))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer d.Close()
+				ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, smallFlags()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+				p := dialAccept(t, ln, d)
+				if p.client.Mode() != ModeTCP {
+					t.Fatal("the client runs on URMA although it cannot create a jetty")
+				}
+				want := "create " + map[string]string{"jfce": "JFCE", "jfc": "JFC", "jfr": "JFR", "jetty": "jetty"}[verb]
+				if r := p.client.FallbackReason(); !strings.HasPrefix(r, string(ReasonResources)) || !strings.Contains(r, want) {
+					t.Errorf("fallback reason %q, want %s naming %q", r, ReasonResources, want)
+				}
+				exchange(t, p.client, p.server, "over TCP")
+				if prepared > 0 {
+					waitFor(t, "the filler to try", 5*time.Second, func() bool { return fp.f.attempts(verb) >= 2 })
+				}
+				if live := fp.f.liveQueues(); len(live) != 0 {
+					t.Errorf("queues left after failed creations: %v", live)
+				}
+				if n := d.e.s.budget.InUse(); n != 0 {
+					t.Errorf("%d jetties still count against the budget", n)
+				}
+			})
+		}
+	}
+}
