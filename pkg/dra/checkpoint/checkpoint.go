@@ -1,0 +1,142 @@
+// Package checkpoint keeps the DRA driver's prepared claims in a file, so
+// that a restarted driver answers NodePrepareResources for a claim it
+// prepared before with the same devices, knows how many jetties of each
+// device are prepared, and can unprepare what an earlier process prepared.
+//
+// The file is JSON with a checksum over its content; it is replaced
+// atomically (write to a temporary file, fsync, rename, fsync the
+// directory), so a crash leaves the old or the new version, never a torn
+// one. A file that fails its checksum or cannot be parsed is an error that
+// names the file: it is never overwritten silently.
+package checkpoint
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// Version is the format version written; a file of another version is an
+// error rather than a guess.
+const Version = 1
+
+// FileName is the checkpoint's name in the plugin data directory.
+const FileName = "checkpoint.json"
+
+// Claims are the prepared claims by UID.
+type Claims map[string]Claim
+
+// Claim is one prepared claim.
+type Claim struct {
+	Namespace string   `json:"namespace"`
+	Name      string   `json:"name"`
+	Devices   []Device `json:"devices"`
+}
+
+// Device is one prepared share of a device.
+type Device struct {
+	// Requests are the claim's request names the share serves.
+	Requests []string `json:"requests"`
+	// Pool and Device name the DRA device; URMADevice the URMA device.
+	Pool       string `json:"pool"`
+	Device     string `json:"device"`
+	URMADevice string `json:"urmaDevice"`
+	// ShareID is the allocation's share of a shared device, "" if none.
+	ShareID string `json:"shareID,omitempty"`
+	// Jetties is the consumed capacity.
+	Jetties int64 `json:"jetties"`
+	// CDIDeviceIDs are what NodePrepareResources answered.
+	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+}
+
+type file struct {
+	Version  int    `json:"version"`
+	Checksum string `json:"checksum"`
+	Claims   Claims `json:"claims"`
+}
+
+func checksum(c Claims) (string, error) {
+	data, err := json.Marshal(c) // map keys are sorted: stable
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// Load reads the checkpoint at path; a missing file is an empty set.
+func Load(path string) (Claims, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Claims{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint %s: %w", path, err)
+	}
+	var f file
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("checkpoint %s is not valid JSON (left in place for inspection): %w", path, err)
+	}
+	if f.Version != Version {
+		return nil, fmt.Errorf("checkpoint %s has version %d, this driver reads version %d", path, f.Version, Version)
+	}
+	if f.Claims == nil {
+		f.Claims = Claims{}
+	}
+	want, err := checksum(f.Claims)
+	if err != nil {
+		return nil, fmt.Errorf("checksum checkpoint %s: %w", path, err)
+	}
+	if f.Checksum != want {
+		return nil, fmt.Errorf("checkpoint %s fails its checksum (corrupted or edited; left in place for inspection)", path)
+	}
+	return f.Claims, nil
+}
+
+// Save replaces the checkpoint at path atomically.
+func Save(path string, claims Claims) error {
+	if claims == nil {
+		claims = Claims{}
+	}
+	sum, err := checksum(claims)
+	if err != nil {
+		return fmt.Errorf("checksum checkpoint: %w", err)
+	}
+	data, err := json.MarshalIndent(file{Version: Version, Checksum: sum, Claims: claims}, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode checkpoint: %w", err)
+	}
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("write checkpoint into %s: %w", dir, err)
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename there is nothing to remove
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write checkpoint %s: %w", tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("replace checkpoint %s: %w", path, err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync checkpoint directory %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync checkpoint directory %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,113 @@
+package checkpoint_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/openeuler/urma-k8s/pkg/dra/checkpoint"
+)
+
+func sample() checkpoint.Claims {
+	return checkpoint.Claims{
+		"uid-1": {Namespace: "ns", Name: "c1", Devices: []checkpoint.Device{{
+			Requests: []string{"jetties"}, Pool: "node-1", Device: "udma0", URMADevice: "udma0",
+			ShareID: "share-1", Jetties: 100, CDIDeviceIDs: []string{"urma.openeuler.org/claim=uid-1-udma0"},
+		}}},
+	}
+}
+
+func TestSaveLoadRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), checkpoint.FileName)
+	empty, err := checkpoint.Load(path)
+	if err != nil || len(empty) != 0 {
+		t.Fatalf("Load of a missing file = %v, %v; want empty, nil", empty, err)
+	}
+	if err := checkpoint.Save(path, sample()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := checkpoint.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, sample()) {
+		t.Fatalf("loaded %+v, want %+v", got, sample())
+	}
+	// Replacing leaves no temporary files behind.
+	if err := checkpoint.Save(path, checkpoint.Claims{}); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 1 {
+		t.Fatalf("directory holds %d entries after two saves, want 1", len(entries))
+	}
+	if got, _ := checkpoint.Load(path); len(got) != 0 {
+		t.Fatalf("after saving an empty set: %v", got)
+	}
+}
+
+func TestLoadRefusesDamagedFiles(t *testing.T) {
+	path := filepath.Join(t.TempDir(), checkpoint.FileName)
+	if err := checkpoint.Save(path, sample()); err != nil {
+		t.Fatal(err)
+	}
+	good, _ := os.ReadFile(path)
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		{"edited", strings.Replace(string(good), `"jetties": 100`, `"jetties": 900`, 1), "checksum"},
+		{"truncated", string(good[:len(good)/2]), "not valid JSON"},
+		{"other version", strings.Replace(string(good), `"version": 1`, `"version": 7`, 1), "version 7"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := checkpoint.Load(path)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("Load = %v, want an error naming the file and %q", err, tc.want)
+			}
+			if after, _ := os.ReadFile(path); string(after) != tc.content {
+				t.Fatal("a damaged checkpoint was changed by Load")
+			}
+		})
+	}
+}
+
+func TestSaveIntoMissingDirectoryFails(t *testing.T) {
+	err := checkpoint.Save(filepath.Join(t.TempDir(), "nope", checkpoint.FileName), sample())
+	if err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Fatalf("Save = %v, want an error naming the directory", err)
+	}
+}
+
+func FuzzLoad(f *testing.F) {
+	dir := f.TempDir()
+	path := filepath.Join(dir, checkpoint.FileName)
+	if err := checkpoint.Save(path, sample()); err != nil {
+		f.Fatal(err)
+	}
+	good, _ := os.ReadFile(path)
+	f.Add(good)
+	f.Add([]byte(`{"version":1,"checksum":"","claims":null}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p := filepath.Join(t.TempDir(), checkpoint.FileName)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		claims, err := checkpoint.Load(p)
+		if err != nil {
+			return
+		}
+		// Whatever loads must save and load back the same.
+		if err := checkpoint.Save(p, claims); err != nil {
+			t.Fatal(err)
+		}
+		again, err := checkpoint.Load(p)
+		if err != nil || !reflect.DeepEqual(again, claims) {
+			t.Fatalf("round trip of a loaded checkpoint: %v, %v", again, err)
+		}
+	})
+}

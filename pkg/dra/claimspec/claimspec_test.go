@@ -1,0 +1,179 @@
+package claimspec_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
+	"github.com/openeuler/urma-k8s/pkg/transport"
+)
+
+func writer(t *testing.T, shm string) (*claimspec.Writer, string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "cdi")
+	w, err := claimspec.New(claimspec.Config{Dir: dir, Kind: claimspec.DefaultKind, ShmDir: shm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, dir
+}
+
+// inject reads the directory with CDI's own cache and injects the devices
+// into an empty OCI spec, as a container runtime would.
+func inject(t *testing.T, dir string, ids ...string) *oci.Spec {
+	t.Helper()
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatalf("CDI cache over %s: %v", dir, err)
+	}
+	if errs := cache.GetErrors(); len(errs) > 0 {
+		t.Fatalf("CDI spec errors: %v", errs)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
+		t.Fatalf("injecting %v: unresolved %v: %v", ids, unresolved, err)
+	}
+	return spec
+}
+
+func TestSpecForOneDevice(t *testing.T) {
+	w, dir := writer(t, "/var/run/urma-k8s/shm")
+	// /dev/null stands in for /dev/uburma/udma0: CDI stats device nodes.
+	ids, err := w.Write("uid-1", []claimspec.Device{{
+		Name: "udma0", URMADevice: "udma0", EID: "::ffff:10.0.0.1", Jetties: 100, DevNodes: []string{"/dev/null"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "urma.openeuler.org/claim=uid-1-udma0"; len(ids) != 1 || ids[0] != want {
+		t.Fatalf("CDI ids %v, want [%s]", ids, want)
+	}
+	spec := inject(t, dir, ids...)
+	for _, want := range []string{"URMA_DEVICE=udma0", "URMA_EID=::ffff:10.0.0.1", "URMA_JETTY_BUDGET=100", "URMA_SHM_DIR=/var/run/urma-k8s/shm"} {
+		if !slices.Contains(spec.Process.Env, want) {
+			t.Errorf("env %v lacks %s", spec.Process.Env, want)
+		}
+	}
+	for _, unwanted := range []string{"URMA_DEVICES=", "URMA_PROVIDER="} {
+		if slices.ContainsFunc(spec.Process.Env, func(e string) bool { return strings.HasPrefix(e, unwanted) }) {
+			t.Errorf("env %v has %s for one hardware device", spec.Process.Env, unwanted)
+		}
+	}
+	if len(spec.Linux.Devices) != 1 || spec.Linux.Devices[0].Path != "/dev/null" {
+		t.Errorf("devices %+v, want the claim's device node", spec.Linux.Devices)
+	}
+	if len(spec.Mounts) != 1 || spec.Mounts[0].Source != "/var/run/urma-k8s/shm" || spec.Mounts[0].Destination != "/var/run/urma-k8s/shm" {
+		t.Errorf("mounts %+v, want the shm directory", spec.Mounts)
+	}
+	if !w.Exists("uid-1") {
+		t.Error("Exists is false after Write")
+	}
+}
+
+func TestSpecForSeveralDevices(t *testing.T) {
+	w, dir := writer(t, "")
+	devs := []claimspec.Device{
+		{Name: "udma0", URMADevice: "udma0", EID: "::1", Jetties: 16},
+		{Name: "udma1", URMADevice: "udma1", EID: "::2", Jetties: 16},
+		{Name: "udma1", URMADevice: "udma1", EID: "::2", Jetties: 16},
+	}
+	// Two shares of udma1 in one claim need distinct CDI names: the DRA
+	// name of a share is unique per (request, device), so use two names.
+	devs[2].Name = "udma1-b"
+	ids, err := w.Write("uid-2", devs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := inject(t, dir, ids[0])
+	for _, want := range []string{"URMA_DEVICE=udma1", "URMA_JETTY_BUDGET=32", "URMA_EID=::2", "URMA_DEVICES=udma1:32,udma0:16"} {
+		if !slices.Contains(spec.Process.Env, want) {
+			t.Errorf("env %v lacks %s", spec.Process.Env, want)
+		}
+	}
+	if slices.ContainsFunc(spec.Process.Env, func(e string) bool { return strings.HasPrefix(e, "URMA_SHM_DIR=") }) || len(spec.Mounts) != 0 {
+		t.Errorf("no shm directory configured, yet env %v mounts %v", spec.Process.Env, spec.Mounts)
+	}
+}
+
+func TestSoftwareDevice(t *testing.T) {
+	w, dir := writer(t, "/run/shm-x")
+	ids, err := w.Write("uid-3", []claimspec.Device{{Name: "soft0", URMADevice: "soft0", Jetties: 8, Software: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := inject(t, dir, ids...)
+	for _, want := range []string{"URMA_DEVICE=soft0", "URMA_PROVIDER=soft", "URMA_JETTY_BUDGET=8", "URMA_SHM_DIR=/run/shm-x"} {
+		if !slices.Contains(spec.Process.Env, want) {
+			t.Errorf("env %v lacks %s", spec.Process.Env, want)
+		}
+	}
+	if slices.ContainsFunc(spec.Process.Env, func(e string) bool { return strings.HasPrefix(e, "URMA_EID=") }) || len(spec.Linux.Devices) != 0 {
+		t.Errorf("software device got an EID or device nodes: %v %v", spec.Process.Env, spec.Linux.Devices)
+	}
+}
+
+func TestRemoveIsIdempotent(t *testing.T) {
+	w, dir := writer(t, "")
+	if _, err := w.Write("uid-4", []claimspec.Device{{Name: "soft0", URMADevice: "soft0", Jetties: 8, Software: true}}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := w.Write("uid-5", []claimspec.Device{{Name: "soft0", URMADevice: "soft0", Jetties: 8, Software: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := w.Remove("uid-4"); err != nil {
+			t.Fatalf("Remove: %v", err)
+		}
+	}
+	if w.Exists("uid-4") {
+		t.Fatal("spec still there after Remove")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("spec directory holds %d files, want only the other claim's", len(entries))
+	}
+	inject(t, dir, other...) // the other claim's spec is untouched
+}
+
+func TestWriteRejectsAnEmptyClaim(t *testing.T) {
+	w, _ := writer(t, "")
+	if _, err := w.Write("uid-6", nil); err == nil || !strings.Contains(err.Error(), "uid-6") {
+		t.Fatalf("Write without devices = %v, want an error naming the claim", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, c := range []claimspec.Config{
+		{Dir: "", Kind: claimspec.DefaultKind},
+		{Dir: "/x", Kind: "no-class"},
+		{Dir: "/x", Kind: "bad vendor/claim"},
+		{Dir: "/x", Kind: claimspec.DefaultKind, ShmDir: "relative/shm"},
+	} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v: Validate = nil", c)
+		}
+	}
+}
+
+// The names are a contract with pkg/transport, which reads them.
+func TestEnvironmentNamesMatchTheTransport(t *testing.T) {
+	for mine, theirs := range map[string]string{
+		claimspec.EnvDevice:      transport.EnvDevice,
+		claimspec.EnvEID:         transport.EnvEID,
+		claimspec.EnvJettyBudget: transport.EnvJettyBudget,
+		claimspec.EnvDevices:     transport.EnvDevices,
+		claimspec.EnvProvider:    transport.EnvProvider,
+		claimspec.ProviderSoft:   transport.ProviderSoft,
+	} {
+		if mine != theirs {
+			t.Errorf("%s here, %s in pkg/transport", mine, theirs)
+		}
+	}
+}
