@@ -131,6 +131,7 @@ func (b *Builder) Build(scan Scan, now time.Time) (Snapshot, []selection.Decisio
 		JettiesPerUnit: b.cfg.Budget.JettiesPerUnit,
 		UMMUNode:       scan.UMMUNode,
 		Missing:        slices.Clone(scan.Missing),
+		Scanned:        true,
 	}, decisions, recheck
 }
 

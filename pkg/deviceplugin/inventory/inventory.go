@@ -56,6 +56,11 @@ type Snapshot struct {
 	// Missing says what discovery is waiting for (driver not loaded, device
 	// nodes absent); empty when nothing is.
 	Missing []string
+	// Scanned is true for every snapshot built from a discovery scan and
+	// false for the initial empty one, so consumers can wait for the first
+	// scan rather than act on "no devices yet" (publishing an empty set
+	// would delete what a previous process published).
+	Scanned bool
 	// Generation increases with every published change.
 	Generation uint64
 }
@@ -79,7 +84,7 @@ func (s *Snapshot) Lookup(name string) (*Device, bool) {
 
 // sameContent compares everything but Generation.
 func sameContent(a, b *Snapshot) bool {
-	if a.JettiesPerUnit != b.JettiesPerUnit || a.UMMUNode != b.UMMUNode ||
+	if a.Scanned != b.Scanned || a.JettiesPerUnit != b.JettiesPerUnit || a.UMMUNode != b.UMMUNode ||
 		!slices.Equal(a.Missing, b.Missing) || len(a.Devices) != len(b.Devices) {
 		return false
 	}

@@ -316,3 +316,17 @@ func TestPublishSeesIdentityChanges(t *testing.T) {
 		}
 	}
 }
+
+func TestFirstScanIsPublishedEvenWhenEmpty(t *testing.T) {
+	inv := New(16)
+	if s, _ := inv.Current(); s.Scanned {
+		t.Fatal("the initial snapshot claims to come from a scan")
+	}
+	snap, _, _ := NewBuilder(cfg(1)).Build(Scan{}, time.Now())
+	if !inv.Publish(snap) {
+		t.Fatal("an empty first scan was not published: consumers could not tell it from no scan")
+	}
+	if s, _ := inv.Current(); !s.Scanned || s.Generation != 1 {
+		t.Fatalf("after the first scan: %+v", s)
+	}
+}
