@@ -46,7 +46,7 @@ func SnapshotOfTree(t testing.TB, cfg inventory.Config, tree *sysfstest.Tree) *i
 	if err != nil {
 		t.Fatalf("discovering the fake devices: %v", err)
 	}
-	snap, _, _ := inventory.NewBuilder(cfg).Build(inventory.Scan{Devices: found}, time.Now())
+	snap, _, _ := inventory.NewBuilder(cfg).Build(inventory.Scan{Devices: found, UMMUNode: sysfs.UMMUNode(tree.Options())}, time.Now())
 	return &snap
 }
 

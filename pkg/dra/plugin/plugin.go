@@ -1,0 +1,380 @@
+// Package plugin is the DRA driver's node side, behind the kubeletplugin
+// helper (k8s.io/dynamic-resource-allocation/kubeletplugin), which serves
+// kubelet's gRPC API: NodePrepareResources writes a CDI spec per claim for
+// the URMA devices and jetties the scheduler allocated, and
+// NodeUnprepareResources removes it, both idempotent and checkpointed, so a
+// restarted driver answers as before. It also publishes the node's
+// ResourceSlices whenever the inventory changes (health included) and
+// reports device health to kubelet.
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/devpath"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/dra/checkpoint"
+	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
+	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+)
+
+// DefaultHealthResend is how often the device health is re-sent to kubelet
+// without a change; kubelet treats a device as Unknown after
+// HealthCheckTimeout (3x this) without a report.
+const DefaultHealthResend = 10 * time.Second
+
+// Config configures the plugin.
+type Config struct {
+	// NodeName is the node, and the name of the pool of its devices.
+	NodeName string
+	// DataDir holds the checkpoint (the plugin data directory).
+	DataDir string
+	// DevRoot is where the driver sees the host's /dev; specs name /dev/...
+	DevRoot string
+	// Policy is the jetty request policy published with every device.
+	Policy draslices.RequestPolicy
+	// HealthResend is how often health is re-sent unchanged; 0 means
+	// DefaultHealthResend.
+	HealthResend time.Duration
+}
+
+// Publisher publishes ResourceSlices (the kubeletplugin helper).
+type Publisher interface {
+	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
+}
+
+// Plugin implements kubeletplugin.DRAPlugin over an inventory.
+type Plugin struct {
+	cfg   Config
+	inv   *inventory.Inventory
+	specs *claimspec.Writer
+	log   logr.Logger
+	fatal func(error)
+
+	mu       sync.Mutex
+	prepared checkpoint.Claims
+}
+
+var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)
+
+// New loads the checkpoint and returns the plugin; fatal is called with
+// errors that retrying cannot fix (the caller stops the driver).
+func New(cfg Config, inv *inventory.Inventory, specs *claimspec.Writer, log logr.Logger, fatal func(error)) (*Plugin, error) {
+	if cfg.NodeName == "" {
+		return nil, errors.New("node name is empty (set NODE_NAME)")
+	}
+	if err := cfg.Policy.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.HealthResend <= 0 {
+		cfg.HealthResend = DefaultHealthResend
+	}
+	prepared, err := checkpoint.Load(filepath.Join(cfg.DataDir, checkpoint.FileName))
+	if err != nil {
+		return nil, err
+	}
+	if len(prepared) > 0 {
+		log.Info("prepared claims restored from the checkpoint", "claims", len(prepared))
+	}
+	return &Plugin{cfg: cfg, inv: inv, specs: specs, log: log, fatal: fatal, prepared: prepared}, nil
+}
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	snap, _ := p.inv.Current()
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, claim := range claims {
+		devs, err := p.prepare(claim, snap)
+		if err != nil {
+			p.log.Error(err, "claim not prepared", "claim", claim.Namespace+"/"+claim.Name, "uid", claim.UID)
+		}
+		out[claim.UID] = kubeletplugin.PrepareResult{Err: err, Devices: devs}
+	}
+	return out, nil
+}
+
+func (p *Plugin) prepare(claim *resourceapi.ResourceClaim, snap *inventory.Snapshot) ([]kubeletplugin.Device, error) {
+	uid := string(claim.UID)
+	if saved, ok := p.prepared[uid]; ok {
+		// Prepared before (perhaps by an earlier process): the same answer.
+		if !p.specs.Exists(uid) {
+			if err := p.writeSpec(uid, saved.Devices, snap); err != nil {
+				return nil, err
+			}
+		}
+		return resultOf(saved.Devices), nil
+	}
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
+	}
+	var shares []checkpoint.Device
+	inUse := p.jettiesInUse()
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != draslices.DriverName {
+			continue
+		}
+		share, err := p.share(claim, r, snap, inUse)
+		if err != nil {
+			return nil, err
+		}
+		inUse[share.URMADevice] += share.Jetties
+		shares = append(shares, share)
+	}
+	if len(shares) == 0 {
+		return nil, nil
+	}
+	if err := p.writeSpec(uid, shares, snap); err != nil {
+		return nil, err
+	}
+	for i := range shares {
+		shares[i].CDIDeviceIDs = []string{p.specs.DeviceID(uid, shareName(shares[i]))}
+	}
+	next := cloneClaims(p.prepared)
+	next[uid] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Devices: shares}
+	if err := checkpoint.Save(p.checkpointPath(), next); err != nil {
+		// Without the record, Unprepare after a restart still finds the
+		// spec by UID, but the jetty accounting would forget this claim:
+		// refuse rather than prepare half.
+		if rerr := p.specs.Remove(uid); rerr != nil {
+			p.log.Error(rerr, "removing the CDI spec of a claim whose checkpoint failed", "uid", uid)
+		}
+		return nil, err
+	}
+	p.prepared = next
+	p.log.Info("claim prepared", "claim", claim.Namespace+"/"+claim.Name, "uid", uid, "shares", len(shares))
+	return resultOf(shares), nil
+}
+
+// share checks one allocation result against the node's devices.
+func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult, snap *inventory.Snapshot, inUse map[string]int64) (checkpoint.Device, error) {
+	where := fmt.Sprintf("claim %s/%s request %s: device %s/%s", claim.Namespace, claim.Name, r.Request, r.Pool, r.Device)
+	if r.Pool != p.cfg.NodeName {
+		return checkpoint.Device{}, fmt.Errorf("%s: allocated from pool %q, but this node's pool is %q", where, r.Pool, p.cfg.NodeName)
+	}
+	d := lookupDRA(snap, r.Device)
+	if d == nil {
+		return checkpoint.Device{}, fmt.Errorf("%s: no such device on this node (removed since it was allocated?)", where)
+	}
+	if !d.Healthy && !tolerated(r.Tolerations) {
+		return checkpoint.Device{}, fmt.Errorf("%s: device %s is unhealthy: %s", where, d.Name, d.Reason)
+	}
+	q, ok := r.ConsumedCapacity[draslices.CapacityJetties]
+	if !ok || q.Value() <= 0 {
+		return checkpoint.Device{}, fmt.Errorf("%s: the allocation consumed no jetties (capacity %q missing from the result)", where, draslices.CapacityJetties)
+	}
+	jetties := q.Value()
+	// The last line of defense against over-allocation: the scheduler
+	// accounts capacity, but a device that shrank or a stale allocation
+	// must not push the node past its budget.
+	if budget := int64(d.Budget.Available); inUse[d.Name]+jetties > budget {
+		return checkpoint.Device{}, fmt.Errorf("%s: %d jetties requested, %d of %d already prepared on %s", where, jetties, inUse[d.Name], budget, d.Name)
+	}
+	share := checkpoint.Device{
+		Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, URMADevice: d.Name, Jetties: jetties,
+	}
+	if r.ShareID != nil {
+		share.ShareID = string(*r.ShareID)
+	}
+	return share, nil
+}
+
+func tolerated(ts []resourceapi.DeviceToleration) bool {
+	return slices.ContainsFunc(ts, func(t resourceapi.DeviceToleration) bool {
+		return (t.Key == draslices.TaintUnhealthy || (t.Key == "" && t.Operator == resourceapi.DeviceTolerationOpExists)) &&
+			(t.Effect == "" || t.Effect == resourceapi.DeviceTaintEffectNoSchedule)
+	})
+}
+
+// shareName names a share uniquely within its claim: the DRA device and
+// the request (two requests may share one device).
+func shareName(s checkpoint.Device) string {
+	return s.Device + "." + strings.ReplaceAll(strings.Join(s.Requests, "."), "/", ".")
+}
+
+func (p *Plugin) writeSpec(uid string, shares []checkpoint.Device, snap *inventory.Snapshot) error {
+	devs := make([]claimspec.Device, 0, len(shares))
+	for _, s := range shares {
+		d, ok := snap.Lookup(s.URMADevice)
+		if !ok {
+			return fmt.Errorf("claim %s: device %s is not on this node any more; cannot rewrite its CDI spec", uid, s.URMADevice)
+		}
+		cd := claimspec.Device{Name: shareName(s), URMADevice: d.Name, EID: d.EID, Jetties: s.Jetties, Software: d.Software}
+		if !d.Software {
+			for _, local := range []string{d.DevNode, snap.UMMUNode} {
+				if host := devpath.ToHost(p.cfg.DevRoot, local); host != "" {
+					cd.DevNodes = append(cd.DevNodes, host)
+				}
+			}
+		}
+		devs = append(devs, cd)
+	}
+	_, err := p.specs.Write(uid, devs)
+	return err
+}
+
+func resultOf(shares []checkpoint.Device) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(shares))
+	for _, s := range shares {
+		d := kubeletplugin.Device{
+			Requests: slices.Clone(s.Requests), PoolName: s.Pool, DeviceName: s.Device,
+			CDIDeviceIDs: slices.Clone(s.CDIDeviceIDs),
+		}
+		if s.ShareID != "" {
+			id := types.UID(s.ShareID)
+			d.ShareID = &id
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// jettiesInUse sums the prepared jetties per URMA device.
+func (p *Plugin) jettiesInUse() map[string]int64 {
+	out := map[string]int64{}
+	for _, c := range p.prepared {
+		for _, d := range c.Devices {
+			out[d.URMADevice] += d.Jetties
+		}
+	}
+	return out
+}
+
+func lookupDRA(snap *inventory.Snapshot, draName string) *inventory.Device {
+	for i := range snap.Devices {
+		if draslices.DeviceName(snap.Devices[i].Name) == draName {
+			return &snap.Devices[i]
+		}
+	}
+	return nil
+}
+
+func cloneClaims(c checkpoint.Claims) checkpoint.Claims {
+	out := make(checkpoint.Claims, len(c)+1)
+	for k, v := range c {
+		out[k] = v
+	}
+	return out
+}
+
+func (p *Plugin) checkpointPath() string { return filepath.Join(p.cfg.DataDir, checkpoint.FileName) }
+
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin. A claim that
+// is not prepared is not an error: kubelet may ask twice.
+func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		out[c.UID] = p.unprepare(c)
+	}
+	return out, nil
+}
+
+func (p *Plugin) unprepare(c kubeletplugin.NamespacedObject) error {
+	uid := string(c.UID)
+	// The spec is named by UID, so it goes even if the checkpoint never
+	// heard of the claim.
+	if err := p.specs.Remove(uid); err != nil {
+		return err
+	}
+	if _, ok := p.prepared[uid]; !ok {
+		return nil
+	}
+	next := cloneClaims(p.prepared)
+	delete(next, uid)
+	if err := checkpoint.Save(p.checkpointPath(), next); err != nil {
+		return err
+	}
+	p.prepared = next
+	p.log.Info("claim unprepared", "claim", c.Namespace+"/"+c.Name, "uid", uid)
+	return nil
+}
+
+// HandleError implements kubeletplugin.DRAPlugin: errors the helper meets in
+// the background are logged; those that are not recoverable stop the
+// driver, so that its pod restarts and says why.
+func (p *Plugin) HandleError(ctx context.Context, err error, msg string) {
+	if errors.Is(err, kubeletplugin.ErrRecoverable) {
+		p.log.Error(err, msg)
+		return
+	}
+	p.log.Error(err, msg+"; stopping")
+	if p.fatal != nil {
+		p.fatal(fmt.Errorf("%s: %w", msg, err))
+	}
+}
+
+// WatchHealthStatus implements kubeletplugin.DRAPlugin: every device's
+// debounced health, at once, on every change and every HealthResend.
+func (p *Plugin) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	t := time.NewTicker(p.cfg.HealthResend)
+	defer t.Stop()
+	for {
+		snap, changed := p.inv.Current()
+		report := p.healthReport(snap, time.Now())
+		select {
+		case <-ctx.Done():
+			return nil
+		case reports <- report:
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-t.C:
+		}
+	}
+}
+
+func (p *Plugin) healthReport(snap *inventory.Snapshot, now time.Time) kubeletplugin.DeviceHealthReport {
+	r := kubeletplugin.DeviceHealthReport{Devices: make([]kubeletplugin.DeviceHealth, 0, len(snap.Devices))}
+	for _, d := range snap.Devices {
+		h := kubeletplugin.DeviceHealth{
+			PoolName: p.cfg.NodeName, DeviceName: draslices.DeviceName(d.Name),
+			Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now, HealthCheckTimeout: 3 * p.cfg.HealthResend,
+		}
+		if !d.Healthy {
+			h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, d.Reason
+		}
+		r.Devices = append(r.Devices, h)
+	}
+	return r
+}
+
+// Publish publishes the node's slices after the first scan and again on
+// every inventory change, until ctx ends. It never publishes before the
+// first scan: an empty set then would delete what a previous process
+// published.
+func (p *Plugin) Publish(ctx context.Context, pub Publisher) error {
+	var last uint64
+	for {
+		snap, changed := p.inv.Current()
+		if snap.Scanned && snap.Generation != last {
+			if err := pub.PublishResources(ctx, draslices.Resources(p.cfg.NodeName, snap, p.cfg.Policy)); err != nil {
+				return fmt.Errorf("publish ResourceSlices: %w", err)
+			}
+			last = snap.Generation
+			p.log.Info("ResourceSlices updated", "devices", len(snap.Devices), "generation", snap.Generation)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}

@@ -1,0 +1,466 @@
+package plugin_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	"k8s.io/utils/ptr"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/dra/checkpoint"
+	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
+	"github.com/openeuler/urma-k8s/pkg/dra/dratest"
+	"github.com/openeuler/urma-k8s/pkg/dra/plugin"
+	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
+)
+
+const node = "node-1"
+
+// host is one node: the driver's directories, inventory and claims.
+type host struct {
+	t       *testing.T
+	dataDir string
+	cdiDir  string
+	regDir  string
+	devRoot string
+	inv     *inventory.Inventory
+	kube    *fake.Clientset
+}
+
+func newHost(t *testing.T, devs ...sysfstest.Device) *host {
+	t.Helper()
+	// Short paths: unix socket names are limited to 108 bytes.
+	root, err := os.MkdirTemp("", "dra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	h := &host{t: t, dataDir: filepath.Join(root, "d"), cdiDir: filepath.Join(root, "cdi"), regDir: filepath.Join(root, "r"), inv: inventory.New(16), kube: fake.NewClientset()}
+	for _, d := range []string{h.dataDir, h.regDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tree := sysfstest.New(t)
+	for _, d := range devs {
+		tree.Add(t, d)
+	}
+	tree.AddDevNode(t, sysfstest.UMMUNode)
+	h.devRoot = tree.DevRoot
+	h.inv.Publish(*dratest.SnapshotOfTree(t, dratest.Config(0), tree))
+	return h
+}
+
+// driver is one process of the driver: the plugin behind the real helper.
+type driver struct {
+	plugin *plugin.Plugin
+	helper *kubeletplugin.Helper
+	client drapb.DRAPluginClient
+}
+
+func (h *host) start() *driver {
+	h.t.Helper()
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	log := testr.New(h.t)
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, DevRoot: h.devRoot, Policy: draslices.DefaultRequestPolicy()},
+		h.inv, specs, log, func(err error) { h.t.Errorf("fatal driver error: %v", err) })
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), log))
+	helper, err := kubeletplugin.Start(ctx, p,
+		kubeletplugin.DriverName(draslices.DriverName), kubeletplugin.KubeClient(h.kube), kubeletplugin.NodeName(node),
+		kubeletplugin.PluginDataDirectoryPath(h.dataDir), kubeletplugin.RegistrarDirectoryPath(h.regDir),
+		kubeletplugin.GRPCVerbosity(-1))
+	if err != nil {
+		cancel()
+		h.t.Fatalf("starting the kubelet plugin helper: %v", err)
+	}
+	conn, err := grpc.NewClient("unix://"+filepath.Join(h.dataDir, "dra.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() {
+		conn.Close()
+		helper.Stop()
+		cancel()
+	})
+	return &driver{plugin: p, helper: helper, client: drapb.NewDRAPluginClient(conn)}
+}
+
+func (d *driver) stop() { d.helper.Stop() }
+
+var seq int
+
+// claim creates an allocated claim in the API: one share per device name,
+// each consuming jetties.
+func (h *host) claim(jetties int64, devices ...string) *resourceapi.ResourceClaim {
+	h.t.Helper()
+	seq++
+	name := "claim-" + string(rune('a'+seq))
+	c := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
+		Status:     resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{}},
+	}
+	for i, dev := range devices {
+		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results, resourceapi.DeviceRequestAllocationResult{
+			Request: "jetties", Driver: draslices.DriverName, Pool: node, Device: dev,
+			ShareID:          ptr.To(types.UID("share-" + name + string(rune('0'+i)))),
+			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{draslices.CapacityJetties: *resource.NewQuantity(jetties, resource.DecimalSI)},
+		})
+	}
+	created, err := h.kube.ResourceV1().ResourceClaims("default").Create(context.Background(), c, metav1.CreateOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return created
+}
+
+func ref(c *resourceapi.ResourceClaim) *drapb.Claim {
+	return &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}
+}
+
+func (d *driver) prepare(t *testing.T, cs ...*resourceapi.ResourceClaim) *drapb.NodePrepareResourcesResponse {
+	t.Helper()
+	req := &drapb.NodePrepareResourcesRequest{}
+	for _, c := range cs {
+		req.Claims = append(req.Claims, ref(c))
+	}
+	resp, err := d.client.NodePrepareResources(context.Background(), req)
+	if err != nil {
+		t.Fatalf("NodePrepareResources: %v", err)
+	}
+	return resp
+}
+
+func (d *driver) unprepare(t *testing.T, cs ...*resourceapi.ResourceClaim) *drapb.NodeUnprepareResourcesResponse {
+	t.Helper()
+	req := &drapb.NodeUnprepareResourcesRequest{}
+	for _, c := range cs {
+		req.Claims = append(req.Claims, ref(c))
+	}
+	resp, err := d.client.NodeUnprepareResources(context.Background(), req)
+	if err != nil {
+		t.Fatalf("NodeUnprepareResources: %v", err)
+	}
+	return resp
+}
+
+// cdiEdits parses the spec directory with the CDI library and returns the
+// environment and device nodes one CDI device brings (its own edits and
+// the spec-wide ones).
+func (h *host) cdiEdits(t *testing.T, id string) (env, nodes, mounts []string) {
+	t.Helper()
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(h.cdiDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatalf("CDI cache: %v", err)
+	}
+	if errs := cache.GetErrors(); len(errs) > 0 {
+		t.Fatalf("CDI spec errors: %v", errs)
+	}
+	dev := cache.GetDevice(id)
+	if dev == nil {
+		t.Fatalf("CDI device %s not found; devices: %v", id, cache.ListDevices())
+	}
+	for _, e := range []*cdi.ContainerEdits{{ContainerEdits: &dev.ContainerEdits}, {ContainerEdits: &dev.GetSpec().ContainerEdits}} {
+		env = append(env, e.Env...)
+		for _, n := range e.DeviceNodes {
+			nodes = append(nodes, n.Path)
+		}
+		for _, m := range e.Mounts {
+			mounts = append(mounts, m.HostPath+":"+m.ContainerPath)
+		}
+	}
+	return env, nodes, mounts
+}
+
+func TestPrepareWritesACDISpecPerClaim(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	d := h.start()
+	c := h.claim(100, "udma0")
+	resp := d.prepare(t, c)
+	r := resp.Claims[string(c.UID)]
+	if r == nil || r.Error != "" || len(r.Devices) != 1 {
+		t.Fatalf("prepare response %+v", resp.Claims)
+	}
+	dev := r.Devices[0]
+	want := "urma.openeuler.org/claim=" + string(c.UID) + "-udma0.jetties"
+	if dev.PoolName != node || dev.DeviceName != "udma0" || !slices.Equal(dev.CdiDeviceIds, []string{want}) ||
+		dev.ShareId == nil || *dev.ShareId != string(*c.Status.Allocation.Devices.Results[0].ShareID) {
+		t.Fatalf("device %+v, want udma0 in pool %s with CDI id %s and the share id", dev, node, want)
+	}
+	env, nodes, mounts := h.cdiEdits(t, want)
+	for _, e := range []string{"URMA_DEVICE=udma0", "URMA_EID=::ffff:10.0.0.1", "URMA_JETTY_BUDGET=100", "URMA_SHM_DIR=" + claimspec.DefaultShmDir} {
+		if !slices.Contains(env, e) {
+			t.Errorf("env %v lacks %s", env, e)
+		}
+	}
+	if !slices.Equal(nodes, []string{"/dev/uburma/udma0", "/dev/ummu/tid"}) {
+		t.Errorf("device nodes %v, want /dev/uburma/udma0 and /dev/ummu/tid", nodes)
+	}
+	if !slices.Equal(mounts, []string{claimspec.DefaultShmDir + ":" + claimspec.DefaultShmDir}) {
+		t.Errorf("mounts %v, want the shm directory", mounts)
+	}
+}
+
+func TestPrepareAndUnprepareAreIdempotent(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	d := h.start()
+	c := h.claim(16, "udma0")
+	first := d.prepare(t, c).Claims[string(c.UID)]
+	again := d.prepare(t, c).Claims[string(c.UID)]
+	if again.Error != "" || !slices.Equal(again.Devices[0].CdiDeviceIds, first.Devices[0].CdiDeviceIds) {
+		t.Fatalf("second prepare %+v, want the first answer %+v", again, first)
+	}
+	for range 2 {
+		if r := d.unprepare(t, c).Claims[string(c.UID)]; r == nil || r.Error != "" {
+			t.Fatalf("unprepare: %+v", r)
+		}
+	}
+	if entries, _ := os.ReadDir(h.cdiDir); len(entries) != 0 {
+		t.Fatalf("CDI directory after unprepare: %d files", len(entries))
+	}
+	// Unpreparing a claim never prepared here is fine too.
+	stranger := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "y", UID: "uid-stranger"}}
+	if r := d.unprepare(t, stranger).Claims["uid-stranger"]; r == nil || r.Error != "" {
+		t.Fatalf("unprepare of an unknown claim: %+v", r)
+	}
+}
+
+func TestPreparedClaimsSurviveARestart(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	d := h.start()
+	a, b := h.claim(500, "udma0"), h.claim(500, "udma0")
+	first := d.prepare(t, a, b)
+	d.stop()
+
+	// The device goes unhealthy meanwhile: re-preparing a claim prepared
+	// before still answers as before rather than failing a running pod.
+	tree := sysfstest.New(t)
+	down := sysfstest.DefaultDevice("udma0")
+	down.Ports = []urma.PortState{urma.PortDown}
+	tree.Add(t, down)
+	h.inv.Publish(*dratest.SnapshotOfTree(t, dratest.Config(0), tree))
+
+	d2 := h.start()
+	again := d2.prepare(t, a)
+	if got, want := again.Claims[string(a.UID)], first.Claims[string(a.UID)]; got.Error != "" || !slices.Equal(got.Devices[0].CdiDeviceIds, want.Devices[0].CdiDeviceIds) {
+		t.Fatalf("after a restart: %+v, want %+v", got, want)
+	}
+	// The restarted driver still counts both claims' 1000 of 1008 jetties.
+	h.inv.Publish(*dratest.Snapshot(t, dratest.Config(0), sysfstest.DefaultDevice("udma0")))
+	c := h.claim(16, "udma0")
+	if r := d2.prepare(t, c).Claims[string(c.UID)]; !strings.Contains(r.Error, "1000 of 1008 already prepared") {
+		t.Fatalf("a claim beyond the budget after a restart: %+v", r)
+	}
+	// And unprepares what the first process prepared.
+	d2.unprepare(t, a, b)
+	claims, err := checkpoint.Load(filepath.Join(h.dataDir, checkpoint.FileName))
+	if err != nil || len(claims) != 0 {
+		t.Fatalf("checkpoint after unprepare: %v, %v", claims, err)
+	}
+	if entries, _ := os.ReadDir(h.cdiDir); len(entries) != 0 {
+		t.Fatalf("CDI directory after unprepare: %d files", len(entries))
+	}
+}
+
+func TestPrepareRewritesALostSpec(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	d := h.start()
+	c := h.claim(16, "udma0")
+	id := d.prepare(t, c).Claims[string(c.UID)].Devices[0].CdiDeviceIds[0]
+	if err := os.RemoveAll(h.cdiDir); err != nil {
+		t.Fatal(err)
+	}
+	if r := d.prepare(t, c).Claims[string(c.UID)]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	if env, _, _ := h.cdiEdits(t, id); !slices.Contains(env, "URMA_JETTY_BUDGET=16") {
+		t.Fatalf("rewritten spec env %v", env)
+	}
+}
+
+func TestPrepareRefuses(t *testing.T) {
+	down := sysfstest.DefaultDevice("udma1")
+	down.Ports = []urma.PortState{urma.PortDown}
+	h := newHost(t, sysfstest.DefaultDevice("udma0"), down)
+	d := h.start()
+
+	otherPool := h.claim(16, "udma0")
+	otherPool.Status.Allocation.Devices.Results[0].Pool = "node-2"
+	noCapacity := h.claim(16, "udma0")
+	noCapacity.Status.Allocation.Devices.Results[0].ConsumedCapacity = nil
+	for _, c := range []*resourceapi.ResourceClaim{otherPool, noCapacity} {
+		if _, err := h.kube.ResourceV1().ResourceClaims("default").UpdateStatus(context.Background(), c, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		claim *resourceapi.ResourceClaim
+		want  string
+	}{
+		{"unknown device", h.claim(16, "udma7"), "no such device on this node"},
+		{"unhealthy device", h.claim(16, "udma1"), "unhealthy: no usable port"},
+		{"over the budget", h.claim(1009, "udma0"), "1009 jetties requested, 0 of 1008"},
+		{"other pool", otherPool, `pool "node-2"`},
+		{"no consumed capacity", noCapacity, "consumed no jetties"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := d.prepare(t, tc.claim).Claims[string(tc.claim.UID)]
+			if r == nil || !strings.Contains(r.Error, tc.want) || !strings.Contains(r.Error, tc.claim.Name) {
+				t.Fatalf("prepare = %+v, want an error naming the claim and %q", r, tc.want)
+			}
+		})
+	}
+	if entries, _ := os.ReadDir(h.cdiDir); len(entries) != 0 {
+		t.Fatalf("refused claims left %d CDI specs", len(entries))
+	}
+	// A claim that tolerates the unhealthy taint (an admin debugging the
+	// device) is prepared.
+	tolerating := h.claim(16, "udma1")
+	tolerating.Status.Allocation.Devices.Results[0].Tolerations = []resourceapi.DeviceToleration{{Key: draslices.TaintUnhealthy, Operator: resourceapi.DeviceTolerationOpExists}}
+	if _, err := h.kube.ResourceV1().ResourceClaims("default").UpdateStatus(context.Background(), tolerating, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := d.prepare(t, tolerating).Claims[string(tolerating.UID)]; r.Error != "" {
+		t.Fatalf("tolerating claim: %s", r.Error)
+	}
+}
+
+func TestDamagedCheckpointStopsTheDriver(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	path := filepath.Join(h.dataDir, checkpoint.FileName)
+	if err := os.WriteFile(path, []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	specs, _ := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
+	_, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, Policy: draslices.DefaultRequestPolicy()}, h.inv, specs, logr.Discard(), nil)
+	if err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("New with a damaged checkpoint = %v, want an error naming %s", err, path)
+	}
+}
+
+func TestHealthReports(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	specs, _ := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, Policy: draslices.DefaultRequestPolicy(), HealthResend: time.Hour}, h.inv, specs, logr.Discard(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	reports := make(chan kubeletplugin.DeviceHealthReport)
+	done := make(chan error, 1)
+	go func() { done <- p.WatchHealthStatus(ctx, reports) }()
+	r := <-reports
+	if len(r.Devices) != 1 || r.Devices[0].DeviceName != "udma0" || r.Devices[0].PoolName != node || r.Devices[0].Health != kubeletplugin.HealthStatusHealthy {
+		t.Fatalf("first report %+v", r)
+	}
+	down := sysfstest.DefaultDevice("udma0")
+	down.Ports = []urma.PortState{urma.PortDown}
+	h.inv.Publish(*dratest.Snapshot(t, dratest.Config(0), down))
+	r = <-reports
+	if r.Devices[0].Health != kubeletplugin.HealthStatusUnhealthy || !strings.Contains(r.Devices[0].Message, "no usable port") {
+		t.Fatalf("report after the port went down: %+v", r)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("WatchHealthStatus returned %v", err)
+	}
+}
+
+// recorder is a Publisher that keeps what it was given.
+type recorder struct {
+	mu  sync.Mutex
+	got []resourceslice.DriverResources
+	ch  chan struct{}
+}
+
+func (r *recorder) PublishResources(_ context.Context, res resourceslice.DriverResources) error {
+	r.mu.Lock()
+	r.got = append(r.got, res)
+	r.mu.Unlock()
+	r.ch <- struct{}{}
+	return nil
+}
+
+func TestPublishWaitsForTheFirstScanAndFollowsChanges(t *testing.T) {
+	inv := inventory.New(16)
+	specs, _ := claimspec.New(claimspec.Config{Dir: t.TempDir(), Kind: claimspec.DefaultKind})
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: t.TempDir(), Policy: draslices.DefaultRequestPolicy()}, inv, specs, logr.Discard(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{ch: make(chan struct{}, 10)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Publish(ctx, rec) }()
+
+	// Nothing is published before the first scan; the first scan, even an
+	// empty one, is.
+	snap, _, _ := inventory.NewBuilder(dratest.Config(0)).Build(inventory.Scan{}, time.Now())
+	inv.Publish(snap)
+	<-rec.ch
+	down := sysfstest.DefaultDevice("udma0")
+	down.Ports = []urma.PortState{urma.PortDown}
+	inv.Publish(*dratest.Snapshot(t, dratest.Config(0), down))
+	<-rec.ch
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.got) != 2 {
+		t.Fatalf("%d publications, want 2 (first scan, health flip)", len(rec.got))
+	}
+	if n := len(rec.got[0].Pools[node].Slices); n != 0 {
+		t.Fatalf("first scan found nothing, yet %d slices", n)
+	}
+	devs := rec.got[1].Pools[node].Slices[0].Devices
+	if len(devs) != 1 || len(devs[0].Taints) != 1 || devs[0].Taints[0].Key != draslices.TaintUnhealthy {
+		t.Fatalf("after the health flip: %+v, want udma0 tainted unhealthy", devs)
+	}
+}
+
+func TestHandleError(t *testing.T) {
+	var fatal error
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: t.TempDir(), Policy: draslices.DefaultRequestPolicy()}, inventory.New(16), nil, logr.Discard(), func(err error) { fatal = err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.HandleError(context.Background(), errors.Join(kubeletplugin.ErrRecoverable, errors.New("slice conflict")), "publishing")
+	if fatal != nil {
+		t.Fatalf("a recoverable error stopped the driver: %v", fatal)
+	}
+	p.HandleError(context.Background(), errors.New("socket gone"), "DRA gRPC server failed")
+	if fatal == nil || !strings.Contains(fatal.Error(), "socket gone") {
+		t.Fatalf("a fatal error did not stop the driver: %v", fatal)
+	}
+}
