@@ -69,7 +69,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.json, "json", false, "print results as JSON")
 	fs.IntVar(&c.verbosity, "v", 0, "log verbosity of the transport on stderr (0 warnings and fallbacks, 1 more)")
 	c.urma = map[string]*urmaFlag{}
-	for _, s := range flags.Specs() {
+	for _, s := range append(flags.Specs(), flags.TransportSpecs()...) {
 		f := &urmaFlag{spec: s}
 		c.urma[s.Name] = f
 		fs.Var(f, s.Name, fmt.Sprintf("%s (default %q; %s); overrides the flags file", s.Help, s.Default, s.Range()))

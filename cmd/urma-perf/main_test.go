@@ -196,6 +196,7 @@ func TestCommandLineErrors(t *testing.T) {
 		{"bad mode", []string{"client", "--server", "x:1", "--mode", "rdma"}, nil, 2, `--mode "rdma"`},
 		{"bad urma flag", []string{"server", "--urma_sq_size=5"}, nil, 2, "urma_sq_size: 5 is out of range (want 16..4096)"},
 		{"unknown flag", []string{"server", "--urma_nope=1"}, nil, 2, "flag provided but not defined"},
+		{"bad provider", []string{"server", "--urma_provider=hw"}, nil, 2, `urma_provider: "hw" is not allowed (want one of auto, liburma, soft)`},
 		{"bad flags file", []string{"server"}, map[string]string{"URMA_FLAGS_FILE": bad}, 2, "line 1: flag urma_sq_size: 8 is out of range"},
 		{"server unreachable", []string{"client", "--server", "127.0.0.1:1", "--duration", "10ms"}, nil, 1, "connection 0"},
 		{"help", []string{"help"}, nil, 0, ""},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/liburma"
 )
 
 // Environment variables the transport reads. The device plugin sets
@@ -24,11 +25,8 @@ const (
 	EnvEID         = "URMA_EID"
 	EnvJettyBudget = "URMA_JETTY_BUDGET"
 	EnvProvider    = "URMA_PROVIDER"
+	EnvLibrary     = liburma.EnvLibrary
 )
-
-// ProviderSoft is the URMA_PROVIDER value for the software provider, the
-// only one built in; unset means the same.
-const ProviderSoft = "soft"
 
 // Default timeouts.
 const (
@@ -44,9 +42,15 @@ type Config struct {
 	// or takes brpc's defaults when it is unset.
 	Flags *flags.Flags
 	// Provider is the URMA implementation to use; the transport does not
-	// close it. Nil creates the software provider (socket fabric) on the
-	// host address of the listener, or of the first dialed connection.
+	// close it. Nil creates the one ProviderName chooses.
 	Provider urma.Provider
+	// ProviderName chooses the provider when Provider is nil: "auto",
+	// "liburma" or "soft" (see ProviderAuto and its siblings). "" takes
+	// URMA_PROVIDER, then --urma_provider, whose default is auto. The
+	// software provider listens on the host address of the listener, or
+	// of the first dialed connection; liburma is loaded from URMA_LIBRARY,
+	// or liburma.so.0.
+	ProviderName string
 	// Device names the device to open; "" takes URMA_DEVICE, then the first
 	// of URMA_DEVICES, then --urma_device, then the first device with an
 	// active port.
@@ -90,13 +94,17 @@ type Config struct {
 	// LookupEnv reads the environment; nil uses os.LookupEnv (tests
 	// replace it).
 	LookupEnv func(string) (string, bool)
+
+	openLiburma openLiburmaFunc // nil loads liburma; tests replace it
 }
 
 // settings is a Config with everything looked up, checked and defaulted.
 type settings struct {
 	flags            flags.Flags
 	provider         urma.Provider
-	providerName     string // URMA_PROVIDER; "" or "soft"
+	providerName     string // urma_provider: auto, liburma or soft
+	library          string // the liburma shared object
+	openLiburma      openLiburmaFunc
 	device           string
 	eid              *urma.EID
 	budget           *JettyBudget
@@ -204,8 +212,26 @@ func (c Config) resolve() (settings, error) {
 		s.budget = NewJettyBudget(n)
 	}
 
-	if v, ok := env(EnvProvider); ok {
-		s.providerName = strings.ToLower(strings.TrimSpace(v))
+	name, source := c.ProviderName, "Config.ProviderName"
+	if name == "" {
+		if v, ok := env(EnvProvider); ok && strings.TrimSpace(v) != "" {
+			name, source = v, EnvProvider
+		}
+	}
+	if name == "" {
+		name, source = s.flags.Provider, "--urma_provider"
+	}
+	var err error
+	if s.providerName, err = parseProviderName(name, source); err != nil {
+		return settings{}, err
+	}
+	s.library = liburma.DefaultLibrary
+	if v, ok := env(EnvLibrary); ok && strings.TrimSpace(v) != "" {
+		s.library = strings.TrimSpace(v)
+	}
+	s.openLiburma = c.openLiburma
+	if s.openLiburma == nil {
+		s.openLiburma = openLiburma
 	}
 	return s, nil
 }

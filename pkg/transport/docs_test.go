@@ -17,7 +17,7 @@ func TestDocsAreCurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	doc := string(b)
-	for _, s := range flags.Specs() {
+	for _, s := range append(flags.Specs(), flags.TransportSpecs()...) {
 		row := fmt.Sprintf("| `--%s` | `%s` | %s |", s.Name, s.Default, s.Range())
 		if !strings.Contains(doc, row) {
 			t.Errorf("docs/transport.md lacks the flag row %q", row)
@@ -32,7 +32,7 @@ func TestDocsAreCurrent(t *testing.T) {
 			t.Errorf("docs/transport.md does not explain the fallback reason %s", r)
 		}
 	}
-	for _, v := range []string{EnvFlagsFile, EnvDevice, EnvDevices, EnvEID, EnvJettyBudget, EnvProvider} {
+	for _, v := range []string{EnvFlagsFile, EnvDevice, EnvDevices, EnvEID, EnvJettyBudget, EnvProvider, EnvLibrary} {
 		if !strings.Contains(doc, "| `"+v+"` |") {
 			t.Errorf("docs/transport.md does not describe %s", v)
 		}

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
 	"github.com/openeuler/urma-k8s/pkg/urma"
-	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
 // creditWRs is the number of send work requests reserved for credit
@@ -42,7 +40,8 @@ type engine struct {
 	unusable  atomic.Pointer[fallback] // why URMA cannot be used; nil when ready
 
 	prov     urma.Provider
-	ownsProv bool
+	ownsProv bool // created from urma_provider: Close closes it
+	softProv bool // that provider is the software one
 	uctx     urma.Context
 	dev      urma.DeviceInfo
 	pool     *bufferPool
@@ -92,16 +91,8 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 	if e.s.disable {
 		return fallbackf(ReasonDisabled, "URMA disabled by configuration (TCP-only mode)")
 	}
-	e.prov = e.s.provider
-	if e.prov == nil {
-		if n := e.s.providerName; n != "" && n != ProviderSoft {
-			return fallbackf(ReasonProviderUnavailable, "%s=%q: only the software provider (%q) is built in", EnvProvider, n, ProviderSoft)
-		}
-		p, err := e.newSoftProvider(local)
-		if err != nil {
-			return fallbackf(ReasonProviderUnavailable, "create software provider: %v", err)
-		}
-		e.prov, e.ownsProv = p, true
+	if fb := e.openProvider(local); fb != nil {
+		return fb
 	}
 	devs, err := e.prov.Devices()
 	if err != nil {
@@ -123,7 +114,7 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 	}
 	eidIndex := 0
 	if e.s.eid != nil {
-		if e.ownsProv {
+		if e.softProv {
 			// URMA_EID names a hardware EID; the software provider's EID
 			// encodes its socket address instead.
 			e.log.V(1).Info("ignoring the configured EID on the software provider", "eid", e.s.eid.String())
@@ -167,47 +158,6 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 		"buffers", e.s.flags.BufferCount, "bufferSize", e.bufSize, "sq", e.sqSize, "rq", e.rqSize,
 		"polling", e.s.flags.UsePolling, "jettyBudget", e.s.budget.Limit(), "preparedJetties", e.jetties.target)
 	return nil
-}
-
-// newSoftProvider creates the default provider: the software provider with
-// the socket fabric, one device (named as configured, or soft0) listening
-// on the host address connections use.
-func (e *engine) newSoftProvider(local netip.Addr) (*soft.Provider, error) {
-	name := e.s.device
-	if name == "" {
-		name = soft.DefaultDevice
-	}
-	host := advertiseAddr(local)
-	return soft.New(soft.Options{
-		Listen:  net.JoinHostPort(host.String(), "0"),
-		Devices: []soft.DeviceSpec{{Name: name}},
-		Logger:  e.log.WithName("soft").V(1), // its connection events are detail; errors still show
-	})
-}
-
-// advertiseAddr picks the address the software fabric listens on: the
-// connection's own host address, or for an unspecified one POD_IP, the
-// first non-loopback IPv4 address of the host, or 127.0.0.1.
-func advertiseAddr(local netip.Addr) netip.Addr {
-	local = local.Unmap()
-	if local.IsValid() && !local.IsUnspecified() && local.Is4() {
-		return local
-	}
-	if v, ok := os.LookupEnv("POD_IP"); ok {
-		if a, err := netip.ParseAddr(strings.TrimSpace(v)); err == nil && a.Unmap().Is4() {
-			return a.Unmap()
-		}
-	}
-	if addrs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range addrs {
-			if p, err := netip.ParsePrefix(a.String()); err == nil {
-				if ip := p.Addr(); ip.Is4() && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
-					return ip
-				}
-			}
-		}
-	}
-	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
 }
 
 // pickDevice finds the named device, or the first with an active port.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math/bits"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,7 +33,13 @@ type Spec struct {
 	Min, Max int64 // inclusive range for Int flags
 	// PowerOfTwo requires an Int flag to be a power of two.
 	PowerOfTwo bool
-	Help       string
+	// Values lists what a String flag may be; nil allows any string.
+	Values []string
+	// TransportOnly marks a flag only pkg/transport reads: brpc does not
+	// know it, so Specs leaves it out (see TransportSpecs) and Render
+	// writes it only when it differs from its default.
+	TransportOnly bool
+	Help          string
 }
 
 // Range says what values are allowed, for error messages and docs.
@@ -41,6 +48,9 @@ func (s Spec) Range() string {
 	case Bool:
 		return "true or false"
 	case String:
+		if len(s.Values) > 0 {
+			return "one of " + strings.Join(s.Values, ", ")
+		}
 		return "any string"
 	}
 	r := fmt.Sprintf("%d..%d", s.Min, s.Max)
@@ -69,6 +79,8 @@ type Flags struct {
 	BufferSize             int
 	BufferCount            int
 	ClientHandshakeVersion int
+	// Provider is urma_provider: "auto", "liburma" or "soft".
+	Provider string
 }
 
 // field binds a Spec to the Flags field it sets.
@@ -100,15 +112,26 @@ func table() []field {
 		{spec: Spec{Name: "urma_buffer_size", Kind: Int, Default: "8192", Min: 1024, Max: 64 << 20, PowerOfTwo: true, Help: "size of each registered buffer in bytes"}, i: func(f *Flags) *int { return &f.BufferSize }},
 		{spec: Spec{Name: "urma_buffer_count", Kind: Int, Default: "65536", Min: 16, Max: 1 << 20, Help: "number of registered buffers in the pool"}, i: func(f *Flags) *int { return &f.BufferCount }},
 		{spec: Spec{Name: "urma_client_handshake_version", Kind: Int, Default: "2", Min: 2, Max: 3, Help: "hello a client sends: 2 binary, 3 protobuf"}, i: func(f *Flags) *int { return &f.ClientHandshakeVersion }},
+		{spec: Spec{
+			Name: "urma_provider", Kind: String, Default: "auto", Values: []string{"auto", "liburma", "soft"}, TransportOnly: true,
+			Help: "URMA implementation: liburma (UB hardware), soft (the software provider), or auto: liburma when the library loads and lists a UB device, else soft (URMA_PROVIDER overrides)",
+		}, s: func(f *Flags) *string { return &f.Provider }},
 	}
 }
 
-// Specs lists every flag, sorted by name.
-func Specs() []Spec {
-	t := table()
-	out := make([]Spec, len(t))
-	for i, f := range t {
-		out[i] = f.spec
+// Specs lists the flags brpc and pkg/transport share, sorted by name: what a
+// flags file for both may carry, and what the operator renders.
+func Specs() []Spec { return specs(false) }
+
+// TransportSpecs lists the flags only pkg/transport reads, sorted by name.
+func TransportSpecs() []Spec { return specs(true) }
+
+func specs(transportOnly bool) []Spec {
+	var out []Spec
+	for _, f := range table() {
+		if f.spec.TransportOnly == transportOnly {
+			out = append(out, f.spec)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -154,7 +177,17 @@ func (fl field) set(f *Flags, value string) error {
 		}
 		*fl.i(f) = int(v)
 	case String:
+		if err := checkString(s, value); err != nil {
+			return err
+		}
 		*fl.s(f) = value
+	}
+	return nil
+}
+
+func checkString(s Spec, v string) error {
+	if len(s.Values) > 0 && !slices.Contains(s.Values, v) {
+		return fmt.Errorf("flag %s: %q is not allowed (want %s)", s.Name, v, s.Range())
 	}
 	return nil
 }
@@ -202,8 +235,13 @@ func (f *Flags) Get(name string) (string, error) {
 // Validate checks every value against its range and the rules between flags.
 func (f Flags) Validate() error {
 	for _, fl := range table() {
-		if fl.spec.Kind == Int {
+		switch fl.spec.Kind {
+		case Int:
 			if err := checkInt(fl.spec, int64(*fl.i(&f))); err != nil {
+				return err
+			}
+		case String:
+			if err := checkString(fl.spec, *fl.s(&f)); err != nil {
 				return err
 			}
 		}
@@ -256,13 +294,19 @@ func Parse(r io.Reader) (Flags, error) {
 }
 
 // Render writes every flag as one --name=value line, sorted by name, in the
-// form Parse and brpc's gflags read back.
+// form Parse and brpc's gflags read back. A transport-only flag is written
+// only when it differs from its default: brpc's gflags refuses flags it
+// does not know.
 func (f Flags) Render() string {
 	t := table()
 	sort.Slice(t, func(i, j int) bool { return t[i].spec.Name < t[j].spec.Name })
 	var b strings.Builder
 	for _, fl := range t {
-		fmt.Fprintf(&b, "--%s=%s\n", fl.spec.Name, fl.get(&f))
+		v := fl.get(&f)
+		if fl.spec.TransportOnly && v == fl.spec.Default {
+			continue
+		}
+		fmt.Fprintf(&b, "--%s=%s\n", fl.spec.Name, v)
 	}
 	return b.String()
 }

@@ -59,11 +59,12 @@ func TestDefaultsMatchBrpc(t *testing.T) {
 }
 
 func TestSpecsSortedAndDocumented(t *testing.T) {
-	specs := Specs()
-	if !sort.SliceIsSorted(specs, func(i, j int) bool { return specs[i].Name < specs[j].Name }) {
-		t.Error("Specs() is not sorted by name")
+	for _, specs := range [][]Spec{Specs(), TransportSpecs()} {
+		if !sort.SliceIsSorted(specs, func(i, j int) bool { return specs[i].Name < specs[j].Name }) {
+			t.Errorf("%v is not sorted by name", specs)
+		}
 	}
-	for _, s := range specs {
+	for _, s := range append(Specs(), TransportSpecs()...) {
 		if !strings.HasPrefix(s.Name, "urma_") {
 			t.Errorf("%s lacks the urma_ prefix", s.Name)
 		}
@@ -85,6 +86,7 @@ func TestRange(t *testing.T) {
 		{"urma_device", "any string"},
 		{"urma_sq_size", "16..4096"},
 		{"urma_buffer_size", "1024..67108864, a power of two"},
+		{"urma_provider", "one of auto, liburma, soft"},
 	}
 	for _, tc := range tests {
 		s, _ := Lookup(tc.name)
@@ -122,6 +124,8 @@ func TestParse(t *testing.T) {
 		{name: "unknown urma flag", file: "--urma_sq_depth=3", wantErr: "line 1: unknown flag --urma_sq_depth"},
 		{name: "no dashes", file: "urma_sq_size=32", wantErr: `line 1: "urma_sq_size=32" does not start with --`},
 		{name: "handshake version out of range", file: "--urma_client_handshake_version=4", wantErr: "urma_client_handshake_version: 4 is out of range (want 2..3)"},
+		{name: "transport-only flag", file: "--urma_provider=liburma", check: func(f Flags) bool { return f.Provider == "liburma" }},
+		{name: "value not in the list", file: "--urma_provider=hardware", wantErr: `line 1: flag urma_provider: "hardware" is not allowed (want one of auto, liburma, soft)`},
 		{name: "line too long", file: "--urma_device=" + strings.Repeat("x", 2<<20), wantErr: "read flags file"},
 	}
 	for _, tc := range tests {
@@ -164,6 +168,33 @@ func TestSetGetValidate(t *testing.T) {
 	if err := f.Validate(); err == nil || !strings.Contains(err.Error(), "urma_cqe_poll_once: 0 is out of range (want 1..64)") {
 		t.Fatalf("Validate = %v", err)
 	}
+	f = Defaults()
+	f.Provider = "Soft"
+	if err := f.Validate(); err == nil || !strings.Contains(err.Error(), `urma_provider: "Soft" is not allowed`) {
+		t.Fatalf("Validate of a string outside its values = %v", err)
+	}
+}
+
+// Flags brpc does not know stay out of what brpc reads: Specs leaves them
+// out, and Render writes one only when it differs from its default.
+func TestTransportOnlyFlags(t *testing.T) {
+	for _, s := range Specs() {
+		if s.TransportOnly {
+			t.Errorf("Specs lists the transport-only flag %s", s.Name)
+		}
+	}
+	ts := TransportSpecs()
+	if len(ts) == 0 || ts[0].Name != "urma_provider" || !ts[0].TransportOnly {
+		t.Fatalf("TransportSpecs() = %+v, want urma_provider", ts)
+	}
+	if strings.Contains(Defaults().Render(), "urma_provider") {
+		t.Error("Render wrote urma_provider at its default")
+	}
+	f := Defaults()
+	f.Provider = "soft"
+	if !strings.Contains(f.Render(), "--urma_provider=soft\n") {
+		t.Errorf("Render omitted urma_provider=soft:\n%s", f.Render())
+	}
 }
 
 func TestRenderRoundTrip(t *testing.T) {
@@ -172,10 +203,11 @@ func TestRenderRoundTrip(t *testing.T) {
 	f.SQSize = 512
 	f.Device = "bonding_dev_0"
 	f.ClientHandshakeVersion = 3
+	f.Provider = "liburma"
 	text := f.Render()
 	lines := strings.Split(strings.TrimSuffix(text, "\n"), "\n")
-	if len(lines) != len(Specs()) {
-		t.Fatalf("Render wrote %d lines, want one per flag (%d)", len(lines), len(Specs()))
+	if len(lines) != len(Specs())+1 {
+		t.Fatalf("Render wrote %d lines, want one per flag (%d) and urma_provider", len(lines), len(Specs()))
 	}
 	if !sort.StringsAreSorted(lines) {
 		t.Error("Render output is not sorted")
@@ -198,6 +230,7 @@ func FuzzParse(f *testing.F) {
 	f.Add("--urma_sq_size")
 	f.Add("--other=1\n-urma_rq_size=4096\r\n")
 	f.Add(Defaults().Render())
+	f.Add("--urma_provider=soft\n--urma_provider=auto")
 	f.Fuzz(func(t *testing.T, file string) {
 		got, err := Parse(strings.NewReader(file))
 		if err != nil {
