@@ -7,9 +7,6 @@ package deviceplugin
 import (
 	"errors"
 	"flag"
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
@@ -20,6 +17,7 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/watch"
+	"github.com/openeuler/urma-k8s/pkg/flagvar"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
@@ -89,36 +87,15 @@ func (c *Config) AddDiscoveryFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Sysfs.DevRoot, "dev-root", "/dev", "where the host's /dev is visible; device nodes are checked under it (kubelet is always given /dev/... paths)")
 	b := &c.Inventory.Budget
 	uintVar(fs, &b.JettiesPerUnit, "jetties-per-unit", "jetties one advertised unit (device ID) stands for; use the same value on every node")
-	uintVar(fs, &b.HostReserve, "host-reserve", "jetties per device kept for host processes and never advertised")
 	uintVar(fs, &b.MaxUnitsPerDevice, "max-units-per-device", "most units (device IDs) advertised per device; jetties beyond are not advertised")
-	listVar(fs, &c.Inventory.Selection.Include, "include", "comma-separated glob patterns; only matching device names are advertised (default: all)")
-	listVar(fs, &c.Inventory.Selection.Exclude, "exclude", "comma-separated glob patterns of device names never advertised")
-	listVar(fs, &c.Inventory.Selection.Drivers, "drivers", "comma-separated driver names to advertise (default: any)")
-	fs.Func("transports", "comma-separated transport types to advertise: UB, IB, IP, HNS_UB or numbers (default: any)", func(s string) error {
-		c.Inventory.Selection.Transports = nil
-		for _, part := range splitList(s) {
-			t, err := selection.ParseTransport(part)
-			if err != nil {
-				return err
-			}
-			c.Inventory.Selection.Transports = append(c.Inventory.Selection.Transports, t)
-		}
-		return nil
-	})
-	fs.Func("bonding", "bonding policy: auto (only bonding devices when any exists), only, never, all (default auto)", func(s string) error {
-		c.Inventory.Selection.Bonding = selection.BondingPolicy(s)
-		return nil
-	})
-	fs.IntVar(&c.Inventory.SoftDevices, "soft-devices", c.Inventory.SoftDevices, "advertise this many software-provider devices (soft0, soft1, ...) for nodes without UB hardware")
-	uintVar(fs, &c.Inventory.SoftJetties, "soft-jetties", "max_jetty of each software device")
+	c.Inventory.AddFlags(fs)
 }
 
 // AddServeFlags registers the serve command's flags (discovery flags too).
 func (c *Config) AddServeFlags(fs *flag.FlagSet) {
 	c.AddDiscoveryFlags(fs)
-	fs.DurationVar(&c.Watch.PollInterval, "poll-interval", c.Watch.PollInterval, "rescan devices this often (fsnotify triggers extra scans)")
-	fs.IntVar(&c.Inventory.Debounce.Observations, "health-debounce-scans", c.Inventory.Debounce.Observations, "consecutive scans a health change must be seen in before it is reported")
-	fs.DurationVar(&c.Inventory.Debounce.Hold, "health-debounce-hold", c.Inventory.Debounce.Hold, "least time a health change must persist before it is reported")
+	c.Watch.AddFlags(fs)
+	c.Inventory.AddHealthFlags(fs)
 	fs.StringVar(&c.Registrar.SocketDir, "socket-dir", c.Registrar.SocketDir, "kubelet's device-plugin socket directory")
 	fs.StringVar(&c.Registrar.SocketName, "socket-name", c.Registrar.SocketName, "this plugin's socket file name in --socket-dir")
 	fs.StringVar(&c.Registrar.ResourceName, "resource-name", c.Registrar.ResourceName, "extended resource to advertise")
@@ -158,41 +135,10 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, part := range strings.Split(s, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			out = append(out, part)
-		}
-	}
-	return out
-}
-
 func listVar(fs *flag.FlagSet, dst *[]string, name, usage string) {
-	fs.Func(name, usage, func(s string) error {
-		*dst = splitList(s)
-		return nil
-	})
+	flagvar.List(fs, dst, name, usage)
 }
 
 func uintVar(fs *flag.FlagSet, dst *uint32, name, usage string) {
-	fs.Var((*uint32Value)(dst), name, usage)
-}
-
-type uint32Value uint32
-
-func (v *uint32Value) String() string {
-	if v == nil {
-		return "0"
-	}
-	return fmt.Sprint(uint32(*v))
-}
-
-func (v *uint32Value) Set(s string) error {
-	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
-	if err != nil {
-		return fmt.Errorf("%q is not an unsigned 32-bit number", s)
-	}
-	*v = uint32Value(n)
-	return nil
+	flagvar.Uint32(fs, dst, name, usage)
 }

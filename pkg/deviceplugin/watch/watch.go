@@ -7,6 +7,7 @@ package watch
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strings"
 	"time"
@@ -33,6 +34,11 @@ const (
 	DefaultPollInterval = 5 * time.Second
 	DefaultSettle       = 100 * time.Millisecond
 )
+
+// AddFlags registers the polling interval flag.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.PollInterval, "poll-interval", c.PollInterval, "rescan devices this often (fsnotify triggers extra scans)")
+}
 
 // Validate rejects a non-positive polling interval.
 func (c Config) Validate() error {
