@@ -18,8 +18,9 @@ help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-12s %s\n", $$1, $$2}'
 
 .PHONY: build
-build: ## build every binary into bin/ (urma-device-plugin, urma-operator, urma-perf)
+build: ## build every binary into bin/ (urma-device-plugin, urma-dra-driver, urma-operator, urma-perf)
 	$(GO) build -o bin/urma-device-plugin ./cmd/deviceplugin
+	$(GO) build -o bin/urma-dra-driver ./cmd/dra-driver
 	$(GO) build -o bin/urma-operator ./cmd/operator
 	$(GO) build -o bin/urma-perf ./cmd/urma-perf
 

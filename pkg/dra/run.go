@@ -1,0 +1,208 @@
+// Package dra assembles urma-dra-driver, the Dynamic Resource Allocation
+// driver: the device plugin's discovery and health loop (watch, inventory)
+// feeds the node plugin (package plugin), which the kubeletplugin helper
+// serves to kubelet and whose slices it publishes. cmd/dra-driver only
+// parses flags into a Config and calls Run.
+package dra
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/watch"
+	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
+	"github.com/openeuler/urma-k8s/pkg/dra/plugin"
+	"github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
+)
+
+// Defaults not owned by a sub-package.
+const (
+	DefaultSoftJetties   = 1024
+	DefaultDebounceScans = 2
+	DefaultDebounceHold  = 3 * time.Second
+)
+
+// Config is everything the driver can be told.
+type Config struct {
+	Sysfs     sysfs.Options
+	Inventory inventory.Config
+	Watch     watch.Config
+	Policy    slices.RequestPolicy
+	CDI       claimspec.Config
+
+	// NodeName is this node (default $NODE_NAME); its pool and slices
+	// carry the name.
+	NodeName string
+	// Kubeconfig is for running outside a cluster; "" is in-cluster.
+	Kubeconfig string
+	// PluginDataDir holds dra.sock and the checkpoint; RegistrarDir is
+	// kubelet's plugin registration directory. Both must be the same
+	// paths inside and outside the driver's container.
+	PluginDataDir string
+	RegistrarDir  string
+	// HealthResend is how often device health is re-sent to kubelet.
+	HealthResend time.Duration
+}
+
+// Default returns the defaults.
+func Default() Config {
+	return Config{
+		Inventory: inventory.Config{
+			// Units are the device plugin's; the driver publishes the
+			// budget before rounding (Budget.Available), so one jetty per
+			// unit and no cap leave it untouched.
+			Budget:      budget.Config{JettiesPerUnit: 1, MaxUnitsPerDevice: math.MaxUint32},
+			Selection:   selection.Policy{Bonding: selection.BondingAuto},
+			Debounce:    health.Debounce{Observations: DefaultDebounceScans, Hold: DefaultDebounceHold},
+			SoftJetties: DefaultSoftJetties,
+		},
+		Watch:         watch.Config{PollInterval: watch.DefaultPollInterval, Settle: watch.DefaultSettle},
+		Policy:        slices.DefaultRequestPolicy(),
+		CDI:           claimspec.Config{Dir: claimspec.DefaultDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir},
+		PluginDataDir: filepath.Join(kubeletplugin.KubeletPluginsDir, slices.DriverName),
+		RegistrarDir:  kubeletplugin.KubeletRegistryDir,
+		HealthResend:  plugin.DefaultHealthResend,
+	}
+}
+
+// AddFlags registers the driver's flags.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Sysfs.SysfsRoot, "sysfs-root", "/sys", "root of the host's sysfs; devices are read from <root>/class/ubcore and <root>/class/uburma")
+	fs.StringVar(&c.Sysfs.DevRoot, "dev-root", "/dev", "where the host's /dev is visible; device nodes are checked under it (CDI specs always name /dev/... paths)")
+	c.Inventory.AddFlags(fs)
+	c.Inventory.AddHealthFlags(fs)
+	c.Watch.AddFlags(fs)
+	fs.Int64Var(&c.Policy.Default, "jetty-request-default", c.Policy.Default, "jetties a request that names no amount gets (an extended-resource unit); use the device plugin's --jetties-per-unit")
+	fs.Int64Var(&c.Policy.Min, "jetty-request-min", c.Policy.Min, "smallest jetty request; smaller ones are rounded up to it")
+	fs.Int64Var(&c.Policy.Step, "jetty-request-step", c.Policy.Step, "requests are rounded up to min + a multiple of this")
+	fs.StringVar(&c.CDI.Dir, "cdi-spec-dir", c.CDI.Dir, "directory the container runtime reads CDI specs from; one spec per prepared claim goes there")
+	fs.StringVar(&c.CDI.Kind, "cdi-kind", c.CDI.Kind, "CDI vendor/class of the claims' devices")
+	fs.StringVar(&c.CDI.ShmDir, "shm-dir", c.CDI.ShmDir, "host directory of the shm fabric, mounted into every container at the same path (URMA_SHM_DIR); empty: none")
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this node's name (default: $NODE_NAME)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for running outside a cluster (default: in-cluster config)")
+	fs.StringVar(&c.PluginDataDir, "plugin-data-dir", c.PluginDataDir, "directory for dra.sock and the checkpoint; same path on the host")
+	fs.StringVar(&c.RegistrarDir, "registrar-dir", c.RegistrarDir, "kubelet's plugin registration directory; same path on the host")
+	fs.DurationVar(&c.HealthResend, "health-resend-interval", c.HealthResend, "resend device health to kubelet this often without a change")
+}
+
+// Validate checks the whole configuration and names every problem.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.NodeName == "" {
+		errs = append(errs, errors.New("node name is empty: set NODE_NAME or --node-name"))
+	}
+	for _, err := range []error{c.Inventory.Validate(), c.Watch.Validate(), c.Policy.Validate(), c.CDI.Validate()} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.PluginDataDir == "" || c.RegistrarDir == "" {
+		errs = append(errs, errors.New("plugin data and registrar directories must be set"))
+	}
+	return errors.Join(errs...)
+}
+
+// Deps are the things Run would otherwise create itself; tests inject them.
+type Deps struct {
+	// KubeClient publishes slices and reads claims; nil builds one from
+	// Kubeconfig or the in-cluster config.
+	KubeClient kubernetes.Interface
+}
+
+// Run serves the driver until ctx is canceled. It returns an error for a
+// configuration it cannot work with, or when the helper meets an error
+// that retrying cannot fix.
+func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	if err := os.MkdirAll(cfg.PluginDataDir, 0o750); err != nil {
+		return fmt.Errorf("create the plugin data directory: %w", err)
+	}
+	client := deps.KubeClient
+	if client == nil {
+		c, err := kubeClient(cfg.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		client = c
+	}
+	specs, err := claimspec.New(cfg.CDI)
+	if err != nil {
+		return err
+	}
+	inv := inventory.New(cfg.Inventory.Budget.JettiesPerUnit)
+	watcher := watch.New(cfg.Watch, watch.SysfsSource{Opts: cfg.Sysfs}, inventory.NewBuilder(cfg.Inventory), inv, log.WithName("discovery"), nil)
+
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	plug, err := plugin.New(plugin.Config{
+		NodeName: cfg.NodeName, DataDir: cfg.PluginDataDir, DevRoot: cfg.Sysfs.DevRoot,
+		Policy: cfg.Policy, HealthResend: cfg.HealthResend,
+	}, inv, specs, log.WithName("plugin"), fail)
+	if err != nil {
+		return err
+	}
+	helper, err := kubeletplugin.Start(klog.NewContext(ctx, log.WithName("kubeletplugin")), plug,
+		kubeletplugin.DriverName(slices.DriverName),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.NodeName(cfg.NodeName),
+		kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir),
+		kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir),
+	)
+	if err != nil {
+		return fmt.Errorf("start the kubelet plugin: %w", err)
+	}
+	defer helper.Stop()
+	log.Info("urma-dra-driver started", "driver", slices.DriverName, "node", cfg.NodeName,
+		"pluginDataDir", cfg.PluginDataDir, "registrarDir", cfg.RegistrarDir, "cdiSpecDir", cfg.CDI.Dir,
+		"sysfsRoot", cfg.Sysfs.SysfsRoot, "devRoot", cfg.Sysfs.DevRoot, "requestPolicy", cfg.Policy)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return watcher.Run(gctx) })
+	g.Go(func() error { return plug.Publish(gctx, helper) })
+	err = g.Wait()
+	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
+	log.Info("urma-dra-driver stopped")
+	return err
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load Kubernetes client config: %w", err)
+	}
+	rc.UserAgent = "urma-dra-driver"
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("create Kubernetes client: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,276 @@
+package dra_test
+
+// These tests run the driver against a real kube-apiserver (envtest) with
+// the resource.k8s.io/v1 API and the DRA features it uses: the slices it
+// publishes must pass the API server's validation, follow health flips, and
+// the DeviceClass with its extended-resource mapping must be accepted.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/openeuler/urma-k8s/pkg/dra"
+	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
+)
+
+// kube is the API server all tests of the package share.
+var kube kubernetes.Interface
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		fmt.Fprintln(os.Stderr, "FAIL: KUBEBUILDER_ASSETS is not set: these tests need kube-apiserver and etcd. "+
+			"Run them with `make test`, or KUBEBUILDER_ASSETS=$PWD/bin/k8s go test ./pkg/dra/")
+		return 1
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: assets}
+	if os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT") == "" {
+		env.ControlPlaneStartTimeout = 180 * time.Second
+	}
+	args := env.ControlPlane.GetAPIServer().Configure()
+	// resource.k8s.io/v1 and these gates are on by default at 1.37; saying
+	// so keeps the test meaningful on an API server whose defaults differ.
+	args.Set("runtime-config", "resource.k8s.io/v1=true")
+	args.Set("feature-gates", "DRAConsumableCapacity=true,DRADeviceTaints=true,DRAExtendedResource=true")
+	cfg, err := env.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: starting envtest:", err)
+		return 1
+	}
+	defer func() {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping envtest:", err)
+		}
+	}()
+	kube, err = kubernetes.NewForConfig(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: client:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// waitForSlices waits until the node's slices of the driver satisfy cond,
+// watching for changes (no polling), and returns them.
+func waitForSlices(ctx context.Context, t *testing.T, node string, cond func([]resourceapi.ResourceSlice) bool) []resourceapi.ResourceSlice {
+	t.Helper()
+	sel := metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node}
+	for {
+		list, err := kube.ResourceV1().ResourceSlices().List(ctx, sel)
+		if err != nil {
+			t.Fatalf("listing slices: %v", err)
+		}
+		if cond(list.Items) {
+			return list.Items
+		}
+		opts := sel
+		opts.ResourceVersion = list.ResourceVersion
+		w, err := kube.ResourceV1().ResourceSlices().Watch(ctx, opts)
+		if err != nil {
+			t.Fatalf("watching slices: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			w.Stop()
+			t.Fatalf("slices never satisfied the condition; last: %+v", list.Items)
+		case <-w.ResultChan():
+		}
+		w.Stop()
+	}
+}
+
+func devicesOf(ss []resourceapi.ResourceSlice) map[string]resourceapi.Device {
+	out := map[string]resourceapi.Device{}
+	for _, s := range ss {
+		for _, d := range s.Spec.Devices {
+			out[d.Name] = d
+		}
+	}
+	return out
+}
+
+func tainted(d resourceapi.Device, key string) bool {
+	return slices.ContainsFunc(d.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == key })
+}
+
+func TestSlicesPublishedAndFollowHealth(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const node = "dra-node-1"
+	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	small := sysfstest.DefaultDevice("udma1")
+	small.Caps.MaxJetty = 20 // 4 jetties: below the default request
+	tree.Add(t, small)
+
+	root, err := os.MkdirTemp("", "dra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	cfg := dra.Default()
+	cfg.NodeName = node
+	cfg.Sysfs = tree.Options()
+	cfg.Inventory.SoftDevices = 1
+	cfg.Inventory.Debounce.Observations, cfg.Inventory.Debounce.Hold = 1, 0
+	cfg.Watch.PollInterval = 100 * time.Millisecond
+	cfg.CDI.Dir = filepath.Join(root, "cdi")
+	cfg.PluginDataDir = filepath.Join(root, "d")
+	cfg.RegistrarDir = filepath.Join(root, "r")
+	if err := os.MkdirAll(cfg.RegistrarDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- dra.Run(runCtx, testr.New(t), cfg, dra.Deps{KubeClient: kube}) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	got := waitForSlices(ctx, t, node, func(ss []resourceapi.ResourceSlice) bool { return len(devicesOf(ss)) == 3 })
+	s := got[0]
+	if s.Spec.Driver != draslices.DriverName || s.Spec.Pool.Name != node || len(s.OwnerReferences) != 1 || s.OwnerReferences[0].Kind != "Node" {
+		t.Fatalf("slice %+v: want driver %s, pool %s, owned by the Node", s.ObjectMeta, draslices.DriverName, node)
+	}
+	devs := devicesOf(got)
+	udma0 := devs["udma0"]
+	c := udma0.Capacity[draslices.CapacityJetties]
+	if c.Value.Value() != 1008 || c.RequestPolicy == nil || c.RequestPolicy.Default.Value() != 16 || udma0.AllowMultipleAllocations == nil || !*udma0.AllowMultipleAllocations {
+		t.Fatalf("udma0 as stored: capacity %+v, shared %v", c, udma0.AllowMultipleAllocations)
+	}
+	if len(udma0.Attributes) < 15 || len(udma0.Taints) != 0 {
+		t.Fatalf("udma0 as stored: %d attributes (fields dropped?), taints %+v", len(udma0.Attributes), udma0.Taints)
+	}
+	if !tainted(devs["udma1"], draslices.TaintNoBudget) {
+		t.Fatalf("udma1 (4 jetties) not tainted %s: %+v", draslices.TaintNoBudget, devs["udma1"].Taints)
+	}
+	if sw := devs["soft0"]; sw.Attributes[draslices.AttrSoftware].BoolValue == nil || !*sw.Attributes[draslices.AttrSoftware].BoolValue {
+		t.Fatalf("soft0 not marked software: %+v", sw.Attributes)
+	}
+
+	// The port goes down: the slice is republished with the device tainted.
+	tree.SetPortState(t, "udma0", 0, urma.PortDown)
+	waitForSlices(ctx, t, node, func(ss []resourceapi.ResourceSlice) bool {
+		return tainted(devicesOf(ss)["udma0"], draslices.TaintUnhealthy)
+	})
+	// It recovers: the taint goes, without a restart.
+	tree.SetPortState(t, "udma0", 0, urma.PortActive)
+	waitForSlices(ctx, t, node, func(ss []resourceapi.ResourceSlice) bool {
+		d, ok := devicesOf(ss)["udma0"]
+		return ok && len(d.Taints) == 0
+	})
+	// The device vanishes: it leaves the slice once that is debounced.
+	tree.Remove(t, "udma0")
+	waitForSlices(ctx, t, node, func(ss []resourceapi.ResourceSlice) bool {
+		_, ok := devicesOf(ss)["udma0"]
+		return !ok && len(devicesOf(ss)) == 2
+	})
+}
+
+func TestDeviceClassMapsTheExtendedResource(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dc, err := kube.ResourceV1().DeviceClasses().Create(ctx, draslices.DeviceClass(), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating the DeviceClass: %v", err)
+	}
+	// A dropped field would mean DRAExtendedResource is off.
+	if dc.Spec.ExtendedResourceName == nil || *dc.Spec.ExtendedResourceName != "urma.openeuler.org/jetty" {
+		t.Fatalf("stored DeviceClass lost its extendedResourceName: %+v", dc.Spec)
+	}
+	const ns = "jetty-pods"
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	two := resource.MustParse("2")
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "unchanged-spec"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "app", Image: "app",
+			Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{draslices.ExtendedResourceName: two},
+				Limits:   corev1.ResourceList{draslices.ExtendedResourceName: two},
+			},
+		}}},
+	}
+	created, err := kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a pod requesting urma.openeuler.org/jetty: 2 was refused: %v", err)
+	}
+	if q := created.Spec.Containers[0].Resources.Limits[draslices.ExtendedResourceName]; q.Value() != 2 {
+		t.Fatalf("stored pod asks for %s", q.String())
+	}
+}
+
+// The examples in examples/dra must be accepted as they are.
+func TestExampleClaimTemplates(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const ns = "dra-examples"
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob(filepath.Join("..", "..", "examples", "dra", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples in examples/dra: %v", err)
+	}
+	n := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewYAMLOrJSONDecoder(strings.NewReader(string(data)), 4096)
+		for {
+			var tmpl resourceapi.ResourceClaimTemplate
+			if err := dec.Decode(&tmpl); err != nil {
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				t.Fatalf("%s: %v", f, err)
+			}
+			if tmpl.Kind != "ResourceClaimTemplate" {
+				continue
+			}
+			if _, err := kube.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, &tmpl, metav1.CreateOptions{}); err != nil {
+				t.Errorf("%s: %s refused: %v", f, tmpl.Name, err)
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatal("the examples hold no ResourceClaimTemplate")
+	}
+}
