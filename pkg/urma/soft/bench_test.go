@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-
 	"github.com/openeuler/urma-k8s/internal/benchbase"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -147,9 +145,9 @@ func benchPair(b *testing.B, fabric string, event bool, window, size int) (*benc
 	var pa, pb *Provider
 	if fabric == "inproc" {
 		f := NewFabric()
-		pa, pb = newProvider(b, Options{Fabric: f, Logger: logr.Discard()}), newProvider(b, Options{Fabric: f, Logger: logr.Discard()})
+		pa, pb = newProvider(b, Options{Fabric: f, Logger: quiet()}), newProvider(b, Options{Fabric: f, Logger: quiet()})
 	} else {
-		pa, pb = newProvider(b, Options{Logger: logr.Discard()}), newProvider(b, Options{Logger: logr.Discard()})
+		pa, pb = newProvider(b, Options{Logger: quiet()}), newProvider(b, Options{Logger: quiet()})
 	}
 	mk := func(p *Provider) *benchEP {
 		e := &benchEP{event: event, events: make([]urma.JFC, 2), cs: make([]urma.Completion, 32), scs: make([]urma.Completion, 32)}

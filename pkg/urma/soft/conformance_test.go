@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 
 	"github.com/openeuler/urma-k8s/pkg/urma/urmatest"
@@ -27,6 +29,10 @@ func newProvider(t testing.TB, opts Options) *Provider {
 	})
 	return p
 }
+
+// quiet is a logger that drops everything; unlike logr.Discard it keeps
+// newProvider from substituting the test logger (benchmarks, children).
+func quiet() logr.Logger { return funcr.New(func(string, string) {}, funcr.Options{}) }
 
 // noLeaks checks, at the end of the test, that every goroutine started since
 // now has returned.

@@ -1,10 +1,8 @@
 package soft
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"sync/atomic"
 
@@ -15,8 +13,11 @@ import (
 
 // Bounds that keep a hostile peer from making this side allocate without end.
 const (
-	maxBlocked   = 1 << 14 // RNR blocks a connection may hold
-	maxCtlQueued = 1 << 14 // answers queued before the reader waits for the writer
+	maxBlocked = 1 << 14 // RNR blocks a connection may hold
+	// maxAnswers bounds the answers owed to a peer that sends without
+	// reading them. Answers to one sender jetty's stream coalesce into one
+	// ACK_RUN, so an honest peer stays far below it whatever it sends.
+	maxAnswers = 1 << 20
 )
 
 // txItem is one frame waiting for the writer: a jetty's send, named by slot
@@ -38,47 +39,65 @@ type protocolError struct{ error }
 
 var errConnDead = errors.New("connection closed")
 
-// conn is the one TCP connection between this device and a peer device. A
-// reader goroutine decodes frames and reads payloads straight into posted
-// receive buffers; a writer goroutine drains the queue with one writev(2) per
-// batch, header and payload of every frame gathered from where they lie.
+// linkIO is the byte stream under a connection, one each way: a TCP socket
+// (socket fabric) or a pair of shared-memory rings (shm fabric).
+type linkIO interface {
+	frameSource
+	// writev writes as much of iov as it takes now and returns the rest;
+	// with wait false it never blocks and reports unix.EAGAIN when full.
+	writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error)
+	// shutdown wakes the reader and the writer out of blocking calls and
+	// makes every later call fail.
+	shutdown()
+	// close releases the stream once the reader and writer are out.
+	close()
+	// counters are the bytes read and written so far, for the watchdog.
+	counters() (rx, tx *atomic.Uint64)
+}
+
+// conn is the one connection between this device and a peer device. A
+// reader goroutine decodes frames and copies payloads straight into posted
+// receive buffers; it never waits for the writer: the answers it owes go
+// into a queue that coalesces a stream's ACKs, and the writer sends them
+// ahead of queued sends. Whoever holds the write lock writes: a posting
+// goroutine or the reader while the stream has room, the writer goroutine
+// when it has not. Each batch is gathered straight from registered memory.
 type conn struct {
 	sd            *sockDevice
 	p             *peer
-	fd            int // blocking socket; the reader closes it last
-	br            *bufio.Reader
+	io            linkIO
 	local, remote string // addresses, for logs and tests
 	peerEID       urma.EID
 	session       uint64
 	peerMax       uint64 // the peer's MaxMsgSize
 	dialedByMe    bool
-	rx            *atomic.Uint64 // bytes read, for the watchdog
-	tx            atomic.Uint64  // bytes written
+	rx, tx        *atomic.Uint64 // bytes read and written, for the watchdog
 
-	mu        sync.Mutex
-	space     *sync.Cond // the reader waits here while too many answers are queued
-	q, spare  []txItem
-	ctlQueued int
-	dead      bool
-	err       error
-	imports   map[uint32]chan urma.Code
-	nextReq   uint32
+	mu       sync.Mutex
+	q, spare []txItem
+	answers  answerQueue
+	dead     bool
+	err      error
+	imports  map[uint32]chan urma.Code
+	nextReq  uint32
 
 	doorbell   chan struct{}
 	done       chan struct{} // closed when the connection dies
 	writerDone chan struct{} // closed when the writer goroutine returns
 
-	// Write side, guarded by wmu: whoever holds it writes. Posting
-	// goroutines and the reader write directly when it is free and the
-	// socket has room; the writer goroutine takes over when it is not.
+	// Write side, guarded by wmu: whoever holds it writes.
 	wmu     sync.Mutex
 	batch   []txItem     // frames being written
 	next    int          // first frame of batch not yet encoded
 	iovBuf  []unix.Iovec // storage for iov
 	iov     []unix.Iovec // encoded bytes not yet written
 	started []int        // frames of batch whose payload is in iov
+	ansOut  answerQueue  // answers being written
+	ansBuf  []byte       // their encoding
 
 	// Reader goroutine only.
+	src     frameSource
+	hdr     [4 + maxCtlFrame]byte // the frame being read
 	blocked map[blockKey]uint64
 	ticket  recvTicket
 
@@ -87,55 +106,58 @@ type conn struct {
 	idleTicks      int
 }
 
-// newConn wraps an established connection: fd for writing (and shutting
-// down), rd for reading.
-func newConn(sd *sockDevice, p *peer, fd int, rd io.Reader, rx *atomic.Uint64, h hello, dialedByMe bool, local, remote string) *conn {
-	c := &conn{
-		sd: sd, p: p, fd: fd, br: bufio.NewReaderSize(rd, ioBufSize), rx: rx, local: local, remote: remote,
+// newConn wraps an established stream.
+func newConn(sd *sockDevice, p *peer, io linkIO, h hello, dialedByMe bool, local, remote string) *conn {
+	rx, tx := io.counters()
+	return &conn{
+		sd: sd, p: p, io: io, src: io, rx: rx, tx: tx, local: local, remote: remote,
 		peerEID: p.eid, session: h.session, peerMax: h.maxMsg, dialedByMe: dialedByMe,
+		answers:    newAnswerQueue(),
+		ansOut:     newAnswerQueue(),
 		imports:    make(map[uint32]chan urma.Code),
 		doorbell:   make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		writerDone: make(chan struct{}),
 	}
-	c.space = sync.NewCond(&c.mu)
-	return c
 }
 
 // enqueue queues a frame; the caller then kicks (writes it directly) or
-// rings (wakes the writer goroutine). The reader (fromReader) waits while
-// too many answers are queued, so a peer that sends but does not read stalls
-// itself instead of growing this queue.
-func (c *conn) enqueue(it *txItem, fromReader bool) error {
+// rings (wakes the writer goroutine).
+func (c *conn) enqueue(it *txItem) error {
 	c.mu.Lock()
-	if fromReader && c.ctlQueued >= maxCtlQueued {
-		c.mu.Unlock()
-		c.ring() // the writer drains the queue, blocking if it must
-		c.mu.Lock()
-	}
-	for fromReader && c.ctlQueued >= maxCtlQueued && !c.dead {
-		c.space.Wait()
-	}
+	defer c.mu.Unlock()
 	if c.dead {
-		c.mu.Unlock()
 		return errConnDead
 	}
 	c.q = append(c.q, *it)
-	if it.j == nil {
-		c.ctlQueued++
-	}
-	c.mu.Unlock()
 	return nil
 }
 
-// ringIfQueued wakes the writer if anything waits.
-func (c *conn) ringIfQueued() {
+// owe queues an answer for the peer; it never waits. A peer that makes
+// this side owe more than maxAnswers sends without reading and breaks the
+// protocol. h is nil for an import answer.
+func (c *conn) owe(h *sendHeader, st urma.Status, rnrTimer uint8, req uint32, code urma.Code) error {
 	c.mu.Lock()
-	more := len(c.q) > 0
-	c.mu.Unlock()
-	if more {
-		c.ring()
+	defer c.mu.Unlock()
+	if c.dead {
+		return errConnDead
 	}
+	if h != nil {
+		c.answers.ack(h, st, rnrTimer)
+	} else {
+		c.answers.importResp(req, code)
+	}
+	if len(c.answers.list) > c.sd.maxAnswers {
+		return protocolError{fmt.Errorf("peer sent more than %d messages without reading the answers", c.sd.maxAnswers)}
+	}
+	return nil
+}
+
+// hasQueued reports whether anything waits for the writer.
+func (c *conn) hasQueued() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.q) > 0 || len(c.answers.list) > 0
 }
 
 func (c *conn) ring() {
@@ -161,12 +183,11 @@ func (c *conn) fail(err error) {
 	}
 	c.dead = true
 	c.err = err
-	c.space.Broadcast()
 	c.mu.Unlock()
 	close(c.done)
 	// Wake the reader and writer out of their blocking calls; the reader
-	// closes the descriptor once both are out.
-	_ = unix.Shutdown(c.fd, unix.SHUT_RDWR)
+	// closes the stream once both are out.
+	c.io.shutdown()
 	p, sd := c.p, c.sd
 	p.mu.Lock()
 	if p.conn == c {
@@ -205,7 +226,7 @@ func (c *conn) writeLoop() {
 
 // kick writes what is queued from the calling goroutine, without blocking:
 // it saves the writer goroutine's wakeup on the common path. Whatever it
-// cannot write (lock taken, socket full) it leaves to the writer goroutine.
+// cannot write (lock taken, stream full) it leaves to the writer goroutine.
 // The caller holds no jetty lock.
 func (c *conn) kick() {
 	if !c.wmu.TryLock() {
@@ -218,23 +239,22 @@ func (c *conn) kick() {
 		c.fail(fmt.Errorf("write: %w", err))
 		return
 	}
-	if stuck {
+	if stuck || c.hasQueued() {
 		c.ring()
-		return
 	}
-	c.ringIfQueued()
 }
 
-// drain writes queued frames until the queue is empty; c.wmu is held. Each
-// batch is encoded into iovecs (headers and control frames from the items,
-// payloads straight from registered memory) and written with sendmsg. A
+// drain writes queued frames until nothing is queued; c.wmu is held. Owed
+// answers go first, and again between every chunk of a long batch, so a
+// peer's sends complete while ours stream. Sends are encoded into iovecs
+// (headers from the items, payloads straight from registered memory). A
 // send's slot stays marked as being written until its bytes are in the
-// kernel. Without wait it returns stuck when the socket is full, leaving its
-// progress in c.batch/c.iov for the next holder.
+// stream. Without wait it returns stuck when the stream is full, leaving
+// its progress in c.batch/c.iov for the next holder.
 func (c *conn) drain(wait bool) (stuck bool, err error) {
 	for {
 		if len(c.iov) > 0 {
-			c.iov, err = sendIov(c.fd, c.iov, wait, &c.tx)
+			c.iov, err = c.io.writev(c.iov, wait)
 			if errors.Is(err, unix.EAGAIN) && !wait {
 				return true, nil
 			}
@@ -247,29 +267,36 @@ func (c *conn) drain(wait bool) (stuck bool, err error) {
 			clear(c.iovBuf[:cap(c.iovBuf)]) // drop the pointers into registered memory
 			c.endWrites()
 		}
+		// At a frame boundary: answers first.
+		c.mu.Lock()
+		if c.dead {
+			c.mu.Unlock()
+			return false, errConnDead
+		}
+		if len(c.answers.list) > 0 {
+			c.answers, c.ansOut = c.ansOut, c.answers
+			c.mu.Unlock()
+			c.ansBuf = c.ansOut.encode(c.ansBuf[:0])
+			c.ansOut.reset()
+			c.iovBuf = appendIov(c.iovBuf[:0], c.ansBuf)
+			c.iov = c.iovBuf
+			continue
+		}
 		if c.next < len(c.batch) {
+			c.mu.Unlock()
 			c.encode()
 			continue
 		}
 		if c.batch != nil {
 			clear(c.batch)
-			c.mu.Lock()
 			c.spare = c.batch[:0]
-			c.mu.Unlock()
 			c.batch, c.next = nil, 0
-		}
-		c.mu.Lock()
-		if c.dead {
-			c.mu.Unlock()
-			return false, errConnDead
 		}
 		if len(c.q) == 0 {
 			c.mu.Unlock()
 			return false, nil
 		}
 		c.batch, c.q, c.spare = c.q, c.spare[:0], nil
-		c.ctlQueued = 0
-		c.space.Broadcast()
 		c.mu.Unlock()
 	}
 }
@@ -329,41 +356,50 @@ func (c *conn) readLoop() {
 	c.fail(c.readFrames())
 	<-c.writerDone
 	c.abandonWrites()
-	_ = unix.Close(c.fd)
+	c.io.close()
 }
 
 // readFrames decodes frames until the connection breaks or the peer breaks
-// the protocol. Lengths are checked before anything past the type byte is
-// read, and no allocation depends on what the peer sends.
+// the protocol.
 func (c *conn) readFrames() error {
-	var hdr [4 + maxCtlFrame]byte
-	maxMsg := c.sd.dev.caps.MaxMsgSize
 	for n := 1; ; n++ {
-		// Answers go out when the reader is about to wait for more, or
-		// every 32 frames of a long burst. The writer goroutine sends them:
-		// answers written at once would return one by one and pace the
-		// sender into one frame per write; batched, they keep it batching.
-		if c.br.Buffered() == 0 || n%32 == 0 {
-			c.ringIfQueued()
+		// Answers go out when the reader is about to wait for more (from
+		// this goroutine, if the stream has room), or every 32 frames of a
+		// long burst (by the writer goroutine). Batched, they return as a
+		// few ACK_RUNs and keep the sender batching.
+		if c.src.buffered() == 0 {
+			if c.hasQueued() {
+				c.kick()
+			}
+		} else if n%32 == 0 && c.hasQueued() {
+			c.ring()
 		}
-		if _, err := io.ReadFull(c.br, hdr[:5]); err != nil {
-			return err
-		}
-		bodyLen, typ := be.Uint32(hdr[:4]), hdr[4]
-		if err := checkFrame(typ, bodyLen, maxMsg); err != nil {
-			return protocolError{err}
-		}
-		if typ == frameHello || typ == frameHelloAck {
-			return protocolError{fmt.Errorf("handshake frame %d on an established connection", typ)}
-		}
-		fl := fixedLen(typ)
-		if _, err := io.ReadFull(c.br, hdr[5:4+fl]); err != nil {
-			return err
-		}
-		if err := c.handle(typ, hdr[4:4+fl], bodyLen); err != nil {
+		if err := c.readFrame(); err != nil {
 			return err
 		}
 	}
+}
+
+// readFrame reads and handles one frame. Lengths are checked before
+// anything past the type byte is read, and no allocation depends on what
+// the peer sends.
+func (c *conn) readFrame() error {
+	hdr := &c.hdr
+	if err := c.src.readFull(hdr[:5]); err != nil {
+		return err
+	}
+	bodyLen, typ := be.Uint32(hdr[:4]), hdr[4]
+	if err := checkFrame(typ, bodyLen, c.sd.dev.caps.MaxMsgSize); err != nil {
+		return protocolError{err}
+	}
+	if typ == frameHello || typ == frameHelloAck {
+		return protocolError{fmt.Errorf("handshake frame %d on an established connection", typ)}
+	}
+	fl := fixedLen(typ)
+	if err := c.src.readFull(hdr[5 : 4+fl]); err != nil {
+		return unexpected(err)
+	}
+	return c.handle(typ, hdr[4:4+fl], bodyLen)
 }
 
 func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
@@ -378,6 +414,14 @@ func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
 		}
 		if j := d.jetty(a.src); j != nil {
 			j.onAnswer(a.tag, a.status, a.rnrTimer)
+		}
+	case frameAckRun:
+		a, err := decodeAckRun(body)
+		if err != nil {
+			return protocolError{err}
+		}
+		if j := d.jetty(a.src); j != nil {
+			j.onSuccessRun(a.tag, a.count)
 		}
 	case frameCancel:
 		cf, err := decodeCancel(body)
@@ -422,15 +466,11 @@ func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
 }
 
 func (c *conn) answerImport(req uint32, code urma.Code) error {
-	var it txItem
-	it.n = uint8(len(encodeImportResp(it.ctl[:], req, code)))
-	return c.enqueue(&it, true)
+	return c.owe(nil, 0, 0, req, code)
 }
 
 func (c *conn) answer(h *sendHeader, st urma.Status, rnrTimer uint8) error {
-	var it txItem
-	it.n = uint8(len(encodeAck(it.ctl[:], &ackFrame{status: st, rnrTimer: rnrTimer, src: h.src, dst: h.dst, tag: h.tag})))
-	return c.enqueue(&it, true)
+	return c.owe(h, st, rnrTimer, 0, 0)
 }
 
 // onSend places a message: into the target jetty's next posted receive,
@@ -497,7 +537,7 @@ func (c *conn) onSend(body []byte, bodyLen uint32) error {
 	for i := 0; i < t.nsge && left > 0; i++ {
 		b := t.sges[i].buf
 		b = b[:min(uint32(len(b)), left)]
-		if _, err := io.ReadFull(c.br, b); err != nil {
+		if err := c.src.readPayload(b); err != nil {
 			tj.jfr.putBack(t)
 			return err
 		}
@@ -508,6 +548,75 @@ func (c *conn) onSend(body []byte, bodyLen uint32) error {
 }
 
 func (c *conn) discard(n uint32) error {
-	_, err := c.br.Discard(int(n))
-	return err
+	return c.src.discard(int(n))
+}
+
+// answerQueue is what a connection owes its peer, in order: ACKs, with the
+// SUCCESS answers to consecutive SENDs of one sender jetty merged into one
+// run, and import answers.
+type answerQueue struct {
+	list []answer
+	runs map[uint32]int // sender jetty instance -> its open run in list
+}
+
+type answer struct {
+	typ      byte // frameAck, frameAckRun or frameImportResp
+	status   urma.Status
+	rnrTimer uint8
+	src, dst uint32
+	tag      uint64
+	count    uint32 // frameAckRun
+	req      uint32 // frameImportResp
+	code     urma.Code
+}
+
+func newAnswerQueue() answerQueue { return answerQueue{runs: make(map[uint32]int)} }
+
+func (q *answerQueue) reset() {
+	clear(q.list)
+	q.list = q.list[:0]
+	clear(q.runs)
+}
+
+// ack owes the answer st to the SEND h. A SUCCESS that follows the open
+// run of its sender jetty extends it; any other answer closes the run, so
+// the sender sees its answers in order.
+func (q *answerQueue) ack(h *sendHeader, st urma.Status, rnrTimer uint8) {
+	inst := uint32(h.tag >> 32)
+	if st == urma.StatusSuccess {
+		if i, ok := q.runs[inst]; ok {
+			a := &q.list[i]
+			if a.src == h.src && uint32(a.tag)+a.count == uint32(h.tag) && a.count < maxAckRun {
+				a.typ = frameAckRun
+				a.count++
+				return
+			}
+		}
+		q.runs[inst] = len(q.list)
+		q.list = append(q.list, answer{typ: frameAck, status: st, src: h.src, dst: h.dst, tag: h.tag, count: 1})
+		return
+	}
+	delete(q.runs, inst)
+	q.list = append(q.list, answer{typ: frameAck, status: st, rnrTimer: rnrTimer, src: h.src, dst: h.dst, tag: h.tag, count: 1})
+}
+
+func (q *answerQueue) importResp(req uint32, code urma.Code) {
+	q.list = append(q.list, answer{typ: frameImportResp, req: req, code: code})
+}
+
+// encode appends the frames of every answer to b.
+func (q *answerQueue) encode(b []byte) []byte {
+	var f [4 + maxCtlFrame]byte
+	for i := range q.list {
+		a := &q.list[i]
+		switch a.typ {
+		case frameAck:
+			b = append(b, encodeAck(f[:], &ackFrame{status: a.status, rnrTimer: a.rnrTimer, src: a.src, dst: a.dst, tag: a.tag})...)
+		case frameAckRun:
+			b = append(b, encodeAckRun(f[:], &ackRunFrame{src: a.src, dst: a.dst, tag: a.tag, count: a.count})...)
+		case frameImportResp:
+			b = append(b, encodeImportResp(f[:], a.req, a.code)...)
+		}
+	}
+	return b
 }

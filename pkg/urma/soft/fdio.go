@@ -46,42 +46,38 @@ func detachFD(nc net.Conn) (fd int, local, remote string, err error) {
 	return fd, local, remote, nil
 }
 
-// fdReader reads a blocking descriptor, counting bytes for the watchdog.
-type fdReader struct {
-	fd int
-	n  *atomic.Uint64
+// sockIO is a connection's TCP socket: a blocking descriptor, read through
+// a sockReader and written with sendmsg.
+type sockIO struct {
+	*sockReader
+	fd     int
+	rx, tx atomic.Uint64
 }
 
-func (r fdReader) Read(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
+// newSockIO wraps a blocking descriptor; src, when not nil, is read
+// instead of it (tests and fuzzing).
+func newSockIO(fd int, src io.Reader) *sockIO {
+	s := &sockIO{fd: fd}
+	rfd := fd
+	if src != nil {
+		rfd = -1
 	}
-	for {
-		n, err := unix.Read(r.fd, p)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err != nil:
-			return 0, err
-		case n == 0:
-			return 0, io.EOF
-		}
-		r.n.Add(uint64(n))
-		return n, nil
-	}
+	s.sockReader = newSockReader(rfd, src, &s.rx)
+	return s
 }
 
-// countReader counts bytes read through another reader (tests, fuzzing).
-type countReader struct {
-	r io.Reader
-	n *atomic.Uint64
+func (s *sockIO) counters() (rx, tx *atomic.Uint64) { return &s.rx, &s.tx }
+
+func (s *sockIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
+	return sendIov(s.fd, iov, wait, &s.tx)
 }
 
-func (r countReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	r.n.Add(uint64(n))
-	return n, err
-}
+// shutdown wakes the reader and writer out of blocking calls; the
+// descriptor stays open until close, so its number cannot be reused under
+// them.
+func (s *sockIO) shutdown() { _ = unix.Shutdown(s.fd, unix.SHUT_RDWR) }
+
+func (s *sockIO) close() { _ = unix.Close(s.fd) }
 
 // iovMax is the kernel's limit on iovecs per sendmsg (UIO_MAXIOV).
 const iovMax = 1024

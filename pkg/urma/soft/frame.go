@@ -14,15 +14,16 @@ import (
 // MaxMsgSize. Anything else is a protocol error that closes the connection.
 // docs/software-provider.md has the byte layouts.
 const (
-	frameHello       = 1 // dialer's first frame
-	frameHelloAck    = 2 // acceptor's answer
-	frameSend        = 3 // a message for a jetty
-	frameAck         = 4 // the answer to a SEND
-	frameCancel      = 5 // forget the RNR block a SEND left
-	frameImportJetty = 6 // may I import this jetty with this token?
-	frameImportSeg   = 7 // may I import this segment with this token?
-	frameImportResp  = 8 // the answer to an import
-	framePing        = 9 // heartbeat on an idle connection
+	frameHello       = 1  // dialer's first frame
+	frameHelloAck    = 2  // acceptor's answer
+	frameSend        = 3  // a message for a jetty
+	frameAck         = 4  // the answer to a SEND
+	frameCancel      = 5  // forget the RNR block a SEND left
+	frameImportJetty = 6  // may I import this jetty with this token?
+	frameImportSeg   = 7  // may I import this segment with this token?
+	frameImportResp  = 8  // the answer to an import
+	framePing        = 9  // heartbeat on an idle connection
+	frameAckRun      = 10 // the answer SUCCESS to consecutive SENDs of one sender jetty
 )
 
 // Body lengths (after the 4-byte length prefix).
@@ -36,11 +37,13 @@ const (
 	importSegLen   = 36
 	importRespLen  = 12
 	pingLen        = 4
+	ackRunLen      = 24
 	maxCtlFrame    = 4 + helloAckLen // the largest frame a txItem carries whole
 )
 
 const (
-	protoVersion = 1
+	// protoVersion 2 added ACK_RUN; a peer speaking 1 is refused at HELLO.
+	protoVersion = 2
 	protoMagic   = "SRMA"
 )
 
@@ -80,6 +83,8 @@ func fixedLen(typ byte) uint32 {
 		return importRespLen
 	case framePing:
 		return pingLen
+	case frameAckRun:
+		return ackRunLen
 	}
 	return 0
 }
@@ -281,6 +286,42 @@ func decodeAck(body []byte) (ackFrame, error) {
 	}
 	if body[3] != 0 || a.rnrTimer > 31 {
 		return a, fmt.Errorf("ACK reserved byte or RNR timer %d out of range", a.rnrTimer)
+	}
+	return a, nil
+}
+
+// maxAckRun bounds an ACK_RUN's count, so a peer cannot make the sender
+// walk an unbounded loop; no send queue is deeper.
+const maxAckRun = 1 << 20
+
+// ackRunFrame answers SUCCESS to count SENDs of one sender jetty whose
+// sequence numbers follow each other, starting at tag's. One frame instead
+// of count ACKs: the answers to a stream cost next to nothing.
+type ackRunFrame struct {
+	src, dst uint32
+	tag      uint64
+	count    uint32
+}
+
+func encodeAckRun(b []byte, a *ackRunFrame) []byte {
+	be.PutUint32(b[0:], ackRunLen)
+	body := b[4 : 4+ackRunLen]
+	clear(body[:4])
+	body[0] = frameAckRun
+	be.PutUint32(body[4:], a.src)
+	be.PutUint32(body[8:], a.dst)
+	be.PutUint64(body[12:], a.tag)
+	be.PutUint32(body[20:], a.count)
+	return b[:4+ackRunLen]
+}
+
+func decodeAckRun(body []byte) (ackRunFrame, error) {
+	a := ackRunFrame{src: be.Uint32(body[4:]), dst: be.Uint32(body[8:]), tag: be.Uint64(body[12:]), count: be.Uint32(body[20:])}
+	switch {
+	case !zero(body[1:4]):
+		return a, fmt.Errorf("ACK_RUN reserved bytes are not zero")
+	case a.count < 2 || a.count > maxAckRun:
+		return a, fmt.Errorf("ACK_RUN count %d outside 2..%d", a.count, maxAckRun)
 	}
 	return a, nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/netip"
-	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -42,6 +41,7 @@ func FuzzReadFrames(f *testing.F) {
 	f.Add(sendFrame(sendHeader{opcode: urma.OpSend, dst: j.id.ID, token: 8, tag: tag}, []byte("wrong token")))
 	f.Add(sendFrame(sendHeader{opcode: urma.OpSend, dst: 999, token: 7, tag: tag, flags: sendFlagResume}, []byte("no jetty")))
 	f.Add(frames(encodeAck(buf[:], &ackFrame{status: statusRNR, rnrTimer: 3, src: j.id.ID, dst: 1, tag: tag})))
+	f.Add(frames(encodeAckRun(buf[:], &ackRunFrame{src: j.id.ID, dst: 1, tag: tag, count: 3})))
 	f.Add(frames(encodeCancel(buf[:], &cancelFrame{src: 3, dst: j.id.ID, tag: tag})))
 	f.Add(frames(encodeImportJetty(buf[:], &importJettyReq{mode: urma.RC, req: 1, jetty: j.id.ID, token: 7})))
 	f.Add(frames(encodeImportSeg(buf[:], &importSegReq{req: 2, tokenID: 1, len: 1 << 20, token: 7})))
@@ -74,8 +74,7 @@ func FuzzReadFrames(f *testing.F) {
 				}
 			}
 		}()
-		rx := new(atomic.Uint64)
-		c := newConn(sd, fakePeer, fds[0], countReader{bytes.NewReader(data), rx}, rx, hello{maxMsg: 1 << 20}, false, "fuzz", "fuzz")
+		c := newConn(sd, fakePeer, newSockIO(fds[0], bytes.NewReader(data)), hello{maxMsg: 1 << 20}, false, "fuzz", "fuzz")
 		done := c.writerDone
 		go c.writeLoop()
 		err = c.readFrames()
@@ -89,7 +88,7 @@ func FuzzReadFrames(f *testing.F) {
 		c.fail(err)
 		<-done
 		c.abandonWrites()
-		unix.Close(fds[0])
+		c.io.close()
 		<-drained
 		unix.Close(fds[1])
 		for _, q := range []urma.JFC{s.rjfc, s.sjfc} {

@@ -605,6 +605,21 @@ func (j *jetty) peerDown(p *peer) {
 func (j *jetty) onAnswer(tag uint64, st urma.Status, rnrTimer uint8) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	j.answered(tag, st, rnrTimer)
+}
+
+// onSuccessRun applies the answer SUCCESS to count sends from the one
+// tagged tag on (sequence numbers wrap within the tag's low half).
+func (j *jetty) onSuccessRun(tag uint64, count uint32) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for k := uint32(0); k < count; k++ {
+		j.answered(tag&^0xffffffff|uint64(uint32(tag)+k), urma.StatusSuccess, 0)
+	}
+}
+
+// answered applies one answer; j.mu is held.
+func (j *jetty) answered(tag uint64, st urma.Status, rnrTimer uint8) {
 	if j.closed || j.state != urma.JettyReady || uint32(tag>>32) != j.instance {
 		return
 	}

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -34,6 +33,8 @@ type sockDevice struct {
 	dialTO   time.Duration
 	ctx      context.Context // cancelled by close: stops dials
 	cancel   context.CancelFunc
+	// maxAnswers is maxAnswers; tests lower it.
+	maxAnswers int
 
 	mu          sync.Mutex
 	closed      bool
@@ -57,7 +58,7 @@ func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
 	}
 	sd := &sockDevice{
 		dev: d, prov: d.prov, ln: ln, session: rand.Uint64(), resolver: opts.Resolver,
-		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout,
+		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout, maxAnswers: maxAnswers,
 		peers: make(map[urma.EID]*peer), conns: make(map[*conn]struct{}),
 		handshaking: make(map[net.Conn]struct{}),
 	}
@@ -217,8 +218,7 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 		sd.log().Error(err, "refusing connection")
 		return
 	}
-	rx := new(atomic.Uint64)
-	c := newConn(sd, p, fd, fdReader{fd, rx}, rx, h, false, local, remote)
+	c := newConn(sd, p, newSockIO(fd, nil), h, false, local, remote)
 	p.mu.Lock()
 	peerWins := bytes.Compare(h.src[:], sd.eid[:]) < 0
 	mineStands := p.dialing || (p.conn != nil && p.conn.dialedByMe)
@@ -253,7 +253,7 @@ func (sd *sockDevice) adoptLocked(p *peer, c *conn) *conn {
 	sd.mu.Lock()
 	if sd.closed {
 		sd.mu.Unlock()
-		_ = unix.Close(c.fd)
+		c.io.close()
 		return nil
 	}
 	sd.conns[c] = struct{}{}
@@ -297,7 +297,7 @@ func (sd *sockDevice) watchdog() {
 			if tx := c.tx.Load(); tx == c.lastTx {
 				var it txItem
 				it.n = uint8(len(encodePing(it.ctl[:])))
-				if c.enqueue(&it, false) == nil {
+				if c.enqueue(&it) == nil {
 					c.ring()
 				}
 			} else {
@@ -328,7 +328,7 @@ func (p *peer) send(j *jetty, seq uint64, tx uint32) (*conn, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.conn; c != nil {
-		return c, c.enqueue(&txItem{j: j, seq: seq, tx: tx}, false) == nil
+		return c, c.enqueue(&txItem{j: j, seq: seq, tx: tx}) == nil
 	}
 	if p.sd.ctx.Err() != nil {
 		return nil, false
@@ -349,7 +349,7 @@ func (p *peer) cancel(j *jetty, seq uint64, dst uint32) {
 	}
 	var it txItem
 	it.n = uint8(len(encodeCancel(it.ctl[:], &cancelFrame{src: j.id.ID, dst: dst, tag: uint64(j.instance)<<32 | uint64(uint32(seq))})))
-	if c.enqueue(&it, false) == nil {
+	if c.enqueue(&it) == nil {
 		c.ring()
 	}
 }
@@ -480,8 +480,7 @@ func (p *peer) dialOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rx := new(atomic.Uint64)
-	c := newConn(sd, p, fd, fdReader{fd, rx}, rx, hello{session: a.session, src: a.eid, maxMsg: a.maxMsg}, true, local, remote)
+	c := newConn(sd, p, newSockIO(fd, nil), hello{session: a.session, src: a.eid, maxMsg: a.maxMsg}, true, local, remote)
 	p.mu.Lock()
 	old := sd.adoptLocked(p, c)
 	p.mu.Unlock()
@@ -522,7 +521,7 @@ func (p *peer) ask(ctx context.Context, op string, encode func([]byte, uint32) [
 	c.mu.Unlock()
 	var it txItem
 	it.n = uint8(len(encode(it.ctl[:], req)))
-	if c.enqueue(&it, false) == nil {
+	if c.enqueue(&it) == nil {
 		c.kick()
 	}
 	select {

@@ -1,0 +1,248 @@
+package soft
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// The answers a reader owes coalesce: SUCCESS answers to consecutive sends
+// of one sender jetty become one ACK_RUN, whatever other senders interleave;
+// any other answer, a gap, or another source jetty starts afresh, so each
+// sender still sees its answers in order.
+func TestAnswerQueueCoalesces(t *testing.T) {
+	tag := func(inst, seq uint32) uint64 { return uint64(inst)<<32 | uint64(seq) }
+	ack := func(src, inst, seq uint32, st urma.Status) func(*answerQueue) {
+		return func(q *answerQueue) { q.ack(&sendHeader{src: src, dst: 9, tag: tag(inst, seq)}, st, 3) }
+	}
+	type want struct {
+		typ   byte
+		tag   uint64
+		count uint32
+	}
+	cases := []struct {
+		name string
+		ops  []func(*answerQueue)
+		want []want
+	}{
+		{"one", []func(*answerQueue){ack(1, 7, 5, urma.StatusSuccess)},
+			[]want{{frameAck, tag(7, 5), 1}}},
+		{"stream", []func(*answerQueue){ack(1, 7, 5, urma.StatusSuccess), ack(1, 7, 6, urma.StatusSuccess), ack(1, 7, 7, urma.StatusSuccess)},
+			[]want{{frameAckRun, tag(7, 5), 3}}},
+		{"interleaved senders", []func(*answerQueue){
+			ack(1, 7, 5, urma.StatusSuccess), ack(2, 8, 0, urma.StatusSuccess),
+			ack(1, 7, 6, urma.StatusSuccess), ack(2, 8, 1, urma.StatusSuccess)},
+			[]want{{frameAckRun, tag(7, 5), 2}, {frameAckRun, tag(8, 0), 2}}},
+		{"gap", []func(*answerQueue){ack(1, 7, 5, urma.StatusSuccess), ack(1, 7, 7, urma.StatusSuccess)},
+			[]want{{frameAck, tag(7, 5), 1}, {frameAck, tag(7, 7), 1}}},
+		{"error closes the run", []func(*answerQueue){
+			ack(1, 7, 5, urma.StatusSuccess), ack(1, 7, 6, statusRNR), ack(1, 7, 7, urma.StatusSuccess)},
+			[]want{{frameAck, tag(7, 5), 1}, {frameAck, tag(7, 6), 1}, {frameAck, tag(7, 7), 1}}},
+		{"sequence wraps", []func(*answerQueue){ack(1, 7, 0xffffffff, urma.StatusSuccess), ack(1, 7, 0, urma.StatusSuccess)},
+			[]want{{frameAckRun, tag(7, 0xffffffff), 2}}},
+		{"import answers keep their place", []func(*answerQueue){
+			ack(1, 7, 5, urma.StatusSuccess), func(q *answerQueue) { q.importResp(4, urma.CodeAccess) }, ack(1, 7, 6, urma.StatusSuccess)},
+			[]want{{frameAckRun, tag(7, 5), 2}, {frameImportResp, 0, 0}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			q := newAnswerQueue()
+			for _, op := range c.ops {
+				op(&q)
+			}
+			var got []want
+			for _, a := range q.list {
+				got = append(got, want{a.typ, a.tag, a.count})
+			}
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("answers %+v, want %+v", got, c.want)
+			}
+			// What is encoded decodes to the same answers.
+			b := q.encode(nil)
+			for i, w := range c.want {
+				fl := fixedLen(b[4])
+				if checkFrame(b[4], be.Uint32(b), 1<<20) != nil || b[4] != w.typ {
+					t.Fatalf("frame %d: type %d, want %d", i, b[4], w.typ)
+				}
+				body := b[4 : 4+fl]
+				switch w.typ {
+				case frameAckRun:
+					r, err := decodeAckRun(body)
+					if err != nil || r.tag != w.tag || r.count != w.count {
+						t.Fatalf("frame %d decodes as %+v, %v", i, r, err)
+					}
+				case frameAck:
+					a, err := decodeAck(body)
+					if err != nil || a.tag != w.tag {
+						t.Fatalf("frame %d decodes as %+v, %v", i, a, err)
+					}
+				}
+				b = b[4+fl:]
+			}
+			if len(b) != 0 {
+				t.Fatalf("%d bytes left after the answers", len(b))
+			}
+			q.reset()
+			if len(q.list) != 0 || len(q.runs) != 0 {
+				t.Fatal("reset left answers behind")
+			}
+		})
+	}
+}
+
+// An ACK_RUN completes every send it names, in order, and only those.
+func TestAckRunCompletesSends(t *testing.T) {
+	pa, pb := newProvider(t, socketOpts()), newProvider(t, socketOpts())
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	target := a.importJetty(b)
+	for i := 0; i < 40; i++ {
+		b.postRecv(uint64(i), i*64, 64)
+	}
+	for i := 0; i < 40; i++ {
+		mustOK(t, a.send(target, uint64(i), 0, 64, 0), "send")
+	}
+	cs := pollN(t, a.sjfc, 40, 10*time.Second)
+	for i, c := range cs {
+		if c.Status != urma.StatusSuccess || c.UserCtx != uint64(i) {
+			t.Fatalf("completion %d: %+v", i, c)
+		}
+	}
+	// A run that names sends the jetty does not have outstanding changes
+	// nothing.
+	j := a.jetty.(*jetty)
+	j.onSuccessRun(uint64(j.instance)<<32, 100)
+	empty := make([]urma.Completion, 4)
+	if n, _ := a.sjfc.Poll(empty); n != 0 {
+		t.Fatalf("a stale run completed %+v", empty[:n])
+	}
+}
+
+// A peer that keeps sending without ever reading the answers loses its
+// connection once this side owes it more than the bound; the reader never
+// blocks on it.
+func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
+	var sink logSink
+	opts := socketOpts()
+	opts.Logger = sink.logger()
+	p := newProvider(t, opts)
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	p.devices[0].sock.maxAnswers = 100
+	f := newFakePeer(t)
+	j := a.jetty.(*jetty)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		nc, _ := f.accept()
+		if nc == nil {
+			return
+		}
+		defer nc.Close()
+		_ = nc.(*net.TCPConn).SetReadBuffer(4096)
+		// Sends with a wrong token, each owed its own answer, and never a
+		// read: the answers fill the socket, then pile up.
+		frame := sendFrame(sendHeader{opcode: urma.OpSend, dst: j.id.ID, token: 99}, []byte("x"))
+		buf := bytes.Repeat(frame, 4096)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := nc.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+	mustOK(t, err, "import from the fake peer")
+	defer target.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for !sink.has("without reading the answers") {
+		if time.Now().After(deadline) {
+			t.Fatalf("connection not cut off: %q", sink.lines)
+		}
+		time.Sleep(time.Millisecond) // polling deadline: the reader logs as it fails the connection
+	}
+}
+
+// The socket reader hands every byte over once and in order, whether a
+// payload is copied through its buffer or read straight into place with
+// readv, however the sender's writes split the stream.
+func TestSockReaderDirect(t *testing.T) {
+	for _, payload := range []int{0, 1, 100, directReadMin - 1, directReadMin, 70000, 1 << 20} {
+		for _, chunk := range []int{1 << 30, 7, 4093, 65536} {
+			if chunk == 7 && payload > 100000 {
+				continue // too many tiny writes
+			}
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			mustOK(t, err, "socketpair")
+			r := newSockIO(fds[0], nil)
+			// Three frames: header, payload, header, payload, a trailer.
+			msg := make([]byte, 5+payload+5+payload+3)
+			rng := rand.New(rand.NewPCG(uint64(payload), uint64(chunk)))
+			for i := range msg {
+				msg[i] = byte(rng.Uint32())
+			}
+			go func() {
+				for b := msg; len(b) > 0; {
+					n, err := unix.Write(fds[1], b[:min(chunk, len(b))])
+					if err != nil {
+						return
+					}
+					b = b[n:]
+				}
+				_ = unix.Shutdown(fds[1], unix.SHUT_WR)
+			}()
+			got := make([]byte, len(msg))
+			steps := []struct {
+				n    int
+				read func([]byte) error
+			}{{5, r.readFull}, {payload, r.readPayload}, {5, r.readFull}, {payload, r.readPayload}, {3, r.readFull}}
+			off := 0
+			for _, s := range steps {
+				if err := s.read(got[off : off+s.n]); err != nil {
+					t.Fatalf("payload %d chunk %d: read at %d: %v", payload, chunk, off, err)
+				}
+				off += s.n
+			}
+			if !bytes.Equal(got, msg) {
+				t.Fatalf("payload %d chunk %d: bytes differ", payload, chunk)
+			}
+			if err := r.readFull(make([]byte, 1)); !errors.Is(err, io.EOF) {
+				t.Fatalf("after the stream: %v, want EOF", err)
+			}
+			if r.rx.Load() != uint64(len(msg)) {
+				t.Fatalf("counted %d bytes read, want %d", r.rx.Load(), len(msg))
+			}
+			r.close()
+			_ = unix.Close(fds[1])
+		}
+	}
+}
+
+// A stream that ends inside a frame is an unexpected EOF, not a clean end.
+func TestSockReaderTruncated(t *testing.T) {
+	r := newSockIO(-1, strings.NewReader("abc"))
+	if err := r.readFull(make([]byte, 5)); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("short header: %v", err)
+	}
+	r = newSockIO(-1, strings.NewReader("abc"))
+	if err := r.readPayload(make([]byte, 5)); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("short payload: %v", err)
+	}
+	r = newSockIO(-1, strings.NewReader("abc"))
+	if err := r.discard(5); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("short discard: %v", err)
+	}
+}
