@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/openeuler/urma-k8s/hack/internal/proc"
 )
 
 // Binary names in bin/, as hack/demo.sh builds them.
@@ -30,7 +33,7 @@ type demo struct {
 	logDir  string
 	current string // title of the step running, for error messages
 
-	children []*child
+	children []*proc.Child
 	env      *envtest.Environment
 
 	kubeconfig string
@@ -83,8 +86,11 @@ func (d *demo) run(ctx context.Context) error {
 }
 
 // start runs one of the demo's binaries as a child that cleanup stops.
-func (d *demo) start(name, bin string, args, env []string) (*child, error) {
-	c, err := startChild(d.logDir, name, filepath.Join(d.o.binDir, bin), args, env)
+func (d *demo) start(name, bin string, args, env []string) (*proc.Child, error) {
+	c, err := proc.Start(d.logDir, name, filepath.Join(d.o.binDir, bin), args, env)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w (hack/demo.sh builds it; if it said it skipped it, its package is not in this checkout)", err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -98,7 +104,7 @@ func (d *demo) start(name, bin string, args, env []string) (*child, error) {
 func (d *demo) cleanup() error {
 	var errs []error
 	for i := len(d.children) - 1; i >= 0; i-- {
-		d.children[i].stop()
+		d.children[i].Stop()
 	}
 	if d.env != nil {
 		if err := d.env.Stop(); err != nil {

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/openeuler/urma-k8s/hack/internal/proc"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/discover"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -60,7 +61,7 @@ func (d *demo) discoverFakeNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	out, err := c.wait(ctx, 30*time.Second)
+	out, err := c.Wait(ctx, 30*time.Second)
 	if err != nil {
 		return err
 	}
@@ -69,7 +70,7 @@ func (d *demo) discoverFakeNode(ctx context.Context) error {
 		return fmt.Errorf("read %s discover's output: %w", binDevicePlugin, err)
 	}
 	d.node = n
-	fmt.Fprint(d.out, indent(formatDevices(n.devices), "    ")+"\n")
+	fmt.Fprint(d.out, proc.Indent(formatDevices(n.devices), "    ")+"\n")
 	return nil
 }
 

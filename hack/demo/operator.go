@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/hack/internal/proc"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 )
@@ -67,7 +68,7 @@ func (d *demo) runOperator(ctx context.Context) error {
 	if err := waitHTTPOK(ctx, op, "http://"+probe+"/readyz", 60*time.Second); err != nil {
 		return err
 	}
-	fmt.Fprintf(d.out, "    operator is ready (log: %s)\n", op.logPath)
+	fmt.Fprintf(d.out, "    operator is ready (log: %s)\n", op.LogPath())
 
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
@@ -104,8 +105,8 @@ func (d *demo) runOperator(ctx context.Context) error {
 	key := types.NamespacedName{Namespace: demoNamespace, Name: demoEndpoint}
 	var last urmav1.UrmaEndpoint
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		if op.exited() {
-			return false, fmt.Errorf("the operator exited (%s)%s", op.exitStatus(), op.logTail())
+		if op.Exited() {
+			return false, fmt.Errorf("the operator exited (%s)%s", op.ExitStatus(), op.LogTail())
 		}
 		if err := c.Get(ctx, key, &last); err != nil {
 			return false, nil // transient; the deadline bounds it
@@ -116,7 +117,7 @@ func (d *demo) runOperator(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		return fmt.Errorf("UrmaEndpoint %s never became Ready: %w\n    last status:\n%s%s", key, err, indent(formatStatus(last.Status), "      "), op.logTail())
+		return fmt.Errorf("UrmaEndpoint %s never became Ready: %w\n    last status:\n%s%s", key, err, proc.Indent(formatStatus(last.Status), "      "), op.LogTail())
 	}
 
 	var cm corev1.ConfigMap
@@ -137,8 +138,8 @@ func (d *demo) runOperator(ctx context.Context) error {
 		return fmt.Errorf("save the rendered flags: %w", err)
 	}
 
-	fmt.Fprintf(d.out, "\n    UrmaEndpoint %s status:\n%s", key, indent(formatStatus(last.Status), "      ")+"\n")
-	fmt.Fprintf(d.out, "\n    rendered flags (ConfigMap %s, key %s; saved to %s):\n%s\n", cmName, urmav1.ConfigMapKeyFlags, d.flagsFile, indent(flagsText, "      "))
+	fmt.Fprintf(d.out, "\n    UrmaEndpoint %s status:\n%s", key, proc.Indent(formatStatus(last.Status), "      ")+"\n")
+	fmt.Fprintf(d.out, "\n    rendered flags (ConfigMap %s, key %s; saved to %s):\n%s\n", cmName, urmav1.ConfigMapKeyFlags, d.flagsFile, proc.Indent(flagsText, "      "))
 	return nil
 }
 
@@ -273,11 +274,11 @@ func freeLoopbackAddr() (string, error) {
 }
 
 // waitHTTPOK polls url until it answers 200, the child exits, or timeout.
-func waitHTTPOK(ctx context.Context, c *child, url string, timeout time.Duration) error {
+func waitHTTPOK(ctx context.Context, c *proc.Child, url string, timeout time.Duration) error {
 	hc := &http.Client{Timeout: time.Second}
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		if c.exited() {
-			return false, fmt.Errorf("%s exited (%s)%s", c.name, c.exitStatus(), c.logTail())
+		if c.Exited() {
+			return false, fmt.Errorf("%s exited (%s)%s", c.Name(), c.ExitStatus(), c.LogTail())
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
@@ -293,8 +294,8 @@ func waitHTTPOK(ctx context.Context, c *child, url string, timeout time.Duration
 	if err != nil && ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
-	if err != nil && !c.exited() {
-		return fmt.Errorf("%s did not answer %s within %s: %w%s", c.name, url, timeout, err, c.logTail())
+	if err != nil && !c.Exited() {
+		return fmt.Errorf("%s did not answer %s within %s: %w%s", c.Name(), url, timeout, err, c.LogTail())
 	}
 	return err
 }

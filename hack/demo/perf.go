@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/openeuler/urma-k8s/cmd/urma-perf/perfjson"
+	"github.com/openeuler/urma-k8s/hack/internal/proc"
 )
 
 // softDevice is the device the device plugin's --soft-devices advertises
@@ -79,7 +80,7 @@ func (d *demo) runPerf(ctx context.Context) error {
 		"URMA_DEVICE=" + softDevice,
 		"URMA_JETTY_BUDGET=" + strconv.Itoa(demoJettyBudget),
 	}
-	fmt.Fprintf(d.out, "    environment of both processes (as the device plugin and the operator set it in a pod):\n%s\n", indent(strings.Join(env, "\n"), "      "))
+	fmt.Fprintf(d.out, "    environment of both processes (as the device plugin and the operator set it in a pod):\n%s\n", proc.Indent(strings.Join(env, "\n"), "      "))
 	serverArgs := []string{"server", "--listen", "127.0.0.1:0", "--echo", "--json"}
 	fmt.Fprintf(d.out, "    $ %s %s &\n", binPerf, strings.Join(serverArgs, " "))
 	srv, err := d.start("perf-server", binPerf, serverArgs, env)
@@ -87,7 +88,7 @@ func (d *demo) runPerf(ctx context.Context) error {
 		return err
 	}
 	var listenFallback string
-	addr, err := srv.waitLine(ctx, 30*time.Second, "its listen address", func(l string) (string, bool) {
+	addr, err := srv.WaitLine(ctx, 30*time.Second, "its listen address", func(l string) (string, bool) {
 		e, ok := parseServerEvent(l)
 		if !ok || e.Event != "listening" || e.Addr == "" {
 			return "", false
@@ -118,24 +119,24 @@ func (d *demo) runPerf(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		out, err := c.wait(ctx, d.o.duration+time.Minute)
+		out, err := c.Wait(ctx, d.o.duration+time.Minute)
 		if err != nil {
 			return err
 		}
 		if reports[i], err = parsePerfReport(out); err != nil {
-			return fmt.Errorf("read %s client's report: %w%s", r.label, err, c.logTail())
+			return fmt.Errorf("read %s client's report: %w%s", r.label, err, c.LogTail())
 		}
 	}
-	srv.stop()
+	srv.Stop()
 	serverModes := map[string]int{}
-	lines, _, _ := srv.out.since(0)
+	lines := srv.Lines()
 	for _, l := range lines {
 		if e, ok := parseServerEvent(l); ok && e.Event == "conn" {
 			serverModes[e.Mode]++
 		}
 	}
 
-	fmt.Fprintf(d.out, "\n%s", indent(formatPerf(runs[0].label, reports[0], runs[1].label, reports[1]), "    ")+"\n")
+	fmt.Fprintf(d.out, "\n%s", proc.Indent(formatPerf(runs[0].label, reports[0], runs[1].label, reports[1]), "    ")+"\n")
 	fmt.Fprintf(d.out, "    the server saw %s\n", describeModes(serverModes))
 	if reports[0].URMAConns == 0 {
 		return fmt.Errorf("no connection of the URMA run ran on URMA (reasons above); see docs/transport.md, troubleshooting")

@@ -1,11 +1,11 @@
 //go:build unix
 
-package main
+package proc
 
 import "syscall"
 
 // procAttr puts a child in a process group of its own, and on Linux asks the
-// kernel to kill it should the demo itself die without cleaning up.
+// kernel to kill it should the parent itself die without cleaning up.
 func procAttr() *syscall.SysProcAttr {
 	a := &syscall.SysProcAttr{Setpgid: true}
 	setParentDeathSignal(a)

@@ -1,8 +1,9 @@
-package main
+package proc
 
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -101,13 +102,13 @@ func TestChildWaitLineAndStopKillsTheGroup(t *testing.T) {
 	// The child starts a grandchild that ignores SIGTERM, prints a line,
 	// then waits: stop must take both down.
 	script := `trap '' TERM; sleep 600 & echo $! > ` + pidFile + `; echo "listening on 127.0.0.1:4242"; wait`
-	c, err := startChild(dir, "sh", sh, []string{"-c", script}, nil)
+	c, err := Start(dir, "sh", sh, []string{"-c", script}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.stop()
+	defer c.Stop()
 	ctx := context.Background()
-	addr, err := c.waitLine(ctx, 10*time.Second, "its address", func(l string) (string, bool) {
+	addr, err := c.WaitLine(ctx, 10*time.Second, "its address", func(l string) (string, bool) {
 		a, ok := strings.CutPrefix(l, "listening on ")
 		return a, ok
 	})
@@ -122,8 +123,8 @@ func TestChildWaitLineAndStopKillsTheGroup(t *testing.T) {
 	if err != nil || !alive(gpid) {
 		t.Fatalf("grandchild %q not running: %v", b, err)
 	}
-	c.stop()
-	if !c.exited() {
+	c.Stop()
+	if !c.Exited() {
 		t.Fatal("child still running after stop")
 	}
 	// The grandchild was killed with the group; it is reaped by init, so
@@ -136,7 +137,7 @@ func TestChildWaitLineAndStopKillsTheGroup(t *testing.T) {
 		syscall.Kill(gpid, syscall.SIGKILL)
 		t.Fatal("grandchild survived stop")
 	}
-	c.stop() // idempotent
+	c.Stop() // idempotent
 	if _, err := os.Stat(filepath.Join(dir, "sh.log")); err != nil {
 		t.Fatalf("no log file: %v", err)
 	}
@@ -148,14 +149,14 @@ func TestChildFailures(t *testing.T) {
 	tests := []struct {
 		name    string
 		script  string
-		run     func(ctx context.Context, c *child) error
+		run     func(ctx context.Context, c *Child) error
 		wantErr []string
 	}{
 		{
 			name:   "exits before the line",
 			script: `echo "something went wrong" >&2; exit 3`,
-			run: func(ctx context.Context, c *child) error {
-				_, err := c.waitLine(ctx, 10*time.Second, "ready", match)
+			run: func(ctx context.Context, c *Child) error {
+				_, err := c.WaitLine(ctx, 10*time.Second, "ready", match)
 				return err
 			},
 			wantErr: []string{"exited", "exit status 3", "before printing ready", "something went wrong"},
@@ -163,8 +164,8 @@ func TestChildFailures(t *testing.T) {
 		{
 			name:   "exits cleanly before the line",
 			script: `echo starting`,
-			run: func(ctx context.Context, c *child) error {
-				_, err := c.waitLine(ctx, 10*time.Second, "ready", match)
+			run: func(ctx context.Context, c *Child) error {
+				_, err := c.WaitLine(ctx, 10*time.Second, "ready", match)
 				return err
 			},
 			wantErr: []string{"exited (exit status 0) before printing ready", "starting"},
@@ -172,8 +173,8 @@ func TestChildFailures(t *testing.T) {
 		{
 			name:   "line never comes",
 			script: `echo starting; exec sleep 600`,
-			run: func(ctx context.Context, c *child) error {
-				_, err := c.waitLine(ctx, 200*time.Millisecond, "ready", match)
+			run: func(ctx context.Context, c *Child) error {
+				_, err := c.WaitLine(ctx, 200*time.Millisecond, "ready", match)
 				return err
 			},
 			wantErr: []string{"did not print ready within 200ms", "starting"},
@@ -181,8 +182,8 @@ func TestChildFailures(t *testing.T) {
 		{
 			name:   "non-zero exit",
 			script: `echo partial; echo "bad flag --foo" >&2; exit 2`,
-			run: func(ctx context.Context, c *child) error {
-				out, err := c.wait(ctx, 10*time.Second)
+			run: func(ctx context.Context, c *Child) error {
+				out, err := c.Wait(ctx, 10*time.Second)
 				if string(out) != "partial\n" {
 					return errors.New("stdout not kept: " + string(out))
 				}
@@ -193,9 +194,9 @@ func TestChildFailures(t *testing.T) {
 		{
 			name:   "runs too long",
 			script: `exec sleep 600`,
-			run: func(ctx context.Context, c *child) error {
-				_, err := c.wait(ctx, 100*time.Millisecond)
-				if !c.exited() {
+			run: func(ctx context.Context, c *Child) error {
+				_, err := c.Wait(ctx, 100*time.Millisecond)
+				if !c.Exited() {
 					return errors.New("child not stopped after the timeout")
 				}
 				return err
@@ -205,11 +206,11 @@ func TestChildFailures(t *testing.T) {
 		{
 			name:   "context cancelled",
 			script: `exec sleep 600`,
-			run: func(ctx context.Context, c *child) error {
+			run: func(ctx context.Context, c *Child) error {
 				ctx, cancel := context.WithCancelCause(ctx)
 				cancel(errors.New("interrupt signal received"))
-				_, err := c.wait(ctx, time.Minute)
-				if !c.exited() {
+				_, err := c.Wait(ctx, time.Minute)
+				if !c.Exited() {
 					return errors.New("child not stopped on cancel")
 				}
 				return err
@@ -219,11 +220,11 @@ func TestChildFailures(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := startChild(t.TempDir(), "sh", sh, []string{"-c", tc.script}, nil)
+			c, err := Start(t.TempDir(), "sh", sh, []string{"-c", tc.script}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer c.stop()
+			defer c.Stop()
 			err = tc.run(context.Background(), c)
 			if err == nil {
 				t.Fatal("no error")
@@ -238,20 +239,33 @@ func TestChildFailures(t *testing.T) {
 }
 
 func TestStartChildMissingBinary(t *testing.T) {
-	_, err := startChild(t.TempDir(), "urma-perf", filepath.Join(t.TempDir(), "urma-perf"), nil, nil)
-	if err == nil || !strings.Contains(err.Error(), "hack/demo.sh") {
-		t.Fatalf("error %v should say how to build the binary", err)
+	_, err := Start(t.TempDir(), "urma-perf", filepath.Join(t.TempDir(), "urma-perf"), nil, nil)
+	if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "start urma-perf") {
+		t.Fatalf("error %v should name the child and wrap fs.ErrNotExist", err)
 	}
 }
 
 func TestStartChildPassesEnv(t *testing.T) {
 	sh := shPath(t)
-	c, err := startChild(t.TempDir(), "sh", sh, []string{"-c", `echo "$URMA_PROVIDER/$URMA_JETTY_BUDGET"`}, []string{"URMA_PROVIDER=soft", "URMA_JETTY_BUDGET=32"})
+	c, err := Start(t.TempDir(), "sh", sh, []string{"-c", `echo "$URMA_PROVIDER/$URMA_JETTY_BUDGET"`}, []string{"URMA_PROVIDER=soft", "URMA_JETTY_BUDGET=32"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := c.wait(context.Background(), 10*time.Second)
+	out, err := c.Wait(context.Background(), 10*time.Second)
 	if err != nil || string(out) != "soft/32\n" {
 		t.Fatalf("child saw %q, %v", out, err)
+	}
+}
+
+func TestIndentAndLastLines(t *testing.T) {
+	tests := []struct{ got, want string }{
+		{Indent("a\n\nb\n", "  "), "  a\n\n  b"},
+		{LastLines("1\n2\n3\n4\n", 2), "3\n4"},
+		{LastLines("1", 5), "1"},
+	}
+	for i, tc := range tests {
+		if tc.got != tc.want {
+			t.Errorf("case %d: got %q, want %q", i, tc.got, tc.want)
+		}
 	}
 }

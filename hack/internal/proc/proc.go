@@ -1,4 +1,7 @@
-package main
+// Package proc runs the helper programs of make demo and make e2e as
+// children in process groups of their own, each with a log file, and waits
+// on what they print rather than on time.
+package proc
 
 import (
 	"bytes"
@@ -22,11 +25,11 @@ const stopGrace = 5 * time.Second
 // is always in its log file.
 const maxKeptOutput = 4 << 20
 
-// child is a program the demo started in its own process group, so that
-// stopping it also stops anything it started, and so that a Ctrl-C typed at
-// the terminal reaches the demo only: the demo then stops its children in
-// order instead of having them die under it.
-type child struct {
+// Child is a program started in its own process group, so that stopping it
+// also stops anything it started, and so that a Ctrl-C typed at the terminal
+// reaches the parent only: the parent then stops its children in order
+// instead of having them die under it.
+type Child struct {
 	name    string
 	cmd     *exec.Cmd
 	logPath string
@@ -37,12 +40,12 @@ type child struct {
 	waitErr error         // set before done is closed
 }
 
-// startChild starts path with args and env added to the demo's environment.
+// Start starts path with args and env added to this process's environment.
 // stdout is kept in memory (and copied to the log); stderr goes to the log
 // only. The log lives in logDir as <name>.log.
-func startChild(logDir, name, path string, args, env []string) (*child, error) {
+func Start(logDir, name, path string, args, env []string) (*Child, error) {
 	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("start %s: %w (hack/demo.sh builds it; if it said it skipped it, its package is not in this checkout)", name, err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	logPath := filepath.Join(logDir, name+".log")
 	logFile, err := os.Create(logPath)
@@ -50,7 +53,7 @@ func startChild(logDir, name, path string, args, env []string) (*child, error) {
 		return nil, fmt.Errorf("start %s: create its log: %w", name, err)
 	}
 	fmt.Fprintf(logFile, "# %s %s\n", path, strings.Join(args, " "))
-	c := &child{name: name, logPath: logPath, logFile: logFile, out: newLineBuffer(maxKeptOutput), done: make(chan struct{})}
+	c := &Child{name: name, logPath: logPath, logFile: logFile, out: newLineBuffer(maxKeptOutput), done: make(chan struct{})}
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout = io.MultiWriter(c.out, &lockedWriter{w: logFile})
@@ -73,8 +76,26 @@ func startChild(logDir, name, path string, args, env []string) (*child, error) {
 	return c, nil
 }
 
-// exited reports whether the child has exited.
-func (c *child) exited() bool {
+// Name is the name the child was started with (its log is <name>.log).
+func (c *Child) Name() string { return c.name }
+
+// LogPath is the file holding the child's stdout and stderr.
+func (c *Child) LogPath() string { return c.logPath }
+
+// Pid is the child's process id (and its process group's).
+func (c *Child) Pid() int { return c.cmd.Process.Pid }
+
+// Done is closed when the child has exited and its output is drained.
+func (c *Child) Done() <-chan struct{} { return c.done }
+
+// Lines returns every line the child printed on stdout so far.
+func (c *Child) Lines() []string {
+	lines, _, _ := c.out.since(0)
+	return lines
+}
+
+// Exited reports whether the child has exited.
+func (c *Child) Exited() bool {
 	select {
 	case <-c.done:
 		return true
@@ -83,39 +104,39 @@ func (c *child) exited() bool {
 	}
 }
 
-// exitStatus describes how the child ended; call it after done is closed.
-func (c *child) exitStatus() string {
+// ExitStatus describes how the child ended; call it after done is closed.
+func (c *Child) ExitStatus() string {
 	if c.waitErr == nil {
 		return "exit status 0"
 	}
 	return c.waitErr.Error()
 }
 
-// wait waits for the child to exit by itself, up to timeout, and returns its
+// Wait waits for the child to exit by itself, up to timeout, and returns its
 // stdout. A non-zero exit, a timeout or ctx ending is an error that carries
 // the end of the child's log.
-func (c *child) wait(ctx context.Context, timeout time.Duration) ([]byte, error) {
+func (c *Child) Wait(ctx context.Context, timeout time.Duration) ([]byte, error) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-c.done:
 	case <-ctx.Done():
-		c.stop()
+		c.Stop()
 		return nil, fmt.Errorf("%s: %w", c.name, context.Cause(ctx))
 	case <-t.C:
-		c.stop()
-		return nil, fmt.Errorf("%s did not finish within %s%s", c.name, timeout, c.logTail())
+		c.Stop()
+		return nil, fmt.Errorf("%s did not finish within %s%s", c.name, timeout, c.LogTail())
 	}
 	if c.waitErr != nil {
-		return c.out.bytes(), fmt.Errorf("%s failed: %w%s", c.name, c.waitErr, c.logTail())
+		return c.out.bytes(), fmt.Errorf("%s failed: %w%s", c.name, c.waitErr, c.LogTail())
 	}
 	return c.out.bytes(), nil
 }
 
-// waitLine waits until the child prints a stdout line for which match
+// WaitLine waits until the child prints a stdout line for which match
 // returns ok, and returns match's value. It fails when the child exits
 // first, on timeout, and when ctx ends.
-func (c *child) waitLine(ctx context.Context, timeout time.Duration, what string, match func(string) (string, bool)) (string, error) {
+func (c *Child) WaitLine(ctx context.Context, timeout time.Duration, what string, match func(string) (string, bool)) (string, error) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	seen := 0
@@ -129,22 +150,22 @@ func (c *child) waitLine(ctx context.Context, timeout time.Duration, what string
 		seen += len(lines)
 		if closed {
 			<-c.done
-			return "", fmt.Errorf("%s exited (%s) before printing %s%s", c.name, c.exitStatus(), what, c.logTail())
+			return "", fmt.Errorf("%s exited (%s) before printing %s%s", c.name, c.ExitStatus(), what, c.LogTail())
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
 			return "", fmt.Errorf("waiting for %s to print %s: %w", c.name, what, context.Cause(ctx))
 		case <-t.C:
-			return "", fmt.Errorf("%s did not print %s within %s%s", c.name, what, timeout, c.logTail())
+			return "", fmt.Errorf("%s did not print %s within %s%s", c.name, what, timeout, c.LogTail())
 		}
 	}
 }
 
-// stop ends the child's process group: SIGTERM, then SIGKILL after
+// Stop ends the child's process group: SIGTERM, then SIGKILL after
 // stopGrace. It is safe to call more than once and after the child exited.
-func (c *child) stop() {
-	if c.exited() {
+func (c *Child) Stop() {
+	if c.Exited() {
 		return
 	}
 	signalGroup(c.cmd.Process.Pid, syscall.SIGTERM)
@@ -156,17 +177,17 @@ func (c *child) stop() {
 	}
 }
 
-// logTail is the end of the child's log, indented, for error messages.
-func (c *child) logTail() string {
+// LogTail is the end of the child's log, indented, for error messages.
+func (c *Child) LogTail() string {
 	b, err := os.ReadFile(c.logPath)
 	if err != nil || len(b) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("\n    last lines of %s:\n%s", c.logPath, indent(lastLines(string(b), 15), "      "))
+	return fmt.Sprintf("\n    last lines of %s:\n%s", c.logPath, Indent(LastLines(string(b), 15), "      "))
 }
 
-// lastLines returns the last n lines of s.
-func lastLines(s string, n int) string {
+// LastLines returns the last n lines of s.
+func LastLines(s string, n int) string {
 	s = strings.TrimRight(s, "\n")
 	lines := strings.Split(s, "\n")
 	if len(lines) > n {
@@ -175,9 +196,9 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// indent prefixes every non-empty line of s with prefix and drops trailing
+// Indent prefixes every non-empty line of s with prefix and drops trailing
 // newlines.
-func indent(s, prefix string) string {
+func Indent(s, prefix string) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	for i, l := range lines {
 		if strings.TrimSpace(l) != "" {
@@ -202,7 +223,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 
 // lineBuffer keeps a child's stdout and lets readers wait for new lines.
 // Beyond its limit it keeps counting lines but drops their text, so that a
-// chatty child cannot exhaust the demo's memory.
+// chatty child cannot exhaust the parent's memory.
 type lineBuffer struct {
 	mu      sync.Mutex
 	limit   int
