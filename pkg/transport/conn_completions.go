@@ -211,8 +211,8 @@ func (c *urmaConn) handleErrorLocked(cr *urma.Completion) (bool, bool, error) {
 			c.sqWindow++
 		}
 	}
-	if !cr.Recv && cr.UserCtx == 0 && cr.Status == urma.StatusWRFlushErr && c.creditWRs < creditWRs {
-		c.creditWRs++
+	if !cr.Recv && cr.UserCtx == 0 && cr.Status != urma.StatusWRFlushErrDone && c.creditWRs < creditWRs {
+		c.creditWRs++ // a credit message, flushed or failed: its reserved WR is free
 	}
 	switch cr.Status {
 	case urma.StatusWRFlushErrDone:

@@ -155,30 +155,28 @@ func (c *urmaConn) AllocBuffer() (*Buffer, error) {
 }
 
 // WriteBuffer sends the first n bytes of b as one message, without copying.
+// It takes b back whether it succeeds or not.
 func (c *urmaConn) WriteBuffer(b *Buffer, n int) error {
-	if err := checkWriteBuffer(b, n); err != nil {
-		if b != nil && b.recv == nil {
-			b.Release()
-		}
+	if err := claimWriteBuffer(b, n); err != nil {
 		return c.opErr("write", err)
 	}
-	if b.pool != c.pool {
-		b.Release()
-		return c.opErr("write", errors.New("write buffer: the buffer belongs to another transport's pool"))
+	giveBack := func(err error) error {
+		b.pool.put(b)
+		return c.opErr("write", err)
 	}
-	if n > c.chunk {
-		b.Release()
-		return c.opErr("write", fmt.Errorf("write buffer: %d bytes exceed the largest message of %d (the peer's buffer size)", n, c.chunk))
-	}
-	if n == 0 {
-		b.Release()
+	switch {
+	case b.pool != c.pool:
+		return giveBack(errors.New("write buffer: the buffer belongs to another transport's pool"))
+	case n > c.chunk:
+		return giveBack(fmt.Errorf("write buffer: %d bytes exceed the largest message of %d (the peer's buffer size)", n, c.chunk))
+	case n == 0:
+		b.pool.put(b)
 		return nil
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	if err := c.reserveWindow(); err != nil {
-		b.Release()
-		return c.opErr("write", err)
+		return giveBack(err)
 	}
 	if err := c.postData(b, n); err != nil {
 		return c.opErr("write", err)

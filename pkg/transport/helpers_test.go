@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -164,4 +165,22 @@ func filterStacks(all string) string {
 		}
 	}
 	return strings.Join(keep, "\n\n")
+}
+
+// check verifies the pool's books: every buffer on the free list at most
+// once, and free plus outside is all of them.
+func (p *bufferPool) check() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seen := make(map[int32]bool, len(p.free))
+	for _, i := range p.free {
+		if seen[i] {
+			return fmt.Errorf("buffer %d is on the free list twice", i)
+		}
+		seen[i] = true
+	}
+	if len(p.free)+p.outside != len(p.bufs) {
+		return fmt.Errorf("%d free + %d outside != %d buffers", len(p.free), p.outside, len(p.bufs))
+	}
+	return nil
 }

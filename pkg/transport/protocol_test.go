@@ -371,6 +371,11 @@ func TestCreditToAClosedPeer(t *testing.T) {
 	if _, err := c.Write([]byte("x")); err == nil || !strings.Contains(err.Error(), "REM_ACCESS_ABORT") {
 		t.Fatalf("write after the failed send: %v", err)
 	}
+	// The failed credit message gave its reserved work request back
+	// (issue 9, item 6): nothing is outstanding, so Close does not wait.
+	if free := uc.Debug().CreditWRsFree; free != creditWRs {
+		t.Errorf("%d of %d credit work requests free after the failed credit send", free, creditWRs)
+	}
 	_ = r.tcp.Close() // now the peer's end arrives
 	if n, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("read after the peer's EOF: %d, %v; want io.EOF", n, err)

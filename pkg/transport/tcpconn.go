@@ -133,14 +133,11 @@ func (c *tcpConn) AllocBuffer() (*Buffer, error) {
 
 // WriteBuffer writes the first n bytes of b and releases it.
 func (c *tcpConn) WriteBuffer(b *Buffer, n int) error {
-	if err := checkWriteBuffer(b, n); err != nil {
-		if b != nil && b.recv == nil {
-			b.Release()
-		}
+	if err := claimWriteBuffer(b, n); err != nil {
 		return c.opErr("write", err)
 	}
 	_, err := c.Write(b.data[:n])
-	b.Release()
+	b.pool.put(b)
 	return err
 }
 

@@ -32,16 +32,24 @@ type ZeroCopyConn interface {
 	MaxMessage() int
 }
 
-// checkWriteBuffer validates WriteBuffer's arguments.
-func checkWriteBuffer(b *Buffer, n int) error {
-	switch {
-	case b == nil:
+// claimWriteBuffer takes b back from the application for WriteBuffer. The
+// compare-and-swap makes a concurrent Release, or a second WriteBuffer, find
+// it taken, so the buffer cannot be owned twice. A received buffer is never
+// claimed (only Release gives it back). On a nil error the caller owns b
+// and must send it or put it back in its pool.
+func claimWriteBuffer(b *Buffer, n int) error {
+	if b == nil {
 		return errors.New("write buffer: nil buffer")
-	case !b.held.Load():
+	}
+	if !b.held.CompareAndSwap(true, false) {
 		return errors.New("write buffer: the buffer was already written or released")
-	case b.recv != nil:
+	}
+	if b.recv != nil {
+		b.held.Store(true) // still the application's, to Release
 		return errors.New("write buffer: a received buffer cannot be written back; copy it into one from AllocBuffer")
-	case n < 0 || n > len(b.data):
+	}
+	if n < 0 || n > len(b.data) {
+		b.pool.put(b)
 		return fmt.Errorf("write buffer: length %d outside 0..%d", n, len(b.data))
 	}
 	return nil
