@@ -147,6 +147,12 @@ func (c *urmaConn) Write(p []byte) (int, error) {
 
 // AllocBuffer takes a pool buffer to fill and WriteBuffer.
 func (c *urmaConn) AllocBuffer() (*Buffer, error) {
+	c.mu.Lock()
+	err := c.writeErrLocked()
+	c.mu.Unlock()
+	if err != nil {
+		return nil, c.opErr("write", err)
+	}
 	b, err := c.takeBuffer()
 	if err != nil {
 		return nil, c.opErr("write", err)

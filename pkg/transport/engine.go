@@ -332,7 +332,12 @@ func (e *engine) teardownResources() {
 			// Never unmap memory a device may still write into.
 			errs = append(errs, fmt.Errorf("unregister buffer pool (its memory stays mapped): %w", err))
 		} else {
-			errs = append(errs, e.pool.mem.Free())
+			mem, log := e.pool.mem, e.log
+			e.pool.retire(func() {
+				if err := mem.Free(); err != nil {
+					log.Error(err, "unmapping the buffer pool")
+				}
+			})
 		}
 		e.pool = nil
 	}

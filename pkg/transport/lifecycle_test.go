@@ -1,7 +1,10 @@
 package transport
 
 import (
+	"bytes"
+	"errors"
 	"io"
+	"net"
 	"sync"
 	"testing"
 )
@@ -103,5 +106,76 @@ func TestWriteBufferRacesRelease(t *testing.T) {
 	pool := p.client.(*urmaConn).pool
 	if err := pool.check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBufferOutlivesTransport: buffers the application still holds, from
+// ReadBuffer and AllocBuffer, stay usable after their connection, the
+// Dialer and the Listener are all closed: the registered memory is unmapped
+// only once the last of them is released, and a write of one fails cleanly
+// (issue 9, item 1; before, touching one faulted the process).
+func TestBufferOutlivesTransport(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	f := smallFlags()
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := NewDialer(cfgWith(pb, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := dialAccept(t, ln, d)
+	if p.server.Mode() != ModeURMA {
+		t.Fatal(p.server.FallbackReason())
+	}
+	msg := bytes.Repeat([]byte("m"), f.ZerocopyMinSize)
+	if _, err := p.client.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	received, err := p.server.(ZeroCopyConn).ReadBuffer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if received.recv == nil {
+		t.Fatal("the message was copied, not handed over in its receive buffer")
+	}
+	allocated, err := p.client.(ZeroCopyConn).AllocBuffer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverMem, clientMem := ln.e.pool.mem, d.e.pool.mem
+	_ = p.client.Close()
+	_ = p.server.Close()
+	_ = d.Close()
+	_ = ln.Close()
+
+	// Both buffers are still mapped: read and write them.
+	if !bytes.Equal(received.Bytes(), msg) {
+		t.Error("the received buffer changed after close")
+	}
+	copy(allocated.Data(), "still here")
+	if string(allocated.Data()[:10]) != "still here" {
+		t.Error("the allocated buffer does not keep what was written to it")
+	}
+	if received.Len() == 0 || clientMem.Bytes() == nil || serverMem.Bytes() == nil {
+		t.Fatal("a pool was unmapped while the application held one of its buffers")
+	}
+	if b, err := p.client.(ZeroCopyConn).AllocBuffer(); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("AllocBuffer after close: %v, %v; want net.ErrClosed", b, err)
+	}
+	// Writing the allocated buffer fails and takes it back: the client's
+	// last buffer, so its pool goes.
+	if err := p.client.(ZeroCopyConn).WriteBuffer(allocated, 10); err == nil {
+		t.Error("WriteBuffer on a closed connection succeeded")
+	}
+	if clientMem.Bytes() != nil {
+		t.Error("the client's pool is still mapped after its last buffer came back")
+	}
+	received.Release()
+	received.Release() // a second release after close is a no-op too
+	if serverMem.Bytes() != nil {
+		t.Error("the server's pool is still mapped after its last buffer was released")
 	}
 }

@@ -69,6 +69,8 @@ type bufferPool struct {
 	waitCh  chan struct{} // closed when a buffer comes back while someone waits
 	outside int           // buffers not on the free list
 	waiting int           // callers waiting in get
+	retired bool          // the engine is gone: get fails, the last put frees
+	onIdle  func()        // after retire: frees the memory once outside is 0
 }
 
 // newRegisteredPool cuts count buffers of size bytes from mem, registered as seg.
@@ -108,6 +110,10 @@ func (p *bufferPool) sge(b *Buffer, off, n int) urma.SGE {
 func (p *bufferPool) get(cancel, expired <-chan struct{}, failFast bool) (*Buffer, error) {
 	for {
 		p.mu.Lock()
+		if p.retired {
+			p.mu.Unlock()
+			return nil, errConnClosed
+		}
 		if n := len(p.free); n > 0 {
 			idx := p.free[n-1]
 			p.free = p.free[:n-1]
@@ -156,7 +162,7 @@ func (p *bufferPool) waiters() int {
 func (p *bufferPool) tryGetN(n int, out []*Buffer) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.free) < n {
+	if p.retired || len(p.free) < n {
 		return false
 	}
 	for i := 0; i < n; i++ {
@@ -170,7 +176,8 @@ func (p *bufferPool) tryGetN(n int, out []*Buffer) bool {
 	return true
 }
 
-// put returns a buffer.
+// put returns a buffer. The last one back to a retired pool frees its
+// memory.
 func (p *bufferPool) put(b *Buffer) {
 	b.recv = nil
 	b.held.Store(false)
@@ -181,7 +188,29 @@ func (p *bufferPool) put(b *Buffer) {
 		close(p.waitCh)
 		p.waitCh = nil
 	}
+	var free func()
+	if p.outside == 0 && p.onIdle != nil {
+		free, p.onIdle = p.onIdle, nil
+	}
 	p.mu.Unlock()
+	if free != nil {
+		free()
+	}
+}
+
+// retire ends the pool: get fails from now on, and free runs once every
+// buffer is back, at once if they all are. A buffer the application still
+// holds after its transport closed so stays mapped until it is released.
+func (p *bufferPool) retire(free func()) {
+	p.mu.Lock()
+	p.retired = true
+	if p.outside > 0 {
+		p.onIdle = free
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	free()
 }
 
 // stats reports free and in-use buffers.
