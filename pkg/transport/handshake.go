@@ -17,18 +17,18 @@ import (
 // aLongTimeAgo is a deadline in the past, to abort blocked I/O.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// handshakeDeadline arms tcp's deadline for the handshake: the timeout, or
-// ctx's deadline if sooner, and ctx's cancellation. The returned func
-// disarms both.
-func handshakeDeadline(ctx context.Context, tcp net.Conn, timeout time.Duration) func() {
-	d := time.Now().Add(timeout)
-	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
-		d = cd
-	}
+// boundHandshake bounds a handshake by timeout (or ctx's deadline, if
+// sooner): the returned context ends then, or when ctx does, and the TCP
+// connection's deadline follows it, so every step, fabric imports included,
+// gives up together. The returned func disarms both.
+func boundHandshake(ctx context.Context, tcp net.Conn, timeout time.Duration) (context.Context, func()) {
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	d, _ := hctx.Deadline()
 	_ = tcp.SetDeadline(d)
-	stop := context.AfterFunc(ctx, func() { _ = tcp.SetDeadline(aLongTimeAgo) })
-	return func() {
+	stop := context.AfterFunc(hctx, func() { _ = tcp.SetDeadline(aLongTimeAgo) })
+	return hctx, func() {
 		stop()
+		cancel()
 		_ = tcp.SetDeadline(time.Time{})
 	}
 }
@@ -90,8 +90,8 @@ func clientHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 		return done(tcpMode(*fb, nil, 0), metrics.ResultFallback)
 	}
 	version := handshake.Version(e.s.flags.ClientHandshakeVersion)
-	stop := handshakeDeadline(ctx, tcp, e.s.handshakeTimeout)
-	conn, result, err := c.clientExchange(ctx, version)
+	hctx, stop := boundHandshake(ctx, tcp, e.s.handshakeTimeout)
+	conn, result, err := c.clientExchange(hctx, version)
 	stop()
 	if err != nil {
 		c.release()
@@ -172,8 +172,8 @@ func isTimeout(err error) bool {
 func serverHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error) {
 	start := time.Now()
 	role := metrics.RoleServer
-	stop := handshakeDeadline(ctx, tcp, e.s.handshakeTimeout)
-	conn, result, err := serverExchange(ctx, e, tcp)
+	hctx, stop := boundHandshake(ctx, tcp, e.s.handshakeTimeout)
+	conn, result, err := serverExchange(hctx, e, tcp)
 	stop()
 	e.metrics.Handshake(result, role, time.Since(start).Seconds())
 	if err != nil {

@@ -37,6 +37,15 @@ const rawBuf = 4096
 
 func newRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
 	t.Helper()
+	r := newRawQueues(t, prov)
+	r.dial(addr)
+	return r
+}
+
+// newRawQueues opens a context on prov and creates the peer's queues and
+// memory, its 16 receives posted; no connection yet.
+func newRawQueues(t *testing.T, prov urma.Provider) *rawPeer {
+	t.Helper()
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -44,6 +53,7 @@ func newRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
 		}
 	}
 	r := &rawPeer{t: t}
+	t.Cleanup(r.close)
 	var err error
 	r.ctx, err = prov.Open("", 0)
 	must(err)
@@ -60,16 +70,32 @@ func newRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
 	for i := 0; i < 16; i++ {
 		must(r.jfr.PostRecv(&urma.RecvWR{UserCtx: uint64(i), SGEs: []urma.SGE{{Segment: r.seg, Offset: uint64(i * rawBuf), Len: rawBuf}}}))
 	}
-	t.Cleanup(r.close)
+	return r
+}
 
-	r.tcp, err = net.Dial("tcp", addr)
-	must(err)
+// hello describes the raw peer as brpc would: no extension.
+func (r *rawPeer) hello() handshake.Hello {
 	id, sid := r.jetty.ID(), r.seg.ID()
-	hello := handshake.Hello{
+	return handshake.Hello{
 		BufferSize: rawBuf, RecvBufferCnt: 15, JettyID: id.ID, EID: id.EID, UASID: id.UASID, TPType: handshake.TPCTP,
 		SegEID: sid.EID, SegUASID: sid.UASID, SegVA: sid.VA, SegLen: sid.Len, SegTokenID: sid.TokenID,
 	}
-	_, err = r.tcp.Write(handshake.AppendV2(nil, hello))
+}
+
+// dial runs the client side of the handshake with the server at addr.
+func (r *rawPeer) dial(addr string) {
+	t := r.t
+	t.Helper()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var err error
+	r.tcp, err = net.Dial("tcp", addr)
+	must(err)
+	_, err = r.tcp.Write(handshake.AppendV2(nil, r.hello()))
 	must(err)
 	magic := make([]byte, 4)
 	_, err = io.ReadFull(r.tcp, magic)
@@ -83,7 +109,6 @@ func newRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
 	must(err)
 	_, err = r.tcp.Write(handshake.AppendAck(nil, true))
 	must(err)
-	return r
 }
 
 func (r *rawPeer) close() {

@@ -1,0 +1,155 @@
+package transport
+
+import (
+	"context"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
+)
+
+// stallBound is how long a test waits for a handshake that should end at
+// HandshakeTimeout (stallTimeout) before it declares it unbounded.
+const (
+	stallTimeout = 300 * time.Millisecond
+	stallBound   = 10 * time.Second
+)
+
+// TestHandshakeStallsAreBounded: a peer that stalls at any step of the
+// handshake (on TCP, or on the fabric while we import its jetty) holds our
+// side for at most HandshakeTimeout, and the timed-out handshake gives back
+// all it took: jetty, budget, receive buffers (issue 9, item 4).
+func TestHandshakeStallsAreBounded(t *testing.T) {
+	checkNoLeaks(t)
+	// The stalling peer's side of each case; it gets its own queues (for
+	// a valid hello) and the TCP connection.
+	type peer struct {
+		r   *rawPeer
+		tcp net.Conn
+	}
+	// A hello of ours (with the extension), so that our side goes as far
+	// as importing the peer.
+	fullHello := func(p peer) []byte {
+		h := p.r.hello()
+		h.SQSize = 16
+		return handshake.AppendV2(nil, h)
+	}
+	write := func(c net.Conn, b []byte) error {
+		_, err := c.Write(b)
+		return err
+	}
+	for _, tc := range []struct {
+		name        string
+		ourSide     string // "server": our Listener, a stalling client; "client": our Dialer, a stalling server
+		stallImport bool   // our provider never completes the import of the peer's jetty
+		peerDoes    func(p peer) error
+	}{
+		{"client stops mid-hello", "server", false, func(p peer) error {
+			return write(p.tcp, fullHello(p)[:20])
+		}},
+		{"client never sends the ACK", "server", false, func(p peer) error {
+			if err := write(p.tcp, fullHello(p)); err != nil {
+				return err
+			}
+			magic := make([]byte, handshake.MagicLen)
+			if _, err := io.ReadFull(p.tcp, magic); err != nil {
+				return err
+			}
+			_, _, err := handshake.ReadHello(p.tcp, magic)
+			return err
+		}},
+		{"server imports a jetty that never answers", "server", true, func(p peer) error {
+			return write(p.tcp, fullHello(p))
+		}},
+		{"server says nothing", "client", false, func(peer) error { return nil }},
+		{"server stops mid-hello", "client", false, func(p peer) error {
+			return write(p.tcp, fullHello(p)[:20])
+		}},
+		{"client imports a jetty that never answers", "client", true, func(p peer) error {
+			return write(p.tcp, fullHello(p))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			ours := newFaultProvider(pa)
+			ours.f.set(func(c *faultConfig) { c.stallImport = tc.stallImport })
+			f := smallFlags()
+			f.PreparedJettyCnt = 0 // every jetty is the handshake's
+			cfg := cfgWith(ours, f)
+			cfg.HandshakeTimeout = stallTimeout
+			p := peer{r: newRawQueues(t, pb)}
+
+			var e *engine
+			if tc.ourSide == "server" {
+				ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+				e = ln.e
+				p.tcp, err = net.Dial("tcp", ln.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer p.tcp.Close()
+				if err := tc.peerDoes(p); err != nil {
+					t.Fatalf("the stalling client: %v", err)
+				}
+				// The server drops the connection once it gives up; it
+				// released everything before.
+				_ = p.tcp.SetReadDeadline(time.Now().Add(stallBound))
+				if _, err := io.Copy(io.Discard, p.tcp); isTimeout(err) {
+					t.Fatalf("the server still holds the handshake %s after it began", stallBound)
+				}
+			} else {
+				peerLn, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer peerLn.Close()
+				d, err := NewDialer(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer d.Close()
+				e = d.e
+				peerErr := make(chan error, 1)
+				go func() {
+					c, err := peerLn.Accept()
+					if err == nil {
+						p.tcp = c
+						err = tc.peerDoes(p)
+					}
+					peerErr <- err
+				}()
+				ctx, cancel := context.WithTimeout(context.Background(), stallBound)
+				defer cancel()
+				c, err := d.DialContext(ctx, peerLn.Addr().String())
+				if err := <-peerErr; err != nil {
+					t.Errorf("the stalling server: %v", err)
+				}
+				if p.tcp != nil {
+					defer p.tcp.Close()
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("the dial still holds the handshake after %s", stallBound)
+				}
+				if err == nil {
+					// A fallback to TCP is fine too; either way it ended.
+					_ = c.Close()
+				}
+			}
+			if _, inUse := e.pool.stats(); inUse != 0 {
+				t.Errorf("%d receive buffers still out after the handshake gave up", inUse)
+			}
+			if n := e.s.budget.InUse(); n != 0 {
+				t.Errorf("%d jetties still count against the budget", n)
+			}
+			if live := ours.f.liveQueues(); len(live) != 0 {
+				t.Errorf("queues left after the handshake gave up: %v", live)
+			}
+		})
+	}
+}
