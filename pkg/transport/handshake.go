@@ -25,9 +25,15 @@ func boundHandshake(ctx context.Context, tcp net.Conn, timeout time.Duration) (c
 	hctx, cancel := context.WithTimeout(ctx, timeout)
 	d, _ := hctx.Deadline()
 	_ = tcp.SetDeadline(d)
-	stop := context.AfterFunc(hctx, func() { _ = tcp.SetDeadline(aLongTimeAgo) })
+	aborted := make(chan struct{})
+	stop := context.AfterFunc(hctx, func() {
+		defer close(aborted)
+		_ = tcp.SetDeadline(aLongTimeAgo)
+	})
 	return hctx, func() {
-		stop()
+		if !stop() {
+			<-aborted // it ran, or runs: let it finish before the reset below
+		}
 		cancel()
 		_ = tcp.SetDeadline(time.Time{})
 	}
