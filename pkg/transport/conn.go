@@ -39,7 +39,8 @@ type urmaConn struct {
 	remoteSeg   urma.RemoteSegment
 	remoteID    urma.JettyID
 	peerBufSize int
-	chunk       int // most bytes per SEND: min(our, the peer's buffer size)
+	peerMarks   bool // the peer ends with a close marker (its hello says so)
+	chunk       int  // most bytes per SEND: min(our, the peer's buffer size)
 	windowCap   int // both windows: min(sq, peer rq) - 3
 	threshold   int // credits held back before returning them
 
@@ -63,6 +64,7 @@ type urmaConn struct {
 	// Channels the transitions close, for the goroutines waiting on them.
 	stopCh   chan struct{} // writing can no longer succeed (left stateOpen)
 	closedCh chan struct{} // Close was called (stateClosing)
+	peerDone chan struct{} // the peer ended cleanly (statePeerClosed)
 	readable chan struct{}
 	writable chan struct{}
 
@@ -112,6 +114,7 @@ func newURMAConn(e *engine, tcp net.Conn, role string) (*urmaConn, *fallback) {
 		rxq:      make([]int32, rq),
 		stopCh:   make(chan struct{}),
 		closedCh: make(chan struct{}),
+		peerDone: make(chan struct{}),
 		readable: make(chan struct{}, 1), writable: make(chan struct{}, 1),
 		flushDone: make(chan struct{}),
 		rdl:       newDeadline(), wdl: newDeadline(),
@@ -160,6 +163,7 @@ func (c *urmaConn) localHello() handshake.Hello {
 		Token:         uint32(c.e.token),
 		HasToken:      !c.e.s.noToken,
 		SQSize:        uint32(c.e.sqSize),
+		CloseMarker:   true,
 	}
 }
 
@@ -176,6 +180,7 @@ func (c *urmaConn) applyPeer(ctx context.Context, h handshake.Hello) *fallback {
 	}
 	c.threshold = max(peerWindow, 1) / 2
 	c.peerBufSize = int(h.BufferSize)
+	c.peerMarks = h.CloseMarker
 	c.chunk = min(c.e.bufSize, c.peerBufSize)
 	c.sqWindow, c.remoteRQWindow, c.creditWRs = c.windowCap, c.windowCap, creditWRs
 

@@ -163,6 +163,9 @@ func (c *urmaConn) handleLocked(cr *urma.Completion) (readable, writable bool, e
 	if slot < 0 || slot >= len(c.rx) || c.rxState[slot] != rxPosted {
 		return false, false, fmt.Errorf("receive completion names slot %d, not a posted receive", slot)
 	}
+	if cr.Opcode == urma.CROpSendWithImm && cr.Imm == closeMarkerImm && c.peerMarks {
+		return c.handleCloseMarkerLocked(cr, slot)
+	}
 	if cr.Opcode == urma.CROpSendWithImm && cr.Imm > 0 {
 		if cr.Imm > uint64(c.windowCap) || c.remoteRQWindow+int(cr.Imm) > c.windowCap {
 			return false, false, protocolErr("peer returned %d credits with the remote receive window at %d of %d", cr.Imm, c.remoteRQWindow, c.windowCap)
@@ -191,6 +194,19 @@ func (c *urmaConn) handleLocked(cr *urma.Completion) (readable, writable bool, e
 	c.msgsReceived.Add(1)
 	c.counters.MessagesReceived.Inc()
 	return true, writable, nil
+}
+
+// handleCloseMarkerLocked takes the peer's close marker: everything it
+// sent came before (RM delivers in order), so the stream ends cleanly here.
+func (c *urmaConn) handleCloseMarkerLocked(cr *urma.Completion, slot int) (bool, bool, error) {
+	if cr.CompletionLen != 0 {
+		return false, false, protocolErr("close marker with %d bytes of payload", cr.CompletionLen)
+	}
+	if err := c.postRecvLocked(int32(slot)); err != nil {
+		return false, false, fmt.Errorf("repost receive: %w", err)
+	}
+	c.moveLocked(statePeerClosed)
+	return true, true, nil
 }
 
 // sendFailure is a failed send completion: the peer's jetty is gone or

@@ -2,12 +2,19 @@ package transport
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
+	"github.com/openeuler/urma-k8s/pkg/urma"
 )
+
+// closeMarkerImm is the immediate of the close marker, a zero-length
+// SEND_WITH_IMM: bit 31, far above any credit count (credits never exceed
+// a window of at most 4093), so it cannot be mistaken for one.
+const closeMarkerImm = 1 << 31
 
 // connState is where a URMA connection is in its life. It changes only
 // through the transitions below, each under c.mu:
@@ -87,6 +94,9 @@ func (c *urmaConn) moveLocked(next connState) bool {
 	if next == stateClosing {
 		close(c.closedCh)
 	}
+	if next == statePeerClosed {
+		close(c.peerDone)
+	}
 	return true
 }
 
@@ -115,7 +125,15 @@ func (c *urmaConn) establish(version int) error {
 }
 
 // watchTCP waits for the peer's end on the TCP connection, which carries no
-// data once URMA is up.
+// data once URMA is up, and tells a clean end from a failure:
+//   - a byte on it is a protocol error;
+//   - an error (RST, keepalive timeout) fails the connection: the peer
+//     aborted it, or the network is gone, and a reader must not take the
+//     truncated stream for a complete one;
+//   - EOF from a peer that ends with a close marker is clean only if the
+//     marker came; without it the peer vanished (its process died) and
+//     the connection fails;
+//   - EOF from a peer without close markers (brpc) is its clean end.
 func (c *urmaConn) watchTCP() {
 	defer close(c.watchDone)
 	var b [1]byte
@@ -124,16 +142,42 @@ func (c *urmaConn) watchTCP() {
 		c.fail(protocolErr("the peer sent data on the TCP connection after URMA was established"))
 		return
 	}
-	if s := c.stateNow(); s == stateClosing || s == stateReleased {
-		return
+	if c.isClosed() {
+		return // our own Close ended it
 	}
-	// Take the receives that completed before the peer closed, so that the
-	// reader sees every byte before io.EOF.
+	// Take the receives that completed before the end, so that the reader
+	// sees every byte before the end is reported.
 	c.poll()
-	c.peerClose()
-	if err != nil && !errors.Is(err, io.EOF) {
-		c.log.V(1).Info("TCP connection broke", "error", err.Error())
+	switch {
+	case err != nil && !errors.Is(err, io.EOF):
+		c.fail(fmt.Errorf("%w: %w", errPeerAborted, err))
+	case !c.peerMarks:
+		c.peerClose()
+	case !c.awaitCloseMarker():
+		c.fail(errPeerVanished)
 	}
+}
+
+// closeMarkerGrace is how long after the peer's FIN its close marker may
+// still be on its way: the peer closes TCP once its marker's send
+// completed, and a device may write the receiver's completion a little
+// after the sender's.
+const closeMarkerGrace = 200 * time.Millisecond
+
+// awaitCloseMarker waits, within closeMarkerGrace, for the peer's close
+// marker; it reports whether the connection ended cleanly (or is closing).
+func (c *urmaConn) awaitCloseMarker() bool {
+	timer := time.NewTimer(closeMarkerGrace)
+	defer timer.Stop()
+	select {
+	case <-c.peerDone:
+		return true
+	case <-c.closedCh:
+		return true
+	case <-timer.C:
+	}
+	c.poll()
+	return c.stateNow() == statePeerClosed
 }
 
 // peerClose makes the transition to peerClosed: the peer ended cleanly.
@@ -147,7 +191,8 @@ func (c *urmaConn) peerClose() {
 }
 
 // fail makes the transition to failed with err (the first error wins) and
-// closes the TCP connection so the peer notices.
+// aborts the TCP connection (RST), so the peer's reader gets an error, never
+// a clean end of stream.
 func (c *urmaConn) fail(err error) {
 	c.mu.Lock()
 	moved := c.moveLocked(stateFailed)
@@ -162,8 +207,17 @@ func (c *urmaConn) fail(err error) {
 		c.e.metrics.ProtocolError()
 	}
 	c.log.Info("URMA connection failed", "error", err.Error())
-	_ = c.tcp.Close()
+	abortTCP(c.tcp)
 	c.wake()
+}
+
+// abortTCP closes tcp with a reset instead of a FIN, as TCP does when it is
+// closed with unread data: the peer's read fails with ECONNRESET.
+func abortTCP(tcp net.Conn) {
+	if l, ok := tcp.(interface{ SetLinger(sec int) error }); ok {
+		_ = l.SetLinger(0)
+	}
+	_ = tcp.Close()
 }
 
 // sendFailGrace is how long a connection whose sends fail waits for the
@@ -187,9 +241,10 @@ func (c *urmaConn) failSend(err error) {
 }
 
 // Close ends the connection gracefully: sends already posted complete (so
-// the peer reads every byte written before Close, within CloseTimeout), then
-// the TCP connection closes, which is the peer's io.EOF. Blocked reads and
-// writes return at once.
+// the peer reads every byte written before Close, within CloseTimeout), a
+// peer that understands it gets the close marker after them, then the TCP
+// connection closes, which is the peer's io.EOF. Blocked reads and writes
+// return at once.
 func (c *urmaConn) Close() error {
 	c.mu.Lock()
 	was := c.stateNow()
@@ -203,6 +258,9 @@ func (c *urmaConn) Close() error {
 	if was == stateOpen {
 		c.writeMu.Lock() // no write is half-posted
 		c.waitSendsDone()
+		if c.peerMarks && c.sendCloseMarker() {
+			c.waitSendsDone()
+		}
 		c.writeMu.Unlock()
 	}
 	err := c.tcp.Close()
@@ -239,6 +297,28 @@ func (c *urmaConn) waitSendsDone() {
 			return
 		}
 	}
+}
+
+// sendCloseMarker posts the close marker, on a reserved credit work
+// request; it reports whether it did. Without a free one (sends still
+// outstanding after CloseTimeout) the peer sees no marker, and rightly
+// an error: bytes may have been lost.
+func (c *urmaConn) sendCloseMarker() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.creditWRs == 0 {
+		return false
+	}
+	c.creditWR = urma.SendWR{
+		Opcode: urma.OpSendWithImm, Flags: urma.SendCompleteEnable | urma.SendSolicitedEnable,
+		Target: c.remoteJetty, Imm: closeMarkerImm,
+	}
+	if err := c.res.jetty.PostSend(&c.creditWR); err != nil {
+		c.log.V(1).Info("posting the close marker failed", "error", err.Error())
+		return false
+	}
+	c.creditWRs--
+	return true
 }
 
 // flushTimeout bounds the wait for a jetty's flush-done record.

@@ -7,6 +7,9 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
 // TestReleaseRacesClose: a received buffer released while its connection
@@ -177,5 +180,58 @@ func TestBufferOutlivesTransport(t *testing.T) {
 	received.Release() // a second release after close is a no-op too
 	if serverMem.Bytes() != nil {
 		t.Error("the server's pool is still mapped after its last buffer was released")
+	}
+}
+
+// TestFailureIsNotEOF: when one side's data plane fails (its completion
+// queue, or a post), it aborts the TCP connection, and the other side's
+// pending Read ends with an error that says the peer aborted, never io.EOF
+// (issue 9, item 3). A clean Close, in contrast, is io.EOF.
+func TestFailureIsNotEOF(t *testing.T) {
+	checkNoLeaks(t)
+	injected := urma.Errorf("injected", urma.CodeFail, "by the test")
+	for _, tc := range []struct {
+		name  string
+		breakIt func(t *testing.T, p pair, fp *faultProvider)
+	}{
+		{"completion queue fails", func(_ *testing.T, p pair, fp *faultProvider) {
+			fp.f.set(func(c *faultConfig) { c.poll = injected })
+			_, _ = p.client.Write([]byte("x")) // an event for the server to poll
+		}},
+		{"post fails", func(t *testing.T, p pair, fp *faultProvider) {
+			fp.f.set(func(c *faultConfig) { c.postSend = injected })
+			if _, err := p.server.Write([]byte("x")); !errors.Is(err, urma.ErrFail) {
+				t.Errorf("write with a failing post: %v, want the injected error", err)
+			}
+		}},
+		{"clean close", func(_ *testing.T, p pair, _ *faultProvider) { _ = p.server.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			fp := newFaultProvider(pa)
+			p := connect(t, cfgWith(fp, smallFlags()), cfgWith(pb, smallFlags()))
+			exchange(t, p.client, p.server, "alive")
+			started, errc := readUntilError(p.client)
+			<-started
+			tc.breakIt(t, p, fp)
+			var err error
+			select {
+			case err = <-errc:
+			case <-time.After(deathBound):
+				t.Fatalf("the client's read still blocked %s after the server failed", deathBound)
+			}
+			if tc.name == "clean close" {
+				if !errors.Is(err, io.EOF) {
+					t.Fatalf("read after the server's Close: %v, want io.EOF", err)
+				}
+				return
+			}
+			if !errors.Is(err, errPeerAborted) || errors.Is(err, io.EOF) {
+				t.Fatalf("read after the server failed: %v; want the peer-aborted error, not io.EOF", err)
+			}
+			if _, err := p.server.Read(make([]byte, 1)); !errors.Is(err, injected) {
+				t.Errorf("the failed side's own read: %v, want the injected error", err)
+			}
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -116,9 +117,17 @@ func newSoft(t testing.TB, f *soft.Fabric) urma.Provider {
 
 const helperAddrEnv = "URMA_TRANSPORT_TEST_HELPER_ADDR"
 
+// killBound is how soon the survivor of a killed peer process must see
+// its pending Read and Write fail.
+const killBound = 2 * time.Second
+
 // TestPeerProcessKilled: a client in another process, on the software
-// provider's socket fabric, is killed mid-stream; the server's Read and
-// Write fail within a bounded time.
+// provider's socket fabric, is killed with SIGKILL mid-stream, while the
+// server has a Read pending (the client was streaming to it) and a Write
+// pending (the client reads nothing, so the server's window is full). Both
+// end within killBound with an error that is not io.EOF: a truncated stream
+// never passes for a complete one (issue 9, item 3). Nothing is left
+// running.
 func TestPeerProcessKilled(t *testing.T) {
 	if os.Getenv(helperAddrEnv) != "" {
 		t.Skip("running as the helper")
@@ -161,11 +170,41 @@ func TestPeerProcessKilled(t *testing.T) {
 	if _, err := io.ReadFull(c, make([]byte, 64<<10)); err != nil {
 		t.Fatalf("reading the helper's stream: %v", err)
 	}
-	started, errc := readUntilError(c)
-	if err := cmd.Process.Kill(); err != nil {
+	readStarted, readErr := readUntilError(c)
+	writeErr := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				writeErr <- err
+				return
+			}
+		}
+	}()
+	<-readStarted
+	waitFor(t, "the server's write to stall on the helper's full window", 10*time.Second, func() bool {
+		return c.(Conn).Debug().RemoteRQWindow == 0
+	})
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	expectDead(t, c, started, errc)
+	deadline := time.NewTimer(killBound)
+	defer deadline.Stop()
+	for _, op := range []struct {
+		name string
+		errc chan error
+	}{{"read", readErr}, {"write", writeErr}} {
+		select {
+		case err := <-op.errc:
+			if err == nil || errors.Is(err, io.EOF) {
+				t.Errorf("pending %s after the peer was killed: %v; want an error that is not io.EOF", op.name, err)
+			} else {
+				t.Logf("pending %s: %v", op.name, err)
+			}
+		case <-deadline.C:
+			t.Fatalf("pending %s still blocked %s after the peer was killed", op.name, killBound)
+		}
+	}
 }
 
 func testSocketFlags() flags.Flags {

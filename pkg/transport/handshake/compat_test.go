@@ -51,6 +51,7 @@ func TestV3BodyMatchesBrpcSchema(t *testing.T) {
 	h := sampleHello()
 	h.Token, h.HasToken = 0x1234, true
 	h.SQSize = 512
+	h.CloseMarker = true
 
 	// Ours -> brpc: a strict proto2 parser (required fields enforced) reads
 	// every field, and keeps our token as an unknown field.
@@ -96,7 +97,7 @@ func TestV3BodyMatchesBrpcSchema(t *testing.T) {
 		t.Fatalf("parse brpc-schema body: %v", err)
 	}
 	want := h
-	want.Token, want.HasToken, want.SQSize = 0, false, 0
+	want.Token, want.HasToken, want.SQSize, want.CloseMarker = 0, false, 0, false
 	if got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
@@ -117,7 +118,7 @@ func TestProtoFileMatchesCodec(t *testing.T) {
 		inFile[m[2]] = n
 		labels[m[2]] = m[1]
 	}
-	want := map[string]int{"token": int(fieldToken), "sq_size": int(fieldSQSize)}
+	want := map[string]int{"token": int(fieldToken), "sq_size": int(fieldSQSize), "close_marker": int(fieldCloseMarker)}
 	for _, f := range requiredFields {
 		want[f.name] = int(f.num)
 		if labels[f.name] != "required" {
@@ -132,7 +133,7 @@ func TestProtoFileMatchesCodec(t *testing.T) {
 			t.Errorf("field %s: .proto says %d, codec uses %d", name, inFile[name], num)
 		}
 	}
-	if fieldToken <= fieldSegTokenID || fieldSQSize <= fieldSegTokenID {
+	if fieldToken <= fieldSegTokenID || fieldSQSize <= fieldSegTokenID || fieldCloseMarker <= fieldSegTokenID {
 		t.Error("our fields must not reuse a brpc field number")
 	}
 }

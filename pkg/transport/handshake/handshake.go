@@ -37,10 +37,13 @@ const (
 	// whatever follows the fixed part, so the block is invisible to it.
 	V2ExtTag = "K8ST"
 	// V2ExtLen is the extension block: tag, token value, sq_size and flags,
-	// each a big-endian uint32. Flag bit 0 says the token is present.
+	// each a big-endian uint32. Flag bit 0 says the token is present, bit 1
+	// that the sender ends connections with a close marker.
 	V2ExtLen = 16
 	// v2ExtHasToken is the extension flag for "token present".
 	v2ExtHasToken = 0x1
+	// v2ExtCloseMarker is the extension flag for "sends a close marker".
+	v2ExtCloseMarker = 0x2
 )
 
 // V3MaxBodyLen is the largest protobuf body a v3 hello may announce.
@@ -105,10 +108,14 @@ type Hello struct {
 	// SQSize is the sender's send queue depth, so the receiver can size its
 	// credit batches below the sender's window; 0 when not sent (brpc).
 	SQSize uint32
+	// CloseMarker says the sender ends a connection gracefully with a close
+	// marker on the data plane before it closes TCP, so that its peer can
+	// tell a graceful close from a peer that vanished. brpc does not.
+	CloseMarker bool
 }
 
 // hasExt reports whether h carries anything only our extension holds.
-func (h *Hello) hasExt() bool { return h.HasToken || h.SQSize != 0 }
+func (h *Hello) hasExt() bool { return h.HasToken || h.SQSize != 0 || h.CloseMarker }
 
 // Validate applies brpc's ValidHello rules; it names the first rule broken.
 func (h *Hello) Validate() error {
@@ -145,6 +152,9 @@ func AppendV2(dst []byte, h Hello) []byte {
 		var flags uint32
 		if h.HasToken {
 			flags |= v2ExtHasToken
+		}
+		if h.CloseMarker {
+			flags |= v2ExtCloseMarker
 		}
 		dst = append(dst, V2ExtTag...)
 		dst = binary.BigEndian.AppendUint32(dst, h.Token)
@@ -232,6 +242,7 @@ func decodeV2Ext(h *Hello, ext []byte) {
 	if flags&v2ExtHasToken != 0 {
 		h.Token, h.HasToken = be.Uint32(ext[4:]), true
 	}
+	h.CloseMarker = flags&v2ExtCloseMarker != 0
 }
 
 // ParseV2 parses a complete v2 packet, magic included, whose length is

@@ -68,6 +68,10 @@ func TestV2GoldenBytes(t *testing.T) {
 	sqOnly := sampleHello()
 	sqOnly.SQSize = 16
 	goldenSQOnly := "55524d41" + "0066" + goldenV2[12:] + "4b385354" + "00000000" + "00000010" + "00000000"
+	// Flag bit 1: the sender ends connections with a close marker.
+	marker := sampleHello()
+	marker.SQSize, marker.CloseMarker = 16, true
+	goldenMarker := "55524d41" + "0066" + goldenV2[12:] + "4b385354" + "00000000" + "00000010" + "00000002"
 
 	tests := []struct {
 		name   string
@@ -78,6 +82,7 @@ func TestV2GoldenBytes(t *testing.T) {
 		{"brpc layout", sampleHello(), goldenV2, V2PacketLen},
 		{"with token extension", withToken, goldenWithToken, V2PacketLen + V2ExtLen},
 		{"extension without token", sqOnly, goldenSQOnly, V2PacketLen + V2ExtLen},
+		{"close marker", marker, goldenMarker, V2PacketLen + V2ExtLen},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -198,7 +203,9 @@ func TestV3RoundTrip(t *testing.T) {
 	withToken.Token, withToken.HasToken = 7, true
 	withSQ := withToken
 	withSQ.SQSize = 4096
-	for _, h := range []Hello{sampleHello(), withToken, withSQ} {
+	withMarker := withSQ
+	withMarker.CloseMarker = true
+	for _, h := range []Hello{sampleHello(), withToken, withSQ, withMarker} {
 		p := AppendV3(nil, h)
 		if string(p[:4]) != MagicV3 {
 			t.Fatalf("magic %q", p[:4])

@@ -19,9 +19,11 @@ const (
 	fieldSegVA         protowire.Number = 9
 	fieldSegLen        protowire.Number = 10
 	fieldSegTokenID    protowire.Number = 11
-	// fieldToken and fieldSQSize are ours; brpc keeps them as unknown fields.
-	fieldToken  protowire.Number = 100
-	fieldSQSize protowire.Number = 101
+	// fieldToken, fieldSQSize and fieldCloseMarker are ours; brpc keeps
+	// them as unknown fields.
+	fieldToken       protowire.Number = 100
+	fieldSQSize      protowire.Number = 101
+	fieldCloseMarker protowire.Number = 102
 )
 
 // requiredFields are brpc's proto2 required fields, in field-number order.
@@ -66,6 +68,9 @@ func MarshalV3Body(dst []byte, h Hello) []byte {
 	}
 	if h.SQSize != 0 {
 		dst = u32(dst, fieldSQSize, h.SQSize)
+	}
+	if h.CloseMarker {
+		dst = u32(dst, fieldCloseMarker, 1)
 	}
 	return dst
 }
@@ -146,7 +151,7 @@ func UnmarshalV3Body(body []byte) (Hello, error) {
 func isVarintField(num protowire.Number) bool {
 	switch num {
 	case fieldBufferSize, fieldRecvBufferCnt, fieldJettyID, fieldUASID, fieldTPType,
-		fieldSegUASID, fieldSegVA, fieldSegLen, fieldSegTokenID, fieldToken, fieldSQSize:
+		fieldSegUASID, fieldSegVA, fieldSegLen, fieldSegTokenID, fieldToken, fieldSQSize, fieldCloseMarker:
 		return true
 	}
 	return false
@@ -184,6 +189,8 @@ func setVarint(h *Hello, num protowire.Number, v uint64) {
 		h.HasToken = true
 	case fieldSQSize:
 		h.SQSize = uint32(v)
+	case fieldCloseMarker:
+		h.CloseMarker = v != 0
 	}
 }
 
