@@ -41,8 +41,8 @@ type urmaConn struct {
 	peerBufSize int
 	peerMarks   bool // the peer ends with a close marker (its hello says so)
 	chunk       int  // most bytes per SEND: min(our, the peer's buffer size)
-	windowCap   int // both windows: min(sq, peer rq) - 3
-	threshold   int // credits held back before returning them
+	windowCap   int  // both windows: min(sq, peer rq) - 3
+	threshold   int  // credits held back before returning them
 
 	rx []*Buffer // receive buffers, by slot (the receive's user_ctx - 1)
 

@@ -191,7 +191,7 @@ func TestFailureIsNotEOF(t *testing.T) {
 	checkNoLeaks(t)
 	injected := urma.Errorf("injected", urma.CodeFail, "by the test")
 	for _, tc := range []struct {
-		name  string
+		name    string
 		breakIt func(t *testing.T, p pair, fp *faultProvider)
 	}{
 		{"completion queue fails", func(_ *testing.T, p pair, fp *faultProvider) {
