@@ -259,9 +259,10 @@ func TestHardwareLifecycle(t *testing.T) {
 	tree.SetPortState(t, "udma1", 0, urma.PortActive)
 	n.units("udma1 recovered", func(m map[string]*pluginapi.Device) bool { return count("udma1-", pluginapi.Healthy)(m) == 63 })
 
-	// A malformed file makes the device unhealthy, with the reason in the metrics.
+	// A malformed file makes the device unhealthy, with the reason in the
+	// metrics; its IDs stay (they vanish only with the device).
 	tree.WriteFile(t, "udma1", "max_jetty", "many\n")
-	n.units("udma1 malformed", func(m map[string]*pluginapi.Device) bool { return count("udma1-", "")(m) == 0 })
+	n.units("udma1 malformed", func(m map[string]*pluginapi.Device) bool { return count("udma1-", pluginapi.Unhealthy)(m) == 63 })
 	eventually(t, "discovery problem metric", func() bool {
 		_, body := n.get("/metrics")
 		return strings.Contains(body, `urma_deviceplugin_discovery_problems{device="udma1"} 1`) && strings.Contains(body, "max_jetty")

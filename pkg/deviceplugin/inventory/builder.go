@@ -94,6 +94,12 @@ func (b *Builder) Build(scan Scan, now time.Time) (Snapshot, []selection.Decisio
 			continue
 		}
 		d := FromSysfs(&scan.Devices[i], b.cfg.Budget)
+		if prev, ok := b.known[d.Name]; ok && len(scan.Devices[i].Problems) > 0 {
+			// A read problem says nothing about the device's size: keep the
+			// IDs kubelet knows (the health debounce marks them Unhealthy if
+			// the problem persists). IDs only vanish with the device.
+			d.Budget, d.Info.Caps, d.Info.ReservedJetty = prev.Budget, prev.Info.Caps, prev.Info.ReservedJetty
+		}
 		seen[d.Name] = true
 		b.presence.Observe(d.Name, health.Verdict{Healthy: true}, now)
 		v, r := b.health.Observe(d.Name, health.Verdict{Healthy: d.Healthy, Reason: d.Reason}, now)
@@ -162,7 +168,8 @@ func FromSysfs(d *sysfs.Device, rule budget.Config) Device {
 		Bonding:  d.IsBonding,
 	}
 	if len(d.Problems) > 0 {
-		// A device whose files cannot be read has no trustworthy budget.
+		// A device whose files cannot be read has no trustworthy budget;
+		// Builder keeps the last trustworthy one of a known device.
 		out.Budget = budget.Budget{}
 	}
 	if len(d.EIDs) > 0 {

@@ -101,6 +101,61 @@ func TestBuildUnhealthyAndMalformed(t *testing.T) {
 	}
 }
 
+// malformed is d as discovery reports it when max_jetty cannot be parsed.
+func malformed(d sysfs.Device) sysfs.Device {
+	d.Problems = []string{`max_jetty: "garbage" is not a number`}
+	d.Caps.MaxJetty = 0
+	return d
+}
+
+func TestBuildKeepsIDsThroughAFlappingMalformedFile(t *testing.T) {
+	b := NewBuilder(cfg(2))
+	now := time.Now()
+	want := budget.Default().For(1024, urma.Range{Min: 0, Max: 15})
+	steps := []struct {
+		name    string
+		scan    []sysfs.Device
+		healthy bool
+		listed  bool
+	}{
+		{"clean", []sysfs.Device{dev("udma0", 0)}, true, true},
+		{"one malformed read: debounced", []sysfs.Device{malformed(dev("udma0", 0))}, true, true},
+		{"clean again", []sysfs.Device{dev("udma0", 0)}, true, true},
+		{"malformed", []sysfs.Device{malformed(dev("udma0", 0))}, true, true},
+		{"still malformed: unhealthy, IDs kept", []sysfs.Device{malformed(dev("udma0", 0))}, false, true},
+		{"gone once: listed while debounced", nil, false, true},
+		{"gone for good: IDs vanish with the device", nil, false, false},
+	}
+	for _, st := range steps {
+		now = now.Add(time.Second)
+		snap, _, _ := b.Build(Scan{Devices: st.scan}, now)
+		d, ok := snap.Lookup("udma0")
+		if ok != st.listed {
+			t.Fatalf("%s: listed %v, want %v", st.name, ok, st.listed)
+		}
+		if !ok {
+			continue
+		}
+		if d.Budget != want {
+			t.Errorf("%s: budget %+v, want the last trustworthy %+v", st.name, d.Budget, want)
+		}
+		if d.Info.Caps.MaxJetty != 1024 {
+			t.Errorf("%s: max_jetty %d, want the last trustworthy 1024", st.name, d.Info.Caps.MaxJetty)
+		}
+		if d.Healthy != st.healthy {
+			t.Errorf("%s: healthy %v (%s), want %v", st.name, d.Healthy, d.Reason, st.healthy)
+		}
+	}
+}
+
+func TestBuildNewMalformedDeviceAdvertisesNothing(t *testing.T) {
+	b := NewBuilder(cfg(2))
+	snap, _, _ := b.Build(Scan{Devices: []sysfs.Device{malformed(dev("udma0", 0))}}, time.Now())
+	if d, ok := snap.Lookup("udma0"); !ok || d.Healthy || d.Budget.Units != 0 {
+		t.Fatalf("a device first seen malformed: %+v, want listed, unhealthy, no units", d)
+	}
+}
+
 func TestBuildSelection(t *testing.T) {
 	c := cfg(1)
 	b := NewBuilder(c)
