@@ -37,25 +37,27 @@ const (
 	DefaultRetryMax     = time.Minute
 )
 
-// FactsFor summarizes a snapshot: the number of advertised devices, whether
-// they are all software devices, and the smallest of each capability (a pod
-// may land on any device, so the operator must not exceed any of them).
+// FactsFor summarizes a snapshot over its healthy devices that advertise at
+// least one unit: their number, whether they are all software devices, and
+// the smallest of each capability (a pod may land on any of them, so the
+// operator must not exceed any). An unhealthy or budgetless device takes no
+// pods, so it must not lower the node's limits.
 func FactsFor(snap *inventory.Snapshot) nodefacts.Facts {
-	f := nodefacts.Facts{DeviceCount: len(snap.Devices), JettiesPerUnit: snap.JettiesPerUnit}
-	if f.DeviceCount == 0 {
-		return nodefacts.Facts{}
-	}
-	f.Software = true
-	for i, d := range snap.Devices {
-		c := d.Info.Caps
-		if !d.Software {
-			f.Software = false
-		}
-		if i == 0 {
-			f.MaxJFSDepth, f.MaxJFRDepth, f.MaxJFCDepth = c.MaxJFSDepth, c.MaxJFRDepth, c.MaxJFCDepth
-			f.MaxMsgSize, f.JettiesPerDevice = c.MaxMsgSize, d.Budget.Jetties
+	var f nodefacts.Facts
+	for _, d := range snap.Devices {
+		if !d.Healthy || d.Budget.Units == 0 {
 			continue
 		}
+		c := d.Info.Caps
+		if f.DeviceCount == 0 {
+			f = nodefacts.Facts{
+				Software: true, JettiesPerUnit: snap.JettiesPerUnit,
+				MaxJFSDepth: c.MaxJFSDepth, MaxJFRDepth: c.MaxJFRDepth, MaxJFCDepth: c.MaxJFCDepth,
+				MaxMsgSize: c.MaxMsgSize, JettiesPerDevice: d.Budget.Jetties,
+			}
+		}
+		f.DeviceCount++
+		f.Software = f.Software && d.Software
 		f.MaxJFSDepth = min(f.MaxJFSDepth, c.MaxJFSDepth)
 		f.MaxJFRDepth = min(f.MaxJFRDepth, c.MaxJFRDepth)
 		f.MaxJFCDepth = min(f.MaxJFCDepth, c.MaxJFCDepth)

@@ -65,6 +65,23 @@ func TestFactsFor(t *testing.T) {
 			}
 		})
 	}
+	// Only healthy devices with a budget count: a bad device must not
+	// poison the node's limits.
+	poisoned := twoDevices()
+	sick := hwDevice("udma2", 1, 1, 1, 1, 1008)
+	sick.Healthy = false
+	empty := hwDevice("udma3", 2, 2, 2, 2, 0)
+	malformed := hwDevice("udma4", 0, 0, 0, 0, 0)
+	malformed.Healthy, malformed.Reason = false, "max_jetty: malformed"
+	poisoned.Devices = append(poisoned.Devices, sick, empty, malformed)
+	if got, want := FactsFor(poisoned), FactsFor(twoDevices()); got != want {
+		t.Errorf("FactsFor with unhealthy and empty devices = %+v\nwant the healthy ones' %+v", got, want)
+	}
+	allSick := &inventory.Snapshot{JettiesPerUnit: 16, Devices: []inventory.Device{sick}}
+	if got := FactsFor(allSick); got != (nodefacts.Facts{}) {
+		t.Errorf("FactsFor with no healthy device = %+v, want none", got)
+	}
+
 	mixed := twoDevices()
 	mixed.Devices = append(mixed.Devices, soft[0])
 	if FactsFor(mixed).Software {
