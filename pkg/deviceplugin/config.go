@@ -7,6 +7,7 @@ package deviceplugin
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
@@ -46,6 +47,8 @@ type Config struct {
 	// with CDI device names.
 	CDIEnabled bool
 	CDI        cdispec.Config
+	// CDIRetry is how often a failed CDI spec write is retried.
+	CDIRetry time.Duration
 
 	// LabelNode enables node labels/annotations; NodeName is the Node
 	// (default: $NODE_NAME) and Kubeconfig an optional kubeconfig path
@@ -75,6 +78,7 @@ func Default() Config {
 			ResourceName: nodefacts.ResourceName, CheckInterval: registrar.DefaultCheckInterval,
 		},
 		CDI:            cdispec.Config{Dir: cdispec.DefaultDir, Kind: cdispec.DefaultKind},
+		CDIRetry:       DefaultCDIRetry,
 		LabelNode:      true,
 		MetricsAddress: DefaultMetricsAddress,
 	}
@@ -130,6 +134,9 @@ func (c *Config) Validate() error {
 	if c.CDIEnabled {
 		if err := c.CDI.Validate(); err != nil {
 			errs = append(errs, err)
+		}
+		if c.CDIRetry <= 0 {
+			errs = append(errs, fmt.Errorf("CDI retry interval %s must be positive", c.CDIRetry))
 		}
 	}
 	return errors.Join(errs...)

@@ -32,6 +32,8 @@ type Deps struct {
 	KubeClient kubernetes.Interface
 	// MetricsListening, when set, is told the address /metrics is served on.
 	MetricsListening func(addr string)
+	// Source, when set, replaces sysfs discovery (tests).
+	Source watch.Source
 }
 
 // Run serves the device plugin until ctx is canceled. It returns an error
@@ -46,7 +48,11 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 			"count", cfg.Inventory.SoftDevices, "jettiesEach", cfg.Inventory.SoftJetties)
 	}
 	m := metrics.New()
-	inv := inventory.New(cfg.Inventory.Budget.JettiesPerUnit)
+	// discovered is what the scans find; advertised is what kubelet, the
+	// node facts and /healthz are told. They are one inventory unless CDI
+	// is on: then a device is advertised only once its CDI spec is written.
+	discovered := inventory.New(cfg.Inventory.Budget.JettiesPerUnit)
+	advertised := discovered
 
 	srvCfg := cfg.Server
 	srvCfg.DevRoot = cfg.Sysfs.DevRoot
@@ -60,12 +66,17 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 		}
 		cdiWriter = w
 		srvCfg.CDIKind = cdiCfg.Kind
+		advertised = inventory.New(cfg.Inventory.Budget.JettiesPerUnit)
 	}
-	svc := server.New(srvCfg, inv, log.WithName("server"), m)
+	svc := server.New(srvCfg, advertised, log.WithName("server"), m)
 	regCfg := cfg.Registrar
 	regCfg.Options = server.Options()
 	reg := registrar.New(regCfg, svc, log.WithName("registrar"), m)
-	watcher := watch.New(cfg.Watch, watch.SysfsSource{Opts: cfg.Sysfs}, inventory.NewBuilder(cfg.Inventory), inv, log.WithName("discovery"), m)
+	var src watch.Source = watch.SysfsSource{Opts: cfg.Sysfs}
+	if deps.Source != nil {
+		src = deps.Source
+	}
+	watcher := watch.New(cfg.Watch, src, inventory.NewBuilder(cfg.Inventory), discovered, log.WithName("discovery"), m)
 
 	publisher, err := newPublisher(cfg, deps, log.WithName("node"), m)
 	if err != nil {
@@ -85,13 +96,21 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return watcher.Run(ctx) })
-	g.Go(func() error { return reg.Run(ctx) })
-	g.Go(func() error { return publisher.Run(ctx, inv) })
+	g.Go(func() error {
+		// Kubelet must never get an empty first list from a node that has
+		// devices, nor a device before its CDI spec exists: serve and
+		// register only once the first scan is advertised.
+		if _, ok := advertised.WaitScanned(ctx); !ok {
+			return nil
+		}
+		return reg.Run(ctx)
+	})
+	g.Go(func() error { return publisher.Run(ctx, advertised) })
 	if cdiWriter != nil {
-		g.Go(func() error { return cdiWriter.Run(ctx, inv, DefaultCDIRetry) })
+		g.Go(func() error { return cdiWriter.Run(ctx, discovered, advertised, cfg.CDIRetry) })
 	}
 	if lis != nil {
-		g.Go(func() error { return serveHTTP(ctx, lis, m, reg, inv, log.WithName("http")) })
+		g.Go(func() error { return serveHTTP(ctx, lis, m, reg, advertised, log.WithName("http")) })
 	}
 	log.Info("urma-device-plugin started", "resource", cfg.Registrar.ResourceName, "socketDir", cfg.Registrar.SocketDir,
 		"sysfsRoot", cfg.Sysfs.SysfsRoot, "devRoot", cfg.Sysfs.DevRoot, "jettiesPerUnit", cfg.Inventory.Budget.JettiesPerUnit,
@@ -140,6 +159,10 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	return c, nil
 }
 
+// HealthWaitingForScan is /healthz's answer until the first discovery scan
+// is advertised (the plugin registers with kubelet only then).
+const HealthWaitingForScan = "waiting for the first discovery scan; not registered with kubelet yet"
+
 // serveHTTP serves /metrics and /healthz until ctx ends. /healthz is 200
 // while the plugin's gRPC socket is served (kubelet being away is not the
 // plugin's illness) and says whether it is registered and how many devices
@@ -152,6 +175,10 @@ func serveHTTP(ctx context.Context, lis net.Listener, m *metrics.Metrics, reg *r
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if !reg.Serving() {
 			w.WriteHeader(http.StatusServiceUnavailable)
+			if !snap.Scanned {
+				fmt.Fprintln(w, HealthWaitingForScan)
+				return
+			}
 			fmt.Fprintln(w, "not serving the device plugin socket")
 			return
 		}

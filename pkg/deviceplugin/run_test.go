@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,8 +20,10 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/kubelettest"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/watch"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
@@ -41,6 +44,13 @@ type node struct {
 // start runs the whole plugin against a fake host tree, a fake kubelet and
 // a fake API server.
 func start(t *testing.T, tree *sysfstest.Tree, mutate func(*Config)) *node {
+	t.Helper()
+	return startWith(t, tree, mutate, Deps{})
+}
+
+// startWith is start with dependencies to inject (KubeClient and
+// MetricsListening are always the harness's own).
+func startWith(t *testing.T, tree *sysfstest.Tree, mutate func(*Config), deps Deps) *node {
 	t.Helper()
 	dir, cleanup, err := kubelettest.SocketDir()
 	if err != nil {
@@ -70,7 +80,8 @@ func start(t *testing.T, tree *sysfstest.Tree, mutate func(*Config)) *node {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, testr.New(t), cfg, Deps{KubeClient: n.client, MetricsListening: func(a string) { addr <- a }})
+		deps.KubeClient, deps.MetricsListening = n.client, func(a string) { addr <- a }
+		done <- Run(ctx, testr.New(t), cfg, deps)
 	}()
 	select {
 	case a := <-addr:
@@ -371,6 +382,87 @@ func TestCDIMode(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join(cdiDir, "urma.openeuler.org-jetty.yaml"))
 		return err == nil && strings.Contains(string(b), "/dev/uburma/udma0")
 	})
+}
+
+// gatedSource is a sysfs source whose first scan waits for release: a
+// slow first scan (a driver still creating its files).
+type gatedSource struct {
+	watch.SysfsSource
+	release chan struct{}
+	once    sync.Once
+}
+
+func (g *gatedSource) Scan() (inventory.Scan, error) {
+	g.once.Do(func() { <-g.release })
+	return g.SysfsSource.Scan()
+}
+
+// streaming reports whether the fake kubelet follows the plugin's stream
+// and has received a list.
+func streaming(s kubelettest.State) bool {
+	p, ok := s.Plugins[nodefacts.ResourceName]
+	return ok && p.Streaming && p.Updates > 0
+}
+
+func TestRegistersOnlyAfterTheFirstScan(t *testing.T) {
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	src := &gatedSource{SysfsSource: watch.SysfsSource{Opts: tree.Options()}, release: make(chan struct{})}
+	n := startWith(t, tree, nil, Deps{Source: src})
+
+	// Hold the first scan until either kubelet got a list (the plugin
+	// registered without waiting) or the plugin says it waits for the scan.
+	eventually(t, "the kubelet's first list or the plugin waiting for its first scan", func() bool {
+		if s, _ := n.kubelet.State(); streaming(s) {
+			return true
+		}
+		code, body := n.get("/healthz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, HealthWaitingForScan)
+	})
+	close(src.release)
+
+	s, err := n.kubelet.WaitFor(n.ctx(), streaming)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first := s.Plugins[nodefacts.ResourceName].FirstDevices; len(first) != 63 {
+		t.Fatalf("kubelet's first list has %d units, want udma0's 63: registered before the first scan", len(first))
+	}
+}
+
+func TestCDIModeAdvertisesADeviceOnlyOnceItsSpecIsWritten(t *testing.T) {
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	// The spec directory cannot be created while a file stands in its way.
+	blocker := filepath.Join(t.TempDir(), "cdi-blocked")
+	if err := os.WriteFile(blocker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cdiDir := filepath.Join(blocker, "cdi")
+	n := start(t, tree, func(c *Config) {
+		c.CDIEnabled, c.CDI.Dir, c.CDIRetry = true, cdiDir, 10*time.Millisecond
+	})
+	if _, err := n.kubelet.WaitFor(n.ctx(), streaming); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "udma0 discovered", func() bool {
+		_, body := n.get("/metrics")
+		return strings.Contains(body, `urma_deviceplugin_units{device="udma0"} 63`)
+	})
+	if _, err := n.allocate("udma0-0"); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("allocating udma0 while its CDI spec cannot be written: %v, want it refused as unknown", err)
+	}
+
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
+	n.units("udma0 once its spec is written", func(m map[string]*pluginapi.Device) bool { return count("udma0-", pluginapi.Healthy)(m) == 63 })
+	if _, err := os.Stat(filepath.Join(cdiDir, "urma.openeuler.org-jetty.yaml")); err != nil {
+		t.Fatalf("udma0 advertised without its CDI spec: %v", err)
+	}
+	if _, err := n.allocate("udma0-0"); err != nil {
+		t.Fatalf("allocate once the spec exists: %v", err)
+	}
 }
 
 func TestRunRejectsBadConfig(t *testing.T) {

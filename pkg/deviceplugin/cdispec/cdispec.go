@@ -69,8 +69,8 @@ type Writer struct {
 	log   logr.Logger
 	name  string // spec file name, without extension
 	last  string // rendering of the last spec written, "" = none/removed
-
-	afterSync func(generation uint64) // test hook, called after each Sync in Run
+	// covered maps each device in the spec on disk to its host device node.
+	covered map[string]string
 }
 
 // New returns a writer for cfg.
@@ -139,7 +139,7 @@ func (w *Writer) Sync(snap *inventory.Snapshot) error {
 		if err := w.cache.RemoveSpec(w.name + ".yaml"); err != nil {
 			return fmt.Errorf("remove CDI spec %s: %w", w.name, err)
 		}
-		w.last = ""
+		w.last, w.covered = "", nil
 		w.log.Info("removed the CDI spec: no hardware device to inject", "dir", w.cfg.Dir)
 		return nil
 	}
@@ -151,6 +151,10 @@ func (w *Writer) Sync(snap *inventory.Snapshot) error {
 		return fmt.Errorf("write CDI spec %s into %s: %w", w.name, w.cfg.Dir, err)
 	}
 	w.last = key
+	w.covered = map[string]string{}
+	for _, d := range spec.Devices {
+		w.covered[d.Name] = d.ContainerEdits.DeviceNodes[0].HostPath
+	}
 	w.log.Info("wrote the CDI spec", "dir", w.cfg.Dir, "kind", w.cfg.Kind, "devices", len(spec.Devices))
 	return nil
 }
@@ -170,18 +174,40 @@ func render(s *specs.Spec) string {
 	return b.String()
 }
 
-// Run syncs the spec with every new snapshot until ctx ends, retrying a
-// failed write every retry interval.
-func (w *Writer) Run(ctx context.Context, inv *inventory.Inventory, retry time.Duration) error {
+// Covered returns the part of a snapshot the spec on disk can serve: every
+// device but the hardware devices with a device node that the last written
+// spec does not name (with that node). Devices without a node are unhealthy
+// and cannot be allocated, so they stay listed.
+func (w *Writer) Covered(snap *inventory.Snapshot) inventory.Snapshot {
+	out := *snap
+	out.Devices = make([]inventory.Device, 0, len(snap.Devices))
+	for _, d := range snap.Devices {
+		host := devpath.ToHost(w.cfg.DevRoot, d.DevNode)
+		if !d.Software && host != "" && w.covered[d.Name] != host {
+			continue
+		}
+		out.Devices = append(out.Devices, d)
+	}
+	return out
+}
+
+// Run keeps the spec in step with discovered and publishes to advertised
+// (what kubelet is told) only what the spec on disk covers, so that no
+// device is allocated before the runtime can resolve its CDI name. It waits
+// for the first scan, and retries a failed write every retry interval;
+// until a write succeeds, devices the spec lacks are held back.
+func (w *Writer) Run(ctx context.Context, discovered, advertised *inventory.Inventory, retry time.Duration) error {
 	t := time.NewTicker(retry)
 	defer t.Stop()
 	for {
-		snap, changed := inv.Current()
-		if err := w.Sync(snap); err != nil {
-			w.log.Error(err, "CDI spec not updated; retrying")
-		}
-		if w.afterSync != nil {
-			w.afterSync(snap.Generation)
+		snap, changed := discovered.Current()
+		if snap.Scanned {
+			pub := *snap
+			if err := w.Sync(snap); err != nil {
+				w.log.Error(err, "CDI spec not updated; devices it lacks are not advertised until a retry succeeds", "retryIn", retry)
+				pub = w.Covered(snap)
+			}
+			advertised.Publish(pub)
 		}
 		select {
 		case <-ctx.Done():

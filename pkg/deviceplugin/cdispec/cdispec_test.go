@@ -122,6 +122,40 @@ func TestSyncWritesAReadableSpecAndRemovesIt(t *testing.T) {
 	}
 }
 
+// runWriter runs w.Run from discovered to a new advertised inventory until
+// the test ends.
+func runWriter(t *testing.T, w *Writer, discovered *inventory.Inventory, retry time.Duration) *inventory.Inventory {
+	t.Helper()
+	advertised := inventory.New(16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, discovered, advertised, retry) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return advertised
+}
+
+// waitAdvertised follows an inventory until cond holds.
+func waitAdvertised(t *testing.T, inv *inventory.Inventory, what string, cond func(*inventory.Snapshot) bool) *inventory.Snapshot {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		s, changed := inv.Current()
+		if cond(s) {
+			return s
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("timed out waiting for %s; advertised %+v", what, s)
+		}
+	}
+}
+
 func TestRunFollowsInventory(t *testing.T) {
 	root := devRoot(t)
 	dir := t.TempDir()
@@ -129,33 +163,55 @@ func TestRunFollowsInventory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	synced := make(chan uint64, 16)
-	w.afterSync = func(gen uint64) { synced <- gen }
-	inv := inventory.New(16)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx, inv, time.Hour) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	inv.Publish(inventory.Snapshot{Devices: []inventory.Device{{Name: "udma7", Healthy: true, DevNode: filepath.Join(root, "uburma/udma7")}}})
-	timeout := time.After(10 * time.Second)
-	for gen := uint64(0); gen < 1; {
-		select {
-		case gen = <-synced:
-		case <-timeout:
-			t.Fatal("Run did not sync the published snapshot")
-		}
-	}
+	discovered := inventory.New(16)
+	advertised := runWriter(t, w, discovered, time.Hour)
+	discovered.Publish(inventory.Snapshot{Scanned: true, Devices: []inventory.Device{{Name: "udma7", Healthy: true, DevNode: filepath.Join(root, "uburma/udma7")}}})
+	waitAdvertised(t, advertised, "udma7 advertised", func(s *inventory.Snapshot) bool { _, ok := s.Lookup("udma7"); return ok })
 	b, err := os.ReadFile(filepath.Join(dir, "example.com-urma.yaml"))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("udma7 advertised before its CDI spec was written: %v", err)
 	}
 	if spec, err := cdi.ParseSpec(b); err != nil || spec.Devices[0].Name != "udma7" {
 		t.Fatalf("spec %+v, %v", spec, err)
+	}
+}
+
+func TestRunHoldsBackDevicesUntilTheirSpecIsWritten(t *testing.T) {
+	root := devRoot(t)
+	// The spec directory cannot be created while a file stands in its way.
+	blocker := filepath.Join(t.TempDir(), "run-cdi")
+	if err := os.WriteFile(blocker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(blocker, "cdi")
+	w, err := New(Config{Dir: dir, Kind: DefaultKind, DevRoot: root}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	discovered := inventory.New(16)
+	advertised := runWriter(t, w, discovered, 10*time.Millisecond)
+	soft := inventory.SoftDevices(inventory.Config{Budget: budget.Default(), SoftDevices: 1, SoftJetties: 32})[0]
+	discovered.Publish(inventory.Snapshot{Scanned: true, Devices: []inventory.Device{
+		soft,
+		{Name: "udma0", Healthy: true, DevNode: filepath.Join(root, "uburma/udma0")},
+		{Name: "udma1", Reason: "device node missing"},
+	}})
+	s := waitAdvertised(t, advertised, "the first scan's covered part", func(s *inventory.Snapshot) bool { return s.Scanned })
+	if _, ok := s.Lookup("udma0"); ok {
+		t.Fatal("udma0 advertised although its CDI spec could not be written")
+	}
+	for _, name := range []string{soft.Name, "udma1"} {
+		if _, ok := s.Lookup(name); !ok {
+			t.Errorf("%s needs no spec but was held back: %+v", name, s.Devices)
+		}
+	}
+
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
+	waitAdvertised(t, advertised, "udma0 once a retry wrote its spec", func(s *inventory.Snapshot) bool { _, ok := s.Lookup("udma0"); return ok })
+	if _, err := os.Stat(filepath.Join(dir, "urma.openeuler.org-jetty.yaml")); err != nil {
+		t.Fatalf("udma0 advertised without a spec on disk: %v", err)
 	}
 }
 

@@ -8,6 +8,7 @@
 package inventory
 
 import (
+	"context"
 	"slices"
 	"sync"
 
@@ -146,4 +147,20 @@ func (inv *Inventory) Publish(s Snapshot) bool {
 	close(inv.changed)
 	inv.changed = make(chan struct{})
 	return true
+}
+
+// WaitScanned blocks until a snapshot built from a scan is published and
+// returns it; ok is false when ctx ended first.
+func (inv *Inventory) WaitScanned(ctx context.Context) (snap *Snapshot, ok bool) {
+	for {
+		snap, changed := inv.Current()
+		if snap.Scanned {
+			return snap, true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
 }

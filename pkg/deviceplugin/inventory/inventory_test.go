@@ -1,6 +1,7 @@
 package inventory
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -383,5 +384,22 @@ func TestFirstScanIsPublishedEvenWhenEmpty(t *testing.T) {
 	}
 	if s, _ := inv.Current(); !s.Scanned || s.Generation != 1 {
 		t.Fatalf("after the first scan: %+v", s)
+	}
+}
+
+func TestWaitScanned(t *testing.T) {
+	inv := New(16)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, ok := inv.WaitScanned(ctx); ok {
+		t.Fatal("WaitScanned returned a snapshot before any scan")
+	}
+	// A node without devices: the first scan finds nothing, and that is an
+	// answer consumers must be able to tell from "not scanned yet".
+	snap, _, _ := NewBuilder(cfg(1)).Build(Scan{}, time.Now())
+	inv.Publish(snap)
+	s, ok := inv.WaitScanned(context.Background())
+	if !ok || !s.Scanned || len(s.Devices) != 0 {
+		t.Fatalf("WaitScanned = %+v, %v; want the empty first scan", s, ok)
 	}
 }

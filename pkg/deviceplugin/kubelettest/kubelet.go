@@ -32,6 +32,9 @@ type Plugin struct {
 	// lists received on the current stream.
 	Devices []*pluginapi.Device
 	Updates int
+	// FirstDevices is the first list received on the current stream: what a
+	// restarted kubelet would base its allocatable count on.
+	FirstDevices []*pluginapi.Device
 	// Streaming is true while the ListAndWatch stream is open.
 	Streaming bool
 
@@ -169,6 +172,9 @@ func (k *Kubelet) follow(ctx context.Context, p *Plugin) {
 		}
 		k.mu.Lock()
 		p.Devices = resp.Devices
+		if p.Updates == 0 {
+			p.FirstDevices = resp.Devices
+		}
 		p.Updates++
 		k.notifyLocked()
 		k.mu.Unlock()
@@ -192,6 +198,7 @@ func (k *Kubelet) State() (State, <-chan struct{}) {
 	for r, p := range k.plugins {
 		cp := *p
 		cp.Devices = append([]*pluginapi.Device(nil), p.Devices...)
+		cp.FirstDevices = append([]*pluginapi.Device(nil), p.FirstDevices...)
 		s.Plugins[r] = cp
 	}
 	return s, k.changed
