@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
@@ -109,6 +110,11 @@ func (c *Config) AddServeFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.CDIEnabled, "cdi", c.CDIEnabled, "CDI mode: write a CDI spec and answer Allocate with CDI device names")
 	fs.StringVar(&c.CDI.Dir, "cdi-spec-dir", c.CDI.Dir, "directory to write the CDI spec into (one the container runtime reads)")
 	fs.StringVar(&c.CDI.Kind, "cdi-kind", c.CDI.Kind, "CDI vendor/class of the devices")
+	fs.Func("cdi-strategy", "how CDI device names reach the runtime, comma-separated: cdi-cri (the CdiDevices field of the Allocate response) and/or cdi-annotations (a cdi.k8s.io/ container annotation, for runtimes that read only annotations) (default cdi-cri)", func(s string) error {
+		st, err := server.ParseCDIStrategies(s)
+		c.Server.CDIStrategies = st
+		return err
+	})
 	fs.BoolVar(&c.LabelNode, "label-node", c.LabelNode, "label and annotate this Node (NODE_NAME) with the device facts; needs RBAC nodes get/patch")
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "Node to label (default: $NODE_NAME)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for node labeling outside a cluster (default: in-cluster config)")
@@ -138,6 +144,13 @@ func (c *Config) Validate() error {
 		if c.CDIRetry <= 0 {
 			errs = append(errs, fmt.Errorf("CDI retry interval %s must be positive", c.CDIRetry))
 		}
+		if slices.Contains(c.Server.CDIStrategies, server.CDIStrategyAnnotations) {
+			if _, err := server.CDIAnnotationKey(c.CDI.Kind); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	} else if len(c.Server.CDIStrategies) > 0 {
+		errs = append(errs, errors.New("a CDI strategy is set but CDI mode is off: add --cdi"))
 	}
 	return errors.Join(errs...)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -44,7 +45,7 @@ func TestServeFlags(t *testing.T) {
 		"--poll-interval=2s", "--health-debounce-scans=3", "--health-debounce-hold=1s",
 		"--socket-dir=/plugins", "--socket-name=x.sock", "--resource-name=example.com/j",
 		"--kubelet-check-interval=1s", "--resync-interval=30s", "--extra-dev-nodes=/dev/a,/dev/b",
-		"--cdi", "--cdi-spec-dir=/etc/cdi", "--cdi-kind=example.com/urma", "--label-node=false",
+		"--cdi", "--cdi-spec-dir=/etc/cdi", "--cdi-kind=example.com/urma", "--cdi-strategy=cdi-annotations,cdi-cri", "--label-node=false",
 		"--node-name=n1", "--kubeconfig=/kc", "--nfd-features-dir=/nfd", "--metrics-address=:1234",
 	)
 	if err != nil {
@@ -68,7 +69,8 @@ func TestServeFlags(t *testing.T) {
 		{"watch", cfg.Watch.PollInterval == 2*time.Second && cfg.Inventory.Debounce.Observations == 3 && cfg.Inventory.Debounce.Hold == time.Second},
 		{"registrar", cfg.Registrar.SocketDir == "/plugins" && cfg.Registrar.SocketName == "x.sock" && cfg.Registrar.ResourceName == "example.com/j" && cfg.Registrar.CheckInterval == time.Second},
 		{"server", cfg.Server.Resync == 30*time.Second && slices.Equal(cfg.Server.ExtraDevNodes, []string{"/dev/a", "/dev/b"})},
-		{"cdi", cfg.CDIEnabled && cfg.CDI.Dir == "/etc/cdi" && cfg.CDI.Kind == "example.com/urma"},
+		{"cdi", cfg.CDIEnabled && cfg.CDI.Dir == "/etc/cdi" && cfg.CDI.Kind == "example.com/urma" &&
+			slices.Equal(cfg.Server.CDIStrategies, []server.CDIStrategy{server.CDIStrategyAnnotations, server.CDIStrategyCRI})},
 		{"node", !cfg.LabelNode && cfg.NodeName == "n1" && cfg.Kubeconfig == "/kc" && cfg.FeaturesDir == "/nfd"},
 		{"metrics", cfg.MetricsAddress == ":1234"},
 	}
@@ -95,9 +97,28 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 func TestBadFlagValues(t *testing.T) {
 	for _, args := range [][]string{
 		{"--jetties-per-unit=-1"}, {"--jetties-per-unit=4294967296"}, {"--host-reserve=x"}, {"--transports=roce"},
+		{"--cdi-strategy=envvar"},
 	} {
 		if _, err := parse(t, args...); err == nil {
 			t.Errorf("parse(%q) succeeded", args)
 		}
+	}
+}
+
+func TestCDIStrategyNeedsCDIMode(t *testing.T) {
+	cfg, err := parse(t, "--cdi-strategy=cdi-annotations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--cdi") {
+		t.Fatalf("Validate = %v, want it to say CDI mode is off", err)
+	}
+	long := "example.com/" + strings.Repeat("j", 60)
+	cfg, err = parse(t, "--cdi", "--cdi-strategy=cdi-annotations", "--cdi-kind="+long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "annotation key") {
+		t.Fatalf("Validate = %v, want the kind refused as an annotation key (63 characters at most)", err)
 	}
 }

@@ -364,24 +364,48 @@ func TestStartsWithoutDevicesAndSaysSo(t *testing.T) {
 }
 
 func TestCDIMode(t *testing.T) {
-	tree := sysfstest.New(t)
-	tree.Add(t, sysfstest.DefaultDevice("udma0"))
-	cdiDir := t.TempDir()
-	n := start(t, tree, func(c *Config) {
-		c.CDIEnabled, c.CDI.Dir = true, cdiDir
-	})
-	n.units("udma0", func(m map[string]*pluginapi.Device) bool { return count("udma0-", pluginapi.Healthy)(m) == 63 })
-	resp, err := n.allocate("udma0-1")
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		strategy        string
+		field, annotate bool
+	}{
+		{"", true, false},
+		{"cdi-annotations", false, true},
+		{"cdi-cri,cdi-annotations", true, true},
+	} {
+		t.Run("strategy="+tc.strategy, func(t *testing.T) {
+			tree := sysfstest.New(t)
+			tree.Add(t, sysfstest.DefaultDevice("udma0"))
+			cdiDir := t.TempDir()
+			n := start(t, tree, func(c *Config) {
+				c.CDIEnabled, c.CDI.Dir = true, cdiDir
+				if tc.strategy != "" {
+					st, err := server.ParseCDIStrategies(tc.strategy)
+					if err != nil {
+						t.Fatal(err)
+					}
+					c.Server.CDIStrategies = st
+				}
+			})
+			n.units("udma0", func(m map[string]*pluginapi.Device) bool { return count("udma0-", pluginapi.Healthy)(m) == 63 })
+			resp, err := n.allocate("udma0-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(resp.CdiDevices) == 1 && resp.CdiDevices[0].Name == "urma.openeuler.org/jetty=udma0"; got != tc.field {
+				t.Errorf("CdiDevices %v, want them set: %v", resp.CdiDevices, tc.field)
+			}
+			if got := resp.Annotations["cdi.k8s.io/urma.openeuler.org_jetty"] == "urma.openeuler.org/jetty=udma0"; got != tc.annotate {
+				t.Errorf("annotations %v, want the CDI annotation: %v", resp.Annotations, tc.annotate)
+			}
+			if len(resp.Devices) != 0 {
+				t.Errorf("CDI mode also answered with device specs %v", resp.Devices)
+			}
+			b, err := os.ReadFile(filepath.Join(cdiDir, "urma.openeuler.org-jetty.yaml"))
+			if err != nil || !strings.Contains(string(b), "/dev/uburma/udma0") {
+				t.Errorf("CDI spec of an advertised device: %q, %v", b, err)
+			}
+		})
 	}
-	if len(resp.CdiDevices) != 1 || resp.CdiDevices[0].Name != "urma.openeuler.org/jetty=udma0" || len(resp.Devices) != 0 {
-		t.Errorf("CDI answer %v / devices %v", resp.CdiDevices, resp.Devices)
-	}
-	eventually(t, "CDI spec", func() bool {
-		b, err := os.ReadFile(filepath.Join(cdiDir, "urma.openeuler.org-jetty.yaml"))
-		return err == nil && strings.Contains(string(b), "/dev/uburma/udma0")
-	})
 }
 
 // gatedSource is a sysfs source whose first scan waits for release: a

@@ -212,6 +212,17 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
+		name:   "CDI with the annotation strategy",
+		values: []string{"--set", "devicePlugin.cdi.enabled=true", "--set", "devicePlugin.cdi.strategy=cdi-annotations"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			argv := args(t, container(t, one(t, objs, "DaemonSet"), "device-plugin"))
+			for flag, want := range map[string]string{"--cdi": "", "--cdi-strategy": "cdi-annotations"} {
+				if got, ok := argValue(argv, flag); !ok || got != want {
+					t.Errorf("%s = %q (present %v), want %q; args %v", flag, got, ok, want, argv)
+				}
+			}
+		},
+	}, {
 		name:   "no node labelling means no node RBAC and no token",
 		values: []string{"--set", "devicePlugin.nodeLabels.enabled=false"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {

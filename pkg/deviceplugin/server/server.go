@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/devpath"
@@ -45,6 +46,44 @@ const (
 	ProviderSoft = "soft"
 )
 
+// CDIStrategy is one way of handing CDI device names to the container
+// runtime; the names follow NVIDIA's --device-list-strategy.
+type CDIStrategy string
+
+// CDI strategies.
+const (
+	// CDIStrategyCRI fills the CdiDevices field of the Allocate response,
+	// which kubelet passes on in the CRI (kubelet 1.28+, containerd 1.7+,
+	// CRI-O 1.23+).
+	CDIStrategyCRI CDIStrategy = "cdi-cri"
+	// CDIStrategyAnnotations sets a cdi.k8s.io/ container annotation, for
+	// runtimes that read CDI requests only from annotations.
+	CDIStrategyAnnotations CDIStrategy = "cdi-annotations"
+)
+
+// ParseCDIStrategies reads a comma-separated list of strategies, naming
+// the first unknown one.
+func ParseCDIStrategies(list string) ([]CDIStrategy, error) {
+	var out []CDIStrategy
+	for _, part := range strings.Split(list, ",") {
+		st := CDIStrategy(strings.TrimSpace(part))
+		switch st {
+		case "":
+			continue
+		case CDIStrategyCRI, CDIStrategyAnnotations:
+			if !slices.Contains(out, st) {
+				out = append(out, st)
+			}
+		default:
+			return nil, fmt.Errorf("CDI strategy %q: want %s, %s or both, comma-separated", st, CDIStrategyCRI, CDIStrategyAnnotations)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("CDI strategy list %q is empty", list)
+	}
+	return out, nil
+}
+
 // DefaultResync is how often ListAndWatch resends the full list unasked.
 const DefaultResync = time.Minute
 
@@ -60,6 +99,9 @@ type Config struct {
 	// to answer with CDI device names "<kind>=<device>" instead of device
 	// specs; a CDI spec with those names must exist (package cdispec).
 	CDIKind string
+	// CDIStrategies say how the CDI names reach the runtime; empty means
+	// CDIStrategyCRI.
+	CDIStrategies []CDIStrategy
 	// Resync is how often ListAndWatch resends the full list; 0 means
 	// DefaultResync.
 	Resync time.Duration
@@ -79,8 +121,29 @@ func (c Config) Validate() error {
 		if !ok || vendor == "" || class == "" || strings.ContainsAny(class, "/=") {
 			return fmt.Errorf("CDI kind %q: want <vendor>/<class>", c.CDIKind)
 		}
+		if _, err := cdi.AnnotationKey(vendor, class); err != nil {
+			return fmt.Errorf("CDI kind %q does not make an annotation key: %w", c.CDIKind, err)
+		}
+	}
+	for _, st := range c.CDIStrategies {
+		if st != CDIStrategyCRI && st != CDIStrategyAnnotations {
+			return fmt.Errorf("CDI strategy %q: want %s or %s", st, CDIStrategyCRI, CDIStrategyAnnotations)
+		}
 	}
 	return nil
+}
+
+// CDIAnnotationKey is the container annotation that carries a container's
+// CDI devices under CDIStrategyAnnotations: cdi.k8s.io/<vendor>_<class>.
+// Kubelet puts each container's Allocate annotations on that container
+// alone, so one key per kind is unique.
+func CDIAnnotationKey(kind string) (string, error) {
+	vendor, class, _ := strings.Cut(kind, "/")
+	key, err := cdi.AnnotationKey(vendor, class)
+	if err != nil {
+		return "", fmt.Errorf("CDI annotation key for kind %q: %w", kind, err)
+	}
+	return key, nil
 }
 
 // Server is the DevicePlugin service.
@@ -327,8 +390,19 @@ func (s *Server) containerResponse(snap *inventory.Snapshot, sh []Share) *plugin
 		return resp // software devices need no device node
 	}
 	if s.cfg.CDIKind != "" {
-		for _, d := range hw {
-			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: s.cfg.CDIKind + "=" + d.Name})
+		names := make([]string, len(hw))
+		for i, d := range hw {
+			names[i] = s.cfg.CDIKind + "=" + d.Name
+		}
+		if s.cdiVia(CDIStrategyCRI) {
+			for _, n := range names {
+				resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: n})
+			}
+		}
+		if s.cdiVia(CDIStrategyAnnotations) {
+			// Validate checked that the kind makes a key.
+			key, _ := CDIAnnotationKey(s.cfg.CDIKind)
+			resp.Annotations = map[string]string{key: strings.Join(names, ",")}
 		}
 		return resp
 	}
@@ -349,6 +423,13 @@ func (s *Server) containerResponse(snap *inventory.Snapshot, sh []Share) *plugin
 		add(p)
 	}
 	return resp
+}
+
+func (s *Server) cdiVia(st CDIStrategy) bool {
+	if len(s.cfg.CDIStrategies) == 0 {
+		return st == CDIStrategyCRI
+	}
+	return slices.Contains(s.cfg.CDIStrategies, st)
 }
 
 // HostPath maps a path under DevRoot (as the plugin sees it) to the host's

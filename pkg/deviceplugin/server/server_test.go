@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
@@ -151,6 +153,9 @@ func TestAllocate(t *testing.T) {
 		wantEnv     map[string]string
 		wantDevices []string // host paths == container paths
 		wantCDI     []string
+		// wantAnnotations are the container annotations (CDI annotation
+		// strategy); none unless set.
+		wantAnnotations map[string]string
 	}{
 		{
 			name:        "one device: its node, ummu, existing extra",
@@ -177,6 +182,31 @@ func TestAllocate(t *testing.T) {
 			ids:     []string{"udma0-0"},
 			wantEnv: map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
 			wantCDI: []string{"urma.openeuler.org/jetty=udma0"},
+		},
+		{
+			name:    "CDI annotation strategy: a cdi.k8s.io annotation instead of the field",
+			cfg:     Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyAnnotations}},
+			ids:     []string{"udma0-0", "udma1-0", "udma1-1"},
+			wantEnv: map[string]string{EnvDevice: "udma1", EnvJettyBudget: "32", EnvEID: "::ffff:10.0.0.1", EnvDevices: "udma1:32,udma0:16"},
+			wantAnnotations: map[string]string{
+				"cdi.k8s.io/urma.openeuler.org_jetty": "urma.openeuler.org/jetty=udma1,urma.openeuler.org/jetty=udma0",
+			},
+		},
+		{
+			name:    "both CDI strategies",
+			cfg:     Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyCRI, CDIStrategyAnnotations}},
+			ids:     []string{"udma0-0"},
+			wantEnv: map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
+			wantCDI: []string{"urma.openeuler.org/jetty=udma0"},
+			wantAnnotations: map[string]string{
+				"cdi.k8s.io/urma.openeuler.org_jetty": "urma.openeuler.org/jetty=udma0",
+			},
+		},
+		{
+			name:    "CDI annotations for a software device: nothing to inject",
+			cfg:     Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyAnnotations}},
+			ids:     []string{"soft0-0"},
+			wantEnv: map[string]string{EnvDevice: "soft0", EnvJettyBudget: "16", EnvProvider: ProviderSoft},
 		},
 		{
 			name:        "repeated IDs count once",
@@ -220,6 +250,16 @@ func TestAllocate(t *testing.T) {
 			}
 			if !slices.Equal(cdi, tt.wantCDI) {
 				t.Errorf("CDI devices %v, want %v", cdi, tt.wantCDI)
+			}
+			if !maps.Equal(cr.Annotations, tt.wantAnnotations) {
+				t.Errorf("annotations %v, want %v", cr.Annotations, tt.wantAnnotations)
+			}
+			if len(cr.Annotations) > 0 {
+				// What a runtime reading annotations will see.
+				_, devices, err := cdiapi.ParseAnnotations(cr.Annotations)
+				if err != nil || !slices.Equal(devices, strings.Split(tt.wantAnnotations["cdi.k8s.io/urma.openeuler.org_jetty"], ",")) {
+					t.Errorf("the CDI library parses the annotations as %v, %v", devices, err)
+				}
 			}
 			if len(cr.Mounts) != 0 {
 				t.Errorf("mounts %v, want none", cr.Mounts)
@@ -370,6 +410,8 @@ func TestConfigValidate(t *testing.T) {
 		{Config{ExtraDevNodes: []string{"dev/x"}}, false},
 		{Config{CDIKind: "jetty"}, false},
 		{Config{CDIKind: "a/b/c"}, false},
+		{Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyAnnotations, CDIStrategyCRI}}, true},
+		{Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{"volume-mounts"}}, false},
 	} {
 		if err := tc.c.Validate(); (err == nil) != tc.ok {
 			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.c, err, tc.ok)
@@ -394,5 +436,30 @@ func TestListFitsKubeletMessageLimit(t *testing.T) {
 	}
 	if size := proto.Size(msg); size > 4<<20 {
 		t.Fatalf("%d devices at the default cap make a %d-byte list, over kubelet's 4 MiB", devices, size)
+	}
+}
+
+func TestParseCDIStrategies(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []CDIStrategy
+		err  string
+	}{
+		{in: "cdi-cri", want: []CDIStrategy{CDIStrategyCRI}},
+		{in: "cdi-annotations", want: []CDIStrategy{CDIStrategyAnnotations}},
+		{in: " cdi-cri , cdi-annotations,cdi-cri", want: []CDIStrategy{CDIStrategyCRI, CDIStrategyAnnotations}},
+		{in: "envvar", err: `"envvar"`},
+		{in: " , ", err: "empty"},
+	} {
+		got, err := ParseCDIStrategies(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseCDIStrategies(%q) = %v, %v; want an error naming %s", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("ParseCDIStrategies(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
 	}
 }
