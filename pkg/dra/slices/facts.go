@@ -1,0 +1,104 @@
+package slices
+
+import (
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+)
+
+// Facts reads back, from a node's ResourceSlices, the facts the device
+// plugin writes as node annotations, so that the operator tunes the same
+// way whichever driver a node runs: over the devices that can take claims
+// (untainted), their number, whether all are software devices, the
+// smallest of each queue limit, the smallest jetty capacity
+// (JettiesPerDevice) and the request policy's default (JettiesPerUnit:
+// what one unit of urma.openeuler.org/jetty stands for). Slices of other
+// drivers, and of older generations of a pool, are ignored. A device of
+// this driver whose attributes are missing or malformed is an error
+// naming it, as malformed annotations are.
+func Facts(slices []resourceapi.ResourceSlice) (nodefacts.Facts, error) {
+	latest := map[string]int64{}
+	for _, s := range slices {
+		if s.Spec.Driver == DriverName && s.Spec.Pool.Generation > latest[s.Spec.Pool.Name] {
+			latest[s.Spec.Pool.Name] = s.Spec.Pool.Generation
+		}
+	}
+	var f nodefacts.Facts
+	for _, s := range slices {
+		if s.Spec.Driver != DriverName || s.Spec.Pool.Generation != latest[s.Spec.Pool.Name] {
+			continue
+		}
+		for i := range s.Spec.Devices {
+			d := &s.Spec.Devices[i]
+			if len(d.Taints) > 0 {
+				continue // takes no claims: must not lower the node's limits
+			}
+			df, err := deviceFacts(d)
+			if err != nil {
+				return nodefacts.Facts{}, fmt.Errorf("ResourceSlice %s device %s: %w", s.Name, d.Name, err)
+			}
+			if f.DeviceCount == 0 {
+				f = df
+				continue
+			}
+			f.DeviceCount++
+			f.Software = f.Software && df.Software
+			f.MaxJFSDepth = min(f.MaxJFSDepth, df.MaxJFSDepth)
+			f.MaxJFRDepth = min(f.MaxJFRDepth, df.MaxJFRDepth)
+			f.MaxJFCDepth = min(f.MaxJFCDepth, df.MaxJFCDepth)
+			f.MaxMsgSize = min(f.MaxMsgSize, df.MaxMsgSize)
+			f.JettiesPerDevice = min(f.JettiesPerDevice, df.JettiesPerDevice)
+			f.JettiesPerUnit = min(f.JettiesPerUnit, df.JettiesPerUnit)
+		}
+	}
+	if err := f.Validate(); err != nil {
+		return nodefacts.Facts{}, err
+	}
+	return f, nil
+}
+
+func deviceFacts(d *resourceapi.Device) (nodefacts.Facts, error) {
+	u32 := func(name resourceapi.QualifiedName) (uint32, error) {
+		a, ok := d.Attributes[name]
+		if !ok || a.IntValue == nil {
+			return 0, fmt.Errorf("attribute %s missing or not an int", name)
+		}
+		if *a.IntValue <= 0 || *a.IntValue > 1<<32-1 {
+			return 0, fmt.Errorf("attribute %s = %d is out of range", name, *a.IntValue)
+		}
+		return uint32(*a.IntValue), nil
+	}
+	f := nodefacts.Facts{DeviceCount: 1}
+	var err error
+	if f.MaxJFSDepth, err = u32(AttrMaxJFSDepth); err != nil {
+		return f, err
+	}
+	if f.MaxJFRDepth, err = u32(AttrMaxJFRDepth); err != nil {
+		return f, err
+	}
+	if f.MaxJFCDepth, err = u32(AttrMaxJFCDepth); err != nil {
+		return f, err
+	}
+	msg, ok := d.Attributes[AttrMaxMsgSize]
+	if !ok || msg.IntValue == nil || *msg.IntValue <= 0 {
+		return f, fmt.Errorf("attribute %s missing or not a positive int", AttrMaxMsgSize)
+	}
+	f.MaxMsgSize = uint64(*msg.IntValue)
+	if sw, ok := d.Attributes[AttrSoftware]; ok && sw.BoolValue != nil {
+		f.Software = *sw.BoolValue
+	} else {
+		return f, fmt.Errorf("attribute %s missing or not a bool", AttrSoftware)
+	}
+	c, ok := d.Capacity[CapacityJetties]
+	if !ok || c.RequestPolicy == nil || c.RequestPolicy.Default == nil {
+		return f, fmt.Errorf("capacity %s or its request policy missing", CapacityJetties)
+	}
+	jetties, unit := c.Value.Value(), c.RequestPolicy.Default.Value()
+	if jetties <= 0 || jetties > 1<<32-1 || unit <= 0 || unit > jetties {
+		return f, fmt.Errorf("capacity %s = %d with default %d is out of range", CapacityJetties, jetties, unit)
+	}
+	f.JettiesPerDevice, f.JettiesPerUnit = uint32(jetties), uint32(unit)
+	return f, nil
+}

@@ -1,0 +1,108 @@
+package slices_test
+
+import (
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/openeuler/urma-k8s/pkg/dra/dratest"
+	"github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
+)
+
+func published(t *testing.T, policy slices.RequestPolicy, devs ...sysfstest.Device) []resourceapi.ResourceSlice {
+	t.Helper()
+	snap := dratest.Snapshot(t, dratest.Config(0), devs...)
+	var out []resourceapi.ResourceSlice
+	for _, s := range dratest.ResourceSlices(slices.DriverName, "n", slices.Resources("n", snap, policy)) {
+		out = append(out, *s)
+	}
+	return out
+}
+
+func TestFactsFromSlices(t *testing.T) {
+	a := sysfstest.DefaultDevice("udma0")
+	b := sysfstest.DefaultDevice("udma1")
+	b.Caps.MaxJFSDepth, b.Caps.MaxMsgSize, b.Caps.MaxJetty = 1024, 1<<20, 512
+	down := sysfstest.DefaultDevice("udma2") // unhealthy: its tiny limits must not count
+	down.Ports = []urma.PortState{urma.PortDown}
+	down.Caps.MaxJFRDepth = 1
+	got, err := slices.Facts(published(t, slices.RequestPolicy{Default: 32, Min: 1, Step: 1}, a, b, down))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := nodefacts.Facts{
+		DeviceCount: 2, MaxJFSDepth: 1024, MaxJFRDepth: a.Caps.MaxJFRDepth, MaxJFCDepth: a.Caps.MaxJFCDepth,
+		MaxMsgSize: 1 << 20, JettiesPerDevice: 512 - 16, JettiesPerUnit: 32,
+	}
+	if got != want {
+		t.Fatalf("facts %+v, want %+v", got, want)
+	}
+}
+
+func TestFactsOfSoftwareAndEmptyNodes(t *testing.T) {
+	none, err := slices.Facts(nil)
+	if err != nil || none.Present() {
+		t.Fatalf("no slices: %+v, %v", none, err)
+	}
+	cfg := dratest.Config(0)
+	cfg.SoftDevices, cfg.SoftJetties = 1, 64
+	snap := dratest.Snapshot(t, cfg)
+	var ss []resourceapi.ResourceSlice
+	for _, s := range dratest.ResourceSlices(slices.DriverName, "n", slices.Resources("n", snap, slices.DefaultRequestPolicy())) {
+		ss = append(ss, *s)
+	}
+	f, err := slices.Facts(ss)
+	if err != nil || !f.Software || f.DeviceCount != 1 || f.JettiesPerDevice != 64 {
+		t.Fatalf("software node: %+v, %v", f, err)
+	}
+}
+
+func TestFactsIgnoreOtherDriversAndOldGenerations(t *testing.T) {
+	ss := published(t, slices.DefaultRequestPolicy(), sysfstest.DefaultDevice("udma0"))
+	other := ss[0]
+	other.Spec.Driver = "gpu.example.com"
+	other.Spec.Devices = []resourceapi.Device{{Name: "gpu0"}}
+	old := ss[0]
+	old.Spec.Pool.Generation = -1
+	old.Spec.Devices = []resourceapi.Device{{Name: "stale"}}
+	f, err := slices.Facts(append(ss, other, old))
+	if err != nil || f.DeviceCount != 1 {
+		t.Fatalf("facts %+v, %v; want the one current device", f, err)
+	}
+}
+
+func TestFactsRejectMalformedDevices(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		breakIt func(*resourceapi.Device)
+		want    string
+	}{
+		{"missing depth", func(d *resourceapi.Device) { delete(d.Attributes, slices.AttrMaxJFSDepth) }, "maxJfsDepth"},
+		{"negative depth", func(d *resourceapi.Device) {
+			d.Attributes[slices.AttrMaxJFRDepth] = resourceapi.DeviceAttribute{IntValue: ptr.To[int64](-1)}
+		}, "maxJfrDepth"},
+		{"string msg size", func(d *resourceapi.Device) {
+			d.Attributes[slices.AttrMaxMsgSize] = resourceapi.DeviceAttribute{StringValue: ptr.To("big")}
+		}, "maxMsgSize"},
+		{"no software flag", func(d *resourceapi.Device) { delete(d.Attributes, slices.AttrSoftware) }, "software"},
+		{"no policy", func(d *resourceapi.Device) {
+			c := d.Capacity[slices.CapacityJetties]
+			c.RequestPolicy = nil
+			d.Capacity[slices.CapacityJetties] = c
+		}, "request policy"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ss := published(t, slices.DefaultRequestPolicy(), sysfstest.DefaultDevice("udma0"))
+			tc.breakIt(&ss[0].Spec.Devices[0])
+			_, err := slices.Facts(ss)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "udma0") {
+				t.Fatalf("Facts = %v, want an error naming udma0 and %s", err, tc.want)
+			}
+		})
+	}
+}
