@@ -194,8 +194,10 @@ func TestRequestPolicy(t *testing.T) {
 }
 
 func TestRequestPolicyValidate(t *testing.T) {
-	if err := slices.DefaultRequestPolicy().Validate(); err != nil {
-		t.Fatalf("default policy: %v", err)
+	for _, ok := range []slices.RequestPolicy{slices.DefaultRequestPolicy(), {Default: 10, Min: 2, Step: 8}, {Default: 8, Min: 8, Step: 8}} {
+		if err := ok.Validate(); err != nil {
+			t.Errorf("%+v: %v", ok, err)
+		}
 	}
 	for _, tc := range []struct {
 		p    slices.RequestPolicy
@@ -205,6 +207,7 @@ func TestRequestPolicyValidate(t *testing.T) {
 		{slices.RequestPolicy{Default: 16, Min: 1, Step: 0}, "step 0"},
 		{slices.RequestPolicy{Default: 4, Min: 8, Step: 1}, "below the minimum"},
 		{slices.RequestPolicy{Default: 17, Min: 8, Step: 4}, "multiple of step"},
+		{slices.RequestPolicy{Default: 9, Min: 3, Step: 4}, "multiple of step"},
 	} {
 		err := tc.p.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -356,5 +359,41 @@ func TestDeviceClass(t *testing.T) {
 	}
 	if len(dc.Spec.Selectors) != 1 || !strings.Contains(dc.Spec.Selectors[0].CEL.Expression, `"urma.openeuler.org"`) {
 		t.Fatalf("selectors %+v", dc.Spec.Selectors)
+	}
+}
+
+// The API refuses a policy whose min + step or default exceeds the
+// capacity: such a device gets no policy and the no-budget taint.
+func TestPolicyMustFitTheCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		maxJetty uint32 // capacity = maxJetty - 16 reserved
+		policy   slices.RequestPolicy
+		fits     bool
+	}{
+		{18, slices.RequestPolicy{Default: 2, Min: 1, Step: 1}, true},  // min+step == capacity
+		{18, slices.RequestPolicy{Default: 2, Min: 1, Step: 2}, false}, // min+step > capacity
+		{19, slices.RequestPolicy{Default: 1, Min: 1, Step: 4}, false}, // 1+4 > 3
+		{20, slices.RequestPolicy{Default: 4, Min: 1, Step: 1}, true},  // default == capacity
+		{20, slices.RequestPolicy{Default: 5, Min: 1, Step: 1}, false},
+	} {
+		dev := sysfstest.DefaultDevice("udma0")
+		dev.Caps.MaxJetty = tc.maxJetty
+		snap := dratest.Snapshot(t, dratest.Config(0), dev)
+		d := slices.Device(only(t, snap, "udma0"), tc.policy)
+		_, tainted := taint(d, slices.TaintNoBudget)
+		hasPolicy := d.Capacity[slices.CapacityJetties].RequestPolicy != nil
+		if hasPolicy != tc.fits || tainted == tc.fits {
+			t.Errorf("capacity %d, policy %+v: policy %v, no-budget taint %v; want fits=%v", tc.maxJetty-16, tc.policy, hasPolicy, tainted, tc.fits)
+		}
+	}
+}
+
+func TestHugeMessageSizeSaturates(t *testing.T) {
+	dev := sysfstest.DefaultDevice("udma0")
+	dev.Caps.MaxMsgSize = 1<<64 - 1
+	snap := dratest.Snapshot(t, dratest.Config(0), dev)
+	d := slices.Device(only(t, snap, "udma0"), slices.DefaultRequestPolicy())
+	if got := num(t, d, slices.AttrMaxMsgSize); got != 1<<63-1 {
+		t.Fatalf("maxMsgSize %d, want the largest int64", got)
 	}
 }
