@@ -198,7 +198,7 @@ func attributes(d *inventory.Device) map[resourceapi.QualifiedName]resourceapi.D
 	if d.DeviceID != "" {
 		a[AttrPCIDevice] = str(d.DeviceID)
 	}
-	if info.GUID != "" && len(info.GUID) <= maxStringAttr {
+	if info.GUID != "" { // sysfs admits only EID text or a 64-bit number
 		a[AttrGUID] = str(info.GUID)
 	}
 	return a

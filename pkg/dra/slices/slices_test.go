@@ -397,3 +397,24 @@ func TestHugeMessageSizeSaturates(t *testing.T) {
 		t.Fatalf("maxMsgSize %d, want the largest int64", got)
 	}
 }
+
+func TestEIDsAttributeOrderAndEdge(t *testing.T) {
+	eid := func(s string) urma.EID {
+		e, err := urma.ParseEID(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	long, short := "1111:2222:3333:4444:5555:6666:7777:8888", "1111:2222:3333:4444::123"
+	if len(long)+1+len(short) != 64 {
+		t.Fatal("test EIDs must fill 64 bytes exactly")
+	}
+	d := inventory.Device{Name: "udma0", Healthy: true, Info: urma.DeviceInfo{EIDs: []urma.EIDEntry{
+		{Index: 5, EID: eid(short)}, {Index: 2, EID: eid(long)},
+	}}}
+	got := str(t, slices.Device(&d, slices.DefaultRequestPolicy()), slices.AttrEIDs)
+	if got != long+","+short {
+		t.Fatalf("eids %q, want both, in index order, filling 64 bytes", got)
+	}
+}
