@@ -11,8 +11,6 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/cdispec"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/discover"
@@ -22,6 +20,7 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/registrar"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/watch"
+	"github.com/openeuler/urma-k8s/pkg/kubeclient"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
 
@@ -126,7 +125,7 @@ func newPublisher(cfg Config, deps Deps, log logr.Logger, m *metrics.Metrics) (*
 	if cfg.LabelNode && cfg.NodeName != "" {
 		pcfg.NodeName = cfg.NodeName
 		if client == nil {
-			c, err := kubeClient(cfg.Kubeconfig)
+			c, err := kubeclient.New(cfg.Kubeconfig, "urma-device-plugin")
 			if err != nil {
 				// Labeling is optional; the plugin's job is kubelet's.
 				log.Error(err, "no Kubernetes API access; not labeling the node")
@@ -138,25 +137,6 @@ func newPublisher(cfg Config, deps Deps, log logr.Logger, m *metrics.Metrics) (*
 		log.Info("NODE_NAME is not set; not labeling the node")
 	}
 	return nodelabel.New(pcfg, client, log, m), nil
-}
-
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load Kubernetes client config: %w", err)
-	}
-	rc.UserAgent = "urma-device-plugin"
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("create Kubernetes client: %w", err)
-	}
-	return c, nil
 }
 
 // HealthWaitingForScan is /healthz's answer until the first discovery scan

@@ -18,8 +18,6 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
@@ -31,6 +29,7 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
 	"github.com/openeuler/urma-k8s/pkg/dra/plugin"
 	"github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/pkg/kubeclient"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
 
@@ -140,7 +139,7 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	}
 	client := deps.KubeClient
 	if client == nil {
-		c, err := kubeClient(cfg.Kubeconfig)
+		c, err := kubeclient.New(cfg.Kubeconfig, "urma-dra-driver")
 		if err != nil {
 			return err
 		}
@@ -186,23 +185,4 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	}
 	log.Info("urma-dra-driver stopped")
 	return err
-}
-
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load Kubernetes client config: %w", err)
-	}
-	rc.UserAgent = "urma-dra-driver"
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("create Kubernetes client: %w", err)
-	}
-	return c, nil
 }
