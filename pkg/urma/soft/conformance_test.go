@@ -1,6 +1,7 @@
 package soft
 
 import (
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -66,6 +67,28 @@ func TestConformanceSocket(t *testing.T) {
 	urmatest.Run(t, func(t *testing.T) urmatest.Pair {
 		noLeaks(t)
 		opts := Options{Listen: "127.0.0.1:0", PeerTimeout: 600 * time.Millisecond, DialTimeout: time.Second}
+		a := newProvider(t, opts)
+		b := newProvider(t, opts)
+		return urmatest.Pair{A: a, B: b, KillB: func() { _ = b.Close() }, PeerGoneTimeout: 3 * time.Second}
+	})
+}
+
+// shmOpts places the shm fabric's sockets in a directory of the test: a
+// short one, since a unix socket path holds at most 107 bytes.
+func shmOpts(t testing.TB) Options {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return Options{ShmDir: dir, PeerTimeout: 600 * time.Millisecond, DialTimeout: time.Second}
+}
+
+func TestConformanceShmOneProcess(t *testing.T) {
+	urmatest.Run(t, func(t *testing.T) urmatest.Pair {
+		noLeaks(t)
+		opts := shmOpts(t)
 		a := newProvider(t, opts)
 		b := newProvider(t, opts)
 		return urmatest.Pair{A: a, B: b, KillB: func() { _ = b.Close() }, PeerGoneTimeout: 3 * time.Second}

@@ -246,3 +246,36 @@ func TestSockReaderTruncated(t *testing.T) {
 		t.Fatalf("short discard: %v", err)
 	}
 }
+
+// A send that retries RNR forever keeps a sane retry delay however many
+// times it meets "receiver not ready": the count saturates instead of
+// wrapping to zero.
+func TestRNRForeverPast255Retries(t *testing.T) {
+	fab := NewFabric()
+	pa, pb := newProvider(t, Options{Fabric: fab}), newProvider(t, Options{Fabric: fab})
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: rnrForever}, 64)
+	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	target := a.importJetty(b)
+	mustOK(t, a.send(target, 1, 0, 64, 0), "send") // b posts nothing: RNR
+	j := a.jetty.(*jetty)
+	j.mu.Lock()
+	s := j.slot(0)
+	for i := 0; i < 300; i++ {
+		s.state = slotInflight
+		j.result(s, statusRNR, 0)
+	}
+	retries := s.retries
+	j.mu.Unlock()
+	if retries != 255 {
+		t.Fatalf("retries = %d after 300 RNRs, want 255 (saturated)", retries)
+	}
+	for r := 1; r <= 255; r++ {
+		if d := rnrDelay(0, uint8(r)); d <= 0 || d > 10*time.Millisecond {
+			t.Fatalf("rnrDelay(0, %d) = %v", r, d)
+		}
+	}
+	b.postRecv(1, 0, 64)
+	if c := pollN(t, a.sjfc, 1, 5*time.Second)[0]; c.Status != urma.StatusSuccess {
+		t.Fatalf("send after 300 RNRs: %+v", c)
+	}
+}

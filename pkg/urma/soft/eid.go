@@ -11,10 +11,12 @@ import (
 // EID layout of soft devices, 16 bytes in network order:
 //
 //	bytes 0-5    fd 75 72 6d 61 73  fixed prefix: "urmas" in the IPv6 ULA range
-//	byte  6      kind: 1 socket device (IPv4 + port), 2 in-process device
+//	byte  6      kind: 1 socket device (IPv4 + port), 2 in-process device,
+//	             3 shm device
 //	bytes 7-9    zero
 //	kind 1:      bytes 10-11 TCP port, bytes 12-15 IPv4 address
 //	kind 2:      bytes 8-15 the device's number within its Fabric
+//	kind 3:      byte 7 zero, bytes 8-15 random (ShmEID)
 //
 // In text, 127.0.0.1:4000 is fd75:726d:6173:100:0:fa0:7f00:1. The ULA range
 // keeps these EIDs apart from the IPv4-mapped EIDs liburma derives from
@@ -24,6 +26,7 @@ var eidPrefix = [6]byte{0xfd, 0x75, 0x72, 0x6d, 0x61, 0x73}
 const (
 	eidKindSocket = 1
 	eidKindInproc = 2
+	eidKindShm    = 3
 )
 
 // SocketEID encodes an IPv4 address and TCP port as a soft EID, so that a

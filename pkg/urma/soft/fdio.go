@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -21,11 +22,11 @@ import (
 // descriptor in blocking mode, the original closed (and deregistered from
 // the poller).
 func detachFD(nc net.Conn) (fd int, local, remote string, err error) {
-	local, remote = nc.LocalAddr().String(), nc.RemoteAddr().String()
+	local, remote = addrString(nc.LocalAddr()), addrString(nc.RemoteAddr())
 	defer nc.Close()
-	tc, ok := nc.(*net.TCPConn)
+	tc, ok := nc.(syscall.Conn)
 	if !ok {
-		return -1, local, remote, fmt.Errorf("connection %T is not TCP", nc)
+		return -1, local, remote, fmt.Errorf("connection %T has no descriptor", nc)
 	}
 	raw, err := tc.SyscallConn()
 	if err != nil {
@@ -44,6 +45,13 @@ func detachFD(nc net.Conn) (fd int, local, remote string, err error) {
 		return -1, local, remote, fmt.Errorf("make socket of %s blocking: %w", remote, err)
 	}
 	return fd, local, remote, nil
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
 }
 
 // sockIO is a connection's TCP socket: a blocking descriptor, read through

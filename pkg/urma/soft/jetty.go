@@ -414,7 +414,9 @@ func (j *jetty) result(s *sqSlot, st urma.Status, rnrTimer uint8) {
 			j.enterError()
 			return
 		}
-		s.retries++
+		if s.retries < 255 { // retrying forever must not wrap the count
+			s.retries++
+		}
 		s.state = slotQueued
 		s.resume = remote
 		if remote {

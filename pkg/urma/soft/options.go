@@ -35,8 +35,26 @@ type Resolver func(ctx context.Context, eid urma.EID) (string, error)
 type Options struct {
 	// Fabric selects the in-process fabric: the devices of every Provider
 	// created with the same Fabric reach each other directly. Nil selects
-	// the socket fabric.
+	// the socket fabric, or the shm fabric when ShmDir is set.
 	Fabric *Fabric
+	// ShmDir selects the shm fabric: devices of processes on one host
+	// reach each other through shared memory, meeting at unix sockets in
+	// this directory (created 0700 if missing). In a pod it is
+	// $URMA_SHM_DIR, which the device plugin mounts from the host.
+	ShmDir string
+	// ShmRingSize is the ring each side of an shm connection writes into,
+	// a power of two in MinShmRing..MaxShmRing; 0 means DefaultShmRing.
+	// Each connection (one per pair of devices) costs its creator this
+	// much shared memory, charged to its memory cgroup.
+	ShmRingSize int
+	// ShmSpin is how long an idle shm reader or writer polls shared memory
+	// before it sleeps on its eventfd: a peer that answers within it costs
+	// no syscall. 0 means DefaultShmSpin; negative never spins.
+	ShmSpin time.Duration
+	// ShmAllowUID decides which users' processes may connect over shm
+	// (checked with SO_PEERCRED on both sides); nil allows this
+	// process's user and root.
+	ShmAllowUID func(uid uint32) bool
 	// Listen is the socket fabric's TCP listen address for devices that do
 	// not name their own; "" means "127.0.0.1:0". In a pod use the pod IP.
 	Listen string

@@ -26,6 +26,7 @@ type peerProc struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	lines chan string
+	seen  []string // the last lines skipped, to show when the child fails
 }
 
 // isChild reports whether this process plays role for a parent test.
@@ -69,8 +70,12 @@ func (c *peerProc) expect(prefix string, timeout time.Duration) []string {
 		select {
 		case l, ok := <-c.lines:
 			if !ok {
-				c.t.Fatalf("child exited before saying %s", prefix)
+				c.t.Fatalf("child exited before saying %s; its last lines:\n%s", prefix, strings.Join(c.seen, "\n"))
 			}
+			if len(c.seen) == 20 {
+				c.seen = c.seen[1:]
+			}
+			c.seen = append(c.seen, l)
 			if strings.HasPrefix(l, prefix+" ") || l == prefix {
 				return strings.Fields(l)[1:]
 			}

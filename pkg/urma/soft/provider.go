@@ -56,9 +56,14 @@ func New(opts Options) (*Provider, error) {
 		contexts: make(map[*devContext]struct{}),
 		done:     make(chan struct{}),
 	}
-	if p.fabric != nil {
+	switch {
+	case p.fabric != nil && opts.ShmDir != "":
+		return nil, fmt.Errorf("create soft provider: Options.Fabric and Options.ShmDir both set; choose one fabric")
+	case p.fabric != nil:
 		p.name = "soft-inproc"
-	} else {
+	case opts.ShmDir != "":
+		p.name = "soft-shm"
+	default:
 		p.name = "soft-socket"
 	}
 	names := map[string]bool{}
@@ -125,7 +130,8 @@ func (p *Provider) newDevice(spec DeviceSpec) (*device, error) {
 	return d, nil
 }
 
-// Name says which fabric the provider uses: "soft-inproc" or "soft-socket".
+// Name says which fabric the provider uses: "soft-inproc", "soft-socket"
+// or "soft-shm".
 func (p *Provider) Name() string { return p.name }
 
 // Devices lists the provider's devices.

@@ -35,6 +35,7 @@ type sockDevice struct {
 	cancel   context.CancelFunc
 	// maxAnswers is maxAnswers; tests lower it.
 	maxAnswers int
+	shm        *shmNet // nil on the socket fabric
 
 	mu          sync.Mutex
 	closed      bool
@@ -43,26 +44,42 @@ type sockDevice struct {
 	handshaking map[net.Conn]struct{} // accepted, HELLO not yet answered
 }
 
-// listen opens the device's listener and works out its EID.
+// listen opens the device's listener (TCP, or a unix socket for the shm
+// fabric) and works out its EID.
 func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
-	addr := spec.Listen
-	if addr == "" {
-		addr = opts.Listen
-	}
-	if len(spec.EIDs) > 1 {
-		return nil, fmt.Errorf("device %s: a socket device has one EID, got %d", spec.Name, len(spec.EIDs))
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("device %s: listen on %s: %w", spec.Name, addr, err)
-	}
 	sd := &sockDevice{
-		dev: d, prov: d.prov, ln: ln, session: rand.Uint64(), resolver: opts.Resolver,
+		dev: d, prov: d.prov, session: rand.Uint64(), resolver: opts.Resolver,
 		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout, maxAnswers: maxAnswers,
 		peers: make(map[urma.EID]*peer), conns: make(map[*conn]struct{}),
 		handshaking: make(map[net.Conn]struct{}),
 	}
 	sd.ctx, sd.cancel = context.WithCancel(context.Background())
+	var err error
+	if opts.ShmDir != "" {
+		err = listenShm(sd, spec, opts)
+	} else {
+		err = listenTCP(sd, spec, opts)
+	}
+	if err != nil {
+		sd.cancel()
+		return nil, err
+	}
+	return sd, nil
+}
+
+// listenTCP opens the socket fabric's TCP listener.
+func listenTCP(sd *sockDevice, spec DeviceSpec, opts Options) error {
+	addr := spec.Listen
+	if addr == "" {
+		addr = opts.Listen
+	}
+	if len(spec.EIDs) > 1 {
+		return fmt.Errorf("device %s: a socket device has one EID, got %d", spec.Name, len(spec.EIDs))
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("device %s: listen on %s: %w", spec.Name, addr, err)
+	}
 	if len(spec.EIDs) == 1 {
 		sd.eid = spec.EIDs[0]
 	} else {
@@ -76,15 +93,18 @@ func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
 		}
 		if err != nil {
 			_ = ln.Close()
-			return nil, fmt.Errorf("device %s: advertise address %q (set DeviceSpec.Advertise when listening on an unspecified address): %w", spec.Name, adv, err)
+			return fmt.Errorf("device %s: advertise address %q (set DeviceSpec.Advertise when listening on an unspecified address): %w", spec.Name, adv, err)
 		}
 	}
-	return sd, nil
+	sd.ln = ln
+	return nil
 }
 
 func (sd *sockDevice) start() {
 	sd.prov.goTracked(sd.acceptLoop)
-	sd.prov.goTracked(sd.watchdog)
+	if sd.shm == nil {
+		sd.prov.goTracked(sd.watchdog) // shm: the unix socket is the liveness signal
+	}
 }
 
 // close stops accepting and dialing and breaks every connection.
@@ -162,7 +182,11 @@ func (sd *sockDevice) acceptLoop() {
 			}
 			continue
 		}
-		sd.prov.goTracked(func() { sd.handshakeIn(nc) })
+		if sd.shm != nil {
+			sd.prov.goTracked(func() { sd.handshakeInShm(nc) })
+		} else {
+			sd.prov.goTracked(func() { sd.handshakeIn(nc) })
+		}
 	}
 }
 
@@ -174,19 +198,10 @@ func (sd *sockDevice) acceptLoop() {
 // with the smaller EID turns the other dial down (DUPLICATE) while its own
 // dial or dialed connection stands, and the dialer then waits for that one.
 func (sd *sockDevice) handshakeIn(nc net.Conn) {
-	sd.mu.Lock()
-	if sd.closed {
-		sd.mu.Unlock()
-		_ = nc.Close()
+	if !sd.beginHandshake(nc) {
 		return
 	}
-	sd.handshaking[nc] = struct{}{}
-	sd.mu.Unlock()
-	defer func() {
-		sd.mu.Lock()
-		delete(sd.handshaking, nc)
-		sd.mu.Unlock()
-	}()
+	defer sd.endHandshake(nc)
 	_ = nc.SetDeadline(time.Now().Add(sd.dialTO))
 	var buf [4 + helloLen]byte
 	var h hello
@@ -241,6 +256,25 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 	}
 }
 
+// beginHandshake records an accepted connection that Close must break, so
+// that a silent dialer cannot hold Close up; false when the device closes.
+func (sd *sockDevice) beginHandshake(nc net.Conn) bool {
+	sd.mu.Lock()
+	defer sd.mu.Unlock()
+	if sd.closed {
+		_ = nc.Close()
+		return false
+	}
+	sd.handshaking[nc] = struct{}{}
+	return true
+}
+
+func (sd *sockDevice) endHandshake(nc net.Conn) {
+	sd.mu.Lock()
+	delete(sd.handshaking, nc)
+	sd.mu.Unlock()
+}
+
 // adoptLocked makes c the peer's connection, hands it the sends waiting for
 // one and starts it; p.mu is held. It returns the connection c replaces,
 // which the caller fails after unlocking.
@@ -261,6 +295,10 @@ func (sd *sockDevice) adoptLocked(p *peer, c *conn) *conn {
 	old := p.conn
 	p.conn = c
 	sd.log().Info("connected", "peer", p.eid.String(), "dialed", c.dialedByMe, "peerSession", c.session)
+	if s, ok := c.io.(*shmIO); ok {
+		s.watchers.Add(1)
+		sd.prov.goTracked(func() { s.watch(c) })
+	}
 	sd.prov.goTracked(c.readLoop)
 	sd.prov.goTracked(c.writeLoop)
 	c.ring()
@@ -439,6 +477,9 @@ func (p *peer) dialLoop() {
 // dialOnce dials and handshakes once.
 func (p *peer) dialOnce(ctx context.Context) error {
 	sd := p.sd
+	if sd.shm != nil {
+		return p.dialOnceShm(ctx)
+	}
 	addr, err := sd.resolve(ctx, p.eid)
 	if err != nil {
 		return err

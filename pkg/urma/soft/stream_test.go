@@ -46,7 +46,7 @@ func newStreamer(t testing.TB, p *Provider, jetties, msgs, size, sq, rq int) *st
 	s.seg, err = s.ctx.RegisterSegment(s.mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
 	mustOK(t, err, "register")
 	for i := 0; i < jetties; i++ {
-		r, err := s.ctx.CreateJFR(urma.JFRConfig{Depth: uint32(rq), JFC: s.rjfc, Token: 7})
+		r, err := s.ctx.CreateJFR(urma.JFRConfig{Mode: urma.RC, Depth: uint32(rq), JFC: s.rjfc, Token: 7})
 		mustOK(t, err, "create JFR")
 		s.jfrs = append(s.jfrs, r)
 		j, err := s.ctx.CreateJetty(urma.JettyConfig{Mode: urma.RC, SQDepth: uint32(sq), SendJFC: s.sjfc, JFR: r, RNRRetry: rnrForever})

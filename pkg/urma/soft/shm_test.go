@@ -1,0 +1,377 @@
+package soft
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// Messages of every size, up to many times the ring, arrive whole and in
+// order both ways, however they wrap around the rings.
+func TestShmMessagesLargerThanTheRing(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	opts.ShmRingSize = MinShmRing
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	if pa.Name() != "soft-shm" {
+		t.Fatalf("provider name %q", pa.Name())
+	}
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	ta, tb := a.importJetty(b), b.importJetty(a)
+	rng := rand.New(rand.NewPCG(1, 2))
+	const half = 512 << 10
+	for _, n := range []int{1, 100, MinShmRing - 37, MinShmRing, 3*MinShmRing + 5, half} {
+		for _, dir := range []struct {
+			from, to *side
+			target   urma.RemoteJetty
+		}{{a, b, ta}, {b, a, tb}} {
+			src := dir.from.mem.Bytes()[:n]
+			for i := range src {
+				src[i] = byte(rng.Uint32())
+			}
+			dir.to.postRecv(1, half, half)
+			mustOK(t, dir.from.send(dir.target, 1, 0, n, 0), "send")
+			if c := pollN(t, dir.from.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+				t.Fatalf("send of %d bytes: %+v", n, c)
+			}
+			c := pollN(t, dir.to.rjfc, 1, 10*time.Second)[0]
+			if c.Status != urma.StatusSuccess || c.CompletionLen != uint32(n) {
+				t.Fatalf("receive of %d bytes: %+v", n, c)
+			}
+			if !bytes.Equal(dir.to.mem.Bytes()[half:half+n], src) {
+				t.Fatalf("%d bytes arrived changed", n)
+			}
+		}
+	}
+}
+
+// With no spinning every wait goes to sleep on the eventfd; a wake-up lost
+// between "ring empty" and "asleep" would hang this ping-pong.
+func TestShmNoLostWakeUp(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	opts.ShmSpin = -1
+	opts.ShmRingSize = MinShmRing
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	ta, tb := a.importJetty(b), b.importJetty(a)
+	const rounds = 2000
+	for i := 0; i < rounds; i++ {
+		b.postRecv(uint64(i), 0, 64)
+		a.postRecv(uint64(i), 0, 64)
+		mustOK(t, a.send(ta, uint64(i), 4096, 64, 0), "ping")
+		pollN(t, b.rjfc, 1, 10*time.Second)
+		mustOK(t, b.send(tb, uint64(i), 4096, 64, 0), "pong")
+		pollN(t, a.rjfc, 1, 10*time.Second)
+		pollN(t, a.sjfc, 1, 10*time.Second)
+		pollN(t, b.sjfc, 1, 10*time.Second)
+	}
+}
+
+// A device on another host (another boot id), one whose user is refused,
+// and an EID of another fabric are unreachable, each with an error that
+// says why; the refusing side logs the reason.
+func TestShmRendezvousRefusals(t *testing.T) {
+	opts := shmOpts(t)
+	var sink logSink
+	bopts := opts
+	bopts.Logger = sink.logger()
+	pb := newProvider(t, bopts)
+	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	import1 := func(p *Provider, id urma.JettyID) error {
+		a := newSide(t, p, urma.JettyConfig{}, 64)
+		_, err := a.ctx.ImportJetty(t.Context(), id, urma.RC, 7)
+		return err
+	}
+	t.Run("another host", func(t *testing.T) {
+		pa := newProvider(t, opts)
+		pa.devices[0].sock.shm.bootID[0] ^= 0xff
+		err := import1(pa, b.jetty.ID())
+		if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "another host") {
+			t.Fatalf("import from another boot: %v", err)
+		}
+		if !sink.has("another boot id") {
+			t.Errorf("the acceptor did not log why: %q", sink.lines)
+		}
+	})
+	t.Run("user refused by the acceptor", func(t *testing.T) {
+		strict := opts
+		strict.ShmAllowUID = func(uint32) bool { return false }
+		strict.Logger = sink.logger()
+		pc := newProvider(t, strict)
+		c := newSide(t, pc, urma.JettyConfig{}, 64)
+		err := import1(newProvider(t, opts), c.jetty.ID())
+		if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "refused") {
+			t.Fatalf("import from a device that refuses us: %v", err)
+		}
+		if !sink.has("ShmAllowUID refuses") {
+			t.Errorf("the acceptor did not log why: %q", sink.lines)
+		}
+	})
+	t.Run("user refused by the dialer", func(t *testing.T) {
+		strict := opts
+		strict.ShmAllowUID = func(uint32) bool { return false }
+		err := import1(newProvider(t, strict), b.jetty.ID())
+		if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "ShmAllowUID") {
+			t.Fatalf("import from a device whose user we refuse: %v", err)
+		}
+	})
+	t.Run("not an shm EID", func(t *testing.T) {
+		sock, _ := SocketEID(mustAddrPort("127.0.0.1:9"))
+		err := import1(newProvider(t, opts), urma.JettyID{EID: sock, ID: 1})
+		if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "not an shm device") {
+			t.Fatalf("import of a socket EID over shm: %v", err)
+		}
+	})
+	t.Run("another directory", func(t *testing.T) {
+		err := import1(newProvider(t, shmOpts(t)), b.jetty.ID())
+		if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "another shm directory") {
+			t.Fatalf("import from a device in another directory: %v", err)
+		}
+	})
+	// The device still serves honest peers.
+	a := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
+	target := a.importJetty(b)
+	b.postRecv(1, 0, 64)
+	mustOK(t, a.send(target, 1, 0, 64, 0), "send")
+	if c := pollN(t, a.sjfc, 1, 5*time.Second)[0]; c.Status != urma.StatusSuccess {
+		t.Fatalf("send after refusals: %+v", c)
+	}
+}
+
+// Hostile rendezvous messages are refused and logged, descriptors and all,
+// and never crash the device.
+func TestShmHostileHandshakes(t *testing.T) {
+	opts := shmOpts(t)
+	var sink logSink
+	opts.Logger = sink.logger()
+	p := newProvider(t, opts)
+	sd := p.devices[0].sock
+	me, _ := ShmEID()
+	good := func() shmHelloMsg {
+		return shmHelloMsg{typ: shmMsgHello, src: me, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
+	}
+	enc := func(h shmHelloMsg) []byte { return encodeShmHello(make([]byte, shmMaxMsgLen), &h) }
+	pipeFds := func(t *testing.T) []int {
+		var p [2]int
+		mustOK(t, unix.Pipe2(p[:], unix.O_CLOEXEC), "pipe")
+		return p[:]
+	}
+	cases := []struct {
+		name string
+		msg  func() []byte
+		fds  func(t *testing.T) []int
+		log  string
+	}{
+		{"garbage", func() []byte { return []byte("GET / HTTP/1.1") }, nil, "bad HELLO"},
+		{"wrong version", func() []byte { b := enc(good()); b[4] = 9; return b }, nil, "version"},
+		{"short", func() []byte { return enc(good())[:40] }, nil, "bytes"},
+		{"odd ring size", func() []byte { h := good(); h.ringSize = 100000; return enc(h) }, nil, "power of two"},
+		{"no descriptors", func() []byte { return enc(good()) }, nil, "descriptors"},
+		{"pipes for eventfds", func() []byte { return enc(good()) }, func(t *testing.T) []int {
+			e, err := newShmEnds(MinShmRing)
+			mustOK(t, err, "ends")
+			t.Cleanup(e.release)
+			ro, err := unix.Dup(e.localRO)
+			mustOK(t, err, "dup")
+			return append([]int{ro}, pipeFds(t)...)
+		}, "not an eventfd"},
+		{"unsealed ring", func() []byte { return enc(good()) }, func(t *testing.T) []int {
+			fd, err := unix.MemfdCreate("x", unix.MFD_CLOEXEC)
+			mustOK(t, err, "memfd")
+			mustOK(t, unix.Ftruncate(fd, shmCtlSize+MinShmRing), "truncate")
+			e1, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
+			e2, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
+			return []int{fd, e1, e2}
+		}, "seals"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			nc, err := net.Dial("unixpacket", sd.shm.path)
+			mustOK(t, err, "dial")
+			defer nc.Close()
+			var oob []byte
+			if c.fds != nil {
+				fds := c.fds(t)
+				oob = unix.UnixRights(fds...)
+				defer closeAll(fds)
+			}
+			_, _, err = nc.(*net.UnixConn).WriteMsgUnix(c.msg(), oob, nil)
+			mustOK(t, err, "write")
+			_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+			buf := make([]byte, 256)
+			for {
+				if _, err := nc.Read(buf); err != nil {
+					var ne net.Error
+					if errors.As(err, &ne) && ne.Timeout() {
+						t.Fatal("device kept a hostile connection open")
+					}
+					break
+				}
+			}
+			deadline := time.Now().Add(2 * time.Second)
+			for !sink.has(c.log) {
+				if time.Now().After(deadline) {
+					t.Fatalf("no log line says %q: %q", c.log, sink.lines)
+				}
+				time.Sleep(time.Millisecond) // polling deadline: the device logs after hanging up
+			}
+		})
+	}
+}
+
+// fakeShmPeer handshakes with a device's shm socket as a dialer would and
+// hands the test its end of the rings, to misbehave with.
+func fakeShmPeer(t *testing.T, sd *sockDevice) (*shmIO, urma.EID) {
+	t.Helper()
+	nc, err := net.Dial("unixpacket", sd.shm.path)
+	mustOK(t, err, "dial")
+	ends, err := newShmEnds(MinShmRing)
+	mustOK(t, err, "ends")
+	me, _ := ShmEID()
+	h := shmHelloMsg{typ: shmMsgHello, src: me, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
+	_, _, err = nc.(*net.UnixConn).WriteMsgUnix(encodeShmHello(make([]byte, shmMaxMsgLen), &h), unix.UnixRights(ends.fds()...), nil)
+	mustOK(t, err, "send HELLO")
+	ends.closePassed()
+	buf := make([]byte, shmMaxMsgLen+1)
+	n, fds, err := readShmMsg(nc.(*net.UnixConn), buf, shmHelloFds)
+	mustOK(t, err, "read HELLO_ACK")
+	a, err := decodeShmHello(buf[:n])
+	if err != nil || a.status != helloOK {
+		t.Fatalf("HELLO_ACK %+v, %v", a, err)
+	}
+	sio, err := newShmIO(ends, MinShmRing, int(a.ringSize), fds, -1)
+	mustOK(t, err, "join rings")
+	mustOK(t, sio.attach(nc), "attach")
+	t.Cleanup(func() { sio.shutdown(); sio.close() })
+	return sio, me
+}
+
+// A peer whose ring control words make no sense breaks the protocol: the
+// connection closes, and says why.
+func TestShmCorruptRing(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		corrupt func(f *shmIO)
+	}{
+		{"tail past the ring", func(f *shmIO) { f.local.word(offTail).Store(f.wsize + 1) }},
+		{"head past what was written", func(f *shmIO) { f.local.word(offHead).Store(12345) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			opts := shmOpts(t)
+			var sink logSink
+			opts.Logger = sink.logger()
+			p := newProvider(t, opts)
+			sd := p.devices[0].sock
+			f, fake := fakeShmPeer(t, sd)
+			// The device's writer meets the corrupt head when it next
+			// writes: an import request makes it write.
+			a := newSide(t, p, urma.JettyConfig{}, 64)
+			deadline := time.Now().Add(5 * time.Second)
+			c.corrupt(f)
+			signal(f.peerDataFd)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_, _ = a.ctx.ImportJetty(ctx, urma.JettyID{EID: fake, ID: 1}, urma.RC, 7)
+			}()
+			for !sink.has("inconsistent") {
+				if time.Now().After(deadline) {
+					t.Fatalf("no log line says the ring is inconsistent: %q", sink.lines)
+				}
+				time.Sleep(time.Millisecond) // polling deadline: the device logs as it closes the connection
+			}
+		})
+	}
+}
+
+// Close removes the device's socket from the shm directory.
+func TestShmCloseRemovesSocket(t *testing.T) {
+	opts := shmOpts(t)
+	p, err := New(opts)
+	mustOK(t, err, "new")
+	path := p.devices[0].sock.shm.path
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("socket missing: %v", err)
+	}
+	mustOK(t, p.Close(), "close")
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket left behind: %v", err)
+	}
+}
+
+// Options that cannot work fail New with a reason.
+func TestShmOptionsRefused(t *testing.T) {
+	long := "/tmp/" + strings.Repeat("d", 90)
+	cases := []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{"both fabrics", Options{Fabric: NewFabric(), ShmDir: t.TempDir()}, "choose one fabric"},
+		{"ring size", Options{ShmDir: t.TempDir(), ShmRingSize: 3 << 20}, "power of two"},
+		{"ring too small", Options{ShmDir: t.TempDir(), ShmRingSize: 4096}, "power of two"},
+		{"path too long", Options{ShmDir: long}, "shorter URMA_SHM_DIR"},
+		{"two EIDs", Options{ShmDir: t.TempDir(), Devices: []DeviceSpec{{EIDs: []urma.EID{{1}, {2}}}}}, "one EID"},
+	}
+	defer os.RemoveAll(long)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := New(c.opts)
+			if err == nil {
+				_ = p.Close()
+				t.Fatal("New succeeded")
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q does not say %q", err, c.want)
+			}
+		})
+	}
+}
+
+// Devices dialing each other at once over shm end with one connection.
+func TestShmOneConnectionPerDevicePair(t *testing.T) {
+	for round := 0; round < 10; round++ {
+		func() {
+			noLeaks(t)
+			opts := shmOpts(t)
+			pa, pb := newProvider(t, opts), newProvider(t, opts)
+			a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+			b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			errs := make(chan error, 2)
+			var ta, tb urma.RemoteJetty
+			go func() { var err error; ta, err = a.ctx.ImportJetty(ctx, b.jetty.ID(), urma.RC, 7); errs <- err }()
+			go func() { var err error; tb, err = b.ctx.ImportJetty(ctx, a.jetty.ID(), urma.RC, 7); errs <- err }()
+			mustOK(t, <-errs, "import")
+			mustOK(t, <-errs, "import")
+			defer ta.Close()
+			defer tb.Close()
+			if na, nb := len(pa.conns()), len(pb.conns()); na != 1 || nb != 1 {
+				t.Fatalf("round %d: %d and %d connections", round, na, nb)
+			}
+			a.postRecv(1, 0, 64)
+			b.postRecv(1, 0, 64)
+			mustOK(t, a.send(ta, 1, 0, 64, 0), "send")
+			mustOK(t, b.send(tb, 1, 0, 64, 0), "send")
+			pollN(t, a.rjfc, 1, 5*time.Second)
+			pollN(t, b.rjfc, 1, 5*time.Second)
+		}()
+	}
+}
+
+func mustAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }

@@ -1,0 +1,635 @@
+package soft
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Shared memory of the shm fabric. Each side of a connection owns one
+// region, a sealed memfd: a control page, then the ring it writes its frames
+// into, a byte stream like a socket's. The peer maps it read-only. Every
+// word a side writes lives in its own region, so neither side can write the
+// other's memory, and whatever the peer's region says is checked before it
+// is used.
+//
+// Control page words (8 bytes, each on its own cache line):
+//
+//	magic     "URMASHM1", then version u32 and ring size u32
+//	tail      bytes written into this side's ring, ever
+//	head      bytes this side consumed from the peer's ring, ever
+//	rsleep    odd while this side's reader sleeps and wants a data wake-up
+//	wsleep    odd while this side's writer sleeps and wants a space wake-up
+//
+// Wake-ups cost a syscall only for a side that sleeps. A writer stores tail
+// and then loads the peer's rsleep; a reader stores an odd rsleep and then
+// loads the peer's tail before it blocks. Go's atomics are sequentially
+// consistent, so at least one of the two sees the other's store: no wake-up
+// is lost. The same pair guards space with head and wsleep.
+const (
+	shmCtlSize    = 4096
+	shmMagic      = "URMASHM1"
+	shmVersion    = 1
+	offVersion    = 8
+	offRingSize   = 12
+	offTail       = 64
+	offHead       = 128
+	offReaderWait = 192
+	offWriterWait = 256
+
+	// MinShmRing and MaxShmRing bound Options.ShmRingSize.
+	MinShmRing = 64 << 10
+	MaxShmRing = 256 << 20
+	// DefaultShmRing is the ring each side of an shm connection writes
+	// into. It is charged to the memory cgroup of the process that
+	// creates it, once per peer device.
+	DefaultShmRing = 2 << 20
+	// DefaultShmSpin is how long an idle shm reader or writer polls
+	// shared memory before it sleeps on its eventfd.
+	DefaultShmSpin = 20 * time.Microsecond
+
+	// shmPublishChunk is how many bytes are copied before the other side
+	// is shown them: large messages stream through the ring, both sides
+	// copying at once.
+	shmPublishChunk = 64 << 10
+)
+
+// shmRegion is a mapped region: this side's (read-write) or the peer's
+// (read-only).
+type shmRegion struct {
+	mem  []byte
+	ring []byte
+}
+
+func (r *shmRegion) word(off int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&r.mem[off]))
+}
+
+func (r *shmRegion) unmap() {
+	if r.mem != nil {
+		_ = unix.Munmap(r.mem)
+		r.mem, r.ring = nil, nil
+	}
+}
+
+// newShmRegion creates this side's region: a sealed memfd of the control
+// page plus ringSize bytes, mapped and faulted in at once so that its pages
+// are charged to this process. It returns the mapping and a read-only
+// descriptor of it for the peer.
+func newShmRegion(ringSize int) (*shmRegion, int, error) {
+	fd, err := unix.MemfdCreate("urma-shm-ring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, -1, fmt.Errorf("create ring memfd: %w", err)
+	}
+	defer unix.Close(fd)
+	size := shmCtlSize + ringSize
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return nil, -1, fmt.Errorf("size ring memfd to %d bytes: %w", size, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		return nil, -1, fmt.Errorf("seal ring memfd: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, -1, fmt.Errorf("map %d bytes of ring: %w", size, err)
+	}
+	copy(mem, shmMagic)
+	binary.LittleEndian.PutUint32(mem[offVersion:], shmVersion)
+	binary.LittleEndian.PutUint32(mem[offRingSize:], uint32(ringSize))
+	ro, err := reopenReadOnly(fd)
+	if err != nil {
+		_ = unix.Munmap(mem)
+		return nil, -1, err
+	}
+	return &shmRegion{mem: mem, ring: mem[shmCtlSize:]}, ro, nil
+}
+
+// reopenReadOnly opens a second, read-only descriptor of a memfd, so that
+// the peer it is passed to can map it for reading only.
+func reopenReadOnly(fd int) (int, error) {
+	ro, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("reopen memfd %d read-only through /proc/self/fd: %w", fd, err)
+	}
+	return ro, nil
+}
+
+// mapPeerRegion maps the peer's region read-only, after checking that it is
+// a sealed memfd of exactly the announced ring size: a region that could
+// shrink would fault this process on access. It takes ownership of fd.
+func mapPeerRegion(fd, ringSize int) (*shmRegion, error) {
+	defer unix.Close(fd)
+	size, err := sealedSize(fd)
+	if err != nil {
+		return nil, fmt.Errorf("peer ring: %w", err)
+	}
+	if size != int64(shmCtlSize+ringSize) {
+		return nil, fmt.Errorf("peer ring memfd is %d bytes, want %d", size, shmCtlSize+ringSize)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map peer ring: %w", err)
+	}
+	r := &shmRegion{mem: mem, ring: mem[shmCtlSize:]}
+	switch {
+	case string(mem[:8]) != shmMagic:
+		err = fmt.Errorf("peer ring magic %q, want %q", mem[:8], shmMagic)
+	case binary.LittleEndian.Uint32(mem[offVersion:]) != shmVersion:
+		err = fmt.Errorf("peer ring version %d, want %d", binary.LittleEndian.Uint32(mem[offVersion:]), shmVersion)
+	case binary.LittleEndian.Uint32(mem[offRingSize:]) != uint32(ringSize):
+		err = fmt.Errorf("peer ring says %d bytes, its hello %d", binary.LittleEndian.Uint32(mem[offRingSize:]), ringSize)
+	}
+	if err != nil {
+		r.unmap()
+		return nil, err
+	}
+	return r, nil
+}
+
+// sealedSize is the size of a memfd that can neither shrink nor grow.
+func sealedSize(fd int) (int64, error) {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return 0, fmt.Errorf("not a sealable memfd: %w", err)
+	}
+	if seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
+		return 0, fmt.Errorf("memfd seals %#x do not forbid shrinking and growing", seals)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, fmt.Errorf("stat memfd: %w", err)
+	}
+	return st.Size, nil
+}
+
+// newEventfd creates the eventfd a sleeping reader or writer waits on, in
+// poll(2) on its own thread: it is woken the moment the peer writes it (Go's
+// poller would notice late; see fdio.go). The descriptor is shared with the
+// peer, flags included, so nothing here relies on its blocking mode.
+func newEventfd() (int, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return -1, fmt.Errorf("create eventfd: %w", err)
+	}
+	return fd, nil
+}
+
+// signal wakes whoever sleeps on the eventfd fd. It never blocks: a counter
+// that is full (which only a hostile peer arranges) is left alone, since
+// its sleeper is awake anyway.
+func signal(fd int) {
+	pfd := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	if n, _ := unix.Poll(pfd[:], 0); n != 1 {
+		return
+	}
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(fd, one[:])
+}
+
+// sleepOn blocks until the eventfd fd is readable, then resets it.
+func sleepOn(fd int) error {
+	pfd := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(pfd[:], -1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		var b [8]byte
+		_, _ = unix.Read(fd, b[:]) // EAGAIN if another reader took it: fine
+		return nil
+	}
+}
+
+// errRingCorrupt says the peer wrote control words no honest peer writes.
+var errRingCorrupt = errors.New("peer's ring control words are inconsistent")
+
+// shmIO is a connection's byte stream over two rings: frames are written
+// into this side's ring and read from the peer's. It implements linkIO.
+type shmIO struct {
+	local, remote *shmRegion
+	wsize, wmask  uint64 // this side's ring, written
+	rsize, rmask  uint64 // the peer's ring, read
+	spin          time.Duration
+
+	// Descriptors: this side's reader and writer block on dataFd and
+	// spaceFd; the peer's ones are written to wake the peer.
+	dataFd, spaceFd         int
+	peerDataFd, peerSpaceFd int
+
+	// localRO is the read-only descriptor of this side's region until it
+	// is passed to the peer.
+	localRO int
+	// ctlFd is the connection's unix socket once the handshake is done:
+	// the liveness signal and the channel for sharing memory. watchers
+	// counts the goroutine reading it.
+	ctlFd    int
+	watchers sync.WaitGroup
+
+	closed atomic.Bool
+	rx, tx atomic.Uint64
+
+	// Reader side: bytes consumed from the peer's ring, and the peer
+	// writer's sleep that was last woken.
+	head      uint64
+	wokeWrite uint64
+	// Writer side: bytes written into this side's ring, and the peer
+	// reader's sleep that was last woken.
+	tail     uint64
+	wokeRead uint64
+
+	closeOnce sync.Once
+}
+
+// shmEnds are the descriptors and regions of one side, before they become
+// a shmIO.
+type shmEnds struct {
+	local           *shmRegion
+	localRO         int // read-only descriptor of local, for the peer
+	dataFd, spaceFd int
+}
+
+func newShmEnds(ringSize int) (*shmEnds, error) {
+	e := &shmEnds{localRO: -1, dataFd: -1, spaceFd: -1}
+	var err error
+	if e.local, e.localRO, err = newShmRegion(ringSize); err != nil {
+		return nil, err
+	}
+	if e.dataFd, err = newEventfd(); err == nil {
+		e.spaceFd, err = newEventfd()
+	}
+	if err != nil {
+		e.release()
+		return nil, err
+	}
+	return e, nil
+}
+
+// release frees what was not handed to a shmIO.
+func (e *shmEnds) release() {
+	if e.local != nil {
+		e.local.unmap()
+	}
+	for _, fd := range []int{e.localRO, e.dataFd, e.spaceFd} {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+	}
+}
+
+// fds are what the peer gets: the region and the two eventfds.
+func (e *shmEnds) fds() []int { return []int{e.localRO, e.dataFd, e.spaceFd} }
+
+// closePassed closes the read-only region descriptor once the peer has its
+// copy; the eventfds stay, this side sleeps on them.
+func (e *shmEnds) closePassed() {
+	if e.localRO >= 0 {
+		_ = unix.Close(e.localRO)
+		e.localRO = -1
+	}
+}
+
+// newShmIO joins this side's ends (its ring of ringSize bytes) with the
+// peer's (whose ring has peerRing bytes, and whose region fd and eventfds it
+// takes ownership of, also on error).
+func newShmIO(e *shmEnds, ringSize, peerRing int, peerFds []int, spin time.Duration) (*shmIO, error) {
+	if len(peerFds) != 3 {
+		closeAll(peerFds)
+		return nil, fmt.Errorf("peer passed %d descriptors, want 3", len(peerFds))
+	}
+	for _, fd := range peerFds[1:] {
+		if err := checkEventfd(fd); err != nil {
+			closeAll(peerFds)
+			return nil, err
+		}
+	}
+	remote, err := mapPeerRegion(peerFds[0], peerRing)
+	if err != nil {
+		closeAll(peerFds[1:])
+		return nil, err
+	}
+	return &shmIO{
+		local: e.local, remote: remote, spin: spin, localRO: e.localRO, ctlFd: -1,
+		wsize: uint64(ringSize), wmask: uint64(ringSize - 1), rsize: uint64(peerRing), rmask: uint64(peerRing - 1),
+		dataFd: e.dataFd, spaceFd: e.spaceFd, peerDataFd: peerFds[1], peerSpaceFd: peerFds[2],
+	}, nil
+}
+
+// checkEventfd refuses a descriptor that is not an eventfd: writing to
+// anything else could block or do harm.
+func checkEventfd(fd int) error {
+	target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		return fmt.Errorf("inspect descriptor from peer: %w", err)
+	}
+	if target != "anon_inode:[eventfd]" {
+		return fmt.Errorf("descriptor from peer is %q, not an eventfd", target)
+	}
+	return nil
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+	}
+}
+
+func (s *shmIO) counters() (rx, tx *atomic.Uint64) { return &s.rx, &s.tx }
+
+// available is how many bytes of the peer's ring are unread.
+func (s *shmIO) available() (uint64, error) {
+	n := s.remote.word(offTail).Load() - s.head
+	if n > s.rsize {
+		return 0, errRingCorrupt
+	}
+	return n, nil
+}
+
+func (s *shmIO) buffered() int {
+	n, err := s.available()
+	if err != nil {
+		return 1 // let the next read report it
+	}
+	return int(n)
+}
+
+// ready reports whether a reader (data) or writer (not data) has what it
+// waits for: bytes in the peer's ring, room in this side's; a corrupt ring
+// counts as ready, so that the next access reports it.
+func (s *shmIO) ready(data bool) bool {
+	var n uint64
+	var err error
+	if data {
+		n, err = s.available()
+	} else {
+		n, err = s.free()
+	}
+	return n > 0 || err != nil || s.closed.Load()
+}
+
+// spinWait polls ready for the spin budget; it reports whether it came
+// true. Polling shared memory costs no syscall while the peer is busy.
+func (s *shmIO) spinWait(data bool) bool {
+	if s.spin <= 0 {
+		return s.ready(data)
+	}
+	start := time.Now()
+	for i := 0; ; i++ {
+		if s.ready(data) {
+			return true
+		}
+		if i&63 == 63 {
+			if time.Since(start) > s.spin {
+				return false
+			}
+			runtime.Gosched()
+		}
+	}
+}
+
+// wait blocks until ready(data): it spins, then sleeps on its eventfd,
+// announcing the sleep in this side's control page first and checking
+// ready after the announcement, so a wake-up that races with it is not
+// lost.
+func (s *shmIO) wait(data bool) error {
+	off, fd := offWriterWait, s.spaceFd
+	if data {
+		off, fd = offReaderWait, s.dataFd
+	}
+	for !s.spinWait(data) {
+		w := s.local.word(off)
+		w.Add(1) // odd: wake me
+		var err error
+		if !s.ready(data) {
+			err = sleepOn(fd)
+		}
+		w.Add(1)
+		if err != nil {
+			return fmt.Errorf("sleep on eventfd: %w", err)
+		}
+	}
+	if s.closed.Load() {
+		return errConnDead
+	}
+	return nil
+}
+
+// consumed publishes how far this side has read and wakes a peer writer
+// that sleeps for space.
+func (s *shmIO) consumed() {
+	s.local.word(offHead).Store(s.head)
+	if v := s.remote.word(offWriterWait).Load(); v&1 == 1 && v != s.wokeWrite {
+		s.wokeWrite = v
+		signal(s.peerSpaceFd)
+	}
+}
+
+// take copies the next bytes of the peer's ring into p (or skips them, p
+// nil and skip bytes), waiting for them as needed.
+func (s *shmIO) take(p []byte, skip int) error {
+	want := len(p) + skip
+	for first := true; want > 0; first = false {
+		n, err := s.available()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			if err := s.wait(true); err != nil {
+				if first {
+					return err
+				}
+				return unexpected(err)
+			}
+			continue
+		}
+		k := int(min(n, uint64(want), shmPublishChunk))
+		if p != nil {
+			off := s.head & s.rmask
+			c := copy(p[:k], s.remote.ring[off:])
+			copy(p[c:k], s.remote.ring)
+			p = p[k:]
+		}
+		s.head += uint64(k)
+		s.rx.Add(uint64(k))
+		want -= k
+		s.consumed()
+	}
+	return nil
+}
+
+func (s *shmIO) readFull(p []byte) error    { return s.take(p, 0) }
+func (s *shmIO) readPayload(p []byte) error { return s.take(p, 0) }
+func (s *shmIO) discard(n int) error        { return s.take(nil, n) }
+
+// free is how many bytes this side's ring can take.
+func (s *shmIO) free() (uint64, error) {
+	used := s.tail - s.remote.word(offHead).Load()
+	if used > s.wsize {
+		return 0, errRingCorrupt
+	}
+	return s.wsize - used, nil
+}
+
+// published shows the peer what was written and wakes its reader if it
+// sleeps.
+func (s *shmIO) published() {
+	s.local.word(offTail).Store(s.tail)
+	if v := s.remote.word(offReaderWait).Load(); v&1 == 1 && v != s.wokeRead {
+		s.wokeRead = v
+		signal(s.peerDataFd)
+	}
+}
+
+func (s *shmIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
+	unpublished := false
+	defer func() {
+		if unpublished {
+			s.published()
+		}
+	}()
+	for len(iov) > 0 {
+		if s.closed.Load() {
+			return iov, errConnDead
+		}
+		room, err := s.free()
+		if err != nil {
+			return iov, err
+		}
+		if room == 0 {
+			if unpublished {
+				s.published()
+				unpublished = false
+			}
+			if !wait {
+				return iov, unix.EAGAIN
+			}
+			if err := s.wait(false); err != nil {
+				return iov, err
+			}
+			continue
+		}
+		k := min(room, iov[0].Len, shmPublishChunk)
+		src := unsafe.Slice(iov[0].Base, k)
+		off := s.tail & s.wmask
+		c := copy(s.local.ring[off:], src)
+		copy(s.local.ring, src[c:])
+		s.tail += k
+		s.tx.Add(k)
+		unpublished = true
+		if k == iov[0].Len {
+			iov = iov[1:]
+		} else {
+			iov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(iov[0].Base), k))
+			iov[0].Len -= k
+		}
+		if k == shmPublishChunk {
+			s.published()
+			unpublished = false
+		}
+	}
+	return iov, nil
+}
+
+// passFds are what the peer gets: this side's region, read-only, and the
+// eventfds it sleeps on.
+func (s *shmIO) passFds() []int { return []int{s.localRO, s.dataFd, s.spaceFd} }
+
+// closePassed closes the read-only region descriptor once the peer has its
+// copy.
+func (s *shmIO) closePassed() {
+	if s.localRO >= 0 {
+		_ = unix.Close(s.localRO)
+		s.localRO = -1
+	}
+}
+
+// attach takes the handshaken unix socket as the connection's control
+// channel: a blocking descriptor, read by watch.
+func (s *shmIO) attach(nc net.Conn) error {
+	fd, _, _, err := detachFD(nc)
+	if err != nil {
+		return err
+	}
+	s.ctlFd = fd
+	return nil
+}
+
+// shutdown wakes this side's blocked reader, writer and control reader;
+// every later wait fails.
+func (s *shmIO) shutdown() {
+	s.closed.Store(true)
+	signal(s.dataFd)
+	signal(s.spaceFd)
+	if s.ctlFd >= 0 {
+		_ = unix.Shutdown(s.ctlFd, unix.SHUT_RDWR)
+	}
+}
+
+// close releases everything once the reader, the writer and the control
+// reader are out.
+func (s *shmIO) close() {
+	s.closeOnce.Do(func() {
+		s.watchers.Wait()
+		s.local.unmap()
+		s.remote.unmap()
+		closeAll([]int{s.localRO, s.ctlFd, s.dataFd, s.spaceFd, s.peerDataFd, s.peerSpaceFd})
+	})
+}
+
+// watch reads the control socket until it breaks: the peer's death (or its
+// orderly close) fails the connection.
+func (s *shmIO) watch(c *conn) {
+	defer s.watchers.Done()
+	var buf [shmMaxMsgLen + 1]byte
+	oob := make([]byte, unix.CmsgSpace(4*shmMaxFds))
+	for {
+		n, oobn, flags, _, err := unix.Recvmsg(s.ctlFd, buf[:], oob, unix.MSG_CMSG_CLOEXEC)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err == nil && n == 0 {
+			err = errors.New("peer closed its shm socket")
+		}
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		fds, perr := parseRights(oob[:oobn])
+		if perr == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+			perr = errors.New("control message or its descriptors truncated")
+		}
+		if perr == nil {
+			perr = s.onControl(buf[:n], fds)
+		} else {
+			closeAll(fds)
+		}
+		if perr != nil {
+			c.fail(protocolError{perr})
+			return
+		}
+	}
+}
+
+// onControl handles one control message after the handshake; it owns fds.
+func (s *shmIO) onControl(msg []byte, fds []int) error {
+	closeAll(fds)
+	typ, _, err := decodeShmMsgHeader(msg)
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("shm message type %d not expected on an established connection", typ)
+}
