@@ -94,3 +94,35 @@ func TestConformanceShmOneProcess(t *testing.T) {
 		return urmatest.Pair{A: a, B: b, KillB: func() { _ = b.Close() }, PeerGoneTimeout: 3 * time.Second}
 	})
 }
+
+// Both cross-host fabrics between two processes: B's provider lives in a
+// child process and the suite drives it through a remote provider
+// (remote_test.go), registered memory shared by memfd. KillB is kill -9 of
+// the child.
+func TestConformanceTwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes")
+	}
+	var rp *remoteProc
+	t.Cleanup(func() {
+		if rp != nil && rp.alive() {
+			rp.kill()
+		}
+	})
+	for _, fabric := range []string{"shm", "socket"} {
+		t.Run(fabric, func(t *testing.T) {
+			urmatest.Run(t, func(t *testing.T) urmatest.Pair {
+				if rp == nil || !rp.alive() {
+					rp = startRemoteProc(t)
+				}
+				opts := Options{Listen: "127.0.0.1:0", PeerTimeout: 600 * time.Millisecond, DialTimeout: time.Second}
+				if fabric == "shm" {
+					opts = shmOpts(t)
+				}
+				a := newProvider(t, opts)
+				b := newRemoteProvider(t, rp, opts.ShmDir)
+				return urmatest.Pair{A: a, B: b, KillB: rp.kill, PeerGoneTimeout: 3 * time.Second}
+			})
+		})
+	}
+}
