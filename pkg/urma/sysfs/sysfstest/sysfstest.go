@@ -246,8 +246,8 @@ func (tr *Tree) AddDevice(d Device) error {
 				return err
 			}
 		}
-		if err := os.Symlink(parent, filepath.Join(dir, "device")); err != nil {
-			return fmt.Errorf("sysfstest: %w", err)
+		if err := relSymlink(parent, filepath.Join(dir, "device")); err != nil {
+			return err
 		}
 	}
 
@@ -268,10 +268,24 @@ func (tr *Tree) AddDevice(d Device) error {
 	// Old device directories stay behind (t.TempDir removes them) so a scan
 	// that resolved the old link still reads a whole device.
 	tmp := filepath.Join(classDir, fmt.Sprintf(".new-%s.%d", d.Name, tr.gen))
-	if err := os.Symlink(dir, tmp); err != nil {
-		return fmt.Errorf("sysfstest: %w", err)
+	if err := relSymlink(dir, tmp); err != nil {
+		return err
 	}
 	if err := os.Rename(tmp, filepath.Join(classDir, d.Name)); err != nil {
+		return fmt.Errorf("sysfstest: %w", err)
+	}
+	return nil
+}
+
+// relSymlink links link to target with a relative path, as sysfs does
+// (../../devices/...), so the tree still resolves when it is bind-mounted
+// elsewhere, e.g. at /host/sys in the device plugin's container.
+func relSymlink(target, link string) error {
+	rel, err := filepath.Rel(filepath.Dir(link), target)
+	if err != nil {
+		return fmt.Errorf("sysfstest: %w", err)
+	}
+	if err := os.Symlink(rel, link); err != nil {
 		return fmt.Errorf("sysfstest: %w", err)
 	}
 	return nil

@@ -168,3 +168,26 @@ func TestConcurrentScansSeeWholeDevices(t *testing.T) {
 		t.Fatalf("final MaxJetty %d", d.Caps.MaxJetty)
 	}
 }
+
+// The tree is bind-mounted elsewhere in the device plugin's container
+// (/host/sys): its links must be relative, as real sysfs's are.
+func TestWriteTreeResolvesWhenMoved(t *testing.T) {
+	dir := t.TempDir()
+	old := filepath.Join(dir, "old")
+	if err := sysfstest.WriteTree(filepath.Join(old, "sys"), filepath.Join(old, "dev"), sysfstest.DefaultDevice("udma0")); err != nil {
+		t.Fatal(err)
+	}
+	moved := filepath.Join(dir, "moved")
+	if err := os.Rename(old, moved); err != nil {
+		t.Fatal(err)
+	}
+	for _, rel := range []string{"class/ubcore/udma0/ubdev", "class/ubcore/udma0/device/numa_node"} {
+		if _, err := os.Stat(filepath.Join(moved, "sys", rel)); err != nil {
+			t.Errorf("%s does not resolve after the tree moved: %v", rel, err)
+		}
+	}
+	link, err := os.Readlink(filepath.Join(moved, "sys", "class", "ubcore", "udma0"))
+	if err != nil || filepath.IsAbs(link) {
+		t.Errorf("class link = %q, %v; want a relative link", link, err)
+	}
+}
