@@ -73,6 +73,10 @@ lint: golangci-lint ## golangci-lint (built into bin/ on first use)
 images: ## build container images with docker or podman, where an engine runs
 	hack/images.sh
 
+.PHONY: e2e
+e2e: ## the whole product on a real one-node Kubernetes, as root (not part of test; see docs/e2e.md)
+	hack/e2e.sh $(E2E_FLAGS)
+
 .PHONY: demo
 demo: ## run the stack end to end on the software provider (see docs/demo.md)
 	hack/demo.sh

@@ -1,0 +1,226 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseOptions(t *testing.T) {
+	now := time.Date(2026, 11, 30, 18, 0, 5, 0, time.UTC)
+	root := t.TempDir()
+	o, err := parseOptions([]string{"-root", root}, io.Discard, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.work != "/tmp/urma-e2e" || o.binDir != filepath.Join(root, "bin") || o.logs != "/tmp/urma-e2e-logs/20261130-180005" {
+		t.Errorf("defaults = work %q bin %q logs %q", o.work, o.binDir, o.logs)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-root", root, "-work", "relative"}, "absolute path"},
+		{[]string{"-root", root, "-work", "/"}, "absolute path below /"},
+		{[]string{"-root", root, "-timeout", "0s"}, "must be positive"},
+		{[]string{"-root", root, "extra"}, "unexpected arguments"},
+	} {
+		if _, err := parseOptions(tc.args, io.Discard, now); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseOptions(%q) error = %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestPickNodeIP(t *testing.T) {
+	if ip, err := pickNodeIP("192.0.2.7"); err != nil || ip != "192.0.2.7" {
+		t.Errorf("pickNodeIP(192.0.2.7) = %q, %v", ip, err)
+	}
+	for _, bad := range []string{"127.0.0.1", "::1", "fd00::2", "nonsense"} {
+		if _, err := pickNodeIP(bad); err == nil {
+			t.Errorf("pickNodeIP(%q) accepted", bad)
+		}
+	}
+}
+
+func TestFirstServiceIP(t *testing.T) {
+	ip, err := firstServiceIP()
+	if err != nil || ip.String() != "10.96.0.1" {
+		t.Errorf("firstServiceIP() = %v, %v; want 10.96.0.1 (the kubernetes Service's ClusterIP in %s)", ip, err, serviceCIDR)
+	}
+}
+
+const clientLog = `"level"=0 "msg"="URMA provider chosen" "role"="client" "provider"="soft-socket" "choice"="auto"
+"level"=0 "msg"="URMA ready" "role"="client" "provider"="soft-socket" "device"="udma0"
+`
+
+func TestParsePerfRun(t *testing.T) {
+	report := `{
+  "server": "10.244.0.4:7000", "size": 4096, "concurrency": 2, "durationSeconds": 3, "requests": 10,
+  "qps": 3.3, "sentBytesPerSec": 100, "urmaConns": 1, "tcpConns": 1,
+  "conns": [
+    {"mode": "urma", "local": "a", "requests": 6},
+    {"mode": "tcp", "local": "b", "requests": 4, "fallbackReason": "peer_declined"}
+  ]
+}`
+	rep, fabrics, err := parsePerfRun(report, clientLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.URMAConns != 1 || len(fabrics) != 2 || fabrics[0] != "provider soft-socket" {
+		t.Errorf("report %+v, fabrics %q", rep, fabrics)
+	}
+	if got := fabricSummary(&perfRun{report: rep, fabrics: fabrics}); got != "provider soft-socket x1" {
+		t.Errorf("fabricSummary = %q", got)
+	}
+	text := formatPerfRuns([]*perfRun{{label: "URMA", report: rep, fabrics: fabrics}})
+	for _, want := range []string{"URMA conn 0: URMA, provider soft-socket, 6 requests", "URMA conn 1: TCP, -, 4 requests, fell back: peer_declined"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("formatPerfRuns lacks %q:\n%s", want, text)
+		}
+	}
+
+	// A fabric urma-perf names per connection wins over the provider.
+	perConn := strings.Replace(report, `{"mode": "urma", "local": "a"`, `{"mode": "urma", "fabric": "shm", "local": "a"`, 1)
+	if _, fabrics, err := parsePerfRun(perConn, clientLog); err != nil || fabrics[0] != "shm" {
+		t.Errorf("per-connection fabric: %q, %v", fabrics, err)
+	}
+	// No provider logged: the fabric is unknown, not guessed.
+	if _, fabrics, err := parsePerfRun(report, ""); err != nil || fabrics[0] != "" {
+		t.Errorf("no log: fabrics %q, %v", fabrics, err)
+	}
+
+	for _, tc := range []struct{ name, out, want string }{
+		{"not json", "warning: x", "not urma-perf client's JSON"},
+		{"no conns", `{"requests": 3, "conns": []}`, "no connection"},
+		{"no requests", `{"requests": 0, "conns": [{"mode": "urma"}]}`, "no request completed"},
+	} {
+		if _, _, err := parsePerfRun(tc.out, ""); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestUnescapeMount(t *testing.T) {
+	for in, want := range map[string]string{
+		`/tmp/urma-e2e/a`:       "/tmp/urma-e2e/a",
+		`/tmp/with\040space`:    "/tmp/with space",
+		`/tmp/tab\011and\134bs`: "/tmp/tab\tand\\bs",
+		`/tmp/trailing\04`:      `/tmp/trailing\04`,
+	} {
+		if got := unescapeMount(in); got != want {
+			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestRemoveDevNodesTouchesOnlyDevUburma(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "keep-me")
+	if err := os.WriteFile(victim, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	list := filepath.Join(dir, "created-dev-nodes")
+	if err := os.WriteFile(list, []byte(victim+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeDevNodes(list); err == nil || !strings.Contains(err.Error(), "left alone") {
+		t.Errorf("removeDevNodes error = %v, want it to refuse a path outside %s", err, hostDevDir)
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Errorf("%s was removed: %v", victim, err)
+	}
+	if err := removeDevNodes(filepath.Join(dir, "missing")); err != nil {
+		t.Errorf("no list file (nothing created): %v", err)
+	}
+}
+
+func TestRemoveHostDirsTouchesOnlyKnownDirs(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "keep-me")
+	if err := os.Mkdir(victim, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	list := filepath.Join(dir, "created-host-dirs")
+	if err := os.WriteFile(list, []byte(victim+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := removeHostDirs(list)
+	if err == nil || len(removed) != 0 || !strings.Contains(err.Error(), "left alone") {
+		t.Errorf("removeHostDirs = %v, %v; want a refusal", removed, err)
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Errorf("%s was removed: %v", victim, err)
+	}
+}
+
+func TestWaitExitAndProcessAlive(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Skipf("no sleep binary: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	pid := cmd.Process.Pid
+	if !processAlive(pid) {
+		t.Fatal("a running process reads as not alive")
+	}
+	if waitExit(pid, 50*time.Millisecond) {
+		t.Fatal("waitExit reported the exit of a process that still runs")
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if !waitExit(pid, 10*time.Second) {
+		t.Fatal("waitExit missed the exit")
+	}
+	<-done
+	if processAlive(pid) {
+		t.Error("a reaped process reads as alive")
+	}
+}
+
+func TestParseManifest(t *testing.T) {
+	objs, err := parseManifest("---\n# Source: a.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n---\n# only a comment\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: b\n  namespace: x\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 2 || objs[0].GetKind() != "ConfigMap" || objs[1].GetNamespace() != "x" {
+		t.Errorf("parseManifest = %v", objs)
+	}
+}
+
+func TestBuildImage(t *testing.T) {
+	img := buildImage("urma-perf", "benchmark", "65532:65532", []byte("bin"))
+	if img.Name != "e2e.local/urma-k8s/urma-perf:e2e" || img.Config.User != "65532:65532" || img.Config.Entrypoint[0] != "/usr/local/bin/urma-perf" {
+		t.Errorf("image = %+v", img)
+	}
+	var found bool
+	for _, f := range img.Files {
+		if f.Path == "/usr/local/bin/urma-perf" && bytes.Equal(f.Data, []byte("bin")) && f.Mode == 0o755 {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("the binary is not at /usr/local/bin/urma-perf, mode 0755")
+	}
+	if p := buildImage("pause", "", "65535:65535", nil); p.Config.Entrypoint[0] != "/pause" {
+		t.Errorf("pause entrypoint = %v", p.Config.Entrypoint)
+	}
+}
+
+func TestCgroupLayoutNamesThisHost(t *testing.T) {
+	got, err := cgroupLayout()
+	if err != nil {
+		t.Skipf("no cgroup filesystem: %v", err)
+	}
+	if !strings.HasPrefix(got, "v1") && !strings.HasPrefix(got, "v2") && !strings.HasPrefix(got, "hybrid") {
+		t.Errorf("cgroupLayout = %q", got)
+	}
+}

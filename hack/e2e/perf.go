@@ -1,0 +1,159 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/openeuler/urma-k8s/cmd/urma-perf/perfjson"
+	"github.com/openeuler/urma-k8s/hack/internal/proc"
+)
+
+// perfRun is one urma-perf client run and what it reported.
+type perfRun struct {
+	label, mode string
+	report      perfjson.Report
+	fabrics     []string // per connection, "" where the report names none
+}
+
+// providerRE finds the provider urma-perf logs once URMA is up, e.g.
+// "URMA ready" ... "provider"="soft-socket".
+var providerRE = regexp.MustCompile(`"URMA ready".*"provider"="([^"]+)"`)
+
+// parsePerfRun decodes a client's --json report (stdout) and its log
+// (stderr). The fabric of each connection is the report's, when urma-perf
+// names one per connection (a field "fabric"); otherwise the provider the
+// process logged ("soft-socket", "soft-shm", "liburma"), which carries
+// every connection of that process.
+func parsePerfRun(stdout, stderr string) (perfjson.Report, []string, error) {
+	out := []byte(strings.TrimSpace(stdout))
+	var rep perfjson.Report
+	if err := json.Unmarshal(out, &rep); err != nil {
+		return rep, nil, fmt.Errorf("not urma-perf client's JSON report: %w", err)
+	}
+	var raw struct {
+		Conns []map[string]any `json:"conns"`
+	}
+	if err := json.Unmarshal(out, &raw); err != nil {
+		return rep, nil, fmt.Errorf("not urma-perf client's JSON report: %w", err)
+	}
+	provider := ""
+	if m := providerRE.FindStringSubmatch(stderr); m != nil {
+		provider = "provider " + m[1]
+	}
+	fabrics := make([]string, len(rep.Conns))
+	for i := range fabrics {
+		fabrics[i] = provider
+		if i < len(raw.Conns) {
+			if f, ok := raw.Conns[i]["fabric"].(string); ok && f != "" {
+				fabrics[i] = f
+			}
+		}
+	}
+	switch {
+	case len(rep.Conns) == 0:
+		return rep, fabrics, errors.New("the report lists no connection")
+	case rep.Requests == 0:
+		return rep, fabrics, errors.New("no request completed")
+	}
+	return rep, fabrics, nil
+}
+
+func (r *run) checkPerf(ctx context.Context) error {
+	if r.serverIP == "" {
+		return errors.New("no server pod IP: step 3 did not run")
+	}
+	server := net.JoinHostPort(r.serverIP, strconv.Itoa(perfPort))
+	runs := []*perfRun{{label: "URMA", mode: "auto"}, {label: "TCP", mode: "tcp"}}
+	for _, pr := range runs {
+		args := []string{"-n", testNS, "exec", clientPod, "--", "/usr/local/bin/urma-perf", "client",
+			"--server", server, "--size", "4096", "--concurrency", "4", "--duration", r.o.perfTime.String(),
+			"--mode", pr.mode, "--json"}
+		r.say("$ kubectl %s", strings.Join(args, " "))
+		stdout, stderr, err := r.kubectl(ctx, args...)
+		appendLog(filepath.Join(r.o.logs, "perf-client-"+pr.mode+".log"), stderr+stdout)
+		if err != nil {
+			return err
+		}
+		if pr.report, pr.fabrics, err = parsePerfRun(stdout, stderr); err != nil {
+			return fmt.Errorf("%s run: %w\n%s%s", pr.label, err, stderr, stdout)
+		}
+	}
+	r.say("%s", "\n"+proc.Indent(formatPerfRuns(runs), "    "))
+	u, t := runs[0].report, runs[1].report
+	if u.URMAConns == 0 {
+		return fmt.Errorf("no connection of the URMA run ran on URMA (fallback reasons above)")
+	}
+	ratio := 0.0
+	if t.SentBytesPerSec > 0 {
+		ratio = u.SentBytesPerSec / t.SentBytesPerSec
+	}
+	r.note("urma-perf pod to pod: %d/%d connections on URMA (%s), %.1f MiB/s vs TCP %.1f MiB/s (%.2fx)",
+		u.URMAConns, len(u.Conns), fabricSummary(runs[0]), u.SentBytesPerSec/(1<<20), t.SentBytesPerSec/(1<<20), ratio)
+	return nil
+}
+
+// fabricSummary names the fabrics the URMA connections used.
+func fabricSummary(pr *perfRun) string {
+	seen := map[string]int{}
+	for i, c := range pr.report.Conns {
+		if c.Mode != "urma" {
+			continue
+		}
+		f := pr.fabrics[i]
+		if f == "" {
+			f = "not reported"
+		}
+		seen[f]++
+	}
+	var parts []string
+	for f, n := range seen {
+		parts = append(parts, fmt.Sprintf("%s x%d", f, n))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// formatPerfRuns renders the runs side by side, then each connection.
+func formatPerfRuns(runs []*perfRun) string {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tCONNS (urma/tcp)\tREQUESTS\tQPS\tMiB/s\tP50 µs\tP99 µs")
+	for _, pr := range runs {
+		rep := pr.report
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%.0f\t%.1f\t%.0f\t%.0f\n", pr.label, rep.URMAConns, rep.TCPConns, rep.Requests, rep.QPS,
+			rep.SentBytesPerSec/(1<<20), rep.LatencyMicros.P50, rep.LatencyMicros.P99)
+	}
+	tw.Flush()
+	for _, pr := range runs {
+		for i, c := range pr.report.Conns {
+			fabric := pr.fabrics[i]
+			switch {
+			case c.Mode != "urma":
+				fabric = "-"
+			case fabric == "":
+				fabric = "not reported"
+			}
+			fmt.Fprintf(&b, "%s conn %d: %s, %s, %d requests", pr.label, i, strings.ToUpper(c.Mode), fabric, c.Requests)
+			if c.FallbackReason != "" {
+				fmt.Fprintf(&b, ", fell back: %s", c.FallbackReason)
+			}
+			if c.Error != "" {
+				fmt.Fprintf(&b, ", error: %s", c.Error)
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}

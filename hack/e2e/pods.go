@@ -1,0 +1,224 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+)
+
+// perfPort is where urma-perf servers listen in the test pods.
+const perfPort = 7000
+
+// Names of the two test pods: each runs an urma-perf server; the client
+// runs are exec'd in the second (the image has no shell to keep a pod
+// alive otherwise, and a client run inherits the container's environment).
+const (
+	serverPod = "perf-server"
+	clientPod = "perf-client"
+)
+
+// perfPod is a pod running urma-perf with args (default: an echo server),
+// labelled for endpoint so the webhook mounts its flags and adds its
+// jetty request.
+func perfPod(name, endpoint string, args []string) *corev1.Pod {
+	if args == nil {
+		args = []string{"server", "--listen", "0.0.0.0:" + strconv.Itoa(perfPort), "--echo", "--json"}
+	}
+	grace := int64(2)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, Labels: map[string]string{
+			urmav1.LabelEndpoint: endpoint, "app.kubernetes.io/name": "urma-e2e-perf",
+		}},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{{
+				Name:            "perf",
+				Image:           imageName("urma-perf"),
+				ImagePullPolicy: corev1.PullNever,
+				Args:            args,
+				Env: []corev1.EnvVar{{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{
+					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"},
+				}}},
+				Ports: []corev1.ContainerPort{{Name: "perf", ContainerPort: perfPort}},
+			}},
+		},
+	}
+}
+
+func (r *run) checkPods(ctx context.Context) error {
+	before, err := r.kubeletJetties(ctx)
+	if err != nil {
+		return err
+	}
+	r.say("kubelet (pod-resources): %d %s device IDs allocatable, %d assigned", before.allocatable, nodefacts.ResourceName, before.allocated())
+	for _, name := range []string{serverPod, clientPod} {
+		if _, err := r.cs.CoreV1().Pods(testNS).Create(ctx, perfPod(name, endpointName, nil), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create pod %s: %w", name, err)
+		}
+	}
+	pods, err := r.waitPodsRunning(ctx, testNS, []string{serverPod, clientPod}, 3*time.Minute)
+	if err != nil {
+		return err
+	}
+	var requested int64
+	for _, p := range pods {
+		n, err := r.checkPodView(ctx, p)
+		if err != nil {
+			return fmt.Errorf("pod %s: %w", p.Name, err)
+		}
+		requested += n
+	}
+	r.serverIP = pods[0].Status.PodIP
+
+	after, err := r.kubeletJetties(ctx)
+	if err != nil {
+		return err
+	}
+	if int64(after.allocated()-before.allocated()) != requested {
+		return fmt.Errorf("kubelet assigned %d more %s device IDs, the two pods requested %d (by pod: %v)",
+			after.allocated()-before.allocated(), nodefacts.ResourceName, requested, after.byPod)
+	}
+	r.assigned = after.allocated()
+	free0, free1 := before.allocatable-before.allocated(), after.allocatable-after.allocated()
+	node, err := r.cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get node: %w", err)
+	}
+	q := node.Status.Allocatable[corev1.ResourceName(nodefacts.ResourceName)]
+	r.note("jetty units: node allocatable %d; kubelet assigned %d to the two pods (%v); free went from %d to %d",
+		q.Value(), requested, after.byPod, free0, free1)
+	return nil
+}
+
+// waitPodsRunning waits until every named pod runs with all containers
+// ready, and returns them in the order given.
+func (r *run) waitPodsRunning(ctx context.Context, ns string, names []string, timeout time.Duration) ([]corev1.Pod, error) {
+	out := make([]corev1.Pod, len(names))
+	err := r.poll(ctx, timeout, "pods "+strings.Join(names, ", ")+" to run", func(ctx context.Context) (bool, error) {
+		for i, n := range names {
+			p, err := r.cs.CoreV1().Pods(ns).Get(ctx, n, metav1.GetOptions{})
+			if err != nil {
+				if apierrors.IsNotFound(err) {
+					return false, fmt.Errorf("pod %s/%s is gone", ns, n)
+				}
+				return false, nil
+			}
+			if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+				return false, fmt.Errorf("pod %s/%s ended: %s", ns, n, p.Status.Phase)
+			}
+			if p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
+				return false, nil
+			}
+			for _, cs := range p.Status.ContainerStatuses {
+				if !cs.Ready {
+					return false, nil
+				}
+			}
+			out[i] = *p
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, r.podsReport(ctx, ns))
+	}
+	return out, nil
+}
+
+// checkPodView checks what the webhook and the device plugin gave a pod,
+// from the API (spec) and from inside the running container (its process
+// environment and its root filesystem, as the node sees them), and returns
+// the pod's jetty request.
+func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
+	c := p.Spec.Containers[0]
+	req := c.Resources.Requests[corev1.ResourceName(nodefacts.ResourceName)]
+	if req.Value() <= 0 {
+		return 0, fmt.Errorf("admitted without a %s request (requests %v): the webhook did not add it", nodefacts.ResourceName, c.Resources.Requests)
+	}
+	flagsFile := ""
+	for _, e := range c.Env {
+		if e.Name == urmav1.EnvFlagsFile {
+			flagsFile = e.Value
+		}
+	}
+	mounted := false
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == urmav1.FlagsMountPath {
+			mounted = true
+		}
+	}
+	if flagsFile == "" || !mounted {
+		return 0, fmt.Errorf("admitted without the flags (env %s=%q, mount at %s: %v)", urmav1.EnvFlagsFile, flagsFile, urmav1.FlagsMountPath, mounted)
+	}
+	if len(p.Status.ContainerStatuses) == 0 {
+		return 0, fmt.Errorf("no container status")
+	}
+	pid, err := r.containerPID(ctx, p.Status.ContainerStatuses[0].ContainerID)
+	if err != nil {
+		return 0, err
+	}
+	env, err := processEnv(pid)
+	if err != nil {
+		return 0, err
+	}
+	dev, budget := env["URMA_DEVICE"], env["URMA_JETTY_BUDGET"]
+	if dev == "" || budget == "" {
+		return 0, fmt.Errorf("the container's environment lacks URMA_DEVICE (%q) or URMA_JETTY_BUDGET (%q)", dev, budget)
+	}
+	if env[urmav1.EnvFlagsFile] != flagsFile {
+		return 0, fmt.Errorf("the container's %s is %q, the pod spec says %q", urmav1.EnvFlagsFile, env[urmav1.EnvFlagsFile], flagsFile)
+	}
+	// The device node as the container sees it, through its root.
+	inside := filepath.Join("/proc", strconv.Itoa(pid), "root", hostDevDir, dev)
+	var st, host unix.Stat_t
+	if err := unix.Stat(inside, &st); err != nil {
+		return 0, fmt.Errorf("the container has no %s/%s: %w", hostDevDir, dev, err)
+	}
+	if err := unix.Stat(filepath.Join(hostDevDir, dev), &host); err != nil {
+		return 0, fmt.Errorf("stat the host's %s/%s: %w", hostDevDir, dev, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != host.Rdev {
+		return 0, fmt.Errorf("%s/%s in the container is mode %o rdev %d:%d, the host's is a character device %d:%d", hostDevDir, dev,
+			st.Mode, unix.Major(st.Rdev), unix.Minor(st.Rdev), unix.Major(host.Rdev), unix.Minor(host.Rdev))
+	}
+	flags, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "root", flagsFile))
+	if err != nil {
+		return 0, fmt.Errorf("read %s in the container: %w", flagsFile, err)
+	}
+	if !bytes.Equal(bytes.TrimSpace(flags), bytes.TrimSpace([]byte(r.flags))) {
+		return 0, fmt.Errorf("%s in the container differs from the endpoint's rendered flags", flagsFile)
+	}
+	r.say("pod %s (%s, pid %d): requests %s=%d; sees %s/%s (char %d:%d), URMA_DEVICE=%s URMA_JETTY_BUDGET=%s, %s=%s (%d bytes, the endpoint's flags)",
+		p.Name, p.Status.PodIP, pid, nodefacts.ResourceName, req.Value(), hostDevDir, dev, unix.Major(st.Rdev), unix.Minor(st.Rdev),
+		dev, budget, urmav1.EnvFlagsFile, flagsFile, len(flags))
+	return req.Value(), nil
+}
+
+// processEnv reads a process's environment from /proc.
+func processEnv(pid int) (map[string]string, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+	if err != nil {
+		return nil, fmt.Errorf("read the environment of pid %d: %w", pid, err)
+	}
+	env := map[string]string{}
+	for _, kv := range bytes.Split(b, []byte{0}) {
+		if k, v, ok := strings.Cut(string(kv), "="); ok {
+			env[k] = v
+		}
+	}
+	return env, nil
+}
