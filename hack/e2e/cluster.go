@@ -370,7 +370,7 @@ func (r *run) startNode(ctx context.Context) error {
 	// A guard first: Service addresses that kube-proxy has not (yet)
 	// translated are unreachable instead of going out the default route.
 	if out, err := exec.Command("ip", "route", "replace", "unreachable", serviceCIDR).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip route replace unreachable %s: %v: %s", serviceCIDR, err, out)
+		return fmt.Errorf("ip route replace unreachable %s: %w: %s", serviceCIDR, err, out)
 	}
 	if _, err := r.start("kube-proxy", r.bin("k8s/kube-proxy"), "--config="+filepath.Join(p.config, "kube-proxy.yaml"), "--v=1"); err != nil {
 		return err

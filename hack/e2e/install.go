@@ -134,7 +134,7 @@ func (r *run) checkInstall(ctx context.Context) error {
 	})
 	if err != nil {
 		_, last := r.dryRunLabelledPod(ctx, "no-such-endpoint")
-		return fmt.Errorf("%w (last answer: %v)", err, last)
+		return fmt.Errorf("%w (last answer: %w)", err, last)
 	}
 	r.say("webhook answered a dry-run pod: warning %q", warning)
 

@@ -46,8 +46,11 @@ func (r *run) containerPID(ctx context.Context, id string) (int, error) {
 	var info struct {
 		Pid int `json:"pid"`
 	}
-	if err := json.Unmarshal([]byte(resp.GetInfo()["info"]), &info); err != nil || info.Pid <= 0 {
-		return 0, fmt.Errorf("CRI ContainerStatus %s: no pid in its verbose info (%v)", id, err)
+	if err := json.Unmarshal([]byte(resp.GetInfo()["info"]), &info); err != nil {
+		return 0, fmt.Errorf("CRI ContainerStatus %s: read its verbose info: %w", id, err)
+	}
+	if info.Pid <= 0 {
+		return 0, fmt.Errorf("CRI ContainerStatus %s: no pid in its verbose info", id)
 	}
 	return info.Pid, nil
 }

@@ -77,8 +77,8 @@ func (r *run) teardown() error {
 			fail(fmt.Errorf("kube-proxy --cleanup: %w (output in %s)", err, logPath))
 		}
 	}
-	if n := removeKubeletChains(); n > 0 {
-		did("removed %d iptables chain(s) kubelet added (KUBE-FIREWALL, canaries)", n)
+	if chains, jumps := removeKubeletChains(); chains > 0 {
+		did("removed %d iptables chain(s) kubelet added (KUBE-FIREWALL, canaries) and %d jump(s) to them", chains, jumps)
 	}
 	// 6. Mounts under -work (overlay snapshots, pod volumes, shm) and the
 	// run's pod network namespaces.
@@ -457,10 +457,9 @@ var kubeletChains = []struct {
 	{"mangle", "KUBE-IPTABLES-HINT", nil},
 }
 
-// removeKubeletChains deletes kubelet's chains with iptables and
-// ip6tables; chains that are not there are no error.
-func removeKubeletChains() int {
-	n := 0
+// removeKubeletChains deletes kubelet's chains, and the jumps to them,
+// with iptables and ip6tables; chains that are not there are no error.
+func removeKubeletChains() (chains, jumps int) {
 	for _, bin := range []string{"iptables", "ip6tables"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			continue
@@ -471,19 +470,18 @@ func removeKubeletChains() int {
 			}
 			for _, from := range c.from {
 				// -D removes one jump a call; repeat until none is left.
-				for {
-					if exec.Command(bin, "-t", c.table, "-D", from, "-j", c.chain).Run() != nil {
-						break
-					}
+				deleteJump := func() bool { return exec.Command(bin, "-t", c.table, "-D", from, "-j", c.chain).Run() == nil }
+				for deleted := deleteJump(); deleted; deleted = deleteJump() {
+					jumps++
 				}
 			}
 			_ = exec.Command(bin, "-t", c.table, "-F", c.chain).Run()
 			if exec.Command(bin, "-t", c.table, "-X", c.chain).Run() == nil {
-				n++
+				chains++
 			}
 		}
 	}
-	return n
+	return chains, jumps
 }
 
 // recordNetns saves the names of the network namespaces pinned before the

@@ -312,7 +312,7 @@ func layer(files []File) ([]byte, error) {
 		if f.Mode&^(fs.ModeDir|fs.ModeSticky|fs.ModePerm) != 0 {
 			return nil, fmt.Errorf("%s: only regular files and directories are supported (mode %v)", p, f.Mode)
 		}
-		if prev, ok := entries[p]; ok && !(prev.Mode.IsDir() && f.Mode.IsDir()) {
+		if prev, ok := entries[p]; ok && (!prev.Mode.IsDir() || !f.Mode.IsDir()) {
 			return nil, fmt.Errorf("%s is listed twice", p)
 		}
 		f.Path = p

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"io/fs"
 	"strings"
@@ -20,7 +21,7 @@ func readArchive(t *testing.T, b []byte) map[string][]byte {
 	tr := tar.NewReader(bytes.NewReader(b))
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return out
 		}
 		if err != nil {
@@ -74,7 +75,7 @@ func readLayer(t *testing.T, gz []byte) ([]string, map[string]layerEntry, string
 	tr := tar.NewReader(bytes.NewReader(raw))
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
