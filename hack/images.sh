@@ -2,6 +2,7 @@
 # Builds the container images, one per binary, from images/<name>.Dockerfile:
 #
 #   urma-device-plugin   ./cmd/deviceplugin
+#   urma-dra-driver      ./cmd/dra-driver
 #   urma-operator        ./cmd/operator
 #   urma-perf            ./cmd/urma-perf
 #

@@ -18,6 +18,7 @@ const modulePath = "github.com/openeuler/urma-k8s"
 // wantImages maps each image to the command it packages.
 var wantImages = map[string]string{
 	"urma-device-plugin": "./cmd/deviceplugin",
+	"urma-dra-driver":    "./cmd/dra-driver",
 	"urma-operator":      "./cmd/operator",
 	"urma-perf":          "./cmd/urma-perf",
 }
