@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
@@ -128,6 +129,20 @@ func create(t *testing.T, ep *v1alpha1.UrmaEndpoint) {
 		t.Fatalf("create endpoint %s/%s: %v", ep.Namespace, ep.Name, err)
 	}
 	t.Cleanup(func() { _ = env.c.Delete(ctx(), ep) })
+}
+
+// updateEndpoint changes an endpoint's spec, retrying when the operator's
+// status write got in between.
+func updateEndpoint(t *testing.T, ns, name string, mutate func(*v1alpha1.UrmaEndpoint)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		e := getEndpoint(t, ns, name)
+		mutate(e)
+		return env.c.Update(ctx(), e)
+	})
+	if err != nil {
+		t.Fatalf("update endpoint %s/%s: %v", ns, name, err)
+	}
 }
 
 func getEndpoint(t *testing.T, ns, name string) *v1alpha1.UrmaEndpoint {

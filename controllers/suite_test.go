@@ -119,7 +119,7 @@ func runSuite(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "FAIL: set up reconciler:", err)
 		return 1
 	}
-	if err := webhook.Register(mgr); err != nil {
+	if err := webhook.Register(mgr, webhook.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: register webhooks:", err)
 		return 1
 	}

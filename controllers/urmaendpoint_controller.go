@@ -61,6 +61,9 @@ type UrmaEndpointReconciler struct {
 	Client   client.Client
 	Scheme   *runtime.Scheme
 	Recorder events.EventRecorder
+	// FallbackJettiesPerUnit is the device plugin's jetties per unit
+	// assumed before any node publishes facts; 0 means the plugin's default.
+	FallbackJettiesPerUnit int64
 
 	reconciles atomic.Int64
 }
@@ -97,6 +100,7 @@ func (r *UrmaEndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		// A failed read changes nothing: no ConfigMap write, no status reset.
 		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, err)
 	}
+	obs.Input.FallbackJettiesPerUnit = r.FallbackJettiesPerUnit
 	status, result, applyErr := r.render(ctx, &ep, obs)
 	if err := r.writeStatus(ctx, &ep, status); err != nil {
 		if apierrors.IsConflict(err) {

@@ -141,11 +141,25 @@ type UrmaEndpointSpec struct {
 	// with URMA devices.
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
-	// JettyBudget is the jetties each pod requests
-	// (urma.openeuler.org/jetty), unless a container already requests some.
+	// JettyBudget is the jetties each URMA container (see containers)
+	// requests as urma.openeuler.org/jetty, unless it already requests some.
+	// Kubelet allocates devices per container: every container that opens a
+	// URMA device needs its own request to get the device node and
+	// URMA_DEVICE.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1048576
 	JettyBudget int32 `json:"jettyBudget"`
+	// Containers names the pod's containers (and init containers) that use
+	// URMA: each gets the flags and its own jetty request. Empty means every
+	// container and init container of the pod. Names a pod does not have
+	// are ignored with an admission warning.
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +optional
+	Containers []string `json:"containers,omitempty"`
 	// Profile describes the traffic.
 	Profile TrafficProfile `json:"profile"`
 	// Completion is the completion mode; Auto derives it from the objective.
@@ -282,8 +296,10 @@ type UrmaEndpointStatus struct {
 	// +optional
 	NodeGroups []NodeGroup `json:"nodeGroups,omitempty"`
 	// JettyUnitsPerPod is the urma.openeuler.org/jetty request the pod
-	// webhook adds: jettyBudget in the device plugin's units (the smallest
-	// unit among the relevant nodes, so every node gives at least the budget).
+	// webhook adds to each URMA container: jettyBudget in the device
+	// plugin's units (the smallest unit among the relevant nodes, so every
+	// node gives at least the budget; the plugin's default unit while no
+	// node has published facts).
 	// +optional
 	JettyUnitsPerPod int64 `json:"jettyUnitsPerPod,omitempty"`
 	// RegisteredBytesPerPod is the buffer pool each pod registers and locks;

@@ -163,6 +163,11 @@ func (in *UrmaEndpointSpec) DeepCopyInto(out *UrmaEndpointSpec) {
 			(*out)[key] = val
 		}
 	}
+	if in.Containers != nil {
+		in, out := &in.Containers, &out.Containers
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	in.Profile.DeepCopyInto(&out.Profile)
 	if in.Bonding != nil {
 		in, out := &in.Bonding, &out.Bonding

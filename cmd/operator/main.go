@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -27,6 +28,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/webhook"
 	"github.com/openeuler/urma-k8s/pkg/webhook/certs"
 )
@@ -45,6 +47,7 @@ type options struct {
 	webhookService          string
 	certSecret              string
 	extraDNSNames           []string
+	defaultJettiesPerUnit   int64
 	zap                     zap.Options
 }
 
@@ -71,6 +74,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	})
+	fs.Int64Var(&o.defaultJettiesPerUnit, "default-jetties-per-unit", nodefacts.DefaultJettiesPerUnit,
+		"jetties one unit of "+nodefacts.ResourceName+" stands for until nodes publish facts; set it to the device plugin's --jetties-per-unit")
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
@@ -80,6 +85,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.webhookPort <= 0 || o.webhookPort > 65535 {
 		return options{}, fmt.Errorf("--webhook-port %d is not a port", o.webhookPort)
+	}
+	if o.defaultJettiesPerUnit < 1 || o.defaultJettiesPerUnit > math.MaxUint32 {
+		return options{}, fmt.Errorf("--default-jetties-per-unit %d: want 1 to %d", o.defaultJettiesPerUnit, uint32(math.MaxUint32))
 	}
 	return o, nil
 }
@@ -142,6 +150,7 @@ func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) erro
 	}
 	r := &controllers.UrmaEndpointReconciler{
 		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Recorder: mgr.GetEventRecorder("urma-operator"),
+		FallbackJettiesPerUnit: o.defaultJettiesPerUnit,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up UrmaEndpoint controller: %w", err)
@@ -163,7 +172,7 @@ func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) erro
 				return fmt.Errorf("add certificate rotator: %w", err)
 			}
 		}
-		if err := webhook.Register(mgr); err != nil {
+		if err := webhook.Register(mgr, webhook.Options{FallbackJettiesPerUnit: o.defaultJettiesPerUnit}); err != nil {
 			return fmt.Errorf("register webhooks: %w", err)
 		}
 		if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {

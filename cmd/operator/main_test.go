@@ -42,22 +42,24 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{name: "defaults", check: func(t *testing.T, o options) {
 			if o.leaderElect || !o.enableWebhooks || !o.selfSignedCerts || o.webhookPort != 9443 ||
-				o.metricsAddr != ":8080" || o.probeAddr != ":8081" || o.certDir == "" {
+				o.metricsAddr != ":8080" || o.probeAddr != ":8081" || o.certDir == "" || o.defaultJettiesPerUnit != 16 {
 				t.Errorf("defaults: %+v", o)
 			}
 		}},
 		{name: "everything set", args: []string{"--leader-elect", "--enable-webhooks=false", "--webhook-port=1234",
 			"--metrics-bind-address=0", "--health-probe-bind-address=:9", "--cert-dir=/c", "--self-signed-certs=false",
 			"--namespace=ns", "--webhook-service=svc", "--cert-secret=sec", "--webhook-extra-dns-names=a, b,,c",
-			"--leader-election-namespace=le"},
+			"--leader-election-namespace=le", "--default-jetties-per-unit=32"},
 			check: func(t *testing.T, o options) {
 				if !o.leaderElect || o.enableWebhooks || o.webhookPort != 1234 || o.metricsAddr != "0" || o.probeAddr != ":9" ||
 					o.certDir != "/c" || o.selfSignedCerts || o.namespace != "ns" || o.webhookService != "svc" ||
-					o.certSecret != "sec" || strings.Join(o.extraDNSNames, "|") != "a|b|c" || o.leaderElectionNamespace != "le" {
+					o.certSecret != "sec" || strings.Join(o.extraDNSNames, "|") != "a|b|c" || o.leaderElectionNamespace != "le" ||
+					o.defaultJettiesPerUnit != 32 {
 					t.Errorf("parsed: %+v", o)
 				}
 			}},
 		{name: "bad port", args: []string{"--webhook-port=70000"}, wantErr: "--webhook-port 70000 is not a port"},
+		{name: "zero jetties per unit", args: []string{"--default-jetties-per-unit=0"}, wantErr: "--default-jetties-per-unit 0: want 1 to 4294967295"},
 		{name: "stray argument", args: []string{"serve"}, wantErr: "unexpected arguments: serve"},
 		{name: "unknown flag", args: []string{"--turbo"}, wantErr: "flag provided but not defined: -turbo"},
 	}

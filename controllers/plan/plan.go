@@ -78,6 +78,10 @@ type Input struct {
 	PodNodes []string
 	// LastKnown are the limits the current ConfigMap was rendered with, if any.
 	LastKnown *tuning.Limits
+	// FallbackJettiesPerUnit is the jetties per unit assumed when no
+	// relevant node has published facts; 0 means the device plugin's
+	// default (nodefacts.DefaultJettiesPerUnit).
+	FallbackJettiesPerUnit int64
 }
 
 // Problem is one reason the flags were rendered with less than full
@@ -215,12 +219,14 @@ func Make(in Input) (Plan, error) {
 	switch {
 	case len(groups) == 0 && in.LastKnown != nil:
 		pl.Limits, pl.Source = *in.LastKnown, v1alpha1.LimitsLastKnown
-		pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNoNodeFacts,
-			"no node with URMA device facts matches; keeping the device limits the current flags were tuned against"})
+		pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNoNodeFacts, fmt.Sprintf(
+			"no node facts yet: no node with URMA device facts matches; keeping the device limits the current flags were tuned against; %s",
+			assumedUnit(in))})
 	case len(groups) == 0:
 		pl.Limits, pl.Source = tuning.SoftwareLimits(), v1alpha1.LimitsSoftware
-		pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNoNodeFacts,
-			"no node with URMA device facts matches; tuned against the software provider's limits"})
+		pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNoNodeFacts, fmt.Sprintf(
+			"no node facts yet: no node with URMA device facts matches; tuned against the software provider's limits; %s",
+			assumedUnit(in))})
 	default:
 		pl.Source = v1alpha1.LimitsSoftware
 		first := true
@@ -237,9 +243,12 @@ func Make(in Input) (Plan, error) {
 			}
 		}
 		if last := groups[len(groups)-1]; last.limits == nil {
-			pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNoNodeFacts, fmt.Sprintf(
-				"pods run on %d node(s) without URMA device facts (%s); the software provider's limits are assumed there",
-				len(last.nodes), listNames(last.nodes))})
+			msg := fmt.Sprintf("pods run on %d node(s) without URMA device facts (%s); the software provider's limits are assumed there",
+				len(last.nodes), listNames(last.nodes))
+			if pl.Source == v1alpha1.LimitsSoftware {
+				msg = "no node facts yet: " + msg + "; " + assumedUnit(in)
+			}
+			pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNoNodeFacts, msg})
 		}
 	}
 	if len(invalid) > 0 {
@@ -260,7 +269,7 @@ func Make(in Input) (Plan, error) {
 			len(groups), strings.Join(desc, " "))})
 	}
 	pl.Groups = statusGroups(groups)
-	pl.JettyUnits = jettyUnits(int64(in.Spec.JettyBudget), groups, in.Nodes)
+	pl.JettyUnits = jettyUnits(int64(in.Spec.JettyBudget), groups, in.Nodes, fallbackUnit(in))
 
 	res, err := tuning.Derive(Profile(in.Spec), Overrides(in.Spec), pl.Limits)
 	if err != nil {
@@ -275,17 +284,32 @@ func Make(in Input) (Plan, error) {
 	return pl, nil
 }
 
-// JettyUnits is how many units of urma.openeuler.org/jetty a pod of this
-// endpoint requests: the device plugin advertises jetties in units of
-// JettiesPerUnit, which may differ between nodes, so the pod asks for
-// ceil(jettyBudget / smallest unit) units and gets at least its budget
-// wherever it lands. Without facts, one unit counts as one jetty.
+// JettyUnits is how many units of urma.openeuler.org/jetty each URMA
+// container of this endpoint requests: the device plugin advertises jetties
+// in units of JettiesPerUnit, which may differ between nodes, so a container
+// asks for ceil(jettyBudget / smallest unit) units and gets at least its
+// budget wherever it lands. Before any relevant node has published facts,
+// the unit is the device plugin's (FallbackJettiesPerUnit): counting one
+// unit as one jetty would ask for 16 times too many and leave pods Pending.
 func JettyUnits(in Input) int64 {
 	groups, _ := selectNodes(in)
-	return jettyUnits(int64(in.Spec.JettyBudget), groups, in.Nodes)
+	return jettyUnits(int64(in.Spec.JettyBudget), groups, in.Nodes, fallbackUnit(in))
 }
 
-func jettyUnits(budget int64, groups []group, nodes []Node) int64 {
+// fallbackUnit is the jetties per unit assumed without facts.
+func fallbackUnit(in Input) int64 {
+	if in.FallbackJettiesPerUnit > 0 {
+		return in.FallbackJettiesPerUnit
+	}
+	return nodefacts.DefaultJettiesPerUnit
+}
+
+// assumedUnit says which unit a pod's request was computed with.
+func assumedUnit(in Input) string {
+	return fmt.Sprintf("each container's jetty request assumes the device plugin's %d jetties per unit", fallbackUnit(in))
+}
+
+func jettyUnits(budget int64, groups []group, nodes []Node, fallback int64) int64 {
 	perUnit := map[string]int64{}
 	for _, n := range nodes {
 		perUnit[n.Name] = n.JettiesPerUnit
@@ -299,7 +323,7 @@ func jettyUnits(budget int64, groups []group, nodes []Node) int64 {
 		}
 	}
 	if smallest <= 0 {
-		smallest = 1
+		smallest = fallback
 	}
 	return max(1, (budget+smallest-1)/smallest)
 }

@@ -102,11 +102,14 @@ func TestMakeNodeSelection(t *testing.T) {
 		reasons    []string
 		groupSizes []int32
 		units      int64
+		// noFactsYet: the NoNodeFacts problem says "no node facts yet" and
+		// names the jetties per unit assumed.
+		noFactsYet bool
 	}{
 		{name: "no nodes, first render: software limits", source: v1alpha1.LimitsSoftware,
-			jfs: tuning.SoftwareLimits().MaxJFSDepth, reasons: []string{v1alpha1.ReasonNoNodeFacts}, units: 8},
+			jfs: tuning.SoftwareLimits().MaxJFSDepth, reasons: []string{v1alpha1.ReasonNoNodeFacts}, units: 1, noFactsYet: true},
 		{name: "no nodes, rendered before: last known limits", lastKnown: &last, source: v1alpha1.LimitsLastKnown,
-			jfs: 100, reasons: []string{v1alpha1.ReasonNoNodeFacts}, units: 8},
+			jfs: 100, reasons: []string{v1alpha1.ReasonNoNodeFacts}, units: 1, noFactsYet: true},
 		{name: "one group", nodes: []Node{node("n1", gpu, &big), node("n2", gpu, &big)}, source: v1alpha1.LimitsFromNodes,
 			jfs: 4096, groupSizes: []int32{2}, units: 1},
 		{name: "groups differ: smallest of each", nodes: []Node{node("n1", gpu, &big), node("n2", gpu, &small)}, source: v1alpha1.LimitsFromNodes,
@@ -118,7 +121,7 @@ func TestMakeNodeSelection(t *testing.T) {
 		{name: "pod on a node without facts", nodes: []Node{node("n1", gpu, &big), node("plain", nil, nil)}, podNodes: []string{"plain"},
 			source: v1alpha1.LimitsFromNodes, jfs: 4096, reasons: []string{v1alpha1.ReasonNoNodeFacts, v1alpha1.ReasonNodeGroupsDiffer}, groupSizes: []int32{1, 1}, units: 1},
 		{name: "pods only on nodes without facts", nodes: []Node{node("plain", nil, nil)}, podNodes: []string{"plain", "gone"},
-			source: v1alpha1.LimitsSoftware, jfs: tuning.SoftwareLimits().MaxJFSDepth, reasons: []string{v1alpha1.ReasonNoNodeFacts}, groupSizes: []int32{1}, units: 8},
+			source: v1alpha1.LimitsSoftware, jfs: tuning.SoftwareLimits().MaxJFSDepth, reasons: []string{v1alpha1.ReasonNoNodeFacts}, groupSizes: []int32{1}, units: 1, noFactsYet: true},
 		{name: "malformed facts reported, not used", nodes: []Node{node("n1", gpu, &big), malformed}, source: v1alpha1.LimitsFromNodes,
 			jfs: 4096, reasons: []string{v1alpha1.ReasonInvalidNodeFacts}, groupSizes: []int32{1}, units: 1},
 	}
@@ -152,6 +155,11 @@ func TestMakeNodeSelection(t *testing.T) {
 			}
 			if pl.JettyUnits != c.units {
 				t.Errorf("jetty units %d, want %d", pl.JettyUnits, c.units)
+			}
+			said := len(pl.Problems) > 0 && strings.HasPrefix(pl.Problems[0].Message, "no node facts yet") &&
+				strings.Contains(pl.Problems[0].Message, "16 jetties per unit")
+			if said != c.noFactsYet {
+				t.Errorf("problems %+v: says no node facts yet with the assumed unit: %v, want %v", pl.Problems, said, c.noFactsYet)
 			}
 			if pl.Hash != Hash(pl.Rendered) || pl.Rendered != pl.Result.Flags.Render() {
 				t.Error("hash or rendering inconsistent")
@@ -199,9 +207,20 @@ func TestJettyUnitsUseTheSmallestUnit(t *testing.T) {
 	if got := JettyUnits(in); got != 5 {
 		t.Errorf("JettyUnits = %d, want ceil(40/8) = 5", got)
 	}
+	// No facts yet: one unit is not one jetty but the device plugin's unit,
+	// or a pod would ask for 16 times what it needs and stay Pending.
 	in.Nodes = nil
-	if got := JettyUnits(in); got != 40 {
-		t.Errorf("JettyUnits without facts = %d, want 40 (one jetty per unit)", got)
+	if got := JettyUnits(in); got != 3 {
+		t.Errorf("JettyUnits without facts = %d, want ceil(40/16) = 3 (the plugin's default unit)", got)
+	}
+	in.FallbackJettiesPerUnit = 32
+	if got := JettyUnits(in); got != 2 {
+		t.Errorf("JettyUnits without facts, plugin at 32 per unit = %d, want 2", got)
+	}
+	in.Nodes = []Node{node("plain", nil, nil)}
+	in.PodNodes = []string{"plain"}
+	if got := JettyUnits(in); got != 2 {
+		t.Errorf("JettyUnits with pods only on nodes without facts = %d, want 2", got)
 	}
 }
 

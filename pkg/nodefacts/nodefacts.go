@@ -21,6 +21,10 @@ const Prefix = "urma.openeuler.org/"
 // unit of it is JettiesPerUnit jetties on one device.
 const ResourceName = Prefix + "jetty"
 
+// DefaultJettiesPerUnit is the device plugin's default JettiesPerUnit; the
+// operator assumes it for nodes that have not published facts yet.
+const DefaultJettiesPerUnit = 16
+
 // Label keys (values are label-safe: "true"/"false" and decimal numbers).
 const (
 	// LabelPresent is "true" when the node advertises at least one URMA device

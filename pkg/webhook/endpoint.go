@@ -29,6 +29,8 @@ const MaxWarningLen = 250
 // value the current nodes' devices will clamp.
 type EndpointValidator struct {
 	Reader client.Reader
+	// FallbackJettiesPerUnit: see PodInjector.
+	FallbackJettiesPerUnit int64
 }
 
 var _ admission.Validator[*v1alpha1.UrmaEndpoint] = &EndpointValidator{}
@@ -60,6 +62,7 @@ func (v *EndpointValidator) validate(ctx context.Context, ep *v1alpha1.UrmaEndpo
 		// Warnings are a courtesy; never refuse an endpoint because a read failed.
 		return admission.Warnings{"could not read the cluster's node facts to check this endpoint: " + err.Error()}, nil
 	}
+	obs.Input.FallbackJettiesPerUnit = v.FallbackJettiesPerUnit
 	pl, err := plan.Make(obs.Input)
 	if errors.Is(err, tuning.ErrInvalid) {
 		return nil, fmt.Errorf("spec: %w", err)

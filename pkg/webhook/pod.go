@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"net/http"
 	"path"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -47,8 +49,14 @@ const (
 type PodInjector struct {
 	// Reader reads endpoints, ConfigMaps, pods and node metadata (the
 	// manager's cache).
-	Reader  client.Reader
-	Decoder admission.Decoder
+	Reader client.Reader
+	// APIReader reads an endpoint the cache does not have yet, straight
+	// from the API server (the manager's API reader); nil skips that.
+	APIReader client.Reader
+	Decoder   admission.Decoder
+	// FallbackJettiesPerUnit is the device plugin's jetties per unit assumed
+	// before any node publishes facts; 0 means the plugin's default.
+	FallbackJettiesPerUnit int64
 }
 
 // Handle injects the endpoint's flags into a pod. An unknown endpoint is
@@ -66,8 +74,7 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	if ns == "" {
 		ns = pod.Namespace
 	}
-	var ep v1alpha1.UrmaEndpoint
-	err := p.Reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &ep)
+	ep, err := p.endpoint(ctx, client.ObjectKey{Namespace: ns, Name: name})
 	if apierrors.IsNotFound(err) {
 		return admission.Allowed("").WithWarnings(fmt.Sprintf(
 			"UrmaEndpoint %s/%s (label %s) does not exist: the pod gets no URMA flags", ns, name, v1alpha1.LabelEndpoint))
@@ -75,13 +82,14 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("get UrmaEndpoint %s/%s: %w", ns, name, err))
 	}
-	obs, err := plan.Observe(ctx, p.Reader, &ep)
+	obs, err := plan.Observe(ctx, p.Reader, ep)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
+	obs.Input.FallbackJettiesPerUnit = p.FallbackJettiesPerUnit
 	var warnings []string
 	hash := ""
-	if cm := obs.ConfigMap; cm != nil && metav1.IsControlledBy(cm, &ep) {
+	if cm := obs.ConfigMap; cm != nil && metav1.IsControlledBy(cm, ep) {
 		hash = cm.Data[v1alpha1.ConfigMapKeyHash]
 	} else {
 		warnings = append(warnings, fmt.Sprintf(
@@ -89,7 +97,13 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 			ns, name, v1alpha1.ConfigMapName(name)))
 	}
 	mutated := pod.DeepCopy()
-	Inject(mutated, ep.Name, hash, plan.JettyUnits(obs.Input))
+	missing := Inject(mutated, Injection{
+		Endpoint: ep.Name, Hash: hash, JettyUnits: plan.JettyUnits(obs.Input), Containers: ep.Spec.Containers,
+	})
+	if len(missing) > 0 {
+		warnings = append(warnings, short(fmt.Sprintf("spec.containers of UrmaEndpoint %s/%s names containers this pod does not have: %s",
+			ns, name, strings.Join(missing, ", "))))
+	}
 	raw, err := json.Marshal(mutated)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode pod: %w", err))
@@ -98,28 +112,67 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	return admission.PatchResponseFromRaw(req.Object.Raw, raw).WithWarnings(warnings...)
 }
 
+// endpoint reads the pod's endpoint from the cache and, when the cache does
+// not have it, from the API server: an endpoint created just before its
+// pods (one `kubectl apply` of both) may not have reached the cache yet,
+// and a pod admitted without its flags stays so.
+func (p *PodInjector) endpoint(ctx context.Context, key client.ObjectKey) (*v1alpha1.UrmaEndpoint, error) {
+	var ep v1alpha1.UrmaEndpoint
+	err := p.Reader.Get(ctx, key, &ep)
+	if apierrors.IsNotFound(err) && p.APIReader != nil {
+		err = p.APIReader.Get(ctx, key, &ep)
+		if err == nil {
+			log.FromContext(ctx).V(1).Info("UrmaEndpoint not in the cache yet; read it from the API server", "endpoint", key.String())
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &ep, nil
+}
+
+// Injection is what Inject gives a pod.
+type Injection struct {
+	// Endpoint names the UrmaEndpoint (and so its ConfigMap).
+	Endpoint string
+	// Hash is the flags hash, "" when not rendered yet.
+	Hash string
+	// JettyUnits is each URMA container's urma.openeuler.org/jetty request.
+	JettyUnits int64
+	// Containers names the URMA containers; empty means all of them.
+	Containers []string
+}
+
 // Inject gives a pod what it needs to run an endpoint's flags; it keeps
 // anything the pod already set and is idempotent:
-//   - volume VolumeName from the endpoint's ConfigMap, mounted read-only at
-//     /etc/urma in every container (init containers too: they may talk URMA);
-//   - URMA_FLAGS_FILE=/etc/urma/urma.flags in those containers;
-//   - jettyUnits of urma.openeuler.org/jetty (request = limit, as extended
-//     resources require) on the first container, unless a container already
-//     asks for some;
+//   - volume VolumeName from the endpoint's ConfigMap;
+//   - in each URMA container (the named ones, init containers included, or
+//     every container when none are named): the volume mounted read-only
+//     at /etc/urma, URMA_FLAGS_FILE=/etc/urma/urma.flags, and JettyUnits of
+//     urma.openeuler.org/jetty (request = limit, as extended resources
+//     require) unless the container already asks for some. Kubelet
+//     allocates devices per container, so each needs its own request;
 //   - the flags-hash annotation, when the hash is known.
-func Inject(pod *corev1.Pod, endpoint, hash string, jettyUnits int64) {
+//
+// It returns the names in in.Containers that the pod does not have.
+func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 	if !hasVolume(pod, VolumeName) {
 		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{
 			Name: VolumeName,
 			VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-				LocalObjectReference: corev1.LocalObjectReference{Name: v1alpha1.ConfigMapName(endpoint)},
+				LocalObjectReference: corev1.LocalObjectReference{Name: v1alpha1.ConfigMapName(in.Endpoint)},
 			}},
 		})
 	}
 	flagsFile := path.Join(v1alpha1.FlagsMountPath, v1alpha1.ConfigMapKeyFlags)
+	found := map[string]bool{}
 	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for i := range list {
 			c := &list[i]
+			if len(in.Containers) > 0 && !slices.Contains(in.Containers, c.Name) {
+				continue
+			}
+			found[c.Name] = true
 			if !hasMount(c) {
 				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{
 					Name: VolumeName, MountPath: v1alpha1.FlagsMountPath, ReadOnly: true,
@@ -128,26 +181,31 @@ func Inject(pod *corev1.Pod, endpoint, hash string, jettyUnits int64) {
 			if !hasEnv(c, v1alpha1.EnvFlagsFile) {
 				c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: flagsFile})
 			}
+			if !requestsJetties(c) {
+				q := *resource.NewQuantity(in.JettyUnits, resource.DecimalSI)
+				if c.Resources.Requests == nil {
+					c.Resources.Requests = corev1.ResourceList{}
+				}
+				if c.Resources.Limits == nil {
+					c.Resources.Limits = corev1.ResourceList{}
+				}
+				c.Resources.Requests[nodefacts.ResourceName] = q
+				c.Resources.Limits[nodefacts.ResourceName] = q
+			}
 		}
 	}
-	if len(pod.Spec.Containers) > 0 && !requestsJetties(pod) {
-		q := *resource.NewQuantity(jettyUnits, resource.DecimalSI)
-		res := &pod.Spec.Containers[0].Resources
-		if res.Requests == nil {
-			res.Requests = corev1.ResourceList{}
+	for _, name := range in.Containers {
+		if !found[name] {
+			missing = append(missing, name)
 		}
-		if res.Limits == nil {
-			res.Limits = corev1.ResourceList{}
-		}
-		res.Requests[nodefacts.ResourceName] = q
-		res.Limits[nodefacts.ResourceName] = q
 	}
-	if hash != "" {
+	if in.Hash != "" {
 		if pod.Annotations == nil {
 			pod.Annotations = map[string]string{}
 		}
-		pod.Annotations[v1alpha1.AnnotationFlagsHash] = hash
+		pod.Annotations[v1alpha1.AnnotationFlagsHash] = in.Hash
 	}
+	return missing
 }
 
 func hasVolume(pod *corev1.Pod, name string) bool {
@@ -177,16 +235,8 @@ func hasEnv(c *corev1.Container, name string) bool {
 	return false
 }
 
-func requestsJetties(pod *corev1.Pod) bool {
-	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for _, c := range list {
-			if _, ok := c.Resources.Requests[nodefacts.ResourceName]; ok {
-				return true
-			}
-			if _, ok := c.Resources.Limits[nodefacts.ResourceName]; ok {
-				return true
-			}
-		}
-	}
-	return false
+func requestsJetties(c *corev1.Container) bool {
+	_, req := c.Resources.Requests[nodefacts.ResourceName]
+	_, lim := c.Resources.Limits[nodefacts.ResourceName]
+	return req || lim
 }

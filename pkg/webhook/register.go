@@ -14,14 +14,24 @@ const (
 	ValidatingConfigName = "urma-operator-validating"
 )
 
+// Options tune the webhooks.
+type Options struct {
+	// FallbackJettiesPerUnit is the device plugin's jetties per unit
+	// assumed before any node publishes facts; 0 means the plugin's default.
+	FallbackJettiesPerUnit int64
+}
+
 // Register adds the pod mutator and the UrmaEndpoint validator to the
-// manager's webhook server. Both read through the manager's cache.
-func Register(mgr ctrl.Manager) error {
+// manager's webhook server. Both read through the manager's cache; the pod
+// mutator falls back to the API server for an endpoint the cache lacks.
+func Register(mgr ctrl.Manager, opts Options) error {
 	mgr.GetWebhookServer().Register(PodWebhookPath, &admission.Webhook{Handler: &PodInjector{
-		Reader:  mgr.GetClient(),
-		Decoder: admission.NewDecoder(mgr.GetScheme()),
+		Reader:                 mgr.GetClient(),
+		APIReader:              mgr.GetAPIReader(),
+		Decoder:                admission.NewDecoder(mgr.GetScheme()),
+		FallbackJettiesPerUnit: opts.FallbackJettiesPerUnit,
 	}})
 	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.UrmaEndpoint{}).
-		WithValidator(&EndpointValidator{Reader: mgr.GetClient()}).
+		WithValidator(&EndpointValidator{Reader: mgr.GetClient(), FallbackJettiesPerUnit: opts.FallbackJettiesPerUnit}).
 		Complete()
 }

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,61 +33,80 @@ func basePod() *corev1.Pod {
 	}
 }
 
+// jettyRequest is a container's urma.openeuler.org/jetty request and
+// whether request and limit are both set and equal.
+func jettyRequest(c corev1.Container) (string, bool) {
+	req, okReq := c.Resources.Requests[nodefacts.ResourceName]
+	lim, okLim := c.Resources.Limits[nodefacts.ResourceName]
+	if !okReq && !okLim {
+		return "", true
+	}
+	return req.String(), okReq && okLim && req.Cmp(lim) == 0
+}
+
+func allContainers(p *corev1.Pod) []corev1.Container {
+	return append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...)
+}
+
 func TestInject(t *testing.T) {
-	three := resource.MustParse("3")
 	cases := []struct {
-		name   string
-		mutate func(*corev1.Pod)
-		hash   string
-		check  func(*testing.T, *corev1.Pod)
+		name       string
+		mutate     func(*corev1.Pod)
+		hash       string
+		containers []string
+		// want maps each container to its jetty request ("" none) and
+		// whether it gets the flags.
+		want    map[string]string
+		flags   map[string]bool
+		missing []string
+		check   func(*testing.T, *corev1.Pod)
 	}{
-		{name: "bare pod gets everything", hash: "abc", check: func(t *testing.T, p *corev1.Pod) {
-			if len(p.Spec.Volumes) != 1 || p.Spec.Volumes[0].ConfigMap == nil || p.Spec.Volumes[0].ConfigMap.Name != "ep-urma-flags" {
-				t.Errorf("volumes %+v", p.Spec.Volumes)
-			}
-			for _, c := range append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...) {
-				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/urma" || !c.VolumeMounts[0].ReadOnly {
-					t.Errorf("%s mounts %+v", c.Name, c.VolumeMounts)
+		{name: "bare pod: every container gets the flags and its own request", hash: "abc",
+			want:  map[string]string{"init": "3", "app": "3", "side": "3"},
+			flags: map[string]bool{"init": true, "app": true, "side": true},
+			check: func(t *testing.T, p *corev1.Pod) {
+				if len(p.Spec.Volumes) != 1 || p.Spec.Volumes[0].ConfigMap == nil || p.Spec.Volumes[0].ConfigMap.Name != "ep-urma-flags" {
+					t.Errorf("volumes %+v", p.Spec.Volumes)
 				}
-				if len(c.Env) != 1 || c.Env[0] != (corev1.EnvVar{Name: "URMA_FLAGS_FILE", Value: "/etc/urma/urma.flags"}) {
-					t.Errorf("%s env %+v", c.Name, c.Env)
+				if p.Annotations[v1alpha1.AnnotationFlagsHash] != "abc" {
+					t.Errorf("annotations %v", p.Annotations)
 				}
-			}
-			app := p.Spec.Containers[0].Resources
-			if q := app.Requests[nodefacts.ResourceName]; q.Cmp(three) != 0 {
-				t.Errorf("request %s", q.String())
-			}
-			if q := app.Limits[nodefacts.ResourceName]; q.Cmp(three) != 0 {
-				t.Errorf("limit %s", q.String())
-			}
-			if len(p.Spec.Containers[1].Resources.Requests) != 0 {
-				t.Error("second container got a request")
-			}
-			if p.Annotations[v1alpha1.AnnotationFlagsHash] != "abc" {
-				t.Errorf("annotations %v", p.Annotations)
-			}
-		}},
-		{name: "unknown hash: no annotation", hash: "", check: func(t *testing.T, p *corev1.Pod) {
-			if _, ok := p.Annotations[v1alpha1.AnnotationFlagsHash]; ok {
-				t.Errorf("annotation set without a hash: %v", p.Annotations)
-			}
-		}},
-		{name: "existing settings kept", hash: "abc", mutate: func(p *corev1.Pod) {
+			}},
+		{name: "spec.containers picks the URMA containers", hash: "abc", containers: []string{"app", "init"},
+			want:  map[string]string{"init": "3", "app": "3", "side": ""},
+			flags: map[string]bool{"init": true, "app": true, "side": false}},
+		{name: "names the pod lacks are reported", hash: "abc", containers: []string{"side", "ghost", "spirit"},
+			want:    map[string]string{"init": "", "app": "", "side": "3"},
+			flags:   map[string]bool{"init": false, "app": false, "side": true},
+			missing: []string{"ghost", "spirit"}},
+		{name: "unknown hash: no annotation", hash: "",
+			want:  map[string]string{"init": "3", "app": "3", "side": "3"},
+			flags: map[string]bool{"init": true, "app": true, "side": true},
+			check: func(t *testing.T, p *corev1.Pod) {
+				if _, ok := p.Annotations[v1alpha1.AnnotationFlagsHash]; ok {
+					t.Errorf("annotation set without a hash: %v", p.Annotations)
+				}
+			}},
+		{name: "existing settings kept; a container's own request wins", hash: "abc", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "URMA_FLAGS_FILE", Value: "/mine"}}
 			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "own", MountPath: "/etc/urma"}}
 			p.Spec.InitContainers[0].Resources.Limits = corev1.ResourceList{nodefacts.ResourceName: resource.MustParse("1")}
-		}, check: func(t *testing.T, p *corev1.Pod) {
-			c := p.Spec.Containers[0]
-			if len(c.Env) != 1 || c.Env[0].Value != "/mine" {
-				t.Errorf("env overwritten: %+v", c.Env)
-			}
-			if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "own" {
-				t.Errorf("mount overwritten: %+v", c.VolumeMounts)
-			}
-			if _, ok := c.Resources.Requests[nodefacts.ResourceName]; ok {
-				t.Error("jetty request added though an init container asks for jetties")
-			}
-		}},
+			p.Spec.Containers[1].Resources.Requests = corev1.ResourceList{nodefacts.ResourceName: resource.MustParse("7")}
+			p.Spec.Containers[1].Resources.Limits = corev1.ResourceList{nodefacts.ResourceName: resource.MustParse("7")}
+		}, want: map[string]string{"app": "3", "side": "7"},
+			check: func(t *testing.T, p *corev1.Pod) {
+				c := p.Spec.Containers[0]
+				if len(c.Env) != 1 || c.Env[0].Value != "/mine" {
+					t.Errorf("env overwritten: %+v", c.Env)
+				}
+				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "own" {
+					t.Errorf("mount overwritten: %+v", c.VolumeMounts)
+				}
+				init := p.Spec.InitContainers[0].Resources
+				if _, ok := init.Requests[nodefacts.ResourceName]; ok {
+					t.Errorf("init container's own limit-only request changed: %+v", init)
+				}
+			}},
 		{name: "no containers: no resource, no panic", hash: "abc", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers, p.Spec.InitContainers = nil, nil
 		}, check: func(t *testing.T, p *corev1.Pod) {
@@ -101,10 +121,31 @@ func TestInject(t *testing.T) {
 			if c.mutate != nil {
 				c.mutate(p)
 			}
-			Inject(p, "ep", c.hash, 3)
-			c.check(t, p)
+			in := Injection{Endpoint: "ep", Hash: c.hash, JettyUnits: 3, Containers: c.containers}
+			missing := Inject(p, in)
+			if !slices.Equal(missing, c.missing) {
+				t.Errorf("missing %v, want %v", missing, c.missing)
+			}
+			for _, ctr := range allContainers(p) {
+				if want, ok := c.want[ctr.Name]; ok {
+					if got, paired := jettyRequest(ctr); got != want || !paired {
+						t.Errorf("%s: jetty request %q (request = limit: %v), want %q", ctr.Name, got, paired, want)
+					}
+				}
+				if want, ok := c.flags[ctr.Name]; ok {
+					mounted := len(ctr.VolumeMounts) == 1 && ctr.VolumeMounts[0].Name == VolumeName &&
+						ctr.VolumeMounts[0].MountPath == "/etc/urma" && ctr.VolumeMounts[0].ReadOnly
+					env := len(ctr.Env) == 1 && ctr.Env[0] == (corev1.EnvVar{Name: "URMA_FLAGS_FILE", Value: "/etc/urma/urma.flags"})
+					if mounted != want || env != want {
+						t.Errorf("%s: flags mounted %v, env %v; want %v (mounts %+v, env %+v)", ctr.Name, mounted, env, want, ctr.VolumeMounts, ctr.Env)
+					}
+				}
+			}
+			if c.check != nil {
+				c.check(t, p)
+			}
 			again := p.DeepCopy()
-			Inject(again, "ep", c.hash, 3)
+			Inject(again, in)
 			a, _ := json.Marshal(p)
 			b, _ := json.Marshal(again)
 			if string(a) != string(b) {
@@ -132,6 +173,12 @@ func endpoint() *v1alpha1.UrmaEndpoint {
 		Spec: v1alpha1.UrmaEndpointSpec{JettyBudget: 40, Profile: v1alpha1.TrafficProfile{
 			MessageSize: resource.MustParse("4Ki"), ConnectionsPerPod: 2, InflightPerConnection: 100}},
 	}
+}
+
+func withContainers(ep *v1alpha1.UrmaEndpoint, names ...string) *v1alpha1.UrmaEndpoint {
+	ep = ep.DeepCopy()
+	ep.Spec.Containers = names
+	return ep
 }
 
 func hwNode(name string, jfs uint32) *corev1.Node {
@@ -198,13 +245,24 @@ func TestPodInjectorHandle(t *testing.T) {
 		units     string
 		warning   string
 		errorCode int32
+		// api holds objects only the API server has (not the cache yet).
+		api          []client.Object
+		fallbackUnit int64
 	}{
 		{name: "rendered endpoint", objs: []client.Object{ep, ownedConfigMap(ep, "h1"), hwNode("n1", 4096)}, pod: basePod,
 			allowed: true, mutated: true, hash: "h1", units: "3"},
 		{name: "not rendered yet", objs: []client.Object{ep, hwNode("n1", 4096)}, pod: basePod,
 			allowed: true, mutated: true, units: "3", warning: "not rendered yet"},
-		{name: "ConfigMap owned by someone else", objs: []client.Object{ep, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ep-urma-flags"}}},
-			pod: basePod, allowed: true, mutated: true, units: "40", warning: "not rendered yet"},
+		{name: "ConfigMap owned by someone else; no node facts yet: the plugin's default unit",
+			objs: []client.Object{ep, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ep-urma-flags"}}},
+			pod:  basePod, allowed: true, mutated: true, units: "3", warning: "not rendered yet"},
+		{name: "no node facts yet, the plugin runs 32 jetties per unit", objs: []client.Object{ep}, fallbackUnit: 32,
+			pod: basePod, allowed: true, mutated: true, units: "2", warning: "not rendered yet"},
+		{name: "endpoint not in the cache yet: read from the API server", objs: []client.Object{hwNode("n1", 4096)}, api: []client.Object{ep},
+			pod: basePod, allowed: true, mutated: true, units: "3", warning: "not rendered yet"},
+		{name: "spec.containers names a container the pod lacks",
+			objs: []client.Object{withContainers(ep, "app", "sidecar"), ownedConfigMap(ep, "h1"), hwNode("n1", 4096)},
+			pod:  basePod, allowed: true, mutated: true, hash: "h1", units: "3", warning: "names containers this pod does not have: sidecar"},
 		{name: "unknown endpoint", objs: nil, pod: basePod, allowed: true, mutated: false, warning: "UrmaEndpoint ns/ep (label urma.openeuler.org/endpoint) does not exist"},
 		{name: "unlabelled pod", objs: []client.Object{ep}, pod: func() *corev1.Pod { p := basePod(); p.Labels = nil; return p },
 			allowed: true, mutated: false},
@@ -213,7 +271,8 @@ func TestPodInjectorHandle(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := scheme(t)
 			cl := fake.NewClientBuilder().WithScheme(s).WithObjects(c.objs...).Build()
-			h := &PodInjector{Reader: cl, Decoder: admission.NewDecoder(s)}
+			api := fake.NewClientBuilder().WithScheme(s).WithObjects(append(append([]client.Object{}, c.objs...), c.api...)...).Build()
+			h := &PodInjector{Reader: cl, APIReader: api, Decoder: admission.NewDecoder(s), FallbackJettiesPerUnit: c.fallbackUnit}
 			p := c.pod()
 			resp := h.Handle(context.Background(), podRequest(t, p))
 			if resp.Allowed != c.allowed {
@@ -237,6 +296,16 @@ func TestPodInjectorHandle(t *testing.T) {
 			}
 			if q := got.Spec.Containers[0].Resources.Requests[nodefacts.ResourceName]; q.String() != c.units {
 				t.Errorf("jetty request %s, want %s", q.String(), c.units)
+			}
+			var ep v1alpha1.UrmaEndpoint
+			if err := api.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "ep"}, &ep); err != nil {
+				t.Fatal(err)
+			}
+			for _, ctr := range allContainers(got) {
+				urma := len(ep.Spec.Containers) == 0 || slices.Contains(ep.Spec.Containers, ctr.Name)
+				if q, _ := jettyRequest(ctr); (q == c.units) != urma {
+					t.Errorf("%s: jetty request %q; URMA container %v", ctr.Name, q, urma)
+				}
 			}
 		})
 	}

@@ -210,6 +210,12 @@ func TestTemplateValues(t *testing.T) {
 					t.Errorf("%s = %q (present %v), want %q; args %v", flag, got, ok, want, argv)
 				}
 			}
+			// Before nodes publish facts the operator sizes pods' requests
+			// in the plugin's units.
+			opArgs := args(t, container(t, one(t, objs, "Deployment"), "operator"))
+			if got, ok := argValue(opArgs, "--default-jetties-per-unit"); !ok || got != "32" {
+				t.Errorf("operator --default-jetties-per-unit = %q (present %v), want the plugin's 32; args %v", got, ok, opArgs)
+			}
 		},
 	}, {
 		name:   "CDI with the annotation strategy",

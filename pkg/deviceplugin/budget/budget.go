@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -21,7 +22,7 @@ import (
 // jetties plus a few connections) at one or two units; 1024 units per device
 // keeps a node with four devices at 4096 IDs.
 const (
-	DefaultJettiesPerUnit    = 16
+	DefaultJettiesPerUnit    = nodefacts.DefaultJettiesPerUnit
 	DefaultMaxUnitsPerDevice = 1024
 )
 
