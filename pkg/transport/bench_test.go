@@ -33,7 +33,9 @@ import (
 //	                reposting, as pkg/urma/soft's BenchmarkRaw does
 //	urma            this transport on the in-process fabric, event mode
 //	urma-polling    this transport, polling mode (one poller, no yield)
-//	urma-socket     this transport on the socket fabric (the zero Config)
+//	urma-shm        this transport on the shm fabric (the zero Config: both
+//	                ends on this host), event mode
+//	urma-socket     this transport on the socket fabric (urma_soft_fabric=socket)
 //
 // S is 64B, 4KiB, 64KiB or 1MiB. Each write is one message of size S; the
 // transport's buffers are sized to hold one (urma_buffer_size = max(8KiB,
@@ -56,7 +58,7 @@ func benchFlags(n int, polling bool) flags.Flags {
 }
 
 func BenchmarkTransport(b *testing.B) {
-	for _, mode := range []string{"memcpy", "tcp", "raw", "urma", "urma-polling", "urma-socket"} {
+	for _, mode := range []string{"memcpy", "tcp", "raw", "urma", "urma-polling", "urma-shm", "urma-socket"} {
 		for _, s := range benchSizes {
 			b.Run(fmt.Sprintf("mode=%s/size=%s", mode, s.Name), func(b *testing.B) {
 				switch mode {
@@ -76,7 +78,7 @@ func BenchmarkTransport(b *testing.B) {
 }
 
 func BenchmarkTransportZeroCopy(b *testing.B) {
-	for _, mode := range []string{"urma", "urma-socket"} {
+	for _, mode := range []string{"urma", "urma-shm", "urma-socket"} {
 		for _, s := range benchSizes {
 			b.Run(fmt.Sprintf("mode=%s/size=%s", mode, s.Name), func(b *testing.B) {
 				c, srv := benchConns(b, mode, s.N)
@@ -109,10 +111,14 @@ func benchTCP(b *testing.B, n int) {
 func benchConns(b *testing.B, mode string, n int) (net.Conn, net.Conn) {
 	f := benchFlags(n, mode == "urma-polling")
 	var scfg, ccfg Config
-	if mode == "urma-socket" {
+	switch mode {
+	case "urma-shm":
 		scfg = Config{Flags: &f, LookupEnv: noEnv}
 		ccfg = scfg
-	} else {
+	case "urma-socket":
+		scfg = Config{Flags: &f, LookupEnv: noEnv, SoftFabric: FabricSocket}
+		ccfg = scfg
+	default:
 		pa, pb := fabricPair(b)
 		scfg, ccfg = cfgWith(pa, f), cfgWith(pb, f)
 	}

@@ -51,6 +51,11 @@ type Config struct {
 	// of the first dialed connection; liburma is loaded from URMA_LIBRARY,
 	// or liburma.so.0.
 	ProviderName string
+	// SoftFabric is how the software provider reaches peers: "auto", "shm"
+	// or "socket" (see FabricAuto and its siblings). "" takes
+	// URMA_SOFT_FABRIC, then --urma_soft_fabric, whose default is auto:
+	// shared memory with a peer on the same host, plain TCP with any other.
+	SoftFabric string
 	// Device names the device to open; "" takes URMA_DEVICE, then the first
 	// of URMA_DEVICES, then --urma_device, then the first device with an
 	// active port.
@@ -104,6 +109,7 @@ type settings struct {
 	provider         urma.Provider
 	providerName     string // urma_provider: auto, liburma or soft
 	library          string // the liburma shared object
+	fabric           fabricSettings
 	openLiburma      openLiburmaFunc
 	device           string
 	eid              *urma.EID
@@ -232,6 +238,9 @@ func (c Config) resolve() (settings, error) {
 	s.openLiburma = c.openLiburma
 	if s.openLiburma == nil {
 		s.openLiburma = openLiburma
+	}
+	if s.fabric, err = resolveFabric(c.SoftFabric, env, s.flags); err != nil {
+		return settings{}, err
 	}
 	return s, nil
 }

@@ -164,12 +164,16 @@ func (c *urmaConn) localHello() handshake.Hello {
 		HasToken:      !c.e.s.noToken,
 		SQSize:        uint32(c.e.sqSize),
 		CloseMarker:   true,
+		BootID:        c.e.fabric.bootID,
 	}
 }
 
 // applyPeer sizes the windows from the peer's hello and imports its segment,
 // then its jetty: in that order, or the first SEND fails on hardware.
 func (c *urmaConn) applyPeer(ctx context.Context, h handshake.Hello) *fallback {
+	if fb := c.e.fastPath(h); fb != nil {
+		return fb
+	}
 	peerRQ := int(h.RecvBufferCnt) + 1
 	c.windowCap = min(c.e.sqSize, peerRQ) - creditWRs
 	// Our receive window as the peer computes it; the peer's SQ depth is
@@ -263,7 +267,7 @@ func (c *urmaConn) Debug() DebugInfo {
 	d := DebugInfo{
 		Mode: ModeURMA, Role: c.role, State: state, HandshakeVersion: c.version,
 		LocalAddr: c.tcp.LocalAddr().String(), RemoteAddr: c.tcp.RemoteAddr().String(),
-		Device: c.e.dev.Name, RemoteJetty: c.remoteID,
+		Device: c.e.dev.Name, Fabric: c.e.fabricName(), RemoteJetty: c.remoteID,
 		SQWindow: c.sqWindow, RemoteRQWindow: c.remoteRQWindow, WindowCapacity: c.windowCap,
 		CreditThreshold: c.threshold, PendingCredits: c.pendingCredits, CreditWRsFree: c.creditWRs,
 		BufferedMessages: c.rxLen, RemoteBufferSize: c.peerBufSize,

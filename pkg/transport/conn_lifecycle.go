@@ -121,6 +121,7 @@ func (c *urmaConn) establish(version int) error {
 	c.mu.Unlock()
 	go c.watchTCP()
 	c.e.metrics.ConnOpened(metrics.ModeURMA, c.role)
+	c.e.metrics.FabricConn(c.e.fabricName(), c.role)
 	return nil
 }
 

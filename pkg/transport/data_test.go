@@ -66,22 +66,24 @@ func TestIntegrity(t *testing.T) {
 		conns   int
 		total   int
 		polling bool
-		socket  bool
+		fabric  string // "": an in-process fabric pair; else the default provider on this fabric
 		bufSize int
 	}{
 		{name: "inproc event", conns: 8, total: 256 << 10, bufSize: 1024},
 		{name: "inproc polling", conns: 4, total: 128 << 10, polling: true, bufSize: 4096},
-		{name: "socket fabric, zero config", conns: 4, total: 256 << 10, socket: true},
+		{name: "socket fabric", conns: 4, total: 256 << 10, fabric: FabricSocket},
+		{name: "shm fabric, zero config", conns: 4, total: 256 << 10, fabric: FabricAuto},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var scfg, ccfg Config
-			if tc.socket {
+			if tc.fabric != "" {
 				// The zero Config, but for a pool small enough for a test:
-				// the default software provider over TCP sockets.
+				// the default software provider, on the shm fabric (a
+				// peer on this host), or on the socket fabric, forced.
 				f := flags.Defaults()
 				f.BufferCount = 1024
-				scfg = Config{Flags: &f, LookupEnv: noEnv}
+				scfg = Config{Flags: &f, LookupEnv: noEnv, SoftFabric: tc.fabric}
 				ccfg = scfg
 			} else {
 				pa, pb := fabricPair(t)
@@ -110,6 +112,11 @@ func TestIntegrity(t *testing.T) {
 				p := dialAccept(t, ln, d)
 				if p.client.Mode() != ModeURMA {
 					t.Fatalf("conn %d: %s", i, p.client.FallbackReason())
+				}
+				if want := map[string]string{FabricAuto: FabricShm, FabricSocket: FabricSocket}[tc.fabric]; want != "" {
+					if got := p.client.Debug().Fabric; got != want {
+						t.Fatalf("conn %d runs on fabric %q, want %q", i, got, want)
+					}
 				}
 				for dir, ends := range [][2]net.Conn{{p.client, p.server}, {p.server, p.client}} {
 					f := &flows[2*i+dir]

@@ -42,6 +42,7 @@ type engine struct {
 	prov     urma.Provider
 	ownsProv bool // created from urma_provider: Close closes it
 	softProv bool // that provider is the software one
+	fabric   fabricState
 	uctx     urma.Context
 	dev      urma.DeviceInfo
 	pool     *bufferPool

@@ -106,13 +106,13 @@ func TestMemlockReported(t *testing.T) {
 	}
 }
 
-// TestListenOnUnspecifiedAddress: with the zero Config, a listener on
-// 0.0.0.0 puts the software fabric on an address peers can dial.
+// TestListenOnUnspecifiedAddress: a listener on 0.0.0.0 puts the software
+// provider's socket fabric on an address peers can dial.
 func TestListenOnUnspecifiedAddress(t *testing.T) {
 	checkNoLeaks(t)
 	f := flags.Defaults()
 	f.BufferCount = 512
-	cfg := Config{Flags: &f, LookupEnv: noEnv}
+	cfg := Config{Flags: &f, LookupEnv: noEnv, SoftFabric: FabricSocket}
 	ln, err := ListenTransport("tcp", "0.0.0.0:0", cfg)
 	if err != nil {
 		t.Fatal(err)

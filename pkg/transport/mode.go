@@ -63,6 +63,11 @@ const (
 	// ReasonImportFailed: importing the peer's segment or jetty failed
 	// (unreachable device, wrong token, different transport mode).
 	ReasonImportFailed Reason = "import_failed"
+	// ReasonNoFastPath: the software provider cannot reach the peer over
+	// shared memory (another host, another shm directory, a peer on the
+	// socket fabric), and its socket fabric would be slower than plain TCP
+	// (urma_soft_fabric=auto or shm).
+	ReasonNoFastPath Reason = "no_fast_path"
 )
 
 // Conn is what every connection of this package implements: a net.Conn
@@ -99,7 +104,10 @@ type DebugInfo struct {
 	RemoteAddr       string
 
 	// URMA only.
-	Device           string       `json:",omitempty"`
+	Device string `json:",omitempty"`
+	// Fabric is what carries the bytes: "shm" or "socket" for the
+	// software provider's fabrics, else the provider's name.
+	Fabric           string       `json:",omitempty"`
 	LocalJetty       urma.JettyID `json:",omitempty"`
 	RemoteJetty      urma.JettyID `json:",omitempty"`
 	SQWindow         int          `json:",omitempty"` // send WRs we may still post
@@ -127,8 +135,8 @@ func (d DebugInfo) String() string {
 		fmt.Fprintf(&b, " hello=v%d", d.HandshakeVersion)
 	}
 	if d.Mode == ModeURMA {
-		fmt.Fprintf(&b, " device=%s jetty=%d remote_jetty=%s/%d sq_window=%d remote_rq_window=%d capacity=%d credit_threshold=%d pending_credits=%d credit_wrs=%d buffered=%d remote_buffer=%d",
-			d.Device, d.LocalJetty.ID, d.RemoteJetty.EID, d.RemoteJetty.ID, d.SQWindow, d.RemoteRQWindow, d.WindowCapacity,
+		fmt.Fprintf(&b, " device=%s fabric=%s jetty=%d remote_jetty=%s/%d sq_window=%d remote_rq_window=%d capacity=%d credit_threshold=%d pending_credits=%d credit_wrs=%d buffered=%d remote_buffer=%d",
+			d.Device, d.Fabric, d.LocalJetty.ID, d.RemoteJetty.EID, d.RemoteJetty.ID, d.SQWindow, d.RemoteRQWindow, d.WindowCapacity,
 			d.CreditThreshold, d.PendingCredits, d.CreditWRsFree, d.BufferedMessages, d.RemoteBufferSize)
 	}
 	fmt.Fprintf(&b, " bytes_sent=%d bytes_received=%d", d.BytesSent, d.BytesReceived)

@@ -207,8 +207,11 @@ func TestPeerProcessKilled(t *testing.T) {
 	}
 }
 
+// testSocketFlags are small flags for the software provider's socket
+// fabric, the one these tests mean.
 func testSocketFlags() flags.Flags {
 	f := flags.Defaults()
+	f.SoftFabric = FabricSocket
 	f.BufferCount = 512
 	f.SQSize, f.RQSize = 32, 32
 	f.PreparedJettyCnt = 1

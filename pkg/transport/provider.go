@@ -11,7 +11,6 @@ import (
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/liburma"
-	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
 // The values of urma_provider (Config.ProviderName, URMA_PROVIDER,
@@ -92,6 +91,9 @@ func (e *engine) openProvider(local netip.Addr) *fallback {
 func (e *engine) openSoft(local netip.Addr) *fallback {
 	p, err := e.newSoftProvider(local)
 	if err != nil {
+		if e.s.fabric.choice != FabricSocket {
+			return fallbackf(ReasonNoFastPath, "create software provider: %v", err)
+		}
 		return fallbackf(ReasonProviderUnavailable, "create software provider: %v", err)
 	}
 	e.prov, e.softProv = p, true
@@ -126,22 +128,6 @@ func deviceClause(name string) string {
 		return ""
 	}
 	return " named " + name
-}
-
-// newSoftProvider creates the software provider with the socket fabric, one
-// device (named as configured, or soft0) listening on the host address
-// connections use.
-func (e *engine) newSoftProvider(local netip.Addr) (*soft.Provider, error) {
-	name := e.s.device
-	if name == "" {
-		name = soft.DefaultDevice
-	}
-	host := advertiseAddr(local)
-	return soft.New(soft.Options{
-		Listen:  net.JoinHostPort(host.String(), "0"),
-		Devices: []soft.DeviceSpec{{Name: name}},
-		Logger:  e.log.WithName("soft").V(1), // its connection events are detail; errors still show
-	})
 }
 
 // advertiseAddr picks the address the software fabric listens on: the

@@ -81,6 +81,10 @@ type Flags struct {
 	ClientHandshakeVersion int
 	// Provider is urma_provider: "auto", "liburma" or "soft".
 	Provider string
+	// SoftFabric is urma_soft_fabric: "auto", "socket" or "shm".
+	SoftFabric string
+	// ShmRingSize is urma_shm_ring_size, in bytes.
+	ShmRingSize int
 }
 
 // field binds a Spec to the Flags field it sets.
@@ -116,6 +120,14 @@ func table() []field {
 			Name: "urma_provider", Kind: String, Default: "auto", Values: []string{"auto", "liburma", "soft"}, TransportOnly: true,
 			Help: "URMA implementation: liburma (UB hardware), soft (the software provider), or auto: liburma when the library loads and lists a UB device, else soft (URMA_PROVIDER overrides)",
 		}, s: func(f *Flags) *string { return &f.Provider }},
+		{spec: Spec{
+			Name: "urma_soft_fabric", Kind: String, Default: "auto", Values: []string{"auto", "socket", "shm"}, TransportOnly: true,
+			Help: "how the software provider reaches a peer: shm (shared memory, same host only), socket (TCP, to emulate UB between hosts), or auto: shm on the same host, else the connection is plain TCP (URMA_SOFT_FABRIC overrides)",
+		}, s: func(f *Flags) *string { return &f.SoftFabric }},
+		{spec: Spec{
+			Name: "urma_shm_ring_size", Kind: Int, Default: "2097152", Min: 64 << 10, Max: 256 << 20, PowerOfTwo: true, TransportOnly: true,
+			Help: "bytes of the shared-memory ring each side of a same-host connection writes into, one per peer process, charged to this pod's memory limit",
+		}, i: func(f *Flags) *int { return &f.ShmRingSize }},
 	}
 }
 

@@ -44,7 +44,16 @@ const (
 	v2ExtHasToken = 0x1
 	// v2ExtCloseMarker is the extension flag for "sends a close marker".
 	v2ExtCloseMarker = 0x2
+	// V2HostTag opens the optional host block after the extension block:
+	// the tag and the sender's 16-byte boot id. Peers that know only the
+	// extension block ignore it, as brpc ignores both.
+	V2HostTag = "K8SH"
+	// V2HostLen is the host block's length.
+	V2HostLen = MagicLen + BootIDLen
 )
+
+// BootIDLen is the length of a boot id (/proc/sys/kernel/random/boot_id).
+const BootIDLen = 16
 
 // V3MaxBodyLen is the largest protobuf body a v3 hello may announce.
 const V3MaxBodyLen = 4096
@@ -112,10 +121,17 @@ type Hello struct {
 	// marker on the data plane before it closes TCP, so that its peer can
 	// tell a graceful close from a peer that vanished. brpc does not.
 	CloseMarker bool
+	// BootID is the sender's boot id, all zero when not sent: two peers with
+	// the same one run on the same host, where the software provider can use
+	// shared memory. Only our own peers send it.
+	BootID [BootIDLen]byte
 }
 
+// HasBootID reports whether the sender said which host (and boot) it runs on.
+func (h *Hello) HasBootID() bool { return h.BootID != [BootIDLen]byte{} }
+
 // hasExt reports whether h carries anything only our extension holds.
-func (h *Hello) hasExt() bool { return h.HasToken || h.SQSize != 0 || h.CloseMarker }
+func (h *Hello) hasExt() bool { return h.HasToken || h.SQSize != 0 || h.CloseMarker || h.HasBootID() }
 
 // Validate applies brpc's ValidHello rules; it names the first rule broken.
 func (h *Hello) Validate() error {
@@ -143,6 +159,9 @@ func AppendV2(dst []byte, h Hello) []byte {
 	if h.hasExt() {
 		msgLen += V2ExtLen
 	}
+	if h.HasBootID() {
+		msgLen += V2HostLen
+	}
 	dst = append(dst, MagicV2...)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(msgLen))
 	dst = binary.BigEndian.AppendUint16(dst, V2HelloVersion)
@@ -160,6 +179,10 @@ func AppendV2(dst []byte, h Hello) []byte {
 		dst = binary.BigEndian.AppendUint32(dst, h.Token)
 		dst = binary.BigEndian.AppendUint32(dst, h.SQSize)
 		dst = binary.BigEndian.AppendUint32(dst, flags)
+	}
+	if h.HasBootID() {
+		dst = append(dst, V2HostTag...)
+		dst = append(dst, h.BootID[:]...)
 	}
 	return dst
 }
@@ -243,6 +266,9 @@ func decodeV2Ext(h *Hello, ext []byte) {
 		h.Token, h.HasToken = be.Uint32(ext[4:]), true
 	}
 	h.CloseMarker = flags&v2ExtCloseMarker != 0
+	if host := ext[V2ExtLen:]; len(host) >= V2HostLen && string(host[:MagicLen]) == V2HostTag {
+		copy(h.BootID[:], host[MagicLen:V2HostLen])
+	}
 }
 
 // ParseV2 parses a complete v2 packet, magic included, whose length is

@@ -72,6 +72,11 @@ func TestV2GoldenBytes(t *testing.T) {
 	marker := sampleHello()
 	marker.SQSize, marker.CloseMarker = 16, true
 	goldenMarker := "55524d41" + "0066" + goldenV2[12:] + "4b385354" + "00000000" + "00000010" + "00000002"
+	// The host block follows the extension block: tag "K8SH", boot id.
+	host := marker
+	host.BootID = [BootIDLen]byte{0xb0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0xbf}
+	goldenHost := "55524d41" + "007a" + goldenV2[12:] + "4b385354" + "00000000" + "00000010" + "00000002" +
+		"4b385348" + "b00102030405060708090a0b0c0d0ebf"
 
 	tests := []struct {
 		name   string
@@ -83,6 +88,7 @@ func TestV2GoldenBytes(t *testing.T) {
 		{"with token extension", withToken, goldenWithToken, V2PacketLen + V2ExtLen},
 		{"extension without token", sqOnly, goldenSQOnly, V2PacketLen + V2ExtLen},
 		{"close marker", marker, goldenMarker, V2PacketLen + V2ExtLen},
+		{"boot id", host, goldenHost, V2PacketLen + V2ExtLen + V2HostLen},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -102,6 +108,23 @@ func TestV2GoldenBytes(t *testing.T) {
 				t.Fatalf("ParseV2(golden) = %+v, want %+v", parsed, tc.hello)
 			}
 		})
+	}
+}
+
+// A block after the extension that is not the host block (another
+// implementation's) leaves the boot id unset.
+func TestV2ForeignBlockAfterExtension(t *testing.T) {
+	h := sampleHello()
+	h.SQSize = 16
+	p := AppendV2(nil, h)
+	p = append(p, "XXXX0123456789abcdef"...)
+	binary.BigEndian.PutUint16(p[4:], uint16(len(p)))
+	got, err := ParseV2(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.HasBootID() || got != h {
+		t.Fatalf("parsed %+v, want %+v", got, h)
 	}
 }
 
@@ -205,7 +228,9 @@ func TestV3RoundTrip(t *testing.T) {
 	withSQ.SQSize = 4096
 	withMarker := withSQ
 	withMarker.CloseMarker = true
-	for _, h := range []Hello{sampleHello(), withToken, withSQ, withMarker} {
+	withBoot := withMarker
+	withBoot.BootID[3] = 9
+	for _, h := range []Hello{sampleHello(), withToken, withSQ, withMarker, withBoot} {
 		p := AppendV3(nil, h)
 		if string(p[:4]) != MagicV3 {
 			t.Fatalf("magic %q", p[:4])
@@ -236,6 +261,9 @@ func TestParseV3Rejects(t *testing.T) {
 	// eid of 15 bytes: tag 0x22, length 15.
 	shortEID := append(bytes.Clone(body), 0x22, 15)
 	shortEID = append(shortEID, make([]byte, 15)...)
+	// boot_id (field 103, tag 0xba 0x06) of 15 bytes.
+	shortBoot := append(bytes.Clone(body), 0xba, 0x06, 15)
+	shortBoot = append(shortBoot, make([]byte, 15)...)
 	tests := []struct {
 		name    string
 		packet  []byte
@@ -248,6 +276,7 @@ func TestParseV3Rejects(t *testing.T) {
 		{"truncated varint", withLen(2, []byte{0x08, 0x80}), "field 1"},
 		{"missing required", withLen(uint32(len(withoutTokenID)), withoutTokenID), "seg_token_id"},
 		{"eid not 16 bytes", withLen(uint32(len(shortEID)), shortEID), "holds 15 bytes"},
+		{"boot id not 16 bytes", withLen(uint32(len(shortBoot)), shortBoot), "boot_id holds 15 bytes"},
 		{"invalid values", AppendV3(nil, Hello{}), "buffer_size 0"},
 	}
 	for _, tc := range tests {

@@ -24,6 +24,7 @@ const (
 	fieldToken       protowire.Number = 100
 	fieldSQSize      protowire.Number = 101
 	fieldCloseMarker protowire.Number = 102
+	fieldBootID      protowire.Number = 103
 )
 
 // requiredFields are brpc's proto2 required fields, in field-number order.
@@ -71,6 +72,9 @@ func MarshalV3Body(dst []byte, h Hello) []byte {
 	}
 	if h.CloseMarker {
 		dst = u32(dst, fieldCloseMarker, 1)
+	}
+	if h.HasBootID() {
+		dst = raw(dst, fieldBootID, h.BootID[:])
 	}
 	return dst
 }
@@ -128,6 +132,16 @@ func UnmarshalV3Body(body []byte) (Hello, error) {
 			} else {
 				copy(h.SegEID[:], v)
 			}
+		case typ == protowire.BytesType && num == fieldBootID:
+			v, m := protowire.ConsumeBytes(body)
+			if m < 0 {
+				return Hello{}, invalid("v3 body: field %d: %v", num, protowire.ParseError(m))
+			}
+			body = body[m:]
+			if len(v) != BootIDLen {
+				return Hello{}, invalid("v3 body: boot_id holds %d bytes, want %d", len(v), BootIDLen)
+			}
+			copy(h.BootID[:], v)
 		default:
 			m := protowire.ConsumeFieldValue(num, typ, body)
 			if m < 0 {

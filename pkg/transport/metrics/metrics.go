@@ -44,6 +44,7 @@ type Metrics struct {
 	resources        *resourceCollector
 	memlockLimit     prometheus.Gauge
 	memlockShortfall prometheus.Gauge
+	fabricConns      *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them on reg. A collector that is
@@ -90,6 +91,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "memlock_limit_bytes",
 			Help: "RLIMIT_MEMLOCK soft limit of the process; -1 means unlimited.",
 		}),
+		fabricConns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "fabric_conns_total",
+			Help: "URMA connections established, by what carries their bytes (shm or socket for the software provider, else the provider's name) and role.",
+		}, []string{"fabric", "role"}),
 		memlockShortfall: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "memlock_shortfall_bytes",
 			Help: "How far RLIMIT_MEMLOCK is below the registered pool size; 0 when it suffices. Hardware providers fail to register memory when this is above 0.",
@@ -116,7 +121,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.connsOpen, m.connsTotal, m.fallbacks, m.bytes, m.messages, m.windowStalls,
-		m.protocolErrors, m.handshake, m.resources, m.memlockLimit, m.memlockShortfall,
+		m.protocolErrors, m.handshake, m.resources, m.memlockLimit, m.memlockShortfall, m.fabricConns,
 	}
 }
 
@@ -162,6 +167,8 @@ func (m *Metrics) adopt(c, existing prometheus.Collector) error {
 		swap(&m.memlockLimit)
 	case m.memlockShortfall:
 		swap(&m.memlockShortfall)
+	case m.fabricConns:
+		swap(&m.fabricConns)
 	}
 	if !ok {
 		return fmt.Errorf("register transport metrics: a different collector already uses the name of %v", c)
@@ -176,6 +183,14 @@ func (m *Metrics) ConnOpened(mode, role string) {
 	}
 	m.connsOpen.WithLabelValues(mode, role).Inc()
 	m.connsTotal.WithLabelValues(mode, role).Inc()
+}
+
+// FabricConn counts an established URMA connection by its fabric.
+func (m *Metrics) FabricConn(fabric, role string) {
+	if m == nil {
+		return
+	}
+	m.fabricConns.WithLabelValues(fabric, role).Inc()
 }
 
 // ConnClosed counts a connection going away.

@@ -26,6 +26,7 @@ func TestCountersAndGauges(t *testing.T) {
 	d.MessagesSent.Inc()
 	d.StallRemoteRQ.Inc()
 	m.Memlock(65536, 1<<20)
+	m.FabricConn("shm", RoleClient)
 
 	tests := []struct {
 		name string
@@ -42,6 +43,7 @@ func TestCountersAndGauges(t *testing.T) {
 		{"protocol errors", testutil.ToFloat64(m.protocolErrors), 1},
 		{"memlock limit", testutil.ToFloat64(m.memlockLimit), 65536},
 		{"memlock shortfall", testutil.ToFloat64(m.memlockShortfall), 1 << 20},
+		{"shm client conns", testutil.ToFloat64(m.fabricConns.WithLabelValues("shm", RoleClient)), 1},
 	}
 	for _, tc := range tests {
 		if tc.got != tc.want {

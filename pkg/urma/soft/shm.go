@@ -54,9 +54,14 @@ func ShmEID() (urma.EID, error) {
 	return e, nil
 }
 
-// shmSocketPath is where the device with EID e listens in dir.
-func shmSocketPath(dir string, e urma.EID) string {
+// ShmSocketPath is where the shm device with EID e listens in dir.
+func ShmSocketPath(dir string, e urma.EID) string {
 	return filepath.Join(dir, hex.EncodeToString(e[:])+".sock")
+}
+
+// IsShmEID reports whether e is an shm device's EID (see ShmEID).
+func IsShmEID(e urma.EID) bool {
+	return [6]byte(e[:6]) == eidPrefix && e[6] == eidKindShm && e[7] == 0
 }
 
 // BootID reads the kernel's boot id: two processes with the same one run
@@ -113,7 +118,7 @@ func listenShm(sd *sockDevice, spec DeviceSpec, opts Options) error {
 	if err := os.MkdirAll(opts.ShmDir, 0o700); err != nil {
 		return fmt.Errorf("device %s: shm directory: %w", spec.Name, err)
 	}
-	path := shmSocketPath(opts.ShmDir, sd.eid)
+	path := ShmSocketPath(opts.ShmDir, sd.eid)
 	if len(path) > maxSocketPath {
 		return fmt.Errorf("device %s: shm socket path %s is %d bytes, longer than a unix socket takes (%d): use a shorter URMA_SHM_DIR", spec.Name, path, len(path), maxSocketPath)
 	}
@@ -313,10 +318,10 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 // dialOnceShm connects to the peer's shm socket and handshakes once.
 func (p *peer) dialOnceShm(ctx context.Context) error {
 	sd := p.sd
-	if p.eid[6] != eidKindShm || [6]byte(p.eid[:6]) != eidPrefix {
+	if !IsShmEID(p.eid) {
 		return fmt.Errorf("EID %s is not an shm device's", p.eid)
 	}
-	path := shmSocketPath(sd.shm.dir, p.eid)
+	path := ShmSocketPath(sd.shm.dir, p.eid)
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unixpacket", path)
 	if err != nil {

@@ -1,0 +1,167 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/flags"
+	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
+)
+
+// The values of urma_soft_fabric (Config.SoftFabric, URMA_SOFT_FABRIC,
+// --urma_soft_fabric): how the software provider reaches a peer. They do
+// not apply to liburma, nor to a provider given in Config.Provider.
+const (
+	// FabricAuto uses shared memory with a peer on the same host and
+	// serves any other connection as plain TCP (ReasonNoFastPath): the
+	// socket fabric runs over TCP and cannot beat it.
+	FabricAuto = "auto"
+	// FabricShm is the same as auto on the wire, and says so: shared
+	// memory, or TCP.
+	FabricShm = "shm"
+	// FabricSocket uses the socket fabric with every peer: URMA semantics
+	// over TCP, to emulate UB hosts (tests, demos).
+	FabricSocket = "socket"
+)
+
+var fabricNames = []string{FabricAuto, FabricShm, FabricSocket}
+
+// Environment variables of the software provider's fabrics.
+const (
+	EnvSoftFabric = "URMA_SOFT_FABRIC"
+	// EnvShmDir is the directory where same-host processes meet (the
+	// device plugin mounts the host's /var/run/urma-k8s/shm there). Unset,
+	// it is urma-k8s-shm-<uid> in the temporary directory.
+	EnvShmDir = "URMA_SHM_DIR"
+)
+
+// fabricSettings is urma_soft_fabric resolved.
+type fabricSettings struct {
+	choice   string // auto, shm or socket
+	shmDir   string
+	ringSize int
+}
+
+// resolveFabric applies Config > URMA_SOFT_FABRIC > --urma_soft_fabric.
+func resolveFabric(cfg string, env func(string) (string, bool), f flags.Flags) (fabricSettings, error) {
+	name, source := cfg, "Config.SoftFabric"
+	if name == "" {
+		if v, ok := env(EnvSoftFabric); ok && strings.TrimSpace(v) != "" {
+			name, source = v, EnvSoftFabric
+		}
+	}
+	if name == "" {
+		name, source = f.SoftFabric, "--urma_soft_fabric"
+	}
+	fs := fabricSettings{choice: strings.ToLower(strings.TrimSpace(name)), ringSize: f.ShmRingSize}
+	switch fs.choice {
+	case FabricAuto, FabricShm, FabricSocket:
+	case "":
+		fs.choice = FabricAuto
+	default:
+		return fabricSettings{}, fmt.Errorf("transport config: %s=%q: want one of %s", source, name, strings.Join(fabricNames, ", "))
+	}
+	if v, ok := env(EnvShmDir); ok && strings.TrimSpace(v) != "" {
+		fs.shmDir = strings.TrimSpace(v)
+	} else {
+		fs.shmDir = filepath.Join(os.TempDir(), fmt.Sprintf("urma-k8s-shm-%d", os.Geteuid()))
+	}
+	return fs, nil
+}
+
+// fabricState is which fabric the engine's software provider uses.
+type fabricState struct {
+	name   string // shm or socket; "" for liburma or a given provider
+	bootID [handshake.BootIDLen]byte
+}
+
+// newSoftProvider creates the software provider on the fabric
+// urma_soft_fabric chooses, with one device named as configured (or
+// soft0). The socket fabric listens on the host address connections use;
+// the shm fabric in the shm directory.
+func (e *engine) newSoftProvider(local netip.Addr) (*soft.Provider, error) {
+	name := e.s.device
+	if name == "" {
+		name = soft.DefaultDevice
+	}
+	opts := soft.Options{
+		Devices: []soft.DeviceSpec{{Name: name}},
+		Logger:  e.log.WithName("soft").V(1), // its connection events are detail; errors still show
+	}
+	fs := e.s.fabric
+	if fs.choice == FabricSocket {
+		opts.Listen = net.JoinHostPort(advertiseAddr(local).String(), "0")
+		// The boot id still goes into hellos, so that a peer on shared
+		// memory can say why it declines.
+		boot, _ := soft.BootID()
+		e.fabric = fabricState{name: FabricSocket, bootID: boot}
+	} else {
+		boot, err := soft.BootID()
+		if err != nil {
+			return nil, fmt.Errorf("urma_soft_fabric=%s: %w", fs.choice, err)
+		}
+		opts.ShmDir, opts.ShmRingSize = fs.shmDir, fs.ringSize
+		e.fabric = fabricState{name: FabricShm, bootID: boot}
+	}
+	p, err := soft.New(opts)
+	if err != nil {
+		e.fabric = fabricState{}
+		if fs.choice != FabricSocket {
+			return nil, fmt.Errorf("urma_soft_fabric=%s: the shm fabric cannot start in %s=%s: %w", fs.choice, EnvShmDir, fs.shmDir, err)
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+// fastPath says why the software provider the engine made cannot reach the
+// peer of hello h over its fabric; nil when it can, or when the provider is
+// not the engine's to choose (liburma, Config.Provider).
+func (e *engine) fastPath(h handshake.Hello) *fallback {
+	switch e.fabric.name {
+	case FabricSocket:
+		if soft.IsShmEID(h.EID) {
+			return fallbackf(ReasonNoFastPath, "the peer's software provider uses shared memory and this side forces the socket fabric (urma_soft_fabric=socket)")
+		}
+		return nil
+	case FabricShm:
+	default:
+		return nil
+	}
+	why := "; the software provider would carry it over TCP, slower than TCP itself (urma_soft_fabric=socket forces that)"
+	switch {
+	case !h.HasBootID():
+		return fallbackf(ReasonNoFastPath, "the peer does not say which host it runs on (brpc, or an older urma-k8s)%s", why)
+	case h.BootID != e.fabric.bootID:
+		return fallbackf(ReasonNoFastPath, "the peer runs on another host (another boot id)%s", why)
+	case !soft.IsShmEID(h.EID):
+		return fallbackf(ReasonNoFastPath, "the peer is on this host but its software provider does not use shared memory (urma_soft_fabric=socket there)")
+	}
+	path := soft.ShmSocketPath(e.s.fabric.shmDir, h.EID)
+	if _, err := os.Stat(path); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fallbackf(ReasonNoFastPath, "the peer is on this host but meets its peers in another shm directory than %s=%s", EnvShmDir, e.s.fabric.shmDir)
+		}
+		return fallbackf(ReasonNoFastPath, "the peer's shm socket: %v", err)
+	}
+	return nil
+}
+
+// fabricName names the fabric a connection of this engine runs on, for
+// Debug and metrics: shm or socket for the software provider the engine
+// made, else the provider's name.
+func (e *engine) fabricName() string {
+	if e.fabric.name != "" {
+		return e.fabric.name
+	}
+	if e.prov != nil {
+		return e.prov.Name()
+	}
+	return ""
+}
