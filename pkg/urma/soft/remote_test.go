@@ -248,8 +248,7 @@ func (s *remoteServer) foreignSeg(c urma.Context) urma.Segment {
 }
 
 func (s *remoteServer) do(q *RemoteReq, resp *RemoteResp) error {
-	switch q.Op {
-	case "new": // on the shm fabric in directory Name, or the socket fabric
+	if q.Op == "new" { // on the shm fabric in directory Name, or the socket fabric
 		p, err := New(Options{ShmDir: q.Name, PeerTimeout: 600 * time.Millisecond, DialTimeout: time.Second, Logger: quiet()})
 		if err != nil {
 			return err
