@@ -10,6 +10,7 @@
 package claimspec
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -144,11 +145,8 @@ func (w *Writer) Build(claimUID string, devs []Device) (*specs.Spec, error) {
 		perDevice[d.URMADevice] += d.Jetties
 	}
 	slices.SortStableFunc(order, func(a, b string) int {
-		if perDevice[a] != perDevice[b] {
-			if perDevice[a] > perDevice[b] {
-				return -1
-			}
-			return 1
+		if c := cmp.Compare(perDevice[b], perDevice[a]); c != 0 {
+			return c // most jetties first
 		}
 		return strings.Compare(a, b)
 	})

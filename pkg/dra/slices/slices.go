@@ -286,9 +286,7 @@ func DeviceName(urmaName string) string {
 	sum := sha256.Sum256([]byte(urmaName))
 	suffix := hex.EncodeToString(sum[:4])
 	base := strings.Trim(b.String(), "-")
-	if maxBase := validation.DNS1123LabelMaxLength - len(suffix) - 1; len(base) > maxBase {
-		base = strings.TrimRight(base[:maxBase], "-")
-	}
+	base = strings.TrimRight(base[:min(len(base), validation.DNS1123LabelMaxLength-len(suffix)-1)], "-")
 	if base == "" {
 		return "dev-" + suffix
 	}

@@ -294,6 +294,8 @@ func TestDeviceName(t *testing.T) {
 		{"bonding_dev_0", "bonding-dev-0-"},
 		{"UDMA0", "udma0-"},
 		{"_x_", "x-"},
+		{"AZ_09", "az-09-"},
+		{"a" + strings.Repeat("_", 60) + "b", "a-"}, // cut at 54, dashes trimmed
 		{strings.Repeat("a", 80), strings.Repeat("a", 54) + "-"},
 	} {
 		got := slices.DeviceName(tc.in)
