@@ -117,14 +117,7 @@ func Save(path string, claims Claims) error {
 		return fmt.Errorf("write checkpoint into %s: %w", dir, err)
 	}
 	defer os.Remove(tmp.Name()) // after a successful rename there is nothing to remove
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := writeAndSync(tmp, data); err != nil {
 		return fmt.Errorf("write checkpoint %s: %w", tmp.Name(), err)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
@@ -139,4 +132,17 @@ func Save(path string, claims Claims) error {
 		return fmt.Errorf("sync checkpoint directory %s: %w", dir, err)
 	}
 	return nil
+}
+
+// writeAndSync writes data to f, flushes it to the disk and closes f.
+func writeAndSync(f *os.File, data []byte) error {
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
