@@ -73,7 +73,7 @@ func Default() Config {
 			SoftJetties: DefaultSoftJetties,
 		},
 		Watch:  watch.Config{PollInterval: watch.DefaultPollInterval, Settle: watch.DefaultSettle},
-		Server: server.Config{Resync: server.DefaultResync},
+		Server: server.Config{Resync: server.DefaultResync, ShmDir: server.DefaultShmDir},
 		Registrar: registrar.Config{
 			SocketDir: registrar.DefaultSocketDir, SocketName: registrar.DefaultSocketName,
 			ResourceName: nodefacts.ResourceName, CheckInterval: registrar.DefaultCheckInterval,
@@ -106,6 +106,7 @@ func (c *Config) AddServeFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Registrar.ResourceName, "resource-name", c.Registrar.ResourceName, "extended resource to advertise")
 	fs.DurationVar(&c.Registrar.CheckInterval, "kubelet-check-interval", c.Registrar.CheckInterval, "how often to check that kubelet.sock and our socket are unchanged (fsnotify reacts at once)")
 	fs.DurationVar(&c.Server.Resync, "resync-interval", c.Server.Resync, "resend the full device list to kubelet this often")
+	fs.StringVar(&c.Server.ShmDir, "shm-dir", c.Server.ShmDir, "host directory mounted into every allocated container at the same path, and named by URMA_SHM_DIR: where the software provider of pods on this node meets for shared memory (made world-writable and sticky at start, like /tmp); empty disables")
 	listVar(fs, &c.Server.ExtraDevNodes, "extra-dev-nodes", "comma-separated /dev/... nodes every container with a hardware device also gets (skipped when absent)")
 	fs.BoolVar(&c.CDIEnabled, "cdi", c.CDIEnabled, "CDI mode: write a CDI spec and answer Allocate with CDI device names")
 	fs.StringVar(&c.CDI.Dir, "cdi-spec-dir", c.CDI.Dir, "directory to write the CDI spec into (one the container runtime reads)")

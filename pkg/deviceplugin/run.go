@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
@@ -35,6 +36,19 @@ type Deps struct {
 	Source watch.Source
 }
 
+// prepareShmDir creates the shm directory on the host (the chart mounts it
+// at the same path) and opens it to every user, sticky as /tmp is: pods of
+// any user create their sockets there, and none can remove another's.
+func prepareShmDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create shm directory %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+		return fmt.Errorf("open shm directory %s to pods: %w", dir, err)
+	}
+	return nil
+}
+
 // Run serves the device plugin until ctx is canceled. It returns an error
 // only for a configuration it cannot work with (invalid flags, an
 // unbindable metrics address); everything at runtime is retried.
@@ -55,6 +69,14 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 
 	srvCfg := cfg.Server
 	srvCfg.DevRoot = cfg.Sysfs.DevRoot
+	if srvCfg.ShmDir != "" {
+		if err := prepareShmDir(srvCfg.ShmDir); err != nil {
+			// Pods still get their devices; their software provider then
+			// serves same-node peers over TCP (no_fast_path).
+			log.Error(err, "shared memory between pods is off: allocations carry no shm directory")
+			srvCfg.ShmDir = ""
+		}
+	}
 	var cdiWriter *cdispec.Writer
 	if cfg.CDIEnabled {
 		cdiCfg := cfg.CDI

@@ -73,6 +73,7 @@ func startWith(t *testing.T, tree *sysfstest.Tree, mutate func(*Config), deps De
 	cfg.Inventory.Debounce.Hold = 0
 	cfg.NodeName = "node-a"
 	cfg.MetricsAddress = "127.0.0.1:0"
+	cfg.Server.ShmDir = filepath.Join(t.TempDir(), "shm")
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -325,8 +326,10 @@ func TestBondingOnlyAdvertisesTheBond(t *testing.T) {
 
 func TestSoftDevicesOnANodeWithoutHardware(t *testing.T) {
 	tree := sysfstest.New(t)
+	shm := filepath.Join(t.TempDir(), "shm")
 	n := start(t, tree, func(c *Config) {
 		c.Inventory.SoftDevices, c.Inventory.SoftJetties = 2, 64
+		c.Server.ShmDir = shm
 	})
 	n.units("soft units", func(m map[string]*pluginapi.Device) bool {
 		return count("soft0-", pluginapi.Healthy)(m) == 4 && count("soft1-", pluginapi.Healthy)(m) == 4
@@ -338,8 +341,15 @@ func TestSoftDevicesOnANodeWithoutHardware(t *testing.T) {
 	if resp.Envs[server.EnvProvider] != server.ProviderSoft || resp.Envs[server.EnvDevice] != "soft1" || resp.Envs[server.EnvJettyBudget] != "32" {
 		t.Errorf("env %v", resp.Envs)
 	}
-	if len(resp.Devices) != 0 || len(resp.Mounts) != 0 {
-		t.Errorf("software device mounted something: %v %v", resp.Devices, resp.Mounts)
+	if len(resp.Devices) != 0 {
+		t.Errorf("software device got device nodes: %v", resp.Devices)
+	}
+	// Only the shm directory, where pods on this node meet.
+	if len(resp.Mounts) != 1 || resp.Mounts[0].HostPath != shm || resp.Mounts[0].ContainerPath != shm || resp.Envs[server.EnvShmDir] != shm {
+		t.Errorf("mounts %v, %s=%q; want %s mounted and named", resp.Mounts, server.EnvShmDir, resp.Envs[server.EnvShmDir], shm)
+	}
+	if st, err := os.Stat(shm); err != nil || st.Mode()&os.ModeSticky == 0 {
+		t.Errorf("shm directory not prepared: %v, %v", st, err)
 	}
 	eventually(t, "node labeled software", func() bool {
 		l := n.nodeObj().Labels
@@ -486,6 +496,30 @@ func TestCDIModeAdvertisesADeviceOnlyOnceItsSpecIsWritten(t *testing.T) {
 	}
 	if _, err := n.allocate("udma0-0"); err != nil {
 		t.Fatalf("allocate once the spec exists: %v", err)
+	}
+}
+
+// The shm directory is created world-writable and sticky, like /tmp, so
+// that pods of any user can meet there and none removes another's socket;
+// one that cannot be made leaves allocations without it.
+func TestPrepareShmDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run", "shm")
+	if err := prepareShmDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode()&os.ModePerm != 0o777 || st.Mode()&os.ModeSticky == 0 {
+		t.Fatalf("mode %v, want drwxrwxrwt", st.Mode())
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := prepareShmDir(file); err == nil || !strings.Contains(err.Error(), file) {
+		t.Fatalf("prepareShmDir(a file) = %v", err)
 	}
 }
 

@@ -77,7 +77,13 @@ func TestTemplateDefaults(t *testing.T) {
 			"/var/lib/kubelet/device-plugins": {mountPath: "/var/lib/kubelet/device-plugins", readOnly: false},
 			"/sys":                            {mountPath: "/host/sys", readOnly: true},
 			"/dev":                            {mountPath: "/host/dev", readOnly: true},
+			// Where same-node pods meet for shared memory: at the same
+			// path, since Allocate mounts it into pods under it.
+			"/var/run/urma-k8s/shm": {mountPath: "/var/run/urma-k8s/shm", readOnly: false},
 		})
+		if v, _ := argValue(argv, "--shm-dir"); v != "/var/run/urma-k8s/shm" {
+			t.Errorf("--shm-dir = %q, want the mounted shm directory", v)
+		}
 		sc, _ := c["securityContext"].(map[string]any)
 		if sc["privileged"] != false || sc["allowPrivilegeEscalation"] != false {
 			t.Errorf("device plugin securityContext = %v, want unprivileged without privilege escalation", sc)
@@ -225,6 +231,20 @@ func TestTemplateValues(t *testing.T) {
 			for flag, want := range map[string]string{"--cdi": "", "--cdi-strategy": "cdi-annotations"} {
 				if got, ok := argValue(argv, flag); !ok || got != want {
 					t.Errorf("%s = %q (present %v), want %q; args %v", flag, got, ok, want, argv)
+				}
+			}
+		},
+	}, {
+		name:   "shared memory between pods off",
+		values: []string{"--set", "devicePlugin.shmDir="},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			if got, _ := argValue(args(t, container(t, ds, "device-plugin")), "--shm-dir"); got != "" {
+				t.Errorf("--shm-dir = %q, want empty", got)
+			}
+			for _, v := range podSpec(t, ds)["volumes"].([]any) {
+				if v.(map[string]any)["name"] == "shm" {
+					t.Errorf("shm volume rendered with shmDir empty: %v", v)
 				}
 			}
 		},

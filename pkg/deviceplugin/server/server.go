@@ -44,6 +44,11 @@ const (
 	EnvProvider = "URMA_PROVIDER"
 	// ProviderSoft is EnvProvider's value for software devices.
 	ProviderSoft = "soft"
+	// EnvShmDir is the directory where the software provider of pods on one
+	// node meets for shared memory (Config.ShmDir, mounted at the same path).
+	EnvShmDir = "URMA_SHM_DIR"
+	// DefaultShmDir is the host directory Config.ShmDir defaults to.
+	DefaultShmDir = "/var/run/urma-k8s/shm"
 )
 
 // CDIStrategy is one way of handing CDI device names to the container
@@ -105,6 +110,11 @@ type Config struct {
 	// Resync is how often ListAndWatch resends the full list; 0 means
 	// DefaultResync.
 	Resync time.Duration
+	// ShmDir, when set, is a host directory mounted into every container
+	// at the same path and named by URMA_SHM_DIR: there the software
+	// provider of pods on this node meets for shared memory. Kubelet mounts
+	// it, so the pod spec needs no hostPath.
+	ShmDir string
 }
 
 // Validate checks that extra device nodes are /dev/... paths and the CDI
@@ -129,6 +139,9 @@ func (c Config) Validate() error {
 		if st != CDIStrategyCRI && st != CDIStrategyAnnotations {
 			return fmt.Errorf("CDI strategy %q: want %s or %s", st, CDIStrategyCRI, CDIStrategyAnnotations)
 		}
+	}
+	if d := c.ShmDir; d != "" && (!filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/") {
+		return fmt.Errorf("shm directory %q: want a clean absolute path other than /", d)
 	}
 	return nil
 }
@@ -379,6 +392,10 @@ func (s *Server) containerResponse(snap *inventory.Snapshot, sh []Share) *plugin
 		env[EnvDevices] = strings.Join(list, ",")
 	}
 	resp := &pluginapi.ContainerAllocateResponse{Envs: env}
+	if d := s.cfg.ShmDir; d != "" {
+		env[EnvShmDir] = d
+		resp.Mounts = []*pluginapi.Mount{{ContainerPath: d, HostPath: d}}
+	}
 
 	var hw []*inventory.Device
 	for _, x := range sh {

@@ -156,6 +156,8 @@ func TestAllocate(t *testing.T) {
 		// wantAnnotations are the container annotations (CDI annotation
 		// strategy); none unless set.
 		wantAnnotations map[string]string
+		// wantMounts are host paths mounted at the same path.
+		wantMounts []string
 	}{
 		{
 			name:        "one device: its node, ummu, existing extra",
@@ -207,6 +209,29 @@ func TestAllocate(t *testing.T) {
 			cfg:     Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyAnnotations}},
 			ids:     []string{"soft0-0"},
 			wantEnv: map[string]string{EnvDevice: "soft0", EnvJettyBudget: "16", EnvProvider: ProviderSoft},
+		},
+		{
+			name:       "software device with the shm directory: mounted and named",
+			cfg:        Config{ShmDir: "/var/run/urma-k8s/shm"},
+			ids:        []string{"soft0-1"},
+			wantEnv:    map[string]string{EnvDevice: "soft0", EnvJettyBudget: "16", EnvProvider: ProviderSoft, EnvShmDir: "/var/run/urma-k8s/shm"},
+			wantMounts: []string{"/var/run/urma-k8s/shm"},
+		},
+		{
+			name:        "hardware device with the shm directory: both",
+			cfg:         Config{ShmDir: "/run/shm-x"},
+			ids:         []string{"udma0-0"},
+			wantEnv:     map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1", EnvShmDir: "/run/shm-x"},
+			wantDevices: []string{"/dev/uburma/udma0", "/dev/ummu/tid"},
+			wantMounts:  []string{"/run/shm-x"},
+		},
+		{
+			name:       "CDI mode with the shm directory",
+			cfg:        Config{CDIKind: "urma.openeuler.org/jetty", ShmDir: "/run/shm-x"},
+			ids:        []string{"udma0-0"},
+			wantEnv:    map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1", EnvShmDir: "/run/shm-x"},
+			wantCDI:    []string{"urma.openeuler.org/jetty=udma0"},
+			wantMounts: []string{"/run/shm-x"},
 		},
 		{
 			name:        "repeated IDs count once",
@@ -261,8 +286,15 @@ func TestAllocate(t *testing.T) {
 					t.Errorf("the CDI library parses the annotations as %v, %v", devices, err)
 				}
 			}
-			if len(cr.Mounts) != 0 {
-				t.Errorf("mounts %v, want none", cr.Mounts)
+			var mounts []string
+			for _, m := range cr.Mounts {
+				if m.HostPath != m.ContainerPath || m.ReadOnly {
+					t.Errorf("mount %v: want the host path, writable, at the same path", m)
+				}
+				mounts = append(mounts, m.HostPath)
+			}
+			if !slices.Equal(mounts, tt.wantMounts) {
+				t.Errorf("mounts %v, want %v", mounts, tt.wantMounts)
 			}
 		})
 	}
@@ -412,6 +444,10 @@ func TestConfigValidate(t *testing.T) {
 		{Config{CDIKind: "a/b/c"}, false},
 		{Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyAnnotations, CDIStrategyCRI}}, true},
 		{Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{"volume-mounts"}}, false},
+		{Config{ShmDir: DefaultShmDir}, true},
+		{Config{ShmDir: "var/run/shm"}, false},
+		{Config{ShmDir: "/var/run/../shm"}, false},
+		{Config{ShmDir: "/"}, false},
 	} {
 		if err := tc.c.Validate(); (err == nil) != tc.ok {
 			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.c, err, tc.ok)
