@@ -35,6 +35,7 @@ test: vet verify-generated envtest-assets helm ## run all tests with -race (firs
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) HELM=$(HELM) \
 	KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 	$(GO) test $(GOTEST_FLAGS) $(PKGS)
+	@if [ "$(PKGS)" = "./..." ]; then GO="$(GO)" GOTEST_FLAGS="$(GOTEST_FLAGS)" hack/test-liburma.sh; fi
 
 .PHONY: verify-generated
 verify-generated: controller-gen ## fail when generated CRDs, RBAC, webhooks or deepcopy are stale

@@ -34,7 +34,7 @@ func TestURMAEcho(t *testing.T) {
 		{"state", d.State == "ESTABLISHED"},
 		{"role", d.Role == "client" && p.server.Debug().Role == "server"},
 		{"hello version", d.HandshakeVersion == 2},
-		{"device", d.Device == "soft0"},
+		{"device", d.Device == testDevice()},
 		{"jetty ids", d.LocalJetty.ID != 0 && d.RemoteJetty.ID != 0 && d.RemoteJetty == p.server.Debug().LocalJetty},
 		{"window capacity", d.WindowCapacity == 16-creditWRs},
 		{"send window back to full", d.SQWindow == d.WindowCapacity},

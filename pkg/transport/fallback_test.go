@@ -103,7 +103,7 @@ func TestFallbackMatrix(t *testing.T) {
 		},
 		{
 			name: "client and server on different fabrics", wantMode: ModeTCP,
-			client:       func(c *Config) { c.Provider, _ = fabricPair(t) },
+			client:       func(c *Config) { c.Provider = isolatedProvider(t) },
 			clientReason: ReasonPeerDeclined, serverReason: ReasonImportFailed,
 		},
 	}

@@ -36,9 +36,13 @@ func smallFlags() flags.Flags {
 	return f
 }
 
-// fabricPair returns two providers on one in-process fabric: two "hosts".
+// fabricPair returns two providers on one in-process fabric: two "hosts"
+// (or two liburma providers, see testProviderPair).
 func fabricPair(t testing.TB) (urma.Provider, urma.Provider) {
 	t.Helper()
+	if a, b, ok := testProviderPair(t); ok {
+		return a, b
+	}
 	f := soft.NewFabric()
 	mk := func() urma.Provider {
 		p, err := soft.New(soft.Options{Fabric: f, Logger: logr.Discard()})

@@ -15,7 +15,7 @@ import (
 const statusRNR urma.Status = 0xff
 
 // rnrForever is the RNRRetry value that retries without end.
-const rnrForever = 7
+const rnrForever = urma.RNRRetryForever
 
 type slotState uint8
 
@@ -95,24 +95,8 @@ var _ urma.Jetty = (*jetty)(nil)
 
 func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 	const op = "create_jetty"
-	caps := c.dev.caps
-	switch {
-	case cfg.Mode == urma.RC && caps.TransMode&urma.TransModeRC == 0,
-		cfg.Mode == urma.RM && caps.TransMode&urma.TransModeRM == 0,
-		cfg.Mode != urma.RC && cfg.Mode != urma.RM:
-		return nil, urma.Errorf(op, urma.CodeInval, "transport mode %s not supported by device %s", cfg.Mode, c.dev.info.Name)
-	case cfg.SQDepth == 0 || cfg.SQDepth > caps.MaxJFSDepth:
-		return nil, urma.Errorf(op, urma.CodeInval, "SQ depth %d outside 1..%d (device max_jfs_depth)", cfg.SQDepth, caps.MaxJFSDepth)
-	case cfg.MaxSGE > caps.MaxJFSSge:
-		return nil, urma.Errorf(op, urma.CodeInval, "max SGE %d above the device's %d", cfg.MaxSGE, caps.MaxJFSSge)
-	case cfg.MaxInline > caps.MaxJFSInlineSize:
-		return nil, urma.Errorf(op, urma.CodeInval, "max inline %d above the device's %d", cfg.MaxInline, caps.MaxJFSInlineSize)
-	case cfg.RNRRetry > rnrForever:
-		return nil, urma.Errorf(op, urma.CodeInval, "RNR retry %d outside 0..7", cfg.RNRRetry)
-	case cfg.ErrTimeout > 31:
-		return nil, urma.Errorf(op, urma.CodeInval, "error timeout %d outside 0..31", cfg.ErrTimeout)
-	case cfg.Priority > 15:
-		return nil, urma.Errorf(op, urma.CodeInval, "priority %d outside 0..15", cfg.Priority)
+	if err := cfg.Check(c.dev.caps); err != nil {
+		return nil, err
 	}
 	q, ok := cfg.SendJFC.(*jfc)
 	if !ok || q == nil || q.ctx != c {

@@ -40,9 +40,8 @@ var _ urma.JFC = (*jfc)(nil)
 
 func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 	const op = "create_jfc"
-	caps := c.dev.caps
-	if cfg.Depth == 0 || cfg.Depth > caps.MaxJFCDepth {
-		return nil, urma.Errorf(op, urma.CodeInval, "depth %d outside 1..%d (device max_jfc_depth)", cfg.Depth, caps.MaxJFCDepth)
+	if err := cfg.Check(c.dev.caps); err != nil {
+		return nil, err
 	}
 	var e *jfce
 	if cfg.JFCE != nil {

@@ -59,28 +59,10 @@ var _ urma.JFR = (*jfr)(nil)
 
 func newJFR(c *devContext, cfg urma.JFRConfig) (*jfr, error) {
 	const op = "create_jfr"
-	caps := c.dev.caps
-	switch {
-	case cfg.Mode == 0:
-		return nil, urma.Errorf(op, urma.CodeInval, "transport mode not set (RC or RM); the JFR's jetties must use the same")
-	case cfg.Mode == urma.RC && caps.TransMode&urma.TransModeRC == 0,
-		cfg.Mode == urma.RM && caps.TransMode&urma.TransModeRM == 0,
-		cfg.Mode != urma.RC && cfg.Mode != urma.RM:
-		return nil, urma.Errorf(op, urma.CodeInval, "transport mode %s not supported by device %s", cfg.Mode, c.dev.info.Name)
-	}
-	if cfg.Depth == 0 || cfg.Depth > caps.MaxJFRDepth {
-		return nil, urma.Errorf(op, urma.CodeInval, "depth %d outside 1..%d (device max_jfr_depth)", cfg.Depth, caps.MaxJFRDepth)
+	if err := cfg.Check(c.dev.caps); err != nil {
+		return nil, err
 	}
 	maxSGE := max(cfg.MaxSGE, 1)
-	if maxSGE > caps.MaxJFRSge {
-		return nil, urma.Errorf(op, urma.CodeInval, "max SGE %d above the device's %d", cfg.MaxSGE, caps.MaxJFRSge)
-	}
-	if cfg.MinRNRTimer > 31 {
-		return nil, urma.Errorf(op, urma.CodeInval, "min RNR timer %d outside 0..31", cfg.MinRNRTimer)
-	}
-	if cfg.TokenPolicy > urma.TokenAllEncrypted {
-		return nil, urma.Errorf(op, urma.CodeInval, "token policy %d unknown", cfg.TokenPolicy)
-	}
 	q, ok := cfg.JFC.(*jfc)
 	if !ok || q == nil || q.ctx != c {
 		return nil, urma.Errorf(op, urma.CodeInval, "JFC is missing or was not created by this context")

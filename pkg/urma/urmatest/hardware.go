@@ -137,34 +137,36 @@ func testJFCCloseWaitsForAcks(t *testing.T, pr Pair) {
 	}
 }
 
-// A jetty that entered ERROR by itself (a failed send) has flushed its
-// queue already; SetError then adds exactly one WR_FLUSH_ERR_DONE, after the
-// flushed records. On hardware the FLUSH_ERR_DONE arrives first and the
-// unhandled requests only then, from urma_flush_jetty
-// (hw/udma/udma_u_jfc.c:728-731, udma_u_jfs.c:1188): providers reorder.
+// A jetty that entered ERROR by itself (a failed send) flushes the rest
+// of its queue with WR_FLUSH_ERR, but reports no WR_FLUSH_ERR_DONE until
+// SetError asks; SetError then adds exactly one. On hardware the
+// FLUSH_ERR_DONE arrives first and the unhandled requests only then, from
+// urma_flush_jetty (hw/udma/udma_u_jfc.c:728-731, udma_u_jfs.c:1188):
+// providers reorder, and hold the FLUSH_ERR_DONE back.
 func testSetErrorAfterSendError(t *testing.T, pr Pair) {
-	a := open(t, pr.A, pr.DeviceA, epConfig{RNRRetry: rnr(0)})
-	b := open(t, pr.B, pr.DeviceB, epConfig{})
+	// One retry after the receiver's longest RNR timer (about half a
+	// second): the second send is surely queued behind the first.
+	a := open(t, pr.A, pr.DeviceA, epConfig{RNRRetry: rnr(1)})
+	b := open(t, pr.B, pr.DeviceB, epConfig{MinRNR: 31})
 	target := a.importFrom(b, b.cfg.Token)
-	a.send(target, 1, 0, 32) // no receive posted, no retry: RNR_RETRY_CNT_EXC
+	a.send(target, 1, 0, 32) // no receive is ever posted
 	second := a.jetty.PostSend(a.sendWR(target, 2, 32, 32))
-	cs := wait(t, a.sendJFC, 1, waitTimeout)
+	n := 2
+	if second != nil {
+		wantErr(t, second, urma.ErrInval, "post behind a failed send")
+		n = 1
+	}
+	cs := wait(t, a.sendJFC, n, waitTimeout)
 	if cs[0].Status != urma.StatusRNRRetryCntExc || cs[0].UserCtx != 1 {
 		t.Fatalf("first send completed as %+v, want RNR_RETRY_CNT_EXC", cs[0])
 	}
+	if n == 2 && (cs[1].Status != urma.StatusWRFlushErr || cs[1].UserCtx != 2) {
+		t.Fatalf("second send completed as %+v, want WR_FLUSH_ERR", cs[1])
+	}
+	empty(t, a.sendJFC, "a jetty that failed by itself, before SetError")
 	must(t, a.jetty.SetError(), "set error on a jetty in ERROR")
-	want := []urma.Status{urma.StatusWRFlushErrDone}
-	if second == nil {
-		want = []urma.Status{urma.StatusWRFlushErr, urma.StatusWRFlushErrDone}
-	}
-	cs = wait(t, a.sendJFC, len(want), waitTimeout)
-	for i, c := range cs {
-		if c.Status != want[i] || c.LocalID != a.jetty.ID().ID {
-			t.Errorf("record %d after the failed send: %+v, want %s from jetty %d", i, c, want[i], a.jetty.ID().ID)
-		}
-	}
-	if second == nil && cs[0].UserCtx != 2 {
-		t.Errorf("flushed send has user_ctx %d, want 2", cs[0].UserCtx)
+	if c := wait(t, a.sendJFC, 1, waitTimeout)[0]; c.Status != urma.StatusWRFlushErrDone || c.LocalID != a.jetty.ID().ID {
+		t.Errorf("record after SetError: %+v, want WR_FLUSH_ERR_DONE from jetty %d", c, a.jetty.ID().ID)
 	}
 	must(t, a.jetty.SetError(), "set error again")
 	empty(t, a.sendJFC, "after a second SetError")

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The liburma provider's second round, run by `make test` after the main one:
+#  - pkg/transport's tests again, with the liburma provider over the fake
+#    liburma (pkg/urma/liburma/testdata/fakeurma), so the transport is proved
+#    against liburma's ABI through cgo;
+#  - pkg/urma/liburma built without cgo: the stub must say ErrNoSupport.
+# (pkg/urma/liburma's own tests, the conformance suite among them, build the
+# fake themselves and ran in the main round.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+GOTEST_FLAGS=${GOTEST_FLAGS:--race -count=1}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"${CC:-gcc}" -shared -fPIC -O2 -Wall -Werror -pthread -o "$tmp/libfakeurma.so" pkg/urma/liburma/testdata/fakeurma/fakeurma.c
+echo "==> pkg/transport over the liburma provider (fake liburma)"
+# shellcheck disable=SC2086 # GOTEST_FLAGS is a list of flags
+URMA_TEST_PROVIDER=liburma URMA_LIBRARY="$tmp/libfakeurma.so" "$GO" test $GOTEST_FLAGS ./pkg/transport/
+echo "==> pkg/urma/liburma without cgo"
+CGO_ENABLED=0 "$GO" test -count=1 ./pkg/urma/liburma/

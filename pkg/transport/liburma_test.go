@@ -1,0 +1,58 @@
+package transport
+
+import (
+	"os"
+	"testing"
+
+	"github.com/go-logr/logr"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/liburma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
+)
+
+// envTestProvider selects the providers of fabricPair: unset, the software
+// provider; "liburma", the liburma provider over the library URMA_LIBRARY
+// names. make test runs this package a second time that way, over the fake
+// liburma of pkg/urma/liburma/testdata, so the transport is proved against
+// liburma's ABI too.
+const envTestProvider = "URMA_TEST_PROVIDER"
+
+// testProviderPair returns two liburma providers when envTestProvider asks
+// for them; both sides then open the first device, as two processes of one
+// host would.
+func testProviderPair(t testing.TB) (urma.Provider, urma.Provider, bool) {
+	t.Helper()
+	if os.Getenv(envTestProvider) != ProviderLiburma {
+		return nil, nil, false
+	}
+	mk := func() urma.Provider {
+		p, err := liburma.New(liburma.Options{Logger: logr.Discard()})
+		if err != nil {
+			t.Fatalf("%s=%s: %v", envTestProvider, ProviderLiburma, err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		return p
+	}
+	return mk(), mk(), true
+}
+
+// testDevice is the device fabricPair's providers open first.
+func testDevice() string {
+	if os.Getenv(envTestProvider) == ProviderLiburma {
+		return "udma0" // the fake liburma's first device
+	}
+	return soft.DefaultDevice
+}
+
+// isolatedProvider reaches none of fabricPair's providers: a software
+// provider on a fabric of its own.
+func isolatedProvider(t testing.TB) urma.Provider {
+	t.Helper()
+	p, err := soft.New(soft.Options{Fabric: soft.NewFabric(), Logger: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}

@@ -1,0 +1,72 @@
+package urma
+
+// The checks every provider makes before creating a queue: hardware refuses
+// these configurations, and a provider that let them through would behave
+// unlike it.
+
+// Check validates a JFC configuration against a device's capabilities.
+func (c JFCConfig) Check(caps DeviceCaps) error {
+	if c.Depth == 0 || c.Depth > caps.MaxJFCDepth {
+		return Errorf("create_jfc", CodeInval, "depth %d outside 1..%d (device max_jfc_depth)", c.Depth, caps.MaxJFCDepth)
+	}
+	return nil
+}
+
+// Check validates a JFR configuration against a device's capabilities.
+func (c JFRConfig) Check(caps DeviceCaps) error {
+	const op = "create_jfr"
+	if err := checkMode(op, c.Mode, caps, "the JFR's jetties must use the same"); err != nil {
+		return err
+	}
+	switch {
+	case c.Depth == 0 || c.Depth > caps.MaxJFRDepth:
+		return Errorf(op, CodeInval, "depth %d outside 1..%d (device max_jfr_depth)", c.Depth, caps.MaxJFRDepth)
+	case max(c.MaxSGE, 1) > caps.MaxJFRSge:
+		return Errorf(op, CodeInval, "max SGE %d above the device's %d", c.MaxSGE, caps.MaxJFRSge)
+	case c.MinRNRTimer > 31:
+		return Errorf(op, CodeInval, "min RNR timer %d outside 0..31", c.MinRNRTimer)
+	case c.TokenPolicy > TokenAllEncrypted:
+		return Errorf(op, CodeInval, "token policy %d unknown", c.TokenPolicy)
+	}
+	return nil
+}
+
+// Check validates a jetty configuration against a device's capabilities;
+// the JFR's mode is checked by the provider, which knows the JFR.
+func (c JettyConfig) Check(caps DeviceCaps) error {
+	const op = "create_jetty"
+	if err := checkMode(op, c.Mode, caps, "it must equal its JFR's"); err != nil {
+		return err
+	}
+	switch {
+	case c.SQDepth == 0 || c.SQDepth > caps.MaxJFSDepth:
+		return Errorf(op, CodeInval, "SQ depth %d outside 1..%d (device max_jfs_depth)", c.SQDepth, caps.MaxJFSDepth)
+	case c.MaxSGE > caps.MaxJFSSge:
+		return Errorf(op, CodeInval, "max SGE %d above the device's %d", c.MaxSGE, caps.MaxJFSSge)
+	case c.MaxInline > caps.MaxJFSInlineSize:
+		return Errorf(op, CodeInval, "max inline %d above the device's %d", c.MaxInline, caps.MaxJFSInlineSize)
+	case c.RNRRetry > RNRRetryForever:
+		return Errorf(op, CodeInval, "RNR retry %d outside 0..7", c.RNRRetry)
+	case c.ErrTimeout > 31:
+		return Errorf(op, CodeInval, "error timeout %d outside 0..31", c.ErrTimeout)
+	case c.Priority > 15:
+		return Errorf(op, CodeInval, "priority %d outside 0..15", c.Priority)
+	}
+	return nil
+}
+
+// RNRRetryForever is the RNRRetry value that retries without end
+// (urma_jfs_cfg_t.rnr_retry).
+const RNRRetryForever = 7
+
+func checkMode(op string, m TransportMode, caps DeviceCaps, rule string) error {
+	switch {
+	case m == 0:
+		return Errorf(op, CodeInval, "transport mode not set (RC or RM); %s", rule)
+	case m == RC && caps.TransMode&TransModeRC == 0,
+		m == RM && caps.TransMode&TransModeRM == 0,
+		m != RC && m != RM:
+		return Errorf(op, CodeInval, "transport mode %s not supported by the device", m)
+	}
+	return nil
+}

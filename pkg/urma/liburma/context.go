@@ -1,0 +1,165 @@
+//go:build linux && cgo
+
+package liburma
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// child is an object created from a context. liburma destroys nothing on
+// its own, so the context tracks its children: Close refuses while any
+// lives, and Provider.Close destroys them in teardownOrder.
+type child interface {
+	forceClose()
+	kind() string
+}
+
+// teardownOrder is liburma's order: what uses an object goes before it.
+var teardownOrder = []string{"jetty", "remote jetty", "remote segment", "JFR", "JFC", "JFCE", "segment"}
+
+// devContext is an open device (urma_context_t).
+type devContext struct {
+	prov  *Provider
+	lib   *library
+	c     *C.struct_urma_context
+	dev   urma.DeviceInfo
+	eid   urma.EID
+	uasid uint32
+
+	mu       sync.Mutex
+	closed   bool
+	children map[child]struct{}
+}
+
+var _ urma.Context = (*devContext)(nil)
+
+func (c *devContext) Device() urma.DeviceInfo { return c.dev }
+func (c *devContext) EID() urma.EID           { return c.eid }
+func (c *devContext) UASID() uint32           { return c.uasid }
+
+// adopt registers a new child; it fails once the context is closed.
+func (c *devContext) adopt(ch child, op string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return errClosed(op, "context")
+	}
+	c.children[ch] = struct{}{}
+	return nil
+}
+
+func (c *devContext) release(ch child) {
+	c.mu.Lock()
+	delete(c.children, ch)
+	c.mu.Unlock()
+}
+
+// open checks that the context can still create objects.
+func (c *devContext) open(op string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return errClosed(op, "context")
+	}
+	return nil
+}
+
+// Close deletes the context; it fails with ErrBusy while objects created
+// from it are alive. Closing twice is a no-op.
+func (c *devContext) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	if len(c.children) > 0 {
+		counts := map[string]int{}
+		for ch := range c.children {
+			counts[ch.kind()]++
+		}
+		c.mu.Unlock()
+		var parts []string
+		for k, n := range counts {
+			parts = append(parts, fmt.Sprintf("%d %s", n, k))
+		}
+		sort.Strings(parts)
+		return urma.Errorf("delete_context", urma.CodeBusy, "context still has %s; destroy them first", strings.Join(parts, ", "))
+	}
+	c.closed = true
+	c.mu.Unlock()
+	return c.delete()
+}
+
+func (c *devContext) delete() error {
+	st := C.shim_delete_context(c.lib.c, c.c)
+	c.prov.forgetContext(c)
+	if st != 0 {
+		return statusErr("delete_context", st, "delete the context")
+	}
+	return nil
+}
+
+// forceClose destroys every child in teardown order, then the context.
+func (c *devContext) forceClose() {
+	c.mu.Lock()
+	c.closed = true
+	kids := make([]child, 0, len(c.children))
+	for ch := range c.children {
+		kids = append(kids, ch)
+	}
+	c.mu.Unlock()
+	for _, k := range teardownOrder {
+		for _, ch := range kids {
+			if ch.kind() == k {
+				ch.forceClose()
+			}
+		}
+	}
+	if err := c.delete(); err != nil {
+		c.prov.log.Error(err, "closing the provider")
+	}
+}
+
+// CreateJFCE creates a completion event channel.
+func (c *devContext) CreateJFCE() (urma.JFCE, error) { return newJFCE(c) }
+
+// CreateJFC creates a completion queue.
+func (c *devContext) CreateJFC(cfg urma.JFCConfig) (urma.JFC, error) { return newJFC(c, cfg) }
+
+// CreateJFR creates a receive queue.
+func (c *devContext) CreateJFR(cfg urma.JFRConfig) (urma.JFR, error) { return newJFR(c, cfg) }
+
+// CreateJetty creates a jetty on a shared JFR.
+func (c *devContext) CreateJetty(cfg urma.JettyConfig) (urma.Jetty, error) { return newJetty(c, cfg) }
+
+// RegisterSegment registers memory from urma.AllocMemory.
+func (c *devContext) RegisterSegment(mem *urma.Memory, cfg urma.SegmentConfig) (urma.Segment, error) {
+	return registerSegment(c, mem, cfg)
+}
+
+// ImportSegment imports a peer's segment; liburma stores the token.
+func (c *devContext) ImportSegment(id urma.SegmentID, token urma.Token) (urma.RemoteSegment, error) {
+	return importSegment(c, id, token)
+}
+
+// ImportJetty imports a peer's jetty; liburma stores the token. The call
+// cannot be interrupted once in liburma, so ctx is checked before it.
+func (c *devContext) ImportJetty(ctx context.Context, id urma.JettyID, mode urma.TransportMode, token urma.Token) (urma.RemoteJetty, error) {
+	return importJetty(ctx, c, id, mode, token)
+}
+
+// errClosed builds the error every verb returns on a destroyed object.
+func errClosed(op, what string) error {
+	return urma.Errorf(op, urma.ErrClosed.Code, "%s is closed", what)
+}

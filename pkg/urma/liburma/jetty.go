@@ -1,0 +1,478 @@
+//go:build linux && cgo
+
+package liburma
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// jfr is a receive queue (urma_jfr_t) that jetties share.
+type jfr struct {
+	ctx    *devContext
+	c      *C.struct_urma_jfr
+	id     urma.JettyID
+	mode   urma.TransportMode
+	maxSGE uint32
+	jfc    *jfc
+
+	mu      sync.Mutex
+	closed  bool
+	users   int
+	scratch C.shim_recv // the work request being posted, under mu
+}
+
+var _ urma.JFR = (*jfr)(nil)
+
+func newJFR(c *devContext, cfg urma.JFRConfig) (*jfr, error) {
+	const op = "create_jfr"
+	if err := cfg.Check(c.dev.Caps); err != nil {
+		return nil, err
+	}
+	q, ok := cfg.JFC.(*jfc)
+	if !ok || q == nil || q.ctx != c {
+		return nil, urma.Errorf(op, urma.CodeInval, "JFC is missing or was not created by this context")
+	}
+	if err := q.attach(op); err != nil {
+		return nil, err
+	}
+	r := &jfr{ctx: c, mode: cfg.Mode, maxSGE: max(cfg.MaxSGE, 1), jfc: q}
+	in := C.shim_jfr_cfg{
+		depth: C.uint32_t(cfg.Depth), mode: C.uint32_t(modeBits(cfg.Mode)), max_sge: C.uint32_t(r.maxSGE),
+		min_rnr_timer: C.uint32_t(cfg.MinRNRTimer), token_policy: C.uint32_t(cfg.TokenPolicy), token: C.uint32_t(cfg.Token),
+	}
+	var id C.shim_id
+	var cerr C.int
+	if r.c = C.shim_create_jfr(c.lib.c, c.c, &in, q.c, &id, &cerr); r.c == nil {
+		q.detach()
+		return nil, statusErr(op, cerr, "create a JFR of depth %d", cfg.Depth)
+	}
+	r.id = jettyIDOf(&id)
+	if err := c.adopt(r, op); err != nil {
+		r.destroy()
+		return nil, err
+	}
+	return r, nil
+}
+
+// modeBits is urma_transport_mode_t.
+func modeBits(m urma.TransportMode) urma.TransMode {
+	if m == urma.RC {
+		return urma.TransModeRC
+	}
+	return urma.TransModeRM
+}
+
+func (r *jfr) kind() string { return "JFR" }
+
+// ID names the JFR.
+func (r *jfr) ID() urma.JettyID { return r.id }
+
+// PostRecv posts one receive; a full queue fails with ErrAgain. An SGE
+// outside a segment of this context fails the call: liburma would hand it
+// to the device.
+func (r *jfr) PostRecv(wr *urma.RecvWR) error {
+	const op = "post_jfr_wr"
+	if wr == nil {
+		return urma.Errorf(op, urma.CodeInval, "work request is nil")
+	}
+	if uint32(len(wr.SGEs)) > r.maxSGE {
+		return urma.Errorf(op, urma.CodeInval, "%d SGEs, the JFR takes at most %d", len(wr.SGEs), r.maxSGE)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errClosed(op, "JFR")
+	}
+	s := &r.scratch
+	s.user_ctx, s.nsge = C.uint64_t(wr.UserCtx), C.uint32_t(len(wr.SGEs))
+	for i := range wr.SGEs {
+		if err := r.ctx.sge(op, &wr.SGEs[i], &s.sges[i]); err != nil {
+			return err
+		}
+	}
+	// &r.scratch, spelled out: cgo then checks only that field for Go
+	// pointers, not the whole jfr.
+	if st := C.shim_post_recv(r.ctx.lib.c, r.c, &r.scratch); st != 0 {
+		return postErr(op, st, "post a receive to JFR %d", r.id.ID)
+	}
+	return nil
+}
+
+// Close deletes the JFR; it fails with ErrBusy while jetties share it.
+func (r *jfr) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	if r.users > 0 {
+		n := r.users
+		r.mu.Unlock()
+		return urma.Errorf("delete_jfr", urma.CodeBusy, "%d jetties still use JFR %d", n, r.id.ID)
+	}
+	r.mu.Unlock()
+	return r.destroy()
+}
+
+func (r *jfr) forceClose() { _ = r.destroy() }
+
+func (r *jfr) destroy() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.mu.Unlock()
+	st := C.shim_delete_jfr(r.ctx.lib.c, r.c)
+	r.jfc.detach()
+	r.ctx.release(r)
+	if st != 0 {
+		return statusErr("delete_jfr", st, "delete JFR %d", r.id.ID)
+	}
+	return nil
+}
+
+func (r *jfr) attach() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errClosed("create_jetty", "JFR")
+	}
+	r.users++
+	return nil
+}
+
+func (r *jfr) detach() {
+	r.mu.Lock()
+	r.users--
+	r.mu.Unlock()
+}
+
+// jetty is a send queue on a shared JFR (urma_jetty_t).
+type jetty struct {
+	ctx       *devContext
+	c         *C.struct_urma_jetty
+	id        urma.JettyID
+	mode      urma.TransportMode
+	maxSGE    uint32
+	maxInline uint32
+	sendJFC   *jfc
+	jfr       *jfr
+	state     atomic.Uint32 // urma.JettyState
+
+	mu      sync.Mutex // orders posts, the RC binding and Close
+	closed  bool
+	bound   *remoteJetty // RC: bound at the first send
+	scratch C.shim_send  // the work request being posted, under mu
+
+	// Flush state, under sendJFC.mu: see jfc.
+	modified  bool // asked liburma to move the jetty to ERROR
+	wantDone  bool // SetError was called
+	doneSeen  bool // liburma reported FLUSH_ERR_DONE
+	doneGiven bool // FLUSH_ERR_DONE was handed to the caller
+}
+
+var _ urma.Jetty = (*jetty)(nil)
+
+func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
+	const op = "create_jetty"
+	if err := cfg.Check(c.dev.Caps); err != nil {
+		return nil, err
+	}
+	q, ok := cfg.SendJFC.(*jfc)
+	if !ok || q == nil || q.ctx != c {
+		return nil, urma.Errorf(op, urma.CodeInval, "send JFC is missing or was not created by this context")
+	}
+	r, ok := cfg.JFR.(*jfr)
+	if !ok || r == nil || r.ctx != c {
+		return nil, urma.Errorf(op, urma.CodeInval, "JFR is missing or was not created by this context")
+	}
+	if r.mode != cfg.Mode {
+		// hw/udma/udma_u_jetty.c:105-118 fails it with EINVAL; say why.
+		return nil, urma.Errorf(op, urma.CodeInval, "jetty mode %s differs from its JFR's mode %s", cfg.Mode, r.mode)
+	}
+	if err := q.attach(op); err != nil {
+		return nil, err
+	}
+	if err := r.attach(); err != nil {
+		q.detach()
+		return nil, err
+	}
+	j := &jetty{ctx: c, mode: cfg.Mode, maxSGE: max(cfg.MaxSGE, 1), maxInline: cfg.MaxInline, sendJFC: q, jfr: r}
+	in := C.shim_jetty_cfg{
+		depth: C.uint32_t(cfg.SQDepth), mode: C.uint32_t(modeBits(cfg.Mode)), priority: C.uint32_t(cfg.Priority),
+		max_sge: C.uint32_t(j.maxSGE), max_inline: C.uint32_t(cfg.MaxInline),
+		rnr_retry: C.uint32_t(cfg.RNRRetry), err_timeout: C.uint32_t(cfg.ErrTimeout),
+	}
+	var id C.shim_id
+	var cerr C.int
+	if j.c = C.shim_create_jetty(c.lib.c, c.c, &in, q.c, r.c, &id, &cerr); j.c == nil {
+		r.detach()
+		q.detach()
+		return nil, statusErr(op, cerr, "create a jetty of SQ depth %d", cfg.SQDepth)
+	}
+	j.id = jettyIDOf(&id)
+	q.mu.Lock()
+	q.jetties[j.id.ID] = j
+	q.mu.Unlock()
+	if err := c.adopt(j, op); err != nil {
+		_ = j.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
+func (j *jetty) kind() string { return "jetty" }
+
+// ID names the jetty.
+func (j *jetty) ID() urma.JettyID { return j.id }
+
+// State is READY or ERROR.
+func (j *jetty) State() urma.JettyState { return urma.JettyState(j.state.Load()) }
+
+// PostSend posts one send: a full queue fails with ErrAgain, a jetty in
+// ERROR with ErrInval. An RC jetty is bound (urma_bind_jetty) to the target
+// of its first send and ignores wr.Target after.
+func (j *jetty) PostSend(wr *urma.SendWR) error {
+	const op = "post_jetty_send_wr"
+	if wr == nil {
+		return urma.Errorf(op, urma.CodeInval, "work request is nil")
+	}
+	if wr.Opcode != urma.OpSend && wr.Opcode != urma.OpSendWithImm {
+		return urma.Errorf(op, urma.CodeInval, "opcode %#x is not SEND or SEND_WITH_IMM", uint8(wr.Opcode))
+	}
+	if uint32(len(wr.SGEs)) > j.maxSGE {
+		return urma.Errorf(op, urma.CodeInval, "%d SGEs, the jetty takes at most %d", len(wr.SGEs), j.maxSGE)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch {
+	case j.closed:
+		return errClosed(op, "jetty")
+	case j.State() != urma.JettyReady:
+		return urma.Errorf(op, urma.CodeInval, "jetty %d is in ERROR", j.id.ID)
+	}
+	t := j.bound // a bound target cannot be unimported
+	if t == nil {
+		var err error
+		if t, err = j.target(op, wr.Target); err != nil {
+			return err
+		}
+		// Hold the import: it must not be unimported under the post.
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.closed {
+			return errClosed(op, "target jetty")
+		}
+	}
+	s := &j.scratch
+	s.opcode, s.user_ctx, s.imm = C.uint32_t(wr.Opcode), C.uint64_t(wr.UserCtx), C.uint64_t(wr.Imm)
+	s.complete, s.solicited, s.inline_data = flag(wr.Flags, urma.SendCompleteEnable), flag(wr.Flags, urma.SendSolicitedEnable), flag(wr.Flags, urma.SendInline)
+	s.nsge = C.uint32_t(len(wr.SGEs))
+	var total uint64
+	for i := range wr.SGEs {
+		if err := j.ctx.sge(op, &wr.SGEs[i], &s.sges[i]); err != nil {
+			return err
+		}
+		total += uint64(wr.SGEs[i].Len)
+	}
+	if s.inline_data != 0 && total > uint64(j.maxInline) {
+		return urma.Errorf(op, urma.CodeInval, "%d bytes inline, the jetty takes at most %d", total, j.maxInline)
+	}
+	if j.mode == urma.RC && j.bound == nil {
+		if err := j.bind(t); err != nil {
+			return err
+		}
+	}
+	if st := C.shim_post_send(j.ctx.lib.c, j.c, t.c, &j.scratch); st != 0 {
+		return postErr(op, st, "post a send on jetty %d", j.id.ID)
+	}
+	return nil
+}
+
+func flag(f, bit urma.SendFlags) C.uint32_t {
+	if f&bit != 0 {
+		return 1
+	}
+	return 0
+}
+
+// target checks the target of an RM send or an RC jetty's first send.
+func (j *jetty) target(op string, target urma.RemoteJetty) (*remoteJetty, error) {
+	t, ok := target.(*remoteJetty)
+	switch {
+	case !ok || t == nil || t.ctx != j.ctx:
+		return nil, urma.Errorf(op, urma.CodeInval, "target was not imported by this jetty's context")
+	case t.mode != j.mode:
+		return nil, urma.Errorf(op, urma.CodeInval, "target imported as %s, jetty is %s", t.mode, j.mode)
+	}
+	return t, nil
+}
+
+// bind binds an RC jetty to its target; j.mu and t.mu are held.
+func (j *jetty) bind(t *remoteJetty) error {
+	if st := C.shim_bind_jetty(j.ctx.lib.c, j.c, t.c); st != 0 {
+		return statusErr("bind_jetty", st, "bind jetty %d to %s/%d", j.id.ID, t.id.EID, t.id.ID)
+	}
+	t.bound++
+	j.bound = t
+	return nil
+}
+
+// SetError moves the jetty to ERROR. Its sends complete with WR_FLUSH_ERR,
+// then one WR_FLUSH_ERR_DONE follows; only the first call produces it.
+func (j *jetty) SetError() error {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return errClosed("modify_jetty", "jetty")
+	}
+	j.state.Store(uint32(urma.JettyError))
+	j.mu.Unlock()
+	q := j.sendJFC
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.jetties[j.id.ID] != j {
+		return errClosed("modify_jetty", "jetty") // closed meanwhile
+	}
+	q.toError(j)
+	j.wantDone = true
+	if j.doneSeen && !j.doneGiven {
+		// liburma's FLUSH_ERR_DONE came (after a send error); the flushed
+		// sends went before it.
+		j.doneGiven = true
+		q.pending = append(q.pending, urma.Completion{Status: urma.StatusWRFlushErrDone, LocalID: j.id.ID})
+	}
+	return nil
+}
+
+// Close deletes the jetty, unbinding an RC target first. Outstanding sends
+// are dropped without completions.
+func (j *jetty) Close() error {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return nil
+	}
+	j.closed = true
+	bound := j.bound
+	j.bound = nil
+	j.mu.Unlock()
+	q := j.sendJFC
+	q.mu.Lock()
+	delete(q.jetties, j.id.ID) // Poll no longer touches it
+	q.mu.Unlock()
+	var err error
+	if bound != nil {
+		if st := C.shim_unbind_jetty(j.ctx.lib.c, j.c); st != 0 {
+			err = statusErr("unbind_jetty", st, "unbind jetty %d", j.id.ID)
+		}
+		bound.mu.Lock()
+		bound.bound--
+		bound.mu.Unlock()
+	}
+	if st := C.shim_delete_jetty(j.ctx.lib.c, j.c); st != 0 && err == nil {
+		err = statusErr("delete_jetty", st, "delete jetty %d", j.id.ID)
+	}
+	j.jfr.detach()
+	q.detach()
+	j.ctx.release(j)
+	return err
+}
+
+func (j *jetty) forceClose() { _ = j.Close() }
+
+// remoteJetty is an imported jetty (urma_target_jetty_t).
+type remoteJetty struct {
+	ctx  *devContext
+	c    *C.struct_urma_target_jetty
+	id   urma.JettyID
+	mode urma.TransportMode
+
+	mu     sync.Mutex
+	closed bool
+	bound  int // RC jetties bound to it
+}
+
+var _ urma.RemoteJetty = (*remoteJetty)(nil)
+
+func importJetty(ctx context.Context, c *devContext, id urma.JettyID, mode urma.TransportMode, token urma.Token) (*remoteJetty, error) {
+	const op = "import_jetty"
+	if err := c.open(op); err != nil {
+		return nil, err
+	}
+	if mode != urma.RC && mode != urma.RM {
+		return nil, urma.Errorf(op, urma.CodeInval, "transport mode %d unknown", mode)
+	}
+	if ctx != nil {
+		if err := ctx.Err(); err != nil {
+			return nil, urma.Errorf(op, urma.CodeTimeout, "import jetty %s/%d: %v", id.EID, id.ID, err)
+		}
+	}
+	var cid C.shim_id
+	for i := range id.EID {
+		cid.eid[i] = C.uint8_t(id.EID[i])
+	}
+	cid.uasid, cid.id = C.uint32_t(id.UASID), C.uint32_t(id.ID)
+	var cerr C.int
+	tc := C.shim_import_jetty(c.lib.c, c.c, &cid, C.uint32_t(modeBits(mode)), C.uint32_t(token), &cerr)
+	if tc == nil {
+		return nil, statusErr(op, cerr, "import jetty %s/%d", id.EID, id.ID)
+	}
+	r := &remoteJetty{ctx: c, c: tc, id: id, mode: mode}
+	if err := c.adopt(r, op); err != nil {
+		r.forceClose()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *remoteJetty) kind() string     { return "remote jetty" }
+func (r *remoteJetty) ID() urma.JettyID { return r.id }
+
+// Close unimports the jetty. A bound RC target cannot be unimported
+// (hw/udma/udma_u_jetty.c:459-463): ErrBusy until its jetty is closed.
+func (r *remoteJetty) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	if r.bound > 0 {
+		r.mu.Unlock()
+		return urma.Errorf("unimport_jetty", urma.CodeBusy, "RC target %s/%d is bound to a jetty; close the jetty first", r.id.EID, r.id.ID)
+	}
+	r.closed = true
+	r.mu.Unlock()
+	return r.unimport()
+}
+
+func (r *remoteJetty) unimport() error {
+	st := C.shim_unimport_jetty(r.ctx.lib.c, r.c)
+	r.ctx.release(r)
+	if st != 0 {
+		return statusErr("unimport_jetty", st, "unimport jetty %s/%d", r.id.EID, r.id.ID)
+	}
+	return nil
+}
+
+// forceClose unimports regardless: Provider.Close deletes the jetties first.
+func (r *remoteJetty) forceClose() {
+	r.mu.Lock()
+	already := r.closed
+	r.closed = true
+	r.mu.Unlock()
+	if !already {
+		_ = r.unimport()
+	}
+}

@@ -1,0 +1,101 @@
+//go:build linux && cgo
+
+package liburma
+
+/*
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// library is one loaded liburma with its dispatch table.
+type library struct {
+	path string
+	c    *C.shim_lib
+	refs int
+	// ownsInit is set when our urma_init succeeded; when someone else in
+	// the process initialised liburma first (EEXIST), they uninitialise it.
+	ownsInit bool
+}
+
+// libraries holds every liburma this process loaded, by path. liburma's
+// urma_init and urma_uninit act on the whole process (a second urma_init
+// returns EEXIST, core/urma_main.c:216-219), so Providers share a loaded
+// library and count their references; the last Close uninitialises it. This
+// is the package's only shared state, and it mirrors liburma's own.
+var libraries = struct {
+	sync.Mutex
+	m map[string]*library
+}{m: make(map[string]*library)}
+
+// openLibrary loads and initialises the library at path, or takes another
+// reference to it.
+func openLibrary(path string) (*library, error) {
+	libraries.Lock()
+	defer libraries.Unlock()
+	if l := libraries.m[path]; l != nil {
+		l.refs++
+		return l, nil
+	}
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var msg [512]C.char
+	c := C.shim_open(cpath, &msg[0], C.size_t(len(msg)))
+	if c == nil {
+		return nil, urma.Errorf("dlopen", urma.CodeNoEnt, "load %s: %s", path, C.GoString(&msg[0]))
+	}
+	l := &library{path: path, c: c, refs: 1}
+	// The handle stays open for the life of the process: liburma starts
+	// threads and registers providers that do not survive dlclose.
+	switch st := C.shim_init(c); {
+	case st == 0:
+		l.ownsInit = true
+	case syscall.Errno(st) == syscall.EEXIST:
+		// Another user in this process initialised liburma already.
+	default:
+		return nil, statusErr("urma_init", st, "initialise %s", path)
+	}
+	libraries.m[path] = l
+	return l, nil
+}
+
+// release drops a reference; the last one uninitialises liburma.
+func (l *library) release() error {
+	libraries.Lock()
+	defer libraries.Unlock()
+	if l.refs--; l.refs > 0 {
+		return nil
+	}
+	delete(libraries.m, l.path)
+	if l.ownsInit {
+		if st := C.shim_uninit(l.c); st != 0 {
+			return statusErr("urma_uninit", st, "uninitialise %s", l.path)
+		}
+	}
+	return nil
+}
+
+// statusErr turns a liburma status (an errno value or URMA_FAIL) into the
+// verb's error.
+func statusErr(op string, st C.int, format string, args ...any) error {
+	return urma.Errorf(op, urma.Code(st), "%s (liburma status %d)", fmt.Sprintf(format, args...), int(st))
+}
+
+// postErr is statusErr for posts: a full queue is URMA_ENOMEM to liburma
+// (hw/udma/udma_u_jfs.c:945-947, udma_u_jfr.c:457-460) and ErrAgain to Go.
+func postErr(op string, st C.int, format string, args ...any) error {
+	if syscall.Errno(st) == syscall.ENOMEM {
+		return urma.Errorf(op, urma.CodeAgain, "%s: queue full", fmt.Sprintf(format, args...))
+	}
+	return statusErr(op, st, format, args...)
+}

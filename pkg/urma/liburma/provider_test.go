@@ -1,0 +1,136 @@
+//go:build linux && cgo
+
+package liburma
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// A library that is absent, or is not liburma, fails New with an error that
+// names it (and the missing function).
+func TestLoadErrors(t *testing.T) {
+	dir := t.TempDir()
+	notLiburma := filepath.Join(dir, "libnot.so")
+	src := filepath.Join(dir, "not.c")
+	if err := os.WriteFile(src, []byte("int urma_init(void *conf) { return 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := exec.Command("gcc", "-shared", "-fPIC", "-o", notLiburma, src).CombinedOutput(); err != nil {
+		t.Fatalf("build a library that is not liburma: %v\n%s", err, b)
+	}
+	for _, tc := range []struct {
+		lib  string
+		want []string
+	}{
+		{filepath.Join(dir, "nope", "liburma.so.0"), []string{"load " + filepath.Join(dir, "nope", "liburma.so.0"), "No such file"}},
+		{notLiburma, []string{notLiburma + " has no symbol urma_uninit"}},
+	} {
+		p, err := New(Options{Library: tc.lib})
+		if p != nil || err == nil {
+			t.Fatalf("New(%s) = %v, %v; want an error", tc.lib, p, err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("New(%s): %q does not say %q", tc.lib, err, w)
+			}
+		}
+	}
+}
+
+// urma_init works once per process and then returns EEXIST
+// (core/urma_main.c:216-219): providers share one initialisation, the last
+// Close ends it, and one that finds liburma initialised by someone else
+// works alongside and leaves the uninit to them.
+func TestInitShared(t *testing.T) {
+	lib := os.Getenv(EnvLibrary)
+	a, err := newProvider(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newProvider(Options{})
+	if err != nil {
+		t.Fatalf("second provider: %v", err)
+	}
+	if a.lib != b.lib || a.lib.refs != 2 || !a.lib.ownsInit {
+		t.Fatalf("providers do not share one initialised library: %+v, %+v", a.lib, b.lib)
+	}
+	// The same library under another name: its urma_init says EEXIST.
+	alias := filepath.Join(t.TempDir(), "liburma.so.0")
+	if err := os.Symlink(lib, alias); err != nil {
+		t.Fatal(err)
+	}
+	c, err := newProvider(Options{Library: alias})
+	if err != nil {
+		t.Fatalf("provider over an initialised liburma: %v", err)
+	}
+	if c.lib.ownsInit {
+		t.Error("a provider that met EEXIST thinks it initialised liburma")
+	}
+	if _, err := c.Devices(); err != nil {
+		t.Errorf("devices through the second name: %v", err)
+	}
+	for _, p := range []*Provider{c, a} {
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Devices(); err != nil {
+		t.Errorf("the remaining provider lost liburma: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Everything closed: the next provider initialises liburma again.
+	d := newTestProvider(t)
+	if !d.lib.ownsInit {
+		t.Error("liburma was not initialised again after the last Close")
+	}
+	if _, err := a.Devices(); !errors.Is(err, urma.ErrClosed) {
+		t.Errorf("devices of a closed provider: %v, want ErrClosed", err)
+	}
+}
+
+// Devices reports what liburma's device list, query_device and eid list say.
+func TestDevices(t *testing.T) {
+	p := newTestProvider(t)
+	devs, err := p.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 2 {
+		t.Fatalf("%d devices, want the fake's 2", len(devs))
+	}
+	d := devs[1]
+	wantEID, _ := urma.ParseEID("10.99.0.2")
+	switch {
+	case d.Name != "udma1" || d.TransportType != urma.TransportUB || d.Driver != Name:
+		t.Errorf("identity %s/%s/%s", d.Name, d.TransportType, d.Driver)
+	case len(d.EIDs) != 1 || d.EIDs[0].EID != wantEID || d.EIDs[0].Index != 0:
+		t.Errorf("EIDs %v, want %s at 0", d.EIDs, wantEID)
+	case len(d.Ports) != 1 || d.Ports[0].State != urma.PortActive || d.Ports[0].ActiveMTU != 4096:
+		t.Errorf("ports %+v", d.Ports)
+	case d.Caps.MaxJFSDepth != 4096 || d.Caps.MaxJFRSge != 16 || d.Caps.MaxMsgSize != 16<<20 || d.Caps.MaxJFSInlineSize != 256:
+		t.Errorf("caps %+v", d.Caps)
+	case d.Caps.TransMode != urma.TransModeRC|urma.TransModeRM || !d.Caps.OrderedRM:
+		t.Errorf("modes %#x ordered RM %v", d.Caps.TransMode, d.Caps.OrderedRM)
+	case !strings.HasSuffix(d.GUID, "02"):
+		t.Errorf("GUID %s", d.GUID)
+	}
+	c, err := p.Open("udma1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.EID() != wantEID || c.UASID() == 0 || c.Device().Name != "udma1" {
+		t.Errorf("context %s uasid %d on %s", c.EID(), c.UASID(), c.Device().Name)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

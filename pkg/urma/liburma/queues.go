@@ -1,0 +1,532 @@
+//go:build linux && cgo
+
+package liburma
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// jfce is a completion event channel (urma_jfce_t). Its fd is liburma's;
+// Wait polls it and then takes events with urma_wait_jfc and timeout 0,
+// since a blocking urma_wait_jfc is an ioctl nothing can interrupt
+// (core/urma_cmd.c:2545-2571). A second fd of our own, an eventfd, lets
+// Close wake a Wait blocked in poll(2).
+type jfce struct {
+	ctx  *devContext
+	c    *C.struct_urma_jfce
+	fd   int
+	wake int
+
+	mu      sync.Mutex
+	cond    *sync.Cond // signalled when a waiter leaves poll(2)
+	closed  bool
+	waiters int
+	users   int
+	jfcs    map[*C.struct_urma_jfc]*jfc // the JFCs whose events come here
+	fired   [64]*C.struct_urma_jfc
+	cerr    C.int // take's error out-parameter: a field, so it never escapes
+}
+
+var _ urma.JFCE = (*jfce)(nil)
+
+func newJFCE(c *devContext) (*jfce, error) {
+	const op = "create_jfce"
+	if err := c.open(op); err != nil {
+		return nil, err
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, urma.Errorf(op, urma.CodeNoMem, "eventfd: %v", err)
+	}
+	var fd, cerr C.int
+	ce := C.shim_create_jfce(c.lib.c, c.c, &fd, &cerr)
+	if ce == nil {
+		_ = unix.Close(wake)
+		return nil, statusErr(op, cerr, "create a JFCE")
+	}
+	e := &jfce{ctx: c, c: ce, fd: int(fd), wake: wake, jfcs: make(map[*C.struct_urma_jfc]*jfc)}
+	e.cond = sync.NewCond(&e.mu)
+	if err := c.adopt(e, op); err != nil {
+		e.destroy()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *jfce) kind() string { return "JFCE" }
+
+// Fd is liburma's event fd; -1 once closed.
+func (e *jfce) Fd() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return -1
+	}
+	return e.fd
+}
+
+// Wait returns the JFCs that fired, at most len(out). Timeout 0 does not
+// block; a negative one blocks until an event or Close.
+func (e *jfce) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
+	const op = "wait_jfc"
+	if len(out) == 0 {
+		return 0, urma.Errorf(op, urma.CodeInval, "output slice is empty")
+	}
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	for {
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			return 0, errClosed(op, "JFCE")
+		}
+		n, err := e.take(out)
+		if n > 0 || err != nil || timeout == 0 {
+			e.mu.Unlock()
+			return n, err
+		}
+		ms := -1
+		if timeout > 0 {
+			left := time.Until(deadline)
+			if left <= 0 {
+				e.mu.Unlock()
+				return 0, nil
+			}
+			ms = int((left + time.Millisecond - 1) / time.Millisecond)
+		}
+		e.waiters++
+		fds := [2]unix.PollFd{{Fd: int32(e.fd), Events: unix.POLLIN}, {Fd: int32(e.wake), Events: unix.POLLIN}}
+		e.mu.Unlock()
+		_, perr := unix.Poll(fds[:], ms)
+		e.mu.Lock()
+		e.waiters--
+		e.cond.Broadcast()
+		e.mu.Unlock()
+		if perr != nil && !errors.Is(perr, unix.EINTR) {
+			return 0, urma.Errorf(op, urma.CodeFail, "poll the JFCE fd: %v", perr)
+		}
+	}
+}
+
+// take collects fired JFCs without blocking; e.mu is held. Each event
+// counts against its JFC until acknowledged.
+func (e *jfce) take(out []urma.JFC) (int, error) {
+	k := C.shim_wait(e.ctx.lib.c, e.c, C.int(min(len(out), len(e.fired))), 0, &e.fired[0], &e.cerr)
+	if k < 0 {
+		return 0, statusErr("wait_jfc", e.cerr, "take events")
+	}
+	n := 0
+	for _, cq := range e.fired[:k] {
+		if q := e.jfcs[cq]; q != nil {
+			q.reported()
+			out[n] = q
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Close deletes the JFCE; it fails with ErrBusy while JFCs use it. A Wait
+// blocked on it returns ErrClosed.
+func (e *jfce) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	if e.users > 0 {
+		n := e.users
+		e.mu.Unlock()
+		return urma.Errorf("delete_jfce", urma.CodeBusy, "%d JFCs still use this JFCE", n)
+	}
+	e.mu.Unlock()
+	return e.destroy()
+}
+
+func (e *jfce) forceClose() { _ = e.destroy() }
+
+// destroy wakes blocked waiters, waits for them to leave poll(2), and then
+// deletes the JFCE: its fd must not be closed under a poller.
+func (e *jfce) destroy() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	_, _ = unix.Write(e.wake, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+	for e.waiters > 0 {
+		e.cond.Wait()
+	}
+	e.mu.Unlock()
+	st := C.shim_delete_jfce(e.ctx.lib.c, e.c)
+	_ = unix.Close(e.wake)
+	e.ctx.release(e)
+	if st != 0 {
+		return statusErr("delete_jfce", st, "delete the JFCE")
+	}
+	return nil
+}
+
+func (e *jfce) attach(q *jfc) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return errClosed("create_jfc", "JFCE")
+	}
+	e.users++
+	e.jfcs[q.c] = q
+	return nil
+}
+
+func (e *jfce) detach(q *jfc) {
+	e.mu.Lock()
+	e.users--
+	delete(e.jfcs, q.c)
+	e.mu.Unlock()
+}
+
+// crBatch is how many records one poll asks liburma for (its shim
+// converts through a stack buffer of that size).
+const crBatch = 32
+
+// jfc is a completion queue (urma_jfc_t).
+//
+// Flush has two phases on hardware: the JFC reports FLUSH_ERR_DONE first,
+// and only then does urma_flush_jetty return the requests the device never
+// handled (hw/udma/udma_u_jfc.c:728-731, udma_u_jfs.c:1188). Poll presents
+// them as the Go API documents: the unhandled requests as WR_FLUSH_ERR, in
+// order, then FLUSH_ERR_DONE, which it holds back until SetError asks for
+// it (a jetty that failed on its own has flushed, but nobody asked).
+type jfc struct {
+	ctx    *devContext
+	c      *C.struct_urma_jfc
+	id     uint32
+	jfce   *jfce               // the caller's; nil for a polling-only JFC
+	hidden *C.struct_urma_jfce // liburma wants a JFCE for every JFC
+
+	mu      sync.Mutex
+	closed  bool
+	users   int
+	jetties map[uint32]*jetty // jetties sending into this JFC, by id
+	crs     [crBatch]C.shim_cr
+	pending []urma.Completion // records made by flushing, not yet polled
+
+	ackMu     sync.Mutex // guards the event counts and the C pointer for Ack
+	events    uint64     // events JFCE.Wait returned for this JFC
+	acked     uint64
+	destroyed bool
+	attached  bool // counted as a user of jfce
+}
+
+var _ urma.JFC = (*jfc)(nil)
+
+func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
+	const op = "create_jfc"
+	if err := cfg.Check(c.dev.Caps); err != nil {
+		return nil, err
+	}
+	var e *jfce
+	if cfg.JFCE != nil {
+		var ok bool
+		if e, ok = cfg.JFCE.(*jfce); !ok || e.ctx != c {
+			return nil, urma.Errorf(op, urma.CodeInval, "JFCE was not created by this context")
+		}
+	}
+	if err := c.open(op); err != nil {
+		return nil, err
+	}
+	q := &jfc{ctx: c, jfce: e, jetties: make(map[uint32]*jetty)}
+	ce := (*C.struct_urma_jfce)(nil)
+	if e != nil {
+		ce = e.c
+	} else {
+		// brpc (AllocateResources): "The SDK requires every JFC to
+		// reference a JFCE". A polling-only JFC gets one nobody waits on.
+		var fd, cerr C.int
+		if q.hidden = C.shim_create_jfce(c.lib.c, c.c, &fd, &cerr); q.hidden == nil {
+			return nil, statusErr(op, cerr, "create the JFCE a polling JFC needs")
+		}
+		ce = q.hidden
+	}
+	var id C.uint32_t
+	var cerr C.int
+	if q.c = C.shim_create_jfc(c.lib.c, c.c, C.uint32_t(cfg.Depth), ce, &id, &cerr); q.c == nil {
+		q.deleteHidden()
+		return nil, statusErr(op, cerr, "create a JFC of depth %d", cfg.Depth)
+	}
+	q.id = uint32(id)
+	if e != nil {
+		if err := e.attach(q); err != nil {
+			_ = q.deleteC()
+			return nil, err
+		}
+		q.attached = true
+	}
+	if err := c.adopt(q, op); err != nil {
+		q.destroy(false)
+		return nil, err
+	}
+	return q, nil
+}
+
+func (q *jfc) kind() string { return "JFC" }
+
+// ID is the queue's number within its device.
+func (q *jfc) ID() uint32 { return q.id }
+
+// Poll takes up to len(out) records, oldest first.
+func (q *jfc) Poll(out []urma.Completion) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return 0, errClosed("poll_jfc", "JFC")
+	}
+	n := copy(out, q.pending)
+	q.pending = q.pending[:copy(q.pending, q.pending[n:])]
+	for n < len(out) {
+		want := min(len(out)-n, crBatch)
+		k := int(C.shim_poll(q.ctx.lib.c, q.c, C.int(want), &q.crs[0]))
+		if k < 0 {
+			return n, urma.Errorf("poll_jfc", urma.CodeFail, "urma_poll_jfc returned %d", k)
+		}
+		for i := range k {
+			n = q.take(&q.crs[i], out, n)
+		}
+		if k < want {
+			break
+		}
+	}
+	return n, nil
+}
+
+// emit hands one record to the caller or, when out is full, keeps it.
+func (q *jfc) emit(c urma.Completion, out []urma.Completion, n int) int {
+	if n < len(out) {
+		out[n] = c
+		return n + 1
+	}
+	q.pending = append(q.pending, c)
+	return n
+}
+
+// take applies one record from liburma; q.mu is held.
+func (q *jfc) take(cr *C.shim_cr, out []urma.Completion, n int) int {
+	c := completion(cr)
+	if c.Recv || cr.jetty == 0 {
+		return q.emit(c, out, n)
+	}
+	j := q.jetties[c.LocalID]
+	switch c.Status {
+	case urma.StatusSuccess, urma.StatusWRFlushErr:
+		return q.emit(c, out, n)
+	case urma.StatusWRFlushErrDone:
+		if j == nil {
+			return n // its jetty is gone, and its flush with it
+		}
+		n = q.flush(j, out, n)
+		j.doneSeen = true
+		if j.wantDone && !j.doneGiven {
+			j.doneGiven = true
+			n = q.emit(urma.Completion{Status: urma.StatusWRFlushErrDone, LocalID: c.LocalID}, out, n)
+		}
+		return n
+	}
+	// A send failed: the jetty is in ERROR. Ask liburma to flush the rest,
+	// so every outstanding send completes, as the Go API promises.
+	n = q.emit(c, out, n)
+	if j != nil {
+		j.state.Store(uint32(urma.JettyError))
+		q.toError(j)
+	}
+	return n
+}
+
+// toError moves j to ERROR in liburma once; q.mu is held and j is
+// registered, so it is not deleted meanwhile.
+func (q *jfc) toError(j *jetty) {
+	if j.modified {
+		return
+	}
+	j.modified = true
+	if st := C.shim_jetty_to_error(q.ctx.lib.c, j.c); st != 0 {
+		q.ctx.prov.log.Error(statusErr("modify_jetty", st, "move jetty %d to ERROR", j.id.ID), "a flush will not complete")
+	}
+}
+
+// flush collects the requests liburma never handled, as WR_FLUSH_ERR.
+func (q *jfc) flush(j *jetty, out []urma.Completion, n int) int {
+	for {
+		k := int(C.shim_flush_jetty(q.ctx.lib.c, j.c, crBatch, &q.crs[0]))
+		for i := range k {
+			c := completion(&q.crs[i])
+			c.Status = urma.StatusWRFlushErr // WR_UNHANDLED: never started
+			n = q.emit(c, out, n)
+		}
+		if k < crBatch {
+			return n
+		}
+	}
+}
+
+// completion converts a record.
+func completion(cr *C.shim_cr) urma.Completion {
+	c := urma.Completion{
+		Status:        urma.Status(cr.status),
+		Recv:          cr.recv != 0,
+		UserCtx:       uint64(cr.user_ctx),
+		CompletionLen: uint32(cr.completion_len),
+		LocalID:       uint32(cr.local_id),
+		RemoteID:      jettyIDOf(&cr.remote),
+	}
+	if c.Recv {
+		c.Opcode = urma.Opcode(cr.opcode)
+		if c.Opcode == urma.CROpSendWithImm || c.Opcode == urma.CROpWriteWithImm {
+			c.Imm = uint64(cr.imm)
+		}
+	}
+	if c.Status == urma.StatusWRFlushErrDone {
+		c.UserCtx = 0 // liburma leaves it undefined
+	}
+	return c
+}
+
+// Rearm asks for one event on the next record (the next solicited or
+// error record when solicitedOnly).
+func (q *jfc) Rearm(solicitedOnly bool) error {
+	const op = "rearm_jfc"
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return errClosed(op, "JFC")
+	}
+	if q.jfce == nil {
+		return urma.Errorf(op, urma.CodeInval, "JFC %d has no JFCE", q.id)
+	}
+	s := 0
+	if solicitedOnly {
+		s = 1
+	}
+	if st := C.shim_rearm(q.ctx.lib.c, q.c, C.int(s)); st != 0 {
+		return statusErr(op, st, "rearm JFC %d", q.id)
+	}
+	return nil
+}
+
+// reported counts an event JFCE.Wait returned for this JFC.
+func (q *jfc) reported() {
+	q.ackMu.Lock()
+	q.events++
+	q.ackMu.Unlock()
+}
+
+// Ack acknowledges n events. Acks beyond the events returned are ignored:
+// liburma must never see more acks than events.
+func (q *jfc) Ack(n uint32) {
+	q.ackMu.Lock()
+	defer q.ackMu.Unlock()
+	n = uint32(min(uint64(n), q.events-q.acked))
+	if n == 0 || q.destroyed {
+		return
+	}
+	q.acked += uint64(n)
+	C.shim_ack(q.ctx.lib.c, q.c, C.uint32_t(n))
+}
+
+// Close deletes the JFC; it fails with ErrBusy while JFRs or jetties use
+// it. Otherwise urma_delete_jfc blocks until every event was acknowledged
+// (core/urma_cmd.c:1174-1185), and so does Close.
+func (q *jfc) Close() error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	if q.users > 0 {
+		n := q.users
+		q.mu.Unlock()
+		return urma.Errorf("delete_jfc", urma.CodeBusy, "%d JFRs or jetties still use JFC %d", n, q.id)
+	}
+	q.mu.Unlock()
+	return q.destroy(true)
+}
+
+// forceClose acknowledges what is outstanding first: Provider.Close tears
+// down whoever would have.
+func (q *jfc) forceClose() { _ = q.destroy(false) }
+
+func (q *jfc) destroy(waitAcks bool) error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.closed = true
+	q.pending = nil
+	q.mu.Unlock()
+	if !waitAcks {
+		q.ackMu.Lock()
+		if left := q.events - q.acked; left > 0 {
+			q.acked = q.events
+			C.shim_ack(q.ctx.lib.c, q.c, C.uint32_t(left))
+		}
+		q.ackMu.Unlock()
+	}
+	err := q.deleteC()
+	q.ctx.release(q)
+	return err
+}
+
+// deleteC deletes the liburma objects; the JFCE mapping stays until the
+// delete returns, so events Wait takes meanwhile still count.
+func (q *jfc) deleteC() error {
+	st := C.shim_delete_jfc(q.ctx.lib.c, q.c)
+	q.ackMu.Lock()
+	q.destroyed = true
+	q.ackMu.Unlock()
+	if q.attached {
+		q.jfce.detach(q)
+	}
+	q.deleteHidden()
+	if st != 0 {
+		return statusErr("delete_jfc", st, "delete JFC %d", q.id)
+	}
+	return nil
+}
+
+func (q *jfc) deleteHidden() {
+	if q.hidden != nil {
+		_ = C.shim_delete_jfce(q.ctx.lib.c, q.hidden)
+		q.hidden = nil
+	}
+}
+
+// attach counts a JFR or jetty completing here.
+func (q *jfc) attach(op string) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return errClosed(op, "JFC")
+	}
+	q.users++
+	return nil
+}
+
+func (q *jfc) detach() {
+	q.mu.Lock()
+	q.users--
+	q.mu.Unlock()
+}
