@@ -137,7 +137,8 @@ func measure(ctx context.Context, d *transport.Dialer, server string, size, conc
 		tc := w.conn.(transport.Conn)
 		dbg := tc.Debug()
 		cr := ConnReport{
-			Mode: tc.Mode().String(), FallbackReason: tc.FallbackReason(), HandshakeVersion: dbg.HandshakeVersion,
+			Mode: tc.Mode().String(), Provider: dbg.Provider, Device: dbg.Device,
+			FallbackReason: tc.FallbackReason(), HandshakeVersion: dbg.HandshakeVersion,
 			Local: w.conn.LocalAddr().String(), Requests: w.requests,
 		}
 		if w.err != nil {
@@ -199,6 +200,9 @@ func printReport(w io.Writer, r *Report) {
 		r.Server, r.Size, r.ResponseSize, r.Concurrency, r.DurationSeconds)
 	for i, c := range r.Conns {
 		fmt.Fprintf(w, "  conn %d %s mode=%s", i, c.Local, c.Mode)
+		if c.Provider != "" {
+			fmt.Fprintf(w, " provider=%s device=%s", c.Provider, c.Device)
+		}
 		if c.HandshakeVersion != 0 {
 			fmt.Fprintf(w, " hello=v%d", c.HandshakeVersion)
 		}

@@ -17,7 +17,7 @@ import (
 
 // isolate keeps the environment the tests run in out of the transport.
 func isolate(t *testing.T) {
-	for _, k := range []string{"URMA_FLAGS_FILE", "URMA_DEVICE", "URMA_DEVICES", "URMA_EID", "URMA_JETTY_BUDGET", "URMA_PROVIDER"} {
+	for _, k := range []string{"URMA_FLAGS_FILE", "URMA_DEVICE", "URMA_DEVICES", "URMA_EID", "URMA_JETTY_BUDGET", "URMA_PROVIDER", "URMA_LIBRARY"} {
 		t.Setenv(k, "")
 	}
 }
@@ -121,6 +121,10 @@ func TestClientServer(t *testing.T) {
 				if c.Mode == "tcp" && c.FallbackReason == "" {
 					t.Errorf("a tcp connection without a reason: %+v", c)
 				}
+				// What carries URMA, as a UB node's operator checks it.
+				if (c.Mode == "urma") != (c.Provider == "soft-socket" && c.Device == "soft0") {
+					t.Errorf("connection %+v: want provider soft-socket on soft0 exactly when on URMA", c)
+				}
 			}
 			// The server reports each connection's mode too.
 			seen := 0
@@ -129,7 +133,7 @@ func TestClientServer(t *testing.T) {
 				case e := <-events:
 					if e.Event == "conn" {
 						seen++
-						if (e.Mode == "urma") != (tc.wantURMA > 0) {
+						if (e.Mode == "urma") != (tc.wantURMA > 0) || (e.Mode == "urma") != (e.Provider == "soft-socket") {
 							t.Errorf("server conn %+v", e)
 						}
 					}
@@ -168,7 +172,8 @@ func TestTextOutput(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	for _, want := range []string{"conn 0 ", "conn 1 ", "mode=urma", "qps:", "throughput:", "p50", "p99", "p999", "connections: 2 urma, 0 tcp"} {
+	// Without liburma, auto picks the software provider, and says so.
+	for _, want := range []string{"conn 0 ", "conn 1 ", "mode=urma provider=soft-socket device=soft0", "qps:", "throughput:", "p50", "p99", "p999", "connections: 2 urma, 0 tcp"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

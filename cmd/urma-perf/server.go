@@ -41,6 +41,9 @@ func (p *printer) event(e serverEvent) {
 		fmt.Fprintln(p.w)
 	case "conn":
 		fmt.Fprintf(p.w, "conn from %s mode=%s", e.Remote, e.Mode)
+		if e.Provider != "" {
+			fmt.Fprintf(p.w, " provider=%s device=%s", e.Provider, e.Device)
+		}
 		if e.FallbackReason != "" {
 			fmt.Fprintf(p.w, " fallback=%q", e.FallbackReason)
 		}
@@ -138,7 +141,9 @@ func (c *countingConn) Write(p []byte) (int, error) {
 func serveConn(conn net.Conn, echo bool, out *printer) {
 	defer conn.Close()
 	tc := conn.(transport.Conn)
-	out.event(serverEvent{Event: "conn", Remote: conn.RemoteAddr().String(), Mode: tc.Mode().String(), FallbackReason: tc.FallbackReason()})
+	dbg := tc.Debug()
+	out.event(serverEvent{Event: "conn", Remote: conn.RemoteAddr().String(), Mode: tc.Mode().String(),
+		Provider: dbg.Provider, Device: dbg.Device, FallbackReason: tc.FallbackReason()})
 	c := &countingConn{Conn: conn}
 	protocol, err := serve(c, echo)
 	ev := serverEvent{Event: "closed", Remote: conn.RemoteAddr().String(), Protocol: protocol, BytesIn: c.in.Load(), BytesOut: c.out.Load()}

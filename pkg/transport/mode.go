@@ -104,7 +104,8 @@ type DebugInfo struct {
 	RemoteAddr       string
 
 	// URMA only.
-	Device string `json:",omitempty"`
+	Provider string `json:",omitempty"` // urma.Provider.Name(): "liburma" is UB hardware
+	Device   string `json:",omitempty"`
 	// Fabric is what carries the bytes: "shm" or "socket" for the
 	// software provider's fabrics, else the provider's name.
 	Fabric           string       `json:",omitempty"`
@@ -135,8 +136,8 @@ func (d DebugInfo) String() string {
 		fmt.Fprintf(&b, " hello=v%d", d.HandshakeVersion)
 	}
 	if d.Mode == ModeURMA {
-		fmt.Fprintf(&b, " device=%s fabric=%s jetty=%d remote_jetty=%s/%d sq_window=%d remote_rq_window=%d capacity=%d credit_threshold=%d pending_credits=%d credit_wrs=%d buffered=%d remote_buffer=%d",
-			d.Device, d.Fabric, d.LocalJetty.ID, d.RemoteJetty.EID, d.RemoteJetty.ID, d.SQWindow, d.RemoteRQWindow, d.WindowCapacity,
+		fmt.Fprintf(&b, " provider=%s device=%s fabric=%s jetty=%d remote_jetty=%s/%d sq_window=%d remote_rq_window=%d capacity=%d credit_threshold=%d pending_credits=%d credit_wrs=%d buffered=%d remote_buffer=%d",
+			d.Provider, d.Device, d.Fabric, d.LocalJetty.ID, d.RemoteJetty.EID, d.RemoteJetty.ID, d.SQWindow, d.RemoteRQWindow, d.WindowCapacity,
 			d.CreditThreshold, d.PendingCredits, d.CreditWRsFree, d.BufferedMessages, d.RemoteBufferSize)
 	}
 	fmt.Fprintf(&b, " bytes_sent=%d bytes_received=%d", d.BytesSent, d.BytesReceived)

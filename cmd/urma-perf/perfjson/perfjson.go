@@ -5,7 +5,11 @@ package perfjson
 
 // ConnReport describes one client connection.
 type ConnReport struct {
-	Mode             string `json:"mode"`
+	Mode string `json:"mode"`
+	// Provider and Device say what carries a URMA connection: provider
+	// "liburma" is UB hardware, "soft-*" the software provider.
+	Provider         string `json:"provider,omitempty"`
+	Device           string `json:"device,omitempty"`
 	FallbackReason   string `json:"fallbackReason,omitempty"`
 	HandshakeVersion int    `json:"handshakeVersion,omitempty"`
 	Local            string `json:"local"`
@@ -46,6 +50,8 @@ type ServerEvent struct {
 	Addr           string `json:"addr,omitempty"`
 	Remote         string `json:"remote,omitempty"`
 	Mode           string `json:"mode,omitempty"`
+	Provider       string `json:"provider,omitempty"` // as ConnReport's
+	Device         string `json:"device,omitempty"`
 	FallbackReason string `json:"fallbackReason,omitempty"`
 	Echo           bool   `json:"echo,omitempty"`
 	Protocol       string `json:"protocol,omitempty"` // perf or plain

@@ -99,3 +99,7 @@ func postErr(op string, st C.int, format string, args ...any) error {
 	}
 	return statusErr(op, st, format, args...)
 }
+
+// nop makes one cgo call that does nothing, so benchmarks can show what
+// the crossing into C costs by itself.
+func (l *library) nop() { C.shim_nop(l.c) }
