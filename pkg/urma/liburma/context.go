@@ -9,24 +9,10 @@ import "C"
 
 import (
 	"context"
-	"fmt"
-	"sort"
-	"strings"
-	"sync"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/internal/lifecycle"
 )
-
-// child is an object created from a context. liburma destroys nothing on
-// its own, so the context tracks its children: Close refuses while any
-// lives, and Provider.Close destroys them in teardownOrder.
-type child interface {
-	forceClose()
-	kind() string
-}
-
-// teardownOrder is liburma's order: what uses an object goes before it.
-var teardownOrder = []string{"jetty", "remote jetty", "remote segment", "JFR", "JFC", "JFCE", "segment"}
 
 // devContext is an open device (urma_context_t).
 type devContext struct {
@@ -37,9 +23,9 @@ type devContext struct {
 	eid   urma.EID
 	uasid uint32
 
-	mu       sync.Mutex
-	closed   bool
-	children map[child]struct{}
+	// children are the objects created from it: liburma destroys nothing
+	// on its own.
+	children lifecycle.Children
 }
 
 var _ urma.Context = (*devContext)(nil)
@@ -49,55 +35,20 @@ func (c *devContext) EID() urma.EID           { return c.eid }
 func (c *devContext) UASID() uint32           { return c.uasid }
 
 // adopt registers a new child; it fails once the context is closed.
-func (c *devContext) adopt(ch child, op string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return errClosed(op, "context")
-	}
-	c.children[ch] = struct{}{}
-	return nil
-}
+func (c *devContext) adopt(ch lifecycle.Child, op string) error { return c.children.Adopt(ch, op) }
 
-func (c *devContext) release(ch child) {
-	c.mu.Lock()
-	delete(c.children, ch)
-	c.mu.Unlock()
-}
+func (c *devContext) release(ch lifecycle.Child) { c.children.Release(ch) }
 
 // open checks that the context can still create objects.
-func (c *devContext) open(op string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return errClosed(op, "context")
-	}
-	return nil
-}
+func (c *devContext) open(op string) error { return c.children.Check(op) }
 
 // Close deletes the context; it fails with ErrBusy while objects created
 // from it are alive. Closing twice is a no-op.
 func (c *devContext) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
+	done, err := c.children.Close("delete_context")
+	if !done {
+		return err
 	}
-	if len(c.children) > 0 {
-		counts := map[string]int{}
-		for ch := range c.children {
-			counts[ch.kind()]++
-		}
-		c.mu.Unlock()
-		var parts []string
-		for k, n := range counts {
-			parts = append(parts, fmt.Sprintf("%d %s", n, k))
-		}
-		sort.Strings(parts)
-		return urma.Errorf("delete_context", urma.CodeBusy, "context still has %s; destroy them first", strings.Join(parts, ", "))
-	}
-	c.closed = true
-	c.mu.Unlock()
 	return c.delete()
 }
 
@@ -112,20 +63,7 @@ func (c *devContext) delete() error {
 
 // forceClose destroys every child in teardown order, then the context.
 func (c *devContext) forceClose() {
-	c.mu.Lock()
-	c.closed = true
-	kids := make([]child, 0, len(c.children))
-	for ch := range c.children {
-		kids = append(kids, ch)
-	}
-	c.mu.Unlock()
-	for _, k := range teardownOrder {
-		for _, ch := range kids {
-			if ch.kind() == k {
-				ch.forceClose()
-			}
-		}
-	}
+	c.children.ForceClose()
 	if err := c.delete(); err != nil {
 		c.prov.log.Error(err, "closing the provider")
 	}
@@ -160,6 +98,4 @@ func (c *devContext) ImportJetty(ctx context.Context, id urma.JettyID, mode urma
 }
 
 // errClosed builds the error every verb returns on a destroyed object.
-func errClosed(op, what string) error {
-	return urma.Errorf(op, urma.ErrClosed.Code, "%s is closed", what)
-}
+func errClosed(op, what string) error { return lifecycle.Closed(op, what) }

@@ -71,7 +71,7 @@ func modeBits(m urma.TransportMode) urma.TransMode {
 	return urma.TransModeRM
 }
 
-func (r *jfr) kind() string { return "JFR" }
+func (r *jfr) Kind() string { return "JFR" }
 
 // ID names the JFR.
 func (r *jfr) ID() urma.JettyID { return r.id }
@@ -123,7 +123,7 @@ func (r *jfr) Close() error {
 	return r.destroy()
 }
 
-func (r *jfr) forceClose() { _ = r.destroy() }
+func (r *jfr) ForceClose() { _ = r.destroy() }
 
 func (r *jfr) destroy() error {
 	r.mu.Lock()
@@ -232,7 +232,7 @@ func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 	return j, nil
 }
 
-func (j *jetty) kind() string { return "jetty" }
+func (j *jetty) Kind() string { return "jetty" }
 
 // ID names the jetty.
 func (j *jetty) ID() urma.JettyID { return j.id }
@@ -390,7 +390,7 @@ func (j *jetty) Close() error {
 	return err
 }
 
-func (j *jetty) forceClose() { _ = j.Close() }
+func (j *jetty) ForceClose() { _ = j.Close() }
 
 // remoteJetty is an imported jetty (urma_target_jetty_t).
 type remoteJetty struct {
@@ -431,13 +431,13 @@ func importJetty(ctx context.Context, c *devContext, id urma.JettyID, mode urma.
 	}
 	r := &remoteJetty{ctx: c, c: tc, id: id, mode: mode}
 	if err := c.adopt(r, op); err != nil {
-		r.forceClose()
+		r.ForceClose()
 		return nil, err
 	}
 	return r, nil
 }
 
-func (r *remoteJetty) kind() string     { return "remote jetty" }
+func (r *remoteJetty) Kind() string     { return "remote jetty" }
 func (r *remoteJetty) ID() urma.JettyID { return r.id }
 
 // Close unimports the jetty. A bound RC target cannot be unimported
@@ -467,7 +467,7 @@ func (r *remoteJetty) unimport() error {
 }
 
 // forceClose unimports regardless: Provider.Close deletes the jetties first.
-func (r *remoteJetty) forceClose() {
+func (r *remoteJetty) ForceClose() {
 	r.mu.Lock()
 	already := r.closed
 	r.closed = true

@@ -204,11 +204,7 @@ func (p *Provider) Open(name string, eidIndex int) (urma.Context, error) {
 	if cc == nil {
 		return nil, statusErr(op, cerr, "create a context on %s, EID index %d", dev.Name, eidIndex)
 	}
-	c := &devContext{
-		prov: p, lib: p.lib, c: cc, dev: *dev,
-		eid: eidOf(&id), uasid: uint32(id.uasid),
-		children: make(map[child]struct{}),
-	}
+	c := &devContext{prov: p, lib: p.lib, c: cc, dev: *dev, eid: eidOf(&id), uasid: uint32(id.uasid)}
 	p.contexts[c] = struct{}{}
 	return c, nil
 }

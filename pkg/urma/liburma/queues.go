@@ -64,7 +64,7 @@ func newJFCE(c *devContext) (*jfce, error) {
 	return e, nil
 }
 
-func (e *jfce) kind() string { return "JFCE" }
+func (e *jfce) Kind() string { return "JFCE" }
 
 // Fd is liburma's event fd; -1 once closed.
 func (e *jfce) Fd() int {
@@ -156,7 +156,7 @@ func (e *jfce) Close() error {
 	return e.destroy()
 }
 
-func (e *jfce) forceClose() { _ = e.destroy() }
+func (e *jfce) ForceClose() { _ = e.destroy() }
 
 // destroy wakes blocked waiters, waits for them to leave poll(2), and then
 // deletes the JFCE: its fd must not be closed under a poller.
@@ -283,7 +283,7 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 	return q, nil
 }
 
-func (q *jfc) kind() string { return "JFC" }
+func (q *jfc) Kind() string { return "JFC" }
 
 // ID is the queue's number within its device.
 func (q *jfc) ID() uint32 { return q.id }
@@ -466,7 +466,7 @@ func (q *jfc) Close() error {
 
 // forceClose acknowledges what is outstanding first: Provider.Close tears
 // down whoever would have.
-func (q *jfc) forceClose() { _ = q.destroy(false) }
+func (q *jfc) ForceClose() { _ = q.destroy(false) }
 
 func (q *jfc) destroy(waitAcks bool) error {
 	q.mu.Lock()

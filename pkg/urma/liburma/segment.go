@@ -58,7 +58,7 @@ func registerSegment(c *devContext, mem *urma.Memory, cfg urma.SegmentConfig) (*
 	}
 	s := &segment{ctx: c, c: sc, buf: buf, va: va, id: segmentIDOf(&id)}
 	if err := c.adopt(s, op); err != nil {
-		s.forceClose()
+		s.ForceClose()
 		return nil, err
 	}
 	return s, nil
@@ -70,7 +70,7 @@ func segmentIDOf(id *C.shim_seg_id) urma.SegmentID {
 	return urma.SegmentID{EID: e, UASID: uint32(id.uasid), VA: uint64(id.va), Len: uint64(id.len), TokenID: uint32(id.token_id)}
 }
 
-func (s *segment) kind() string { return "segment" }
+func (s *segment) Kind() string { return "segment" }
 
 // ID names the segment for peers to import.
 func (s *segment) ID() urma.SegmentID { return s.id }
@@ -103,7 +103,7 @@ func (s *segment) Close() error {
 	return nil
 }
 
-func (s *segment) forceClose() { _ = s.Close() }
+func (s *segment) ForceClose() { _ = s.Close() }
 
 // sge converts an SGE for liburma. Only memory this context registered, and
 // only within its bounds, reaches the device: liburma would hand anything
@@ -150,13 +150,13 @@ func importSegment(c *devContext, id urma.SegmentID, token urma.Token) (*remoteS
 	}
 	r := &remoteSegment{ctx: c, c: sc, id: id}
 	if err := c.adopt(r, op); err != nil {
-		r.forceClose()
+		r.ForceClose()
 		return nil, err
 	}
 	return r, nil
 }
 
-func (r *remoteSegment) kind() string       { return "remote segment" }
+func (r *remoteSegment) Kind() string       { return "remote segment" }
 func (r *remoteSegment) ID() urma.SegmentID { return r.id }
 
 // Close unimports the segment.
@@ -176,4 +176,4 @@ func (r *remoteSegment) Close() error {
 	return nil
 }
 
-func (r *remoteSegment) forceClose() { _ = r.Close() }
+func (r *remoteSegment) ForceClose() { _ = r.Close() }

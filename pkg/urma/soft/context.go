@@ -2,24 +2,10 @@ package soft
 
 import (
 	"context"
-	"fmt"
-	"sort"
-	"strings"
-	"sync"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/internal/lifecycle"
 )
-
-// child is an object created from a context; forceClose destroys it without
-// asking (Provider.Close), kind names it in errors and orders teardown.
-type child interface {
-	forceClose()
-	kind() string
-}
-
-// teardownOrder is the order Provider.Close destroys children in: the
-// reverse of creation, as liburma wants.
-var teardownOrder = []string{"jetty", "remote jetty", "remote segment", "JFR", "JFC", "JFCE", "segment"}
 
 // devContext is an open device (urma.Context).
 type devContext struct {
@@ -28,9 +14,7 @@ type devContext struct {
 	eid   urma.EID
 	uasid uint32
 
-	mu       sync.Mutex
-	closed   bool
-	children map[child]struct{}
+	children lifecycle.Children
 }
 
 var _ urma.Context = (*devContext)(nil)
@@ -40,71 +24,25 @@ func (c *devContext) EID() urma.EID           { return c.eid }
 func (c *devContext) UASID() uint32           { return c.uasid }
 
 // adopt registers a new child; it fails once the context is closed.
-func (c *devContext) adopt(ch child, op string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return errClosed(op, "context")
-	}
-	c.children[ch] = struct{}{}
-	return nil
-}
+func (c *devContext) adopt(ch lifecycle.Child, op string) error { return c.children.Adopt(ch, op) }
 
-func (c *devContext) release(ch child) {
-	c.mu.Lock()
-	delete(c.children, ch)
-	c.mu.Unlock()
-}
+func (c *devContext) release(ch lifecycle.Child) { c.children.Release(ch) }
 
-func (c *devContext) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
-}
+func (c *devContext) isClosed() bool { return c.children.Check("") != nil }
 
 // Close destroys the context; it fails with ErrBusy while objects created
 // from it are alive. Closing twice is a no-op.
 func (c *devContext) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
+	done, err := c.children.Close("delete_context")
+	if done {
+		c.prov.forgetContext(c)
 	}
-	if len(c.children) > 0 {
-		counts := map[string]int{}
-		for ch := range c.children {
-			counts[ch.kind()]++
-		}
-		c.mu.Unlock()
-		var parts []string
-		for k, n := range counts {
-			parts = append(parts, fmt.Sprintf("%d %s", n, k))
-		}
-		sort.Strings(parts)
-		return urma.Errorf("delete_context", urma.CodeBusy, "context still has %s; destroy them first", strings.Join(parts, ", "))
-	}
-	c.closed = true
-	c.mu.Unlock()
-	c.prov.forgetContext(c)
-	return nil
+	return err
 }
 
 // forceClose destroys every child, in teardown order, then the context.
 func (c *devContext) forceClose() {
-	c.mu.Lock()
-	c.closed = true
-	kids := make([]child, 0, len(c.children))
-	for ch := range c.children {
-		kids = append(kids, ch)
-	}
-	c.mu.Unlock()
-	for _, k := range teardownOrder {
-		for _, ch := range kids {
-			if ch.kind() == k {
-				ch.forceClose()
-			}
-		}
-	}
+	c.children.ForceClose()
 	c.prov.forgetContext(c)
 }
 

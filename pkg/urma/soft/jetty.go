@@ -156,7 +156,7 @@ func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 	return j, nil
 }
 
-func (j *jetty) kind() string { return "jetty" }
+func (j *jetty) Kind() string { return "jetty" }
 
 // ID names the jetty.
 func (j *jetty) ID() urma.JettyID { return j.id }
@@ -564,7 +564,7 @@ func (j *jetty) Close() error {
 	return nil
 }
 
-func (j *jetty) forceClose() { _ = j.Close() }
+func (j *jetty) ForceClose() { _ = j.Close() }
 
 // peerDown fails the sends bound for a peer whose connection broke: the
 // first with ACK_TIMEOUT, the rest flushed as the jetty enters ERROR.
@@ -686,7 +686,7 @@ type remoteJetty struct {
 
 var _ urma.RemoteJetty = (*remoteJetty)(nil)
 
-func (r *remoteJetty) kind() string     { return "remote jetty" }
+func (r *remoteJetty) Kind() string     { return "remote jetty" }
 func (r *remoteJetty) ID() urma.JettyID { return r.id }
 
 func (r *remoteJetty) sameTarget(o *remoteJetty) bool {
@@ -730,7 +730,7 @@ func (r *remoteJetty) Close() error {
 
 // forceClose unimports regardless of bindings: Provider.Close destroys the
 // jetties first.
-func (r *remoteJetty) forceClose() {
+func (r *remoteJetty) ForceClose() {
 	if !r.closed.Swap(true) {
 		r.ctx.release(r)
 	}

@@ -72,7 +72,7 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 	return q, nil
 }
 
-func (q *jfc) kind() string { return "JFC" }
+func (q *jfc) Kind() string { return "JFC" }
 
 // ID is the queue's number within its device.
 func (q *jfc) ID() uint32 { return q.id }
@@ -189,7 +189,7 @@ func (q *jfc) Close() error {
 
 // forceClose does not wait for acks: Provider.Close is tearing down
 // everything, including whoever would have acked.
-func (q *jfc) forceClose() { q.destroy(false) }
+func (q *jfc) ForceClose() { q.destroy(false) }
 
 func (q *jfc) destroy(waitAcks bool) {
 	q.mu.Lock()

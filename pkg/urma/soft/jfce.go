@@ -43,7 +43,7 @@ func newJFCE(c *devContext) (*jfce, error) {
 	return e, nil
 }
 
-func (e *jfce) kind() string { return "JFCE" }
+func (e *jfce) Kind() string { return "JFCE" }
 
 // Fd is the eventfd; -1 once closed.
 func (e *jfce) Fd() int {
@@ -171,7 +171,7 @@ func (e *jfce) Close() error {
 	return nil
 }
 
-func (e *jfce) forceClose() { e.destroy() }
+func (e *jfce) ForceClose() { e.destroy() }
 
 // destroy wakes blocked waiters, waits for them to leave poll(2), then
 // closes the fd: closing it under a poller would let the number be reused.

@@ -91,7 +91,7 @@ func newJFR(c *devContext, cfg urma.JFRConfig) (*jfr, error) {
 	return r, nil
 }
 
-func (r *jfr) kind() string { return "JFR" }
+func (r *jfr) Kind() string { return "JFR" }
 
 // ID names the JFR.
 func (r *jfr) ID() urma.JettyID { return r.id }
@@ -253,7 +253,7 @@ func (r *jfr) Close() error {
 	return nil
 }
 
-func (r *jfr) forceClose() { r.destroy() }
+func (r *jfr) ForceClose() { r.destroy() }
 
 func (r *jfr) destroy() {
 	r.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/internal/lifecycle"
 )
 
 // Provider is the software URMA provider. It implements urma.Provider and is
@@ -170,13 +171,7 @@ func (p *Provider) Open(name string, eidIndex int) (urma.Context, error) {
 	if p.closed {
 		return nil, urma.Errorf("create_context", urma.ErrClosed.Code, "provider is closed")
 	}
-	c := &devContext{
-		prov:     p,
-		dev:      d,
-		eid:      d.eids[eidIndex],
-		uasid:    d.nextUASID.Add(1),
-		children: make(map[child]struct{}),
-	}
+	c := &devContext{prov: p, dev: d, eid: d.eids[eidIndex], uasid: d.nextUASID.Add(1)}
 	p.contexts[c] = struct{}{}
 	return c, nil
 }
@@ -253,6 +248,4 @@ func (p *Provider) sleep(d time.Duration) bool {
 }
 
 // errClosed builds the error every verb returns on a destroyed object.
-func errClosed(op, what string) error {
-	return urma.Errorf(op, urma.ErrClosed.Code, "%s is closed", what)
-}
+func errClosed(op, what string) error { return lifecycle.Closed(op, what) }

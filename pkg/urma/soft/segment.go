@@ -54,7 +54,7 @@ func newSegment(c *devContext, mem *urma.Memory, cfg urma.SegmentConfig) (*segme
 	return s, nil
 }
 
-func (s *segment) kind() string { return "segment" }
+func (s *segment) Kind() string { return "segment" }
 
 // ID names the segment for peers to import.
 func (s *segment) ID() urma.SegmentID { return s.id }
@@ -101,7 +101,7 @@ func (s *segment) Close() error {
 
 // forceClose unregisters regardless of references: Provider.Close has
 // already stopped everything that could use them.
-func (s *segment) forceClose() {
+func (s *segment) ForceClose() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed.Swap(true) {
@@ -170,7 +170,7 @@ type remoteSegment struct {
 
 var _ urma.RemoteSegment = (*remoteSegment)(nil)
 
-func (r *remoteSegment) kind() string       { return "remote segment" }
+func (r *remoteSegment) Kind() string       { return "remote segment" }
 func (r *remoteSegment) ID() urma.SegmentID { return r.id }
 
 func (r *remoteSegment) Close() error {
@@ -181,7 +181,7 @@ func (r *remoteSegment) Close() error {
 	return nil
 }
 
-func (r *remoteSegment) forceClose() { _ = r.Close() }
+func (r *remoteSegment) ForceClose() { _ = r.Close() }
 
 func importSegment(c *devContext, id urma.SegmentID, token urma.Token) (*remoteSegment, error) {
 	const op = "import_seg"
