@@ -57,7 +57,7 @@ func newJFR(c *devContext, cfg urma.JFRConfig) (*jfr, error) {
 	}
 	r.id = jettyIDOf(&id)
 	if err := c.adopt(r, op); err != nil {
-		r.destroy()
+		_ = r.destroy() // the adoption error is the one to report
 		return nil, err
 	}
 	return r, nil

@@ -58,7 +58,7 @@ func newJFCE(c *devContext) (*jfce, error) {
 	e := &jfce{ctx: c, c: ce, fd: int(fd), wake: wake, jfcs: make(map[*C.struct_urma_jfc]*jfc)}
 	e.cond = sync.NewCond(&e.mu)
 	if err := c.adopt(e, op); err != nil {
-		e.destroy()
+		_ = e.destroy() // the adoption error is the one to report
 		return nil, err
 	}
 	return e, nil
@@ -277,7 +277,7 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 		q.attached = true
 	}
 	if err := c.adopt(q, op); err != nil {
-		q.destroy(false)
+		_ = q.destroy(false) // the adoption error is the one to report
 		return nil, err
 	}
 	return q, nil
