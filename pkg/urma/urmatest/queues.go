@@ -20,7 +20,7 @@ func init() {
 }
 
 // Posting past the SQ depth fails with ErrAgain and the queue does not grow;
-// a completion frees a slot.
+// a completion frees a slot. (liburma says URMA_ENOMEM: hw/udma/udma_u_jfs.c:945-947.)
 func testSQDepth(t *testing.T, pr Pair) {
 	a := open(t, pr.A, pr.DeviceA, epConfig{SQDepth: 4})
 	b := open(t, pr.B, pr.DeviceB, epConfig{})
@@ -50,7 +50,7 @@ func testSQDepth(t *testing.T, pr Pair) {
 }
 
 // Posting past the JFR depth fails with ErrAgain; a consumed receive frees a
-// slot.
+// slot. (liburma says URMA_ENOMEM: hw/udma/udma_u_jfr.c:457-460.)
 func testJFRDepth(t *testing.T, pr Pair) {
 	a := open(t, pr.A, pr.DeviceA, epConfig{})
 	b := open(t, pr.B, pr.DeviceB, epConfig{RQDepth: 4})
@@ -197,8 +197,9 @@ func testRNRExhausted(t *testing.T, pr Pair) {
 	}
 }
 
-// With RNRRetry 7 (forever), sends wait for receives; once posted, every
-// waiting send is delivered, in order and intact.
+// With RNRRetry 7 (forever: urma_jfs_cfg_t.rnr_retry, urma_types.h:565),
+// sends wait for receives; once posted, every waiting send is delivered, in
+// order and intact.
 func testRNRDelivers(t *testing.T, pr Pair) {
 	a := open(t, pr.A, pr.DeviceA, epConfig{})
 	b := open(t, pr.B, pr.DeviceB, epConfig{})
@@ -263,7 +264,9 @@ func testCompleteEnable(t *testing.T, pr Pair) {
 }
 
 // SetError flushes outstanding sends with WR_FLUSH_ERR, in order, then adds
-// exactly one WR_FLUSH_ERR_DONE; the jetty refuses further sends.
+// exactly one WR_FLUSH_ERR_DONE; the jetty refuses further sends. (This is
+// how providers present hardware's two-phase flush: see
+// testSetErrorAfterSendError.)
 func testSetErrorFlush(t *testing.T, pr Pair) {
 	a := open(t, pr.A, pr.DeviceA, epConfig{})
 	b := open(t, pr.B, pr.DeviceB, epConfig{})
