@@ -122,8 +122,8 @@ func TestClientServer(t *testing.T) {
 					t.Errorf("a tcp connection without a reason: %+v", c)
 				}
 				// What carries URMA, as a UB node's operator checks it.
-				if (c.Mode == "urma") != (c.Provider == "soft-socket" && c.Device == "soft0") {
-					t.Errorf("connection %+v: want provider soft-socket on soft0 exactly when on URMA", c)
+				if (c.Mode == "urma") != (strings.HasPrefix(c.Provider, "soft-") && c.Device == "soft0") {
+					t.Errorf("connection %+v: want the software provider on soft0 exactly when on URMA", c)
 				}
 			}
 			// The server reports each connection's mode too.
@@ -133,7 +133,7 @@ func TestClientServer(t *testing.T) {
 				case e := <-events:
 					if e.Event == "conn" {
 						seen++
-						if (e.Mode == "urma") != (tc.wantURMA > 0) || (e.Mode == "urma") != (e.Provider == "soft-socket") {
+						if (e.Mode == "urma") != (tc.wantURMA > 0) || (e.Mode == "urma") != strings.HasPrefix(e.Provider, "soft-") {
 							t.Errorf("server conn %+v", e)
 						}
 					}
@@ -173,7 +173,7 @@ func TestTextOutput(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	// Without liburma, auto picks the software provider, and says so.
-	for _, want := range []string{"conn 0 ", "conn 1 ", "mode=urma provider=soft-socket device=soft0", "qps:", "throughput:", "p50", "p99", "p999", "connections: 2 urma, 0 tcp"} {
+	for _, want := range []string{"conn 0 ", "conn 1 ", "mode=urma provider=soft-", " device=soft0", "qps:", "throughput:", "p50", "p99", "p999", "connections: 2 urma, 0 tcp"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
