@@ -7,9 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-// TestRenderedArgsAcceptedByBinaries builds the operator and the device plugin
+// TestRenderedArgsAcceptedByBinaries builds the operator, the device plugin
+// and the DRA driver
 // and runs each with the arguments the chart renders (default and every
 // ci/*-values.yaml) followed by -h. The Go flag parser reads the arguments in
 // order and stops at -h with exit status 0, so any flag the binary does not
@@ -24,6 +27,7 @@ func TestRenderedArgsAcceptedByBinaries(t *testing.T) {
 	}{
 		{"Deployment", "operator", "./cmd/operator", "urma-operator"},
 		{"DaemonSet", "device-plugin", "./cmd/deviceplugin", "urma-device-plugin"},
+		{"DaemonSet", "dra-driver", "./cmd/dra-driver", "urma-dra-driver"},
 	}
 	for _, b := range binaries {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.bin), b.pkg)
@@ -40,7 +44,12 @@ func TestRenderedArgsAcceptedByBinaries(t *testing.T) {
 	for name, values := range variants {
 		objs := render(t, values...)
 		for _, b := range binaries {
-			workloads := ofKind(objs, b.kind)
+			var workloads []*unstructured.Unstructured
+			for _, w := range ofKind(objs, b.kind) {
+				if w.GetLabels()["app.kubernetes.io/component"] == b.container {
+					workloads = append(workloads, w)
+				}
+			}
 			if len(workloads) == 0 {
 				continue // component disabled in this variant
 			}

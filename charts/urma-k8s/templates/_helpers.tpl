@@ -82,6 +82,18 @@ A digest wins over a tag; the tag defaults to the chart's appVersion.
 {{- end }}
 {{- end }}
 
+{{- define "urma-k8s.draDriver.fullname" -}}
+{{- printf "%s-dra-driver" (include "urma-k8s.fullname" .) }}
+{{- end }}
+
+{{- define "urma-k8s.draDriver.serviceAccountName" -}}
+{{- if .Values.draDriver.serviceAccount.create }}
+{{- default (include "urma-k8s.draDriver.fullname" .) .Values.draDriver.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.draDriver.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
 {{- define "urma-k8s.operator.fullname" -}}
 {{- printf "%s-operator" (include "urma-k8s.fullname" .) }}
 {{- end }}

@@ -1,0 +1,90 @@
+package chart_test
+
+import (
+	"slices"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+)
+
+// TestDRADriver renders driver: dra and checks what the DRA driver needs:
+// its DaemonSet (no device plugin beside it), kubelet's plugin paths at the
+// same place inside and out, its RBAC for ResourceSlices, and the
+// DeviceClass equal to the one the driver's code describes.
+func TestDRADriver(t *testing.T) {
+	t.Parallel()
+	objs := render(t, "--set", "driver=dra", "--set", "draDriver.jettyRequest.default=32")
+	ds := one(t, objs, "DaemonSet") // and no device plugin beside it
+	if ds.GetLabels()["app.kubernetes.io/component"] != "dra-driver" {
+		t.Fatalf("driver: dra renders DaemonSet %s", ds.GetName())
+	}
+	c := container(t, ds, "dra-driver")
+	argv := args(t, c)
+	for flag, want := range map[string]string{
+		"--plugin-data-dir":       "/var/lib/kubelet/plugins/urma.openeuler.org",
+		"--registrar-dir":         "/var/lib/kubelet/plugins_registry",
+		"--jetty-request-default": "32",
+		"--shm-dir":               "/var/run/urma-k8s/shm",
+	} {
+		if got, ok := argValue(argv, flag); !ok || got != want {
+			t.Errorf("%s = %q, want %q", flag, got, want)
+		}
+	}
+	// kubelet dials the sockets by their host paths: they must be mounted
+	// at the same paths.
+	mounts := map[string]string{}
+	for _, m := range c["volumeMounts"].([]any) {
+		mm := m.(map[string]any)
+		mounts[mm["name"].(string)] = mm["mountPath"].(string)
+	}
+	for _, v := range podSpec(t, ds)["volumes"].([]any) {
+		vv := v.(map[string]any)
+		name := vv["name"].(string)
+		if name != "plugin-data" && name != "plugins-registry" {
+			continue
+		}
+		host := vv["hostPath"].(map[string]any)["path"].(string)
+		if mounts[name] != host {
+			t.Errorf("volume %s: host %s mounted at %s", name, host, mounts[name])
+		}
+	}
+
+	role := named(objs, "ClusterRole", ds.GetName())
+	if role == nil {
+		t.Fatalf("no ClusterRole for the driver; have %v", names(ofKind(objs, "ClusterRole")))
+	}
+	var verbs []string
+	for _, r := range field(t, role, "rules").([]any) {
+		rule := r.(map[string]any)
+		if slices.Contains(rule["resources"].([]any), any("resourceslices")) {
+			for _, v := range rule["verbs"].([]any) {
+				verbs = append(verbs, v.(string))
+			}
+		}
+	}
+	for _, want := range []string{"create", "update", "delete", "list", "watch"} {
+		if !slices.Contains(verbs, want) {
+			t.Errorf("the driver may not %s resourceslices (verbs %v)", want, verbs)
+		}
+	}
+
+	var dc resourceapi.DeviceClass
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(one(t, objs, "DeviceClass").Object, &dc); err != nil {
+		t.Fatal(err)
+	}
+	want := draslices.DeviceClass()
+	if dc.Name != want.Name || !equality.Semantic.DeepEqual(dc.Spec, want.Spec) {
+		t.Errorf("chart DeviceClass %s %+v, want %s %+v (pkg/dra/slices)", dc.Name, dc.Spec, want.Name, want.Spec)
+	}
+
+	// The default is the device plugin, with no DRA object at all.
+	for _, o := range render(t) {
+		if o.GetKind() == "DeviceClass" || o.GetLabels()["app.kubernetes.io/component"] == "dra-driver" {
+			t.Errorf("the default render has DRA object %s %s", o.GetKind(), o.GetName())
+		}
+	}
+}
