@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -64,6 +65,10 @@ type UrmaEndpointReconciler struct {
 	// FallbackJettiesPerUnit is the device plugin's jetties per unit
 	// assumed before any node publishes facts; 0 means the plugin's default.
 	FallbackJettiesPerUnit int64
+	// Driver is the node agent: with plan.DriverDRA node facts come from
+	// ResourceSlices and each endpoint gets a ResourceClaimTemplate for its
+	// pods' jetties.
+	Driver plan.Driver
 
 	reconciles atomic.Int64
 }
@@ -95,7 +100,7 @@ func (r *UrmaEndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if !ep.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
 	}
-	obs, err := plan.Observe(ctx, r.Client, &ep)
+	obs, err := plan.Observe(ctx, r.Client, &ep, r.Driver)
 	if err != nil {
 		// A failed read changes nothing: no ConfigMap write, no status reset.
 		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, err)
@@ -113,6 +118,11 @@ func (r *UrmaEndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	if applyErr != nil {
 		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, applyErr)
+	}
+	if r.Driver == plan.DriverDRA {
+		if err := r.applyClaimTemplate(ctx, &ep); err != nil {
+			return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, err)
+		}
 	}
 	return result, nil
 }
@@ -322,12 +332,17 @@ func (r *UrmaEndpointReconciler) writeStatus(ctx context.Context, ep *v1alpha1.U
 // SetupWithManager watches endpoints, their ConfigMaps, their pods and the
 // nodes' device facts.
 func (r *UrmaEndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.UrmaEndpoint{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&corev1.ConfigMap{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToEndpoint), builder.WithPredicates(podChanged())).
 		Watches(nodeMetadata(), handler.EnqueueRequestsFromMapFunc(r.allEndpoints),
-			builder.OnlyMetadata, builder.WithPredicates(nodeFactsChanged())).
-		Named("urmaendpoint").
-		Complete(r)
+			builder.OnlyMetadata, builder.WithPredicates(nodeFactsChanged()))
+	if r.Driver == plan.DriverDRA {
+		// The DRA driver's facts are in its slices; a slice changes with
+		// health and hot-plug, which is exactly what retunes endpoints.
+		b = b.Owns(&resourceapi.ResourceClaimTemplate{}).
+			Watches(&resourceapi.ResourceSlice{}, handler.EnqueueRequestsFromMapFunc(r.allEndpoints))
+	}
+	return b.Named("urmaendpoint").Complete(r)
 }

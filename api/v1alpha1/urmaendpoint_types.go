@@ -35,6 +35,14 @@ const (
 // endpoint named endpoint.
 func ConfigMapName(endpoint string) string { return endpoint + ConfigMapSuffix }
 
+// ClaimTemplateSuffix ends the name of the ResourceClaimTemplate the
+// operator keeps for an endpoint when the cluster runs the DRA driver.
+const ClaimTemplateSuffix = "-urma-jetties"
+
+// ClaimTemplateName is the ResourceClaimTemplate of the endpoint named
+// endpoint: one request for its jettyBudget jetties (DRA driver).
+func ClaimTemplateName(endpoint string) string { return endpoint + ClaimTemplateSuffix }
+
 // Objective is what a workload optimises for.
 // +kubebuilder:validation:Enum=Latency;Throughput;Balanced
 type Objective string

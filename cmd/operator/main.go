@@ -28,6 +28,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
+	"github.com/openeuler/urma-k8s/controllers/plan"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/webhook"
 	"github.com/openeuler/urma-k8s/pkg/webhook/certs"
@@ -48,11 +49,12 @@ type options struct {
 	certSecret              string
 	extraDNSNames           []string
 	defaultJettiesPerUnit   int64
+	driver                  plan.Driver
 	zap                     zap.Options
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
-	o := options{}
+	o := options{driver: plan.DriverDevicePlugin}
 	fs := flag.NewFlagSet("urma-operator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader so that only one replica reconciles (use with more than one replica)")
@@ -76,6 +78,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	})
 	fs.Int64Var(&o.defaultJettiesPerUnit, "default-jetties-per-unit", nodefacts.DefaultJettiesPerUnit,
 		"jetties one unit of "+nodefacts.ResourceName+" stands for until nodes publish facts; set it to the device plugin's --jetties-per-unit")
+	fs.Func("jetty-driver", "node agent offering URMA devices: devicePlugin (pods request "+nodefacts.ResourceName+" units) or dra (node facts from ResourceSlices, pods get ResourceClaims; docs/dra.md)", func(v string) error {
+		d, err := plan.ParseDriver(v)
+		o.driver = d
+		return err
+	})
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
@@ -150,7 +157,7 @@ func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) erro
 	}
 	r := &controllers.UrmaEndpointReconciler{
 		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Recorder: mgr.GetEventRecorder("urma-operator"),
-		FallbackJettiesPerUnit: o.defaultJettiesPerUnit,
+		FallbackJettiesPerUnit: o.defaultJettiesPerUnit, Driver: o.driver,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up UrmaEndpoint controller: %w", err)
@@ -172,7 +179,7 @@ func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) erro
 				return fmt.Errorf("add certificate rotator: %w", err)
 			}
 		}
-		if err := webhook.Register(mgr, webhook.Options{FallbackJettiesPerUnit: o.defaultJettiesPerUnit}); err != nil {
+		if err := webhook.Register(mgr, webhook.Options{FallbackJettiesPerUnit: o.defaultJettiesPerUnit, Driver: o.driver}); err != nil {
 			return fmt.Errorf("register webhooks: %w", err)
 		}
 		if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {

@@ -5,12 +5,40 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 )
+
+// Driver is the node agent that offers URMA devices to pods, and so where
+// nodes' device facts come from and how a pod asks for jetties.
+type Driver string
+
+// Drivers (the chart's driver value).
+const (
+	// DriverDevicePlugin: facts from the device plugin's node annotations;
+	// pods request urma.openeuler.org/jetty units.
+	DriverDevicePlugin Driver = "devicePlugin"
+	// DriverDRA: facts from the DRA driver's ResourceSlices; pods get a
+	// ResourceClaim for their jetties.
+	DriverDRA Driver = "dra"
+)
+
+// ParseDriver accepts "devicePlugin" and "dra"; "" is the device plugin.
+func ParseDriver(s string) (Driver, error) {
+	switch Driver(s) {
+	case "", DriverDevicePlugin:
+		return DriverDevicePlugin, nil
+	case DriverDRA:
+		return DriverDRA, nil
+	}
+	return "", fmt.Errorf("jetty driver %q: want devicePlugin or dra", s)
+}
 
 // Observation is what the cluster says about one endpoint right now.
 type Observation struct {
@@ -32,8 +60,9 @@ func NodeList() *metav1.PartialObjectMetadataList {
 	return l
 }
 
-// Observe reads the pods, nodes and ConfigMap that Make needs.
-func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint) (Observation, error) {
+// Observe reads the pods, nodes (with their facts as driver publishes
+// them) and ConfigMap that Make needs.
+func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint, driver Driver) (Observation, error) {
 	obs := Observation{Input: Input{Spec: ep.Spec}}
 
 	var pods corev1.PodList
@@ -57,8 +86,29 @@ func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint) (O
 	if err := c.List(ctx, nodes); err != nil {
 		return Observation{}, fmt.Errorf("list nodes: %w", err)
 	}
+	var perNode map[string][]resourceapi.ResourceSlice
+	if driver == DriverDRA {
+		var list resourceapi.ResourceSliceList
+		if err := c.List(ctx, &list); err != nil {
+			return Observation{}, fmt.Errorf("list ResourceSlices: %w", err)
+		}
+		perNode = map[string][]resourceapi.ResourceSlice{}
+		for _, s := range list.Items {
+			if s.Spec.NodeName != nil {
+				perNode[*s.Spec.NodeName] = append(perNode[*s.Spec.NodeName], s)
+			}
+		}
+	}
 	for _, n := range nodes.Items {
-		obs.Input.Nodes = append(obs.Input.Nodes, NodeFromAnnotations(n.Name, n.Labels, n.Annotations))
+		if driver != DriverDRA {
+			obs.Input.Nodes = append(obs.Input.Nodes, NodeFromAnnotations(n.Name, n.Labels, n.Annotations))
+			continue
+		}
+		f, err := draslices.Facts(perNode[n.Name])
+		if err == nil && !f.Present() {
+			err = nodefacts.ErrNoFacts
+		}
+		obs.Input.Nodes = append(obs.Input.Nodes, NodeFromFacts(n.Name, n.Labels, f, err))
 	}
 
 	var cm corev1.ConfigMap

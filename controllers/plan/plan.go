@@ -43,8 +43,15 @@ type Node struct {
 
 // NodeFromAnnotations parses a node's URMA facts (pkg/nodefacts).
 func NodeFromAnnotations(name string, nodeLabels, annotations map[string]string) Node {
-	n := Node{Name: name, Labels: nodeLabels}
 	f, err := nodefacts.Parse(annotations)
+	return NodeFromFacts(name, nodeLabels, f, err)
+}
+
+// NodeFromFacts is a node with facts read by the device plugin's
+// annotations or from the DRA driver's ResourceSlices; err is the reading's
+// error (nodefacts.ErrNoFacts: none published).
+func NodeFromFacts(name string, nodeLabels map[string]string, f nodefacts.Facts, err error) Node {
+	n := Node{Name: name, Labels: nodeLabels}
 	switch {
 	case errors.Is(err, nodefacts.ErrNoFacts):
 	case err != nil:

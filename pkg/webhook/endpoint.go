@@ -31,6 +31,8 @@ type EndpointValidator struct {
 	Reader client.Reader
 	// FallbackJettiesPerUnit: see PodInjector.
 	FallbackJettiesPerUnit int64
+	// Driver: see PodInjector.
+	Driver plan.Driver
 }
 
 var _ admission.Validator[*v1alpha1.UrmaEndpoint] = &EndpointValidator{}
@@ -57,7 +59,7 @@ func (v *EndpointValidator) validate(ctx context.Context, ep *v1alpha1.UrmaEndpo
 	if err := tuning.ValidateProfile(plan.Profile(ep.Spec)); err != nil {
 		return nil, fmt.Errorf("spec.%w", err)
 	}
-	obs, err := plan.Observe(ctx, v.Reader, ep)
+	obs, err := plan.Observe(ctx, v.Reader, ep, v.Driver)
 	if err != nil {
 		// Warnings are a courtesy; never refuse an endpoint because a read failed.
 		return admission.Warnings{"could not read the cluster's node facts to check this endpoint: " + err.Error()}, nil

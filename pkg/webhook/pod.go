@@ -6,6 +6,8 @@ package webhook
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -17,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -57,6 +60,10 @@ type PodInjector struct {
 	// FallbackJettiesPerUnit is the device plugin's jetties per unit assumed
 	// before any node publishes facts; 0 means the plugin's default.
 	FallbackJettiesPerUnit int64
+	// Driver is the node agent (plan.DriverDevicePlugin when empty); with
+	// plan.DriverDRA each URMA container gets a ResourceClaim for the
+	// endpoint's jettyBudget instead of urma.openeuler.org/jetty units.
+	Driver plan.Driver
 }
 
 // Handle injects the endpoint's flags into a pod. An unknown endpoint is
@@ -82,7 +89,7 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("get UrmaEndpoint %s/%s: %w", ns, name, err))
 	}
-	obs, err := plan.Observe(ctx, p.Reader, ep)
+	obs, err := plan.Observe(ctx, p.Reader, ep, p.Driver)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
@@ -97,9 +104,13 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 			ns, name, v1alpha1.ConfigMapName(name)))
 	}
 	mutated := pod.DeepCopy()
-	missing := Inject(mutated, Injection{
-		Endpoint: ep.Name, Hash: hash, JettyUnits: plan.JettyUnits(obs.Input), Containers: ep.Spec.Containers,
-	})
+	in := Injection{Endpoint: ep.Name, Hash: hash, Containers: ep.Spec.Containers}
+	if p.Driver == plan.DriverDRA {
+		in.ClaimTemplate = v1alpha1.ClaimTemplateName(ep.Name)
+	} else {
+		in.JettyUnits = plan.JettyUnits(obs.Input)
+	}
+	missing := Inject(mutated, in)
 	if len(missing) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf("spec.containers of UrmaEndpoint %s/%s names containers this pod does not have: %s",
 			ns, name, strings.Join(missing, ", "))))
@@ -141,6 +152,10 @@ type Injection struct {
 	JettyUnits int64
 	// Containers names the URMA containers; empty means all of them.
 	Containers []string
+	// ClaimTemplate, when set (DRA driver), replaces JettyUnits: each URMA
+	// container gets its own pod claim from this ResourceClaimTemplate,
+	// which asks for the endpoint's jettyBudget jetties.
+	ClaimTemplate string
 }
 
 // Inject gives a pod what it needs to run an endpoint's flags; it keeps
@@ -152,6 +167,9 @@ type Injection struct {
 //     urma.openeuler.org/jetty (request = limit, as extended resources
 //     require) unless the container already asks for some. Kubelet
 //     allocates devices per container, so each needs its own request;
+//     with a ClaimTemplate (DRA driver) instead a pod claim of its own from
+//     that template, listed in the container's resources.claims, unless
+//     the container already asks for units or lists a claim;
 //   - the flags-hash annotation, when the hash is known.
 //
 // It returns the names in in.Containers that the pod does not have.
@@ -181,7 +199,9 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 			if !hasEnv(c, v1alpha1.EnvFlagsFile) {
 				c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: flagsFile})
 			}
-			if !requestsJetties(c) {
+			if in.ClaimTemplate != "" {
+				claimJetties(pod, c, in.ClaimTemplate)
+			} else if !requestsJetties(c) {
 				q := *resource.NewQuantity(in.JettyUnits, resource.DecimalSI)
 				if c.Resources.Requests == nil {
 					c.Resources.Requests = corev1.ResourceList{}
@@ -239,4 +259,30 @@ func requestsJetties(c *corev1.Container) bool {
 	_, req := c.Resources.Requests[nodefacts.ResourceName]
 	_, lim := c.Resources.Limits[nodefacts.ResourceName]
 	return req || lim
+}
+
+// claimJetties gives container c its own pod claim from template (see
+// ClaimName), unless it already asks for units or lists any claim (the
+// user's own placement wins, as with units).
+func claimJetties(pod *corev1.Pod, c *corev1.Container, template string) {
+	if requestsJetties(c) || len(c.Resources.Claims) > 0 {
+		return
+	}
+	name := ClaimName(c.Name)
+	if !slices.ContainsFunc(pod.Spec.ResourceClaims, func(r corev1.PodResourceClaim) bool { return r.Name == name }) {
+		pod.Spec.ResourceClaims = append(pod.Spec.ResourceClaims, corev1.PodResourceClaim{
+			Name: name, ResourceClaimTemplateName: &template,
+		})
+	}
+	c.Resources.Claims = append(c.Resources.Claims, corev1.ResourceClaim{Name: name})
+}
+
+// ClaimName is the pod claim of a container's jetties: "urma-<container>",
+// or "urma-" and a hash of the name when that would not be a DNS label.
+func ClaimName(container string) string {
+	if name := "urma-" + container; len(name) <= validation.DNS1123LabelMaxLength {
+		return name
+	}
+	sum := sha256.Sum256([]byte(container))
+	return "urma-" + hex.EncodeToString(sum[:8])
 }
