@@ -16,31 +16,30 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 
-func str(t *testing.T, d resourceapi.Device, name resourceapi.QualifiedName) string {
+// attr returns attribute name of d through get, failing when it is
+// missing or of another type.
+func attr[T any](t *testing.T, d resourceapi.Device, name resourceapi.QualifiedName, get func(resourceapi.DeviceAttribute) *T) T {
 	t.Helper()
 	a, ok := d.Attributes[name]
-	if !ok || a.StringValue == nil {
-		t.Fatalf("device %s: attribute %s missing or not a string: %+v", d.Name, name, a)
+	if !ok || get(a) == nil {
+		t.Fatalf("device %s: attribute %s missing or of another type: %+v", d.Name, name, a)
 	}
-	return *a.StringValue
+	return *get(a)
+}
+
+func str(t *testing.T, d resourceapi.Device, name resourceapi.QualifiedName) string {
+	t.Helper()
+	return attr(t, d, name, func(a resourceapi.DeviceAttribute) *string { return a.StringValue })
 }
 
 func num(t *testing.T, d resourceapi.Device, name resourceapi.QualifiedName) int64 {
 	t.Helper()
-	a, ok := d.Attributes[name]
-	if !ok || a.IntValue == nil {
-		t.Fatalf("device %s: attribute %s missing or not an int: %+v", d.Name, name, a)
-	}
-	return *a.IntValue
+	return attr(t, d, name, func(a resourceapi.DeviceAttribute) *int64 { return a.IntValue })
 }
 
 func flag(t *testing.T, d resourceapi.Device, name resourceapi.QualifiedName) bool {
 	t.Helper()
-	a, ok := d.Attributes[name]
-	if !ok || a.BoolValue == nil {
-		t.Fatalf("device %s: attribute %s missing or not a bool: %+v", d.Name, name, a)
-	}
-	return *a.BoolValue
+	return attr(t, d, name, func(a resourceapi.DeviceAttribute) *bool { return a.BoolValue })
 }
 
 func only(t *testing.T, snap *inventory.Snapshot, name string) *inventory.Device {
