@@ -27,19 +27,13 @@ type fakeNode struct {
 // fakeDevices is a small UB node: two UDMA devices on different NUMA nodes
 // and the bonding device that aggregates them.
 func fakeDevices() []sysfstest.Device {
-	u0 := sysfstest.DefaultDevice("udma0")
-	u1 := sysfstest.DefaultDevice("udma1")
-	numa1 := 1
-	u1.NUMANode = &numa1
-	u1.GUID = "cc08:0000:0000:0000:0000:0000:0000:0002"
-	u1.EIDs = []string{"0000:0000:0000:0000:0000:ffff:0a00:0002"}
 	bond := sysfstest.DefaultDevice("bonding_dev_0")
 	bond.Bonding = true
 	bond.GUID = "cc08:0000:0000:0000:0000:0000:0000:00b0"
 	bond.EIDs = []string{"0000:0000:0000:0000:0000:ffff:0a00:0003"}
 	bond.Caps.MaxJetty = 2048
 	bond.Reserved = urma.Range{Min: 0, Max: 31}
-	return []sysfstest.Device{u0, u1, bond}
+	return append(sysfstest.TwoNUMANodes(), bond)
 }
 
 // discoverFakeNode writes a fake UB node and runs the device plugin's

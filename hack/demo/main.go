@@ -20,6 +20,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/openeuler/urma-k8s/hack/internal/repo"
 )
 
 // options are the demo's command-line settings.
@@ -60,11 +62,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		return options{}, errors.New("-duration, -size, -concurrency and -timeout must be positive")
 	}
 	if o.root == "" {
-		wd, err := os.Getwd()
-		if err != nil {
-			return options{}, fmt.Errorf("find the repository root: %w", err)
-		}
-		if o.root, err = findRoot(wd); err != nil {
+		var err error
+		if o.root, err = repo.RootFromWorkingDir(); err != nil {
 			return options{}, err
 		}
 	}
@@ -77,18 +76,6 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	def(&o.assetsDir, filepath.Join("bin", "k8s"))
 	def(&o.crdDir, filepath.Join("config", "crd", "bases"))
 	return o, nil
-}
-
-// findRoot walks up from dir to the directory holding go.mod.
-func findRoot(dir string) (string, error) {
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d, nil
-		}
-		if filepath.Dir(d) == d {
-			return "", fmt.Errorf("no go.mod in %s or above: run the demo from the repository (or pass -root)", dir)
-		}
-	}
 }
 
 func main() {

@@ -65,24 +65,6 @@ func TestParseOptions(t *testing.T) {
 	}
 }
 
-func TestFindRoot(t *testing.T) {
-	root := t.TempDir()
-	deep := filepath.Join(root, "hack", "demo")
-	if err := os.MkdirAll(deep, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := findRoot(deep); err == nil || !strings.Contains(err.Error(), "no go.mod") {
-		t.Fatalf("without go.mod: %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "go.mod"), []byte("module x\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	got, err := findRoot(deep)
-	if err != nil || got != root {
-		t.Fatalf("findRoot = %q, %v; want %q", got, err, root)
-	}
-}
-
 // TestRunFailsClearly runs the whole program against a root with nothing
 // built: it must fail at the first step, say which and why, and leave no
 // temporary directory behind.

@@ -28,6 +28,8 @@ import (
 
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/openeuler/urma-k8s/hack/internal/repo"
 )
 
 // options are the command-line settings.
@@ -70,11 +72,8 @@ func parseOptions(args []string, stderr io.Writer, now time.Time) (options, erro
 	}
 	o.work = filepath.Clean(o.work)
 	if o.root == "" {
-		wd, err := os.Getwd()
-		if err != nil {
-			return options{}, fmt.Errorf("find the repository root: %w", err)
-		}
-		if o.root, err = findRoot(wd); err != nil {
+		var err error
+		if o.root, err = repo.RootFromWorkingDir(); err != nil {
 			return options{}, err
 		}
 	}
@@ -85,18 +84,6 @@ func parseOptions(args []string, stderr io.Writer, now time.Time) (options, erro
 		o.logs = filepath.Join("/tmp/urma-e2e-logs", now.Format("20060102-150405"))
 	}
 	return o, nil
-}
-
-// findRoot walks up from dir to the directory holding go.mod.
-func findRoot(dir string) (string, error) {
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d, nil
-		}
-		if filepath.Dir(d) == d {
-			return "", fmt.Errorf("no go.mod in %s or above: run from the repository (or pass -root)", dir)
-		}
-	}
 }
 
 func main() {

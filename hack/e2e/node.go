@@ -31,23 +31,11 @@ const hostDevDir = "/dev/uburma"
 // even of a run that died, removes exactly those.
 func (r *run) devNodesFile() string { return filepath.Join(r.paths.node, "created-dev-nodes") }
 
-// fakeUBDevices are the fake node's devices: two UDMA devices on different
-// NUMA nodes, as on a real UB host.
-func fakeUBDevices() []sysfstest.Device {
-	u0 := sysfstest.DefaultDevice("udma0")
-	u1 := sysfstest.DefaultDevice("udma1")
-	numa1 := 1
-	u1.NUMANode = &numa1
-	u1.GUID = "cc08:0000:0000:0000:0000:0000:0000:0002"
-	u1.EIDs = []string{"0000:0000:0000:0000:0000:ffff:0a00:0002"}
-	return []sysfstest.Device{u0, u1}
-}
-
 // fakeUBNode writes the fake node's sysfs tree and device nodes, asks the
 // device plugin's discover command what it will advertise there
 // (r.expectedUnits), and labels the Node for the plugin's DaemonSet.
 func (r *run) fakeUBNode(ctx context.Context) error {
-	devs := fakeUBDevices()
+	devs := sysfstest.TwoNUMANodes()
 	// sysfstest also writes placeholder device nodes; they go to a scratch
 	// directory, the real ones are made below.
 	if err := sysfstest.WriteTree(r.paths.sysfs, filepath.Join(r.paths.node, "dev-placeholders"), devs...); err != nil {

@@ -107,6 +107,19 @@ func DefaultDevice(name string) Device {
 	}
 }
 
+// TwoNUMANodes is a small UB host's devices: udma0 on NUMA node 0 and
+// udma1 on NUMA node 1, each a DefaultDevice with its own GUID and EID.
+// make demo and make e2e build their fake UB node from it.
+func TwoNUMANodes() []Device {
+	u0 := DefaultDevice("udma0")
+	u1 := DefaultDevice("udma1")
+	numa1 := 1
+	u1.NUMANode = &numa1
+	u1.GUID = "cc08:0000:0000:0000:0000:0000:0000:0002"
+	u1.EIDs = []string{"0000:0000:0000:0000:0000:ffff:0a00:0002"}
+	return []Device{u0, u1}
+}
+
 // Tree is a fake host: a sysfs root and a /dev root. Its methods may be
 // called from several goroutines.
 type Tree struct {

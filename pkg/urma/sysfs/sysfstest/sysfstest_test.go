@@ -191,3 +191,13 @@ func TestWriteTreeResolvesWhenMoved(t *testing.T) {
 		t.Errorf("class link = %q, %v; want a relative link", link, err)
 	}
 }
+
+func TestTwoNUMANodesDiffer(t *testing.T) {
+	devs := sysfstest.TwoNUMANodes()
+	if len(devs) != 2 || devs[0].Name != "udma0" || devs[1].Name != "udma1" {
+		t.Fatalf("devices = %+v", devs)
+	}
+	if *devs[0].NUMANode == *devs[1].NUMANode || devs[0].GUID == devs[1].GUID || devs[0].EIDs[0] == devs[1].EIDs[0] {
+		t.Errorf("the two devices share a NUMA node, GUID or EID: %+v", devs)
+	}
+}
