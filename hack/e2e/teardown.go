@@ -289,16 +289,21 @@ func removeKubeCgroups() (killed, removed int, err error) {
 			})
 		}
 	}
+	// A process is in one cgroup of every v1 hierarchy: kill each once.
+	seen := map[int]bool{}
 	for _, d := range dirs {
 		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
 		if err != nil {
 			continue
 		}
 		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
-				if syscall.Kill(pid, syscall.SIGKILL) == nil {
-					killed++
-				}
+			pid, err := strconv.Atoi(f)
+			if err != nil || pid == os.Getpid() || seen[pid] {
+				continue
+			}
+			seen[pid] = true
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed++
 			}
 		}
 	}
