@@ -133,6 +133,12 @@ func (h *Hello) HasBootID() bool { return h.BootID != [BootIDLen]byte{} }
 // hasExt reports whether h carries anything only our extension holds.
 func (h *Hello) hasExt() bool { return h.HasToken || h.SQSize != 0 || h.CloseMarker || h.HasBootID() }
 
+// HasExtension reports whether the sender is one of ours: its hello carries
+// our extension (we always send the SQ depth). A hello without it is from
+// brpc, which presents no token, ends with a plain FIN, and returns credits
+// by its own threshold rule.
+func (h *Hello) HasExtension() bool { return h.hasExt() }
+
 // Validate applies brpc's ValidHello rules; it names the first rule broken.
 func (h *Hello) Validate() error {
 	switch {

@@ -358,7 +358,7 @@ func TestReadHello(t *testing.T) {
 			}
 			if tc.aligned {
 				ack, _, err := ReadAck(r)
-				if err != nil || !ack {
+				if err != nil || !ack.UseURMA() {
 					t.Fatalf("stream not aligned on the ACK after the hello: ack=%v err=%v", ack, err)
 				}
 			}
@@ -405,27 +405,31 @@ func TestReadHelloUnknownMagic(t *testing.T) {
 
 func TestAck(t *testing.T) {
 	tests := []struct {
-		name    string
-		bytes   []byte
-		useURMA bool
+		name     string
+		bytes    []byte
+		useURMA  bool
+		reserved bool
 	}{
-		{"use URMA", AppendAck(nil, true), true},
-		{"fallback", AppendAck(nil, false), false},
-		{"reserved bits ignored", []byte{0x80, 0, 0, 0x02}, false},
-		{"bit 0 with reserved bits", []byte{0, 0, 0x10, 0x03}, true},
+		{"use URMA", AppendAck(nil, true), true, false},
+		{"fallback", AppendAck(nil, false), false, false},
+		{"reserved bits", []byte{0x80, 0, 0, 0x02}, false, true},
+		{"bit 0 with reserved bits", []byte{0, 0, 0x10, 0x03}, true, true},
+		{"brpc's PRPC (bit 0 happens to be set)", []byte("PRPC"), true, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, _, err := ReadAck(bytes.NewReader(tc.bytes))
-			if err != nil || got != tc.useURMA {
-				t.Fatalf("ReadAck(%x) = %v, %v; want %v", tc.bytes, got, err, tc.useURMA)
+			got, raw, err := ReadAck(bytes.NewReader(tc.bytes))
+			if err != nil || got.UseURMA() != tc.useURMA || got.Reserved() != tc.reserved || !bytes.Equal(raw, tc.bytes) {
+				t.Fatalf("ReadAck(%x) = %#x (URMA %v, reserved %v), %x, %v; want URMA %v, reserved %v",
+					tc.bytes, uint32(got), got.UseURMA(), got.Reserved(), raw, err, tc.useURMA, tc.reserved)
 			}
 		})
 	}
 	if !bytes.Equal(AppendAck(nil, true), []byte{0, 0, 0, 1}) || !bytes.Equal(AppendAck(nil, false), []byte{0, 0, 0, 0}) {
 		t.Fatal("ACK bytes are not big-endian flags")
 	}
-	if _, _, err := ReadAck(bytes.NewReader([]byte{0, 0})); !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Fatalf("short ACK: %v", err)
+	_, raw, err := ReadAck(bytes.NewReader([]byte{0, 7}))
+	if !errors.Is(err, io.ErrUnexpectedEOF) || !bytes.Equal(raw, []byte{0, 7}) {
+		t.Fatalf("short ACK: %x, %v; want the 2 bytes read and io.ErrUnexpectedEOF", raw, err)
 	}
 }

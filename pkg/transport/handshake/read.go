@@ -107,13 +107,26 @@ func AppendAck(dst []byte, useURMA bool) []byte {
 	return binary.BigEndian.AppendUint32(dst, flags)
 }
 
-// ReadAck reads an ACK and reports whether the client asks for URMA (bit 0).
-// Other bits are reserved and ignored, as brpc does.
-func ReadAck(r io.Reader) (useURMA bool, flags uint32, err error) {
+// Ack is a client's ACK: four big-endian bytes of flags.
+type Ack uint32
+
+// UseURMA reports bit 0: the client imported our segment and jetty and
+// asks for URMA.
+func (a Ack) UseURMA() bool { return uint32(a)&AckUseURMA != 0 }
+
+// Reserved reports whether a bit other than bit 0 is set. No client of ours
+// or of brpc sets one, so four such bytes from a client whose hello lacked
+// our extension are its first application bytes, not an ACK (see the
+// server's leniency in docs/wire-format.md).
+func (a Ack) Reserved() bool { return uint32(a)&^AckUseURMA != 0 }
+
+// ReadAck reads an ACK. It also returns the bytes it read, fewer than four
+// on error, for a caller that serves them to the application instead.
+func ReadAck(r io.Reader) (Ack, []byte, error) {
 	var b [AckLen]byte
-	if _, err := io.ReadFull(r, b[:]); err != nil {
-		return false, 0, fmt.Errorf("read handshake ACK: %w", err)
+	n, err := io.ReadFull(r, b[:])
+	if err != nil {
+		return 0, b[:n], fmt.Errorf("read handshake ACK: %w", err)
 	}
-	flags = binary.BigEndian.Uint32(b[:])
-	return flags&AckUseURMA != 0, flags, nil
+	return Ack(binary.BigEndian.Uint32(b[:])), b[:], nil
 }
