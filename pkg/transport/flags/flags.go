@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Kind is a flag's value type.
@@ -23,6 +24,9 @@ const (
 	Bool Kind = iota
 	Int
 	String
+	// Duration is a Go duration ("1s", "250ms"); Min and Max bound it in
+	// nanoseconds. Only transport-only flags use it: brpc has no such kind.
+	Duration
 )
 
 // Spec describes one flag.
@@ -52,6 +56,8 @@ func (s Spec) Range() string {
 			return "one of " + strings.Join(s.Values, ", ")
 		}
 		return "any string"
+	case Duration:
+		return fmt.Sprintf("a duration, %s..%s", time.Duration(s.Min), time.Duration(s.Max))
 	}
 	r := fmt.Sprintf("%d..%d", s.Min, s.Max)
 	if s.PowerOfTwo {
@@ -85,6 +91,13 @@ type Flags struct {
 	SoftFabric string
 	// ShmRingSize is urma_shm_ring_size, in bytes.
 	ShmRingSize int
+	// RequireToken is urma_require_token: refuse URMA to peers that cannot
+	// present a token (brpc), serving them on TCP.
+	RequireToken bool
+	// FirstBytesTimeout is urma_first_bytes_timeout: how long a server
+	// waits for a client's first bytes before it serves a silent client as
+	// plain TCP; 0 waits the whole handshake timeout.
+	FirstBytesTimeout time.Duration
 }
 
 // field binds a Spec to the Flags field it sets.
@@ -93,6 +106,7 @@ type field struct {
 	b    func(*Flags) *bool
 	i    func(*Flags) *int
 	s    func(*Flags) *string
+	d    func(*Flags) *time.Duration
 }
 
 // table lists every flag once. Defaults and ranges follow brpc's
@@ -128,6 +142,14 @@ func table() []field {
 			Name: "urma_shm_ring_size", Kind: Int, Default: "2097152", Min: 64 << 10, Max: 256 << 20, PowerOfTwo: true, TransportOnly: true,
 			Help: "bytes of the shared-memory ring each side of a same-host connection writes into, one per peer process, charged to this pod's memory limit",
 		}, i: func(f *Flags) *int { return &f.ShmRingSize }},
+		{spec: Spec{
+			Name: "urma_require_token", Kind: Bool, Default: "false", TransportOnly: true,
+			Help: "serve peers that cannot present a token (brpc) on TCP instead of on a jetty and segment registered without a token (URMA_REQUIRE_TOKEN overrides)",
+		}, b: func(f *Flags) *bool { return &f.RequireToken }},
+		{spec: Spec{
+			Name: "urma_first_bytes_timeout", Kind: Duration, Default: "1s", Min: 0, Max: int64(time.Minute), TransportOnly: true,
+			Help: "how long a server waits for a client's first bytes before serving a client that waits for the server to speak first as plain TCP; 0 waits the whole handshake timeout",
+		}, d: func(f *Flags) *time.Duration { return &f.FirstBytesTimeout }},
 	}
 }
 
@@ -193,6 +215,22 @@ func (fl field) set(f *Flags, value string) error {
 			return err
 		}
 		*fl.s(f) = value
+	case Duration:
+		v, err := time.ParseDuration(value)
+		if err != nil {
+			return fmt.Errorf("flag %s: %q is not a duration such as 1s or 250ms (want %s)", s.Name, value, s.Range())
+		}
+		if err := checkDuration(s, v); err != nil {
+			return err
+		}
+		*fl.d(f) = v
+	}
+	return nil
+}
+
+func checkDuration(s Spec, v time.Duration) error {
+	if int64(v) < s.Min || int64(v) > s.Max {
+		return fmt.Errorf("flag %s: %s is out of range (want %s)", s.Name, v, s.Range())
 	}
 	return nil
 }
@@ -220,6 +258,8 @@ func (fl field) get(f *Flags) string {
 		return strconv.FormatBool(*fl.b(f))
 	case Int:
 		return strconv.Itoa(*fl.i(f))
+	case Duration:
+		return fl.d(f).String()
 	}
 	return *fl.s(f)
 }
@@ -254,6 +294,10 @@ func (f Flags) Validate() error {
 			}
 		case String:
 			if err := checkString(fl.spec, *fl.s(&f)); err != nil {
+				return err
+			}
+		case Duration:
+			if err := checkDuration(fl.spec, *fl.d(&f)); err != nil {
 				return err
 			}
 		}

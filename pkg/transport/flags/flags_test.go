@@ -1,9 +1,11 @@
 package flags
 
 import (
+	"slices"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 )
 
 // brpcDefaults are the defaults of brpc's urma_* gflags
@@ -175,6 +177,45 @@ func TestSetGetValidate(t *testing.T) {
 	}
 }
 
+// TestDurationFlag: urma_first_bytes_timeout takes Go durations within its
+// range, and says what it wants otherwise.
+func TestDurationFlag(t *testing.T) {
+	for _, tc := range []struct {
+		value   string
+		want    time.Duration
+		wantErr string
+	}{
+		{"1s", time.Second, ""},
+		{"250ms", 250 * time.Millisecond, ""},
+		{"0s", 0, ""},
+		{"1m", time.Minute, ""},
+		{"61s", 0, "urma_first_bytes_timeout: 1m1s is out of range (want a duration, 0s..1m0s)"},
+		{"-1s", 0, "out of range"},
+		{"1000", 0, `"1000" is not a duration`},
+	} {
+		f := Defaults()
+		err := f.Set("urma_first_bytes_timeout", tc.value)
+		switch {
+		case tc.wantErr == "" && (err != nil || f.FirstBytesTimeout != tc.want):
+			t.Errorf("Set %q: %v, %s; want %s", tc.value, err, f.FirstBytesTimeout, tc.want)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("Set %q: %v; want an error containing %q", tc.value, err, tc.wantErr)
+		}
+	}
+	f := Defaults()
+	if f.FirstBytesTimeout != time.Second {
+		t.Errorf("default %s, want 1s", f.FirstBytesTimeout)
+	}
+	f.FirstBytesTimeout = 2 * time.Minute // set directly: only Validate can catch it
+	if err := f.Validate(); err == nil || !strings.Contains(err.Error(), "urma_first_bytes_timeout") {
+		t.Errorf("Validate = %v", err)
+	}
+	d := Defaults()
+	if got, _ := d.Get("urma_first_bytes_timeout"); got != "1s" {
+		t.Errorf("Get = %q, want 1s", got)
+	}
+}
+
 // Flags brpc does not know stay out of what brpc reads: Specs leaves them
 // out, and Render writes one only when it differs from its default.
 func TestTransportOnlyFlags(t *testing.T) {
@@ -183,12 +224,20 @@ func TestTransportOnlyFlags(t *testing.T) {
 			t.Errorf("Specs lists the transport-only flag %s", s.Name)
 		}
 	}
-	ts := TransportSpecs()
-	if len(ts) == 0 || ts[0].Name != "urma_provider" || !ts[0].TransportOnly {
-		t.Fatalf("TransportSpecs() = %+v, want urma_provider", ts)
+	var names []string
+	for _, s := range TransportSpecs() {
+		if !s.TransportOnly {
+			t.Errorf("TransportSpecs lists the shared flag %s", s.Name)
+		}
+		names = append(names, s.Name)
 	}
-	if strings.Contains(Defaults().Render(), "urma_provider") {
-		t.Error("Render wrote urma_provider at its default")
+	if want := []string{"urma_first_bytes_timeout", "urma_provider", "urma_require_token", "urma_shm_ring_size", "urma_soft_fabric"}; !slices.Equal(names, want) {
+		t.Fatalf("TransportSpecs() = %v, want %v", names, want)
+	}
+	for _, n := range names {
+		if strings.Contains(Defaults().Render(), n) {
+			t.Errorf("Render wrote %s at its default", n)
+		}
 	}
 	f := Defaults()
 	f.Provider = "soft"
@@ -204,10 +253,12 @@ func TestRenderRoundTrip(t *testing.T) {
 	f.Device = "bonding_dev_0"
 	f.ClientHandshakeVersion = 3
 	f.Provider = "liburma"
+	f.RequireToken = true
+	f.FirstBytesTimeout = 1500 * time.Millisecond
 	text := f.Render()
 	lines := strings.Split(strings.TrimSuffix(text, "\n"), "\n")
-	if len(lines) != len(Specs())+1 {
-		t.Fatalf("Render wrote %d lines, want one per flag (%d) and urma_provider", len(lines), len(Specs()))
+	if len(lines) != len(Specs())+3 {
+		t.Fatalf("Render wrote %d lines, want one per flag (%d) and the three transport-only ones set", len(lines), len(Specs()))
 	}
 	if !sort.StringsAreSorted(lines) {
 		t.Error("Render output is not sorted")
