@@ -40,6 +40,7 @@ type Metrics struct {
 	messages         *prometheus.CounterVec
 	windowStalls     *prometheus.CounterVec
 	protocolErrors   prometheus.Counter
+	tokenless        *prometheus.CounterVec
 	handshake        *prometheus.HistogramVec
 	resources        *resourceCollector
 	memlockLimit     prometheus.Gauge
@@ -81,6 +82,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "protocol_errors_total",
 			Help: "Connections closed because the peer broke the data-plane protocol (bad credit, bad completion).",
 		}),
+		tokenless: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "tokenless_connections_total",
+			Help: "URMA connections whose jetty takes messages without a token: peers that cannot present one (brpc), or Config.NoToken.",
+		}, []string{"role"}),
 		handshake: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "handshake_seconds",
 			Help:    "Duration of the TCP control-plane handshake, by result (urma, fallback, error) and role.",
@@ -121,7 +126,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.connsOpen, m.connsTotal, m.fallbacks, m.bytes, m.messages, m.windowStalls,
-		m.protocolErrors, m.handshake, m.resources, m.memlockLimit, m.memlockShortfall, m.fabricConns,
+		m.protocolErrors, m.tokenless, m.handshake, m.resources, m.memlockLimit, m.memlockShortfall, m.fabricConns,
 	}
 }
 
@@ -159,6 +164,8 @@ func (m *Metrics) adopt(c, existing prometheus.Collector) error {
 		swap(&m.windowStalls)
 	case m.protocolErrors:
 		swap(&m.protocolErrors)
+	case m.tokenless:
+		swap(&m.tokenless)
 	case m.handshake:
 		swap(&m.handshake)
 	case m.resources:
@@ -215,6 +222,15 @@ func (m *Metrics) Handshake(result, role string, seconds float64) {
 		return
 	}
 	m.handshake.WithLabelValues(result, role).Observe(seconds)
+}
+
+// TokenlessConn counts a URMA connection established for role whose jetty
+// takes messages without a token.
+func (m *Metrics) TokenlessConn(role string) {
+	if m == nil {
+		return
+	}
+	m.tokenless.WithLabelValues(role).Inc()
 }
 
 // ProtocolError counts a connection closed for a protocol violation.

@@ -21,6 +21,7 @@ func TestCountersAndGauges(t *testing.T) {
 	m.Fallback("jetty_budget_exhausted", RoleServer)
 	m.Handshake(ResultURMA, RoleClient, 0.002)
 	m.ProtocolError()
+	m.TokenlessConn(RoleServer)
 	d := m.Data(ModeURMA)
 	d.BytesSent.Add(100)
 	d.MessagesSent.Inc()
@@ -41,6 +42,7 @@ func TestCountersAndGauges(t *testing.T) {
 		{"messages sent", testutil.ToFloat64(m.messages.WithLabelValues(DirSent)), 1},
 		{"remote rq stalls", testutil.ToFloat64(m.windowStalls.WithLabelValues(WindowRemoteRQ)), 1},
 		{"protocol errors", testutil.ToFloat64(m.protocolErrors), 1},
+		{"tokenless server conns", testutil.ToFloat64(m.tokenless.WithLabelValues(RoleServer)), 1},
 		{"memlock limit", testutil.ToFloat64(m.memlockLimit), 65536},
 		{"memlock shortfall", testutil.ToFloat64(m.memlockShortfall), 1 << 20},
 		{"shm client conns", testutil.ToFloat64(m.fabricConns.WithLabelValues("shm", RoleClient)), 1},
@@ -124,6 +126,7 @@ func TestNilMetricsRecordNothing(t *testing.T) {
 	m.Fallback("x", RoleClient)
 	m.Handshake(ResultError, RoleServer, 1)
 	m.ProtocolError()
+	m.TokenlessConn(RoleServer)
 	m.Memlock(1, 0)
 	m.AddResourceSource(func() ResourceStats { return ResourceStats{} })()
 	d := m.Data(ModeTCP)
