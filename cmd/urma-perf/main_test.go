@@ -145,22 +145,28 @@ func TestClientServer(t *testing.T) {
 	}
 }
 
+// TestEchoServerAnswersPlainTCP: a plain TCP client gets its bytes back,
+// including one that sends fewer bytes than the perf magic, even a part of
+// it, and waits for the echo.
 func TestEchoServerAnswersPlainTCP(t *testing.T) {
 	isolate(t)
 	addr, _ := startServer(t, "--echo")
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	msg := "hello from a plain TCP client\n"
-	if _, err := c.Write([]byte(msg)); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(msg))
-	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
-	if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
-		t.Fatalf("echo %q, %v", got, err)
+	for _, msg := range []string{"hello from a plain TCP client\n", "hi", "UP"} {
+		t.Run(msg, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte(msg)); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(msg))
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
+				t.Fatalf("echo %q, %v", got, err)
+			}
+		})
 	}
 }
 

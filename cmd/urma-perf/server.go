@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/openeuler/urma-k8s/cmd/urma-perf/perfjson"
 	"github.com/openeuler/urma-k8s/pkg/transport"
@@ -155,12 +158,11 @@ func serveConn(conn net.Conn, echo bool, out *printer) {
 
 // serve answers one connection until it ends; a clean end is no error.
 func serve(c net.Conn, echo bool) (protocol string, err error) {
-	magic := make([]byte, len(perfMagic))
-	n, err := io.ReadFull(c, magic)
+	magic, err := readMagic(c)
 	if err != nil || string(magic) != perfMagic {
 		// A plain client: echo its bytes, or swallow them.
 		if echo {
-			if _, werr := c.Write(magic[:n]); werr != nil {
+			if _, werr := c.Write(magic); werr != nil {
 				return "plain", werr
 			}
 			if err == nil {
@@ -191,6 +193,37 @@ func serve(c net.Conn, echo bool) (protocol string, err error) {
 			return "perf", err
 		}
 	}
+}
+
+// plainIdle is how long the server waits for more of the perf magic once a
+// client sent a part of it: a plain client may send a few bytes and wait for
+// their echo.
+const plainIdle = 100 * time.Millisecond
+
+// readMagic reads the perf magic, or less: what a plain client sent before
+// it went quiet (for plainIdle), or before it showed it is not a perf
+// client. An error comes with the bytes read before it.
+func readMagic(c net.Conn) ([]byte, error) {
+	buf := make([]byte, len(perfMagic))
+	n := 0
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	for n < len(buf) {
+		if n > 0 {
+			if !strings.HasPrefix(perfMagic, string(buf[:n])) {
+				return buf[:n], nil // not a perf client: no need to wait
+			}
+			_ = c.SetReadDeadline(time.Now().Add(plainIdle))
+		}
+		k, err := c.Read(buf[n:])
+		n += k
+		if err != nil {
+			if n > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+				return buf[:n], nil // a plain client waiting for its echo
+			}
+			return buf[:n], err
+		}
+	}
+	return buf, nil
 }
 
 // cleanEnd maps the peer's orderly close, and ours at shutdown, to no error.
