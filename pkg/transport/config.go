@@ -25,7 +25,9 @@ const (
 	EnvEID         = "URMA_EID"
 	EnvJettyBudget = "URMA_JETTY_BUDGET"
 	EnvProvider    = "URMA_PROVIDER"
-	EnvLibrary     = liburma.EnvLibrary
+	// EnvRequireToken overrides urma_require_token ("true" or "false").
+	EnvRequireToken = "URMA_REQUIRE_TOKEN"
+	EnvLibrary      = liburma.EnvLibrary
 )
 
 // Default timeouts.
@@ -80,10 +82,22 @@ type Config struct {
 	// when every registered buffer is in use, instead of waiting (within the
 	// write deadline) for one to come back.
 	FailWhenPoolDry bool
-	// NoToken registers jetties and segments without a token, for brpc
-	// peers (which cannot present one). Anyone who learns their ids can
-	// then reach them.
+	// NoToken registers jetties and segments without a token. A Dialer
+	// needs it to use URMA with brpc servers, which cannot present a token;
+	// a Listener serves brpc clients without it (see RequireToken). Anyone
+	// who learns the ids of what is registered without a token can reach it.
 	NoToken bool
+	// RequireToken refuses URMA to peers that cannot present a token (brpc
+	// clients, whose hello lacks our extension): they are served on TCP
+	// (fallback reason token_mismatch) instead of on a jetty and segment
+	// registered without a token for their connection. False takes
+	// URMA_REQUIRE_TOKEN, then --urma_require_token (default false).
+	RequireToken bool
+	// FirstBytesTimeout is how long a server waits for a client's first
+	// four bytes before it serves the client as plain TCP (one that waits
+	// for the server to speak first); 0 takes --urma_first_bytes_timeout
+	// (default 1s), negative waits the whole HandshakeTimeout.
+	FirstBytesTimeout time.Duration
 	// HandshakeTimeout bounds the TCP handshake; 0 means 10s. A server
 	// serves a client that sends nothing within it as plain TCP.
 	HandshakeTimeout time.Duration
@@ -118,6 +132,8 @@ type settings struct {
 	failOnBudget     bool
 	failWhenPoolDry  bool
 	noToken          bool
+	requireToken     bool
+	firstBytes       time.Duration // 0: the whole handshake timeout
 	handshakeTimeout time.Duration
 	closeTimeout     time.Duration
 	log              logr.Logger
@@ -241,6 +257,21 @@ func (c Config) resolve() (settings, error) {
 	}
 	if s.fabric, err = resolveFabric(c.SoftFabric, env, s.flags); err != nil {
 		return settings{}, err
+	}
+
+	s.requireToken = c.RequireToken || s.flags.RequireToken
+	if v, ok := env(EnvRequireToken); ok && strings.TrimSpace(v) != "" && !c.RequireToken {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return settings{}, fmt.Errorf("transport config: %s=%q is not true or false", EnvRequireToken, v)
+		}
+		s.requireToken = b
+	}
+	switch {
+	case c.FirstBytesTimeout > 0:
+		s.firstBytes = c.FirstBytesTimeout
+	case c.FirstBytesTimeout == 0:
+		s.firstBytes = s.flags.FirstBytesTimeout
 	}
 	return s, nil
 }

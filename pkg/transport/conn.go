@@ -26,13 +26,15 @@ import (
 // Order: readMu -> pollMu -> mu; writeMu -> mu. Provider calls never call
 // back, so they may be made under any of them.
 type urmaConn struct {
-	e       *engine
-	res     *jettyRes
-	pool    *bufferPool
-	tcp     net.Conn
-	role    string
-	log     logr.Logger
-	version int
+	e        *engine
+	res      *jettyRes
+	spec     jettySpec  // what res is: send queue depth, token or none
+	ownHello *helloPage // the hello page of a connection without the engine's token
+	pool     *bufferPool
+	tcp      net.Conn
+	role     string
+	log      logr.Logger
+	version  int
 
 	// Fixed once the peer's hello is applied.
 	remoteJetty urma.RemoteJetty
@@ -94,23 +96,31 @@ var (
 )
 
 // newURMAConn takes what a connection needs from the engine (a reference,
-// a jetty, its receive buffers) and posts the receives. On failure it gives
-// everything back and says why the connection must use TCP.
-func newURMAConn(e *engine, tcp net.Conn, role string) (*urmaConn, *fallback) {
+// a jetty of spec, its receive buffers, a hello page of its own when it
+// goes without the engine's token) and posts the receives. On failure it
+// gives everything back and says why the connection must use TCP.
+func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaConn, *fallback) {
 	if !e.ref() {
 		return nil, fallbackf(ReasonResources, "the transport is shutting down")
 	}
-	res, fb := e.jetties.acquire()
+	res, fb := e.jetties.acquire(spec)
 	if fb != nil {
 		e.unref()
 		return nil, fb
 	}
 	rq := e.rqSize
+	rx := make([]*Buffer, rq)
+	if !e.pool.tryGetN(rq, rx) {
+		free, _ := e.pool.stats()
+		e.jetties.release(res)
+		e.unref()
+		return nil, fallbackf(ReasonResources, "buffer pool has %d free buffers, a connection needs %d for its receive queue (raise urma_buffer_count)", free, rq)
+	}
 	c := &urmaConn{
-		e: e, res: res, pool: e.pool, tcp: tcp, role: role,
+		e: e, res: res, spec: spec, pool: e.pool, tcp: tcp, role: role,
 		log:      e.log.WithValues("local", tcp.LocalAddr().String(), "remote", tcp.RemoteAddr().String()),
-		rx:       make([]*Buffer, rq),
-		rxState:  make([]rxState, rq),
+		rx:       rx,
+		rxState:  make([]rxState, rq), // rxSpare: the connection's, not posted yet
 		rxq:      make([]int32, rq),
 		stopCh:   make(chan struct{}),
 		closedCh: make(chan struct{}),
@@ -122,18 +132,22 @@ func newURMAConn(e *engine, tcp net.Conn, role string) (*urmaConn, *fallback) {
 		evDone: make(chan struct{}), watchDone: make(chan struct{}),
 		counters: e.metrics.Data(metrics.ModeURMA),
 	}
-	if !c.pool.tryGetN(rq, c.rx) {
-		free, _ := c.pool.stats()
-		e.jetties.release(res)
-		e.unref()
-		return nil, fallbackf(ReasonResources, "buffer pool has %d free buffers, a connection needs %d for its receive queue (raise urma_buffer_count)", free, rq)
+	for i, b := range rx {
+		b.recv, b.slot = c, int32(i)
+	}
+	if spec.tokenless && !e.s.noToken {
+		page, err := e.newHelloPage(true)
+		if err != nil {
+			c.release()
+			return nil, fallbackf(ReasonResources, "%v", err)
+		}
+		c.ownHello = page
 	}
 	c.mu.Lock()
 	var err error
-	for i, b := range c.rx {
-		b.recv, b.slot = c, int32(i)
-		if err == nil {
-			err = c.postRecvLocked(int32(i))
+	for i := range rx {
+		if err = c.postRecvLocked(int32(i)); err != nil {
+			break
 		}
 	}
 	c.mu.Unlock()
@@ -144,29 +158,46 @@ func newURMAConn(e *engine, tcp net.Conn, role string) (*urmaConn, *fallback) {
 	return c, nil
 }
 
-// localHello describes our side for the peer.
+// localHello describes our side for the peer. The EID is the context's, as
+// brpc advertises it: on a bonding device the jetty's own is a port's.
 func (c *urmaConn) localHello() handshake.Hello {
 	id := c.res.jetty.ID()
-	seg := c.e.helloSeg.ID()
-	return handshake.Hello{
+	page := c.e.hello
+	if c.ownHello != nil {
+		page = c.ownHello
+	}
+	seg := page.seg.ID()
+	h := handshake.Hello{
 		BufferSize:    uint32(c.e.bufSize),
 		RecvBufferCnt: uint32(c.e.rqSize - 1),
 		JettyID:       id.ID,
-		EID:           id.EID,
+		EID:           c.e.uctx.EID(),
 		UASID:         id.UASID,
-		TPType:        handshake.TPCTP,
+		TPType:        handshake.TPCTP, // what brpc sends
 		SegEID:        seg.EID,
 		SegUASID:      seg.UASID,
 		SegVA:         seg.VA,
 		SegLen:        seg.Len,
 		SegTokenID:    seg.TokenID,
-		Token:         uint32(c.e.token),
-		HasToken:      !c.e.s.noToken,
-		SQSize:        uint32(c.e.sqSize),
+		SQSize:        uint32(c.spec.sq),
 		CloseMarker:   true,
 		BootID:        c.e.fabric.bootID,
 	}
+	if !c.spec.tokenless {
+		h.Token, h.HasToken = uint32(c.e.token), true
+	}
+	return h
 }
+
+// brpcCreditThreshold is when a brpc peer with a receive queue of depth rq
+// returns credits: once more than (rq - 3) / 2 are pending (its SendAck).
+func brpcCreditThreshold(rq int) int { return (rq - creditWRs) / 2 }
+
+// brpcMinSQ is the smallest send queue depth whose window toward a brpc
+// peer with a receive queue of depth rq exceeds that threshold: with a
+// window at or below it, the peer never returns a credit and the writer
+// stalls forever.
+func brpcMinSQ(rq int) int { return brpcCreditThreshold(rq) + 1 + creditWRs }
 
 // applyPeer sizes the windows from the peer's hello and imports its segment,
 // then its jetty: in that order, or the first SEND fails on hardware.
@@ -175,7 +206,12 @@ func (c *urmaConn) applyPeer(ctx context.Context, h handshake.Hello) *fallback {
 		return fb
 	}
 	peerRQ := int(h.RecvBufferCnt) + 1
-	c.windowCap = min(c.e.sqSize, peerRQ) - creditWRs
+	c.windowCap = min(c.spec.sq, peerRQ) - creditWRs
+	if !h.HasExtension() && c.windowCap <= brpcCreditThreshold(peerRQ) {
+		return fallbackf(ReasonWindowTooSmall,
+			"the peer (a brpc peer: its hello has no extension) returns credits only when more than (its rq %d - 3) / 2 = %d are pending, but our send window is min(sq %d, %d) - 3 = %d: raise urma_sq_size to at least %d",
+			peerRQ, brpcCreditThreshold(peerRQ), c.spec.sq, peerRQ, c.windowCap, brpcMinSQ(peerRQ))
+	}
 	// Our receive window as the peer computes it; the peer's SQ depth is
 	// only known from our extension, else assume the smallest legal one.
 	peerWindow := min(c.e.rqSize-creditWRs, minPeerWindow)

@@ -122,6 +122,9 @@ func (c *urmaConn) establish(version int) error {
 	go c.watchTCP()
 	c.e.metrics.ConnOpened(metrics.ModeURMA, c.role)
 	c.e.metrics.FabricConn(c.e.fabricName(), c.role)
+	if c.spec.tokenless {
+		c.e.metrics.TokenlessConn(c.role)
+	}
 	return nil
 }
 
@@ -398,6 +401,11 @@ func (c *urmaConn) release() {
 	c.e.jetties.release(res)
 	for _, b := range back {
 		c.pool.put(b)
+	}
+	if c.ownHello != nil {
+		if err := c.ownHello.close(); err != nil {
+			c.log.Error(err, "releasing the connection's hello page")
+		}
 	}
 	c.e.unref()
 }

@@ -26,13 +26,14 @@ func TestDocsAreCurrent(t *testing.T) {
 	for _, r := range []Reason{
 		ReasonDisabled, ReasonProviderUnavailable, ReasonDeviceMissing, ReasonDeviceUnsuitable,
 		ReasonBudgetExhausted, ReasonResources, ReasonPeerNotURMA, ReasonPeerSilent,
-		ReasonPeerDeclined, ReasonInvalidHello, ReasonImportFailed, ReasonNoFastPath,
+		ReasonPeerDeclined, ReasonInvalidHello, ReasonImportFailed, ReasonNoFastPath, ReasonTokenMismatch,
+		ReasonWindowTooSmall,
 	} {
 		if !strings.Contains(doc, "| `"+string(r)+"` |") {
 			t.Errorf("docs/transport.md does not explain the fallback reason %s", r)
 		}
 	}
-	for _, v := range []string{EnvFlagsFile, EnvDevice, EnvDevices, EnvEID, EnvJettyBudget, EnvProvider, EnvLibrary, EnvSoftFabric, EnvShmDir} {
+	for _, v := range []string{EnvFlagsFile, EnvDevice, EnvDevices, EnvEID, EnvJettyBudget, EnvProvider, EnvLibrary, EnvSoftFabric, EnvShmDir, EnvRequireToken} {
 		if !strings.Contains(doc, "| `"+v+"` |") {
 			t.Errorf("docs/transport.md does not describe %s", v)
 		}

@@ -46,8 +46,7 @@ type engine struct {
 	uctx     urma.Context
 	dev      urma.DeviceInfo
 	pool     *bufferPool
-	helloMem *urma.Memory
-	helloSeg urma.Segment // what peers import before our jetty
+	hello    *helloPage // what peers import before our jetty
 	token    urma.Token
 	jetties  *jettyPool
 	pollers  *pollerGroup
@@ -197,22 +196,23 @@ func (e *engine) checkDevice() *fallback {
 		return fallbackf(ReasonDeviceUnsuitable, "urma_sq_size %d exceeds device %s max_jfs_depth %d", e.sqSize, e.dev.Name, c.MaxJFSDepth)
 	case c.MaxJFRDepth != 0 && uint32(e.rqSize) > c.MaxJFRDepth:
 		return fallbackf(ReasonDeviceUnsuitable, "urma_rq_size %d exceeds device %s max_jfr_depth %d", e.rqSize, e.dev.Name, c.MaxJFRDepth)
-	case c.MaxJFCDepth != 0 && uint32(e.jfcDepth()) > c.MaxJFCDepth:
-		return fallbackf(ReasonDeviceUnsuitable, "completion queue depth %d exceeds device %s max_jfc_depth %d", e.jfcDepth(), e.dev.Name, c.MaxJFCDepth)
+	case c.MaxJFCDepth != 0 && uint32(e.jfcDepth(e.sqSize)) > c.MaxJFCDepth:
+		return fallbackf(ReasonDeviceUnsuitable, "completion queue depth %d exceeds device %s max_jfc_depth %d", e.jfcDepth(e.sqSize), e.dev.Name, c.MaxJFCDepth)
 	case c.MaxMsgSize != 0 && uint64(e.bufSize) > c.MaxMsgSize:
 		return fallbackf(ReasonDeviceUnsuitable, "urma_buffer_size %d exceeds device %s max_msg_size %d", e.bufSize, e.dev.Name, c.MaxMsgSize)
 	}
 	return nil
 }
 
-// jfcDepth holds every completion a connection can have outstanding: its
-// sends, its receives, and the flush-done record.
-func (e *engine) jfcDepth() int { return e.sqSize + e.rqSize + 1 }
+// jfcDepth holds every completion a connection with a send queue of depth
+// sq can have outstanding: its sends, its receives, and the flush-done
+// record.
+func (e *engine) jfcDepth(sq int) int { return sq + e.rqSize + 1 }
 
 // registerMemory maps and registers the buffer pool, local-only when the
 // provider allows it (a SEND lands in posted receives without any remote
-// access right), and a one-page segment with remote read access and the
-// token: what peers import before our jetty, as brpc's handshake demands.
+// access right), and the hello page with the token: what peers import
+// before our jetty, as brpc's handshake demands.
 func (e *engine) registerMemory() error {
 	size := e.bufSize * e.s.flags.BufferCount
 	mem, err := urma.AllocMemory(size)
@@ -230,22 +230,56 @@ func (e *engine) registerMemory() error {
 	}
 	e.pool = newRegisteredPool(mem, seg, e.bufSize, e.s.flags.BufferCount)
 
-	e.helloMem, err = urma.AllocMemory(os.Getpagesize())
-	if err != nil {
-		return fmt.Errorf("allocate handshake segment: %w", err)
-	}
-	e.helloSeg, err = e.uctx.RegisterSegment(e.helloMem, e.remoteSegmentConfig(urma.AccessRead))
-	if err != nil {
-		return fmt.Errorf("register handshake segment: %w", err)
-	}
-	return nil
+	e.hello, err = e.newHelloPage(e.s.noToken)
+	return err
 }
 
 func (e *engine) remoteSegmentConfig(a urma.Access) urma.SegmentConfig {
-	if e.s.noToken {
+	return e.segmentConfig(a, e.s.noToken)
+}
+
+func (e *engine) segmentConfig(a urma.Access, tokenless bool) urma.SegmentConfig {
+	if tokenless {
 		return urma.SegmentConfig{Access: a, TokenPolicy: urma.TokenNone}
 	}
 	return urma.SegmentConfig{Access: a, TokenPolicy: urma.TokenPlainText, Token: e.token}
+}
+
+// helloAccess is what brpc asks for when it imports the segment a hello
+// names (urma_import_seg with READ, WRITE and ATOMIC); a registration with
+// less may refuse that import on hardware. The segment is a page of its
+// own, never pool memory, so this access exposes nothing.
+const helloAccess = urma.AccessRead | urma.AccessWrite | urma.AccessAtomic
+
+// helloPage is the one-page segment a hello names, for the peer to import
+// before our jetty.
+type helloPage struct {
+	mem *urma.Memory
+	seg urma.Segment
+}
+
+// newHelloPage maps and registers a hello page, with the engine's token or
+// none.
+func (e *engine) newHelloPage(tokenless bool) (*helloPage, error) {
+	mem, err := urma.AllocMemory(os.Getpagesize())
+	if err != nil {
+		return nil, fmt.Errorf("allocate handshake segment: %w", err)
+	}
+	seg, err := e.uctx.RegisterSegment(mem, e.segmentConfig(helloAccess, tokenless))
+	if err != nil {
+		_ = mem.Free()
+		return nil, fmt.Errorf("register handshake segment: %w", err)
+	}
+	return &helloPage{mem: mem, seg: seg}, nil
+}
+
+// close unregisters and unmaps the page; the memory stays mapped if the
+// unregistration fails.
+func (p *helloPage) close() error {
+	if err := p.seg.Close(); err != nil {
+		return fmt.Errorf("unregister handshake segment (its memory stays mapped): %w", err)
+	}
+	return p.mem.Free()
 }
 
 // randomToken draws a non-zero 32-bit token.
@@ -320,13 +354,9 @@ func (e *engine) teardownResources() {
 		e.jetties.drain()
 	}
 	var errs []error
-	if e.helloSeg != nil {
-		errs = append(errs, e.helloSeg.Close())
-		e.helloSeg = nil
-	}
-	if e.helloMem != nil {
-		errs = append(errs, e.helloMem.Free())
-		e.helloMem = nil
+	if e.hello != nil {
+		errs = append(errs, e.hello.close())
+		e.hello = nil
 	}
 	if e.pool != nil {
 		if err := e.pool.seg.Close(); err != nil {

@@ -245,6 +245,74 @@ func TestSilentClientServedAfterTimeout(t *testing.T) {
 	}
 }
 
+// TestFirstBytesTimeout: a client that waits for the server to speak first
+// is served as plain TCP after urma_first_bytes_timeout (Config or flag),
+// not after the whole handshake timeout (issue 9, item 10).
+func TestFirstBytesTimeout(t *testing.T) {
+	checkNoLeaks(t)
+	byFlag := smallFlags()
+	byFlag.FirstBytesTimeout = 150 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		cfg  func(c *Config)
+		want string
+	}{
+		{"Config.FirstBytesTimeout", func(c *Config) { c.FirstBytesTimeout = 100 * time.Millisecond }, "within 100ms"},
+		{"--urma_first_bytes_timeout", func(c *Config) { c.Flags = &byFlag }, "within 150ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, _ := fabricPair(t)
+			cfg := cfgWith(pa, smallFlags())
+			cfg.HandshakeTimeout = time.Hour // never what ends the wait here
+			tc.cfg(&cfg)
+			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			if _, err := raw.Write([]byte("ab")); err != nil {
+				t.Fatal(err)
+			}
+			accepted := make(chan net.Conn, 1)
+			go func() {
+				if c, err := ln.Accept(); err == nil {
+					accepted <- c
+				}
+			}()
+			var c net.Conn
+			select {
+			case c = <-accepted:
+			case <-time.After(30 * time.Second):
+				t.Fatal("a client waiting for the server to speak first was not served within 30s")
+			}
+			defer c.Close()
+			if r := c.(Conn).FallbackReason(); !strings.HasPrefix(r, string(ReasonPeerSilent)) || !strings.Contains(r, tc.want+" (urma_first_bytes_timeout)") {
+				t.Fatalf("reason %q, want %s saying %q", r, ReasonPeerSilent, tc.want)
+			}
+			// The server speaks first; the client's bytes are kept.
+			if _, err := c.Write([]byte("220 ready\r\n")); err != nil {
+				t.Fatal(err)
+			}
+			greeting := make([]byte, len("220 ready\r\n"))
+			if _, err := io.ReadFull(raw, greeting); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := raw.Write([]byte("cd")); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, 4)
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != "abcd" {
+				t.Fatalf("server read %q, %v; want abcd", got, err)
+			}
+		})
+	}
+}
+
 // rawHello sends hello bytes (and then ack, if not nil) from a plain TCP
 // client and returns the connection and the server's reply hello.
 func rawHello(t *testing.T, addr string, hello []byte) (net.Conn, handshake.Hello, error) {
@@ -375,7 +443,8 @@ func TestClientAlwaysSendsAck(t *testing.T) {
 	}{
 		{"v2 fallback hello", 2, func() []byte { return handshake.AppendV2Fallback(nil) }, ReasonPeerDeclined},
 		{"v3 fallback hello", 3, func() []byte { return handshake.AppendV3Fallback(nil) }, ReasonPeerDeclined},
-		{"v2 hello naming no jetty", 2, func() []byte { return handshake.AppendV2(nil, fakeHello()) }, ReasonImportFailed},
+		{"v2 hello naming no jetty", 2, func() []byte { h := fakeHello(); h.SQSize = 16; return handshake.AppendV2(nil, h) }, ReasonImportFailed},
+		{"v2 hello of a brpc server to a dialer with a token", 2, func() []byte { return handshake.AppendV2(nil, fakeHello()) }, ReasonTokenMismatch},
 		{"v2 broken hello", 2, func() []byte { b := handshake.AppendV2(nil, fakeHello()); b[9] = 7; return b }, ReasonInvalidHello},
 	}
 	for _, tc := range tests {

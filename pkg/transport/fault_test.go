@@ -20,6 +20,15 @@ type faultConfig struct {
 	stallImport bool
 	// onJFRClose runs just after a JFR is destroyed.
 	onJFRClose func()
+	// jettyEID, when set, is the EID jetties report in their ID, as a
+	// bonding device's jetties report a port's EID, not the context's.
+	jettyEID *urma.EID
+}
+
+// segmentReg is one RegisterSegment call that succeeded.
+type segmentReg struct {
+	id  urma.SegmentID
+	cfg urma.SegmentConfig
 }
 
 // faults is a faultConfig that tests change while connections run, and
@@ -29,6 +38,7 @@ type faults struct {
 	cfg   faultConfig
 	live  map[string]int
 	tried map[string]int // Create<verb> calls, failed ones included
+	segs  []segmentReg
 }
 
 func (f *faults) createErr(verb string) error {
@@ -64,6 +74,13 @@ func (f *faults) get() faultConfig {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.cfg
+}
+
+// registrations lists the segments registered so far.
+func (f *faults) registrations() []segmentReg {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]segmentReg(nil), f.segs...)
 }
 
 // attempts is how many times Create<verb> was called.
@@ -202,6 +219,16 @@ func (c *faultContext) CreateJetty(cfg urma.JettyConfig) (urma.Jetty, error) {
 	return &faultJetty{Jetty: x, f: c.f}, nil
 }
 
+func (c *faultContext) RegisterSegment(mem *urma.Memory, cfg urma.SegmentConfig) (urma.Segment, error) {
+	seg, err := c.Context.RegisterSegment(mem, cfg)
+	if err == nil {
+		c.f.mu.Lock()
+		c.f.segs = append(c.f.segs, segmentReg{id: seg.ID(), cfg: cfg})
+		c.f.mu.Unlock()
+	}
+	return seg, err
+}
+
 func (c *faultContext) ImportJetty(ctx context.Context, id urma.JettyID, mode urma.TransportMode, token urma.Token) (urma.RemoteJetty, error) {
 	if c.f.get().stallImport {
 		<-ctx.Done()
@@ -241,6 +268,14 @@ func (x *faultJetty) PostSend(wr *urma.SendWR) error {
 		return err
 	}
 	return x.Jetty.PostSend(wr)
+}
+
+func (x *faultJetty) ID() urma.JettyID {
+	id := x.Jetty.ID()
+	if e := x.f.get().jettyEID; e != nil {
+		id.EID = *e
+	}
+	return id
 }
 
 func (x *faultJetty) Close() error {

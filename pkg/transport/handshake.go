@@ -2,7 +2,6 @@ package transport
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -86,7 +85,7 @@ func clientHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 	if e.unavailable() != nil {
 		return done(tcpMode(*e.unavailable(), nil, 0), metrics.ResultFallback)
 	}
-	c, fb := newURMAConn(e, tcp, role)
+	c, fb := newURMAConn(e, tcp, role, e.spec())
 	if fb != nil {
 		if fb.reason == ReasonBudgetExhausted && e.s.failOnBudget {
 			e.metrics.Handshake(metrics.ResultError, role, time.Since(start).Seconds())
@@ -150,6 +149,10 @@ func (c *urmaConn) clientExchange(ctx context.Context, version handshake.Version
 		}
 		return fallBack(fallbackf(ReasonInvalidHello, "server hello: %v", err), nil, true)
 	}
+	if !h.HasExtension() && !c.spec.tokenless {
+		return fallBack(fallbackf(ReasonTokenMismatch,
+			"the server's hello has no token extension (a brpc server): it cannot present our token, so its sends would be refused; dial with Config.NoToken to use URMA with brpc servers"), nil, true)
+	}
 	if fb := c.applyPeer(ctx, h); fb != nil {
 		return fallBack(fb, nil, true)
 	}
@@ -193,99 +196,192 @@ func serverHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 	return conn, nil
 }
 
+// serverSide is the server's half of one handshake.
+type serverSide struct {
+	e       *engine
+	tcp     net.Conn
+	version handshake.Version
+	hello   handshake.Hello // the client's, as far as it was decoded
+	conn    *urmaConn       // nil when the server falls back
+	why     *fallback       // why it falls back
+}
+
+// serverExchange does the server's bytes; an error means the connection is
+// unusable.
 func serverExchange(ctx context.Context, e *engine, tcp net.Conn) (Conn, string, error) {
-	role := metrics.RoleServer
-	tcpMode := func(fb *fallback, prefix []byte, version int) (Conn, string, error) {
-		return newTCPConn(tcp, role, *fb, prefix, version, e.bufSize, e.metrics), metrics.ResultFallback, nil
+	s := &serverSide{e: e, tcp: tcp}
+	magic, fb, err := s.readFirstBytes(ctx)
+	if err != nil {
+		return nil, metrics.ResultError, err
 	}
-	var magic [handshake.MagicLen]byte
-	n, err := io.ReadFull(tcp, magic[:])
-	switch {
-	case err == nil:
-	case isTimeout(err):
-		// A client that waits for the server to speak first: serve it as
-		// plain TCP with whatever it sent.
-		return tcpMode(fallbackf(ReasonPeerSilent, "the client sent %d bytes within %s, not a hello", n, e.s.handshakeTimeout), magic[:n], 0)
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		// It sent a few bytes (or none) and closed: the application sees
-		// them and then EOF.
-		return tcpMode(fallbackf(ReasonPeerNotURMA, "the client sent %d bytes and closed", n), magic[:n], 0)
-	default:
-		return nil, metrics.ResultError, fmt.Errorf("read the client's first bytes: %w", err)
+	if fb != nil {
+		return s.tcpMode(fb, magic, 0)
 	}
-	version, ok := handshake.IsMagic(magic[:])
-	if !ok {
-		return tcpMode(fallbackf(ReasonPeerNotURMA, "the client's first bytes %q are not a hello", magic[:]), magic[:], 0)
-	}
-	h, _, err := handshake.ReadHello(tcp, magic[:])
+	s.version, _ = handshake.IsMagic(magic)
+	h, _, err := handshake.ReadHello(tcp, magic)
 	if err != nil && !errors.Is(err, handshake.ErrInvalidHello) {
 		return nil, metrics.ResultError, fmt.Errorf("read the client's hello: %w", err)
 	}
-	// Decide: URMA, or why not.
-	var fb *fallback
-	var c *urmaConn
-	switch {
-	case err != nil:
-		fb = fallbackf(ReasonInvalidHello, "client hello: %v", err)
-	case e.unavailable() != nil:
-		fb = e.unavailable()
-	default:
-		c, fb = newURMAConn(e, tcp, role)
-		if fb == nil {
-			if fb = c.applyPeer(ctx, h); fb != nil {
-				c.release()
-				c = nil
+	s.hello = h
+	s.decide(ctx, err)
+	if s.why != nil && s.why.reason == ReasonBudgetExhausted && e.s.failOnBudget {
+		return nil, metrics.ResultError, fmt.Errorf("%s (Config.FailWhenBudgetExhausted)", s.why)
+	}
+	conn, result, err := s.finish()
+	if err != nil && s.conn != nil {
+		s.conn.release()
+	}
+	return conn, result, err
+}
+
+// readFirstBytes reads the four bytes that tell a hello from a plain TCP
+// client, within urma_first_bytes_timeout: a URMA client sends its hello
+// at once, so a client still silent then waits for the server to speak
+// first and is served as plain TCP with whatever it sent (a fallback,
+// returned with those bytes).
+func (s *serverSide) readFirstBytes(ctx context.Context) ([]byte, *fallback, error) {
+	var magic [handshake.MagicLen]byte
+	wait := s.e.s.handshakeTimeout
+	if fbt := s.e.s.firstBytes; fbt > 0 && fbt < wait {
+		wait = fbt
+		d, _ := ctx.Deadline()
+		_ = s.tcp.SetReadDeadline(time.Now().Add(fbt))
+		defer func() {
+			_ = s.tcp.SetReadDeadline(d)
+			if ctx.Err() != nil {
+				_ = s.tcp.SetDeadline(aLongTimeAgo) // cancelled meanwhile: stay cancelled
 			}
+		}()
+	}
+	n, err := io.ReadFull(s.tcp, magic[:])
+	switch {
+	case err == nil:
+	case isTimeout(err):
+		return magic[:n], fallbackf(ReasonPeerSilent, "the client sent %d bytes within %s (urma_first_bytes_timeout), not a hello", n, wait), nil
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		// It sent a few bytes (or none) and closed: the application sees
+		// them and then EOF.
+		return magic[:n], fallbackf(ReasonPeerNotURMA, "the client sent %d bytes and closed", n), nil
+	default:
+		return nil, nil, fmt.Errorf("read the client's first bytes: %w", err)
+	}
+	if _, ok := handshake.IsMagic(magic[:]); !ok {
+		return magic[:], fallbackf(ReasonPeerNotURMA, "the client's first bytes %q are not a hello", magic[:]), nil
+	}
+	return magic[:], nil, nil
+}
+
+// decide chooses URMA (s.conn, the client's segment and jetty imported) or
+// why not (s.why), from the client's hello and its error.
+func (s *serverSide) decide(ctx context.Context, helloErr error) {
+	e := s.e
+	switch {
+	case helloErr != nil:
+		s.why = fallbackf(ReasonInvalidHello, "client hello: %v", helloErr)
+		return
+	case e.unavailable() != nil:
+		s.why = e.unavailable()
+		return
+	}
+	spec, fb := e.specFor(s.hello)
+	if fb != nil {
+		s.why = fb
+		return
+	}
+	c, fb := newURMAConn(e, s.tcp, metrics.RoleServer, spec)
+	if fb != nil {
+		s.why = fb
+		return
+	}
+	if fb := c.applyPeer(ctx, s.hello); fb != nil {
+		c.release()
+		s.why = fb
+		return
+	}
+	s.conn = c
+}
+
+// specFor chooses the queues for a client whose hello is h: the engine's,
+// unless the client is a brpc peer (no extension). brpc presents no token,
+// so its connection gets a jetty and hello page without one (unless
+// urma_require_token refuses it), and it returns credits only past half its
+// receive queue, so our send queue is made deep enough for a window above
+// that (up to its whole receive queue, within the device's limits).
+func (e *engine) specFor(h handshake.Hello) (jettySpec, *fallback) {
+	spec := e.spec()
+	if h.HasExtension() {
+		return spec, nil
+	}
+	if !spec.tokenless {
+		if e.s.requireToken {
+			return spec, fallbackf(ReasonTokenMismatch, "the client's hello has no token extension (a brpc client, which cannot present a token) and urma_require_token is set")
 		}
+		spec.tokenless = true
 	}
-	if fb != nil && fb.reason == ReasonBudgetExhausted && e.s.failOnBudget {
-		return nil, metrics.ResultError, fmt.Errorf("%s (Config.FailWhenBudgetExhausted)", fb)
+	peerRQ := int(h.RecvBufferCnt) + 1
+	if spec.sq < brpcMinSQ(peerRQ) {
+		spec.sq = max(spec.sq, min(peerRQ, e.maxSQ()))
 	}
+	return spec, nil
+}
+
+// maxSQ is the deepest send queue the device takes, its completion queue
+// included.
+func (e *engine) maxSQ() int {
+	limit := maxQueueDepth
+	if c := e.dev.Caps.MaxJFSDepth; c != 0 {
+		limit = min(limit, int(c))
+	}
+	if c := e.dev.Caps.MaxJFCDepth; c != 0 {
+		limit = min(limit, int(c)-e.rqSize-1)
+	}
+	return limit
+}
+
+// maxQueueDepth is the deepest queue brpc and the flags allow.
+const maxQueueDepth = 4096
+
+// finish sends our hello (or the fallback hello), reads the client's ACK
+// and makes the connection.
+func (s *serverSide) finish() (Conn, string, error) {
 	var reply []byte
-	if c != nil {
-		reply = appendHello(nil, version, c.localHello())
+	if s.conn != nil {
+		reply = appendHello(nil, s.version, s.conn.localHello())
 	} else {
-		reply = appendFallbackHello(nil, version)
+		reply = appendFallbackHello(nil, s.version)
 	}
-	fail := func(err error) (Conn, string, error) {
-		if c != nil {
-			c.release()
-		}
-		return nil, metrics.ResultError, err
-	}
-	if _, err := tcp.Write(reply); err != nil {
-		return fail(fmt.Errorf("send hello: %w", err))
+	if _, err := s.tcp.Write(reply); err != nil {
+		return nil, metrics.ResultError, fmt.Errorf("send hello: %w", err)
 	}
 	// A foreign client (no extension in its hello: brpc) that we decline
 	// may send no ACK at all: brpc's URMA client goes straight to TCP.
 	// Its first bytes then cannot pass for an ACK (reserved bits set), or
 	// it says nothing until the handshake timeout; either way it is served
 	// as TCP with nothing lost. Our own clients always send the ACK.
-	lenient := c == nil && !h.HasToken && h.SQSize == 0
-	var ackBytes [handshake.AckLen]byte
-	n, err = io.ReadFull(tcp, ackBytes[:])
-	if err != nil {
-		if lenient && isTimeout(err) {
-			return tcpMode(fb, ackBytes[:n], int(version))
-		}
-		return fail(fmt.Errorf("read handshake ACK: %w", err))
-	}
-	flags := binary.BigEndian.Uint32(ackBytes[:])
-	useURMA := flags&handshake.AckUseURMA != 0
-	if lenient && flags&^handshake.AckUseURMA != 0 {
-		return tcpMode(fb, ackBytes[:], int(version))
-	}
+	lenient := s.conn == nil && !s.hello.HasExtension()
+	ack, raw, err := handshake.ReadAck(s.tcp)
 	switch {
-	case !useURMA && c != nil:
-		c.release()
-		return tcpMode(fallbackf(ReasonPeerDeclined, "the client's ACK (flags %#x) asks for TCP", flags), nil, int(version))
-	case !useURMA:
-		return tcpMode(fb, nil, int(version))
-	case c == nil:
-		return fail(fmt.Errorf("the client asks for URMA (ACK flags %#x) although the server fell back (%s)", flags, fb))
+	case err != nil && lenient && isTimeout(err):
+		return s.tcpMode(s.why, raw, int(s.version))
+	case err != nil:
+		return nil, metrics.ResultError, err
+	case lenient && ack.Reserved():
+		return s.tcpMode(s.why, raw, int(s.version))
+	case !ack.UseURMA() && s.conn != nil:
+		s.conn.release()
+		s.conn = nil
+		return s.tcpMode(fallbackf(ReasonPeerDeclined, "the client's ACK (flags %#x) asks for TCP", uint32(ack)), nil, int(s.version))
+	case !ack.UseURMA():
+		return s.tcpMode(s.why, nil, int(s.version))
+	case s.conn == nil:
+		return nil, metrics.ResultError, fmt.Errorf("the client asks for URMA (ACK flags %#x) although the server fell back (%s)", uint32(ack), s.why)
 	}
-	if err := c.establish(int(version)); err != nil {
-		return fail(err)
+	if err := s.conn.establish(int(s.version)); err != nil {
+		return nil, metrics.ResultError, err
 	}
-	return c, metrics.ResultURMA, nil
+	return s.conn, metrics.ResultURMA, nil
+}
+
+func (s *serverSide) tcpMode(fb *fallback, prefix []byte, version int) (Conn, string, error) {
+	return newTCPConn(s.tcp, metrics.RoleServer, *fb, prefix, version, s.e.bufSize, s.e.metrics), metrics.ResultFallback, nil
 }

@@ -17,11 +17,23 @@ type jettyRes struct {
 	jetty urma.Jetty
 }
 
+// jettySpec is what a connection's queues must be. Prepared jetties have
+// the engine's spec; a brpc peer may need another: no token (it cannot
+// present one) and a deeper send queue (see brpcMinSQ).
+type jettySpec struct {
+	sq        int
+	tokenless bool
+}
+
+// spec is the engine's own jetty spec: the configured send queue depth,
+// and a token unless Config.NoToken.
+func (e *engine) spec() jettySpec { return jettySpec{sq: e.sqSize, tokenless: e.s.noToken} }
+
 // createJetty builds a jettyRes in liburma's order. On failure it destroys
 // whatever it created and names the step that failed.
-func (e *engine) createJetty() (*jettyRes, error) {
+func (e *engine) createJetty(spec jettySpec) (*jettyRes, error) {
 	r := &jettyRes{}
-	if err := e.buildJetty(r); err != nil {
+	if err := e.buildJetty(r, spec); err != nil {
 		if derr := r.destroy(); derr != nil {
 			e.log.Error(derr, "destroying a partly created jetty")
 		}
@@ -33,7 +45,7 @@ func (e *engine) createJetty() (*jettyRes, error) {
 // buildJetty creates r's queues one by one, stopping at the first error.
 // Each is stored only once created: a provider may return a typed nil with
 // its error.
-func (e *engine) buildJetty(r *jettyRes) error {
+func (e *engine) buildJetty(r *jettyRes, spec jettySpec) error {
 	if !e.s.flags.UsePolling {
 		jfce, err := e.uctx.CreateJFCE()
 		if err != nil {
@@ -41,29 +53,30 @@ func (e *engine) buildJetty(r *jettyRes) error {
 		}
 		r.jfce = jfce
 	}
-	jfc, err := e.uctx.CreateJFC(urma.JFCConfig{Depth: uint32(e.jfcDepth()), JFCE: r.jfce})
+	depth := e.jfcDepth(spec.sq)
+	jfc, err := e.uctx.CreateJFC(urma.JFCConfig{Depth: uint32(depth), JFCE: r.jfce})
 	if err != nil {
-		return fmt.Errorf("create JFC of depth %d: %w", e.jfcDepth(), err)
+		return fmt.Errorf("create JFC of depth %d: %w", depth, err)
 	}
 	r.jfc = jfc
-	policy := urma.TokenPlainText
-	if e.s.noToken {
-		policy = urma.TokenNone
+	policy, token := urma.TokenPlainText, e.token
+	if spec.tokenless {
+		policy, token = urma.TokenNone, 0
 	}
 	jfr, err := e.uctx.CreateJFR(urma.JFRConfig{
 		Mode: urma.RM, Depth: uint32(e.rqSize), MaxSGE: 1, JFC: r.jfc, MinRNRTimer: minRNRTimer,
-		TokenPolicy: policy, Token: e.token,
+		TokenPolicy: policy, Token: token,
 	})
 	if err != nil {
 		return fmt.Errorf("create JFR of depth %d: %w", e.rqSize, err)
 	}
 	r.jfr = jfr
 	jetty, err := e.uctx.CreateJetty(urma.JettyConfig{
-		Mode: urma.RM, SQDepth: uint32(e.sqSize), MaxSGE: 1, SendJFC: r.jfc, JFR: r.jfr,
+		Mode: urma.RM, SQDepth: uint32(spec.sq), MaxSGE: 1, SendJFC: r.jfc, JFR: r.jfr,
 		RNRRetry: rnrRetryForever, ErrTimeout: errTimeout,
 	})
 	if err != nil {
-		return fmt.Errorf("create jetty of SQ depth %d: %w", e.sqSize, err)
+		return fmt.Errorf("create jetty of SQ depth %d: %w", spec.sq, err)
 	}
 	r.jetty = jetty
 	return nil
@@ -129,13 +142,15 @@ func newJettyPool(e *engine) *jettyPool {
 	return p
 }
 
-// acquire returns a jetty for a new connection, or why there is none. When
-// the budget is spent only because the filler is creating a jetty right
-// now, it waits for that one.
-func (p *jettyPool) acquire() (*jettyRes, *fallback) {
+// acquire returns a jetty of spec for a new connection, or why there is
+// none: a prepared one when spec is the engine's, else a fresh one. When the
+// budget is spent only because the filler is creating a jetty right now, it
+// waits for that one.
+func (p *jettyPool) acquire(spec jettySpec) (*jettyRes, *fallback) {
+	usePrepared := spec == p.e.spec()
 	p.mu.Lock()
 	for {
-		if n := len(p.prepared); n > 0 {
+		if n := len(p.prepared); n > 0 && usePrepared {
 			r := p.prepared[n-1]
 			p.prepared = p.prepared[:n-1]
 			p.mu.Unlock()
@@ -153,7 +168,7 @@ func (p *jettyPool) acquire() (*jettyRes, *fallback) {
 		p.ready.Wait()
 	}
 	p.mu.Unlock()
-	r, err := p.e.createJetty()
+	r, err := p.e.createJetty(spec)
 	if err != nil {
 		p.mu.Lock()
 		p.live--
@@ -193,7 +208,7 @@ func (p *jettyPool) fill(done <-chan struct{}) {
 		}
 		p.mu.Unlock()
 		if short {
-			r, err := p.e.createJetty()
+			r, err := p.e.createJetty(p.e.spec())
 			p.mu.Lock()
 			p.preparing--
 			if err == nil {

@@ -61,13 +61,22 @@ const (
 	// ReasonInvalidHello: the peer's hello broke a validity rule.
 	ReasonInvalidHello Reason = "invalid_hello"
 	// ReasonImportFailed: importing the peer's segment or jetty failed
-	// (unreachable device, wrong token, different transport mode).
+	// (unreachable device, different transport mode).
 	ReasonImportFailed Reason = "import_failed"
 	// ReasonNoFastPath: the software provider cannot reach the peer over
 	// shared memory (another host, another shm directory, a peer on the
 	// socket fabric), and its socket fabric would be slower than plain TCP
 	// (urma_soft_fabric=auto or shm).
 	ReasonNoFastPath Reason = "no_fast_path"
+	// ReasonTokenMismatch: the two ends disagree on tokens, so the first
+	// SEND would be refused: a brpc server (no token, no extension) dialed
+	// with a token (dial with Config.NoToken), or a brpc client refused by
+	// urma_require_token.
+	ReasonTokenMismatch Reason = "token_mismatch"
+	// ReasonWindowTooSmall: the peer is a brpc peer, which returns credits
+	// only past half its receive queue, and our send window cannot exceed
+	// that (raise urma_sq_size): URMA would stall.
+	ReasonWindowTooSmall Reason = "window_too_small"
 )
 
 // Conn is what every connection of this package implements: a net.Conn

@@ -31,6 +31,10 @@ type rawPeer struct {
 	tcp     net.Conn
 	server  handshake.Hello
 	credits int // credits the server returned so far
+	// ours makes the peer present our extension (an SQ depth) and use the
+	// server's token, as our own client would; without it the peer is a
+	// brpc client, which sees no token and presents none.
+	ours bool
 }
 
 const rawBuf = 4096
@@ -38,6 +42,15 @@ const rawBuf = 4096
 func newRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
 	t.Helper()
 	r := newRawQueues(t, prov)
+	r.dial(addr)
+	return r
+}
+
+// newOurRawPeer is newRawPeer presenting our extension.
+func newOurRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
+	t.Helper()
+	r := newRawQueues(t, prov)
+	r.ours = true
 	r.dial(addr)
 	return r
 }
@@ -73,13 +86,17 @@ func newRawQueues(t *testing.T, prov urma.Provider) *rawPeer {
 	return r
 }
 
-// hello describes the raw peer as brpc would: no extension.
+// hello describes the raw peer: as brpc would (no extension), or as ours.
 func (r *rawPeer) hello() handshake.Hello {
 	id, sid := r.jetty.ID(), r.seg.ID()
-	return handshake.Hello{
+	h := handshake.Hello{
 		BufferSize: rawBuf, RecvBufferCnt: 15, JettyID: id.ID, EID: id.EID, UASID: id.UASID, TPType: handshake.TPCTP,
 		SegEID: sid.EID, SegUASID: sid.UASID, SegVA: sid.VA, SegLen: sid.Len, SegTokenID: sid.TokenID,
 	}
+	if r.ours {
+		h.SQSize = 16
+	}
+	return h
 }
 
 // dial runs the client side of the handshake with the server at addr.
@@ -103,9 +120,13 @@ func (r *rawPeer) dial(addr string) {
 	r.server, _, err = handshake.ReadHello(r.tcp, magic)
 	must(err)
 	h := r.server
-	r.rseg, err = r.ctx.ImportSegment(urma.SegmentID{EID: h.SegEID, UASID: h.SegUASID, VA: h.SegVA, Len: h.SegLen, TokenID: h.SegTokenID}, urma.Token(h.Token))
+	token := urma.Token(0) // brpc never sees our extension
+	if r.ours {
+		token = urma.Token(h.Token)
+	}
+	r.rseg, err = r.ctx.ImportSegment(urma.SegmentID{EID: h.SegEID, UASID: h.SegUASID, VA: h.SegVA, Len: h.SegLen, TokenID: h.SegTokenID}, token)
 	must(err)
-	r.target, err = r.ctx.ImportJetty(context.Background(), urma.JettyID{EID: h.EID, UASID: h.UASID, ID: h.JettyID}, urma.RM, urma.Token(h.Token))
+	r.target, err = r.ctx.ImportJetty(context.Background(), urma.JettyID{EID: h.EID, UASID: h.UASID, ID: h.JettyID}, urma.RM, token)
 	must(err)
 	_, err = r.tcp.Write(handshake.AppendAck(nil, true))
 	must(err)
@@ -301,7 +322,7 @@ func TestTokenProtectsJettyAndSegments(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	r := newRawPeer(t, pb, ln.Addr().String()) // imports with the right token
+	r := newOurRawPeer(t, pb, ln.Addr().String()) // imports with the right token
 	c, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)

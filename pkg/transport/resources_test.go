@@ -223,6 +223,10 @@ func TestConfigResolve(t *testing.T) {
 	if err := os.WriteFile(good, []byte("--urma_sq_size=64\n--urma_device=udma3\n--urma_use_polling\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	strict := dir + "/strict"
+	if err := os.WriteFile(strict, []byte("--urma_require_token\n--urma_first_bytes_timeout=250ms\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	bad := dir + "/bad"
 	if err := os.WriteFile(bad, []byte("--urma_rq_size=5\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -292,6 +296,47 @@ func TestConfigResolve(t *testing.T) {
 			env:   map[string]string{EnvProvider: " Soft "},
 			check: func(s settings) string { return expect(s.providerName == ProviderSoft, "provider soft") },
 		},
+		{
+			name: "token and first-bytes defaults",
+			check: func(s settings) string {
+				return expect(!s.requireToken && s.firstBytes == time.Second, "no token required, first bytes within 1s")
+			},
+		},
+		{
+			name: "token and first bytes from the flags file",
+			env:  map[string]string{EnvFlagsFile: strict},
+			check: func(s settings) string {
+				return expect(s.requireToken && s.firstBytes == 250*time.Millisecond, "token required, first bytes within 250ms")
+			},
+		},
+		{
+			name:  "URMA_REQUIRE_TOKEN beats the file",
+			env:   map[string]string{EnvFlagsFile: strict, EnvRequireToken: "false"},
+			check: func(s settings) string { return expect(!s.requireToken, "no token required") },
+		},
+		{
+			name:  "URMA_REQUIRE_TOKEN",
+			env:   map[string]string{EnvRequireToken: " true "},
+			check: func(s settings) string { return expect(s.requireToken, "token required") },
+		},
+		{
+			name:  "Config.RequireToken beats the environment",
+			cfg:   Config{RequireToken: true},
+			env:   map[string]string{EnvRequireToken: "false"},
+			check: func(s settings) string { return expect(s.requireToken, "token required") },
+		},
+		{
+			name:  "Config.FirstBytesTimeout beats the file",
+			cfg:   Config{FirstBytesTimeout: 50 * time.Millisecond},
+			env:   map[string]string{EnvFlagsFile: strict},
+			check: func(s settings) string { return expect(s.firstBytes == 50*time.Millisecond, "first bytes within 50ms") },
+		},
+		{
+			name:  "negative Config.FirstBytesTimeout waits the whole handshake",
+			cfg:   Config{FirstBytesTimeout: -1},
+			check: func(s settings) string { return expect(s.firstBytes == 0, "no first-bytes timeout") },
+		},
+		{name: "bad URMA_REQUIRE_TOKEN", env: map[string]string{EnvRequireToken: "maybe"}, wantErr: `URMA_REQUIRE_TOKEN="maybe" is not true or false`},
 		{name: "missing flags file", env: map[string]string{EnvFlagsFile: dir + "/nope"}, wantErr: "open flags file"},
 		{name: "flags file out of range", env: map[string]string{EnvFlagsFile: bad}, wantErr: "line 1: flag urma_rq_size: 5 is out of range (want 16..4096)"},
 		{name: "bad budget", env: map[string]string{EnvJettyBudget: "many"}, wantErr: `URMA_JETTY_BUDGET="many" is not a non-negative integer`},
