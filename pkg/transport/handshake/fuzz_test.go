@@ -15,6 +15,8 @@ func FuzzParseV2(f *testing.F) {
 	f.Add(AppendV2(nil, h))
 	h.Token, h.HasToken = 5, true
 	f.Add(AppendV2(nil, h))
+	h.SQSize, h.CloseMarker = 64, true
+	f.Add(AppendV2(nil, h))
 	f.Add(AppendV2Fallback(nil))
 	f.Add([]byte("URMA"))
 	f.Add([]byte{})
@@ -40,6 +42,8 @@ func FuzzParseV3(f *testing.F) {
 	h := sampleHello()
 	f.Add(AppendV3(nil, h))
 	h.Token, h.HasToken = 5, true
+	f.Add(AppendV3(nil, h))
+	h.SQSize, h.CloseMarker = 64, true
 	f.Add(AppendV3(nil, h))
 	f.Add(AppendV3Fallback(nil))
 	f.Add([]byte("URM3\x00\x00\x00\x02\x08\x80"))
