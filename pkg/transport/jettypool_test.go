@@ -48,14 +48,14 @@ func TestJettyCreationFails(t *testing.T) {
 					t.Errorf("fallback reason %q, want %s naming %q", r, ReasonResources, want)
 				}
 				exchange(t, p.client, p.server, "over TCP")
+				cleanedUp := func() bool { return len(fp.f.liveQueues()) == 0 && d.e.s.budget.InUse() == 0 }
 				if prepared > 0 {
-					waitFor(t, "the filler to try", 5*time.Second, func() bool { return fp.f.attempts(verb) >= 2 })
+					// The filler cleans up after its attempt in the
+					// background: wait for it to have tried and cleaned up.
+					waitFor(t, "the filler to try and clean up", 5*time.Second, func() bool { return fp.f.attempts(verb) >= 2 && cleanedUp() })
 				}
-				if live := fp.f.liveQueues(); len(live) != 0 {
-					t.Errorf("queues left after failed creations: %v", live)
-				}
-				if n := d.e.s.budget.InUse(); n != 0 {
-					t.Errorf("%d jetties still count against the budget", n)
+				if !cleanedUp() {
+					t.Errorf("after failed creations: queues %v left, %d jetties count against the budget", fp.f.liveQueues(), d.e.s.budget.InUse())
 				}
 			})
 		}
