@@ -259,14 +259,17 @@ func (c *urmaConn) Close() error {
 	}
 	c.wake()
 
+	// No write is half-posted past here, whatever the state was: a writer
+	// that reserved its window before the connection failed still posts to
+	// the jetty, which release destroys.
+	c.writeMu.Lock()
 	if was == stateOpen {
-		c.writeMu.Lock() // no write is half-posted
 		c.waitSendsDone()
 		if c.peerMarks && c.sendCloseMarker() {
 			c.waitSendsDone()
 		}
-		c.writeMu.Unlock()
 	}
+	c.writeMu.Unlock()
 	err := c.tcp.Close()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil // fail() closed it already
