@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -86,9 +87,7 @@ func New(cfg Config, inv *inventory.Inventory, specs *claimspec.Writer, log logr
 	if err != nil {
 		return nil, err
 	}
-	if len(prepared) > 0 {
-		log.Info("prepared claims restored from the checkpoint", "claims", len(prepared))
-	}
+	log.Info("prepared claims restored from the checkpoint", "claims", len(prepared))
 	return &Plugin{cfg: cfg, inv: inv, specs: specs, log: log, fatal: fatal, prepared: prepared}, nil
 }
 
@@ -144,7 +143,7 @@ func (p *Plugin) prepare(claim *resourceapi.ResourceClaim, snap *inventory.Snaps
 	for i := range shares {
 		shares[i].CDIDeviceIDs = []string{p.specs.DeviceID(uid, shareName(shares[i]))}
 	}
-	next := cloneClaims(p.prepared)
+	next := maps.Clone(p.prepared)
 	next[uid] = checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Devices: shares}
 	if err := checkpoint.Save(p.checkpointPath(), next); err != nil {
 		// Without the record, Unprepare after a restart still finds the
@@ -263,14 +262,6 @@ func lookupDRA(snap *inventory.Snapshot, draName string) *inventory.Device {
 	return nil
 }
 
-func cloneClaims(c checkpoint.Claims) checkpoint.Claims {
-	out := make(checkpoint.Claims, len(c)+1)
-	for k, v := range c {
-		out[k] = v
-	}
-	return out
-}
-
 func (p *Plugin) checkpointPath() string { return filepath.Join(p.cfg.DataDir, checkpoint.FileName) }
 
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin. A claim that
@@ -295,7 +286,7 @@ func (p *Plugin) unprepare(c kubeletplugin.NamespacedObject) error {
 	if _, ok := p.prepared[uid]; !ok {
 		return nil
 	}
-	next := cloneClaims(p.prepared)
+	next := maps.Clone(p.prepared)
 	delete(next, uid)
 	if err := checkpoint.Save(p.checkpointPath(), next); err != nil {
 		return err

@@ -329,6 +329,7 @@ func TestPrepareRefuses(t *testing.T) {
 		{"unknown device", h.claim(16, "udma7"), "no such device on this node"},
 		{"unhealthy device", h.claim(16, "udma1"), "unhealthy: no usable port"},
 		{"over the budget", h.claim(1009, "udma0"), "1009 jetties requested, 0 of 1008"},
+		{"zero jetties", h.claim(0, "udma0"), "consumed no jetties"},
 		{"other pool", otherPool, `pool "node-2"`},
 		{"no consumed capacity", noCapacity, "consumed no jetties"},
 	} {
@@ -343,14 +344,34 @@ func TestPrepareRefuses(t *testing.T) {
 		t.Fatalf("refused claims left %d CDI specs", len(entries))
 	}
 	// A claim that tolerates the unhealthy taint (an admin debugging the
-	// device) is prepared.
-	tolerating := h.claim(16, "udma1")
-	tolerating.Status.Allocation.Devices.Results[0].Tolerations = []resourceapi.DeviceToleration{{Key: draslices.TaintUnhealthy, Operator: resourceapi.DeviceTolerationOpExists}}
-	if _, err := h.kube.ResourceV1().ResourceClaims("default").UpdateStatus(context.Background(), tolerating, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	// device) is prepared; other tolerations do not count.
+	for _, tc := range []struct {
+		name string
+		tol  resourceapi.DeviceToleration
+		ok   bool
+	}{
+		{"the unhealthy taint", resourceapi.DeviceToleration{Key: draslices.TaintUnhealthy, Operator: resourceapi.DeviceTolerationOpExists}, true},
+		{"the unhealthy taint, NoSchedule", resourceapi.DeviceToleration{Key: draslices.TaintUnhealthy, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoSchedule}, true},
+		{"every taint", resourceapi.DeviceToleration{Operator: resourceapi.DeviceTolerationOpExists}, true},
+		{"the unhealthy taint, NoExecute only", resourceapi.DeviceToleration{Key: draslices.TaintUnhealthy, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoExecute}, false},
+		{"another taint", resourceapi.DeviceToleration{Key: "example.com/other", Operator: resourceapi.DeviceTolerationOpExists}, false},
+		{"an empty key that is not Exists", resourceapi.DeviceToleration{Operator: resourceapi.DeviceTolerationOpEqual}, false},
+	} {
+		t.Run("tolerating "+tc.name, func(t *testing.T) {
+			c := h.claim(1, "udma1")
+			c.Status.Allocation.Devices.Results[0].Tolerations = []resourceapi.DeviceToleration{tc.tol}
+			if _, err := h.kube.ResourceV1().ResourceClaims("default").UpdateStatus(context.Background(), c, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if r := d.prepare(t, c).Claims[string(c.UID)]; (r.Error == "") != tc.ok {
+				t.Fatalf("prepared %v (%s), want %v", r.Error == "", r.Error, tc.ok)
+			}
+		})
 	}
-	if r := d.prepare(t, tolerating).Claims[string(tolerating.UID)]; r.Error != "" {
-		t.Fatalf("tolerating claim: %s", r.Error)
+	// Exactly the budget fits.
+	whole := h.claim(1008, "udma0")
+	if r := d.prepare(t, whole).Claims[string(whole.UID)]; r.Error != "" {
+		t.Fatalf("the whole budget of 1008: %s", r.Error)
 	}
 }
 
@@ -381,6 +402,9 @@ func TestHealthReports(t *testing.T) {
 	r := <-reports
 	if len(r.Devices) != 1 || r.Devices[0].DeviceName != "udma0" || r.Devices[0].PoolName != node || r.Devices[0].Health != kubeletplugin.HealthStatusHealthy {
 		t.Fatalf("first report %+v", r)
+	}
+	if r.Devices[0].HealthCheckTimeout != 3*time.Hour {
+		t.Errorf("health check timeout %s, want 3 resend intervals", r.Devices[0].HealthCheckTimeout)
 	}
 	down := sysfstest.DefaultDevice("udma0")
 	down.Ports = []urma.PortState{urma.PortDown}
@@ -462,5 +486,21 @@ func TestHandleError(t *testing.T) {
 	p.HandleError(context.Background(), errors.New("socket gone"), "DRA gRPC server failed")
 	if fatal == nil || !strings.Contains(fatal.Error(), "socket gone") {
 		t.Fatalf("a fatal error did not stop the driver: %v", fatal)
+	}
+}
+
+func TestDefaultHealthResend(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	specs, _ := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, Policy: draslices.DefaultRequestPolicy()}, h.inv, specs, logr.Discard(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reports := make(chan kubeletplugin.DeviceHealthReport)
+	go func() { _ = p.WatchHealthStatus(ctx, reports) }()
+	if got := (<-reports).Devices[0].HealthCheckTimeout; got != 3*plugin.DefaultHealthResend {
+		t.Fatalf("health check timeout %s with the default resend, want %s", got, 3*plugin.DefaultHealthResend)
 	}
 }
