@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
@@ -22,6 +21,7 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/watch"
 	"github.com/openeuler/urma-k8s/pkg/kubeclient"
+	"github.com/openeuler/urma-k8s/pkg/shmdir"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
 
@@ -34,19 +34,6 @@ type Deps struct {
 	MetricsListening func(addr string)
 	// Source, when set, replaces sysfs discovery (tests).
 	Source watch.Source
-}
-
-// prepareShmDir creates the shm directory on the host (the chart mounts it
-// at the same path) and opens it to every user, sticky as /tmp is: pods of
-// any user create their sockets there, and none can remove another's.
-func prepareShmDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("create shm directory %s: %w", dir, err)
-	}
-	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
-		return fmt.Errorf("open shm directory %s to pods: %w", dir, err)
-	}
-	return nil
 }
 
 // Run serves the device plugin until ctx is canceled. It returns an error
@@ -70,7 +57,7 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	srvCfg := cfg.Server
 	srvCfg.DevRoot = cfg.Sysfs.DevRoot
 	if srvCfg.ShmDir != "" {
-		if err := prepareShmDir(srvCfg.ShmDir); err != nil {
+		if err := shmdir.Prepare(srvCfg.ShmDir); err != nil {
 			// Pods still get their devices; their software provider then
 			// serves same-node peers over TCP (no_fast_path).
 			log.Error(err, "shared memory between pods is off: allocations carry no shm directory")

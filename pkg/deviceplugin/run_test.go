@@ -499,30 +499,6 @@ func TestCDIModeAdvertisesADeviceOnlyOnceItsSpecIsWritten(t *testing.T) {
 	}
 }
 
-// The shm directory is created world-writable and sticky, like /tmp, so
-// that pods of any user can meet there and none removes another's socket;
-// one that cannot be made leaves allocations without it.
-func TestPrepareShmDir(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "run", "shm")
-	if err := prepareShmDir(dir); err != nil {
-		t.Fatal(err)
-	}
-	st, err := os.Stat(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Mode()&os.ModePerm != 0o777 || st.Mode()&os.ModeSticky == 0 {
-		t.Fatalf("mode %v, want drwxrwxrwt", st.Mode())
-	}
-	file := filepath.Join(t.TempDir(), "file")
-	if err := os.WriteFile(file, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := prepareShmDir(file); err == nil || !strings.Contains(err.Error(), file) {
-		t.Fatalf("prepareShmDir(a file) = %v", err)
-	}
-}
-
 func TestRunRejectsBadConfig(t *testing.T) {
 	cfg := Default()
 	cfg.Inventory.Budget.JettiesPerUnit = 0

@@ -30,6 +30,7 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/dra/plugin"
 	"github.com/openeuler/urma-k8s/pkg/dra/slices"
 	"github.com/openeuler/urma-k8s/pkg/kubeclient"
+	"github.com/openeuler/urma-k8s/pkg/shmdir"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
 
@@ -136,6 +137,11 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	}
 	if err := os.MkdirAll(cfg.PluginDataDir, 0o750); err != nil {
 		return fmt.Errorf("create the plugin data directory: %w", err)
+	}
+	if cfg.CDI.ShmDir != "" {
+		if err := shmdir.Prepare(cfg.CDI.ShmDir); err != nil {
+			return err
+		}
 	}
 	client := deps.KubeClient
 	if client == nil {

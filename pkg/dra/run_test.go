@@ -141,6 +141,7 @@ func TestSlicesPublishedAndFollowHealth(t *testing.T) {
 	cfg.Inventory.Debounce.Observations, cfg.Inventory.Debounce.Hold = 1, 0
 	cfg.Watch.PollInterval = 100 * time.Millisecond
 	cfg.CDI.Dir = filepath.Join(root, "cdi")
+	cfg.CDI.ShmDir = filepath.Join(root, "shm")
 	cfg.PluginDataDir = filepath.Join(root, "d")
 	cfg.RegistrarDir = filepath.Join(root, "r")
 	if err := os.MkdirAll(cfg.RegistrarDir, 0o755); err != nil {
@@ -157,6 +158,10 @@ func TestSlicesPublishedAndFollowHealth(t *testing.T) {
 	}()
 
 	got := waitForSlices(ctx, t, node, func(ss []resourceapi.ResourceSlice) bool { return len(devicesOf(ss)) == 3 })
+	// The shm directory is open to every pod, as the device plugin leaves it.
+	if fi, err := os.Stat(cfg.CDI.ShmDir); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+		t.Fatalf("shm directory %s: %v %v, want drwxrwxrwt", cfg.CDI.ShmDir, fi, err)
+	}
 	s := got[0]
 	if s.Spec.Driver != draslices.DriverName || s.Spec.Pool.Name != node || len(s.OwnerReferences) != 1 || s.OwnerReferences[0].Kind != "Node" {
 		t.Fatalf("slice %+v: want driver %s, pool %s, owned by the Node", s.ObjectMeta, draslices.DriverName, node)

@@ -10,6 +10,7 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
 	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
 	"github.com/openeuler/urma-k8s/pkg/transport"
 )
@@ -171,6 +172,10 @@ func TestEnvironmentNamesMatchTheTransport(t *testing.T) {
 		claimspec.EnvDevices:     transport.EnvDevices,
 		claimspec.EnvProvider:    transport.EnvProvider,
 		claimspec.ProviderSoft:   transport.ProviderSoft,
+		claimspec.EnvShmDir:      transport.EnvShmDir,
+		// The device plugin mounts the same directory, so pods on one
+		// node meet there whichever agent gave them their device.
+		claimspec.DefaultShmDir: server.DefaultShmDir,
 	} {
 		if mine != theirs {
 			t.Errorf("%s here, %s in pkg/transport", mine, theirs)

@@ -1,0 +1,35 @@
+package shmdir_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/openeuler/urma-k8s/pkg/shmdir"
+)
+
+func TestPrepare(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a", "shm")
+	for range 2 { // idempotent
+		if err := shmdir.Prepare(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+		t.Fatalf("mode %s, want drwxrwxrwt", fi.Mode())
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{file, filepath.Join(file, "shm")} {
+		if err := shmdir.Prepare(bad); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Fatalf("Prepare(%s) = %v, want an error naming it", bad, err)
+		}
+	}
+}
