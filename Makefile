@@ -36,6 +36,21 @@ test: vet verify-generated envtest-assets helm ## run all tests with -race (firs
 	KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 	$(GO) test $(GOTEST_FLAGS) $(PKGS)
 	@if [ "$(PKGS)" = "./..." ]; then GO="$(GO)" GOTEST_FLAGS="$(GOTEST_FLAGS)" hack/test-liburma.sh; fi
+	@$(MAKE) --no-print-directory test-allocs
+
+# Allocation tests skip under -race (the detector allocates on its own), so
+# `test` runs them again without it, and only them, to keep CI short. A name
+# that matches no test, or a test that skips, fails the step: an allocation
+# test renamed away must not stop being run.
+ALLOC_TESTS := ^(TestSteadyStateAllocs|TestZeroCopyDoesNotAllocate)$$
+ALLOC_PKGS := ./pkg/urma/soft/ ./pkg/transport/
+.PHONY: test-allocs
+test-allocs: ## the allocation tests without -race (part of `test`)
+	@out=$$($(GO) test -count=1 -v -run '$(ALLOC_TESTS)' $(ALLOC_PKGS) 2>&1) && rc=0 || rc=$$?; \
+	echo "$$out" | grep -E '^(--- |ok|FAIL|panic)' || true; \
+	if [ $$rc -ne 0 ]; then echo "$$out"; exit $$rc; fi; \
+	if echo "$$out" | grep -qE 'no tests to run|^\s*--- SKIP'; then \
+		echo "test-allocs: an allocation test did not run (renamed? skipped?); ALLOC_TESTS in the Makefile lists them"; exit 1; fi
 
 .PHONY: verify-generated
 verify-generated: controller-gen ## fail when generated CRDs, RBAC, webhooks or deepcopy are stale
