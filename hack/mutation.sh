@@ -16,6 +16,8 @@
 #   MUTATION_TIMEOUT_COEFFICIENT  a mutant's tests time out after this many times the
 #                                 package's unmutated test run (default 5)
 #   MUTATION_GOAL                 efficacy goal in percent (default 90)
+#   MUTATION_SINCE                a git ref: mutate only the files of each package changed
+#                                 since its merge base with the ref (committed or not), e.g. main
 #   MUTATION_OUT                  results directory (default .mutation/, git-ignored)
 #   GREMLINS                      the gremlins binary (default bin/gremlins)
 #
@@ -41,6 +43,7 @@ OUT=${MUTATION_OUT:-$ROOT/.mutation}
 WORKERS=${MUTATION_WORKERS:-$(nproc)}
 COEFFICIENT=${MUTATION_TIMEOUT_COEFFICIENT:-5}
 GOAL=${MUTATION_GOAL:-90}
+SINCE=${MUTATION_SINCE:-}
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'hack/mutation.sh: error: %s\n' "$*" >&2; exit 2; }
@@ -58,6 +61,30 @@ test_flags() {
 		echo '-skip=^TestSteadyStateAllocs$'
 		;;
 	esac
+}
+
+# changed_files DIR: the package's non-test Go files changed since SINCE's
+# merge base, committed or not, and new untracked ones; one base name a line.
+changed_files() {
+	{
+		git diff --name-only --merge-base "$SINCE" -- "$1"
+		git ls-files --others --exclude-standard -- "$1"
+	} | grep -E "^$1/[^/]+\.go\$" | grep -v '_test\.go$' | xargs -r -n1 basename | sort -u
+}
+
+# exclude_flags DIR: gremlins walks the directory tree, and subpackages are
+# measured on their own ('/'); with SINCE, the files not changed are left out
+# too (gremlins' own --diff matches no file when run on a subdirectory).
+exclude_flags() {
+	local dir=$1 changed f
+	echo "--exclude-files=/"
+	[[ -n "$SINCE" ]] || return 0
+	changed=$(changed_files "$dir")
+	for f in "$dir"/*.go; do
+		f=$(basename "$f")
+		[[ $f == *_test.go ]] && continue
+		grep -qxF "$f" <<<"$changed" || echo "--exclude-files=^${f//./\\.}\$"
+	done
 }
 
 [[ -x "$GREMLINS" ]] || die "$GREMLINS is missing: run 'make gremlins' (hack/tools.sh gremlins)"
@@ -80,17 +107,20 @@ for pkg in "${pkgs[@]}"; do
 	name=${pkg//\//_}
 	json=$OUT/$name.json
 	rm -f "$json"
+	if [[ -n "$SINCE" && -z "$(changed_files "$pkg")" ]]; then
+		log "$pkg: no Go file changed since $SINCE; skipped"
+		continue
+	fi
+	mapfile -t excludes < <(exclude_flags "$pkg")
 	start=$SECONDS
-	log "$pkg: mutating with $WORKERS workers (log: ${OUT#"$ROOT"/}/$name.log)"
+	log "$pkg: mutating with $WORKERS workers${SINCE:+, files changed since $SINCE} (log: ${OUT#"$ROOT"/}/$name.log)"
 	# -count=1: a cached coverage run would make the timeout (a multiple of its
-	# duration) far too short. --exclude-files '/': gremlins walks the
-	# directory tree, and subpackages are measured on their own.
-	# shellcheck disable=SC2046 # test_flags prints flags to split
+	# duration) far too short.
 	GOFLAGS="$(go env GOFLAGS) -count=1 $(test_flags "$pkg")" \
 		"$GREMLINS" unleash \
 		--workers "$WORKERS" \
 		--timeout-coefficient "$COEFFICIENT" \
-		--exclude-files '/' \
+		"${excludes[@]}" \
 		--output "$json" \
 		"$ROOT/$pkg" >"$OUT/$name.log" 2>&1 || {
 		tail -20 "$OUT/$name.log" >&2
@@ -103,6 +133,10 @@ for pkg in "${pkgs[@]}"; do
 	results+=("$pkg=$json")
 done
 
+if [[ ${#results[@]} -eq 0 ]]; then
+	log "nothing to mutate"
+	exit 0
+fi
 echo
 go build -o "$OUT/mutationreport" ./hack/mutationreport
 "$OUT/mutationreport" -goal "$GOAL" -equivalent hack/mutation-equivalent.txt -root "$ROOT" "${results[@]}"

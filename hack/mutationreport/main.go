@@ -4,9 +4,11 @@
 // survived, with the source line it mutated.
 //
 // A survivor that cannot change behaviour is listed in the equivalent-mutant
-// file (hack/mutation-equivalent.txt) with the reason; it is still counted by
-// gremlins' efficacy, but it does not count as unexplained. Entries that no
-// longer match a survivor are reported as stale, so the list stays short.
+// file (hack/mutation-equivalent.txt) with the reason. As in the usual
+// mutation score, listed equivalents leave the efficacy's denominator:
+// efficacy = killed / (killed + lived - equivalent). gremlins' own figure,
+// which counts them as lived, is printed beside it. Entries that no longer
+// match a survivor are reported as stale, so the list stays short.
 //
 // Usage: mutationreport [-goal 90] [-equivalent FILE] [-root DIR] PKGDIR=RESULT.json...
 //
@@ -79,7 +81,20 @@ type packageReport struct {
 	explained                                      int
 }
 
+// efficacy leaves listed equivalent mutants out: they are not bugs a test
+// could see.
 func (p packageReport) efficacy() (float64, bool) {
+	switch {
+	case p.killed+p.lived == 0:
+		return 0, false
+	case p.killed+p.lived == p.explained:
+		return 100, true // every covered mutant is equivalent
+	}
+	return 100 * float64(p.killed) / float64(p.killed+p.lived-p.explained), true
+}
+
+// rawEfficacy is gremlins' figure, equivalents counted as lived.
+func (p packageReport) rawEfficacy() (float64, bool) {
 	if p.killed+p.lived == 0 {
 		return 0, false
 	}
@@ -230,10 +245,11 @@ func percent(v float64, ok bool) string {
 
 func report(w io.Writer, pkgs []packageReport, equivalents []*equivalent, goal float64, measured map[string]bool) bool {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "package\tkilled\tlived\ttimed out\tnot covered\tefficacy\tmutator coverage\tgoal\tverdict\n")
+	fmt.Fprintf(tw, "package\tkilled\tlived\tequivalent\ttimed out\tnot covered\tefficacy\t(gremlins)\tmutator coverage\tgoal\tverdict\n")
 	allMet := true
 	for _, p := range pkgs {
 		e, eok := p.efficacy()
+		raw, rok := p.rawEfficacy()
 		c, cok := p.coverage()
 		verdict := "ok"
 		switch {
@@ -249,10 +265,11 @@ func report(w io.Writer, pkgs []packageReport, equivalents []*equivalent, goal f
 		if !p.meetsGoal(goal) {
 			allMet = false
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%.0f%%\t%s\n",
-			p.dir, p.killed, p.lived, p.timedOut, p.notCovered, percent(e, eok), percent(c, cok), goal, verdict)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%.0f%%\t%s\n",
+			p.dir, p.killed, p.lived, p.explained, p.timedOut, p.notCovered, percent(e, eok), percent(raw, rok), percent(c, cok), goal, verdict)
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "efficacy = killed / (killed + lived - equivalent); (gremlins) counts the equivalent as lived.\n")
 
 	for _, p := range pkgs {
 		if len(p.survivors) == 0 {
