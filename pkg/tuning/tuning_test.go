@@ -152,6 +152,10 @@ func TestDeriveRules(t *testing.T) {
 			bufferSize: i(2048), sq: i(2*32 + 3),
 			clamps: []Clamp{{Flag: FlagBufferSize, Wanted: 8192, Got: 2048, Reason: "device maxMsgSize 3000"}},
 		}},
+		{name: "maxMsgSize of exactly the minimum buffer is no warning", limits: func(l *Limits) { l.MaxMsgSize = 1024 }, want: want{
+			bufferSize: i(1024),
+			clamps:     []Clamp{{Flag: FlagBufferSize, Wanted: 8192, Got: 1024, Reason: "device maxMsgSize 1024"}},
+		}},
 		{name: "buffer at the 1KiB minimum when maxMsgSize is tiny", limits: func(l *Limits) { l.MaxMsgSize = 512 }, want: want{
 			bufferSize: i(1024),
 			clamps:     []Clamp{{Flag: FlagBufferSize, Wanted: 8192, Got: 1024, Reason: "device maxMsgSize 512 is below the 1024-byte minimum buffer"}},
@@ -194,8 +198,39 @@ func TestDeriveRules(t *testing.T) {
 				{Flag: FlagRQSize, Wanted: 1003, Got: 512, Reason: "device maxJfcDepth 1024 must hold sq + rq"},
 			},
 		}},
+		// sq != rq: the completion queue is shared in proportion, sq first.
+		{name: "unequal depths share the completion queue in proportion", profile: func(p *Profile) { p.InflightPerConnection = 1000 }, limits: func(l *Limits) { l.MaxJFSDepth = 256; l.MaxJFCDepth = 1024 }, want: want{
+			sq: i(1024 * 256 / (256 + 1003)), rq: i(1024 - 1024*256/(256+1003)), bufferCount: i(4 * 1024),
+			clamps: []Clamp{
+				{Flag: FlagSQSize, Wanted: 1003, Got: 256, Reason: "device maxJfsDepth 256"},
+				{Flag: FlagSQSize, Wanted: 256, Got: 208, Reason: "device maxJfcDepth 1024 must hold sq + rq"},
+				{Flag: FlagRQSize, Wanted: 1003, Got: 816, Reason: "device maxJfcDepth 1024 must hold sq + rq"},
+			},
+		}},
+		{name: "unequal overridden depths share the completion queue in proportion", overrides: map[string]string{FlagSQSize: "64", FlagRQSize: "192"}, limits: func(l *Limits) { l.MaxJFCDepth = 128 }, want: want{
+			sq: i(32), rq: i(96),
+			clamps: []Clamp{
+				{Flag: FlagSQSize, Wanted: 64, Got: 32, Override: true, Reason: "device maxJfcDepth 128 must hold sq + rq"},
+				{Flag: FlagRQSize, Wanted: 192, Got: 96, Override: true, Reason: "device maxJfcDepth 128 must hold sq + rq"},
+			},
+		}},
+		{name: "the smaller share keeps the flag minimum", overrides: map[string]string{FlagSQSize: "16", FlagRQSize: "4096"}, limits: func(l *Limits) { l.MaxJFCDepth = 1024 }, want: want{
+			sq: i(16), rq: i(1024 - 16),
+			clamps: []Clamp{{Flag: FlagRQSize, Wanted: 4096, Got: 1008, Override: true, Reason: "device maxJfcDepth 1024 must hold sq + rq"}},
+		}},
+		{name: "queues exactly filling the completion queue are left alone", limits: func(l *Limits) { l.MaxJFCDepth = 70 }, want: want{sq: i(35), rq: i(35)}},
+		{name: "completion queue exactly holding the minimum queues", limits: func(l *Limits) { l.MaxJFCDepth = 32 }, want: want{
+			sq: i(16), rq: i(16),
+			clamps: []Clamp{
+				{Flag: FlagSQSize, Wanted: 35, Got: 16, Reason: "device maxJfcDepth 32 must hold sq + rq"},
+				{Flag: FlagRQSize, Wanted: 35, Got: 16, Reason: "device maxJfcDepth 32 must hold sq + rq"},
+			},
+		}},
 		{name: "completion queue too small for the minimum queues", limits: func(l *Limits) { l.MaxJFCDepth = 20 }, want: want{
 			sq: i(35), rq: i(35), warnings: []string{"maxJfcDepth 20 cannot hold the minimum queues"},
+		}},
+		{name: "device depth at the flag minimum clamps", limits: func(l *Limits) { l.MaxJFSDepth = 16 }, want: want{
+			sq: i(16), clamps: []Clamp{{Flag: FlagSQSize, Wanted: 35, Got: 16, Reason: "device maxJfsDepth 16"}},
 		}},
 		{name: "device depth below the flag minimum", limits: func(l *Limits) { l.MaxJFSDepth = 8 }, want: want{
 			sq: i(35), warnings: []string{"device maxJfsDepth 8 is below the flag minimum 16"},
@@ -250,6 +285,14 @@ func TestDeriveRules(t *testing.T) {
 			warnings: []string{"jettyBudget 3000 exceeds a node's jetties (2 devices x 1024)"},
 		}},
 		{name: "unknown jetties give no budget warning", profile: func(p *Profile) { p.JettyBudget = 3000 }, limits: func(l *Limits) { l.JettiesPerDevice = 0 }, want: want{}},
+		{name: "unknown device count gives no budget warning", profile: func(p *Profile) { p.JettyBudget = 3000 }, limits: func(l *Limits) { l.DeviceCount = 0 }, want: want{}},
+		{name: "budget of exactly a node's jetties", profile: func(p *Profile) { p.JettyBudget = 2048 }, want: want{}},
+		{name: "registering exactly the large-registration size is no warning", overrides: map[string]string{FlagBufferSize: "65536", FlagBufferCount: "16384"}, want: want{
+			registered: i64(LargeRegistrationBytes),
+		}},
+		{name: "registering above the large-registration size warns", overrides: map[string]string{FlagBufferSize: "65536", FlagBufferCount: "16385"}, want: want{
+			warnings: []string{"each pod registers 1073807360 bytes and no memoryBudget caps it"},
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -330,6 +373,31 @@ func TestDeriveRejectsBadInput(t *testing.T) {
 	}
 }
 
+// Every limit of a profile is inclusive: the value at the limit is valid.
+func TestValidateProfileAcceptsItsLimits(t *testing.T) {
+	cases := []struct {
+		name    string
+		profile func(*Profile)
+	}{
+		{"message at the maximum", func(p *Profile) { p.MessageSize = MaxMessageBytes }},
+		{"max message at the maximum", func(p *Profile) { p.MaxMessageSize = MaxMessageBytes }},
+		{"max message equal to the message", func(p *Profile) { p.MaxMessageSize = p.MessageSize }},
+		{"connections at the maximum", func(p *Profile) { p.ConnectionsPerPod = MaxConnections }},
+		{"inflight at the maximum", func(p *Profile) { p.InflightPerConnection = MaxInflight }},
+		{"jetty budget at the maximum", func(p *Profile) { p.JettyBudget = MaxJettyBudget }},
+		{"memory budget at the minimum", func(p *Profile) { p.MemoryBudget = MinBufferCount * MinBufferSize }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := base()
+			c.profile(&p)
+			if err := ValidateProfile(p); err != nil {
+				t.Fatalf("ValidateProfile: %v", err)
+			}
+		})
+	}
+}
+
 func TestValidateOverridesNamesEveryProblem(t *testing.T) {
 	err := ValidateOverrides(map[string]string{"urma_zzz": "1", FlagRQSize: "99999", FlagSQSize: "64"})
 	if err == nil {
@@ -360,8 +428,17 @@ func TestLimits(t *testing.T) {
 	if got := c.Min(a); got != want {
 		t.Errorf("Min is not symmetric: %+v", got)
 	}
-	if err := (Limits{MaxJFSDepth: 1, MaxJFRDepth: 1, MaxJFCDepth: 1, MaxMsgSize: 1, DeviceCount: -1}).Validate(); err == nil {
-		t.Error("negative device count accepted")
+	for _, bad := range []Limits{
+		{MaxJFSDepth: 1, MaxJFRDepth: 1, MaxJFCDepth: 1, MaxMsgSize: 1, DeviceCount: -1},
+		{MaxJFSDepth: 1, MaxJFRDepth: 1, MaxJFCDepth: 1, MaxMsgSize: 1, JettiesPerDevice: -1},
+	} {
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "must not be negative") {
+			t.Errorf("%v: Validate() = %v, want negative counts rejected", bad, err)
+		}
+	}
+	// The jetty counts are optional: 0 means unknown.
+	if err := (Limits{MaxJFSDepth: 1, MaxJFRDepth: 1, MaxJFCDepth: 1, MaxMsgSize: 1}).Validate(); err != nil {
+		t.Errorf("unknown jetty counts rejected: %v", err)
 	}
 	if s := a.String(); !strings.Contains(s, "maxJfsDepth=100") || !strings.Contains(s, "deviceCount=3") {
 		t.Errorf("String() = %q", s)
