@@ -107,6 +107,15 @@ func TestInject(t *testing.T) {
 					t.Errorf("init container's own limit-only request changed: %+v", init)
 				}
 			}},
+		{name: "a container that only requests jetties is left as it is", hash: "abc", mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[1].Resources.Requests = corev1.ResourceList{nodefacts.ResourceName: resource.MustParse("2")}
+		}, want: map[string]string{"init": "3", "app": "3"},
+			check: func(t *testing.T, p *corev1.Pod) {
+				side := p.Spec.Containers[1].Resources
+				if q := side.Requests[nodefacts.ResourceName]; q.Cmp(resource.MustParse("2")) != 0 || len(side.Requests) != 1 || len(side.Limits) != 0 {
+					t.Errorf("the container's own request was changed: %+v", side)
+				}
+			}},
 		{name: "no containers: no resource, no panic", hash: "abc", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers, p.Spec.InitContainers = nil, nil
 		}, check: func(t *testing.T, p *corev1.Pod) {

@@ -93,6 +93,30 @@ func (f *fixture) bundles(t *testing.T) [][]byte {
 	return [][]byte{m.Webhooks[0].ClientConfig.CABundle, v.Webhooks[0].ClientConfig.CABundle, v.Webhooks[1].ClientConfig.CABundle}
 }
 
+// certFile reads a file the rotator wrote; a missing or empty file fails the
+// test, so comparing two reads never passes on nil == nil.
+func (f *fixture) certFile(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(f.r.CertDir, name))
+	if err != nil {
+		t.Fatalf("read written %s: %v", name, err)
+	}
+	if len(b) == 0 {
+		t.Fatalf("written %s is empty", name)
+	}
+	return b
+}
+
+// bundle parses the stored secret.
+func (f *fixture) bundle(t *testing.T) *Bundle {
+	t.Helper()
+	b, err := ParseBundle(f.secret(t).Data)
+	if err != nil {
+		t.Fatalf("stored bundle: %v", err)
+	}
+	return b
+}
+
 // handshake serves the files in CertDir on loopback and connects trusting
 // only caBundle, as the API server does; it returns the handshake error.
 func (f *fixture) handshake(t *testing.T, caBundle []byte, serverName string) error {
@@ -140,10 +164,7 @@ func TestEnsureCreatesAndTrusts(t *testing.T) {
 	if s.Type != corev1.SecretTypeTLS {
 		t.Errorf("secret type %q, want %q", s.Type, corev1.SecretTypeTLS)
 	}
-	b, err := ParseBundle(s.Data)
-	if err != nil {
-		t.Fatalf("stored bundle: %v", err)
-	}
+	b := f.bundle(t)
 	for i, got := range f.bundles(t) {
 		if !bytes.Equal(got, b.CABundle()) {
 			t.Errorf("webhook %d caBundle not set to the CA", i)
@@ -173,7 +194,7 @@ func TestEnsureIsStableWhenFresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	rv := f.secret(t).ResourceVersion
-	crt, _ := os.ReadFile(filepath.Join(f.r.CertDir, "tls.crt"))
+	crt := f.certFile(t, "tls.crt")
 	f.now = f.now.Add(30 * 24 * time.Hour)
 	if err := f.r.Ensure(ctx); err != nil {
 		t.Fatal(err)
@@ -181,8 +202,7 @@ func TestEnsureIsStableWhenFresh(t *testing.T) {
 	if got := f.secret(t).ResourceVersion; got != rv {
 		t.Errorf("secret rewritten (resourceVersion %s -> %s) though the certificate is fresh", rv, got)
 	}
-	crt2, _ := os.ReadFile(filepath.Join(f.r.CertDir, "tls.crt"))
-	if !bytes.Equal(crt, crt2) {
+	if crt2 := f.certFile(t, "tls.crt"); !bytes.Equal(crt, crt2) {
 		t.Error("tls.crt rewritten though the certificate is fresh")
 	}
 }
@@ -205,15 +225,12 @@ func TestEnsureRenews(t *testing.T) {
 			if err := f.r.Ensure(ctx); err != nil {
 				t.Fatal(err)
 			}
-			before, _ := ParseBundle(f.secret(t).Data)
+			before := f.bundle(t)
 			f.now = f.now.Add(c.advance)
 			if err := f.r.Ensure(ctx); err != nil {
 				t.Fatal(err)
 			}
-			after, err := ParseBundle(f.secret(t).Data)
-			if err != nil {
-				t.Fatal(err)
-			}
+			after := f.bundle(t)
 			if after.ServerCert.SerialNumber.Cmp(before.ServerCert.SerialNumber) == 0 {
 				t.Error("serving certificate not renewed")
 			}
@@ -243,15 +260,12 @@ func TestEnsureReplacesBrokenSecretAndNewNames(t *testing.T) {
 	if err := f.r.Ensure(ctx); err != nil {
 		t.Fatalf("Ensure with a broken secret: %v", err)
 	}
-	b, err := ParseBundle(f.secret(t).Data)
-	if err != nil {
-		t.Fatalf("secret still broken: %v", err)
-	}
+	b := f.bundle(t)
 	f.r.DNSNames = append(f.r.DNSNames, "urma-operator-webhook.other.svc")
 	if err := f.r.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b2, _ := ParseBundle(f.secret(t).Data)
+	b2 := f.bundle(t)
 	if b2.ServerCert.VerifyHostname("urma-operator-webhook.other.svc") != nil {
 		t.Error("certificate not reissued for a new DNS name")
 	}
