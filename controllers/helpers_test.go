@@ -43,19 +43,6 @@ func eventually(t *testing.T, what string, f func() error) {
 	}
 }
 
-// consistently checks that f keeps returning nil over the window: the only
-// way to observe that something does NOT happen.
-func consistently(t *testing.T, what string, window time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(window)
-	for time.Now().Before(deadline) {
-		if err := f(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(pollEvery)
-	}
-}
-
 func ctx() context.Context { return context.Background() }
 
 func newNamespace(t *testing.T) string {

@@ -15,12 +15,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -42,7 +44,33 @@ type suite struct {
 	scheme     *runtime.Scheme
 	c          client.Client // direct (uncached) client for the tests
 	cache      client.Reader // the manager's cache, which the operator reads
-	reconciler *controllers.UrmaEndpointReconciler
+	reconciles *reconcileLog
+}
+
+// reconcileOutcome is what one finished reconcile returned.
+type reconcileOutcome struct {
+	result ctrl.Result
+	err    error
+}
+
+// reconcileLog records every finished reconcile per endpoint (through the
+// reconciler's Reconciled hook), so a test looks only at its own endpoint's.
+type reconcileLog struct {
+	mu    sync.Mutex
+	byKey map[types.NamespacedName][]reconcileOutcome
+}
+
+func (l *reconcileLog) record(req ctrl.Request, res ctrl.Result, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.byKey[req.NamespacedName] = append(l.byKey[req.NamespacedName], reconcileOutcome{res, err})
+}
+
+// of returns the outcomes of the endpoint's reconciles so far, oldest first.
+func (l *reconcileLog) of(key types.NamespacedName) []reconcileOutcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.byKey[key])
 }
 
 // env is set once by TestMain before any test runs and never changed after.
@@ -114,7 +142,9 @@ func runSuite(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "FAIL: create manager:", err)
 		return 1
 	}
-	r := &controllers.UrmaEndpointReconciler{Client: mgr.GetClient(), Scheme: scheme, Recorder: mgr.GetEventRecorder("urma-operator")}
+	reconciles := &reconcileLog{byKey: map[types.NamespacedName][]reconcileOutcome{}}
+	r := &controllers.UrmaEndpointReconciler{Client: mgr.GetClient(), Scheme: scheme, Recorder: mgr.GetEventRecorder("urma-operator"),
+		Reconciled: reconciles.record}
 	if err := r.SetupWithManager(mgr); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: set up reconciler:", err)
 		return 1
@@ -147,7 +177,7 @@ func runSuite(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
-	env = &suite{cfg: cfg, scheme: scheme, c: c, cache: mgr.GetCache(), reconciler: r}
+	env = &suite{cfg: cfg, scheme: scheme, c: c, cache: mgr.GetCache(), reconciles: reconciles}
 	return m.Run()
 }
 

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -69,13 +68,11 @@ type UrmaEndpointReconciler struct {
 	// ResourceSlices and each endpoint gets a ResourceClaimTemplate for its
 	// pods' jetties.
 	Driver plan.Driver
-
-	reconciles atomic.Int64
+	// Reconciled, when set, is called as each reconcile returns, with what
+	// it returned: tests use it to see that a settled endpoint asks for no
+	// further work.
+	Reconciled func(ctrl.Request, ctrl.Result, error)
 }
-
-// Reconciles is how many times Reconcile ran; tests use it to check that a
-// settled endpoint causes no further work.
-func (r *UrmaEndpointReconciler) Reconciles() int64 { return r.reconciles.Load() }
 
 // CacheOptions scopes the manager's cache: only pods that name an endpoint
 // and only ConfigMaps this operator manages are cached, so the operator's
@@ -90,8 +87,14 @@ func CacheOptions() cache.Options {
 
 // Reconcile reads the endpoint and its world, renders the ConfigMap and
 // writes status when it changed.
-func (r *UrmaEndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	r.reconciles.Add(1)
+func (r *UrmaEndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
+	if r.Reconciled != nil {
+		defer func() { r.Reconciled(req, result, err) }()
+	}
+	return r.reconcile(ctx, req)
+}
+
+func (r *UrmaEndpointReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var ep v1alpha1.UrmaEndpoint
 	if err := r.Client.Get(ctx, req.NamespacedName, &ep); err != nil {
 		// Gone: its ConfigMap goes with it (ownerReference).
