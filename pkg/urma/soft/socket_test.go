@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -167,7 +168,9 @@ func (l *logSink) has(s string) bool {
 
 // A peer that breaks the protocol loses its connection, with the reason
 // logged, and the sends outstanding to it complete with ACK_TIMEOUT; a peer
-// that goes silent is declared dead after PeerTimeout with the same result.
+// that goes silent is declared dead with the same result, and the log names
+// the configured PeerTimeout (not the default) as the silence it waited out.
+// No wall-clock bound: on a loaded machine the watchdog's ticks come late.
 func TestBadPeerFailsOutstandingSends(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -181,7 +184,7 @@ func TestBadPeerFailsOutstandingSends(t *testing.T) {
 		}, "ACK status"},
 		{"unknown frame", func(nc net.Conn, h sendHeader) { nc.Write([]byte{0, 0, 0, 4, 200, 0, 0, 0}) }, "unknown frame type"},
 		{"oversize SEND", func(nc net.Conn, h sendHeader) { nc.Write([]byte{0xff, 0xff, 0xff, 0xff, frameSend}) }, "payload outside"},
-		{"silent", func(nc net.Conn, h sendHeader) {}, "peer silent"},
+		{"silent", func(nc net.Conn, h sendHeader) {}, fmt.Sprintf("peer silent for %v", socketOpts().PeerTimeout)},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -214,15 +217,11 @@ func TestBadPeerFailsOutstandingSends(t *testing.T) {
 			target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
 			mustOK(t, err, "import from the fake peer")
 			defer target.Close()
-			start := time.Now()
 			mustOK(t, a.send(target, 1, 0, 100, 0), "send")
 			mustOK(t, a.send(target, 2, 0, 100, 0), "send")
 			cs := pollN(t, a.sjfc, 2, 5*time.Second)
 			if cs[0].Status != urma.StatusAckTimeout || cs[1].Status != urma.StatusWRFlushErr {
 				t.Errorf("completions %+v, want ACK_TIMEOUT then WR_FLUSH_ERR", cs)
-			}
-			if c.name == "silent" && time.Since(start) > 4*opts.PeerTimeout {
-				t.Errorf("silent peer declared dead after %v, PeerTimeout is %v", time.Since(start), opts.PeerTimeout)
 			}
 			<-done
 			if !sink.has(c.log) {
