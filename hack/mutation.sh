@@ -126,8 +126,13 @@ for pkg in "${pkgs[@]}"; do
 		tail -20 "$OUT/$name.log" >&2
 		die "gremlins failed on $pkg (full log: $OUT/$name.log)"
 	}
-	# A package without a single mutation point writes no result.
-	[[ -f "$json" ]] || echo '{"files":[]}' >"$json"
+	if [[ ! -f "$json" ]]; then
+		# A package without a single mutation point writes no result; an
+		# interrupted run writes none either, and must not pass as empty.
+		grep -q 'No results to report' "$OUT/$name.log" ||
+			die "gremlins wrote no result for $pkg (interrupted?); log: $OUT/$name.log"
+		echo '{"files":[]}' >"$json"
+	fi
 	grep -E 'Test efficacy|Mutator coverage' "$OUT/$name.log" | sed "s|^|    |" >&2 || true
 	log "$pkg: done in $((SECONDS - start))s"
 	results+=("$pkg=$json")
