@@ -84,10 +84,11 @@ type packageReport struct {
 // efficacy leaves listed equivalent mutants out: they are not bugs a test
 // could see.
 func (p packageReport) efficacy() (float64, bool) {
-	switch {
-	case p.killed+p.lived == 0:
+	covered := p.killed + p.lived
+	if covered == 0 {
 		return 0, false
-	case p.killed+p.lived == p.explained:
+	}
+	if covered == p.explained {
 		return 100, true // every covered mutant is equivalent
 	}
 	return 100 * float64(p.killed) / float64(p.killed+p.lived-p.explained), true
