@@ -269,6 +269,12 @@ func (l *loop) attempt(ctx context.Context) {
 		l.again()
 		return
 	}
+	if target == (fileID{}) {
+		// kubelet.sock appeared between the look and the call (kubelet
+		// starting as we retried): we registered with the one there now.
+		// Left zero, its Create event would register us a second time.
+		target = inode(r.kubeletSocket())
+	}
 	l.needRegister, l.backoff, l.failures = false, r.cfg.BackoffInitial, 0
 	l.kubeletIno = target
 	r.setState(true, true)
