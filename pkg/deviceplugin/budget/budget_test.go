@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -73,11 +74,22 @@ func TestUnitIDRoundTrip(t *testing.T) {
 }
 
 func TestParseUnitIDErrors(t *testing.T) {
-	for _, id := range []string{"", "udma0", "-1", "udma0-", "udma0-x", "udma0-01", "udma0-4294967296", "udma0-+1"} {
-		if dev, k, err := ParseUnitID(id); err == nil {
-			t.Errorf("ParseUnitID(%q) = %q, %d, nil; want an error", id, dev, k)
-		} else if !strings.Contains(err.Error(), id) {
-			t.Errorf("error %q does not name the ID %q", err, id)
+	// Each error names the ID and the part that is wrong.
+	const notDeviceIndex = "is not <device>-<index>"
+	for _, tc := range []struct{ id, want string }{
+		{"", notDeviceIndex},
+		{"udma0", notDeviceIndex},
+		{"-1", notDeviceIndex},
+		{"udma0-", notDeviceIndex},
+		{"udma0-x", `index "x" is not a decimal number`},
+		{"udma0-01", `index "01" is not a decimal number`},
+		{"udma0-4294967296", `index "4294967296" is not a decimal number`},
+		{"udma0-+1", `index "+1" is not a decimal number`},
+	} {
+		if dev, k, err := ParseUnitID(tc.id); err == nil {
+			t.Errorf("ParseUnitID(%q) = %q, %d, nil; want an error", tc.id, dev, k)
+		} else if !strings.Contains(err.Error(), fmt.Sprintf("%q", tc.id)) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseUnitID(%q): error %q, want it to name the ID and say %q", tc.id, err, tc.want)
 		}
 	}
 }
