@@ -521,6 +521,9 @@ func TestBondingAndParent(t *testing.T) {
 		{name: "NUMA negative garbage", dev: func() sysfstest.Device { return sysfstest.DefaultDevice("udma0") },
 			after:  func(t *testing.T, tr *sysfstest.Tree) { tr.WriteFile(t, "udma0", "device/numa_node", "-x\n") },
 			vendor: "0x19e5", devID: "0xa001", numa: -1, problem: `device/numa_node: parse number "x"`},
+		{name: "NUMA lone dash", dev: func() sysfstest.Device { return sysfstest.DefaultDevice("udma0") },
+			after:  func(t *testing.T, tr *sysfstest.Tree) { tr.WriteFile(t, "udma0", "device/numa_node", "-\n") },
+			vendor: "0x19e5", devID: "0xa001", numa: -1, problem: `device/numa_node: parse number "-"`},
 		{name: "vendor normalised", dev: func() sysfstest.Device {
 			d := sysfstest.DefaultDevice("udma0")
 			d.VendorID, d.DeviceID = "0x19E5", "41217" // 41217 == 0xa101
@@ -627,6 +630,8 @@ func TestPorts(t *testing.T) {
 				}
 			},
 			wantStates: []urma.PortState{urma.PortActive}, usable: true},
+		{name: "port_count at the kernel limit", dev: states(slices.Repeat([]urma.PortState{urma.PortActive}, sysfs.MaxPorts)...),
+			wantStates: slices.Repeat([]urma.PortState{urma.PortActive}, sysfs.MaxPorts), usable: true},
 		{name: "port_count past the kernel limit", dev: states(urma.PortActive),
 			after:      func(t *testing.T, tr *sysfstest.Tree) { tr.WriteFile(t, "udma0", "port_count", "300\n") },
 			wantStates: append([]urma.PortState{urma.PortActive}, make([]urma.PortState, sysfs.MaxPorts-1)...),
