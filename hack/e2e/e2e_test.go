@@ -86,9 +86,14 @@ func TestParsePerfRun(t *testing.T) {
 		}
 	}
 
-	// A fabric urma-perf names per connection wins over the provider.
-	perConn := strings.Replace(report, `{"mode": "urma", "local": "a"`, `{"mode": "urma", "fabric": "shm", "local": "a"`, 1)
-	if _, fabrics, err := parsePerfRun(perConn, clientLog); err != nil || fabrics[0] != "shm" {
+	// What urma-perf reports per connection wins over the process's log:
+	// its provider, and a fabric above all.
+	perConn := strings.Replace(report, `{"mode": "urma", "local": "a"`, `{"mode": "urma", "provider": "soft-shm", "local": "a"`, 1)
+	if _, fabrics, err := parsePerfRun(perConn, clientLog); err != nil || fabrics[0] != "provider soft-shm" {
+		t.Errorf("per-connection provider: %q, %v", fabrics, err)
+	}
+	perConn = strings.Replace(report, `{"mode": "urma", "local": "a"`, `{"mode": "urma", "provider": "soft-shm", "fabric": "shm", "local": "a"`, 1)
+	if _, fabrics, err := parsePerfRun(perConn, clientLog); err != nil || fabrics[0] != "fabric shm" {
 		t.Errorf("per-connection fabric: %q, %v", fabrics, err)
 	}
 	// No provider logged: the fabric is unknown, not guessed.

@@ -30,10 +30,10 @@ type perfRun struct {
 var providerRE = regexp.MustCompile(`"URMA ready".*"provider"="([^"]+)"`)
 
 // parsePerfRun decodes a client's --json report (stdout) and its log
-// (stderr). The fabric of each connection is the report's, when urma-perf
-// names one per connection (a field "fabric"); otherwise the provider the
-// process logged ("soft-socket", "soft-shm", "liburma"), which carries
-// every connection of that process.
+// (stderr) and names what carried each connection: the connection's own
+// "fabric" when urma-perf reports one, else its provider ("soft-shm",
+// "soft-socket", "liburma": the software provider's name carries its
+// fabric), else the provider the process logged when URMA came up.
 func parsePerfRun(stdout, stderr string) (perfjson.Report, []string, error) {
 	out := []byte(strings.TrimSpace(stdout))
 	var rep perfjson.Report
@@ -51,11 +51,14 @@ func parsePerfRun(stdout, stderr string) (perfjson.Report, []string, error) {
 		provider = "provider " + m[1]
 	}
 	fabrics := make([]string, len(rep.Conns))
-	for i := range fabrics {
+	for i, c := range rep.Conns {
 		fabrics[i] = provider
+		if c.Provider != "" {
+			fabrics[i] = "provider " + c.Provider
+		}
 		if i < len(raw.Conns) {
 			if f, ok := raw.Conns[i]["fabric"].(string); ok && f != "" {
-				fabrics[i] = f
+				fabrics[i] = "fabric " + f
 			}
 		}
 	}
