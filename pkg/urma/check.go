@@ -31,14 +31,18 @@ func (c JFRConfig) Check(caps DeviceCaps) error {
 	return nil
 }
 
-// Check validates a jetty configuration against a device's capabilities;
-// the JFR's mode is checked by the provider, which knows the JFR.
-func (c JettyConfig) Check(caps DeviceCaps) error {
+// Check validates a jetty configuration against a device's capabilities
+// and the mode of its JFR, jfrMode: the send and receive sides of a jetty
+// must use one transport mode (hw/udma/udma_u_jetty.c:105-118 fails it with
+// EINVAL).
+func (c JettyConfig) Check(caps DeviceCaps, jfrMode TransportMode) error {
 	const op = "create_jetty"
 	if err := checkMode(op, c.Mode, caps, "it must equal its JFR's"); err != nil {
 		return err
 	}
 	switch {
+	case c.Mode != jfrMode:
+		return Errorf(op, CodeInval, "jetty mode %s differs from its JFR's mode %s", c.Mode, jfrMode)
 	case c.SQDepth == 0 || c.SQDepth > caps.MaxJFSDepth:
 		return Errorf(op, CodeInval, "SQ depth %d outside 1..%d (device max_jfs_depth)", c.SQDepth, caps.MaxJFSDepth)
 	case c.MaxSGE > caps.MaxJFSSge:

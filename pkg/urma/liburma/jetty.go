@@ -186,9 +186,6 @@ var _ urma.Jetty = (*jetty)(nil)
 
 func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 	const op = "create_jetty"
-	if err := cfg.Check(c.dev.Caps); err != nil {
-		return nil, err
-	}
 	q, ok := cfg.SendJFC.(*jfc)
 	if !ok || q == nil || q.ctx != c {
 		return nil, urma.Errorf(op, urma.CodeInval, "send JFC is missing or was not created by this context")
@@ -197,9 +194,8 @@ func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 	if !ok || r == nil || r.ctx != c {
 		return nil, urma.Errorf(op, urma.CodeInval, "JFR is missing or was not created by this context")
 	}
-	if r.mode != cfg.Mode {
-		// hw/udma/udma_u_jetty.c:105-118 fails it with EINVAL; say why.
-		return nil, urma.Errorf(op, urma.CodeInval, "jetty mode %s differs from its JFR's mode %s", cfg.Mode, r.mode)
+	if err := cfg.Check(c.dev.Caps, r.mode); err != nil {
+		return nil, err
 	}
 	if err := q.attach(op); err != nil {
 		return nil, err

@@ -95,9 +95,6 @@ var _ urma.Jetty = (*jetty)(nil)
 
 func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 	const op = "create_jetty"
-	if err := cfg.Check(c.dev.caps); err != nil {
-		return nil, err
-	}
 	q, ok := cfg.SendJFC.(*jfc)
 	if !ok || q == nil || q.ctx != c {
 		return nil, urma.Errorf(op, urma.CodeInval, "send JFC is missing or was not created by this context")
@@ -106,10 +103,8 @@ func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 	if !ok || r == nil || r.ctx != c {
 		return nil, urma.Errorf(op, urma.CodeInval, "JFR is missing or was not created by this context")
 	}
-	if r.mode != cfg.Mode {
-		// udma_u_jetty.c:105-118 (init_jetty_trans_mode): the send and
-		// receive sides of a jetty must use one transport mode.
-		return nil, urma.Errorf(op, urma.CodeInval, "jetty mode %s differs from its JFR's mode %s", cfg.Mode, r.mode)
+	if err := cfg.Check(c.dev.caps, r.mode); err != nil {
+		return nil, err
 	}
 	maxSGE := max(cfg.MaxSGE, 1)
 	ringSize := uint64(1) << bits.Len32(cfg.SQDepth-1) // a power of two, so sequence numbers wrap cleanly
