@@ -134,15 +134,10 @@ func Save(path string, claims Claims) error {
 	return nil
 }
 
-// writeAndSync writes data to f, flushes it to the disk and closes f.
+// writeAndSync writes data to f, flushes it to the disk and closes f,
+// returning every error met (a sync after a failed write is harmless).
 func writeAndSync(f *os.File, data []byte) error {
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	_, werr := f.Write(data)
+	serr := f.Sync()
+	return errors.Join(werr, serr, f.Close())
 }
