@@ -8,6 +8,11 @@
 // when less than a third of its life is left. A renewed CA is trusted next
 // to the previous one until the previous expires, so replicas that still
 // serve an older certificate keep working during the switch.
+//
+// Besides the periodic check, the rotator watches the two webhook
+// configurations: a `helm upgrade --force` or a GitOps sync that replaces
+// them empties their caBundle, which would block every labelled pod until
+// the next check, so a change to them triggers a check at once.
 package certs
 
 import (
@@ -24,6 +29,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -32,6 +38,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -49,13 +56,18 @@ const (
 	DefaultCAValidity     = 10 * 365 * 24 * time.Hour
 	DefaultServerValidity = 365 * 24 * time.Hour
 	DefaultCheckInterval  = time.Hour
+	DefaultRetryInterval  = 10 * time.Second
+	maxWatchBackoff       = time.Minute
 )
 
 // The rotator reads its Secret and the webhook configurations without the
 // cache (no cluster-wide Secret cache) and writes them by name.
 //
 // +kubebuilder:rbac:groups="",namespace=urma-system,resources=secrets,verbs=get;create;update
-// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,resourceNames=urma-operator-mutating;urma-operator-validating,verbs=get;update
+// Watching by name (a metadata.name field selector) is what lets list and
+// watch be limited to these two names.
+//
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,resourceNames=urma-operator-mutating;urma-operator-validating,verbs=get;list;watch;update
 
 // Rotator keeps the webhook serving certificate valid.
 type Rotator struct {
@@ -72,8 +84,14 @@ type Rotator struct {
 	// MutatingWebhooks and ValidatingWebhooks name the configurations whose
 	// caBundle is kept current.
 	MutatingWebhooks, ValidatingWebhooks []string
+	// Watcher, when set, watches those configurations by name, and any
+	// change to them triggers a check (which restores an emptied caBundle
+	// within seconds); nil leaves only the periodic check.
+	Watcher client.WithWatch
 
-	CAValidity, ServerValidity, CheckInterval time.Duration
+	// CheckInterval is the period of the regular check; RetryInterval how
+	// soon a failed check is retried.
+	CAValidity, ServerValidity, CheckInterval, RetryInterval time.Duration
 	// Now is the clock (tests move it); nil means time.Now.
 	Now func() time.Time
 	Log logr.Logger
@@ -101,25 +119,125 @@ func (r *Rotator) validity() (ca, server time.Duration) {
 // files.
 func (r *Rotator) NeedLeaderElection() bool { return false }
 
-// Start re-checks the certificates every CheckInterval until ctx ends. Call
-// Ensure once before starting the webhook server, which needs the files.
+// Start re-checks the certificates every CheckInterval, and whenever a
+// watched webhook configuration changes, until ctx ends; a failed check is
+// retried after RetryInterval. Call Ensure once before starting the webhook
+// server, which needs the files.
 func (r *Rotator) Start(ctx context.Context) error {
-	interval := r.CheckInterval
+	interval, retryIn := r.CheckInterval, r.RetryInterval
 	if interval <= 0 {
 		interval = DefaultCheckInterval
 	}
+	if retryIn <= 0 {
+		retryIn = DefaultRetryInterval
+	}
+	changed := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if r.Watcher != nil {
+		for _, w := range r.watched() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.watch(ctx, w.list, w.name, changed)
+			}()
+		}
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	retry := time.NewTimer(retryIn)
+	retry.Stop()
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			if err := r.Ensure(ctx); err != nil {
-				// Keep serving the current files; try again next tick.
-				r.Log.Error(err, "webhook certificate check failed")
-			}
+		case <-changed:
+		case <-retry.C:
 		}
+		if err := r.Ensure(ctx); err != nil {
+			// Keep serving the current files; try again soon.
+			r.Log.Error(err, "webhook certificate check failed", "retryIn", retryIn)
+			retry.Reset(retryIn)
+		}
+	}
+}
+
+type watchedConfig struct {
+	name string
+	list client.ObjectList
+}
+
+func (r *Rotator) watched() []watchedConfig {
+	var out []watchedConfig
+	for _, n := range r.MutatingWebhooks {
+		out = append(out, watchedConfig{n, &admissionv1.MutatingWebhookConfigurationList{}})
+	}
+	for _, n := range r.ValidatingWebhooks {
+		out = append(out, watchedConfig{n, &admissionv1.ValidatingWebhookConfigurationList{}})
+	}
+	return out
+}
+
+// watch sends on changed (without blocking) at every event on the named
+// configuration, including the initial one of each new watch, until ctx
+// ends. A watch that fails or ends in an error is started again after a
+// growing delay.
+func (r *Rotator) watch(ctx context.Context, list client.ObjectList, name string, changed chan<- struct{}) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		began := time.Now()
+		w, err := r.Watcher.Watch(ctx, list, client.MatchingFields{"metadata.name": name})
+		failed := err != nil
+		if err != nil {
+			r.Log.Error(err, "cannot watch webhook configuration; relying on the periodic check until it works", "name", name, "retryIn", backoff)
+		} else {
+			// A watch the server ends at once is no better than an error:
+			// do not spin on it.
+			failed = r.drain(ctx, w, name, changed) || time.Since(began) < time.Second
+		}
+		if !failed {
+			backoff = time.Second
+			continue
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, maxWatchBackoff)
+	}
+}
+
+// drain forwards one watch's events and reports whether it ended in error.
+// It asks for a check once at the start too: a change between two watches
+// would go unseen otherwise.
+func (r *Rotator) drain(ctx context.Context, w watch.Interface, name string, changed chan<- struct{}) bool {
+	defer w.Stop()
+	notify(changed)
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return false // the server ended the watch (timeout): watch again
+			}
+			if ev.Type == watch.Error {
+				r.Log.Info("watch of webhook configuration ended in an error; watching again", "name", name,
+					"error", apierrors.FromObject(ev.Object).Error())
+				return true
+			}
+			notify(changed)
+		}
+	}
+}
+
+// notify asks for a check without blocking; one already due covers it.
+func notify(changed chan<- struct{}) {
+	select {
+	case changed <- struct{}{}:
+	default:
 	}
 }
 

@@ -27,7 +27,7 @@ const dnsName = "urma-operator-webhook.urma-system.svc"
 var secretKey = types.NamespacedName{Namespace: "urma-system", Name: "urma-operator-webhook-certs"}
 
 type fixture struct {
-	c   client.Client
+	c   client.WithWatch
 	r   *Rotator
 	now time.Time
 }
@@ -317,9 +317,75 @@ func TestEnsureWithoutWebhookConfigurations(t *testing.T) {
 	}
 }
 
+// runRotator runs Start until the test ends and checks that it returns.
+func runRotator(t *testing.T, r *Rotator) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Start returned %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Start did not return after cancel")
+		}
+	})
+}
+
+func TestWatchRestoresAnEmptiedCABundleAtOnce(t *testing.T) {
+	f := newFixture(t, webhookConfigs()...)
+	ctx := context.Background()
+	if err := f.r.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := f.bundles(t)[0]
+	// Only a watch can bring it back in time: the regular check is hours away.
+	f.r.CheckInterval, f.r.Watcher = 24*time.Hour, f.c
+	runRotator(t, f.r)
+
+	for _, clear := range []func() client.Object{
+		func() client.Object {
+			var m admissionv1.MutatingWebhookConfiguration
+			if err := f.c.Get(ctx, client.ObjectKey{Name: "urma-operator-mutating"}, &m); err != nil {
+				t.Fatal(err)
+			}
+			m.Webhooks[0].ClientConfig.CABundle = nil
+			return &m
+		},
+		func() client.Object {
+			var v admissionv1.ValidatingWebhookConfiguration
+			if err := f.c.Get(ctx, client.ObjectKey{Name: "urma-operator-validating"}, &v); err != nil {
+				t.Fatal(err)
+			}
+			v.Webhooks[1].ClientConfig.CABundle = []byte("stale")
+			return &v
+		},
+	} {
+		// A helm upgrade --force or a GitOps replace of the configuration.
+		if err := f.c.Update(ctx, clear()); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			b := f.bundles(t)
+			if bytes.Equal(b[0], want) && bytes.Equal(b[1], want) && bytes.Equal(b[2], want) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("caBundle not restored after the webhook configuration was replaced")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
 func TestStartStopsWithContext(t *testing.T) {
 	f := newFixture(t, webhookConfigs()...)
-	f.r.CheckInterval = time.Millisecond
+	f.r.CheckInterval, f.r.Watcher = time.Millisecond, f.c
 	before := runtime.NumGoroutine()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
