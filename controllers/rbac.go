@@ -13,3 +13,11 @@ package controllers
 //
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=urma-system,resources=leases,verbs=get;create;update
 // +kubebuilder:rbac:groups="",namespace=urma-system,resources=events,verbs=create;patch
+//
+// The metrics endpoint authenticates scrapers with TokenReviews and
+// authorizes them (get on the non-resource URL /metrics) with
+// SubjectAccessReviews (controller-runtime's
+// filters.WithAuthenticationAndAuthorization).
+//
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -39,6 +40,8 @@ type options struct {
 	leaderElect             bool
 	leaderElectionNamespace string
 	metricsAddr             string
+	metricsSecure           bool
+	metricsCertDir          string
 	probeAddr               string
 	enableWebhooks          bool
 	webhookPort             int
@@ -59,7 +62,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader so that only one replica reconciles (use with more than one replica)")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint; 0 disables it")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "address of the Prometheus /metrics endpoint; 0 disables it")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve /metrics over HTTPS and let only callers whose token may get the non-resource URL /metrics read it (TokenReview and SubjectAccessReview); false serves plain HTTP to anyone")
+	fs.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "directory holding tls.crt and tls.key for /metrics; empty means a self-signed certificate generated at start")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
 	fs.BoolVar(&o.enableWebhooks, "enable-webhooks", true, "serve the pod mutating and UrmaEndpoint validating webhooks")
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "port of the webhook server")
@@ -140,7 +145,7 @@ func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) erro
 	mopts := ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   controllers.CacheOptions(),
-		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		Metrics:                 metricsOptions(o),
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "urma-operator.urma.openeuler.org",
@@ -198,16 +203,27 @@ func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) erro
 	return nil
 }
 
+// metricsOptions serves /metrics as kubebuilder does: over HTTPS, readable
+// only with a token allowed to get the non-resource URL /metrics.
+func metricsOptions(o options) metricsserver.Options {
+	m := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure}
+	if o.metricsSecure {
+		m.FilterProvider = filters.WithAuthenticationAndAuthorization
+		m.CertDir = o.metricsCertDir
+	}
+	return m
+}
+
 func newRotator(cfg *rest.Config, scheme *runtime.Scheme, o options, log logr.Logger) (*certs.Rotator, error) {
 	// Uncached: the manager's cache is not running yet, and Secrets must not
-	// be cached cluster-wide.
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	// be cached cluster-wide. The webhook configurations are watched by name.
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, fmt.Errorf("create client for certificates: %w", err)
 	}
 	svc := o.webhookService + "." + o.namespace + ".svc"
 	return &certs.Rotator{
-		Client: c, Reader: c,
+		Client: c, Reader: c, Watcher: c,
 		Secret:             types.NamespacedName{Namespace: o.namespace, Name: o.certSecret},
 		CertDir:            o.certDir,
 		DNSNames:           append([]string{svc, svc + ".cluster.local"}, o.extraDNSNames...),

@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -19,12 +20,16 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -156,10 +161,10 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 		}
 	}
 
-	probe := freeAddr(t)
+	probe, metricsAddr := freeAddr(t), freeAddr(t)
 	o, err := parseFlags([]string{
 		"--leader-elect", "--leader-election-namespace=urma-system", "--namespace=urma-system",
-		"--metrics-bind-address=0", "--health-probe-bind-address=" + probe,
+		"--metrics-bind-address=" + metricsAddr, "--health-probe-bind-address=" + probe,
 		fmt.Sprintf("--webhook-port=%d", te.WebhookInstallOptions.LocalServingPort),
 		"--cert-dir=" + t.TempDir(), "--webhook-extra-dns-names=localhost",
 	}, io.Discard)
@@ -210,6 +215,13 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 		return c.Get(ctx, client.ObjectKey{Namespace: "urma-system", Name: "urma-operator.urma.openeuler.org"}, &coordinationv1.Lease{})
 	})
 
+	t.Run("an emptied caBundle is restored at once", func(t *testing.T) {
+		checkCABundleRestored(ctx, t, c, o.certSecret)
+	})
+	t.Run("metrics over HTTPS for authorized tokens only", func(t *testing.T) {
+		checkSecureMetrics(ctx, t, cfg, c, metricsAddr)
+	})
+
 	ep := &v1alpha1.UrmaEndpoint{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "svc"},
 		Spec:       v1alpha1.UrmaEndpointSpec{JettyBudget: 4, Profile: v1alpha1.TrafficProfile{MessageSize: resource.MustParse("4Ki")}},
@@ -248,5 +260,135 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("run did not return after cancel")
+	}
+}
+
+// checkCABundleRestored clears the caBundle of both webhook configurations,
+// as a `helm upgrade --force` or a GitOps replace does, and waits for the
+// operator to put its CA back. The regular check is an hour away, so only
+// the rotator's watch can do it.
+func checkCABundleRestored(ctx context.Context, t *testing.T, c client.Client, secret string) {
+	var s corev1.Secret
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "urma-system", Name: secret}, &s); err != nil {
+		t.Fatal(err)
+	}
+	b, err := certs.ParseBundle(s.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := string(b.CABundle())
+	var m admissionv1.MutatingWebhookConfiguration
+	if err := c.Get(ctx, client.ObjectKey{Name: webhook.MutatingConfigName}, &m); err != nil {
+		t.Fatal(err)
+	}
+	for i := range m.Webhooks {
+		m.Webhooks[i].ClientConfig.CABundle = nil
+	}
+	if err := c.Update(ctx, &m); err != nil {
+		t.Fatal(err)
+	}
+	var v admissionv1.ValidatingWebhookConfiguration
+	if err := c.Get(ctx, client.ObjectKey{Name: webhook.ValidatingConfigName}, &v); err != nil {
+		t.Fatal(err)
+	}
+	for i := range v.Webhooks {
+		v.Webhooks[i].ClientConfig.CABundle = nil
+	}
+	if err := c.Update(ctx, &v); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "caBundle restored", func() error {
+		if err := c.Get(ctx, client.ObjectKey{Name: webhook.MutatingConfigName}, &m); err != nil {
+			return err
+		}
+		if err := c.Get(ctx, client.ObjectKey{Name: webhook.ValidatingConfigName}, &v); err != nil {
+			return err
+		}
+		if string(m.Webhooks[0].ClientConfig.CABundle) != want || string(v.Webhooks[0].ClientConfig.CABundle) != want {
+			return errors.New("a caBundle is still empty")
+		}
+		return nil
+	})
+}
+
+// checkSecureMetrics reads /metrics over HTTPS without a token (401), with
+// the token of a ServiceAccount that may not (403) and of one bound to a
+// ClusterRole allowing get on /metrics (200), as Prometheus would.
+func checkSecureMetrics(ctx context.Context, t *testing.T, cfg *rest.Config, c client.Client, addr string) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func(sa string) string {
+		if err := c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: sa}}); err != nil {
+			t.Fatal(err)
+		}
+		tr, err := cs.CoreV1().ServiceAccounts("app").CreateToken(ctx, sa, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("token for %s: %v", sa, err)
+		}
+		return tr.Status.Token
+	}
+	reader := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "metrics-reader"},
+		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}}
+	if err := c.Create(ctx, reader); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "prometheus-metrics-reader"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: reader.Name},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: "app", Name: "prometheus"}}}); err != nil {
+		t.Fatal(err)
+	}
+	allowed, denied := token("prometheus"), token("nosy")
+
+	// The certificate is self-signed, as a ServiceMonitor with
+	// insecureSkipVerify expects; a plain-HTTP client gets nowhere.
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}}} //nolint:gosec // self-signed by design
+	get := func(bearer string) (int, string, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+"/metrics", nil)
+		if err != nil {
+			return 0, "", err
+		}
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), err
+	}
+	for _, tc := range []struct {
+		who   string
+		token string
+		code  int
+	}{
+		{"anonymous", "", http.StatusUnauthorized},
+		{"a ServiceAccount without the ClusterRole", denied, http.StatusForbidden},
+		{"a ServiceAccount allowed get on /metrics", allowed, http.StatusOK},
+	} {
+		poll(t, tc.who, func() error {
+			code, body, err := get(tc.token)
+			if err != nil {
+				return err
+			}
+			if code != tc.code {
+				return fmt.Errorf("status %d, want %d: %.200s", code, tc.code, body)
+			}
+			if code == http.StatusOK && !strings.Contains(body, "controller_runtime_reconcile_total") {
+				return fmt.Errorf("no controller metrics in %.200s", body)
+			}
+			return nil
+		})
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Error("/metrics answered plain HTTP")
+		}
 	}
 }
