@@ -41,9 +41,16 @@ type Node struct {
 	JettiesPerUnit int64
 }
 
-// NodeFromAnnotations parses a node's URMA facts (pkg/nodefacts).
+// NodeFromAnnotations parses a node's URMA facts (pkg/nodefacts) from its
+// annotations, which the device plugin writes, or, on a node without them,
+// from its labels: Node Feature Discovery publishes the plugin's feature
+// file (--nfd-features-dir) as labels of the same names, so a plugin that
+// is not allowed to patch Nodes still informs the operator.
 func NodeFromAnnotations(name string, nodeLabels, annotations map[string]string) Node {
 	f, err := nodefacts.Parse(annotations)
+	if errors.Is(err, nodefacts.ErrNoFacts) {
+		f, err = nodefacts.Parse(nodeLabels)
+	}
 	return NodeFromFacts(name, nodeLabels, f, err)
 }
 

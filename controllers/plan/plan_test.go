@@ -83,6 +83,23 @@ func TestNodeFromAnnotations(t *testing.T) {
 	if bad.Limits != nil || bad.FactsErr == nil {
 		t.Errorf("malformed node: %+v", bad)
 	}
+	// Facts published through an NFD feature file arrive as labels.
+	nfd := f.Annotations()
+	for k, v := range f.Labels() {
+		nfd[k] = v
+	}
+	if n := NodeFromAnnotations("e", nfd, nil); n.Limits == nil || n.Limits.MaxJFSDepth != 1024 || n.JettiesPerUnit != 16 {
+		t.Errorf("node with NFD feature labels: %+v", n)
+	}
+	// Annotations win over labels.
+	ann := facts(64, 8)
+	if n := NodeFromAnnotations("f", nfd, ann.Annotations()); n.Limits == nil || n.Limits.MaxJFSDepth != 64 {
+		t.Errorf("node with both: %+v, want the annotations' limits", n)
+	}
+	// The plugin's own labels alone (device count, no capabilities) are no facts.
+	if n := NodeFromAnnotations("g", nodefacts.Facts{}.Labels(), nil); n.Limits != nil || n.FactsErr != nil {
+		t.Errorf("node with only presence labels: %+v", n)
+	}
 }
 
 func TestMakeNodeSelection(t *testing.T) {

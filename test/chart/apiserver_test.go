@@ -34,7 +34,7 @@ func TestRenderedObjectsAcceptedByAPIServer(t *testing.T) {
 	}
 	variants := []variant{{name: "default", objs: render(t)}}
 	for _, f := range ciValuesFiles(t) {
-		variants = append(variants, variant{name: filepath.Base(f), objs: render(t, "-f", f)})
+		variants = append(variants, variant{name: filepath.Base(f), objs: render(t, ciValuesArgs(f)...)})
 	}
 
 	var crds []*apiextensionsv1.CustomResourceDefinition

@@ -39,7 +39,7 @@ func TestRenderedArgsAcceptedByBinaries(t *testing.T) {
 
 	variants := map[string][]string{"default": nil}
 	for _, f := range ciValuesFiles(t) {
-		variants[filepath.Base(f)] = []string{"-f", f}
+		variants[filepath.Base(f)] = ciValuesArgs(f)
 	}
 	for name, values := range variants {
 		objs := render(t, values...)

@@ -280,3 +280,24 @@ func ciValuesFiles(t testing.TB) []string {
 	}
 	return files
 }
+
+// ciAPIVersions names, per ci/*-values.yaml file, the optional APIs its
+// values need (cert-manager, the Prometheus Operator, NFD). Helm sees no
+// cluster when it renders offline, so those files are rendered with
+// --api-versions; without them the chart refuses to render
+// (TestBadValuesRejected). helm lint only logs such a failure.
+var ciAPIVersions = map[string][]string{
+	"cert-manager-values.yaml":    {"cert-manager.io/v1", "monitoring.coreos.com/v1"},
+	"existing-issuer-values.yaml": {"cert-manager.io/v1"},
+	"nfd-values.yaml":             {"nfd.k8s-sigs.io/v1alpha1"},
+}
+
+// ciValuesArgs are the helm arguments that render a ci values file on a
+// cluster that serves the APIs it needs.
+func ciValuesArgs(file string) []string {
+	out := []string{"-f", file}
+	for _, api := range ciAPIVersions[filepath.Base(file)] {
+		out = append(out, "--api-versions", api)
+	}
+	return out
+}

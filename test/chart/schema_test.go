@@ -34,6 +34,13 @@ func TestBadValuesRejected(t *testing.T) {
 		{"replicas without leader election", []string{"--set", "operator.replicas=2", "--set", "operator.leaderElection.enabled=false"}, []string{"operator.replicas", "operator.leaderElection.enabled"}},
 		{"webhook without operator", []string{"--set", "operator.enabled=false"}, []string{"webhook.enabled", "operator.enabled"}},
 		{"no operator pods behind a failing webhook", []string{"--set", "operator.replicas=0"}, []string{"operator.replicas=0", "webhook.failurePolicy"}},
+		{"NFD feature file through extraArgs", []string{"--set", "devicePlugin.extraArgs={--nfd-features-dir=/x}"}, []string{"devicePlugin.nfd.featuresDir", "--nfd-features-dir"}},
+		{"bad PCI device ID", []string{"--set", "devicePlugin.nfd.pciDevices={0xa22a}"}, []string{"'/devicePlugin/nfd/pciDevices/0'"}},
+		// Optional APIs the cluster must serve: a clear failure, not an
+		// object the API server rejects halfway through an install.
+		{"cert-manager without its CRDs", []string{"--set", "webhook.certManager.enabled=true"}, []string{"webhook.certManager.enabled=true needs the cert-manager.io/v1 API", "install cert-manager", "--api-versions cert-manager.io/v1"}},
+		{"ServiceMonitor without its CRD", []string{"--set", "metrics.serviceMonitor.enabled=true"}, []string{"metrics.serviceMonitor.enabled=true needs the monitoring.coreos.com/v1 API", "Prometheus Operator"}},
+		{"NodeFeatureRule without NFD", []string{"--set", "devicePlugin.nfd.nodeFeatureRule=true"}, []string{"devicePlugin.nfd.nodeFeatureRule=true needs the nfd.k8s-sigs.io/v1alpha1 API", "Node Feature Discovery"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 const (
 	endpointLabel  = "urma.openeuler.org/endpoint"
 	presentLabel   = "urma.openeuler.org/present"
+	nfdLabel       = "feature.node.kubernetes.io/urma-ub"
 	crdName        = "urmaendpoints.urma.openeuler.org"
 	dpName         = releaseName + "-urma-k8s-device-plugin"
 	operatorName   = releaseName + "-urma-k8s-operator"
@@ -55,14 +56,19 @@ func TestTemplateDefaults(t *testing.T) {
 			t.Fatalf("no DaemonSet %s in %v", dpName, names(objs))
 		}
 		spec := podSpec(t, ds)
-		if got, want := requiredNodeTerms(spec), []any{map[string]any{"matchExpressions": []any{presentExists}}}; !reflect.DeepEqual(got, want) {
-			t.Errorf("required node affinity = %v, want %v: nodes labelled %s, whatever its value", got, want, presentLabel)
+		// A fresh install runs the plugin on every Linux node: nothing to
+		// label first (where no UB device exists it advertises nothing).
+		if terms := requiredNodeTerms(spec); terms != nil {
+			t.Errorf("required node affinity = %v, want none: the plugin must start on every Linux node", terms)
 		}
-		if sel, ok := spec["nodeSelector"]; ok {
-			t.Errorf("nodeSelector = %v, want none by default", sel)
+		if got, want := spec["nodeSelector"], map[string]any{"kubernetes.io/os": "linux"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("nodeSelector = %v, want %v", got, want)
 		}
 		if got := spec["priorityClassName"]; got != "system-node-critical" {
 			t.Errorf("priorityClassName = %v, want system-node-critical", got)
+		}
+		if v, ok := argValue(args(t, container(t, ds, "device-plugin")), "--nfd-features-dir"); ok {
+			t.Errorf("--nfd-features-dir=%s by default, want none", v)
 		}
 		c := container(t, ds, "device-plugin")
 		argv := args(t, c)
@@ -99,6 +105,19 @@ func TestTemplateDefaults(t *testing.T) {
 		if got := field(t, role, "rules"); !reflect.DeepEqual(got, wantRules) {
 			t.Errorf("device plugin rules = %v, want %v", got, wantRules)
 		}
+		// RBAC cannot limit the patch to the plugin's own node: the policy does.
+		vap := one(t, objs, "ValidatingAdmissionPolicy")
+		conds := fmt.Sprint(field(t, vap, "spec", "matchConditions"))
+		if want := "system:serviceaccount:" + releaseNS + ":" + dpName; !strings.Contains(conds, want) {
+			t.Errorf("policy %s matches %s, want the plugin's ServiceAccount %s", vap.GetName(), conds, want)
+		}
+		binding := one(t, objs, "ValidatingAdmissionPolicyBinding")
+		if got := field(t, binding, "spec", "policyName"); got != vap.GetName() {
+			t.Errorf("binding names policy %v, want %s", got, vap.GetName())
+		}
+		if got := fmt.Sprint(field(t, binding, "spec", "validationActions")); got != "[Deny]" {
+			t.Errorf("binding validationActions %s, want [Deny]", got)
+		}
 	})
 
 	t.Run("operator", func(t *testing.T) {
@@ -122,6 +141,17 @@ func TestTemplateDefaults(t *testing.T) {
 			t.Errorf("operator pod securityContext = %v, want runAsNonRoot", sc)
 		}
 		checkWebhookTargetsService(t, objs)
+		if got, _ := argValue(argv, "--metrics-secure"); got != "true" {
+			t.Errorf("--metrics-secure = %q, want true: /metrics over HTTPS with authentication and authorization", got)
+		}
+		reader := named(objs, "ClusterRole", releaseName+"-urma-k8s-metrics-reader")
+		if reader == nil {
+			t.Fatal("no metrics-reader ClusterRole for Prometheus to bind")
+		}
+		want := []any{map[string]any{"nonResourceURLs": []any{"/metrics"}, "verbs": []any{"get"}}}
+		if got := field(t, reader, "rules"); !reflect.DeepEqual(got, want) {
+			t.Errorf("metrics-reader rules %v, want %v", got, want)
+		}
 		cfg := named(objs, "MutatingWebhookConfiguration", webhookCfgName)
 		if cfg == nil {
 			t.Fatalf("no MutatingWebhookConfiguration %s", webhookCfgName)
@@ -152,28 +182,93 @@ func TestTemplateValues(t *testing.T) {
 			if v, ok := argValue(args(t, container(t, ds, "device-plugin")), "--soft-devices"); v != "4" || !ok {
 				t.Errorf("--soft-devices = %q (present %v), want 4", v, ok)
 			}
-			if sel, ok := podSpec(t, ds)["nodeSelector"]; ok {
-				t.Errorf("software devices mode has nodeSelector %v, want none", sel)
+			if sel := podSpec(t, ds)["nodeSelector"]; !reflect.DeepEqual(sel, map[string]any{"kubernetes.io/os": "linux"}) {
+				t.Errorf("software devices mode has nodeSelector %v, want every Linux node", sel)
 			}
 			if terms := requiredNodeTerms(podSpec(t, ds)); terms != nil {
 				t.Errorf("software devices mode keeps the hardware node affinity %v", terms)
 			}
 		},
 	}, {
-		name:   "hardware plugin on every node",
-		values: []string{"--set", "devicePlugin.nodeLabel="},
+		name:   "hardware plugin on labelled nodes only",
+		values: []string{"--set", "devicePlugin.nodeLabel=" + presentLabel},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
-			if aff, ok := podSpec(t, ds)["affinity"]; ok {
-				t.Errorf("nodeLabel=\"\" keeps affinity %v", aff)
+			if got, want := requiredNodeTerms(podSpec(t, ds)), []any{map[string]any{"matchExpressions": []any{presentExists}}}; !reflect.DeepEqual(got, want) {
+				t.Errorf("required node affinity = %v, want %v: nodes labelled %s, whatever its value", got, want, presentLabel)
 			}
 			if v, ok := argValue(args(t, container(t, ds, "device-plugin")), "--soft-devices"); ok {
 				t.Errorf("hardware mode passes --soft-devices=%s", v)
 			}
 		},
 	}, {
+		name:   "Node Feature Discovery: a NodeFeatureRule labels UB nodes and the plugin selects them",
+		values: []string{"--set", "devicePlugin.nfd.nodeFeatureRule=true", "--set", "devicePlugin.nfd.pciDevices={a22a,a22b}", "-a", "nfd.k8s-sigs.io/v1alpha1"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			nfr := one(t, objs, "NodeFeatureRule")
+			rules := fmt.Sprint(field(t, nfr, "spec", "rules"))
+			for _, want := range []string{nfdLabel + ":true", "kernel.loadedmodule", "ubcore", "pci.device", "vendor:map[op:In value:[19e5]]", "device:map[op:In value:[a22a a22b]]"} {
+				if !strings.Contains(rules, want) {
+					t.Errorf("NodeFeatureRule rules %s lack %q", rules, want)
+				}
+			}
+			want := []any{map[string]any{"matchExpressions": []any{map[string]any{"key": nfdLabel, "operator": "Exists"}}}}
+			if got := requiredNodeTerms(podSpec(t, one(t, objs, "DaemonSet"))); !reflect.DeepEqual(got, want) {
+				t.Errorf("node affinity %v, want the NodeFeatureRule's label %v", got, want)
+			}
+		},
+	}, {
+		name:   "Node Feature Discovery without PCI IDs: the module rule only",
+		values: []string{"--set", "devicePlugin.nfd.nodeFeatureRule=true", "-a", "nfd.k8s-sigs.io/v1alpha1"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if rules := fmt.Sprint(field(t, one(t, objs, "NodeFeatureRule"), "spec", "rules")); strings.Contains(rules, "pci.device") {
+				t.Errorf("a PCI rule without device IDs would match every device of the vendor: %s", rules)
+			}
+		},
+	}, {
+		name:   "NFD feature file: the host's features.d is mounted",
+		values: []string{"--set", "devicePlugin.nfd.featuresDir=/etc/kubernetes/node-feature-discovery/features.d", "--set", "devicePlugin.nodeLabels.enabled=false"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			if v, _ := argValue(args(t, container(t, ds, "device-plugin")), "--nfd-features-dir"); v != "/host/nfd/features.d" {
+				t.Errorf("--nfd-features-dir = %q, want the mounted /host/nfd/features.d", v)
+			}
+			checkHostPaths(t, ds, map[string]hostMount{
+				"/etc/kubernetes/node-feature-discovery/features.d": {mountPath: "/host/nfd/features.d", readOnly: false},
+			})
+			for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+				if found := ofKind(objs, kind); len(found) != 0 {
+					t.Errorf("no node patching, yet %v rendered", names(found))
+				}
+			}
+		},
+	}, {
+		name:   "priority class is a value",
+		values: []string{"--set", "devicePlugin.priorityClassName=urma-node"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if got := podSpec(t, one(t, objs, "DaemonSet"))["priorityClassName"]; got != "urma-node" {
+				t.Errorf("priorityClassName = %v, want urma-node", got)
+			}
+		},
+	}, {
+		name:   "no priority class where quotas refuse system-node-critical",
+		values: []string{"--set", "devicePlugin.priorityClassName="},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if got, ok := podSpec(t, one(t, objs, "DaemonSet"))["priorityClassName"]; ok {
+				t.Errorf("priorityClassName = %v, want none", got)
+			}
+		},
+	}, {
+		name:   "no admission policy before Kubernetes 1.30",
+		values: []string{"--kube-version", "1.29.0"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if found := ofKind(objs, "ValidatingAdmissionPolicy"); len(found) != 0 {
+				t.Errorf("rendered %v for a cluster that does not serve it", names(found))
+			}
+		},
+	}, {
 		name: "hardware node label added to the user's node affinity",
-		values: []string{
+		values: []string{"--set", "devicePlugin.nodeLabel=" + presentLabel,
 			"--set", "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
 			"--set", "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
 			"--set", "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1].matchFields[0].key=metadata.name",
@@ -193,8 +288,8 @@ func TestTemplateValues(t *testing.T) {
 			if got := requiredNodeTerms(spec); !reflect.DeepEqual(got, want) {
 				t.Errorf("node selector terms = %v, want the label requirement in every term: %v", got, want)
 			}
-			if got := spec["nodeSelector"]; !reflect.DeepEqual(got, map[string]any{"pool": "ub"}) {
-				t.Errorf("nodeSelector = %v, want pool=ub", got)
+			if got := spec["nodeSelector"]; !reflect.DeepEqual(got, map[string]any{"pool": "ub", "kubernetes.io/os": "linux"}) {
+				t.Errorf("nodeSelector = %v, want pool=ub on Linux", got)
 			}
 		},
 	}, {
@@ -202,7 +297,7 @@ func TestTemplateValues(t *testing.T) {
 		values: []string{"--set", "devicePlugin.softDevices=2", "--set", "devicePlugin.softDevicesNodeSelector.pool=urma-soft"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
-			if got, want := podSpec(t, ds)["nodeSelector"], map[string]any{"pool": "urma-soft"}; !reflect.DeepEqual(got, want) {
+			if got, want := podSpec(t, ds)["nodeSelector"], map[string]any{"pool": "urma-soft", "kubernetes.io/os": "linux"}; !reflect.DeepEqual(got, want) {
 				t.Errorf("nodeSelector = %v, want %v", got, want)
 			}
 		},
@@ -261,7 +356,7 @@ func TestTemplateValues(t *testing.T) {
 		},
 	}, {
 		name:   "cert-manager with its own self-signed issuer",
-		values: []string{"--set", "webhook.certManager.enabled=true"},
+		values: []string{"--set", "webhook.certManager.enabled=true", "-a", "cert-manager.io/v1"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			cert := one(t, objs, "Certificate")
 			issuer := one(t, objs, "Issuer")
@@ -292,7 +387,7 @@ func TestTemplateValues(t *testing.T) {
 		},
 	}, {
 		name:   "cert-manager with an existing ClusterIssuer",
-		values: []string{"--set", "webhook.certManager.enabled=true", "--set", "webhook.certManager.issuerRef.name=corp-ca", "--set", "webhook.certManager.issuerRef.kind=ClusterIssuer"},
+		values: []string{"--set", "webhook.certManager.enabled=true", "--set", "webhook.certManager.issuerRef.name=corp-ca", "--set", "webhook.certManager.issuerRef.kind=ClusterIssuer", "-a", "cert-manager.io/v1"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			if found := ofKind(objs, "Issuer"); len(found) != 0 {
 				t.Errorf("rendered %v although an existing issuer was given", names(found))
@@ -329,11 +424,21 @@ func TestTemplateValues(t *testing.T) {
 		},
 	}, {
 		name:   "service monitors select metrics services",
-		values: []string{"--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=prom"},
+		values: []string{"--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=prom", "-a", "monitoring.coreos.com/v1"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			monitors := ofKind(objs, "ServiceMonitor")
 			if len(monitors) != 2 {
 				t.Fatalf("want a ServiceMonitor for the operator and one for the plugin, got %v", names(monitors))
+			}
+			op := named(objs, "ServiceMonitor", releaseName+"-urma-k8s-operator")
+			if op == nil {
+				t.Fatalf("no operator ServiceMonitor in %v", names(monitors))
+			}
+			ep := fmt.Sprint(field(t, op, "spec", "endpoints"))
+			for _, want := range []string{"scheme:https", "bearerTokenFile:/var/run/secrets/kubernetes.io/serviceaccount/token"} {
+				if !strings.Contains(ep, want) {
+					t.Errorf("operator ServiceMonitor endpoints %s lack %s: /metrics needs HTTPS and a token", ep, want)
+				}
 			}
 			for _, sm := range monitors {
 				if sm.GetLabels()["release"] != "prom" {

@@ -94,6 +94,40 @@ A digest wins over a tag; the tag defaults to the chart's appVersion.
 {{- end }}
 {{- end }}
 
+{{/*
+The label the chart's NodeFeatureRule puts on UB nodes. NFD allows the
+feature.node.kubernetes.io/ namespace without extra configuration.
+*/}}
+{{- define "urma-k8s.devicePlugin.nfdLabel" -}}
+feature.node.kubernetes.io/urma-ub
+{{- end }}
+
+{{/*
+Where the host's NFD features.d is mounted in the plugin's container.
+*/}}
+{{- define "urma-k8s.devicePlugin.featuresMount" -}}
+/host/nfd/features.d
+{{- end }}
+
+{{/*
+"true" when the API server serves ValidatingAdmissionPolicy v1 (GA and on by
+default since Kubernetes 1.30), "" otherwise. Helm's offline capabilities
+(helm template, helm lint) list group/versions only, so the version decides.
+*/}}
+{{- define "urma-k8s.servesVAP" -}}
+{{- if or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
+{{- end }}
+
+{{/*
+Fails the render when an optional API the values ask for is not served.
+Call with (dict "ctx" $ "api" "group/version" "value" "a.b.c" "what" "...").
+*/}}
+{{- define "urma-k8s.requireAPI" -}}
+{{- if not (.ctx.Capabilities.APIVersions.Has .api) }}
+{{- fail (printf "%s=true needs the %s API, which this cluster does not serve: %s first, or set %s=false. (With `helm template`, pass --api-versions %s when the cluster has it.)" .value .api .what .value .api) }}
+{{- end }}
+{{- end }}
+
 {{- define "urma-k8s.operator.fullname" -}}
 {{- printf "%s-operator" (include "urma-k8s.fullname" .) }}
 {{- end }}
@@ -162,6 +196,11 @@ fail the render with a message that names the values.
 {{- end }}
 {{- if and .Values.webhook.enabled (not .Values.operator.enabled) }}
 {{- fail "webhook.enabled=true needs operator.enabled=true: the operator serves the webhook, and a webhook without a server blocks labelled pods" }}
+{{- end }}
+{{- range .Values.devicePlugin.extraArgs }}
+{{- if hasPrefix "--nfd-features-dir" . }}
+{{- fail "devicePlugin.extraArgs: use devicePlugin.nfd.featuresDir instead of --nfd-features-dir, so that the host directory is mounted into the plugin" }}
+{{- end }}
 {{- end }}
 {{- if and .Values.webhook.enabled .Values.operator.enabled (eq (int .Values.operator.replicas) 0) (eq .Values.webhook.failurePolicy "Fail") }}
 {{- fail "operator.replicas=0 with webhook.enabled=true and webhook.failurePolicy=Fail blocks every pod labelled urma.openeuler.org/endpoint; set webhook.enabled=false or webhook.failurePolicy=Ignore" }}
