@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -33,6 +35,7 @@ const deadline = 15 * time.Second
 
 type node struct {
 	t       *testing.T
+	logs    *logBuffer
 	tree    *sysfstest.Tree
 	dir     string
 	kubelet *kubelettest.Kubelet
@@ -61,7 +64,7 @@ func startWith(t *testing.T, tree *sysfstest.Tree, mutate func(*Config), deps De
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{t: t, tree: tree, dir: dir, kubelet: k,
+	n := &node{t: t, tree: tree, dir: dir, kubelet: k, logs: &logBuffer{},
 		client: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})}
 	t.Cleanup(func() { n.kubelet.Stop() })
 
@@ -82,7 +85,7 @@ func startWith(t *testing.T, tree *sysfstest.Tree, mutate func(*Config), deps De
 	done := make(chan error, 1)
 	go func() {
 		deps.KubeClient, deps.MetricsListening = n.client, func(a string) { addr <- a }
-		done <- Run(ctx, testr.New(t), cfg, deps)
+		done <- Run(ctx, n.logs.logger(t), cfg, deps)
 	}()
 	select {
 	case a := <-addr:
@@ -367,6 +370,9 @@ func TestStartsWithoutDevicesAndSaysSo(t *testing.T) {
 			strings.Contains(body, "urma_deviceplugin_registered 1")
 	})
 	eventually(t, "present=false", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "false" })
+	if !n.logs.contains("no URMA device to advertise yet") || !n.logs.contains("driver not loaded") {
+		t.Errorf("the log does not say that there is no device and why:\n%s", n.logs.String())
+	}
 	// The driver loads later.
 	tree.Add(t, sysfstest.DefaultDevice("udma0"))
 	n.units("late device", func(m map[string]*pluginapi.Device) bool { return count("udma0-", pluginapi.Healthy)(m) == 63 })
@@ -416,6 +422,32 @@ func TestCDIMode(t *testing.T) {
 			}
 		})
 	}
+}
+
+// logBuffer keeps the plugin's log lines for assertions, and passes them
+// on to the test's log.
+type logBuffer struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (b *logBuffer) logger(t *testing.T) logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		b.mu.Lock()
+		b.lines = append(b.lines, prefix+" "+args)
+		b.mu.Unlock()
+		t.Log(prefix, args)
+	}, funcr.Options{Verbosity: 1})
+}
+
+func (b *logBuffer) contains(sub string) bool {
+	return strings.Contains(b.String(), sub)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Join(b.lines, "\n")
 }
 
 // gatedSource is a sysfs source whose first scan waits for release: a
