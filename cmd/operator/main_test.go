@@ -47,19 +47,20 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{name: "defaults", check: func(t *testing.T, o options) {
 			if o.leaderElect || !o.enableWebhooks || !o.selfSignedCerts || o.webhookPort != 9443 ||
-				o.metricsAddr != ":8080" || o.probeAddr != ":8081" || o.certDir == "" || o.defaultJettiesPerUnit != 16 {
+				o.metricsAddr != ":8443" || !o.metricsSecure || o.metricsCertDir != "" || o.probeAddr != ":8081" || o.certDir == "" ||
+				o.defaultJettiesPerUnit != 16 {
 				t.Errorf("defaults: %+v", o)
 			}
 		}},
 		{name: "everything set", args: []string{"--leader-elect", "--enable-webhooks=false", "--webhook-port=1234",
 			"--metrics-bind-address=0", "--health-probe-bind-address=:9", "--cert-dir=/c", "--self-signed-certs=false",
 			"--namespace=ns", "--webhook-service=svc", "--cert-secret=sec", "--webhook-extra-dns-names=a, b,,c",
-			"--leader-election-namespace=le", "--default-jetties-per-unit=32"},
+			"--leader-election-namespace=le", "--default-jetties-per-unit=32", "--metrics-secure=false", "--metrics-cert-dir=/m"},
 			check: func(t *testing.T, o options) {
 				if !o.leaderElect || o.enableWebhooks || o.webhookPort != 1234 || o.metricsAddr != "0" || o.probeAddr != ":9" ||
 					o.certDir != "/c" || o.selfSignedCerts || o.namespace != "ns" || o.webhookService != "svc" ||
 					o.certSecret != "sec" || strings.Join(o.extraDNSNames, "|") != "a|b|c" || o.leaderElectionNamespace != "le" ||
-					o.defaultJettiesPerUnit != 32 {
+					o.defaultJettiesPerUnit != 32 || o.metricsSecure || o.metricsCertDir != "/m" {
 					t.Errorf("parsed: %+v", o)
 				}
 			}},
