@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
 
 	"github.com/openeuler/urma-k8s/pkg/dra/dratest"
@@ -102,6 +103,53 @@ func TestFactsRejectMalformedDevices(t *testing.T) {
 			_, err := slices.Facts(ss)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "udma0") {
 				t.Fatalf("Facts = %v, want an error naming udma0 and %s", err, tc.want)
+			}
+		})
+	}
+}
+
+// Each range check at its edge: the last good value passes, the next is an
+// error naming the device.
+func TestFactsRangeEdges(t *testing.T) {
+	setInt := func(name resourceapi.QualifiedName, v int64) func(*resourceapi.Device) {
+		return func(d *resourceapi.Device) { d.Attributes[name] = resourceapi.DeviceAttribute{IntValue: ptr.To(v)} }
+	}
+	setCap := func(jetties, unit int64) func(*resourceapi.Device) {
+		return func(d *resourceapi.Device) {
+			c := d.Capacity[slices.CapacityJetties]
+			c.Value = *resource.NewQuantity(jetties, resource.DecimalSI)
+			c.RequestPolicy.Default = resource.NewQuantity(unit, resource.DecimalSI)
+			d.Capacity[slices.CapacityJetties] = c
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		set  func(*resourceapi.Device)
+		ok   bool
+	}{
+		{"depth 1", setInt(slices.AttrMaxJFSDepth, 1), true},
+		{"depth 0", setInt(slices.AttrMaxJFSDepth, 0), false},
+		{"depth 2^32-1", setInt(slices.AttrMaxJFRDepth, 1<<32-1), true},
+		{"depth 2^32", setInt(slices.AttrMaxJFCDepth, 1<<32), false},
+		{"message size 1", setInt(slices.AttrMaxMsgSize, 1), true},
+		{"message size 0", setInt(slices.AttrMaxMsgSize, 0), false},
+		{"one jetty, unit 1", setCap(1, 1), true},
+		{"no jetties", setCap(0, 1), false},
+		{"2^32-1 jetties", setCap(1<<32-1, 16), true},
+		{"2^32 jetties", setCap(1<<32, 16), false},
+		{"unit == capacity", setCap(16, 16), true},
+		{"unit > capacity", setCap(16, 17), false},
+		{"unit 0", setCap(16, 0), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ss := published(t, slices.DefaultRequestPolicy(), sysfstest.DefaultDevice("udma0"))
+			tc.set(&ss[0].Spec.Devices[0])
+			_, err := slices.Facts(ss)
+			if (err == nil) != tc.ok {
+				t.Fatalf("Facts = %v, want ok %v", err, tc.ok)
+			}
+			if err != nil && !strings.Contains(err.Error(), "udma0") {
+				t.Fatalf("error %v does not name the device", err)
 			}
 		})
 	}
