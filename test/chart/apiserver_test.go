@@ -3,7 +3,6 @@ package chart_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -26,7 +25,6 @@ import (
 // rejects fields a schema does not declare, so a misplaced field fails too.
 func TestRenderedObjectsAcceptedByAPIServer(t *testing.T) {
 	t.Parallel()
-	assets := kubebuilderAssets(t)
 
 	type variant struct {
 		name string
@@ -49,28 +47,10 @@ func TestRenderedObjectsAcceptedByAPIServer(t *testing.T) {
 		t.Fatal("the default render has no CRD to install")
 	}
 
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
+	cfg := startEnvtest(t, &envtest.Environment{
 		CRDs:                  crds,
 		CRDDirectoryPaths:     []string{filepath.Join("testdata", "crds")},
 		ErrorIfCRDPathMissing: true,
-	}
-	// envtest's 20 s default is too short on a loaded 2-core machine; a
-	// timeout set in the environment (make test sets one) wins.
-	if os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT") == "" {
-		env.ControlPlaneStartTimeout = 120 * time.Second
-	}
-	if os.Getenv("KUBEBUILDER_CONTROLPLANE_STOP_TIMEOUT") == "" {
-		env.ControlPlaneStopTimeout = 60 * time.Second
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("starting envtest (kube-apiserver and etcd from %s): %v", assets, err)
-	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stopping envtest: %v", err)
-		}
 	})
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {

@@ -11,9 +11,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
 const (
@@ -300,4 +303,29 @@ func ciValuesArgs(file string) []string {
 		out = append(out, "--api-versions", api)
 	}
 	return out
+}
+
+// startEnvtest starts env's kube-apiserver and etcd (from kubebuilderAssets)
+// and stops them when the test ends. envtest's 20 s default is too short on
+// a loaded 2-core machine; a timeout set in the environment (make test sets
+// one) wins.
+func startEnvtest(t *testing.T, env *envtest.Environment) *rest.Config {
+	t.Helper()
+	env.BinaryAssetsDirectory = kubebuilderAssets(t)
+	if os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT") == "" {
+		env.ControlPlaneStartTimeout = 120 * time.Second
+	}
+	if os.Getenv("KUBEBUILDER_CONTROLPLANE_STOP_TIMEOUT") == "" {
+		env.ControlPlaneStopTimeout = 60 * time.Second
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("starting envtest (kube-apiserver and etcd from %s): %v", env.BinaryAssetsDirectory, err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("stopping envtest: %v", err)
+		}
+	})
+	return cfg
 }

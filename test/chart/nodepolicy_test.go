@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -40,22 +39,7 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // tokens carry it).
 func TestNodePolicyOnTheAPIServer(t *testing.T) {
 	t.Parallel()
-	env := &envtest.Environment{BinaryAssetsDirectory: kubebuilderAssets(t)}
-	if os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT") == "" {
-		env.ControlPlaneStartTimeout = 120 * time.Second
-	}
-	if os.Getenv("KUBEBUILDER_CONTROLPLANE_STOP_TIMEOUT") == "" {
-		env.ControlPlaneStopTimeout = 60 * time.Second
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("starting envtest: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stopping envtest: %v", err)
-		}
-	})
+	cfg := startEnvtest(t, &envtest.Environment{})
 	admin, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)

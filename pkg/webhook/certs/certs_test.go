@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -317,23 +318,29 @@ func TestEnsureWithoutWebhookConfigurations(t *testing.T) {
 	}
 }
 
-// runRotator runs Start until the test ends and checks that it returns.
-func runRotator(t *testing.T, r *Rotator) {
+// runRotator runs Start until stop is called or the test ends, and checks
+// that Start returns nil when stopped.
+func runRotator(t *testing.T, r *Rotator) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Start returned %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Start returned %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("Start did not return after cancel")
 			}
-		case <-time.After(10 * time.Second):
-			t.Error("Start did not return after cancel")
-		}
-	})
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 func TestWatchRestoresAnEmptiedCABundleAtOnce(t *testing.T) {
@@ -387,14 +394,12 @@ func TestStartStopsWithContext(t *testing.T) {
 	f := newFixture(t, webhookConfigs()...)
 	f.r.CheckInterval, f.r.Watcher = time.Millisecond, f.c
 	before := runtime.NumGoroutine()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.r.Start(ctx) }()
+	stop := runRotator(t, f.r)
 	// Wait until a tick has created the secret, then stop.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var s corev1.Secret
-		if f.c.Get(ctx, secretKey, &s) == nil {
+		if f.c.Get(context.Background(), secretKey, &s) == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -402,15 +407,7 @@ func TestStartStopsWithContext(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Start returned %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Start did not return after cancel")
-	}
+	stop()
 	deadline = time.Now().Add(5 * time.Second)
 	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
 		runtime.Gosched()
