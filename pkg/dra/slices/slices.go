@@ -210,19 +210,15 @@ func joinFitting(eids []urma.EIDEntry, limit int) string {
 	sorted := slices.Clone(eids)
 	slices.SortFunc(sorted, func(a, b urma.EIDEntry) int { return a.Index - b.Index })
 	var b strings.Builder
+	sep := ""
 	for _, e := range sorted {
 		text := e.EID.String()
-		need := len(text)
-		if b.Len() > 0 {
-			need++
-		}
-		if b.Len()+need > limit {
+		if b.Len()+len(sep)+len(text) > limit {
 			break
 		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
+		b.WriteString(sep)
 		b.WriteString(text)
+		sep = ","
 	}
 	return b.String()
 }
