@@ -418,4 +418,9 @@ func TestEIDsAttributeOrderAndEdge(t *testing.T) {
 	if got != long+","+short {
 		t.Fatalf("eids %q, want both, in index order, filling 64 bytes", got)
 	}
+	// One byte more and the second no longer fits, separator included.
+	d.Info.EIDs[0].EID = eid(short + "4")
+	if got := str(t, slices.Device(&d, slices.DefaultRequestPolicy()), slices.AttrEIDs); got != long {
+		t.Fatalf("eids %q, want only %q (65 bytes do not fit)", got, long)
+	}
 }
