@@ -492,22 +492,40 @@ func TestBrpcClient(t *testing.T) {
 	}
 }
 
-// brpcServer runs a brpc peer's server handshake on a listener of its own,
-// in the background; the result says whether the client asked for URMA.
-func brpcServer(t *testing.T, b *brpcPeer) (addr string, result chan error, urmaOn *bool) {
+// dialBrpcServer runs the brpc peer's server handshake on a listener of
+// its own and dials it with dial; it returns our connection and whether the
+// brpc server saw URMA asked for.
+func dialBrpcServer(t *testing.T, b *brpcPeer, dial func(addr string) (net.Conn, error)) (Conn, bool) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	result, urmaOn = make(chan error, 1), new(bool)
+	defer ln.Close()
+	type result struct {
+		urma bool
+		err  error
+	}
+	done := make(chan result, 1)
 	go func() {
 		on, err := b.accept(ln)
-		*urmaOn = on
-		result <- err
+		done <- result{on, err}
 	}()
-	return ln.Addr().String(), result, urmaOn
+	c, err := dial(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("brpc server handshake: %v", r.err)
+	}
+	return c.(Conn), r.urma
+}
+
+// dialWith dials once with cfg.
+func dialWith(cfg Config) func(addr string) (net.Conn, error) {
+	return func(addr string) (net.Conn, error) { return Dial(context.Background(), "tcp", addr, cfg) }
 }
 
 // TestBrpcServer: a Dialer with a token falls back to TCP against a brpc
@@ -520,27 +538,19 @@ func TestBrpcServer(t *testing.T) {
 		t.Run(fmt.Sprintf("NoToken=%v", noToken), func(t *testing.T) {
 			pa, pb := fabricPair(t)
 			b := newBrpcPeer(t, pb, 16, 16)
-			addr, result, urmaOn := brpcServer(t, b)
 			cfg := cfgWith(pa, smallFlags())
 			cfg.NoToken = noToken
-			c, err := Dial(context.Background(), "tcp", addr, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if err := <-result; err != nil {
-				t.Fatalf("brpc server handshake: %v", err)
-			}
+			c, urmaOn := dialBrpcServer(t, b, dialWith(cfg))
 			if !noToken {
-				r := c.(Conn).FallbackReason()
-				if *urmaOn || c.(Conn).Mode() != ModeTCP || !strings.HasPrefix(r, string(ReasonTokenMismatch)) || !strings.Contains(r, "NoToken") {
-					t.Fatalf("brpc server sees URMA %v; our mode %s, reason %q; want TCP, %s, naming NoToken", *urmaOn, c.(Conn).Mode(), r, ReasonTokenMismatch)
+				r := c.FallbackReason()
+				if urmaOn || c.Mode() != ModeTCP || !strings.HasPrefix(r, string(ReasonTokenMismatch)) || !strings.Contains(r, "NoToken") {
+					t.Fatalf("brpc server sees URMA %v; our mode %s, reason %q; want TCP, %s, naming NoToken", urmaOn, c.Mode(), r, ReasonTokenMismatch)
 				}
 				exchange(t, c, b.tcp, "on TCP")
 				return
 			}
-			if !*urmaOn || c.(Conn).Mode() != ModeURMA {
-				t.Fatalf("brpc server sees URMA %v; our mode %s (%s)", *urmaOn, c.(Conn).Mode(), c.(Conn).FallbackReason())
+			if !urmaOn || c.Mode() != ModeURMA {
+				t.Fatalf("brpc server sees URMA %v; our mode %s (%s)", urmaOn, c.Mode(), c.FallbackReason())
 			}
 			streamBoth(t, b, c, 4*13*1024)
 		})
@@ -581,29 +591,21 @@ func TestBrpcCreditThreshold(t *testing.T) {
 		t.Run(fmt.Sprintf("client with sq %d", sq), func(t *testing.T) {
 			pa, pb := fabricPair(t)
 			b := newBrpcPeer(t, pb, 16, brpcRQ)
-			addr, result, urmaOn := brpcServer(t, b)
 			f := smallFlags()
 			f.SQSize = sq
 			cfg := cfgWith(pa, f)
 			cfg.NoToken = true
-			c, err := Dial(context.Background(), "tcp", addr, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if err := <-result; err != nil {
-				t.Fatalf("brpc server handshake: %v", err)
-			}
+			c, urmaOn := dialBrpcServer(t, b, dialWith(cfg))
 			if sq-creditWRs <= brpcCreditThreshold(brpcRQ) {
-				r := c.(Conn).FallbackReason()
-				if *urmaOn || !strings.HasPrefix(r, string(ReasonWindowTooSmall)) || !strings.Contains(r, fmt.Sprintf("raise urma_sq_size to at least %d", brpcMinSQ(brpcRQ))) {
-					t.Fatalf("brpc server sees URMA %v; our reason %q; want TCP, %s, naming the sq to set", *urmaOn, r, ReasonWindowTooSmall)
+				r := c.FallbackReason()
+				if urmaOn || !strings.HasPrefix(r, string(ReasonWindowTooSmall)) || !strings.Contains(r, fmt.Sprintf("raise urma_sq_size to at least %d", brpcMinSQ(brpcRQ))) {
+					t.Fatalf("brpc server sees URMA %v; our reason %q; want TCP, %s, naming the sq to set", urmaOn, r, ReasonWindowTooSmall)
 				}
 				exchange(t, c, b.tcp, "on TCP")
 				return
 			}
-			if !*urmaOn || c.(Conn).Mode() != ModeURMA {
-				t.Fatalf("brpc server sees URMA %v; our mode %s (%s)", *urmaOn, c.(Conn).Mode(), c.(Conn).FallbackReason())
+			if !urmaOn || c.Mode() != ModeURMA {
+				t.Fatalf("brpc server sees URMA %v; our mode %s (%s)", urmaOn, c.Mode(), c.FallbackReason())
 			}
 			streamBoth(t, b, c, 4*brpcRQ*1024)
 		})
@@ -624,7 +626,6 @@ func TestHelloAsBrpcExpects(t *testing.T) {
 			ours := newFaultProvider(pa)
 			ours.f.set(func(c *faultConfig) { c.jettyEID = &portEID })
 			b := newBrpcPeer(t, pb, 16, 16)
-			addr, result, urmaOn := brpcServer(t, b)
 			f := smallFlags()
 			f.ClientHandshakeVersion = version
 			cfg := cfgWith(ours, f)
@@ -634,14 +635,7 @@ func TestHelloAsBrpcExpects(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			c, err := d.Dial(context.Background(), "tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if err := <-result; err != nil {
-				t.Fatalf("brpc server handshake: %v", err)
-			}
+			c, urmaOn := dialBrpcServer(t, b, func(addr string) (net.Conn, error) { return d.Dial(context.Background(), "tcp", addr) })
 			h := b.peer // our hello, as the brpc server read it
 			if h.EID != d.e.uctx.EID() {
 				t.Errorf("hello EID %s, want the context's %s", h.EID, d.e.uctx.EID())
@@ -649,8 +643,8 @@ func TestHelloAsBrpcExpects(t *testing.T) {
 			if h.TPType != handshake.TPCTP {
 				t.Errorf("hello tp_type %d, want CTP (%d) as brpc sends", h.TPType, handshake.TPCTP)
 			}
-			if !*urmaOn || c.(Conn).Mode() != ModeURMA {
-				t.Fatalf("brpc server sees URMA %v; our mode %s (%s)", *urmaOn, c.(Conn).Mode(), c.(Conn).FallbackReason())
+			if !urmaOn || c.Mode() != ModeURMA {
+				t.Fatalf("brpc server sees URMA %v; our mode %s (%s)", urmaOn, c.Mode(), c.FallbackReason())
 			}
 			pool := d.e.pool.seg.ID()
 			var helloReg, poolReg *segmentReg
