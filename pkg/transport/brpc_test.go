@@ -565,7 +565,10 @@ func TestBrpcServer(t *testing.T) {
 // window_too_small instead of stalling (issue 9, item 8).
 func TestBrpcCreditThreshold(t *testing.T) {
 	checkNoLeaks(t)
-	const brpcRQ = 64 // threshold (64 - 3) / 2 = 30, above our window of 16 - 3
+	// brpc's numbers, worked out here rather than with the code under test:
+	// with rq 64 it returns credits once more than (64 - 3) / 2 = 30 are
+	// pending, so a window needs 31, a send queue 31 + 3 = 34.
+	const brpcRQ, brpcThreshold, minSQ = 64, 30, 34
 	t.Run("server sizes its window", func(t *testing.T) {
 		pa, pb := fabricPair(t)
 		ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, smallFlags())) // sq 16
@@ -582,12 +585,13 @@ func TestBrpcCreditThreshold(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		if w := c.(Conn).Debug().WindowCapacity; w <= brpcCreditThreshold(brpcRQ) {
-			t.Fatalf("window %d toward a brpc peer whose threshold is %d: it would stall", w, brpcCreditThreshold(brpcRQ))
+		if w := c.(Conn).Debug().WindowCapacity; w <= brpcThreshold {
+			t.Fatalf("window %d toward a brpc peer whose threshold is %d: it would stall", w, brpcThreshold)
 		}
 		streamBoth(t, b, c, 4*brpcRQ*1024)
 	})
-	for _, sq := range []int{16, 64} {
+	// Around the boundary: sq 33 gives a window of 30, which stalls.
+	for _, sq := range []int{16, minSQ - 1, minSQ, 64} {
 		t.Run(fmt.Sprintf("client with sq %d", sq), func(t *testing.T) {
 			pa, pb := fabricPair(t)
 			b := newBrpcPeer(t, pb, 16, brpcRQ)
@@ -596,9 +600,9 @@ func TestBrpcCreditThreshold(t *testing.T) {
 			cfg := cfgWith(pa, f)
 			cfg.NoToken = true
 			c, urmaOn := dialBrpcServer(t, b, dialWith(cfg))
-			if sq-creditWRs <= brpcCreditThreshold(brpcRQ) {
+			if sq < minSQ {
 				r := c.FallbackReason()
-				if urmaOn || !strings.HasPrefix(r, string(ReasonWindowTooSmall)) || !strings.Contains(r, fmt.Sprintf("raise urma_sq_size to at least %d", brpcMinSQ(brpcRQ))) {
+				if urmaOn || !strings.HasPrefix(r, string(ReasonWindowTooSmall)) || !strings.Contains(r, fmt.Sprintf("raise urma_sq_size to at least %d", minSQ)) {
 					t.Fatalf("brpc server sees URMA %v; our reason %q; want TCP, %s, naming the sq to set", urmaOn, r, ReasonWindowTooSmall)
 				}
 				exchange(t, c, b.tcp, "on TCP")

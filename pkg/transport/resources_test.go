@@ -241,7 +241,8 @@ func TestConfigResolve(t *testing.T) {
 		{
 			name: "defaults",
 			check: func(s settings) string {
-				return expect(s.flags.SQSize == 128 && s.device == "" && s.budget.Limit() == 0 && s.handshakeTimeout == DefaultHandshakeTimeout, "brpc defaults")
+				return expect(s.flags.SQSize == 128 && s.device == "" && s.budget.Limit() == 0 &&
+					s.handshakeTimeout == DefaultHandshakeTimeout && s.closeTimeout == DefaultCloseTimeout, "brpc defaults")
 			},
 		},
 		{
