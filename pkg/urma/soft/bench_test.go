@@ -22,11 +22,13 @@ import (
 //	BenchmarkRaw/fabric=F/completion=C/size=S          one-way send/recv throughput
 //	BenchmarkRawRTT/fabric=F/completion=C/size=S       round trip (ping-pong) latency
 //
-// F is inproc or socket, C is poll or event, S is 64B, 4KiB, 64KiB or 1MiB.
+// F is inproc, shm or socket (the shm fabric between two providers of this
+// process: the same rings and wake-ups as between two), C is poll or event,
+// S is 64B, 4KiB, 64KiB or 1MiB.
 
 var benchSizes = benchbase.Sizes()
 
-var benchFabrics = []string{"inproc", "socket"}
+var benchFabrics = []string{"inproc", "shm", "socket"}
 
 func BenchmarkMemcpy(b *testing.B) {
 	for _, s := range benchSizes {
@@ -143,10 +145,15 @@ type benchEP struct {
 func benchPair(b *testing.B, fabric string, event bool, window, size int) (*benchEP, *benchEP) {
 	b.Helper()
 	var pa, pb *Provider
-	if fabric == "inproc" {
+	switch fabric {
+	case "inproc":
 		f := NewFabric()
 		pa, pb = newProvider(b, Options{Fabric: f, Logger: quiet()}), newProvider(b, Options{Fabric: f, Logger: quiet()})
-	} else {
+	case "shm":
+		opts := shmOpts(b)
+		opts.Logger = quiet()
+		pa, pb = newProvider(b, opts), newProvider(b, opts)
+	default:
 		pa, pb = newProvider(b, Options{Logger: quiet()}), newProvider(b, Options{Logger: quiet()})
 	}
 	mk := func(p *Provider) *benchEP {

@@ -95,6 +95,11 @@ func TestConformanceShmOneProcess(t *testing.T) {
 	})
 }
 
+// twoProcessPeerTimeout is the peer timeout of the two-process tests: a
+// child killed with SIGKILL is noticed at once (its sockets close), so it
+// only has to outlast a busy machine's scheduling of two -race processes.
+const twoProcessPeerTimeout = 3 * time.Second
+
 // Both cross-host fabrics between two processes: B's provider lives in a
 // child process and the suite drives it through a remote provider
 // (remote_test.go), registered memory shared by memfd. KillB is kill -9 of
@@ -115,10 +120,11 @@ func TestConformanceTwoProcesses(t *testing.T) {
 				if rp == nil || !rp.alive() {
 					rp = startRemoteProc(t)
 				}
-				opts := Options{Listen: "127.0.0.1:0", PeerTimeout: 600 * time.Millisecond, DialTimeout: time.Second}
+				opts := Options{Listen: "127.0.0.1:0"}
 				if fabric == "shm" {
 					opts = shmOpts(t)
 				}
+				opts.PeerTimeout, opts.DialTimeout = twoProcessPeerTimeout, 5*time.Second
 				a := newProvider(t, opts)
 				b := newRemoteProvider(t, rp, opts.ShmDir)
 				return urmatest.Pair{A: a, B: b, KillB: rp.kill, PeerGoneTimeout: 3 * time.Second}

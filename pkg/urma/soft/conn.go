@@ -95,7 +95,10 @@ type conn struct {
 	ansOut  answerQueue  // answers being written
 	ansBuf  []byte       // their encoding
 
-	// Reader goroutine only.
+	// readMu is the reader's token: the reader goroutine holds it while it
+	// reads, and a poller that drives the rings (shm) takes it when free.
+	readMu sync.Mutex
+	// Reader goroutine (or a poller holding readMu) only.
 	src     frameSource
 	hdr     [4 + maxCtlFrame]byte // the frame being read
 	blocked map[blockKey]uint64
@@ -196,6 +199,7 @@ func (c *conn) fail(err error) {
 	p.mu.Unlock()
 	sd.mu.Lock()
 	delete(sd.conns, c)
+	sd.publishShmConnsLocked()
 	sd.mu.Unlock()
 	var pe protocolError
 	if errors.As(err, &pe) {
@@ -208,18 +212,29 @@ func (c *conn) fail(err error) {
 
 func (c *conn) writeLoop() {
 	defer close(c.writerDone)
+	// On shared memory the writer waits for room without the write lock,
+	// so that a poller can write meanwhile (see drive).
+	waiter, _ := c.io.(interface{ waitWritable() error })
 	for {
 		select {
 		case <-c.doorbell:
 		case <-c.done:
 			return
 		}
-		c.wmu.Lock()
-		_, err := c.drain(true)
-		c.wmu.Unlock()
-		if err != nil {
-			c.fail(fmt.Errorf("write: %w", err))
-			return
+		for {
+			c.wmu.Lock()
+			stuck, err := c.drain(waiter == nil)
+			c.wmu.Unlock()
+			if err == nil && stuck {
+				err = waiter.waitWritable()
+			}
+			if err != nil {
+				c.fail(fmt.Errorf("write: %w", err))
+				return
+			}
+			if !stuck {
+				break
+			}
 		}
 	}
 }
@@ -362,6 +377,9 @@ func (c *conn) readLoop() {
 // readFrames decodes frames until the connection breaks or the peer breaks
 // the protocol.
 func (c *conn) readFrames() error {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	idler, _ := c.io.(interface{ idle() error })
 	for n := 1; ; n++ {
 		// Answers go out when the reader is about to wait for more (from
 		// this goroutine, if the stream has room), or every 32 frames of a
@@ -371,12 +389,50 @@ func (c *conn) readFrames() error {
 			if c.hasQueued() {
 				c.kick()
 			}
+			if idler != nil {
+				// Between frames the token is free for pollers.
+				c.readMu.Unlock()
+				err := idler.idle()
+				c.readMu.Lock()
+				if err != nil {
+					return err
+				}
+				continue
+			}
 		} else if n%32 == 0 && c.hasQueued() {
 			c.ring()
 		}
 		if err := c.readFrame(); err != nil {
 			return err
 		}
+	}
+}
+
+// drive is Poll taking what the connection's rings hold, in the polling
+// goroutine, unless the reader goroutine is reading: every frame there is,
+// a frame that is not yet whole included (its writer is copying the rest).
+// It also writes what waits to be written, which the writer goroutine may
+// be slow to get to: a poller busy on every processor starves the wake-ups
+// of goroutines that sleep in Go's poller.
+func (c *conn) drive() {
+	s := c.io.(*shmIO)
+	if s.buffered() > 0 && c.readMu.TryLock() {
+		s.pollerReads = true
+		var err error
+		for s.buffered() > 0 {
+			if err = c.readFrame(); err != nil {
+				break
+			}
+		}
+		s.pollerReads = false
+		c.readMu.Unlock()
+		if err != nil {
+			c.fail(err)
+			return
+		}
+	}
+	if c.hasQueued() {
+		c.kick()
 	}
 }
 

@@ -107,6 +107,11 @@ func (q *jfc) push(c *urma.Completion, solicited bool) {
 
 // Poll takes up to len(out) records, oldest first.
 func (q *jfc) Poll(out []urma.Completion) (int, error) {
+	if sd := q.ctx.dev.sock; sd != nil && sd.shm != nil {
+		// Polling mode on shared memory: the poller itself takes what the
+		// rings hold, with no handoff to the reader goroutines.
+		sd.drive()
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {

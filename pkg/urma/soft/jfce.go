@@ -3,7 +3,9 @@ package soft
 import (
 	"encoding/binary"
 	"errors"
+	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,8 +25,21 @@ type jfce struct {
 	fd      int
 	pending []*jfc
 	closed  bool
-	waiters int // Waits blocked in poll(2) on fd
+	waiters int // Waits sleeping on fd
 	users   int // JFCs attached
+	// idle are descriptors of fd in Go's poller for blocked Waits to sleep
+	// on: a sleeping Wait parks its goroutine, not a thread, and the event
+	// wakes it through the poller, often on the thread that made it (the
+	// shm fabric's reader). Each Wait takes its own, since a deadline
+	// belongs to a descriptor; they are kept for the next Waits.
+	idle    []*pollFile
+	readyFn func(uintptr) bool
+}
+
+// pollFile is a duplicate of a JFCE's fd in Go's poller.
+type pollFile struct {
+	f   *os.File
+	raw syscall.RawConn
 }
 
 var _ urma.JFCE = (*jfce)(nil)
@@ -36,6 +51,7 @@ func newJFCE(c *devContext) (*jfce, error) {
 	}
 	e := &jfce{ctx: c, fd: fd}
 	e.cond = sync.NewCond(&e.mu)
+	e.readyFn = e.ready
 	if err := c.adopt(e, "create_jfce"); err != nil {
 		_ = unix.Close(fd)
 		return nil, err
@@ -129,28 +145,58 @@ func (e *jfce) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
 			e.mu.Unlock()
 			return 0, nil
 		}
-		ms := -1
-		if timeout > 0 {
-			left := time.Until(deadline)
-			if left <= 0 {
-				e.mu.Unlock()
-				return 0, nil
-			}
-			ms = int((left + time.Millisecond - 1) / time.Millisecond)
+		if timeout > 0 && !time.Now().Before(deadline) {
+			e.mu.Unlock()
+			return 0, nil
+		}
+		w, err := e.takePollFile()
+		if err != nil {
+			e.mu.Unlock()
+			return 0, urma.Errorf("wait_jfc", urma.CodeFail, "poll eventfd: %v", err)
 		}
 		e.waiters++
-		fd := e.fd
 		e.mu.Unlock()
-		fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		_, err := unix.Poll(fds[:], ms)
+		if err = w.f.SetReadDeadline(deadline); err == nil {
+			err = w.raw.Read(e.readyFn)
+		}
 		e.mu.Lock()
 		e.waiters--
+		e.idle = append(e.idle, w)
 		e.cond.Broadcast()
 		e.mu.Unlock()
-		if err != nil && !errors.Is(err, unix.EINTR) {
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			return 0, urma.Errorf("wait_jfc", urma.CodeFail, "poll eventfd: %v", err)
 		}
 	}
+}
+
+// ready tells a sleeping Wait whether to stop: an event is pending, or the
+// JFCE closed. The fd is readable exactly then, so a Wait that goes on
+// sleeping sleeps until it changes.
+func (e *jfce) ready(uintptr) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closed || len(e.pending) > 0
+}
+
+// takePollFile gives a Wait a descriptor to sleep on; e.mu is held.
+func (e *jfce) takePollFile() (*pollFile, error) {
+	if n := len(e.idle); n > 0 {
+		w := e.idle[n-1]
+		e.idle = e.idle[:n-1]
+		return w, nil
+	}
+	fd, err := unix.FcntlInt(uintptr(e.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "jfce eventfd")
+	raw, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return &pollFile{f: f, raw: raw}, nil
 }
 
 // Close destroys the JFCE; it fails with ErrBusy while JFCs use it. Blocked
@@ -173,8 +219,8 @@ func (e *jfce) Close() error {
 
 func (e *jfce) ForceClose() { e.destroy() }
 
-// destroy wakes blocked waiters, waits for them to leave poll(2), then
-// closes the fd: closing it under a poller would let the number be reused.
+// destroy wakes blocked waiters, waits for them to leave, then closes the
+// fd: closing it under a waiter would let the number be reused.
 func (e *jfce) destroy() {
 	e.mu.Lock()
 	if e.closed {
@@ -189,6 +235,10 @@ func (e *jfce) destroy() {
 	for e.waiters > 0 {
 		e.cond.Wait()
 	}
+	for _, w := range e.idle {
+		_ = w.f.Close()
+	}
+	e.idle = nil
 	_ = unix.Close(e.fd)
 	e.mu.Unlock()
 	e.ctx.release(e)

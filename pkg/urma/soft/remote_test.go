@@ -249,7 +249,10 @@ func (s *remoteServer) foreignSeg(c urma.Context) urma.Segment {
 
 func (s *remoteServer) do(q *RemoteReq, resp *RemoteResp) error {
 	if q.Op == "new" { // on the shm fabric in directory Name, or the socket fabric
-		p, err := New(Options{ShmDir: q.Name, PeerTimeout: 600 * time.Millisecond, DialTimeout: time.Second, Logger: quiet()})
+		// A kill -9 closes the sockets at once; the peer timeout only
+		// guards against a process that hangs, so it can be generous for
+		// a busy machine.
+		p, err := New(Options{ShmDir: q.Name, PeerTimeout: twoProcessPeerTimeout, DialTimeout: 5 * time.Second, Logger: quiet()})
 		if err != nil {
 			return err
 		}

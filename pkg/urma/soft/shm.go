@@ -281,7 +281,6 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 	sio, err := newShmIO(ends, sd.shm.ringSize, int(h.ringSize), fds, sd.shm.spin)
 	fds = nil // taken
 	if err != nil {
-		ends.release()
 		refuse(helloRefused, err.Error())
 		return
 	}
@@ -307,6 +306,7 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
+	sio.pollers = &sd.pollers
 	c := newConn(sd, p, sio, hello{session: h.session, src: h.src, maxMsg: h.maxMsg}, false, sd.shm.path, fmt.Sprintf("pid %d", h.pid))
 	old := sd.adoptLocked(p, c)
 	p.mu.Unlock()
@@ -386,13 +386,13 @@ func (p *peer) dialOnceShm(ctx context.Context) error {
 	}
 	sio, err := newShmIO(ends, sd.shm.ringSize, int(a.ringSize), fds, sd.shm.spin)
 	if err != nil {
-		ends.release()
 		return fail(err)
 	}
 	if err := sio.attach(nc); err != nil {
 		sio.close()
 		return fail(err)
 	}
+	sio.pollers = &sd.pollers
 	c := newConn(sd, p, sio, hello{session: a.session, src: a.src, maxMsg: a.maxMsg}, true, sd.shm.path, fmt.Sprintf("pid %d", a.pid))
 	p.mu.Lock()
 	old := sd.adoptLocked(p, c)

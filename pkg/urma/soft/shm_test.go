@@ -375,3 +375,115 @@ func TestShmOneConnectionPerDevicePair(t *testing.T) {
 }
 
 func mustAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// pollUntil polls q, as a polling application does, until n completions
+// arrived, and returns them.
+func pollUntil(t *testing.T, q urma.JFC, n int) []urma.Completion {
+	t.Helper()
+	out := make([]urma.Completion, 0, n)
+	buf := make([]urma.Completion, 16)
+	deadline := time.Now().Add(20 * time.Second)
+	for len(out) < n {
+		k, err := q.Poll(buf[:min(16, n-len(out))])
+		mustOK(t, err, "poll")
+		out = append(out, buf[:k]...)
+		if k == 0 && time.Now().After(deadline) {
+			t.Fatalf("got %d of %d completions", len(out), n)
+		}
+	}
+	return out
+}
+
+// wakes is how many times side p's connections woke their peer.
+func (p *Provider) wakes() uint64 {
+	var n uint64
+	for _, c := range p.conns() {
+		n += c.io.(*shmIO).wakes.Load()
+	}
+	return n
+}
+
+// While both sides poll, the pollers take the frames from the rings
+// themselves: the reader goroutines stay parked and a ping-pong costs no
+// wake-up of the peer, however many messages go; without polling, each
+// message that finds its reader asleep wakes it.
+func TestShmPollingCostsNoWakeUps(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	opts.ShmSpin = -1 // idle readers sleep at once: every wake-up would show
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	ta, tb := a.importJetty(b), b.importJetty(a)
+	const rounds = 500
+	pingPong := func(poll func(t *testing.T, q urma.JFC, n int) []urma.Completion) {
+		for i := 0; i < rounds; i++ {
+			b.postRecv(uint64(i), 0, 64)
+			a.postRecv(uint64(i), 0, 64)
+			mustOK(t, a.send(ta, uint64(i), 4096, 64, 0), "ping")
+			poll(t, b.rjfc, 1)
+			mustOK(t, b.send(tb, uint64(i), 4096, 64, 0), "pong")
+			poll(t, a.rjfc, 1)
+			poll(t, a.sjfc, 1)
+			poll(t, b.sjfc, 1)
+		}
+	}
+	pingPong(pollUntil) // warm up: the Polls put the rings in polling mode
+	before := pa.wakes() + pb.wakes()
+	pingPong(pollUntil)
+	// Not zero: a test goroutine descheduled for a whole park (1 ms) on a
+	// busy machine ends polling mode until the next Polls. Without polling
+	// mode or without Polls driving the rings it is one or more per message.
+	if n := pa.wakes() + pb.wakes() - before; n > rounds/4 {
+		t.Errorf("%d wake-ups for %d polled round trips, want next to none", n, rounds)
+	}
+	// Without polling (the messages wait longer than a reader parks for
+	// pollers), the readers sleep and each message wakes its reader.
+	const slow = 20
+	before = pa.wakes() + pb.wakes()
+	for i := 0; i < slow; i++ {
+		b.postRecv(uint64(i), 0, 64)
+		mustOK(t, a.send(ta, uint64(i), 4096, 64, 0), "ping")
+		time.Sleep(2 * pollingEnd * pollPark) // nobody polls meanwhile: polling mode ends
+		pollUntil(t, b.rjfc, 1)
+		pollUntil(t, a.sjfc, 1)
+	}
+	if n := pa.wakes() + pb.wakes() - before; n < slow {
+		t.Errorf("%d wake-ups for %d messages nobody polled for, want at least one each", n, slow)
+	}
+}
+
+// Pollers on both sides stream messages several times the ring size: a
+// poller in the middle of a frame never sleeps on the reader's eventfd
+// (two sleepers there would lose wake-ups) and writes what the writer
+// goroutine has not.
+func TestShmPollingLargeMessages(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	opts.ShmRingSize = MinShmRing
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	ta := a.importJetty(b)
+	const size, n = 200 << 10, 40
+	for i := 0; i < 4; i++ {
+		b.postRecv(uint64(i), (i%4)*size, size)
+	}
+	sent, got := 0, 0
+	for got < n {
+		for sent < n && sent-got < 4 {
+			mustOK(t, a.send(ta, uint64(sent), 0, size, 0), "send")
+			sent++
+		}
+		for _, c := range pollUntil(t, b.rjfc, 1) {
+			if c.Status != urma.StatusSuccess || c.CompletionLen != size {
+				t.Fatalf("receive %d: %+v", got, c)
+			}
+			got++
+			if got+3 < n {
+				b.postRecv(c.UserCtx, int(c.UserCtx%4)*size, size)
+			}
+		}
+		a.sjfc.Poll(make([]urma.Completion, 8))
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -55,12 +56,13 @@ const (
 	DefaultShmRing = 2 << 20
 	// DefaultShmSpin is how long an idle shm reader or writer polls
 	// shared memory before it sleeps on its eventfd.
-	DefaultShmSpin = 20 * time.Microsecond
+	DefaultShmSpin = 2 * time.Microsecond
 
-	// shmPublishChunk is how many bytes are copied before the other side
-	// is shown them: large messages stream through the ring, both sides
-	// copying at once.
-	shmPublishChunk = 64 << 10
+	// shmPublishChunk is how many bytes a writer copies before it shows
+	// them to the reader, and a reader before it frees them: large messages
+	// stream through the ring, both sides copying at once, while a frame
+	// below it appears whole, so that a poller can take it (conn.drive).
+	shmPublishChunk = 256 << 10
 )
 
 // shmRegion is a mapped region: this side's (read-write) or the peer's
@@ -183,34 +185,58 @@ func newEventfd() (int, error) {
 	return fd, nil
 }
 
-// signal wakes whoever sleeps on the eventfd fd. It never blocks: a counter
-// that is full (which only a hostile peer arranges) is left alone, since
+// signal wakes whoever sleeps on the eventfd fd. The descriptors are
+// created non-blocking, so a full counter (which only a peer that tampers
+// with its own eventfd arranges) fails the write instead of blocking it;
 // its sleeper is awake anyway.
 func signal(fd int) {
-	pfd := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-	if n, _ := unix.Poll(pfd[:], 0); n != 1 {
-		return
-	}
 	var one [8]byte
 	binary.NativeEndian.PutUint64(one[:], 1)
 	_, _ = unix.Write(fd, one[:])
 }
 
-// sleepOn blocks until the eventfd fd is readable, then resets it.
-func sleepOn(fd int) error {
-	pfd := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	for {
-		_, err := unix.Poll(pfd[:], -1)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
+// eventWaiter sleeps on an eventfd through Go's network poller: a
+// goroutine that waits costs no thread, and when it is woken the thread that
+// runs it is often the one that also runs the goroutine it then wakes (the
+// completion channel's reader), so a message costs one wake-up of the
+// process, as with a socket.
+type eventWaiter struct {
+	f     *os.File
+	raw   syscall.RawConn
+	drain func(fd uintptr) bool // made once: a closure per sleep would allocate
+	buf   [8]byte
+	timed bool // a deadline is set
+}
+
+func newEventWaiter(fd int, name string) (*eventWaiter, error) {
+	f := os.NewFile(uintptr(fd), name)
+	raw, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("poll %s: %w", name, err)
+	}
+	w := &eventWaiter{f: f, raw: raw}
+	w.drain = func(fd uintptr) bool {
+		_, err := unix.Read(int(fd), w.buf[:])
+		return !errors.Is(err, unix.EAGAIN)
+	}
+	return w, nil
+}
+
+// sleep waits until the eventfd is signalled (and resets it) or deadline
+// passes (zero: no deadline); both return nil.
+func (w *eventWaiter) sleep(deadline time.Time) error {
+	if !deadline.IsZero() || w.timed {
+		if err := w.f.SetReadDeadline(deadline); err != nil {
 			return err
 		}
-		var b [8]byte
-		_, _ = unix.Read(fd, b[:]) // EAGAIN if another reader took it: fine
+		w.timed = !deadline.IsZero()
+	}
+	err := w.raw.Read(w.drain)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return nil
 	}
+	return err
 }
 
 // errRingCorrupt says the peer wrote control words no honest peer writes.
@@ -224,10 +250,14 @@ type shmIO struct {
 	rsize, rmask  uint64 // the peer's ring, read
 	spin          time.Duration
 
-	// Descriptors: this side's reader and writer block on dataFd and
-	// spaceFd; the peer's ones are written to wake the peer.
+	// This side's reader and writer sleep on data and space; the peer's
+	// eventfds are written to wake the peer.
+	data, space             *eventWaiter
 	dataFd, spaceFd         int
 	peerDataFd, peerSpaceFd int
+	// pollers is what Polls driving this device's rings tell the reader
+	// goroutine (see idle).
+	pollers *pollStats
 
 	// localRO is the read-only descriptor of this side's region until it
 	// is passed to the peer.
@@ -240,11 +270,21 @@ type shmIO struct {
 
 	closed atomic.Bool
 	rx, tx atomic.Uint64
+	// wakes counts the eventfd writes that woke the peer: what the shm
+	// fabric saves is exactly these syscalls.
+	wakes atomic.Uint64
 
-	// Reader side: bytes consumed from the peer's ring, and the peer
+	// Reader side (the token's holder): whether the holder is a poller,
+	// which must never sleep on the data eventfd (only the reader goroutine
+	// may: two sleepers would break the odd/even sleep word); and the peer
 	// writer's sleep that was last woken.
-	head      uint64
-	wokeWrite uint64
+	// How far the peer's ring is read is the head word of this side's
+	// control page (head), which idle readers and pollers check without
+	// the token.
+	pollerReads bool
+	wokeWrite   uint64
+	idlePolls   uint64 // the device's Polls when the reader goroutine last went idle
+	pollingMode bool   // see idle
 	// Writer side: bytes written into this side's ring, and the peer
 	// reader's sleep that was last woken.
 	tail     uint64
@@ -302,29 +342,45 @@ func (e *shmEnds) closePassed() {
 }
 
 // newShmIO joins this side's ends (its ring of ringSize bytes) with the
-// peer's (whose ring has peerRing bytes, and whose region fd and eventfds it
-// takes ownership of, also on error).
+// peer's, whose ring has peerRing bytes. It takes ownership of the ends and
+// of the peer's descriptors (region, data and space eventfds), also on
+// error, when it releases them all.
 func newShmIO(e *shmEnds, ringSize, peerRing int, peerFds []int, spin time.Duration) (*shmIO, error) {
+	fail := func(err error) (*shmIO, error) {
+		e.release()
+		return nil, err
+	}
 	if len(peerFds) != 3 {
 		closeAll(peerFds)
-		return nil, fmt.Errorf("peer passed %d descriptors, want 3", len(peerFds))
+		return fail(fmt.Errorf("peer passed %d descriptors, want 3", len(peerFds)))
 	}
 	for _, fd := range peerFds[1:] {
 		if err := checkEventfd(fd); err != nil {
 			closeAll(peerFds)
-			return nil, err
+			return fail(err)
 		}
 	}
 	remote, err := mapPeerRegion(peerFds[0], peerRing)
 	if err != nil {
 		closeAll(peerFds[1:])
-		return nil, err
+		return fail(err)
 	}
-	return &shmIO{
+	sio := &shmIO{
 		local: e.local, remote: remote, spin: spin, localRO: e.localRO, ctlFd: -1,
 		wsize: uint64(ringSize), wmask: uint64(ringSize - 1), rsize: uint64(peerRing), rmask: uint64(peerRing - 1),
 		dataFd: e.dataFd, spaceFd: e.spaceFd, peerDataFd: peerFds[1], peerSpaceFd: peerFds[2],
-	}, nil
+		pollers: new(pollStats),
+	}
+	*e = shmEnds{localRO: -1, dataFd: -1, spaceFd: -1} // sio owns them now
+	// The eventfds belong to their waiters from here on (os.File closes them).
+	if sio.data, err = newEventWaiter(sio.dataFd, "shm data eventfd"); err == nil {
+		sio.space, err = newEventWaiter(sio.spaceFd, "shm space eventfd")
+	}
+	if err != nil {
+		sio.close()
+		return nil, err
+	}
+	return sio, nil
 }
 
 // checkEventfd refuses a descriptor that is not an eventfd: writing to
@@ -352,7 +408,7 @@ func (s *shmIO) counters() (rx, tx *atomic.Uint64) { return &s.rx, &s.tx }
 
 // available is how many bytes of the peer's ring are unread.
 func (s *shmIO) available() (uint64, error) {
-	n := s.remote.word(offTail).Load() - s.head
+	n := s.remote.word(offTail).Load() - s.head()
 	if n > s.rsize {
 		return 0, errRingCorrupt
 	}
@@ -369,14 +425,16 @@ func (s *shmIO) buffered() int {
 
 // ready reports whether a reader (data) or writer (not data) has what it
 // waits for: bytes in the peer's ring, room in this side's; a corrupt ring
-// counts as ready, so that the next access reports it.
+// counts as ready, so that the next access reports it. A writer waits
+// without the write lock, so it reckons with the published tail (the lock's
+// holder publishes what it wrote before it lets go).
 func (s *shmIO) ready(data bool) bool {
 	var n uint64
 	var err error
 	if data {
 		n, err = s.available()
 	} else {
-		n, err = s.free()
+		n, err = s.room(s.local.word(offTail).Load())
 	}
 	return n > 0 || err != nil || s.closed.Load()
 }
@@ -392,30 +450,68 @@ func (s *shmIO) spinWait(data bool) bool {
 		if s.ready(data) {
 			return true
 		}
+		if i&63 == 63 && time.Since(start) > s.spin {
+			return false
+		}
+	}
+}
+
+// wait blocks until ready(data): it spins, then sleeps on its eventfd.
+func (s *shmIO) wait(data bool) error {
+	if s.spinWait(data) {
+		if s.closed.Load() {
+			return errConnDead
+		}
+		return nil
+	}
+	return s.sleep(data)
+}
+
+// midFrameSpin is how long a reader in the middle of a frame yields before
+// it sleeps: its writer is copying the rest, and a reader that is a poller
+// would wait long for a wake-up through Go's poller.
+const midFrameSpin = 200 * time.Microsecond
+
+// waitRest waits for the rest of a frame whose start was read. A poller
+// yields until it comes (the writer is copying it, and the connection
+// fails, closing the ring, if the writer's process dies); the reader
+// goroutine sleeps after midFrameSpin.
+func (s *shmIO) waitRest() error {
+	start := time.Now()
+	for i := 0; ; i++ {
+		if s.ready(true) {
+			return s.closedErr()
+		}
 		if i&63 == 63 {
-			if time.Since(start) > s.spin {
-				return false
+			if !s.pollerReads && time.Since(start) > midFrameSpin {
+				return s.sleep(true)
 			}
 			runtime.Gosched()
 		}
 	}
 }
 
-// wait blocks until ready(data): it spins, then sleeps on its eventfd,
-// announcing the sleep in this side's control page first and checking
-// ready after the announcement, so a wake-up that races with it is not
-// lost.
-func (s *shmIO) wait(data bool) error {
-	off, fd := offWriterWait, s.spaceFd
-	if data {
-		off, fd = offReaderWait, s.dataFd
+func (s *shmIO) closedErr() error {
+	if s.closed.Load() {
+		return errConnDead
 	}
-	for !s.spinWait(data) {
-		w := s.local.word(off)
+	return nil
+}
+
+// sleep sleeps on the eventfd until ready(data), announcing each sleep in
+// this side's control page first and checking ready after the
+// announcement, so a wake-up that races with it is not lost.
+func (s *shmIO) sleep(data bool) error {
+	off, ew := offWriterWait, s.space
+	if data {
+		off, ew = offReaderWait, s.data
+	}
+	w := s.local.word(off)
+	for !s.ready(data) {
 		w.Add(1) // odd: wake me
 		var err error
 		if !s.ready(data) {
-			err = sleepOn(fd)
+			err = ew.sleep(time.Time{})
 		}
 		w.Add(1)
 		if err != nil {
@@ -428,12 +524,74 @@ func (s *shmIO) wait(data bool) error {
 	return nil
 }
 
-// consumed publishes how far this side has read and wakes a peer writer
-// that sleeps for space.
-func (s *shmIO) consumed() {
-	s.local.word(offHead).Store(s.head)
+// pollStats counts the Polls that drive a device's rings (conn.drive).
+type pollStats struct{ polls atomic.Uint64 }
+
+// Polling mode: when pollers polled at least pollingPolls times since the
+// reader goroutine last went idle, they take what the rings bring, and the
+// reader goroutine parks for at most pollPark at a time without asking the
+// peer for wake-ups, so that no message costs a syscall or a goroutine
+// switch. An application in event mode polls a couple of times per event,
+// too few. pollingEnd parks in a row without a Poll end polling mode: a
+// poller descheduled for a park on a busy machine does not.
+const (
+	pollingPolls = 16
+	pollPark     = time.Millisecond
+	pollingEnd   = 3
+)
+
+// idle waits, between frames, until the peer's ring has bytes: it spins,
+// then sleeps: parked without a wake-up while pollers drive the rings,
+// else announced, so that the peer writes the eventfd, once per sleep.
+func (s *shmIO) idle() error {
+	polls := s.pollers.polls.Load()
+	if polls-s.idlePolls >= pollingPolls {
+		s.pollingMode = true
+	}
+	s.idlePolls = polls
+	if s.spin > 0 && !s.pollingMode {
+		start := time.Now()
+		for i := 0; ; i++ {
+			if s.ready(true) {
+				return s.closedErr()
+			}
+			if i&63 == 63 && (s.pollers.polls.Load() != polls || time.Since(start) > s.spin) {
+				break
+			}
+		}
+	}
+	for quiet := 0; s.pollingMode; {
+		if err := s.data.sleep(time.Now().Add(pollPark)); err != nil {
+			return err
+		}
+		now := s.pollers.polls.Load()
+		if now != s.idlePolls {
+			quiet = 0
+		} else if quiet++; quiet == pollingEnd {
+			s.pollingMode = false
+		}
+		s.idlePolls = now
+		if s.ready(true) {
+			return s.closedErr()
+		}
+	}
+	return s.sleep(true)
+}
+
+// waitWritable waits until this side's ring has room (the writer
+// goroutine, without the write lock).
+func (s *shmIO) waitWritable() error { return s.wait(false) }
+
+// head is how far this side has read the peer's ring.
+func (s *shmIO) head() uint64 { return s.local.word(offHead).Load() }
+
+// consumed publishes that this side has read the peer's ring up to h and
+// wakes a peer writer that sleeps for space.
+func (s *shmIO) consumed(h uint64) {
+	s.local.word(offHead).Store(h)
 	if v := s.remote.word(offWriterWait).Load(); v&1 == 1 && v != s.wokeWrite {
 		s.wokeWrite = v
+		s.wakes.Add(1)
 		signal(s.peerSpaceFd)
 	}
 }
@@ -448,7 +606,13 @@ func (s *shmIO) take(p []byte, skip int) error {
 			return err
 		}
 		if n == 0 {
-			if err := s.wait(true); err != nil {
+			var err error
+			if first {
+				err = s.wait(true)
+			} else {
+				err = s.waitRest()
+			}
+			if err != nil {
 				if first {
 					return err
 				}
@@ -458,15 +622,14 @@ func (s *shmIO) take(p []byte, skip int) error {
 		}
 		k := int(min(n, uint64(want), shmPublishChunk))
 		if p != nil {
-			off := s.head & s.rmask
+			off := s.head() & s.rmask
 			c := copy(p[:k], s.remote.ring[off:])
 			copy(p[c:k], s.remote.ring)
 			p = p[k:]
 		}
-		s.head += uint64(k)
 		s.rx.Add(uint64(k))
 		want -= k
-		s.consumed()
+		s.consumed(s.head() + uint64(k))
 	}
 	return nil
 }
@@ -475,9 +638,13 @@ func (s *shmIO) readFull(p []byte) error    { return s.take(p, 0) }
 func (s *shmIO) readPayload(p []byte) error { return s.take(p, 0) }
 func (s *shmIO) discard(n int) error        { return s.take(nil, n) }
 
-// free is how many bytes this side's ring can take.
-func (s *shmIO) free() (uint64, error) {
-	used := s.tail - s.remote.word(offHead).Load()
+// free is how many bytes this side's ring can take (the write lock's
+// holder).
+func (s *shmIO) free() (uint64, error) { return s.room(s.tail) }
+
+// room is how many bytes this side's ring can take past tail.
+func (s *shmIO) room(tail uint64) (uint64, error) {
+	used := tail - s.remote.word(offHead).Load()
 	if used > s.wsize {
 		return 0, errRingCorrupt
 	}
@@ -490,14 +657,15 @@ func (s *shmIO) published() {
 	s.local.word(offTail).Store(s.tail)
 	if v := s.remote.word(offReaderWait).Load(); v&1 == 1 && v != s.wokeRead {
 		s.wokeRead = v
+		s.wakes.Add(1)
 		signal(s.peerDataFd)
 	}
 }
 
 func (s *shmIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
-	unpublished := false
+	var unpublished uint64
 	defer func() {
-		if unpublished {
+		if unpublished > 0 {
 			s.published()
 		}
 	}()
@@ -510,9 +678,9 @@ func (s *shmIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
 			return iov, err
 		}
 		if room == 0 {
-			if unpublished {
+			if unpublished > 0 {
 				s.published()
-				unpublished = false
+				unpublished = 0
 			}
 			if !wait {
 				return iov, unix.EAGAIN
@@ -522,23 +690,23 @@ func (s *shmIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
 			}
 			continue
 		}
-		k := min(room, iov[0].Len, shmPublishChunk)
+		k := min(room, iov[0].Len, shmPublishChunk-unpublished)
 		src := unsafe.Slice(iov[0].Base, k)
 		off := s.tail & s.wmask
 		c := copy(s.local.ring[off:], src)
 		copy(s.local.ring, src[c:])
 		s.tail += k
 		s.tx.Add(k)
-		unpublished = true
+		unpublished += k
 		if k == iov[0].Len {
 			iov = iov[1:]
 		} else {
 			iov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(iov[0].Base), k))
 			iov[0].Len -= k
 		}
-		if k == shmPublishChunk {
+		if unpublished == shmPublishChunk {
 			s.published()
-			unpublished = false
+			unpublished = 0
 		}
 	}
 	return iov, nil
@@ -586,7 +754,19 @@ func (s *shmIO) close() {
 		s.watchers.Wait()
 		s.local.unmap()
 		s.remote.unmap()
-		closeAll([]int{s.localRO, s.ctlFd, s.dataFd, s.spaceFd, s.peerDataFd, s.peerSpaceFd})
+		for _, w := range []*eventWaiter{s.data, s.space} {
+			if w != nil {
+				_ = w.f.Close()
+			}
+		}
+		fds := []int{s.localRO, s.ctlFd, s.peerDataFd, s.peerSpaceFd}
+		if s.data == nil {
+			fds = append(fds, s.dataFd)
+		}
+		if s.space == nil {
+			fds = append(fds, s.spaceFd)
+		}
+		closeAll(fds)
 	})
 }
 

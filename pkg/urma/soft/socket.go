@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -36,6 +37,10 @@ type sockDevice struct {
 	// maxAnswers is maxAnswers; tests lower it.
 	maxAnswers int
 	shm        *shmNet // nil on the socket fabric
+	// shmConns is the connections whose rings Poll drives (shm fabric), a
+	// copy replaced on every change, so that Poll takes no lock.
+	shmConns atomic.Pointer[[]*conn]
+	pollers  pollStats
 
 	mu          sync.Mutex
 	closed      bool
@@ -256,6 +261,30 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 	}
 }
 
+// publishShmConnsLocked refreshes the list Poll drives; sd.mu is held.
+func (sd *sockDevice) publishShmConnsLocked() {
+	if sd.shm == nil {
+		return
+	}
+	list := make([]*conn, 0, len(sd.conns))
+	for c := range sd.conns {
+		list = append(list, c)
+	}
+	sd.shmConns.Store(&list)
+}
+
+// drive lets a poller take what the shm rings hold (see conn.drive).
+func (sd *sockDevice) drive() {
+	conns := sd.shmConns.Load()
+	if conns == nil {
+		return
+	}
+	sd.pollers.polls.Add(1)
+	for _, c := range *conns {
+		c.drive()
+	}
+}
+
 // beginHandshake records an accepted connection that Close must break, so
 // that a silent dialer cannot hold Close up; false when the device closes.
 func (sd *sockDevice) beginHandshake(nc net.Conn) bool {
@@ -291,6 +320,7 @@ func (sd *sockDevice) adoptLocked(p *peer, c *conn) *conn {
 		return nil
 	}
 	sd.conns[c] = struct{}{}
+	sd.publishShmConnsLocked()
 	sd.mu.Unlock()
 	old := p.conn
 	p.conn = c
