@@ -151,6 +151,16 @@ func Candidates(devs []sysfs.Device) []selection.Candidate {
 	return out
 }
 
+// reservedJetties is the device's reserved jetty range, empty when sysfs
+// names none (no reserved_jetty_id file, or ubcore's "cannot reserve"): the
+// zero Range{0,0} would be jetty 0 and cost the budget one jetty.
+func reservedJetties(d *sysfs.Device) urma.Range {
+	if !d.HasReservedJetty {
+		return urma.Range{Min: 1, Max: 0}
+	}
+	return d.ReservedJetty
+}
+
 // FromSysfs describes a discovered device with its undebounced health (the
 // sysfs rule: no malformed files, a port ACTIVE or ACTIVE_DEFER, the device
 // node present, at least one EID) and its budget.
@@ -160,7 +170,7 @@ func FromSysfs(d *sysfs.Device, rule budget.Config) Device {
 		NUMANode: d.NUMANode,
 		Healthy:  d.Usable(),
 		Reason:   d.Reason(),
-		Budget:   rule.For(d.Caps.MaxJetty, d.ReservedJetty),
+		Budget:   rule.For(d.Caps.MaxJetty, reservedJetties(d)),
 		DevNode:  d.DevNode,
 		Info:     cloneInfo(&d.DeviceInfo),
 		VendorID: d.VendorID,

@@ -24,7 +24,7 @@ func dev(name string, numa int) sysfs.Device {
 			Ports:         []urma.Port{{Index: 0, State: urma.PortActive}},
 			EIDs:          []urma.EIDEntry{{Index: 3, EID: eid2}, {Index: 1, EID: eid}},
 		},
-		Class: sysfs.ClassUbcore, NUMANode: numa, DevNode: "/dev/uburma/" + name,
+		Class: sysfs.ClassUbcore, NUMANode: numa, DevNode: "/dev/uburma/" + name, HasReservedJetty: true,
 		IsBonding: strings.HasPrefix(name, "bonding"), VendorID: "0x19e5", DeviceID: "0xa001",
 	}
 }
@@ -74,6 +74,22 @@ func TestBuildDescribesDevices(t *testing.T) {
 	}
 	if _, ok := snap.Lookup("udma9"); ok {
 		t.Error("Lookup found a device that does not exist")
+	}
+}
+
+// A device that names no reserved jetties (older kernels lack the file;
+// ubcore writes 4294967295-4294967295 when it cannot reserve) loses none of
+// its budget to them.
+func TestBuildWithoutReservedJetties(t *testing.T) {
+	d := dev("udma0", 0)
+	d.ReservedJetty, d.HasReservedJetty = urma.Range{}, false
+	snap, _, _ := NewBuilder(cfg(1)).Build(Scan{Devices: []sysfs.Device{d}}, time.Now())
+	got, ok := snap.Lookup("udma0")
+	if !ok {
+		t.Fatal("udma0 not advertised")
+	}
+	if want := 1024 - budget.Default().HostReserve; got.Budget.Available != want {
+		t.Errorf("available jetties %d, want max_jetty 1024 - host reserve = %d", got.Budget.Available, want)
 	}
 }
 
