@@ -207,7 +207,19 @@ func TestHostileClassEntries(t *testing.T) {
 					t.Fatal(err)
 				}
 			},
-			problem: "longer than 63 bytes",
+			// Quoted in the problem cut to 64 bytes.
+			problem: `device name "` + strings.Repeat("u", 64) + `"...: longer than 63 bytes`,
+		},
+		{
+			name:  "name one byte too long",
+			entry: strings.Repeat("u", 64),
+			make: func(t *testing.T, tr *sysfstest.Tree, p string) {
+				if err := os.Mkdir(p, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			},
+			// 64 bytes are quoted whole.
+			problem: `device name "` + strings.Repeat("u", 64) + `": longer than 63 bytes`,
 		},
 	}
 	for _, tc := range tests {
@@ -228,6 +240,32 @@ func TestHostileClassEntries(t *testing.T) {
 			wantProblem(t, bad, tc.problem)
 		})
 	}
+}
+
+// The limits on names and on a class listing are inclusive: a 63-byte
+// device name is the kernel's longest, and MaxClassEntries entries are read.
+func TestLimitsAreInclusive(t *testing.T) {
+	t.Run("63-byte device name", func(t *testing.T) {
+		name := strings.Repeat("u", 63)
+		tr := sysfstest.New(t)
+		tr.Add(t, sysfstest.DefaultDevice(name))
+		d := discoverOne(t, tr, name)
+		wantNoProblems(t, d)
+		if !d.Usable() {
+			t.Fatalf("unusable: %s", d.Reason())
+		}
+	})
+	t.Run("MaxClassEntries class entries", func(t *testing.T) {
+		tr := sysfstest.New(t)
+		tr.Add(t, sysfstest.DefaultDevice("udma0"))
+		// Dot entries count towards the listing but are never read.
+		for i := 1; i < sysfs.MaxClassEntries; i++ {
+			writeRaw(t, tr.ClassPath("ubcore", fmt.Sprintf(".x%d", i)), "")
+		}
+		if devs := discover(t, tr); len(devs) != 1 || devs[0].Name != "udma0" {
+			t.Fatalf("devices %q, want udma0", names(devs))
+		}
+	})
 }
 
 func TestManyPortDirectories(t *testing.T) {
