@@ -232,9 +232,12 @@ func TestHardwareLifecycle(t *testing.T) {
 		t.Errorf("node facts %+v, %v", facts, err)
 	}
 
-	if code, body := n.get("/healthz"); code != http.StatusOK || !strings.Contains(body, "registered=true") {
-		t.Errorf("/healthz %d %q", code, body)
-	}
+	// kubelet may list the units (its ListAndWatch) before the plugin's
+	// Register call has returned and marked it registered.
+	eventually(t, "/healthz saying registered", func() bool {
+		code, body := n.get("/healthz")
+		return code == http.StatusOK && strings.Contains(body, "registered=true")
+	})
 	eventually(t, "metrics", func() bool {
 		_, body := n.get("/metrics")
 		return strings.Contains(body, `urma_deviceplugin_units{device="udma0"} 63`) &&
