@@ -216,6 +216,28 @@ func TestMakeGroupsMessageAndTruncation(t *testing.T) {
 	}
 }
 
+func TestListNames(t *testing.T) {
+	names := func(n int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("n%d", i))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		n    int
+		want string
+	}{
+		{1, "n0"},
+		{MaxNodesPerGroup, "n0,n1,n2,n3,n4"},
+		{MaxNodesPerGroup + 1, "n0,n1,n2,n3,n4 and 1 more"},
+	} {
+		if got := listNames(names(tc.n)); got != tc.want {
+			t.Errorf("listNames of %d names = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}
+
 func TestJettyUnitsUseTheSmallestUnit(t *testing.T) {
 	a, b := facts(4096, 16), facts(4096, 8)
 	s := spec()
@@ -233,6 +255,13 @@ func TestJettyUnitsUseTheSmallestUnit(t *testing.T) {
 	in.FallbackJettiesPerUnit = 32
 	if got := JettyUnits(in); got != 2 {
 		t.Errorf("JettyUnits without facts, plugin at 32 per unit = %d, want 2", got)
+	}
+	// A pod's node without facts has no unit: it is skipped, not taken as
+	// the smallest; the unit of the node with facts counts.
+	in.Nodes = []Node{node("a", nil, &b), node("plain", nil, nil)}
+	in.PodNodes = []string{"plain"}
+	if got := JettyUnits(in); got != 5 {
+		t.Errorf("JettyUnits with one node without facts = %d, want ceil(40/8) = 5", got)
 	}
 	in.Nodes = []Node{node("plain", nil, nil)}
 	in.PodNodes = []string{"plain"}
