@@ -27,7 +27,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 )
@@ -60,17 +62,25 @@ type mutant struct {
 	line   int
 	column int
 	kind   string // gremlins' mutator type, e.g. CONDITIONALS_BOUNDARY
+	nth    int    // which mutant of its kind on its line, counted from the left
+	of     int    // how many of its kind the line has
 	code   string // the mutated source line, whitespace-normalised
 	reason string // why it is equivalent; empty when unexplained
 }
 
-// equivalent is one entry of the equivalent-mutant list. It covers every
-// mutant of its kind on any line of file whose code matches, so it survives
-// edits that only move the line.
+// equivalent is one entry of the equivalent-mutant list. It covers the
+// mutants of its kind on any line of file whose code matches (so it survives
+// edits that only move the line): all of them, or with kind written
+// TYPE#N only the Nth from the left.
 type equivalent struct {
 	file, kind, code, reason string
+	nth                      int // 0: every mutant of the kind on the line
 	at                       int // line in the list, for messages
 	used                     bool
+}
+
+func (e *equivalent) matches(m mutant) bool {
+	return e.file == m.file && e.kind == m.kind && e.code == m.code && (e.nth == 0 || e.nth == m.nth)
 }
 
 // packageReport is one package's counts.
@@ -126,7 +136,7 @@ func (p packageReport) meetsGoal(goal float64) bool {
 
 // parseEquivalents reads the list. Each entry is a line
 //
-//	<module-relative file> <MUTATOR_TYPE> <source line as written>
+//	<module-relative file> <MUTATOR_TYPE>[#N] <source line as written>
 //
 // followed by one or more indented lines saying why the mutant cannot change
 // behaviour. Blank lines and lines starting with # are ignored.
@@ -153,12 +163,15 @@ func parseEquivalents(r io.Reader) ([]*equivalent, error) {
 		if len(fields) < 3 {
 			return nil, fmt.Errorf("line %d: want \"<file> <MUTATOR_TYPE> <source line>\", got %q", n, line)
 		}
-		out = append(out, &equivalent{
-			file: fields[0],
-			kind: fields[1],
-			code: strings.Join(fields[2:], " "),
-			at:   n,
-		})
+		e := &equivalent{file: fields[0], kind: fields[1], code: strings.Join(fields[2:], " "), at: n}
+		if kind, nth, ok := strings.Cut(e.kind, "#"); ok {
+			v, err := strconv.Atoi(nth)
+			if err != nil || v < 1 {
+				return nil, fmt.Errorf("line %d: %q: the N of TYPE#N must be a number from 1", n, e.kind)
+			}
+			e.kind, e.nth = kind, v
+		}
+		out = append(out, e)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read equivalent-mutant list: %w", err)
@@ -195,6 +208,22 @@ func summarise(dir string, res result, equivalents []*equivalent, src sourceLine
 	p := packageReport{dir: dir}
 	for _, f := range res.Files {
 		file := path.Join(dir, filepath.ToSlash(f.Filename))
+		// The columns of each line's mutants of each kind, whatever their
+		// status, number a mutant among its kind on its line.
+		type lineKind struct {
+			line int
+			kind string
+		}
+		columns := map[lineKind][]int{}
+		for _, m := range f.Mutations {
+			k := lineKind{m.Line, m.Type}
+			if !slices.Contains(columns[k], m.Column) {
+				columns[k] = append(columns[k], m.Column)
+			}
+		}
+		for _, cols := range columns {
+			slices.Sort(cols)
+		}
 		for _, m := range f.Mutations {
 			switch m.Status {
 			case statusKilled:
@@ -211,9 +240,11 @@ func summarise(dir string, res result, equivalents []*equivalent, src sourceLine
 				if err != nil {
 					return p, err
 				}
-				s := mutant{file: file, line: m.Line, column: m.Column, kind: m.Type, code: code}
+				cols := columns[lineKind{m.Line, m.Type}]
+				s := mutant{file: file, line: m.Line, column: m.Column, kind: m.Type, code: code,
+					nth: slices.Index(cols, m.Column) + 1, of: len(cols)}
 				for _, e := range equivalents {
-					if e.file == s.file && e.kind == s.kind && e.code == s.code {
+					if e.matches(s) {
 						s.reason = e.reason
 						e.used = true
 						p.explained++
@@ -278,7 +309,11 @@ func report(w io.Writer, pkgs []packageReport, equivalents []*equivalent, goal f
 		}
 		fmt.Fprintf(w, "\nsurvivors in %s (%d, %d listed as equivalent):\n", p.dir, len(p.survivors), p.explained)
 		for _, s := range p.survivors {
-			fmt.Fprintf(w, "  %s:%d:%d %s\n      %s\n", s.file, s.line, s.column, s.kind, s.code)
+			kind := s.kind
+			if s.of > 1 {
+				kind = fmt.Sprintf("%s#%d", s.kind, s.nth) // as an entry names it
+			}
+			fmt.Fprintf(w, "  %s:%d:%d %s\n      %s\n", s.file, s.line, s.column, kind, s.code)
 			if s.reason != "" {
 				fmt.Fprintf(w, "      equivalent: %s\n", s.reason)
 			}
@@ -295,7 +330,11 @@ func report(w io.Writer, pkgs []packageReport, equivalents []*equivalent, goal f
 	if len(stale) > 0 {
 		fmt.Fprintf(w, "\nstale entries in the equivalent-mutant list (no such survivor now; remove them):\n")
 		for _, e := range stale {
-			fmt.Fprintf(w, "  line %d: %s %s %s\n", e.at, e.file, e.kind, e.code)
+			kind := e.kind
+			if e.nth > 0 {
+				kind = fmt.Sprintf("%s#%d", e.kind, e.nth)
+			}
+			fmt.Fprintf(w, "  line %d: %s %s %s\n", e.at, e.file, kind, e.code)
 		}
 	}
 	return allMet

@@ -29,6 +29,12 @@ pkg/a/b.go INCREMENT_DECREMENT i++
 				{file: "pkg/a/b.go", kind: "INCREMENT_DECREMENT", code: "i++", reason: "only counts retries in a log line.", at: 6},
 			},
 		},
+		{
+			name: "the Nth mutant of a kind",
+			in:   "pkg/a/a.go CONDITIONALS_BOUNDARY#2 if a > 0 && b > 0 {\n\twhy\n",
+			want: []equivalent{{file: "pkg/a/a.go", kind: "CONDITIONALS_BOUNDARY", nth: 2, code: "if a > 0 && b > 0 {", reason: "why", at: 1}},
+		},
+		{name: "N not a number from 1", in: "pkg/a/a.go CONDITIONALS_BOUNDARY#0 x\n\twhy\n", wantErr: `line 1: "CONDITIONALS_BOUNDARY#0": the N of TYPE#N must be a number from 1`},
 		{name: "entry without a reason", in: "pkg/a/a.go ARITHMETIC_BASE a + b\n", wantErr: "line 1: entry for pkg/a/a.go ARITHMETIC_BASE says no reason"},
 		{name: "reason before any entry", in: "\tbecause\n", wantErr: "line 1: reason \"because\" before any entry"},
 		{name: "entry without code", in: "pkg/a/a.go ARITHMETIC_BASE\n\twhy\n", wantErr: "line 1: want"},
@@ -157,6 +163,39 @@ func TestRunReportsEfficacyAndExplainsSurvivors(t *testing.T) {
 				t.Errorf("an entry of an unmeasured package was reported stale:\n%s", out.String())
 			}
 		})
+	}
+}
+
+// With two mutants of a kind on a line, TYPE#N names one of them.
+func TestEquivalentNamesTheNthMutantOfALine(t *testing.T) {
+	src := "package a\n\nfunc both(a, b int) bool {\n\tif a > 0 && b > 0 {\n\t\treturn true\n\t}\n\treturn false\n}\n"
+	result := `{"files":[{"file_name":"a.go","mutations":[
+		{"type":"CONDITIONALS_BOUNDARY","status":"KILLED","line":4,"column":7},
+		{"type":"CONDITIONALS_BOUNDARY","status":"LIVED","line":4,"column":18}]}]}`
+	root, res := writeModule(t, src, result)
+	for _, tc := range []struct {
+		entry     string
+		explained bool
+	}{
+		{"pkg/a/a.go CONDITIONALS_BOUNDARY#1 if a > 0 && b > 0 {\n\tthe first\n", false},
+		{"pkg/a/a.go CONDITIONALS_BOUNDARY#2 if a > 0 && b > 0 {\n\tthe second\n", true},
+		{"pkg/a/a.go CONDITIONALS_BOUNDARY if a > 0 && b > 0 {\n\tall of them\n", true},
+	} {
+		list := filepath.Join(t.TempDir(), "equivalent.txt")
+		if err := os.WriteFile(list, []byte(tc.entry), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		ok, err := run([]string{"-root", root, "-equivalent", list, "pkg/a=" + res}, &out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok != tc.explained {
+			t.Errorf("entry %q: survivor explained = %v, want %v:\n%s", tc.entry, ok, tc.explained, out.String())
+		}
+		if !strings.Contains(out.String(), "pkg/a/a.go:4:18 CONDITIONALS_BOUNDARY#2") {
+			t.Errorf("the survivor is not named as the second of its line:\n%s", out.String())
+		}
 	}
 }
 
