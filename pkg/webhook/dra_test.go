@@ -72,6 +72,10 @@ func TestClaimName(t *testing.T) {
 	if got := ClaimName("app"); got != "urma-app" {
 		t.Errorf("ClaimName(app) = %s", got)
 	}
+	// "urma-" and 58 bytes is 63, the longest DNS label: kept as it is.
+	if c := strings.Repeat("c", 58); ClaimName(c) != "urma-"+c {
+		t.Errorf("ClaimName(58 chars) = %q, want it unhashed", ClaimName(c))
+	}
 	long := strings.Repeat("c", 63)
 	got := ClaimName(long)
 	if errs := validation.IsDNS1123Label(got); len(errs) > 0 || got == ClaimName(long[:62]+"d") {

@@ -107,6 +107,15 @@ func TestInject(t *testing.T) {
 					t.Errorf("init container's own limit-only request changed: %+v", init)
 				}
 			}},
+		{name: "a container with other mounts still gets the flags mount", hash: "abc", mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+		}, want: map[string]string{"app": "3"},
+			check: func(t *testing.T, p *corev1.Pod) {
+				m := p.Spec.Containers[0].VolumeMounts
+				if len(m) != 2 || m[0].Name != "data" || m[1].Name != VolumeName || m[1].MountPath != "/etc/urma" {
+					t.Errorf("mounts %+v, want data and the flags", m)
+				}
+			}},
 		{name: "a container that only requests jetties is left as it is", hash: "abc", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers[1].Resources.Requests = corev1.ResourceList{nodefacts.ResourceName: resource.MustParse("2")}
 		}, want: map[string]string{"init": "3", "app": "3"},
@@ -257,6 +266,8 @@ func TestPodInjectorHandle(t *testing.T) {
 		// api holds objects only the API server has (not the cache yet).
 		api          []client.Object
 		fallbackUnit int64
+		// reqNamespace, when set, is the request's namespace (else the pod's).
+		reqNamespace string
 	}{
 		{name: "rendered endpoint", objs: []client.Object{ep, ownedConfigMap(ep, "h1"), hwNode("n1", 4096)}, pod: basePod,
 			allowed: true, mutated: true, hash: "h1", units: "3"},
@@ -272,6 +283,10 @@ func TestPodInjectorHandle(t *testing.T) {
 		{name: "spec.containers names a container the pod lacks",
 			objs: []client.Object{withContainers(ep, "app", "sidecar"), ownedConfigMap(ep, "h1"), hwNode("n1", 4096)},
 			pod:  basePod, allowed: true, mutated: true, hash: "h1", units: "3", warning: "names containers this pod does not have: sidecar"},
+		{name: "pod object without a namespace: the request's is used",
+			objs: []client.Object{ep, ownedConfigMap(ep, "h1"), hwNode("n1", 4096)},
+			pod:  func() *corev1.Pod { p := basePod(); p.Namespace = ""; return p }, reqNamespace: "ns",
+			allowed: true, mutated: true, hash: "h1", units: "3"},
 		{name: "unknown endpoint", objs: nil, pod: basePod, allowed: true, mutated: false, warning: "UrmaEndpoint ns/ep (label urma.openeuler.org/endpoint) does not exist"},
 		{name: "unlabelled pod", objs: []client.Object{ep}, pod: func() *corev1.Pod { p := basePod(); p.Labels = nil; return p },
 			allowed: true, mutated: false},
@@ -283,7 +298,11 @@ func TestPodInjectorHandle(t *testing.T) {
 			api := fake.NewClientBuilder().WithScheme(s).WithObjects(append(append([]client.Object{}, c.objs...), c.api...)...).Build()
 			h := &PodInjector{Reader: cl, APIReader: api, Decoder: admission.NewDecoder(s), FallbackJettiesPerUnit: c.fallbackUnit}
 			p := c.pod()
-			resp := h.Handle(context.Background(), podRequest(t, p))
+			req := podRequest(t, p)
+			if c.reqNamespace != "" {
+				req.Namespace = c.reqNamespace
+			}
+			resp := h.Handle(context.Background(), req)
 			if resp.Allowed != c.allowed {
 				t.Fatalf("allowed %v (%+v), want %v", resp.Allowed, resp.Result, c.allowed)
 			}
@@ -392,5 +411,19 @@ func TestEndpointValidator(t *testing.T) {
 	}
 	if w, err := (&EndpointValidator{}).ValidateDelete(context.Background(), endpoint()); err != nil || w != nil {
 		t.Errorf("delete: %v %v", w, err)
+	}
+}
+
+func TestShortKeepsWarningsUpToTheLimit(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+	}{
+		{"clamped", "clamped"},
+		{strings.Repeat("w", MaxWarningLen), strings.Repeat("w", MaxWarningLen)},
+		{strings.Repeat("w", MaxWarningLen+1), strings.Repeat("w", MaxWarningLen-3) + "..."},
+	} {
+		if got := short(tc.in); got != tc.want {
+			t.Errorf("short(%d bytes) = %d bytes %q..., want %d bytes", len(tc.in), len(got), got[:min(len(got), 10)], len(tc.want))
+		}
 	}
 }
