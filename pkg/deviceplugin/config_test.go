@@ -86,8 +86,9 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.CDIRetry = 0 // set in Config only, no flag
 	err = cfg.Validate()
-	for _, want := range []string{"jetties per unit", "poll interval", "/etc/x", "absolute", "nokind"} {
+	for _, want := range []string{"jetties per unit", "poll interval", "/etc/x", "absolute", "nokind", "CDI retry interval 0s must be positive"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate = %v, want it to mention %q", err, want)
 		}
