@@ -5,22 +5,27 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 )
 
 const dnsName = "urma-operator-webhook.urma-system.svc"
@@ -196,6 +201,14 @@ func TestEnsureIsStableWhenFresh(t *testing.T) {
 	}
 	rv := f.secret(t).ResourceVersion
 	crt := f.certFile(t, "tls.crt")
+	stat := func(name string) os.FileInfo {
+		fi, err := os.Stat(filepath.Join(f.r.CertDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi
+	}
+	crtInfo, keyInfo := stat("tls.crt"), stat("tls.key")
 	f.now = f.now.Add(30 * 24 * time.Hour)
 	if err := f.r.Ensure(ctx); err != nil {
 		t.Fatal(err)
@@ -204,7 +217,11 @@ func TestEnsureIsStableWhenFresh(t *testing.T) {
 		t.Errorf("secret rewritten (resourceVersion %s -> %s) though the certificate is fresh", rv, got)
 	}
 	if crt2 := f.certFile(t, "tls.crt"); !bytes.Equal(crt, crt2) {
-		t.Error("tls.crt rewritten though the certificate is fresh")
+		t.Error("tls.crt changed though the certificate is fresh")
+	}
+	// Not even rewritten with the same bytes (a rewrite renames a new file in).
+	if !os.SameFile(crtInfo, stat("tls.crt")) || !os.SameFile(keyInfo, stat("tls.key")) {
+		t.Error("tls.crt or tls.key rewritten though the certificate is fresh")
 	}
 }
 
@@ -414,5 +431,143 @@ func TestStartStopsWithContext(t *testing.T) {
 	}
 	if n := runtime.NumGoroutine(); n > before {
 		t.Errorf("goroutines: %d before, %d after Start returned", before, n)
+	}
+}
+
+// Ensure retries a Secret write that conflicts with another replica up to
+// five times, then says it gave up.
+func TestEnsureRetriesConflictsFiveTimes(t *testing.T) {
+	for _, tc := range []struct {
+		conflicts int
+		wantErr   bool
+	}{{4, false}, {5, true}} {
+		f := newFixture(t, webhookConfigs()...)
+		left := tc.conflicts
+		f.r.Client = interceptor.NewClient(f.c.(client.WithWatch), interceptor.Funcs{
+			Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+				if left > 0 {
+					left--
+					return apierrors.NewConflict(corev1.Resource("secrets"), obj.GetName(), errors.New("another replica wrote it"))
+				}
+				return c.Create(ctx, obj, opts...)
+			},
+		})
+		err := f.r.Ensure(context.Background())
+		if tc.wantErr {
+			if err == nil || !strings.Contains(err.Error(), "kept conflicting with another writer") {
+				t.Errorf("%d conflicts: Ensure = %v, want it to give up", tc.conflicts, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%d conflicts: Ensure = %v, want the fifth attempt to succeed", tc.conflicts, err)
+		}
+	}
+}
+
+// A certificate with exactly a third of its life left is renewed; one with
+// a moment more is not.
+func TestEnsureRenewsAtAThirdOfLifeLeft(t *testing.T) {
+	for _, tc := range []struct {
+		beyond  time.Duration // before the one-third mark
+		renewed bool
+	}{{0, true}, {time.Second, false}} {
+		f := newFixture(t, webhookConfigs()...)
+		ctx := context.Background()
+		if err := f.r.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		before := f.bundle(t).ServerCert
+		life := before.NotAfter.Sub(before.NotBefore)
+		f.now = before.NotAfter.Add(-life/3 - tc.beyond)
+		if err := f.r.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		renewed := f.bundle(t).ServerCert.SerialNumber.Cmp(before.SerialNumber) != 0
+		if renewed != tc.renewed {
+			t.Errorf("%v before a third of the life left: renewed = %v, want %v", tc.beyond, renewed, tc.renewed)
+		}
+	}
+}
+
+// An existing Secret's type is kept (the API server refuses to change it);
+// one without a type becomes kubernetes.io/tls.
+func TestEnsureKeepsTheSecretType(t *testing.T) {
+	for _, typ := range []corev1.SecretType{"", corev1.SecretTypeOpaque} {
+		broken := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secretKey.Namespace, Name: secretKey.Name},
+			Type: typ, Data: map[string][]byte{KeyCA: []byte("not pem")}}
+		f := newFixture(t, broken)
+		if err := f.r.Ensure(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		want := typ
+		if want == "" {
+			want = corev1.SecretTypeTLS
+		}
+		if got := f.secret(t).Type; got != want {
+			t.Errorf("Secret of type %q: type after Ensure %q, want %q", typ, got, want)
+		}
+	}
+}
+
+// Start with no CheckInterval uses the default; a failed check is logged
+// with its error, a passed one is not logged as failed.
+func TestStartDefaultIntervalAndFailedChecks(t *testing.T) {
+	f := newFixture(t, webhookConfigs()...)
+	runRotator(t, f.r)() // CheckInterval 0: the default, no tick in this test
+
+	for _, failing := range []bool{true, false} {
+		f := newFixture(t, webhookConfigs()...)
+		f.r.CheckInterval = time.Millisecond
+		lines := make(chan string, 1000)
+		f.r.Log = funcr.New(func(_, args string) {
+			select {
+			case lines <- args:
+			default:
+			}
+		}, funcr.Options{})
+		checks := make(chan struct{}, 1000) // one per check: its Get of the Secret
+		f.r.Reader = interceptor.NewClient(f.c.(client.WithWatch), interceptor.Funcs{
+			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				if key == secretKey {
+					select {
+					case checks <- struct{}{}:
+					default:
+					}
+				}
+				return c.Get(ctx, key, obj, opts...)
+			},
+		})
+		if failing {
+			f.r.Client = interceptor.NewClient(f.c.(client.WithWatch), interceptor.Funcs{
+				Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+					return errors.New("apiserver down")
+				},
+			})
+		}
+		stop := runRotator(t, f.r)
+		// A check's outcome is logged before the next check starts: after
+		// the third Get, two checks are complete.
+		for range 3 {
+			select {
+			case <-checks:
+			case <-time.After(30 * time.Second):
+				t.Fatal("Start ran no checks")
+			}
+		}
+		stop()
+		close(lines)
+		var failed []string
+		for l := range lines {
+			if strings.Contains(l, "webhook certificate check failed") {
+				failed = append(failed, l)
+			}
+		}
+		switch {
+		case failing && (len(failed) < 2 || !strings.Contains(failed[0], "apiserver down")):
+			t.Errorf("failing checks logged %q, want each failure with its error", failed)
+		case !failing && len(failed) > 0:
+			t.Errorf("passing checks logged as failed: %q", failed)
+		}
 	}
 }
