@@ -173,6 +173,7 @@ func TestConditions(t *testing.T) {
 		source     v1alpha1.LimitsSource
 		sq         string
 		groups     int
+		units      int64 // status.jettyUnitsPerPod, checked when set
 	}{
 		{
 			name: "device depth clamps", nodes: []*nodefacts.Facts{hw(64, 4096, 8192)},
@@ -191,6 +192,13 @@ func TestConditions(t *testing.T) {
 			name: "no node facts", nodes: nil,
 			clamped: metav1.ConditionFalse, degraded: metav1.ConditionTrue, reason: v1alpha1.ReasonNoNodeFacts,
 			reasonMsg: "software provider's limits", source: v1alpha1.LimitsSoftware, sq: "35", groups: 0,
+		},
+		{
+			// Before any node publishes facts: the plugin's unit, not one
+			// jetty per unit (8 jetties are 1 unit of 16, not 8 units).
+			name: "no node facts yet: the plugin's jetties per unit", nodes: nil,
+			clamped: metav1.ConditionFalse, degraded: metav1.ConditionTrue, reason: v1alpha1.ReasonNoNodeFacts,
+			reasonMsg: "no node facts yet", source: v1alpha1.LimitsSoftware, sq: "35", groups: 0, units: 1,
 		},
 		{
 			name: "hardware warning", nodes: []*nodefacts.Facts{hw(4096, 4096, 8192)},
@@ -228,6 +236,9 @@ func TestConditions(t *testing.T) {
 			}
 			if len(got.Status.NodeGroups) != c.groups {
 				t.Errorf("nodeGroups %+v, want %d groups", got.Status.NodeGroups, c.groups)
+			}
+			if c.units != 0 && got.Status.JettyUnitsPerPod != c.units {
+				t.Errorf("jettyUnitsPerPod %d, want %d", got.Status.JettyUnitsPerPod, c.units)
 			}
 		})
 	}

@@ -190,7 +190,7 @@ func (w *Watcher) logWaiting(snap inventory.Snapshot) {
 	w.missing, w.empty = missing, empty
 	switch {
 	case empty:
-		w.log.Info("no URMA device to advertise yet; registered with none and watching for devices", "waitingFor", snap.Missing)
+		w.log.Info("no URMA device to advertise yet; advertising none and watching for devices", "waitingFor", snap.Missing)
 	case missing != "":
 		w.log.Info("discovery is waiting for", "waitingFor", snap.Missing)
 	}
