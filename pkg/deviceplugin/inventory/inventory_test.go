@@ -165,6 +165,19 @@ func TestBuildKeepsIDsThroughAFlappingMalformedFile(t *testing.T) {
 	}
 }
 
+func TestBuildTakesACleanlyReadBudgetChange(t *testing.T) {
+	b := NewBuilder(cfg(2))
+	now := time.Now()
+	b.Build(Scan{Devices: []sysfs.Device{dev("udma0", 0)}}, now)
+	smaller := dev("udma0", 0)
+	smaller.Caps.MaxJetty = 512
+	snap, _, _ := b.Build(Scan{Devices: []sysfs.Device{smaller}}, now.Add(time.Second))
+	want := budget.Default().For(512, urma.Range{Min: 0, Max: 15})
+	if d, _ := snap.Lookup("udma0"); d == nil || d.Budget != want || d.Info.Caps.MaxJetty != 512 {
+		t.Fatalf("udma0 after max_jetty was read as 512: %+v, want budget %+v: only malformed reads keep the old one", d, want)
+	}
+}
+
 func TestBuildNewMalformedDeviceAdvertisesNothing(t *testing.T) {
 	b := NewBuilder(cfg(2))
 	snap, _, _ := b.Build(Scan{Devices: []sysfs.Device{malformed(dev("udma0", 0))}}, time.Now())
