@@ -106,27 +106,6 @@ func TestBadFlagValues(t *testing.T) {
 	}
 }
 
-func TestCDIRetryMustBePositive(t *testing.T) {
-	for _, retry := range []time.Duration{0, -time.Second} {
-		cfg, err := parse(t, "--cdi")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.CDIRetry = retry
-		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "CDI retry interval") {
-			t.Errorf("CDIRetry %s: Validate = %v, want it refused", retry, err)
-		}
-	}
-	cfg, err := parse(t, "--cdi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.CDIRetry = time.Nanosecond
-	if err := cfg.Validate(); err != nil {
-		t.Errorf("CDIRetry 1ns: %v", err)
-	}
-}
-
 func TestCDIStrategyNeedsCDIMode(t *testing.T) {
 	cfg, err := parse(t, "--cdi-strategy=cdi-annotations")
 	if err != nil {
