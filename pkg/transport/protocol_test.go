@@ -426,4 +426,54 @@ func TestCreditToAClosedPeer(t *testing.T) {
 	if n, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("read after the peer's EOF: %d, %v; want io.EOF", n, err)
 	}
+	// The clean end cancelled the escalation: the send failure can no
+	// longer turn it into a failure after sendFailGrace.
+	uc.mu.Lock()
+	escalating := uc.escalate != nil
+	uc.mu.Unlock()
+	if escalating {
+		t.Error("the send-failure timer still runs after the peer's clean end")
+	}
+}
+
+// TestCreditsUpToTheWindow: a peer may return a whole window's credits in
+// one message once every send of the window is out; that is no protocol
+// error, and writing goes on.
+func TestCreditsUpToTheWindow(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	scfg := cfgWith(pa, smallFlags())
+	scfg.NoToken = true
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	r := newRawPeer(t, pb, ln.Addr().String())
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	uc := c.(*urmaConn)
+	window := uc.Debug().WindowCapacity // min(16, the raw peer's 16) - 3
+	for i := 0; i < window; i++ {
+		if _, err := c.Write([]byte("m")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the window to be spent", 5*time.Second, func() bool { return uc.Debug().RemoteRQWindow == 0 })
+	if st := r.send(0, uint64(window)); st != urma.StatusSuccess {
+		t.Fatalf("credit send: %s", st)
+	}
+	waitFor(t, "the credits to arrive", 5*time.Second, func() bool {
+		d := uc.Debug()
+		return d.RemoteRQWindow == window || d.State != "ESTABLISHED"
+	})
+	if d := uc.Debug(); d.State != "ESTABLISHED" {
+		t.Fatalf("state %s after a whole window of credits, want ESTABLISHED", d.State)
+	}
+	if _, err := c.Write([]byte("more")); err != nil {
+		t.Fatalf("write after the credits came back: %v", err)
+	}
 }
