@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
@@ -72,6 +73,11 @@ func TestBuild(t *testing.T) {
 	}
 	if spec.Kind != DefaultKind || spec.Version == "" {
 		t.Errorf("kind %q version %q", spec.Kind, spec.Version)
+	}
+	// The spec declares the lowest CDI version that can express it, not the
+	// library's newest, so runtimes with an older CDI parser accept it.
+	if least, err := specs.MinimumRequiredVersion(spec); err != nil || spec.Version != least {
+		t.Errorf("spec version %q, want the minimum required %q (%v)", spec.Version, least, err)
 	}
 	if w.Name("udma0") != "urma.openeuler.org/jetty=udma0" {
 		t.Errorf("Name = %q", w.Name("udma0"))

@@ -157,6 +157,19 @@ func TestReportUnhealthyUnselectedAndSoft(t *testing.T) {
 	}
 }
 
+func TestReportSoftDevicesWithoutHardware(t *testing.T) {
+	// More software devices than discovered ones: a node without UB hardware.
+	cfg := inventory.Config{Budget: budget.Default(), SoftDevices: 3, SoftJetties: 64}
+	out := Report(nil, cfg)
+	var names []string
+	for _, d := range out {
+		names = append(names, d.Name)
+	}
+	if !slices.Equal(names, []string{"soft0", "soft1", "soft2"}) {
+		t.Fatalf("report %v, want soft0 soft1 soft2", names)
+	}
+}
+
 func TestWriteEmptyIsArray(t *testing.T) {
 	var buf bytes.Buffer
 	if err := Write(&buf, nil); err != nil {

@@ -72,6 +72,7 @@ func TestCounters(t *testing.T) {
 	m.ObserveScan(map[string]int{"udma0": 2}, nil)
 	m.ObserveScan(nil, errors.New("boom"))
 	m.ObserveNodeUpdate(nil)
+	m.ObserveNodeUpdate(nil)
 	m.ObserveNodeUpdate(errors.New("forbidden"))
 	checks := []struct {
 		name      string
@@ -86,7 +87,7 @@ func TestCounters(t *testing.T) {
 		{"scans", testutil.ToFloat64(m.scans), 2},
 		{"discovery errors", testutil.ToFloat64(m.discoveryErrors), 1},
 		{"problems kept after failed scan", testutil.ToFloat64(m.problems.WithLabelValues("udma0")), 2},
-		{"node ok", testutil.ToFloat64(m.nodeUpdates.WithLabelValues("ok")), 1},
+		{"node ok", testutil.ToFloat64(m.nodeUpdates.WithLabelValues("ok")), 2},
 		{"node error", testutil.ToFloat64(m.nodeUpdates.WithLabelValues("error")), 1},
 	}
 	for _, c := range checks {

@@ -114,6 +114,7 @@ func TestParseTransport(t *testing.T) {
 		{"UB", urma.TransportUB, false},
 		{"hns_ub", urma.TransportHNSUB, false},
 		{" ip ", urma.TransportIP, false},
+		{"0", urma.TransportType(0), false},
 		{"1", urma.TransportIB, false},
 		{"7", urma.TransportType(7), false},
 		{"roce", 0, true},

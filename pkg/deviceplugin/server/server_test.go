@@ -137,6 +137,9 @@ func TestUnits(t *testing.T) {
 	if d := byID["udma1-3"]; d.Health != pluginapi.Healthy || d.Topology == nil || d.Topology.Nodes[0].ID != 1 {
 		t.Errorf("udma1-3 = %v", d)
 	}
+	if d := byID["udma0-0"]; d.Topology == nil || d.Topology.Nodes[0].ID != 0 {
+		t.Errorf("udma0-0 = %v (NUMA node 0 is a node like any other)", d)
+	}
 	if d := byID["udma2-0"]; d.Health != pluginapi.Unhealthy || d.Topology != nil {
 		t.Errorf("udma2-0 = %v (unknown NUMA must have no topology)", d)
 	}
@@ -318,13 +321,15 @@ func TestAllocateRefusals(t *testing.T) {
 		name string
 		ids  []string
 		want []string
+		// notWant: a refusal names only what is wrong.
+		notWant []string
 	}{
-		{"unknown device", []string{"udma0-0", "udma9-0"}, []string{"unknown unit IDs udma9-0"}},
-		{"index beyond budget", []string{"udma0-4"}, []string{"unknown unit IDs udma0-4"}},
-		{"malformed", []string{"garbage"}, []string{"unknown unit IDs garbage"}},
-		{"unhealthy", []string{"udma2-1"}, []string{"unhealthy unit IDs udma2-1", "udma2: no usable port"}},
-		{"both named", []string{"udma2-0", "nope-1", "udma0-0"}, []string{"unknown unit IDs nope-1", "unhealthy unit IDs udma2-0"}},
-		{"empty", nil, []string{"no unit IDs"}},
+		{"unknown device", []string{"udma0-0", "udma9-0"}, []string{"unknown unit IDs udma9-0"}, []string{"unhealthy"}},
+		{"index beyond budget", []string{"udma0-4"}, []string{"unknown unit IDs udma0-4"}, []string{"unhealthy"}},
+		{"malformed", []string{"garbage"}, []string{"unknown unit IDs garbage"}, []string{"unhealthy"}},
+		{"unhealthy", []string{"udma2-1"}, []string{"unhealthy unit IDs udma2-1", "udma2: no usable port"}, []string{"unknown"}},
+		{"both named", []string{"udma2-0", "nope-1", "udma0-0"}, []string{"unknown unit IDs nope-1", "unhealthy unit IDs udma2-0"}, nil},
+		{"empty", nil, []string{"no unit IDs"}, []string{"unknown", "unhealthy"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -338,6 +343,11 @@ func TestAllocateRefusals(t *testing.T) {
 			for _, w := range tt.want {
 				if !strings.Contains(status.Convert(err).Message(), w) {
 					t.Errorf("error %q does not contain %q", status.Convert(err).Message(), w)
+				}
+			}
+			for _, w := range tt.notWant {
+				if strings.Contains(status.Convert(err).Message(), w) {
+					t.Errorf("error %q mentions %q", status.Convert(err).Message(), w)
 				}
 			}
 		})
@@ -363,7 +373,8 @@ func TestGetPreferredAllocation(t *testing.T) {
 }
 
 func TestListAndWatch(t *testing.T) {
-	f := newFixture(t, Config{Resync: time.Hour})
+	// No Resync: New must default it, a zero ticker period would panic.
+	f := newFixture(t, Config{})
 	stream, err := f.client.ListAndWatch(ctx(t), &pluginapi.Empty{})
 	if err != nil {
 		t.Fatal(err)
