@@ -130,6 +130,7 @@ type Publisher struct {
 	metrics *metrics.Metrics
 
 	afterApply func(nodefacts.Facts, error) // test hook
+	retryIn    func(time.Duration)           // test hook: a retry was scheduled after this delay
 	looked     func(generation uint64)      // test hook: a snapshot was considered
 }
 
@@ -192,6 +193,9 @@ func (p *Publisher) Run(ctx context.Context, inv *inventory.Inventory) error {
 				if err != nil {
 					p.log.Error(err, "node facts not published; retrying", "in", backoff)
 					retry.Reset(backoff)
+					if p.retryIn != nil {
+						p.retryIn(backoff)
+					}
 					backoff = min(backoff*2, p.cfg.RetryMax)
 				} else {
 					applied, backoff = &f, p.cfg.RetryInitial

@@ -279,7 +279,7 @@ func TestRunWaitsForFirstScanAndSkipsRepeats(t *testing.T) {
 func TestRunRetriesFailures(t *testing.T) {
 	c := fake.NewClientset(newNode())
 	var mu sync.Mutex
-	failures := 3
+	failures := 4
 	c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -291,8 +291,12 @@ func TestRunRetriesFailures(t *testing.T) {
 	})
 	inv := inventory.New(16)
 	inv.Publish(*twoDevices())
-	r := startRun(t, New(Config{NodeName: "node-a", RetryInitial: time.Millisecond, RetryMax: 4 * time.Millisecond}, c, testr.New(t), nil), inv)
-	for i := range 3 {
+	p := New(Config{NodeName: "node-a", RetryInitial: time.Millisecond, RetryMax: 4 * time.Millisecond}, c, testr.New(t), nil)
+	delays := make(chan time.Duration, 8)
+	p.retryIn = func(d time.Duration) { delays <- d }
+	r := startRun(t, p, inv)
+	// The delay doubles from RetryInitial up to RetryMax.
+	for i, want := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, 4 * time.Millisecond} {
 		select {
 		case err := <-r.errs:
 			if !strings.Contains(err.Error(), "apiserver unavailable") {
@@ -300,6 +304,9 @@ func TestRunRetriesFailures(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("no retry %d", i)
+		}
+		if got := <-delays; got != want {
+			t.Errorf("retry %d after %v, want %v", i, got, want)
 		}
 	}
 	select {
@@ -309,6 +316,45 @@ func TestRunRetriesFailures(t *testing.T) {
 	}
 	if getNode(t, c).Labels[nodefacts.LabelPresent] != "true" {
 		t.Fatal("node not labeled")
+	}
+}
+
+func TestNewDefaultsTheBackoff(t *testing.T) {
+	ms := time.Millisecond
+	tests := []struct {
+		name              string
+		initial, max      time.Duration
+		wantInit, wantMax time.Duration
+	}{
+		{"unset", 0, 0, DefaultRetryInitial, DefaultRetryMax},
+		{"negative initial", -ms, 0, DefaultRetryInitial, DefaultRetryMax},
+		{"both set", 5 * ms, 10 * ms, 5 * ms, 10 * ms},
+		{"max equal to initial", 5 * ms, 5 * ms, 5 * ms, 5 * ms},
+		{"max below initial", 5 * ms, 2 * ms, 5 * ms, DefaultRetryMax},
+		{"initial above the default max", 2 * DefaultRetryMax, 0, 2 * DefaultRetryMax, 2 * DefaultRetryMax},
+	}
+	for _, tt := range tests {
+		p := New(Config{RetryInitial: tt.initial, RetryMax: tt.max}, nil, testr.New(t), nil)
+		if p.cfg.RetryInitial != tt.wantInit || p.cfg.RetryMax != tt.wantMax {
+			t.Errorf("%s: backoff %v..%v, want %v..%v", tt.name, p.cfg.RetryInitial, p.cfg.RetryMax, tt.wantInit, tt.wantMax)
+		}
+	}
+}
+
+func TestFeatureFileWriteFailureIsReported(t *testing.T) {
+	dir := t.TempDir()
+	// A directory where the feature file goes: the final rename fails.
+	if err := os.MkdirAll(filepath.Join(dir, FeatureFileName, "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := New(Config{FeaturesDir: dir}, nil, testr.New(t), nil)
+	err := p.Apply(context.Background(), nodefacts.Facts{DeviceCount: 1, JettiesPerUnit: 16})
+	if err == nil || !strings.Contains(err.Error(), "NFD feature file") {
+		t.Fatalf("Apply = %v, want the feature file's write error", err)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, ".urma-*"))
+	if len(left) != 0 {
+		t.Errorf("temporary files left behind: %v", left)
 	}
 }
 

@@ -138,3 +138,51 @@ func TestPickIsDeterministic(t *testing.T) {
 		t.Fatalf("got %d units, want 10", len(first))
 	}
 }
+
+// TestPickAmongSeveralCandidates covers the choices between devices that can
+// each hold the request: must-include devices by how many units they hold,
+// the must-include units' NUMA node when they agree, and names on a tie.
+func TestPickAmongSeveralCandidates(t *testing.T) {
+	devs := map[string]Device{
+		"a0": {NUMANode: 0, Healthy: true},
+		"a1": {NUMANode: 0, Healthy: true},
+		"b0": {NUMANode: 1, Healthy: true},
+		"b1": {NUMANode: 1, Healthy: true},
+		"c0": {NUMANode: 0, Healthy: true},
+	}
+	tests := []struct {
+		name string
+		req  Request
+		want []string
+	}{
+		{
+			// b1 sorts first by name and could hold the rest too.
+			"the must-include device holding most units wins, exactly full",
+			Request{Available: concat(rangeIDs("b1", 1, 6), rangeIDs("c0", 2, 4)), MustInclude: concat(ids("b1", 0), ids("c0", 0, 1)), Size: 5},
+			concat(ids("b1", 0), ids("c0", 0, 1), ids("c0", 2, 3)),
+		},
+		{
+			// Neither must-include device has room; b0 would be the best fit.
+			"must-include devices agreeing on a NUMA node pick a device there",
+			Request{Available: concat(rangeIDs("b0", 0, 2), rangeIDs("c0", 0, 3)), MustInclude: concat(ids("a0", 0), ids("a1", 0)), Size: 4},
+			concat(ids("a0", 0), ids("a1", 0), ids("c0", 0, 1)),
+		},
+		{
+			"must-include devices on different NUMA nodes: best fit",
+			Request{Available: concat(rangeIDs("b1", 0, 2), rangeIDs("c0", 0, 3)), MustInclude: concat(ids("a0", 0), ids("b0", 0)), Size: 4},
+			concat(ids("a0", 0), ids("b0", 0), ids("b1", 0, 1)),
+		},
+		{
+			"equally good devices: the first by name",
+			Request{Available: concat(rangeIDs("b1", 0, 2), rangeIDs("b0", 0, 2)), Size: 2},
+			ids("b0", 0, 1),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Pick(tt.req, devs); !slices.Equal(got, tt.want) {
+				t.Errorf("Pick = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
