@@ -3,6 +3,10 @@
 #  - pkg/transport's tests again, with the liburma provider over the fake
 #    liburma (pkg/urma/liburma/testdata/fakeurma), so the transport is proved
 #    against liburma's ABI through cgo;
+#  - pkg/urma/liburma (the conformance suite among its tests) once more with
+#    GOEXPERIMENT=cgocheck2: every store the cgo calls make is checked for Go
+#    pointers left in C memory, which the default check (GODEBUG=cgocheck=1,
+#    arguments only) cannot see;
 #  - pkg/urma/liburma built without cgo: the stub must say ErrNoSupport.
 # (pkg/urma/liburma's own tests, the conformance suite among them, build the
 # fake themselves and ran in the main round.)
@@ -16,5 +20,9 @@ trap 'rm -rf "$tmp"' EXIT
 echo "==> pkg/transport over the liburma provider (fake liburma)"
 # shellcheck disable=SC2086 # GOTEST_FLAGS is a list of flags
 URMA_TEST_PROVIDER=liburma URMA_LIBRARY="$tmp/libfakeurma.so" "$GO" test $GOTEST_FLAGS ./pkg/transport/
+echo "==> pkg/urma/liburma with GOEXPERIMENT=cgocheck2"
+# Not with -race: the experiment rebuilds the standard library, and one
+# more variant of it in the build cache is enough.
+GOEXPERIMENT=cgocheck2 "$GO" test -count=1 ./pkg/urma/liburma/
 echo "==> pkg/urma/liburma without cgo"
 CGO_ENABLED=0 "$GO" test -count=1 ./pkg/urma/liburma/

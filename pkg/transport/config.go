@@ -122,6 +122,7 @@ type settings struct {
 	flags            flags.Flags
 	provider         urma.Provider
 	providerName     string // urma_provider: auto, liburma or soft
+	providerSource   string // where providerName came from, for the log
 	library          string // the liburma shared object
 	fabric           fabricSettings
 	openLiburma      openLiburmaFunc
@@ -247,6 +248,7 @@ func (c Config) resolve() (settings, error) {
 	if s.providerName, err = parseProviderName(name, source); err != nil {
 		return settings{}, err
 	}
+	s.providerSource = source
 	s.library = liburma.DefaultLibrary
 	if v, ok := env(EnvLibrary); ok && strings.TrimSpace(v) != "" {
 		s.library = strings.TrimSpace(v)

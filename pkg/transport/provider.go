@@ -83,7 +83,7 @@ func (e *engine) openProvider(local netip.Addr) *fallback {
 		why = "urma_provider=soft"
 	}
 	e.ownsProv = true
-	e.log.Info("URMA provider chosen", "provider", e.prov.Name(), "choice", e.s.providerName, "why", why)
+	e.log.Info("URMA provider chosen", "provider", e.prov.Name(), "choice", e.s.providerName, "from", e.s.providerSource, "why", why)
 	return nil
 }
 

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -64,23 +65,26 @@ func (l *logLines) find(sub string) string {
 }
 
 // TestProviderChoice: urma_provider picks liburma or soft, auto probes
-// liburma for a usable UB device, and the log says which and why.
+// liburma for a usable UB device, Config.ProviderName beats URMA_PROVIDER
+// beats --urma_provider, and the log says which, from where and why.
 func TestProviderChoice(t *testing.T) {
 	ub := []urma.Port{{Index: 1, State: urma.PortActive}}
 	tests := []struct {
 		name      string
 		choice    string            // Config.ProviderName
 		env       map[string]string // the environment
+		flag      string            // --urma_provider; "" keeps the default
 		lib       *soft.DeviceSpec  // liburma's device; nil: the library does not load
 		wantLib   bool              // liburma carries the connections
 		wantFB    Reason            // the engine is unusable for this reason
 		wantWhy   string            // in the "URMA provider chosen" line
+		wantFrom  string            // where the choice came from, in that line
 		wantProbe bool              // liburma was loaded (and closed unless chosen)
 	}{
 		{name: "auto with a UB device", choice: ProviderAuto, lib: &soft.DeviceSpec{Name: "udma0", Ports: ub},
 			wantLib: true, wantProbe: true, wantWhy: "lists UB device udma0 with an active port"},
 		{name: "auto by default", lib: &soft.DeviceSpec{Name: "udma0", Ports: ub},
-			wantLib: true, wantProbe: true, wantWhy: "auto: liburma"},
+			wantLib: true, wantProbe: true, wantWhy: "auto: liburma", wantFrom: "--urma_provider"},
 		{name: "auto without the library", choice: ProviderAuto,
 			wantWhy: "auto: liburma is not usable, so the software provider: dlopen liburma.so.0: no such file"},
 		{name: "auto with only an IP device", choice: ProviderAuto, lib: &soft.DeviceSpec{Name: "udma0", TransportType: urma.TransportIP, Ports: ub},
@@ -93,7 +97,12 @@ func TestProviderChoice(t *testing.T) {
 			wantLib: true, wantProbe: true, wantWhy: "urma_provider=liburma"},
 		{name: "liburma asked for but missing", choice: ProviderLiburma, wantFB: ReasonProviderUnavailable},
 		{name: "soft asked for", choice: ProviderSoft, lib: &soft.DeviceSpec{Name: "udma0", Ports: ub}, wantWhy: "urma_provider=soft"},
-		{name: "soft from the environment", env: map[string]string{EnvProvider: "soft"}, lib: &soft.DeviceSpec{Name: "udma0", Ports: ub}, wantWhy: "urma_provider=soft"},
+		{name: "soft from the environment", env: map[string]string{EnvProvider: "soft"}, lib: &soft.DeviceSpec{Name: "udma0", Ports: ub}, wantWhy: "urma_provider=soft", wantFrom: EnvProvider},
+		{name: "soft from the flag", flag: ProviderSoft, lib: &soft.DeviceSpec{Name: "udma0", Ports: ub}, wantWhy: "urma_provider=soft", wantFrom: "--urma_provider"},
+		{name: "the environment over the flag", flag: ProviderSoft, env: map[string]string{EnvProvider: "liburma"}, lib: &soft.DeviceSpec{Name: "udma0", Ports: ub},
+			wantLib: true, wantProbe: true, wantWhy: "urma_provider=liburma", wantFrom: EnvProvider},
+		{name: "Config over the environment", choice: ProviderSoft, env: map[string]string{EnvProvider: "liburma"}, lib: &soft.DeviceSpec{Name: "udma0", Ports: ub},
+			wantWhy: "urma_provider=soft", wantFrom: "Config.ProviderName"},
 		{name: "library from the environment", env: map[string]string{EnvLibrary: "/opt/umdk/liburma.so.0"}, lib: &soft.DeviceSpec{Name: "udma0", Ports: ub},
 			wantLib: true, wantProbe: true, wantWhy: "auto: liburma (/opt/umdk/liburma.so.0)"},
 	}
@@ -115,6 +124,9 @@ func TestProviderChoice(t *testing.T) {
 			}
 			var logs logLines
 			f := smallFlags()
+			if tc.flag != "" {
+				f.Provider = tc.flag
+			}
 			cfg := Config{ProviderName: tc.choice, Flags: &f, LookupEnv: envOf(tc.env), Logger: logs.logger(), openLiburma: open}
 			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
 			if err != nil {
@@ -135,6 +147,11 @@ func TestProviderChoice(t *testing.T) {
 			if tc.wantWhy != "" {
 				if line := logs.find("URMA provider chosen"); !strings.Contains(line, tc.wantWhy) {
 					t.Errorf("log line %q does not say %q", line, tc.wantWhy)
+				}
+			}
+			if tc.wantFrom != "" {
+				if line, want := logs.find("URMA provider chosen"), fmt.Sprintf("%q=%q", "from", tc.wantFrom); !strings.Contains(line, want) {
+					t.Errorf("log line %q does not say %s", line, want)
 				}
 			}
 			if (loads > 0) != tc.wantProbe && tc.lib != nil {
