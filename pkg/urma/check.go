@@ -74,3 +74,35 @@ func checkMode(op string, m TransportMode, caps DeviceCaps, rule string) error {
 	}
 	return nil
 }
+
+// The checks every provider makes before posting a work request: the
+// hardware would reject it, or (SGEs past the queue's limit) read past
+// the request it was given.
+
+// CheckPost validates a send work request for a jetty that takes at most
+// maxSGE SGEs; the error says op (post_jetty_send_wr).
+func (wr *SendWR) CheckPost(maxSGE uint32) error {
+	const op = "post_jetty_send_wr"
+	switch {
+	case wr == nil:
+		return Errorf(op, CodeInval, "work request is nil")
+	case wr.Opcode != OpSend && wr.Opcode != OpSendWithImm:
+		return Errorf(op, CodeInval, "opcode %#x is not SEND or SEND_WITH_IMM", uint8(wr.Opcode))
+	case uint32(len(wr.SGEs)) > maxSGE:
+		return Errorf(op, CodeInval, "%d SGEs, the jetty takes at most %d", len(wr.SGEs), maxSGE)
+	}
+	return nil
+}
+
+// CheckPost validates a receive work request for a JFR that takes at most
+// maxSGE SGEs.
+func (wr *RecvWR) CheckPost(maxSGE uint32) error {
+	const op = "post_jfr_wr"
+	switch {
+	case wr == nil:
+		return Errorf(op, CodeInval, "work request is nil")
+	case uint32(len(wr.SGEs)) > maxSGE:
+		return Errorf(op, CodeInval, "%d SGEs, the JFR takes at most %d", len(wr.SGEs), maxSGE)
+	}
+	return nil
+}

@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// Every limit of a queue configuration is refused past its edge, with an
-// error that names it, and accepted at the edge.
+// Every limit of a queue configuration or a work request is refused past
+// its edge, with an error that names it, and accepted at the edge.
 func TestConfigChecks(t *testing.T) {
 	caps := DeviceCaps{
 		MaxJFCDepth: 64, MaxJFRDepth: 32, MaxJFSDepth: 16, MaxJFRSge: 4, MaxJFSSge: 2, MaxJFSInlineSize: 8,
@@ -50,6 +50,14 @@ func TestConfigChecks(t *testing.T) {
 		{"jetty RNR retry", jetty(func(c *JettyConfig) { c.RNRRetry = 8 }), "RNR retry 8 outside 0..7"},
 		{"jetty error timeout", jetty(func(c *JettyConfig) { c.ErrTimeout = 32 }), "error timeout 32 outside 0..31"},
 		{"jetty priority", jetty(func(c *JettyConfig) { c.Priority = 16 }), "priority 16 outside 0..15"},
+		{"send at its limits", (&SendWR{Opcode: OpSendWithImm, SGEs: make([]SGE, 2)}).CheckPost(2), ""},
+		{"send without SGEs", (&SendWR{Opcode: OpSend}).CheckPost(2), ""},
+		{"send nil", (*SendWR)(nil).CheckPost(2), "work request is nil"},
+		{"send opcode", (&SendWR{Opcode: OpSendWithImm + 1}).CheckPost(2), "opcode 0x42 is not SEND or SEND_WITH_IMM"},
+		{"send SGEs", (&SendWR{Opcode: OpSend, SGEs: make([]SGE, 3)}).CheckPost(2), "3 SGEs, the jetty takes at most 2"},
+		{"receive at its limits", (&RecvWR{SGEs: make([]SGE, 4)}).CheckPost(4), ""},
+		{"receive nil", (*RecvWR)(nil).CheckPost(4), "work request is nil"},
+		{"receive SGEs", (&RecvWR{SGEs: make([]SGE, 5)}).CheckPost(4), "5 SGEs, the JFR takes at most 4"},
 	}
 	for _, tc := range tests {
 		switch {

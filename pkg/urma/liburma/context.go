@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"context"
+	"sync"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/internal/lifecycle"
@@ -95,6 +96,36 @@ func (c *devContext) ImportSegment(id urma.SegmentID, token urma.Token) (urma.Re
 // cannot be interrupted once in liburma, so ctx is checked before it.
 func (c *devContext) ImportJetty(ctx context.Context, id urma.JettyID, mode urma.TransportMode, token urma.Token) (urma.RemoteJetty, error) {
 	return importJetty(ctx, c, id, mode, token)
+}
+
+// closeOnce marks an object closed under its lock, and says whether this
+// call did: only that caller destroys it.
+func closeOnce(mu *sync.Mutex, closed *bool) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	if *closed {
+		return false
+	}
+	*closed = true
+	return true
+}
+
+// released forgets a child whose liburma object the destroy call that
+// returned st has deleted, and reports that call's failure.
+func (c *devContext) released(ch lifecycle.Child, st C.int, op, format string, args ...any) error {
+	c.release(ch)
+	if st != 0 {
+		return statusErr(op, st, format, args...)
+	}
+	return nil
+}
+
+// cEID is an EID as liburma's urma_eid_t raw bytes.
+func cEID(e urma.EID) (out [16]C.uint8_t) {
+	for i := range e {
+		out[i] = C.uint8_t(e[i])
+	}
+	return out
 }
 
 // errClosed builds the error every verb returns on a destroyed object.

@@ -81,11 +81,8 @@ func (r *jfr) ID() urma.JettyID { return r.id }
 // to the device.
 func (r *jfr) PostRecv(wr *urma.RecvWR) error {
 	const op = "post_jfr_wr"
-	if wr == nil {
-		return urma.Errorf(op, urma.CodeInval, "work request is nil")
-	}
-	if uint32(len(wr.SGEs)) > r.maxSGE {
-		return urma.Errorf(op, urma.CodeInval, "%d SGEs, the JFR takes at most %d", len(wr.SGEs), r.maxSGE)
+	if err := wr.CheckPost(r.maxSGE); err != nil {
+		return err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -126,20 +123,12 @@ func (r *jfr) Close() error {
 func (r *jfr) ForceClose() { _ = r.destroy() }
 
 func (r *jfr) destroy() error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	if !closeOnce(&r.mu, &r.closed) {
 		return nil
 	}
-	r.closed = true
-	r.mu.Unlock()
 	st := C.shim_delete_jfr(r.ctx.lib.c, r.c)
 	r.jfc.detach()
-	r.ctx.release(r)
-	if st != 0 {
-		return statusErr("delete_jfr", st, "delete JFR %d", r.id.ID)
-	}
-	return nil
+	return r.ctx.released(r, st, "delete_jfr", "delete JFR %d", r.id.ID)
 }
 
 func (r *jfr) attach() error {
@@ -241,14 +230,8 @@ func (j *jetty) State() urma.JettyState { return urma.JettyState(j.state.Load())
 // of its first send and ignores wr.Target after.
 func (j *jetty) PostSend(wr *urma.SendWR) error {
 	const op = "post_jetty_send_wr"
-	if wr == nil {
-		return urma.Errorf(op, urma.CodeInval, "work request is nil")
-	}
-	if wr.Opcode != urma.OpSend && wr.Opcode != urma.OpSendWithImm {
-		return urma.Errorf(op, urma.CodeInval, "opcode %#x is not SEND or SEND_WITH_IMM", uint8(wr.Opcode))
-	}
-	if uint32(len(wr.SGEs)) > j.maxSGE {
-		return urma.Errorf(op, urma.CodeInval, "%d SGEs, the jetty takes at most %d", len(wr.SGEs), j.maxSGE)
+	if err := wr.CheckPost(j.maxSGE); err != nil {
+		return err
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -415,11 +398,7 @@ func importJetty(ctx context.Context, c *devContext, id urma.JettyID, mode urma.
 			return nil, urma.Errorf(op, urma.CodeTimeout, "import jetty %s/%d: %v", id.EID, id.ID, err)
 		}
 	}
-	var cid C.shim_id
-	for i := range id.EID {
-		cid.eid[i] = C.uint8_t(id.EID[i])
-	}
-	cid.uasid, cid.id = C.uint32_t(id.UASID), C.uint32_t(id.ID)
+	cid := C.shim_id{eid: cEID(id.EID), uasid: C.uint32_t(id.UASID), id: C.uint32_t(id.ID)}
 	var cerr C.int
 	tc := C.shim_import_jetty(c.lib.c, c.c, &cid, C.uint32_t(modeBits(mode)), C.uint32_t(token), &cerr)
 	if tc == nil {
@@ -455,20 +434,12 @@ func (r *remoteJetty) Close() error {
 
 func (r *remoteJetty) unimport() error {
 	st := C.shim_unimport_jetty(r.ctx.lib.c, r.c)
-	r.ctx.release(r)
-	if st != 0 {
-		return statusErr("unimport_jetty", st, "unimport jetty %s/%d", r.id.EID, r.id.ID)
-	}
-	return nil
+	return r.ctx.released(r, st, "unimport_jetty", "unimport jetty %s/%d", r.id.EID, r.id.ID)
 }
 
-// forceClose unimports regardless: Provider.Close deletes the jetties first.
+// ForceClose unimports regardless: Provider.Close deletes the jetties first.
 func (r *remoteJetty) ForceClose() {
-	r.mu.Lock()
-	already := r.closed
-	r.closed = true
-	r.mu.Unlock()
-	if !already {
+	if closeOnce(&r.mu, &r.closed) {
 		_ = r.unimport()
 	}
 }

@@ -88,19 +88,11 @@ func (s *segment) Bytes() []byte {
 // Close unregisters the segment. The device may still be using memory that
 // outstanding work requests name: wait for their completions first.
 func (s *segment) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !closeOnce(&s.mu, &s.closed) {
 		return nil
 	}
-	s.closed = true
-	s.mu.Unlock()
 	st := C.shim_unregister_seg(s.ctx.lib.c, s.c)
-	s.ctx.release(s)
-	if st != 0 {
-		return statusErr("unregister_seg", st, "unregister segment %d", s.id.TokenID)
-	}
-	return nil
+	return s.ctx.released(s, st, "unregister_seg", "unregister segment %d", s.id.TokenID)
 }
 
 func (s *segment) ForceClose() { _ = s.Close() }
@@ -138,11 +130,7 @@ func importSegment(c *devContext, id urma.SegmentID, token urma.Token) (*remoteS
 	if err := c.open(op); err != nil {
 		return nil, err
 	}
-	var cid C.shim_seg_id
-	for i := range id.EID {
-		cid.eid[i] = C.uint8_t(id.EID[i])
-	}
-	cid.uasid, cid.token_id, cid.va, cid.len = C.uint32_t(id.UASID), C.uint32_t(id.TokenID), C.uint64_t(id.VA), C.uint64_t(id.Len)
+	cid := C.shim_seg_id{eid: cEID(id.EID), uasid: C.uint32_t(id.UASID), token_id: C.uint32_t(id.TokenID), va: C.uint64_t(id.VA), len: C.uint64_t(id.Len)}
 	var cerr C.int
 	sc := C.shim_import_seg(c.lib.c, c.c, &cid, C.uint32_t(token), &cerr)
 	if sc == nil {
@@ -161,19 +149,11 @@ func (r *remoteSegment) ID() urma.SegmentID { return r.id }
 
 // Close unimports the segment.
 func (r *remoteSegment) Close() error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	if !closeOnce(&r.mu, &r.closed) {
 		return nil
 	}
-	r.closed = true
-	r.mu.Unlock()
 	st := C.shim_unimport_seg(r.ctx.lib.c, r.c)
-	r.ctx.release(r)
-	if st != 0 {
-		return statusErr("unimport_seg", st, "unimport segment %d", r.id.TokenID)
-	}
-	return nil
+	return r.ctx.released(r, st, "unimport_seg", "unimport segment %d", r.id.TokenID)
 }
 
 func (r *remoteSegment) ForceClose() { _ = r.Close() }

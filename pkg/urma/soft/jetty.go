@@ -172,15 +172,8 @@ func (j *jetty) slot(seq uint64) *sqSlot { return &j.slots[seq&j.mask] }
 // from then on, as udma does (udma_u_jfs.c:960-963 takes an RC SQ's bound
 // target jetty, never the work request's).
 func (j *jetty) PostSend(wr *urma.SendWR) error {
-	const op = "post_jetty_send_wr"
-	if wr == nil {
-		return urma.Errorf(op, urma.CodeInval, "work request is nil")
-	}
-	if wr.Opcode != urma.OpSend && wr.Opcode != urma.OpSendWithImm {
-		return urma.Errorf(op, urma.CodeInval, "opcode %#x is not SEND or SEND_WITH_IMM", uint8(wr.Opcode))
-	}
-	if uint32(len(wr.SGEs)) > j.maxSGE {
-		return urma.Errorf(op, urma.CodeInval, "%d SGEs, the jetty takes at most %d", len(wr.SGEs), j.maxSGE)
+	if err := wr.CheckPost(j.maxSGE); err != nil {
+		return err
 	}
 	j.mu.Lock()
 	t := j.bound

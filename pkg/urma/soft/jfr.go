@@ -101,11 +101,8 @@ func (r *jfr) ID() urma.JettyID { return r.id }
 // receive completes at once with LOC_ACCESS, as the hardware check would.
 func (r *jfr) PostRecv(wr *urma.RecvWR) error {
 	const op = "post_jfr_wr"
-	if wr == nil {
-		return urma.Errorf(op, urma.CodeInval, "work request is nil")
-	}
-	if uint32(len(wr.SGEs)) > r.maxSGE {
-		return urma.Errorf(op, urma.CodeInval, "%d SGEs, the JFR takes at most %d", len(wr.SGEs), r.maxSGE)
+	if err := wr.CheckPost(r.maxSGE); err != nil {
+		return err
 	}
 	r.mu.Lock()
 	if r.closed {
