@@ -443,7 +443,7 @@ func TestEnsureRetriesConflictsFiveTimes(t *testing.T) {
 	}{{4, false}, {5, true}} {
 		f := newFixture(t, webhookConfigs()...)
 		left := tc.conflicts
-		f.r.Client = interceptor.NewClient(f.c.(client.WithWatch), interceptor.Funcs{
+		f.r.Client = interceptor.NewClient(f.c, interceptor.Funcs{
 			Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 				if left > 0 {
 					left--
@@ -527,7 +527,7 @@ func TestStartDefaultIntervalAndFailedChecks(t *testing.T) {
 			}
 		}, funcr.Options{})
 		checks := make(chan struct{}, 1000) // one per check: its Get of the Secret
-		f.r.Reader = interceptor.NewClient(f.c.(client.WithWatch), interceptor.Funcs{
+		f.r.Reader = interceptor.NewClient(f.c, interceptor.Funcs{
 			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 				if key == secretKey {
 					select {
@@ -539,7 +539,7 @@ func TestStartDefaultIntervalAndFailedChecks(t *testing.T) {
 			},
 		})
 		if failing {
-			f.r.Client = interceptor.NewClient(f.c.(client.WithWatch), interceptor.Funcs{
+			f.r.Client = interceptor.NewClient(f.c, interceptor.Funcs{
 				Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
 					return errors.New("apiserver down")
 				},
