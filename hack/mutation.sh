@@ -36,6 +36,13 @@ CORE_PKGS=(
 	./pkg/tuning
 	./pkg/webhook/...
 	./controllers/plan
+	# The DRA driver's logic (issue 13), as pkg/deviceplugin/... is the
+	# device plugin's; not pkg/dra itself, which only wires them (like cmd/)
+	# and whose tests need kube-apiserver.
+	./pkg/dra/checkpoint
+	./pkg/dra/claimspec
+	./pkg/dra/plugin
+	./pkg/dra/slices
 )
 
 GREMLINS=${GREMLINS:-$ROOT/bin/gremlins}
