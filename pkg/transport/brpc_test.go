@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -553,6 +554,64 @@ func TestBrpcServer(t *testing.T) {
 				t.Fatalf("brpc server sees URMA %v; our mode %s (%s)", urmaOn, c.Mode(), c.FallbackReason())
 			}
 			streamBoth(t, b, c, 4*13*1024)
+		})
+	}
+}
+
+// TestBrpcPeerEndsWithFIN: a brpc peer sends no close marker; it ends a
+// session by closing its TCP connection, and that FIN is a clean end, as in
+// brpc: our Read returns io.EOF and our Write EPIPE, not the "peer died"
+// error a FIN without a close marker means from a peer of ours (issue 9,
+// item 3), whichever side the brpc peer is.
+func TestBrpcPeerEndsWithFIN(t *testing.T) {
+	checkNoLeaks(t)
+	for _, tc := range []struct {
+		name    string
+		connect func(t *testing.T, b *brpcPeer, cfg Config) net.Conn
+	}{
+		{"brpc client", func(t *testing.T, b *brpcPeer, cfg Config) net.Conn {
+			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ln.Close() })
+			if negotiated, err := b.dial(ln.Addr().String()); err != nil || !negotiated {
+				t.Fatalf("brpc client handshake: %v, %v", negotiated, err)
+			}
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		}},
+		{"brpc server", func(t *testing.T, b *brpcPeer, cfg Config) net.Conn {
+			cfg.NoToken = true
+			c, urmaOn := dialBrpcServer(t, b, dialWith(cfg))
+			if !urmaOn {
+				t.Fatal("the brpc server was not asked for URMA")
+			}
+			return c
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			b := newBrpcPeer(t, pb, 16, 16)
+			c := tc.connect(t, b, cfgWith(pa, smallFlags()))
+			if c.(Conn).Mode() != ModeURMA {
+				t.Fatalf("mode %s (%s)", c.(Conn).Mode(), c.(Conn).FallbackReason())
+			}
+			streamBoth(t, b, c, 2*13*1024)
+			if err := b.tcp.Close(); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+				t.Fatalf("read after the brpc peer's FIN: %d, %v; want 0, io.EOF", n, err)
+			}
+			if _, err := c.Write([]byte("late")); !errors.Is(err, syscall.EPIPE) {
+				t.Fatalf("write after the brpc peer's FIN: %v; want EPIPE", err)
+			}
 		})
 	}
 }
