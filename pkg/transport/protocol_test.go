@@ -30,7 +30,8 @@ type rawPeer struct {
 	rseg    urma.RemoteSegment
 	tcp     net.Conn
 	server  handshake.Hello
-	credits int // credits the server returned so far
+	credits int   // credits the server returned so far
+	batches []int // the credit messages, in order of arrival
 	// ours makes the peer present our extension (an SQ depth) and use the
 	// server's token, as our own client would; without it the peer is a
 	// brpc client, which sees no token and presents none.
@@ -173,6 +174,7 @@ func (r *rawPeer) send(n int, imm uint64) urma.Status {
 		for _, c := range cs[:k] {
 			if c.Recv && c.Opcode == urma.CROpSendWithImm && c.Status == urma.StatusSuccess {
 				r.credits += int(c.Imm)
+				r.batches = append(r.batches, int(c.Imm))
 				slot := c.UserCtx
 				if err := r.jfr.PostRecv(&urma.RecvWR{UserCtx: slot, SGEs: []urma.SGE{{Segment: r.seg, Offset: slot * rawBuf, Len: rawBuf}}}); err != nil {
 					r.t.Fatal(err)
@@ -303,8 +305,10 @@ func TestBrpcStylePeerCredits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if r.credits < 7 {
-		t.Fatalf("the peer got %d credits back for 13 messages, want at least one batch of 7", r.credits)
+	// Credits go back once more than the threshold (6) are pending: the
+	// first batch is 7, not 6.
+	if r.credits < 7 || r.batches[0] != 7 {
+		t.Fatalf("the peer got %d credits back for 13 messages in batches %v, want a first batch of 7", r.credits, r.batches)
 	}
 }
 
