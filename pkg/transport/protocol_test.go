@@ -47,6 +47,29 @@ func newRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
 	return r
 }
 
+// serveRawPeer listens with scfg (made NoToken: the raw peer is a brpc
+// client, which presents no token), connects a raw peer and returns it with
+// the server's end of the connection, in URMA mode.
+func serveRawPeer(t *testing.T, scfg Config, peer urma.Provider) (*rawPeer, *urmaConn) {
+	t.Helper()
+	scfg.NoToken = true
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	r := newRawPeer(t, peer, ln.Addr().String())
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if c.(Conn).Mode() != ModeURMA {
+		t.Fatalf("mode %s (%s)", c.(Conn).Mode(), c.(Conn).FallbackReason())
+	}
+	return r, c.(*urmaConn)
+}
+
 // newOurRawPeer is newRawPeer presenting our extension.
 func newOurRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
 	t.Helper()
@@ -212,22 +235,8 @@ func TestProtocolErrors(t *testing.T) {
 			pa, pb := fabricPair(t)
 			reg := prometheus.NewRegistry()
 			scfg := cfgWith(pa, smallFlags()) // 1 KiB buffers, 16-deep queues
-			scfg.NoToken = true               // a brpc-style peer
 			scfg.Registerer = reg
-			ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			r := newRawPeer(t, pb, ln.Addr().String())
-			c, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if c.(Conn).Mode() != ModeURMA {
-				t.Fatalf("mode %s (%s)", c.(Conn).Mode(), c.(Conn).FallbackReason())
-			}
+			r, c := serveRawPeer(t, scfg, pb)
 			// The raw peer's first message is fine.
 			if st := r.send(10, 0); st != urma.StatusSuccess {
 				t.Fatalf("first send: %s", st)
@@ -237,7 +246,7 @@ func TestProtocolErrors(t *testing.T) {
 			}
 			tc.breakIt(r)
 			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			_, err = c.Read(make([]byte, 1))
+			_, err := c.Read(make([]byte, 1))
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || errors.Is(err, ErrProtocol) != tc.proto {
 				t.Fatalf("read: %v; want an error containing %q (protocol error: %v)", err, tc.wantErr, tc.proto)
 			}
@@ -272,26 +281,13 @@ func TestBrpcStylePeerCredits(t *testing.T) {
 	pa, pb := fabricPair(t)
 	f := smallFlags()
 	f.RQSize = 64
-	scfg := cfgWith(pa, f)
-	scfg.NoToken = true
-	ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	r := newRawPeer(t, pb, ln.Addr().String())
+	r, uc := serveRawPeer(t, cfgWith(pa, f), pb)
 	if r.server.HasToken {
 		t.Error("a NoToken server advertised a token")
 	}
 	if r.server.RecvBufferCnt != 63 {
 		t.Errorf("server advertised recv_buffer_cnt %d, want rq_size-1 = 63", r.server.RecvBufferCnt)
 	}
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	uc := c.(*urmaConn)
 	if want := (16 - creditWRs) / 2; uc.threshold != want {
 		t.Fatalf("credit threshold for a peer of unknown SQ depth = %d, want %d", uc.threshold, want)
 	}
@@ -301,7 +297,7 @@ func TestBrpcStylePeerCredits(t *testing.T) {
 		if st := r.send(100, 0); st != urma.StatusSuccess {
 			t.Fatalf("send %d: %s", i, st)
 		}
-		if _, err := io.ReadFull(c, make([]byte, 100)); err != nil {
+		if _, err := io.ReadFull(uc, make([]byte, 100)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -386,19 +382,7 @@ func TestTokenProtectsJettyAndSegments(t *testing.T) {
 func TestCreditToAClosedPeer(t *testing.T) {
 	checkNoLeaks(t)
 	pa, pb := fabricPair(t)
-	scfg := cfgWith(pa, smallFlags())
-	scfg.NoToken = true
-	ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	r := newRawPeer(t, pb, ln.Addr().String())
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	r, uc := serveRawPeer(t, cfgWith(pa, smallFlags()), pb)
 	const msgs, size = 13, 100 // the whole window
 	for i := 0; i < msgs; i++ {
 		if st := r.send(size, 0); st != urma.StatusSuccess {
@@ -411,14 +395,13 @@ func TestCreditToAClosedPeer(t *testing.T) {
 	}
 	r.target, r.rseg, r.jetty = nil, nil, nil
 	got := make([]byte, msgs*size)
-	if _, err := io.ReadFull(c, got); err != nil {
+	if _, err := io.ReadFull(uc, got); err != nil {
 		t.Fatalf("read the buffered messages: %v", err)
 	}
-	uc := c.(*urmaConn)
 	waitFor(t, "the credit to the vanished jetty to fail", 5*time.Second, func() bool {
 		return strings.HasPrefix(uc.Debug().State, "SEND_FAILED")
 	})
-	if _, err := c.Write([]byte("x")); err == nil || !strings.Contains(err.Error(), "REM_ACCESS_ABORT") {
+	if _, err := uc.Write([]byte("x")); err == nil || !strings.Contains(err.Error(), "REM_ACCESS_ABORT") {
 		t.Fatalf("write after the failed send: %v", err)
 	}
 	// The failed credit message gave its reserved work request back
@@ -427,7 +410,7 @@ func TestCreditToAClosedPeer(t *testing.T) {
 		t.Errorf("%d of %d credit work requests free after the failed credit send", free, creditWRs)
 	}
 	_ = r.tcp.Close() // now the peer's end arrives
-	if n, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+	if n, err := uc.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("read after the peer's EOF: %d, %v; want io.EOF", n, err)
 	}
 	// The clean end cancelled the escalation: the send failure can no
@@ -446,23 +429,10 @@ func TestCreditToAClosedPeer(t *testing.T) {
 func TestCreditsUpToTheWindow(t *testing.T) {
 	checkNoLeaks(t)
 	pa, pb := fabricPair(t)
-	scfg := cfgWith(pa, smallFlags())
-	scfg.NoToken = true
-	ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	r := newRawPeer(t, pb, ln.Addr().String())
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	uc := c.(*urmaConn)
+	r, uc := serveRawPeer(t, cfgWith(pa, smallFlags()), pb)
 	window := uc.Debug().WindowCapacity // min(16, the raw peer's 16) - 3
 	for i := 0; i < window; i++ {
-		if _, err := c.Write([]byte("m")); err != nil {
+		if _, err := uc.Write([]byte("m")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -477,7 +447,7 @@ func TestCreditsUpToTheWindow(t *testing.T) {
 	if d := uc.Debug(); d.State != "ESTABLISHED" {
 		t.Fatalf("state %s after a whole window of credits, want ESTABLISHED", d.State)
 	}
-	if _, err := c.Write([]byte("more")); err != nil {
+	if _, err := uc.Write([]byte("more")); err != nil {
 		t.Fatalf("write after the credits came back: %v", err)
 	}
 }
