@@ -85,20 +85,7 @@ func newBrpcPeer(t *testing.T, prov urma.Provider, sq, rq int) *brpcPeer {
 }
 
 func (b *brpcPeer) close() {
-	if b.tcp != nil {
-		_ = b.tcp.Close()
-	}
-	for _, c := range []io.Closer{b.target, b.rseg, b.jetty, b.jfr, b.jfc, b.jfce, b.seg} {
-		if c != nil {
-			_ = c.Close()
-		}
-	}
-	if b.mem != nil {
-		_ = b.mem.Free()
-	}
-	if b.ctx != nil {
-		_ = b.ctx.Close()
-	}
+	closePeer(b.tcp, b.mem, b.ctx, b.target, b.rseg, b.jetty, b.jfr, b.jfc, b.jfce, b.seg)
 }
 
 func (b *brpcPeer) postRecv(slot int) error {

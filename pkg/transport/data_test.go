@@ -92,16 +92,7 @@ func TestIntegrity(t *testing.T) {
 				f.UsePolling, f.PollerYield = tc.polling, tc.polling
 				scfg, ccfg = cfgWith(pa, f), cfgWith(pb, f)
 			}
-			ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			d, err := NewDialer(ccfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Close()
+			ln, d := listenAndDialer(t, scfg, ccfg)
 			type flow struct {
 				sent, got  [32]byte
 				werr, rerr error

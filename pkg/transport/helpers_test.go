@@ -70,6 +70,14 @@ type pair struct {
 // test closes or cleanup does).
 func connect(t testing.TB, scfg, ccfg Config) pair {
 	t.Helper()
+	ln, d := listenAndDialer(t, scfg, ccfg)
+	return dialAccept(t, ln, d)
+}
+
+// listenAndDialer listens on loopback with scfg and makes a dialer with
+// ccfg; both are closed at cleanup (closing them earlier is fine).
+func listenAndDialer(t testing.TB, scfg, ccfg Config) (*Listener, *Dialer) {
+	t.Helper()
 	ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
 	if err != nil {
 		t.Fatalf("listen: %v", err)
@@ -80,7 +88,7 @@ func connect(t testing.TB, scfg, ccfg Config) pair {
 		t.Fatalf("new dialer: %v", err)
 	}
 	t.Cleanup(func() { _ = d.Close() })
-	return dialAccept(t, ln, d)
+	return ln, d
 }
 
 // syncBytes is what a client that fell back before its hello sends first.

@@ -36,16 +36,7 @@ func TestReleaseRacesClose(t *testing.T) {
 			fp := newFaultProvider(pa)
 			f := smallFlags()
 			f.PreparedJettyCnt = 0 // nothing but the connection holds pool buffers
-			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(fp, f))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			d, err := NewDialer(cfgWith(pb, f))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Close()
+			ln, d := listenAndDialer(t, cfgWith(fp, f), cfgWith(pb, f))
 			msg := make([]byte, f.ZerocopyMinSize) // handed over in its receive buffer
 			for i := 0; i < tc.iterations; i++ {
 				p := dialAccept(t, ln, d)
@@ -121,14 +112,7 @@ func TestBufferOutlivesTransport(t *testing.T) {
 	checkNoLeaks(t)
 	pa, pb := fabricPair(t)
 	f := smallFlags()
-	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, f))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := NewDialer(cfgWith(pb, f))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln, d := listenAndDialer(t, cfgWith(pa, f), cfgWith(pb, f))
 	p := dialAccept(t, ln, d)
 	if p.server.Mode() != ModeURMA {
 		t.Fatal(p.server.FallbackReason())

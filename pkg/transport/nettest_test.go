@@ -35,16 +35,7 @@ func TestConnContract(t *testing.T) {
 			}
 			scfg, ccfg := cfgWith(pa, f), cfgWith(pb, f)
 			scfg.DisableURMA = tc.disabled
-			ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			d, err := NewDialer(ccfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Close()
+			ln, d := listenAndDialer(t, scfg, ccfg)
 			nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
 				p := dialAccept(t, ln, d)
 				if p.client.Mode() != tc.mode || p.server.Mode() != tc.mode {

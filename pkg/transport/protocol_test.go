@@ -157,19 +157,26 @@ func (r *rawPeer) dial(addr string) {
 }
 
 func (r *rawPeer) close() {
-	if r.tcp != nil {
-		_ = r.tcp.Close()
+	closePeer(r.tcp, r.mem, r.ctx, r.target, r.rseg, r.jetty, r.jfr, r.jfc, r.seg)
+}
+
+// closePeer closes a test peer's TCP connection, then its imports and
+// queues in the order given, frees its memory and closes its context; nil
+// ones are skipped.
+func closePeer(tcp net.Conn, mem *urma.Memory, ctx urma.Context, queues ...io.Closer) {
+	if tcp != nil {
+		_ = tcp.Close()
 	}
-	for _, c := range []io.Closer{r.target, r.rseg, r.jetty, r.jfr, r.jfc, r.seg} {
+	for _, c := range queues {
 		if c != nil {
 			_ = c.Close()
 		}
 	}
-	if r.mem != nil {
-		_ = r.mem.Free()
+	if mem != nil {
+		_ = mem.Free()
 	}
-	if r.ctx != nil {
-		_ = r.ctx.Close()
+	if ctx != nil {
+		_ = ctx.Close()
 	}
 }
 
