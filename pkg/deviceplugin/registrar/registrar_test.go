@@ -293,6 +293,30 @@ func TestRemoveOwnSocketLeavesForeignFile(t *testing.T) {
 	}
 }
 
+func TestDefaults(t *testing.T) {
+	ms := time.Millisecond
+	tests := []struct {
+		name string
+		in   Config
+		want Config
+	}{
+		{"unset", Config{}, Config{CheckInterval: DefaultCheckInterval, BackoffInitial: DefaultBackoffInitial, BackoffMax: DefaultBackoffMax, RegisterTimeout: DefaultRegisterTimeout}},
+		{"negative", Config{CheckInterval: -ms, BackoffInitial: -ms, RegisterTimeout: -ms}, Config{CheckInterval: DefaultCheckInterval, BackoffInitial: DefaultBackoffInitial, BackoffMax: DefaultBackoffMax, RegisterTimeout: DefaultRegisterTimeout}},
+		{"set", Config{CheckInterval: ms, BackoffInitial: 2 * ms, BackoffMax: 3 * ms, RegisterTimeout: 4 * ms}, Config{CheckInterval: ms, BackoffInitial: 2 * ms, BackoffMax: 3 * ms, RegisterTimeout: 4 * ms}},
+		{"backoff max equal to initial", Config{BackoffInitial: 2 * ms, BackoffMax: 2 * ms}, Config{CheckInterval: DefaultCheckInterval, BackoffInitial: 2 * ms, BackoffMax: 2 * ms, RegisterTimeout: DefaultRegisterTimeout}},
+		{"backoff max below initial", Config{BackoffInitial: 2 * ms, BackoffMax: ms}, Config{CheckInterval: DefaultCheckInterval, BackoffInitial: 2 * ms, BackoffMax: DefaultBackoffMax, RegisterTimeout: DefaultRegisterTimeout}},
+		{"initial above the default max", Config{BackoffInitial: 2 * DefaultBackoffMax}, Config{CheckInterval: DefaultCheckInterval, BackoffInitial: 2 * DefaultBackoffMax, BackoffMax: 2 * DefaultBackoffMax, RegisterTimeout: DefaultRegisterTimeout}},
+	}
+	for _, tt := range tests {
+		got := tt.in
+		got.defaults()
+		tt.want.SocketDir, tt.want.SocketName = DefaultSocketDir, DefaultSocketName
+		if got != tt.want {
+			t.Errorf("%s: defaults() = %+v\nwant %+v", tt.name, got, tt.want)
+		}
+	}
+}
+
 func TestValidate(t *testing.T) {
 	long := "/" + strings.Repeat("d", 100)
 	tests := []struct {
@@ -305,6 +329,10 @@ func TestValidate(t *testing.T) {
 		{"name with slash", Config{SocketName: "a/b.sock", ResourceName: resource}, "plain file name"},
 		{"kubelet's name", Config{SocketName: "kubelet.sock", ResourceName: resource}, "plain file name"},
 		{"too long", Config{SocketDir: long, ResourceName: resource}, "unix sockets allow"},
+		// The socket and kubelet.sock both 12 bytes: paths of 107 (the
+		// limit, sun_path less its NUL) and 108 bytes.
+		{"path at the limit", Config{SocketDir: "/" + strings.Repeat("d", 93), SocketName: "urma-12.sock", ResourceName: resource}, ""},
+		{"path one beyond", Config{SocketDir: "/" + strings.Repeat("d", 94), SocketName: "urma-12.sock", ResourceName: resource}, "is 108 bytes; unix sockets allow 107"},
 		{"no resource", Config{}, "resource name"},
 	}
 	for _, tt := range tests {
