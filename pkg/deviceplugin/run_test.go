@@ -570,6 +570,10 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 	n.units("udma0", func(m map[string]*pluginapi.Device) bool { return len(m) == 63 })
 	eventually(t, "node labeled", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
 	n.stop()
+	// The metrics server shut down in time: no error about it.
+	if n.logs.contains("metrics server shutdown") {
+		t.Errorf("a clean stop logged a metrics server shutdown error:\n%s", n.logs.String())
+	}
 	n.kubelet.Stop()
 	eventually(t, "goroutines back to the baseline", func() bool { return runtime.NumGoroutine() <= base })
 }

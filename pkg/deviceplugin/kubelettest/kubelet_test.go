@@ -41,6 +41,7 @@ func TestRegisterValidatesLikeKubelet(t *testing.T) {
 		{&pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: "p.sock", ResourceName: "x"}, "invalid resource name"},
 		{&pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: "p.sock", ResourceName: "kubernetes.io/x"}, "invalid resource name"},
 		{&pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: "../p.sock", ResourceName: "example.com/x"}, "invalid endpoint"},
+		{&pluginapi.RegisterRequest{Version: pluginapi.Version, Endpoint: "", ResourceName: "example.com/x"}, "invalid endpoint"},
 	}
 	for _, tt := range tests {
 		_, err := c.Register(ctx, tt.req)
