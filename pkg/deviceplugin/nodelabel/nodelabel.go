@@ -130,7 +130,7 @@ type Publisher struct {
 	metrics *metrics.Metrics
 
 	afterApply func(nodefacts.Facts, error) // test hook
-	retryIn    func(time.Duration)           // test hook: a retry was scheduled after this delay
+	retryIn    func(time.Duration)          // test hook: a retry was scheduled after this delay
 	looked     func(generation uint64)      // test hook: a snapshot was considered
 }
 
