@@ -95,6 +95,10 @@ type Rotator struct {
 	// Now is the clock (tests move it); nil means time.Now.
 	Now func() time.Time
 	Log logr.Logger
+
+	// after waits between watches; nil means time.After (tests record the
+	// delays).
+	after func(time.Duration) <-chan time.Time
 }
 
 func (r *Rotator) now() time.Time {
@@ -201,9 +205,13 @@ func (r *Rotator) watch(ctx context.Context, list client.ObjectList, name string
 			backoff = time.Second
 			continue
 		}
+		wait := time.After
+		if r.after != nil {
+			wait = r.after
+		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(backoff):
+		case <-wait(backoff):
 		}
 		backoff = min(backoff*2, maxWatchBackoff)
 	}

@@ -516,9 +516,18 @@ func TestStartDefaultIntervalAndFailedChecks(t *testing.T) {
 	f := newFixture(t, webhookConfigs()...)
 	runRotator(t, f.r)() // CheckInterval 0: the default, no tick in this test
 
-	for _, failing := range []bool{true, false} {
+	for _, tc := range []struct {
+		failing   bool
+		retry     time.Duration
+		wantRetry string // the retryIn logged with a failure
+	}{
+		{failing: true, wantRetry: `"retryIn"="10s"`}, // DefaultRetryInterval
+		{failing: true, retry: 3 * time.Millisecond, wantRetry: `"retryIn"="3ms"`},
+		{failing: false},
+	} {
+		failing := tc.failing
 		f := newFixture(t, webhookConfigs()...)
-		f.r.CheckInterval = time.Millisecond
+		f.r.CheckInterval, f.r.RetryInterval = time.Millisecond, tc.retry
 		lines := make(chan string, 1000)
 		f.r.Log = funcr.New(func(_, args string) {
 			select {
@@ -566,6 +575,8 @@ func TestStartDefaultIntervalAndFailedChecks(t *testing.T) {
 		switch {
 		case failing && (len(failed) < 2 || !strings.Contains(failed[0], "apiserver down")):
 			t.Errorf("failing checks logged %q, want each failure with its error", failed)
+		case failing && !strings.Contains(failed[0], tc.wantRetry):
+			t.Errorf("failure logged %q, want %s", failed[0], tc.wantRetry)
 		case !failing && len(failed) > 0:
 			t.Errorf("passing checks logged as failed: %q", failed)
 		}
