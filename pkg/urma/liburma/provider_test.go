@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -132,5 +135,39 @@ func TestDevices(t *testing.T) {
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The JFCE's fd can sleep in Go's poller, where pkg/transport puts it:
+// uburma's fd is blocking (the fake's too), and a File made from a blocking
+// fd cannot wait, so the provider makes it non-blocking.
+func TestJFCEFdInGoPoller(t *testing.T) {
+	p := newTestProvider(t)
+	c, err := p.Open("udma0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	e, err := c.CreateJFCE()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	dup, err := unix.FcntlInt(uintptr(e.Fd()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(dup), "jfce")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetReadDeadline(time.Now().Add(10 * time.Millisecond)); err != nil {
+		t.Fatalf("the JFCE fd is not in Go's poller: %v", err)
+	}
+	// No event is pending: the wait ends at the deadline, in the poller.
+	if err := rc.Read(func(uintptr) bool { return false }); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("waiting on the JFCE fd: %v, want the deadline", err)
 	}
 }

@@ -57,6 +57,17 @@ func newJFCE(c *devContext) (*jfce, error) {
 	}
 	e := &jfce{ctx: c, c: ce, fd: int(fd), wake: wake, jfcs: make(map[*C.struct_urma_jfc]*jfc)}
 	e.cond = sync.NewCond(&e.mu)
+	// uburma hands out a blocking fd, and Go's poller takes only
+	// non-blocking ones: os.NewFile of a blocking fd gives a File whose
+	// RawConn.Read fails at once ("waiting for unsupported file type"), so
+	// an event loop on it (pkg/transport) would never sleep. urma_wait_jfc
+	// is an ioctl with its own timeout (hw/udma/udma_u_jfc.c
+	// udma_u_wait_jfc), which O_NONBLOCK does not change; UB users set the
+	// flag the same way before putting the fd into epoll.
+	if err := unix.SetNonblock(e.fd, true); err != nil {
+		_ = e.destroy()
+		return nil, urma.Errorf(op, urma.CodeFail, "make the JFCE fd non-blocking: %v", err)
+	}
 	if err := c.adopt(e, op); err != nil {
 		_ = e.destroy() // the adoption error is the one to report
 		return nil, err

@@ -375,7 +375,9 @@ urma_jfce_t *urma_create_jfce(urma_context_t *ctx)
         errno = ENOMEM;
         return NULL;
     }
-    e->base.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    /* Blocking, as uburma's JFCE fd is: the provider must make it
+     * non-blocking for Go's poller. */
+    e->base.fd = eventfd(0, EFD_CLOEXEC);
     if (e->base.fd < 0) {
         free(e);
         return NULL;
