@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -22,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/kubelettest"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
@@ -35,7 +34,7 @@ const deadline = 15 * time.Second
 
 type node struct {
 	t       *testing.T
-	logs    *logBuffer
+	logs    *logtest.Lines
 	tree    *sysfstest.Tree
 	dir     string
 	kubelet *kubelettest.Kubelet
@@ -64,7 +63,7 @@ func startWith(t *testing.T, tree *sysfstest.Tree, mutate func(*Config), deps De
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{t: t, tree: tree, dir: dir, kubelet: k, logs: &logBuffer{},
+	n := &node{t: t, tree: tree, dir: dir, kubelet: k, logs: &logtest.Lines{},
 		client: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})}
 	t.Cleanup(func() { n.kubelet.Stop() })
 
@@ -85,7 +84,7 @@ func startWith(t *testing.T, tree *sysfstest.Tree, mutate func(*Config), deps De
 	done := make(chan error, 1)
 	go func() {
 		deps.KubeClient, deps.MetricsListening = n.client, func(a string) { addr <- a }
-		done <- Run(ctx, n.logs.logger(t), cfg, deps)
+		done <- Run(ctx, n.logs.Logger(t), cfg, deps)
 	}()
 	select {
 	case a := <-addr:
@@ -373,7 +372,7 @@ func TestStartsWithoutDevicesAndSaysSo(t *testing.T) {
 			strings.Contains(body, "urma_deviceplugin_registered 1")
 	})
 	eventually(t, "present=false", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "false" })
-	if !n.logs.contains("no URMA device to advertise yet") || !n.logs.contains("driver not loaded") {
+	if !n.logs.Contains("no URMA device to advertise yet") || !n.logs.Contains("driver not loaded") {
 		t.Errorf("the log does not say that there is no device and why:\n%s", n.logs.String())
 	}
 	// The driver loads later.
@@ -425,32 +424,6 @@ func TestCDIMode(t *testing.T) {
 			}
 		})
 	}
-}
-
-// logBuffer keeps the plugin's log lines for assertions, and passes them
-// on to the test's log.
-type logBuffer struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (b *logBuffer) logger(t *testing.T) logr.Logger {
-	return funcr.New(func(prefix, args string) {
-		b.mu.Lock()
-		b.lines = append(b.lines, prefix+" "+args)
-		b.mu.Unlock()
-		t.Log(prefix, args)
-	}, funcr.Options{Verbosity: 1})
-}
-
-func (b *logBuffer) contains(sub string) bool {
-	return strings.Contains(b.String(), sub)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Join(b.lines, "\n")
 }
 
 // gatedSource is a sysfs source whose first scan waits for release: a
@@ -571,7 +544,7 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 	eventually(t, "node labeled", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
 	n.stop()
 	// The metrics server shut down in time: no error about it.
-	if n.logs.contains("metrics server shutdown") {
+	if n.logs.Contains("metrics server shutdown") {
 		t.Errorf("a clean stop logged a metrics server shutdown error:\n%s", n.logs.String())
 	}
 	n.kubelet.Stop()

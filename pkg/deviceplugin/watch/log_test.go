@@ -1,13 +1,9 @@
 package watch
 
 import (
-	"strings"
-	"sync"
 	"testing"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
-
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
@@ -15,46 +11,20 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 
-// logLines records a logger's lines (verbosity 1 included).
-type logLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logLines) logger() logr.Logger {
-	return funcr.New(func(prefix, args string) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.lines = append(l.lines, args)
-	}, funcr.Options{Verbosity: 1})
-}
-
-func (l *logLines) count(msg string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, line := range l.lines {
-		if strings.Contains(line, msg) {
-			n++
-		}
-	}
-	return n
-}
-
 // scanner is a watcher over a fake sysfs tree whose scans the test runs one
 // at a time (no Run loop), with health committed at once.
-func scanner(t *testing.T, tree *sysfstest.Tree, logs *logLines) *Watcher {
+func scanner(t *testing.T, tree *sysfstest.Tree, logs *logtest.Lines) *Watcher {
 	t.Helper()
 	icfg := inventory.Config{Budget: budget.Default(), Debounce: health.Debounce{Observations: 1}}
 	return New(Config{}, SysfsSource{Opts: tree.Options()}, inventory.NewBuilder(icfg),
-		inventory.New(icfg.Budget.JettiesPerUnit), logs.logger(), nil)
+		inventory.New(icfg.Budget.JettiesPerUnit), logs.Logger(t), nil)
 }
 
 // Each state worth a log line is said once when it starts, not on every
 // poll: an idle node must not repeat itself every five seconds.
 func TestScanLogsEachChangeOnce(t *testing.T) {
 	tree := sysfstest.New(t)
-	logs := &logLines{}
+	logs := &logtest.Lines{}
 	w := scanner(t, tree, logs)
 	if w.cfg.PollInterval != DefaultPollInterval {
 		t.Fatalf("poll interval %v from an empty Config, want the default %v", w.cfg.PollInterval, DefaultPollInterval)
@@ -78,7 +48,7 @@ func TestScanLogsEachChangeOnce(t *testing.T) {
 		s.change()
 		w.scanOnce()
 		for msg, want := range s.want {
-			if got := logs.count(msg); got != want {
+			if got := logs.Count(msg); got != want {
 				t.Errorf("after %s: %d lines %q, want %d", s.name, got, msg, want)
 			}
 		}
@@ -93,20 +63,20 @@ func TestFirstScanNamesDevicesNotAdvertised(t *testing.T) {
 	bond := sysfstest.DefaultDevice("bonding_dev_0")
 	bond.Bonding = true
 	tree.Add(t, bond)
-	logs := &logLines{}
+	logs := &logtest.Lines{}
 	w := scanner(t, tree, logs)
 	w.scanOnce()
-	if got := logs.count(`"device not advertised" "device"="udma0"`); got != 1 {
-		t.Fatalf("first scan: %d 'device not advertised' lines for udma0, want 1:\n%s", got, strings.Join(logs.lines, "\n"))
+	if got := logs.Count(`"device not advertised" "device"="udma0"`); got != 1 {
+		t.Fatalf("first scan: %d 'device not advertised' lines for udma0, want 1:\n%s", got, logs.String())
 	}
 	// A change (bonding_dev_0 goes down) publishes a new snapshot; udma0
 	// was never advertised, so nothing more is said about it.
 	tree.SetPortState(t, "bonding_dev_0", 0, urma.PortDown)
 	w.scanOnce()
-	if got := logs.count(`"device not advertised" "device"="udma0"`); got != 1 {
+	if got := logs.Count(`"device not advertised" "device"="udma0"`); got != 1 {
 		t.Errorf("after a change: %d lines for udma0, want still 1", got)
 	}
-	if got := logs.count(`"device health changed"`); got != 1 {
+	if got := logs.Count(`"device health changed"`); got != 1 {
 		t.Errorf("%d 'device health changed' lines, want 1 (the second scan published nothing new?)", got)
 	}
 }
