@@ -108,9 +108,11 @@ func (q *jfc) push(c *urma.Completion, solicited bool) {
 // Poll takes up to len(out) records, oldest first.
 func (q *jfc) Poll(out []urma.Completion) (int, error) {
 	if sd := q.ctx.dev.sock; sd != nil && sd.shm != nil {
-		// Polling mode on shared memory: the poller itself takes what the
-		// rings hold, with no handoff to the reader goroutines.
-		sd.drive()
+		// On shared memory a poller takes what the rings hold itself, with
+		// no handoff to the reader goroutines. Only a JFC without a JFCE
+		// is polled for its own sake: the Polls that drain a JFC after its
+		// event do not put the rings in polling mode.
+		sd.drive(q.jfce == nil)
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()

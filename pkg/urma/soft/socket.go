@@ -273,13 +273,17 @@ func (sd *sockDevice) publishShmConnsLocked() {
 	sd.shmConns.Store(&list)
 }
 
-// drive lets a poller take what the shm rings hold (see conn.drive).
-func (sd *sockDevice) drive() {
+// drive lets a poller take what the shm rings hold (see conn.drive);
+// polling says that it polls a JFC without a JFCE, for its own sake (see
+// shmIO.idle).
+func (sd *sockDevice) drive(polling bool) {
 	conns := sd.shmConns.Load()
 	if conns == nil {
 		return
 	}
-	sd.pollers.polls.Add(1)
+	if polling {
+		sd.pollers.polls.Add(1)
+	}
 	for _, c := range *conns {
 		c.drive()
 	}
