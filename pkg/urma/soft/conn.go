@@ -94,13 +94,18 @@ type conn struct {
 	started []int        // frames of batch whose payload is in iov
 	ansOut  answerQueue  // answers being written
 	ansBuf  []byte       // their encoding
+	refBuf  []byte       // SEND_REF frames of the batch being written (shm)
+	sendRef []payloadRef
 
 	// readMu is the reader's token: the reader goroutine holds it while it
 	// reads, and a poller that drives the rings (shm) takes it when free.
 	readMu sync.Mutex
 	// Reader goroutine (or a poller holding readMu) only.
 	src     frameSource
-	hdr     [4 + maxCtlFrame]byte // the frame being read
+	hdr     [maxFrameHdr]byte // the frame being read
+	stream  streamPayload     // a SEND's payload, read from the stream
+	pulled  refPayload        // a SEND_REF's payload, in the peer's memory
+	refs    [MaxSGE]payloadRef
 	blocked map[blockKey]uint64
 	ticket  recvTicket
 
@@ -320,6 +325,7 @@ func (c *conn) drain(wait bool) (stuck bool, err error) {
 // kernel's iovec limit.
 func (c *conn) encode() {
 	iov := c.iovBuf[:0]
+	c.refBuf = c.refBuf[:0]
 	for ; c.next < len(c.batch) && len(iov) < iovMax/2; c.next++ {
 		it := &c.batch[c.next]
 		if it.j == nil {
@@ -336,6 +342,11 @@ func (c *conn) encode() {
 			it.j.onAnswer(h.tag, urma.StatusLocLen, 0)
 			continue
 		}
+		if frame := c.encodeRef(&h, payload); frame != nil {
+			iov = appendIov(iov, frame)
+			c.started = append(c.started, c.next)
+			continue
+		}
 		iov = appendIov(iov, encodeSendHeader(it.ctl[:], &h))
 		iov = appendIov(iov, inline)
 		for k := range payload {
@@ -347,6 +358,33 @@ func (c *conn) encode() {
 	if len(iov) == 0 {
 		c.endWrites()
 	}
+}
+
+// encodeRef encodes the SEND h as a SEND_REF when its payload lies in
+// segments the peer maps (shm fabric, pull.go); nil when it must be copied.
+// The frames of one encode call live in c.refBuf until written.
+func (c *conn) encodeRef(h *sendHeader, payload []sgeRef) []byte {
+	s, ok := c.io.(*shmIO)
+	if !ok || h.length < pullMin {
+		return nil
+	}
+	refs, ok := s.refsFor(payload, c.sendRef[:0])
+	c.sendRef = refs[:0]
+	if !ok {
+		return nil
+	}
+	const most = 4 + sendHdrLen + MaxSGE*sendRefLen
+	if c.refBuf == nil {
+		c.refBuf = make([]byte, 0, iovMax/2*most) // never grows: iovecs point into it
+	}
+	if cap(c.refBuf)-len(c.refBuf) < most {
+		return nil
+	}
+	at := len(c.refBuf)
+	frame := encodeSendRef(c.refBuf[at:at+most], h, refs)
+	c.refBuf = c.refBuf[:at+len(frame)]
+	s.pulls.Add(1)
+	return frame
 }
 
 // endWrites releases the slots whose frames are written (or abandoned).
@@ -452,6 +490,12 @@ func (c *conn) readFrame() error {
 		return protocolError{fmt.Errorf("handshake frame %d on an established connection", typ)}
 	}
 	fl := fixedLen(typ)
+	if typ == frameSendRef {
+		if _, ok := c.io.(*shmIO); !ok {
+			return protocolError{errors.New("SEND_REF on a connection without shared memory")}
+		}
+		fl = bodyLen // the references too
+	}
 	if err := c.src.readFull(hdr[5 : 4+fl]); err != nil {
 		return unexpected(err)
 	}
@@ -463,6 +507,8 @@ func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
 	switch typ {
 	case frameSend:
 		return c.onSend(body, bodyLen)
+	case frameSendRef:
+		return c.onSendRef(body)
 	case frameAck:
 		a, err := decodeAck(body)
 		if err != nil {
@@ -540,32 +586,77 @@ func (c *conn) onSend(body []byte, bodyLen uint32) error {
 	if err := decodeSendHeader(body, bodyLen, &h); err != nil {
 		return protocolError{err}
 	}
+	c.stream = streamPayload{src: c.src, n: h.length}
+	return c.place(&h, &c.stream)
+}
+
+// onSendRef places a SEND_REF, whose payload the sender shared (pull.go):
+// the bytes are copied once, from the sender's memory into the receive.
+func (c *conn) onSendRef(body []byte) error {
+	s := c.io.(*shmIO)
+	var h sendHeader
+	n, err := decodeSendRef(body, c.sd.dev.caps.MaxMsgSize, &h, &c.refs)
+	if err != nil {
+		return protocolError{err}
+	}
+	s.pull.mapMu.RLock() // an unmap waits until the copy is done
+	defer s.pull.mapMu.RUnlock()
+	defer c.pulled.release()
+	if err := s.pull.resolve(c.refs[:n], &c.pulled); err != nil {
+		return protocolError{err}
+	}
+	return c.place(&h, &c.pulled)
+}
+
+// payload is where a SEND's bytes come from: the stream, or the sender's
+// memory.
+type payload interface {
+	read(dst []byte) error // the next bytes, into dst
+	skip() error           // all of them, unread
+}
+
+// streamPayload is n payload bytes that follow a SEND frame's header.
+type streamPayload struct {
+	src frameSource
+	n   uint32
+}
+
+func (p *streamPayload) read(dst []byte) error { return p.src.readPayload(dst) }
+func (p *streamPayload) skip() error           { return p.src.discard(int(p.n)) }
+
+// place puts a message into the target jetty's next posted receive, the
+// payload copied straight into it; otherwise it skips the payload and
+// answers why. After an RNR answer, later sends from the same sender jetty
+// to the same target are skipped unanswered until the retried one (flagged
+// resume) arrives; the sender rewinds and retransmits them, which keeps
+// delivery in order.
+func (c *conn) place(h *sendHeader, p payload) error {
 	key := blockKey{uint32(h.tag >> 32), h.dst}
 	if len(c.blocked) > 0 {
 		if t, ok := c.blocked[key]; ok {
 			if h.flags&sendFlagResume == 0 || h.tag != t {
-				return c.discard(h.length)
+				return p.skip()
 			}
 			delete(c.blocked, key)
 		}
 	}
 	tj := c.sd.dev.jetty(h.dst)
 	if tj == nil || !tj.jfr.accepts(urma.Token(h.token)) {
-		if err := c.discard(h.length); err != nil {
+		if err := p.skip(); err != nil {
 			return err
 		}
-		return c.answer(&h, urma.StatusRemAccessAbort, 0)
+		return c.answer(h, urma.StatusRemAccessAbort, 0)
 	}
 	t := &c.ticket
 	res, rnr := tj.jfr.take(t)
 	switch res {
 	case takeGone:
-		if err := c.discard(h.length); err != nil {
+		if err := p.skip(); err != nil {
 			return err
 		}
-		return c.answer(&h, urma.StatusRemAccessAbort, 0)
+		return c.answer(h, urma.StatusRemAccessAbort, 0)
 	case takeRNR:
-		if err := c.discard(h.length); err != nil {
+		if err := p.skip(); err != nil {
 			return err
 		}
 		if len(c.blocked) >= maxBlocked {
@@ -575,36 +666,32 @@ func (c *conn) onSend(body []byte, bodyLen uint32) error {
 			c.blocked = make(map[blockKey]uint64)
 		}
 		c.blocked[key] = h.tag
-		return c.answer(&h, statusRNR, rnr)
+		return c.answer(h, statusRNR, rnr)
 	}
 	meta := recvMeta{
 		opcode: h.opcode, imm: h.imm, solicited: h.flags&sendFlagSolicited != 0, localID: tj.id.ID,
 		remote: urma.JettyID{EID: c.peerEID, UASID: h.srcUASID, ID: h.src},
 	}
 	if t.size < uint64(h.length) {
-		if err := c.discard(h.length); err != nil {
+		if err := p.skip(); err != nil {
 			tj.jfr.putBack(t)
 			return err
 		}
 		tj.jfr.finish(t, urma.StatusLocLen, 0, &meta)
-		return c.answer(&h, urma.StatusRemOperation, 0)
+		return c.answer(h, urma.StatusRemOperation, 0)
 	}
 	left := h.length
 	for i := 0; i < t.nsge && left > 0; i++ {
 		b := t.sges[i].buf
 		b = b[:min(uint32(len(b)), left)]
-		if err := c.src.readPayload(b); err != nil {
+		if err := p.read(b); err != nil {
 			tj.jfr.putBack(t)
 			return err
 		}
 		left -= uint32(len(b))
 	}
 	tj.jfr.finish(t, urma.StatusSuccess, h.length, &meta)
-	return c.answer(&h, urma.StatusSuccess, 0)
-}
-
-func (c *conn) discard(n uint32) error {
-	return c.src.discard(int(n))
+	return c.answer(h, urma.StatusSuccess, 0)
 }
 
 // answerQueue is what a connection owes its peer, in order: ACKs, with the

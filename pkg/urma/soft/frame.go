@@ -24,6 +24,7 @@ const (
 	frameImportResp  = 8  // the answer to an import
 	framePing        = 9  // heartbeat on an idle connection
 	frameAckRun      = 10 // the answer SUCCESS to consecutive SENDs of one sender jetty
+	frameSendRef     = 11 // shm fabric: a SEND whose payload the receiver copies from the sender's memory
 )
 
 // Body lengths (after the 4-byte length prefix).
@@ -38,6 +39,7 @@ const (
 	importRespLen  = 12
 	pingLen        = 4
 	ackRunLen      = 24
+	sendRefLen     = 16              // one payload reference of a SEND_REF
 	maxCtlFrame    = 4 + helloAckLen // the largest frame a txItem carries whole
 )
 
@@ -85,6 +87,8 @@ func fixedLen(typ byte) uint32 {
 		return pingLen
 	case frameAckRun:
 		return ackRunLen
+	case frameSendRef:
+		return sendHdrLen // then the references; see checkFrame
 	}
 	return 0
 }
@@ -98,7 +102,9 @@ func checkFrame(typ byte, bodyLen uint32, maxMsg uint64) error {
 		return fmt.Errorf("unknown frame type %d", typ)
 	case typ == frameSend && (bodyLen < fl || uint64(bodyLen-fl) > maxMsg):
 		return fmt.Errorf("SEND frame of %d bytes: payload outside 0..%d", bodyLen, maxMsg)
-	case typ != frameSend && bodyLen != fl:
+	case typ == frameSendRef && (bodyLen < fl+sendRefLen || bodyLen > fl+MaxSGE*sendRefLen || (bodyLen-fl)%sendRefLen != 0):
+		return fmt.Errorf("SEND_REF frame of %d bytes: not 1..%d references", bodyLen, MaxSGE)
+	case typ != frameSend && typ != frameSendRef && bodyLen != fl:
 		return fmt.Errorf("frame type %d of %d bytes, want %d", typ, bodyLen, fl)
 	}
 	return nil
@@ -288,6 +294,59 @@ func decodeAck(body []byte) (ackFrame, error) {
 		return a, fmt.Errorf("ACK reserved byte or RNR timer %d out of range", a.rnrTimer)
 	}
 	return a, nil
+}
+
+// maxFrameHdr is the longest part of a frame the reader copies out: a
+// SEND_REF with every reference.
+const maxFrameHdr = 4 + sendHdrLen + MaxSGE*sendRefLen
+
+// payloadRef names payload bytes in memory the sender shared (shm fabric):
+// length bytes at offset of the segment the sender calls handle.
+type payloadRef struct {
+	handle uint32
+	length uint32
+	offset uint64
+}
+
+// encodeSendRef encodes a SEND_REF: h as a SEND's header (length is the
+// references' total), then the references.
+func encodeSendRef(b []byte, h *sendHeader, refs []payloadRef) []byte {
+	encodeSendHeader(b, h)
+	n := sendHdrLen + len(refs)*sendRefLen
+	be.PutUint32(b[0:], uint32(n))
+	b[4], b[7] = frameSendRef, byte(len(refs))
+	p := b[4+sendHdrLen:]
+	for i, r := range refs {
+		be.PutUint32(p[i*sendRefLen:], r.handle)
+		be.PutUint32(p[i*sendRefLen+4:], r.length)
+		be.PutUint64(p[i*sendRefLen+8:], r.offset)
+	}
+	return b[:4+n]
+}
+
+// decodeSendRef parses a SEND_REF body (checkFrame passed its length) into
+// its header and references; h.length is their total.
+func decodeSendRef(body []byte, maxMsg uint64, h *sendHeader, refs *[MaxSGE]payloadRef) (int, error) {
+	n := int(body[3])
+	if len(body) != sendHdrLen+n*sendRefLen {
+		return 0, fmt.Errorf("SEND_REF says %d references in %d bytes", n, len(body))
+	}
+	hdr := [sendHdrLen]byte(body[:sendHdrLen])
+	hdr[0], hdr[3] = frameSend, 0
+	if err := decodeSendHeader(hdr[:], sendHdrLen, h); err != nil {
+		return 0, err
+	}
+	var total uint64
+	for i := 0; i < n; i++ {
+		p := body[sendHdrLen+i*sendRefLen:]
+		refs[i] = payloadRef{handle: be.Uint32(p), length: be.Uint32(p[4:]), offset: be.Uint64(p[8:])}
+		total += uint64(refs[i].length)
+	}
+	if total > maxMsg {
+		return 0, fmt.Errorf("SEND_REF of %d bytes, more than %d", total, maxMsg)
+	}
+	h.length = uint32(total)
+	return n, nil
 }
 
 // maxAckRun bounds an ACK_RUN's count, so a peer cannot make the sender

@@ -14,6 +14,7 @@ import (
 // ErrBusy, so the provider never touches memory the caller has let go of.
 type segment struct {
 	ctx *devContext
+	mem *urma.Memory
 	buf []byte
 	id  urma.SegmentID
 	cfg urma.SegmentConfig
@@ -21,6 +22,12 @@ type segment struct {
 	refs   atomic.Int64
 	closed atomic.Bool
 	mu     sync.Mutex // serialises Close
+
+	// sharers are the shm connections that shared this segment with their
+	// peer (pull.go); unregistering unshares it.
+	sharersMu sync.Mutex
+	sharers   []*shmIO
+	unshared  bool
 }
 
 var _ urma.Segment = (*segment)(nil)
@@ -40,7 +47,7 @@ func newSegment(c *devContext, mem *urma.Memory, cfg urma.SegmentConfig) (*segme
 	if cfg.TokenPolicy > urma.TokenAllEncrypted {
 		return nil, urma.Errorf(op, urma.CodeInval, "token policy %d unknown", cfg.TokenPolicy)
 	}
-	s := &segment{ctx: c, buf: buf, cfg: cfg}
+	s := &segment{ctx: c, mem: mem, buf: buf, cfg: cfg}
 	s.id = urma.SegmentID{
 		EID:   c.eid,
 		UASID: c.uasid,
@@ -96,6 +103,7 @@ func (s *segment) Close() error {
 	}
 	s.ctx.dev.removeSegment(s.id.TokenID)
 	s.ctx.release(s)
+	s.unshareAll()
 	return nil
 }
 
@@ -109,6 +117,30 @@ func (s *segment) ForceClose() {
 	}
 	s.ctx.dev.removeSegment(s.id.TokenID)
 	s.ctx.release(s)
+	s.unshareAll()
+}
+
+// addSharer records a connection that shares the segment; false once the
+// segment is unregistered.
+func (s *segment) addSharer(c *shmIO) bool {
+	s.sharersMu.Lock()
+	defer s.sharersMu.Unlock()
+	if s.unshared {
+		return false
+	}
+	s.sharers = append(s.sharers, c)
+	return true
+}
+
+// unshareAll tells every connection that shared the segment to forget it.
+func (s *segment) unshareAll() {
+	s.sharersMu.Lock()
+	sharers := s.sharers
+	s.sharers, s.unshared = nil, true
+	s.sharersMu.Unlock()
+	for _, c := range sharers {
+		c.unshare(s)
+	}
 }
 
 // sgeRef is a validated SGE: the exact bytes, and the segment it holds a

@@ -487,3 +487,131 @@ func TestShmPollingLargeMessages(t *testing.T) {
 		a.sjfc.Poll(make([]urma.Completion, 8))
 	}
 }
+
+// mappedSegments is how many of its peer's segments side p maps.
+func (p *Provider) mappedSegments() int {
+	n := 0
+	for _, c := range p.conns() {
+		s := c.io.(*shmIO)
+		s.pull.mapMu.RLock()
+		n += len(s.pull.mapped)
+		s.pull.mapMu.RUnlock()
+	}
+	return n
+}
+
+// pulls is how many SENDs side p's connections sent by reference.
+func (p *Provider) pulls() uint64 {
+	var n uint64
+	for _, c := range p.conns() {
+		n += c.io.(*shmIO).pulls.Load()
+	}
+	return n
+}
+
+// waitUntil waits for cond, which another goroutine makes true.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond) // polling deadline: the peer acts on its own goroutines
+	}
+}
+
+// A SEND from a segment registered with remote read access crosses the
+// ring as references once the peer maps the segment: the receiver copies
+// the bytes straight from the sender's memory. Unregistering the segment
+// unmaps it at the peer. A local-only segment is always copied.
+func TestShmOneCopySend(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7, MaxSGE: 2}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	target := a.importJetty(b)
+	const size = 64 << 10
+	send := func(seg urma.Segment, mem []byte, i int) {
+		t.Helper()
+		for k := range mem[:size] {
+			mem[k] = byte(i*7 + k)
+		}
+		b.postRecv(uint64(i), 0, size)
+		mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: uint64(i),
+			SGEs: []urma.SGE{{Segment: seg, Offset: 0, Len: size / 2}, {Segment: seg, Offset: size / 2, Len: size / 2}}}), "send")
+		if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+			t.Fatalf("send %d: %+v", i, c)
+		}
+		c := pollN(t, b.rjfc, 1, 10*time.Second)[0]
+		if c.Status != urma.StatusSuccess || c.CompletionLen != size || !bytes.Equal(b.mem.Bytes()[:size], mem[:size]) {
+			t.Fatalf("receive %d: %+v, bytes equal %v", i, c, bytes.Equal(b.mem.Bytes()[:size], mem[:size]))
+		}
+	}
+	// Local-only (the side's own segment): copied, never shared.
+	for i := 0; i < 3; i++ {
+		send(a.seg, a.mem.Bytes(), i)
+	}
+	if pa.pulls() != 0 || pb.mappedSegments() != 0 {
+		t.Fatalf("local-only memory went by reference (%d) or was mapped (%d)", pa.pulls(), pb.mappedSegments())
+	}
+	mem, err := urma.AllocMemory(1 << 20)
+	mustOK(t, err, "alloc")
+	defer mem.Free()
+	seg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessRead | urma.AccessWrite, TokenPolicy: urma.TokenPlainText, Token: 99})
+	mustOK(t, err, "register shareable segment")
+	send(seg, mem.Bytes(), 10) // by copy; the peer is asked to map the segment
+	waitUntil(t, "the peer to map the segment", func() bool { return pb.mappedSegments() == 1 })
+	for i := 11; i < 15; i++ {
+		send(seg, mem.Bytes(), i)
+	}
+	if got := pa.pulls(); got < 3 {
+		t.Fatalf("%d sends by reference after the segment was mapped, want at least 3 of 4", got)
+	}
+	mustOK(t, seg.Close(), "unregister")
+	waitUntil(t, "the peer to unmap the segment", func() bool { return pb.mappedSegments() == 0 })
+}
+
+// SEND_REF frames that name memory the peer never shared, or reach past
+// it, break the protocol; so does a SEND_REF on the socket fabric.
+func TestShmHostileSendRef(t *testing.T) {
+	cases := []struct {
+		name string
+		refs []payloadRef
+		log  string
+	}{
+		{"unknown handle", []payloadRef{{handle: 77, length: 10}}, "not shared"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			opts := shmOpts(t)
+			var sink logSink
+			opts.Logger = sink.logger()
+			p := newProvider(t, opts)
+			f, _ := fakeShmPeer(t, p.devices[0].sock)
+			var b [maxFrameHdr]byte
+			frame := encodeSendRef(b[:], &sendHeader{opcode: urma.OpSend, dst: 1, token: 7, tag: 1}, c.refs)
+			if rest, err := f.writev(appendIov(nil, frame), true); err != nil || len(rest) != 0 {
+				t.Fatalf("write frame: %v", err)
+			}
+			f.published()
+			waitUntil(t, "the device to log the violation", func() bool { return sink.has(c.log) })
+		})
+	}
+	// The socket fabric knows no shared memory.
+	var sink logSink
+	sopts := socketOpts()
+	sopts.Logger = sink.logger()
+	ps := newProvider(t, sopts)
+	nc, err := net.Dial("tcp", ps.addr())
+	mustOK(t, err, "dial")
+	defer nc.Close()
+	src, _ := SocketEID(netip.MustParseAddrPort("127.0.0.9:9"))
+	var hb [4 + helloLen]byte
+	var fb [maxFrameHdr]byte
+	_, err = nc.Write(append(encodeHello(hb[:], &hello{session: 1, src: src, dst: ps.devices[0].sock.eid, maxMsg: 1 << 20}),
+		encodeSendRef(fb[:], &sendHeader{opcode: urma.OpSend, dst: 1, token: 7, tag: 1}, []payloadRef{{handle: 1, length: 8}})...))
+	mustOK(t, err, "write")
+	waitUntil(t, "the socket device to refuse SEND_REF", func() bool { return sink.has("SEND_REF on a connection without shared memory") })
+}

@@ -271,8 +271,9 @@ type shmIO struct {
 	closed atomic.Bool
 	rx, tx atomic.Uint64
 	// wakes counts the eventfd writes that woke the peer: what the shm
-	// fabric saves is exactly these syscalls.
-	wakes atomic.Uint64
+	// fabric saves is exactly these syscalls. pulls counts the SENDs that
+	// went by reference.
+	wakes, pulls atomic.Uint64
 
 	// Reader side (the token's holder): whether the holder is a poller,
 	// which must never sleep on the data eventfd (only the reader goroutine
@@ -291,6 +292,8 @@ type shmIO struct {
 	wokeRead uint64
 
 	closeOnce sync.Once
+
+	pull pullState // one-copy SENDs (pull.go)
 }
 
 // shmEnds are the descriptors and regions of one side, before they become
@@ -467,27 +470,21 @@ func (s *shmIO) wait(data bool) error {
 	return s.sleep(data)
 }
 
-// midFrameSpin is how long a reader in the middle of a frame yields before
-// it sleeps: its writer is copying the rest, and a reader that is a poller
-// would wait long for a wake-up through Go's poller.
-const midFrameSpin = 200 * time.Microsecond
-
-// waitRest waits for the rest of a frame whose start was read. A poller
-// yields until it comes (the writer is copying it, and the connection
-// fails, closing the ring, if the writer's process dies); the reader
-// goroutine sleeps after midFrameSpin.
+// waitRest waits for the rest of a frame whose start was read. The reader
+// goroutine waits as for any data (a short spin, then a sleep: spinning
+// longer would take the processor from the writer it waits for). A poller
+// must not sleep on the data eventfd, so it yields until the rest comes:
+// the writer is copying it, and if the writer's process dies the
+// connection fails and closes the ring.
 func (s *shmIO) waitRest() error {
-	start := time.Now()
-	for i := 0; ; i++ {
+	if !s.pollerReads {
+		return s.wait(true)
+	}
+	for {
 		if s.ready(true) {
 			return s.closedErr()
 		}
-		if i&63 == 63 {
-			if !s.pollerReads && time.Since(start) > midFrameSpin {
-				return s.sleep(true)
-			}
-			runtime.Gosched()
-		}
+		runtime.Gosched()
 	}
 }
 
@@ -524,15 +521,16 @@ func (s *shmIO) sleep(data bool) error {
 	return nil
 }
 
-// pollStats counts the Polls that drive a device's rings (conn.drive).
+// pollStats counts the Polls of JFCs without a JFCE that drive a device's
+// rings (conn.drive): polling-mode Polls.
 type pollStats struct{ polls atomic.Uint64 }
 
-// Polling mode: when pollers polled at least pollingPolls times since the
-// reader goroutine last went idle, they take what the rings bring, and the
-// reader goroutine parks for at most pollPark at a time without asking the
-// peer for wake-ups, so that no message costs a syscall or a goroutine
-// switch. An application in event mode polls a couple of times per event,
-// too few. pollingEnd parks in a row without a Poll end polling mode: a
+// Polling mode: when pollers polled JFCs without a JFCE at least
+// pollingPolls times since the reader goroutine last went idle, they take
+// what the rings bring, and the reader goroutine parks for at most pollPark
+// at a time without asking the peer for wake-ups, so that no message costs
+// a syscall or a goroutine switch. An application in event mode polls JFCs
+// that have a JFCE, which do not count. pollingEnd parks in a row without a Poll end polling mode: a
 // poller descheduled for a park on a busy machine does not.
 const (
 	pollingPolls = 16
@@ -752,6 +750,10 @@ func (s *shmIO) shutdown() {
 func (s *shmIO) close() {
 	s.closeOnce.Do(func() {
 		s.watchers.Wait()
+		s.pull.shareMu.Lock()
+		s.pull.ctlClosed = true // unshare must not write to a closed, maybe reused, number
+		s.pull.shareMu.Unlock()
+		s.pull.unmapAll()
 		s.local.unmap()
 		s.remote.unmap()
 		for _, w := range []*eventWaiter{s.data, s.space} {
@@ -802,14 +804,4 @@ func (s *shmIO) watch(c *conn) {
 			return
 		}
 	}
-}
-
-// onControl handles one control message after the handshake; it owns fds.
-func (s *shmIO) onControl(msg []byte, fds []int) error {
-	closeAll(fds)
-	typ, _, err := decodeShmMsgHeader(msg)
-	if err != nil {
-		return err
-	}
-	return fmt.Errorf("shm message type %d not expected on an established connection", typ)
 }

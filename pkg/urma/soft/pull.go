@@ -1,0 +1,280 @@
+package soft
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// One-copy SEND on the shm fabric. A segment registered with remote read
+// access, on memory from urma.AllocMemory (a sealed memfd), is shared with
+// the peer the first time a SEND from it goes there: the sender passes a
+// read-only descriptor over the connection's unix socket (SEG_MAP) under a
+// handle of its choosing, and the peer maps it (SEG_MAPPED). From then on a
+// SEND from that segment crosses the ring as a SEND_REF, the references of
+// its payload, and the receiver copies the bytes once, from the sender's
+// memory straight into the posted receive buffer. The sender's slot holds
+// the segment until the receiver's answer, so the memory stays put while it
+// is read; unregistering the segment unshares it (SEG_UNMAP).
+//
+// Sharing hands the peer a read-only view of the whole segment: register
+// with remote access only memory that every peer you send from it may read.
+// Local-only segments (the transport's buffer pool) always cross the ring
+// as copies.
+
+const (
+	// pullMin is the smallest payload sent by reference: below it the
+	// ring's copy costs less than the receiver's reach into other memory.
+	pullMin = 4 << 10
+	// maxPeerSegments bounds the segments a peer may make this side map.
+	maxPeerSegments = 1024
+)
+
+// share is a segment this side shared with the peer, or tried to.
+type share struct {
+	handle uint32
+	ready  bool // the peer mapped it
+	failed bool // it cannot be shared: send from it by copy
+}
+
+// pullState is a shm connection's sharing, both ways.
+type pullState struct {
+	// Sending: what this side shared, by segment.
+	shareMu    sync.Mutex
+	shared     map[*segment]*share
+	byHandle   map[uint32]*share
+	nextHandle uint32
+	ctlClosed  bool // the unix socket is closed: send nothing on it
+
+	// Receiving: the peer's segments this side mapped, by handle. Readers
+	// hold mapMu while they copy, so an unmap waits for them.
+	mapMu  sync.RWMutex
+	mapped map[uint32][]byte
+}
+
+// shareable reports whether a segment may be shared with peers: remote
+// read access on memory another process can map.
+func (s *segment) shareable() bool {
+	return s.cfg.Access&urma.AccessRead != 0 && s.mem != nil && s.mem.Fd() >= 0
+}
+
+// refsFor describes payload as references into shared segments, starting
+// to share those that are not yet; ok is false when any is not shareable or
+// not yet mapped by the peer (the send then goes by copy).
+func (s *shmIO) refsFor(payload []sgeRef, out []payloadRef) ([]payloadRef, bool) {
+	for i := range payload {
+		r := &payload[i]
+		if len(r.buf) == 0 {
+			continue
+		}
+		if !r.seg.shareable() {
+			return out, false
+		}
+		handle, ready := s.share(r.seg)
+		if !ready {
+			return out, false
+		}
+		off := uintptr(unsafe.Pointer(unsafe.SliceData(r.buf))) - uintptr(unsafe.Pointer(unsafe.SliceData(r.seg.buf)))
+		out = append(out, payloadRef{handle: handle, length: uint32(len(r.buf)), offset: uint64(off)})
+	}
+	return out, len(out) > 0
+}
+
+// share returns seg's handle and whether the peer has mapped it, sending
+// SEG_MAP the first time.
+func (s *shmIO) share(seg *segment) (uint32, bool) {
+	p := &s.pull
+	p.shareMu.Lock()
+	defer p.shareMu.Unlock()
+	if sh, ok := p.shared[seg]; ok {
+		return sh.handle, sh.ready && !sh.failed
+	}
+	p.nextHandle++
+	sh := &share{handle: p.nextHandle}
+	if p.shared == nil {
+		p.shared, p.byHandle = make(map[*segment]*share), make(map[uint32]*share)
+	}
+	p.shared[seg], p.byHandle[sh.handle] = sh, sh
+	if p.ctlClosed || !seg.addSharer(s) {
+		sh.failed = true // the connection or the segment is going away
+		return sh.handle, false
+	}
+	ro, err := reopenReadOnly(seg.mem.Fd())
+	if err == nil {
+		var b [shmSegMsgLen]byte
+		msg := encodeShmSeg(b[:], &shmSegMsg{typ: shmMsgSegMap, handle: sh.handle, length: uint64(len(seg.buf))})
+		err = unix.Sendmsg(s.ctlFd, msg, unix.UnixRights(ro), nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		_ = unix.Close(ro)
+	}
+	if err != nil {
+		sh.failed = true
+	}
+	return sh.handle, false
+}
+
+// unshare forgets seg, which is being unregistered, and tells the peer to
+// unmap it.
+func (s *shmIO) unshare(seg *segment) {
+	p := &s.pull
+	p.shareMu.Lock()
+	defer p.shareMu.Unlock()
+	sh, ok := p.shared[seg]
+	if !ok {
+		return
+	}
+	delete(p.shared, seg)
+	delete(p.byHandle, sh.handle)
+	if p.ctlClosed || sh.failed {
+		return // a dead peer needs no word
+	}
+	var b [shmSegMsgLen]byte
+	msg := encodeShmSeg(b[:], &shmSegMsg{typ: shmMsgSegUnmap, handle: sh.handle})
+	_ = unix.Sendmsg(s.ctlFd, msg, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+}
+
+// onControl handles one control message after the handshake; it owns fds.
+func (s *shmIO) onControl(msg []byte, fds []int) error {
+	m, err := decodeShmSeg(msg)
+	if err != nil {
+		closeAll(fds)
+		return err
+	}
+	want := 0
+	if m.typ == shmMsgSegMap {
+		want = shmSegMapFds
+	}
+	if len(fds) != want {
+		closeAll(fds)
+		return fmt.Errorf("shm message type %d with %d descriptors, want %d", m.typ, len(fds), want)
+	}
+	p := &s.pull
+	switch m.typ {
+	case shmMsgSegMap:
+		status := uint8(0)
+		if err := s.mapPeerSegment(m.handle, m.length, fds[0]); err != nil {
+			status = 1 // refused: the peer sends by copy
+		}
+		var b [shmSegMsgLen]byte
+		reply := encodeShmSeg(b[:], &shmSegMsg{typ: shmMsgSegMapped, status: status, handle: m.handle})
+		if err := unix.Sendmsg(s.ctlFd, reply, nil, nil, unix.MSG_NOSIGNAL); err != nil {
+			return fmt.Errorf("answer SEG_MAP: %w", err)
+		}
+	case shmMsgSegMapped:
+		p.shareMu.Lock()
+		if sh := p.byHandle[m.handle]; sh != nil {
+			sh.ready, sh.failed = m.status == 0, sh.failed || m.status != 0
+		}
+		p.shareMu.Unlock()
+	case shmMsgSegUnmap:
+		p.mapMu.Lock()
+		b, ok := p.mapped[m.handle]
+		delete(p.mapped, m.handle)
+		p.mapMu.Unlock()
+		if !ok {
+			return fmt.Errorf("SEG_UNMAP of handle %d, which is not mapped", m.handle)
+		}
+		_ = unix.Munmap(b)
+	}
+	return nil
+}
+
+// mapPeerSegment maps a segment the peer shares, read-only. It takes
+// ownership of fd.
+func (s *shmIO) mapPeerSegment(handle uint32, length uint64, fd int) error {
+	defer unix.Close(fd)
+	p := &s.pull
+	p.mapMu.RLock()
+	_, dup := p.mapped[handle]
+	n := len(p.mapped)
+	p.mapMu.RUnlock()
+	switch {
+	case dup:
+		return fmt.Errorf("handle %d is already mapped", handle)
+	case n >= maxPeerSegments:
+		return fmt.Errorf("the peer shares more than %d segments", maxPeerSegments)
+	case length == 0 || length > 1<<40:
+		return fmt.Errorf("segment of %d bytes", length)
+	}
+	size, err := sealedSize(fd)
+	if err != nil {
+		return err
+	}
+	if uint64(size) < length {
+		return fmt.Errorf("segment memfd of %d bytes, %d announced", size, length)
+	}
+	b, err := unix.Mmap(fd, 0, int(length), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return err
+	}
+	p.mapMu.Lock()
+	if p.mapped == nil {
+		p.mapped = make(map[uint32][]byte)
+	}
+	p.mapped[handle] = b
+	p.mapMu.Unlock()
+	return nil
+}
+
+// unmapAll drops every peer segment (the connection is gone).
+func (p *pullState) unmapAll() {
+	p.mapMu.Lock()
+	defer p.mapMu.Unlock()
+	for h, b := range p.mapped {
+		_ = unix.Munmap(b)
+		delete(p.mapped, h)
+	}
+}
+
+var errUnknownHandle = errors.New("SEND_REF names a segment the peer has not shared")
+
+// refPayload is a SEND_REF's payload: slices of the peer's mapped segments,
+// read in order. Its holder holds mapMu (read) until it is done.
+type refPayload struct {
+	parts [MaxSGE][]byte
+	n, i  int
+}
+
+// resolve checks refs against the mapped segments and points the payload
+// at them; the caller holds p.mapMu for reading.
+func (p *pullState) resolve(refs []payloadRef, out *refPayload) error {
+	out.n, out.i = 0, 0
+	for _, r := range refs {
+		b, ok := p.mapped[r.handle]
+		if !ok {
+			return errUnknownHandle
+		}
+		if r.offset > uint64(len(b)) || uint64(r.length) > uint64(len(b))-r.offset {
+			return fmt.Errorf("SEND_REF reaches past its segment (%d+%d of %d bytes)", r.offset, r.length, len(b))
+		}
+		if r.length > 0 {
+			out.parts[out.n] = b[r.offset : r.offset+uint64(r.length)]
+			out.n++
+		}
+	}
+	return nil
+}
+
+func (r *refPayload) read(dst []byte) error {
+	for len(dst) > 0 {
+		if r.i >= r.n {
+			return errors.New("SEND_REF payload shorter than its length")
+		}
+		k := copy(dst, r.parts[r.i])
+		r.parts[r.i] = r.parts[r.i][k:]
+		if len(r.parts[r.i]) == 0 {
+			r.i++
+		}
+		dst = dst[k:]
+	}
+	return nil
+}
+
+func (r *refPayload) skip() error { return nil }
+
+// release drops the slices, which point into the peer's memory.
+func (r *refPayload) release() { clear(r.parts[:r.n]) }
