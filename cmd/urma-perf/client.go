@@ -28,9 +28,11 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.SetOutput(stderr)
 	server := fs.String("server", "", "address of a urma-perf server (required)")
 	size := fs.Int("size", 4096, "request size in bytes")
-	concurrency := fs.Int("concurrency", 1, "connections, each running one request at a time")
+	concurrency := fs.Int("concurrency", 1, "connections")
+	pipeline := fs.Int("pipeline", 1, "requests outstanding per connection: 1 times each round trip, more measures throughput")
+	ack := fs.Bool("ack", false, "ask for 8-byte answers even from an echo server: bytes go one way")
 	duration := fs.Duration("duration", 5*time.Second, "how long to send requests")
-	mode := fs.String("mode", "auto", "auto: whatever each connection negotiates; urma: fail (exit 3) if any connection falls back; tcp: TCP only")
+	mode := fs.String("mode", "auto", "auto: whatever each connection negotiates; urma: fail (exit 3) if any connection falls back; tcp: TCP only; unix: plain Unix domain socket to the server's --unix path (--server is that path)")
 	var c common
 	c.register(fs)
 	if err := parse(fs, args); err != nil {
@@ -43,23 +45,36 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageError{fmt.Errorf("--size %d outside 1..%d", *size, maxSize)}
 	case *concurrency < 1 || *concurrency > 4096:
 		return usageError{fmt.Errorf("--concurrency %d outside 1..4096", *concurrency)}
+	case *pipeline < 1 || *pipeline > 4096:
+		return usageError{fmt.Errorf("--pipeline %d outside 1..4096", *pipeline)}
 	case *duration <= 0:
 		return usageError{fmt.Errorf("--duration %s must be positive", *duration)}
-	case *mode != "auto" && *mode != "urma" && *mode != "tcp":
-		return usageError{fmt.Errorf("--mode %q: want auto, urma or tcp", *mode)}
+	case *mode != "auto" && *mode != "urma" && *mode != "tcp" && *mode != "unix":
+		return usageError{fmt.Errorf("--mode %q: want auto, urma, tcp or unix", *mode)}
 	}
 	cfg, err := c.config(fs, stderr)
 	if err != nil {
 		return usageError{err}
 	}
 	cfg.DisableURMA = *mode == "tcp"
-	d, err := transport.NewDialer(cfg)
-	if err != nil {
-		return err
+	var dial func(ctx context.Context) (net.Conn, error)
+	if *mode == "unix" {
+		var nd net.Dialer
+		dial = func(ctx context.Context) (net.Conn, error) { return nd.DialContext(ctx, "unix", *server) }
+	} else {
+		d, err := transport.NewDialer(cfg)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		dial = func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, *server) }
 	}
-	defer d.Close()
 
-	rep, err := measure(ctx, d, *server, *size, *concurrency, *duration)
+	var flags uint32
+	if *ack {
+		flags |= flagAck
+	}
+	rep, err := measure(ctx, dial, measurement{server: *server, size: *size, concurrency: *concurrency, pipeline: *pipeline, flags: flags, duration: *duration})
 	if err != nil {
 		return err
 	}
@@ -83,6 +98,16 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return nil
 }
 
+// measurement is what to measure.
+type measurement struct {
+	server      string
+	size        int
+	concurrency int
+	pipeline    int
+	flags       uint32
+	duration    time.Duration
+}
+
 // worker is one connection's loop and results.
 type worker struct {
 	conn     net.Conn
@@ -91,19 +116,19 @@ type worker struct {
 	err      error
 }
 
-func measure(ctx context.Context, d *transport.Dialer, server string, size, concurrency int, duration time.Duration) (*Report, error) {
+func measure(ctx context.Context, dial func(context.Context) (net.Conn, error), r measurement) (*Report, error) {
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	workers := make([]*worker, concurrency)
+	workers := make([]*worker, r.concurrency)
 	respSize := 0
 	for i := range workers {
-		conn, err := d.DialContext(dialCtx, server)
+		conn, err := dial(dialCtx)
 		if err != nil {
 			closeAll(workers)
 			return nil, fmt.Errorf("connection %d: %w", i, err)
 		}
 		workers[i] = &worker{conn: conn}
-		if _, err := conn.Write(appendClientHeader(nil, size)); err != nil {
+		if _, err := conn.Write(appendClientHeader(nil, r.size, r.flags)); err != nil {
 			closeAll(workers)
 			return nil, fmt.Errorf("connection %d: send perf header: %w", i, err)
 		}
@@ -117,34 +142,38 @@ func measure(ctx context.Context, d *transport.Dialer, server string, size, conc
 	defer closeAll(workers)
 
 	start := time.Now()
-	end := start.Add(duration)
+	end := start.Add(r.duration)
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.run(ctx, end, size, respSize)
+			if r.pipeline == 1 {
+				w.run(ctx, end, r.size, respSize)
+			} else {
+				w.runPipelined(ctx, end, r.size, respSize, r.pipeline)
+			}
 		}()
 	}
 	wg.Wait()
 	elapsed := time.Since(start).Seconds()
 
-	rep := &Report{Server: server, Size: size, ResponseSize: respSize, Concurrency: concurrency, DurationSeconds: elapsed}
+	rep := &Report{Server: r.server, Size: r.size, ResponseSize: respSize, Concurrency: r.concurrency,
+		Pipeline: r.pipeline, Ack: r.flags&flagAck != 0, DurationSeconds: elapsed}
 	var all histogram
 	for _, w := range workers {
 		all.merge(&w.hist)
 		rep.Requests += w.requests
-		tc := w.conn.(transport.Conn)
-		dbg := tc.Debug()
-		cr := ConnReport{
-			Mode: tc.Mode().String(), Provider: dbg.Provider, Device: dbg.Device,
-			FallbackReason: tc.FallbackReason(), HandshakeVersion: dbg.HandshakeVersion,
-			Local: w.conn.LocalAddr().String(), Requests: w.requests,
+		cr := ConnReport{Mode: "unix", Local: w.conn.LocalAddr().String(), Requests: w.requests}
+		if tc, ok := w.conn.(transport.Conn); ok {
+			dbg := tc.Debug()
+			cr.Mode, cr.Provider, cr.Device, cr.Fabric = tc.Mode().String(), dbg.Provider, dbg.Device, dbg.Fabric
+			cr.FallbackReason, cr.HandshakeVersion = tc.FallbackReason(), dbg.HandshakeVersion
 		}
 		if w.err != nil {
 			cr.Error = w.err.Error()
 		}
-		if tc.Mode() == transport.ModeURMA {
+		if cr.Mode == transport.ModeURMA.String() {
 			rep.URMAConns++
 		} else {
 			rep.TCPConns++
@@ -152,7 +181,7 @@ func measure(ctx context.Context, d *transport.Dialer, server string, size, conc
 		rep.Conns = append(rep.Conns, cr)
 	}
 	rep.QPS = float64(rep.Requests) / elapsed
-	rep.SentBytesPerSec = float64(rep.Requests) * float64(size) / elapsed
+	rep.SentBytesPerSec = float64(rep.Requests) * float64(r.size) / elapsed
 	rep.ReceivedBytesPerSec = float64(rep.Requests) * float64(respSize) / elapsed
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	rep.LatencyMicros = Latency{
@@ -187,6 +216,52 @@ func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
 	}
 }
 
+// runPipelined keeps depth requests outstanding until end: a writer sends
+// while fewer are unanswered, this goroutine reads the answers (in order)
+// and times each from its send.
+func (w *worker) runPipelined(ctx context.Context, end time.Time, size, respSize, depth int) {
+	sent := make(chan time.Time, depth)
+	werr := make(chan error, 1)
+	go func() {
+		defer close(sent)
+		req := make([]byte, size)
+		for i := range req {
+			req[i] = byte(i)
+		}
+		for ctx.Err() == nil {
+			t0 := time.Now()
+			if !t0.Before(end) {
+				return
+			}
+			sent <- t0 // blocks while depth requests are unanswered
+			if _, err := w.conn.Write(req); err != nil {
+				werr <- fmt.Errorf("write: %w", err)
+				return
+			}
+		}
+	}()
+	resp := make([]byte, respSize)
+	for t0 := range sent {
+		if _, err := io.ReadFull(w.conn, resp); err != nil {
+			select {
+			case w.err = <-werr:
+			default:
+				w.err = fmt.Errorf("read: %w", err)
+			}
+			_ = w.conn.Close() // unblock the writer
+			for range sent {
+			}
+			return
+		}
+		w.hist.record(time.Since(t0))
+		w.requests++
+	}
+	select {
+	case w.err = <-werr:
+	default:
+	}
+}
+
 func closeAll(ws []*worker) {
 	for _, w := range ws {
 		if w != nil {
@@ -196,12 +271,15 @@ func closeAll(ws []*worker) {
 }
 
 func printReport(w io.Writer, r *Report) {
-	fmt.Fprintf(w, "urma-perf client: server=%s size=%d response=%d concurrency=%d duration=%.2fs\n",
-		r.Server, r.Size, r.ResponseSize, r.Concurrency, r.DurationSeconds)
+	fmt.Fprintf(w, "urma-perf client: server=%s size=%d response=%d concurrency=%d pipeline=%d duration=%.2fs\n",
+		r.Server, r.Size, r.ResponseSize, r.Concurrency, r.Pipeline, r.DurationSeconds)
 	for i, c := range r.Conns {
 		fmt.Fprintf(w, "  conn %d %s mode=%s", i, c.Local, c.Mode)
 		if c.Provider != "" {
 			fmt.Fprintf(w, " provider=%s device=%s", c.Provider, c.Device)
+		}
+		if c.Fabric != "" {
+			fmt.Fprintf(w, " fabric=%s", c.Fabric)
 		}
 		if c.HandshakeVersion != 0 {
 			fmt.Fprintf(w, " hello=v%d", c.HandshakeVersion)

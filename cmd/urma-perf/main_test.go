@@ -17,7 +17,7 @@ import (
 
 // isolate keeps the environment the tests run in out of the transport.
 func isolate(t *testing.T) {
-	for _, k := range []string{"URMA_FLAGS_FILE", "URMA_DEVICE", "URMA_DEVICES", "URMA_EID", "URMA_JETTY_BUDGET", "URMA_PROVIDER", "URMA_LIBRARY"} {
+	for _, k := range []string{"URMA_FLAGS_FILE", "URMA_DEVICE", "URMA_DEVICES", "URMA_EID", "URMA_JETTY_BUDGET", "URMA_PROVIDER", "URMA_LIBRARY", "URMA_SOFT_FABRIC", "URMA_SHM_DIR"} {
 		t.Setenv(k, "")
 	}
 }
@@ -100,6 +100,8 @@ func TestClientServer(t *testing.T) {
 		{name: "tcp-only server", serverArgs: []string{"--echo", "--mode", "tcp"}, clientArgs: []string{"--concurrency", "2"}, wantTCP: 2, wantResp: 4096},
 		{name: "urma required, server tcp-only", serverArgs: []string{"--mode", "tcp"}, clientArgs: []string{"--mode", "urma"}, wantCode: 3, wantTCP: 1, wantResp: ackSize},
 		{name: "v3 hello and polling", serverArgs: []string{"--echo", "--urma_use_polling", "--urma_poller_yield"}, clientArgs: []string{"--urma_client_handshake_version=3"}, wantURMA: 1, wantResp: 4096},
+		{name: "pipelined, acks asked of an echo server", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "2000", "--pipeline", "8", "--ack"}, wantURMA: 1, wantResp: ackSize},
+		{name: "socket fabric", serverArgs: []string{"--echo", "--urma_soft_fabric=socket"}, clientArgs: []string{"--urma_soft_fabric=socket"}, wantURMA: 1, wantResp: 4096},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -114,6 +116,9 @@ func TestClientServer(t *testing.T) {
 			if r.ResponseSize != tc.wantResp {
 				t.Errorf("response size %d, want %d", r.ResponseSize, tc.wantResp)
 			}
+			if want := strings.Contains(strings.Join(tc.clientArgs, " "), "--pipeline 8"); want != (r.Pipeline == 8) || want != r.Ack {
+				t.Errorf("pipeline %d ack %v in the report", r.Pipeline, r.Ack)
+			}
 			if r.Requests == 0 || r.QPS <= 0 || r.LatencyMicros.P50 <= 0 || r.LatencyMicros.P999 < r.LatencyMicros.P50 || r.LatencyMicros.Max < r.LatencyMicros.P999 {
 				t.Errorf("implausible results: %+v", r)
 			}
@@ -124,6 +129,14 @@ func TestClientServer(t *testing.T) {
 				// What carries URMA, as a UB node's operator checks it.
 				if (c.Mode == "urma") != (strings.HasPrefix(c.Provider, "soft-") && c.Device == "soft0") {
 					t.Errorf("connection %+v: want the software provider on soft0 exactly when on URMA", c)
+				}
+				// One host: shared memory, unless the socket fabric is forced.
+				wantFabric := map[bool]string{true: "shm"}[c.Mode == "urma"]
+				if strings.Contains(tc.name, "socket fabric") {
+					wantFabric = "socket"
+				}
+				if c.Fabric != wantFabric {
+					t.Errorf("connection %+v: fabric %q, want %q", c, c.Fabric, wantFabric)
 				}
 			}
 			// The server reports each connection's mode too.
@@ -142,6 +155,46 @@ func TestClientServer(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUnixBaseline: the server also serves plain clients on a Unix domain
+// socket, the baseline urma-perf compares with (--mode unix).
+func TestUnixBaseline(t *testing.T) {
+	isolate(t)
+	path := filepath.Join(t.TempDir(), "perf.sock")
+	_, events := startServer(t, "--echo", "--unix", path)
+	for _, args := range [][]string{{"--size", "4096"}, {"--size", "512", "--pipeline", "4", "--ack"}} {
+		r, code, stderr := runClientJSON(t, append([]string{"--server", path, "--mode", "unix", "--duration", "200ms"}, args...)...)
+		if code != 0 {
+			t.Fatalf("client exit %d: %s", code, stderr)
+		}
+		if len(r.Conns) != 1 || r.Conns[0].Mode != "unix" || r.Conns[0].Fabric != "" || r.Requests == 0 || r.URMAConns != 0 {
+			t.Fatalf("unix run %+v", r)
+		}
+		select {
+		case e := <-events:
+			if e.Event != "conn" || e.Mode != "unix" {
+				t.Fatalf("server event %+v, want a unix conn", e)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("server reported no connection")
+		}
+		<-events // closed
+	}
+}
+
+// A perf header with flags this side does not know is refused.
+func TestPerfHeaderFlags(t *testing.T) {
+	for _, tc := range []struct {
+		flags uint32
+		ok    bool
+	}{{0, true}, {flagAck, true}, {2, false}, {flagAck | 1<<31, false}} {
+		b := appendClientHeader(nil, 100, tc.flags)
+		size, flags, err := readClientHeaderRest(bytes.NewReader(b[len(perfMagic):]))
+		if (err == nil) != tc.ok || (tc.ok && (size != 100 || flags != tc.flags)) {
+			t.Errorf("flags %#x: %d %#x %v", tc.flags, size, flags, err)
+		}
 	}
 }
 
@@ -205,6 +258,8 @@ func TestCommandLineErrors(t *testing.T) {
 		{"client without server", []string{"client"}, nil, 2, "--server is required"},
 		{"bad size", []string{"client", "--server", "x:1", "--size", "0"}, nil, 2, "--size 0 outside"},
 		{"bad mode", []string{"client", "--server", "x:1", "--mode", "rdma"}, nil, 2, `--mode "rdma"`},
+		{"bad pipeline", []string{"client", "--server", "x:1", "--pipeline", "0"}, nil, 2, "--pipeline 0 outside"},
+		{"unix socket missing", []string{"client", "--server", "/nonexistent/perf.sock", "--mode", "unix", "--duration", "10ms"}, nil, 1, "connection 0"},
 		{"bad urma flag", []string{"server", "--urma_sq_size=5"}, nil, 2, "urma_sq_size: 5 is out of range (want 16..4096)"},
 		{"unknown flag", []string{"server", "--urma_nope=1"}, nil, 2, "flag provided but not defined"},
 		{"bad provider", []string{"server", "--urma_provider=hw"}, nil, 2, `urma_provider: "hw" is not allowed (want one of auto, liburma, soft)`},
@@ -227,8 +282,8 @@ func TestCommandLineErrors(t *testing.T) {
 }
 
 // TestTwoProcesses builds urma-perf and runs server and client as two
-// processes over the software provider's socket fabric, as `make demo`
-// does.
+// processes over the software provider, as `make demo` does: on one host,
+// through shared memory.
 func TestTwoProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -269,8 +324,8 @@ func TestTwoProcesses(t *testing.T) {
 	if err := json.Unmarshal(res, &r); err != nil {
 		t.Fatal(err)
 	}
-	if r.URMAConns != 2 || r.Requests == 0 {
-		t.Fatalf("two processes over the socket fabric: %+v", r)
+	if r.URMAConns != 2 || r.Requests == 0 || r.Conns[0].Fabric != "shm" || r.Conns[1].Fabric != "shm" {
+		t.Fatalf("two processes on one host: %+v", r)
 	}
 	// SIGTERM stops the server cleanly.
 	if err := srv.Process.Signal(os.Interrupt); err != nil {

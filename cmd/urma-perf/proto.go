@@ -11,8 +11,11 @@ import (
 // each connection with a 16-byte header; the server answers with 8 bytes
 // saying how long each response will be:
 //
-//	client: "UPRF" u32 version=1 u32 request size u32 flags (0)
+//	client: "UPRF" u32 version=1 u32 request size u32 flags
 //	server: "UPRF" u32 response size (the request size with --echo, else 8)
+//
+// Flag bit 0 (ack) asks for 8-byte answers even from an echo server: a
+// throughput run moves its bytes one way. Other bits must be zero.
 //
 // then request, response, request, response... A connection that does not
 // start with "UPRF" is a plain TCP client: it gets a byte echo (or, from a
@@ -21,32 +24,38 @@ const (
 	perfMagic   = "UPRF"
 	perfVersion = 1
 	ackSize     = 8
+	// flagAck asks for 8-byte answers whatever the server's --echo.
+	flagAck uint32 = 1
 	// maxSize bounds a request so a bad header cannot make the server
 	// allocate without limit.
 	maxSize = 64 << 20
 )
 
-func appendClientHeader(dst []byte, size int) []byte {
+func appendClientHeader(dst []byte, size int, flags uint32) []byte {
 	dst = append(dst, perfMagic...)
 	dst = binary.BigEndian.AppendUint32(dst, perfVersion)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(size))
-	return binary.BigEndian.AppendUint32(dst, 0)
+	return binary.BigEndian.AppendUint32(dst, flags)
 }
 
 // readClientHeaderRest reads the 12 bytes after the magic.
-func readClientHeaderRest(r io.Reader) (size int, err error) {
+func readClientHeaderRest(r io.Reader) (size int, flags uint32, err error) {
 	var b [12]byte
 	if _, err := io.ReadFull(r, b[:]); err != nil {
-		return 0, fmt.Errorf("read perf header: %w", err)
+		return 0, 0, fmt.Errorf("read perf header: %w", err)
 	}
 	if v := binary.BigEndian.Uint32(b[0:]); v != perfVersion {
-		return 0, fmt.Errorf("perf header version %d, want %d", v, perfVersion)
+		return 0, 0, fmt.Errorf("perf header version %d, want %d", v, perfVersion)
 	}
 	size = int(binary.BigEndian.Uint32(b[4:]))
 	if size < 1 || size > maxSize {
-		return 0, fmt.Errorf("perf request size %d outside 1..%d", size, maxSize)
+		return 0, 0, fmt.Errorf("perf request size %d outside 1..%d", size, maxSize)
 	}
-	return size, nil
+	flags = binary.BigEndian.Uint32(b[8:])
+	if flags&^flagAck != 0 {
+		return 0, 0, fmt.Errorf("perf header flags %#x unknown", flags)
+	}
+	return size, flags, nil
 }
 
 func appendServerHeader(dst []byte, respSize int) []byte {

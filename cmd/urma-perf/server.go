@@ -38,12 +38,18 @@ func (p *printer) event(e serverEvent) {
 	switch e.Event {
 	case "listening":
 		fmt.Fprintf(p.w, "listening on %s echo=%v urma=%v", e.Addr, e.Echo, e.FallbackReason == "")
+		if e.Unix != "" {
+			fmt.Fprintf(p.w, " unix=%s", e.Unix)
+		}
 		if e.FallbackReason != "" {
 			fmt.Fprintf(p.w, " (every connection falls back: %s)", e.FallbackReason)
 		}
 		fmt.Fprintln(p.w)
 	case "conn":
 		fmt.Fprintf(p.w, "conn from %s mode=%s", e.Remote, e.Mode)
+		if e.Fabric != "" {
+			fmt.Fprintf(p.w, " fabric=%s", e.Fabric)
+		}
 		if e.Provider != "" {
 			fmt.Fprintf(p.w, " provider=%s device=%s", e.Provider, e.Device)
 		}
@@ -64,6 +70,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("urma-perf server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:0", "TCP address to listen on (the software provider listens on the same host)")
+	unixPath := fs.String("unix", "", "also serve plain (non-URMA) clients on this Unix domain socket, the baseline of --mode unix")
 	echo := fs.Bool("echo", false, "return every request; without it each request gets an 8-byte answer")
 	mode := fs.String("mode", "auto", "auto: URMA when the client can; tcp: TCP only (URMA clients fall back)")
 	var c common
@@ -83,14 +90,25 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	lns := []net.Listener{ln}
+	if *unixPath != "" {
+		uln, err := net.Listen("unix", *unixPath)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("listen on %s: %w", *unixPath, err)
+		}
+		lns = append(lns, uln)
+	}
 	out := &printer{w: stdout, json: c.json}
-	out.event(serverEvent{Event: "listening", Addr: ln.Addr().String(), Echo: *echo, FallbackReason: ln.FallbackReason()})
+	out.event(serverEvent{Event: "listening", Addr: ln.Addr().String(), Unix: *unixPath, Echo: *echo, FallbackReason: ln.FallbackReason()})
 
 	var wg sync.WaitGroup
 	conns := map[net.Conn]struct{}{}
 	var mu sync.Mutex
 	stop := context.AfterFunc(ctx, func() {
-		_ = ln.Close()
+		for _, l := range lns {
+			_ = l.Close()
+		}
 		mu.Lock()
 		for c := range conns {
 			_ = c.Close()
@@ -98,29 +116,43 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		mu.Unlock()
 	})
 	defer stop()
-	for {
-		conn, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			wg.Wait()
-			return err
-		}
-		mu.Lock()
-		conns[conn] = struct{}{}
-		mu.Unlock()
-		wg.Add(1)
+	errs := make(chan error, len(lns))
+	for _, l := range lns {
 		go func() {
-			defer wg.Done()
-			serveConn(conn, *echo, out)
-			mu.Lock()
-			delete(conns, conn)
-			mu.Unlock()
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					if ctx.Err() != nil {
+						err = nil
+					}
+					errs <- err
+					return
+				}
+				mu.Lock()
+				conns[conn] = struct{}{}
+				mu.Unlock()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					serveConn(conn, *echo, out)
+					mu.Lock()
+					delete(conns, conn)
+					mu.Unlock()
+				}()
+			}
 		}()
 	}
+	var acceptErr error
+	for range lns {
+		if e := <-errs; e != nil && acceptErr == nil {
+			acceptErr = e // one listener broke: stop the others too
+			for _, l := range lns {
+				_ = l.Close()
+			}
+		}
+	}
 	wg.Wait()
-	return nil
+	return acceptErr
 }
 
 // countingConn counts bytes each way.
@@ -143,17 +175,19 @@ func (c *countingConn) Write(p []byte) (int, error) {
 
 func serveConn(conn net.Conn, echo bool, out *printer) {
 	defer conn.Close()
-	tc := conn.(transport.Conn)
-	dbg := tc.Debug()
-	out.event(serverEvent{Event: "conn", Remote: conn.RemoteAddr().String(), Mode: tc.Mode().String(),
-		Provider: dbg.Provider, Device: dbg.Device, FallbackReason: tc.FallbackReason()})
-	c := &countingConn{Conn: conn}
-	protocol, err := serve(c, echo)
-	ev := serverEvent{Event: "closed", Remote: conn.RemoteAddr().String(), Protocol: protocol, BytesIn: c.in.Load(), BytesOut: c.out.Load()}
-	if err != nil {
-		ev.Error = err.Error()
+	ev := serverEvent{Event: "conn", Remote: conn.RemoteAddr().String(), Mode: "unix"}
+	if tc, ok := conn.(transport.Conn); ok {
+		dbg := tc.Debug()
+		ev.Mode, ev.Provider, ev.Device, ev.Fabric, ev.FallbackReason = tc.Mode().String(), dbg.Provider, dbg.Device, dbg.Fabric, tc.FallbackReason()
 	}
 	out.event(ev)
+	c := &countingConn{Conn: conn}
+	protocol, err := serve(c, echo)
+	closed := serverEvent{Event: "closed", Remote: conn.RemoteAddr().String(), Protocol: protocol, BytesIn: c.in.Load(), BytesOut: c.out.Load()}
+	if err != nil {
+		closed.Error = err.Error()
+	}
+	out.event(closed)
 }
 
 // serve answers one connection until it ends; a clean end is no error.
@@ -173,12 +207,12 @@ func serve(c net.Conn, echo bool) (protocol string, err error) {
 		}
 		return "plain", cleanEnd(err)
 	}
-	size, err := readClientHeaderRest(c)
+	size, flags, err := readClientHeaderRest(c)
 	if err != nil {
 		return "perf", err
 	}
 	resp := ackSize
-	if echo {
+	if echo && flags&flagAck == 0 {
 		resp = size
 	}
 	if _, err := c.Write(appendServerHeader(nil, resp)); err != nil {

@@ -8,8 +8,11 @@ type ConnReport struct {
 	Mode string `json:"mode"`
 	// Provider and Device say what carries a URMA connection: provider
 	// "liburma" is UB hardware, "soft-*" the software provider.
-	Provider         string `json:"provider,omitempty"`
-	Device           string `json:"device,omitempty"`
+	Provider string `json:"provider,omitempty"`
+	Device   string `json:"device,omitempty"`
+	// Fabric is what carries the bytes: "shm" or "socket" for the software
+	// provider's fabrics, else the provider's name.
+	Fabric           string `json:"fabric,omitempty"`
 	FallbackReason   string `json:"fallbackReason,omitempty"`
 	HandshakeVersion int    `json:"handshakeVersion,omitempty"`
 	Local            string `json:"local"`
@@ -33,6 +36,8 @@ type Report struct {
 	Size                int          `json:"size"`
 	ResponseSize        int          `json:"responseSize"`
 	Concurrency         int          `json:"concurrency"`
+	Pipeline            int          `json:"pipeline"` // requests outstanding per connection
+	Ack                 bool         `json:"ack,omitempty"`
 	DurationSeconds     float64      `json:"durationSeconds"`
 	Requests            uint64       `json:"requests"`
 	QPS                 float64      `json:"qps"`
@@ -48,10 +53,12 @@ type Report struct {
 type ServerEvent struct {
 	Event          string `json:"event"` // listening, conn, closed
 	Addr           string `json:"addr,omitempty"`
+	Unix           string `json:"unix,omitempty"` // the --unix socket, if any
 	Remote         string `json:"remote,omitempty"`
 	Mode           string `json:"mode,omitempty"`
 	Provider       string `json:"provider,omitempty"` // as ConnReport's
 	Device         string `json:"device,omitempty"`
+	Fabric         string `json:"fabric,omitempty"`
 	FallbackReason string `json:"fallbackReason,omitempty"`
 	Echo           bool   `json:"echo,omitempty"`
 	Protocol       string `json:"protocol,omitempty"` // perf or plain
