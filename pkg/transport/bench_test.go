@@ -12,6 +12,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/openeuler/urma-k8s/internal/benchbase"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
@@ -377,5 +381,69 @@ func benchRaw(b *testing.B, n int) {
 	case err := <-recvErr:
 		b.Fatal(err)
 	default:
+	}
+}
+
+// BenchmarkGRPCUnary/mode=M/size=health: sequential unary calls (the gRPC
+// health check) from one client, over plain TCP (tcp) or over the
+// transport between two engines of this process on the shm fabric (the
+// zero Config: urma-shm). ns/op is one call's round trip; `make bench`
+// prints urma-shm beside tcp as a ratio.
+func BenchmarkGRPCUnary(b *testing.B) {
+	for _, mode := range []string{"tcp", "urma-shm"} {
+		b.Run("mode="+mode+"/size=health", func(b *testing.B) {
+			f := benchFlags(4096, false)
+			cfg := Config{Flags: &f, LookupEnv: noEnv, DisableURMA: mode == "tcp"}
+			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			srv := grpc.NewServer()
+			healthpb.RegisterHealthServer(srv, health.NewServer())
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(ln) }()
+			defer func() {
+				srv.Stop()
+				<-served
+			}()
+			d, err := NewDialer(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer d.Close()
+			modes := make(chan Mode, 1)
+			dial := func(ctx context.Context, addr string) (net.Conn, error) {
+				c, err := d.DialContext(ctx, addr)
+				if err == nil {
+					m, _ := ModeOf(c)
+					select {
+					case modes <- m:
+					default:
+					}
+				}
+				return c, err
+			}
+			cc, err := grpc.NewClient("passthrough:///"+ln.Addr().String(), grpc.WithContextDialer(dial), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cc.Close()
+			client := healthpb.NewHealthClient(cc)
+			ctx := b.Context()
+			req := &healthpb.HealthCheckRequest{}
+			if _, err := client.Check(ctx, req); err != nil { // connect before timing
+				b.Fatal(err)
+			}
+			if m := <-modes; (m == ModeURMA) != (mode == "urma-shm") {
+				b.Fatalf("mode %s: the connection runs %s", mode, m)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := client.Check(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
