@@ -62,7 +62,8 @@ manifests: controller-gen ## regenerate deepcopy, CRDs, RBAC and webhook manifes
 	hack/sync-chart-crds.sh
 
 BENCH ?= .
-TRANSPORT_BASELINES := -baseline memcpy=BenchmarkTransport/mode=memcpy -baseline tcp=BenchmarkTransport/mode=tcp -baseline raw=BenchmarkTransport/mode=raw
+TRANSPORT_BASELINES := -baseline memcpy=BenchmarkTransport/mode=memcpy -baseline tcp=BenchmarkTransport/mode=tcp -baseline raw=BenchmarkTransport/mode=raw -baseline grpc-tcp=BenchmarkGRPCUnary/mode=tcp
+PERFTIME ?= 1s
 BENCHTIME ?= 1s
 .PHONY: bench
 bench: ## run the benchmarks; each figure is printed beside its same-run baselines
@@ -73,6 +74,9 @@ bench: ## run the benchmarks; each figure is printed beside its same-run baselin
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/urma/liburma/ | tee bin/bench-liburma.txt | $(GO) run ./hack/benchreport -baseline soft=BenchmarkMessage/path=soft/ -baseline cgo=BenchmarkMessage/path=cgo-nop/
 	@echo "==> transport vs raw provider vs TCP loopback vs memcpy"
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/transport/ | tee bin/bench-transport.txt | $(GO) run ./hack/benchreport $(TRANSPORT_BASELINES)
+	@echo "==> urma-perf as two processes: the transport on shared memory vs TCP and Unix socket loopback"
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && $(GO) build -o "$$tmp/urma-perf" ./cmd/urma-perf && \
+		$(GO) run ./hack/perfcompare -urma-perf "$$tmp/urma-perf" -duration $(PERFTIME) | tee bin/bench-perfcompare.txt
 
 .PHONY: fuzz
 FUZZTIME ?= 30s

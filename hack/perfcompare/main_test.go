@@ -1,0 +1,50 @@
+package main
+
+import "testing"
+
+func TestParseSizes(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []int
+		ok   bool
+	}{
+		{"64,4096, 65536", []int{64, 4096, 65536}, true},
+		{"1048576", []int{1 << 20}, true},
+		{"64,,4096", nil, false},
+		{"0", nil, false},
+		{"-5", nil, false},
+		{"4k", nil, false},
+	}
+	for _, tc := range tests {
+		got, err := parseSizes(tc.in)
+		if (err == nil) != tc.ok {
+			t.Errorf("parseSizes(%q): error %v, want ok=%v", tc.in, err, tc.ok)
+			continue
+		}
+		if len(got) != len(tc.want) {
+			t.Errorf("parseSizes(%q) = %v, want %v", tc.in, got, tc.want)
+			continue
+		}
+		for i := range got {
+			if got[i] != tc.want[i] {
+				t.Errorf("parseSizes(%q) = %v, want %v", tc.in, got, tc.want)
+			}
+		}
+	}
+}
+
+func TestSizeNameAndRatio(t *testing.T) {
+	for n, want := range map[int]string{64: "64B", 4096: "4KiB", 65536: "64KiB", 1 << 20: "1MiB", 1500: "1500B", 3 << 20: "3MiB"} {
+		if got := sizeName(n); got != want {
+			t.Errorf("sizeName(%d) = %q, want %q", n, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		a, b float64
+		want string
+	}{{300, 100, "3.00x"}, {50, 200, "0.25x"}, {0, 100, "-"}, {100, 0, "-"}} {
+		if got := ratio(tc.a, tc.b); got != tc.want {
+			t.Errorf("ratio(%v, %v) = %q, want %q", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
