@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -298,11 +299,47 @@ func TestPrepareRewritesALostSpec(t *testing.T) {
 	if err := os.RemoveAll(h.cdiDir); err != nil {
 		t.Fatal(err)
 	}
-	if r := d.prepare(t, c).Claims[string(c.UID)]; r.Error != "" {
-		t.Fatal(r.Error)
+	// The answer is the one given before, with the spec written again.
+	r := d.prepare(t, c).Claims[string(c.UID)]
+	if r.Error != "" || len(r.Devices) != 1 || !slices.Equal(r.Devices[0].CdiDeviceIds, []string{id}) {
+		t.Fatalf("prepared again as %+v, want the CDI device %s", r, id)
 	}
 	if env, _, _ := h.cdiEdits(t, id); !slices.Contains(env, "URMA_JETTY_BUDGET=16") {
 		t.Fatalf("rewritten spec env %v", env)
+	}
+}
+
+// A claim that cannot be prepared is logged as an error with its name and
+// why; a claim prepared beside it is not.
+func TestPrepareLogsRefusedClaims(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var refused []string
+	log := funcr.New(func(_, args string) {
+		if strings.Contains(args, "claim not prepared") {
+			mu.Lock()
+			refused = append(refused, args)
+			mu.Unlock()
+		}
+	}, funcr.Options{})
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, DevRoot: h.devRoot, Policy: draslices.DefaultRequestPolicy()}, h.inv, specs, log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := h.claim(16, "udma0")
+	bad := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "unallocated", Namespace: "default", UID: "uid-unallocated"}}
+	res, err := p.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{good, bad})
+	if err != nil || res[good.UID].Err != nil || res[bad.UID].Err == nil {
+		t.Fatalf("PrepareResourceClaims: %v, %+v", err, res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(refused) != 1 || !strings.Contains(refused[0], "default/unallocated") || !strings.Contains(refused[0], "is not allocated") {
+		t.Fatalf("refusals logged: %q, want one naming default/unallocated and why", refused)
 	}
 }
 
