@@ -68,6 +68,9 @@ func TestFactsIgnoreOtherDriversAndOldGenerations(t *testing.T) {
 	other := ss[0]
 	other.Spec.Driver = "gpu.example.com"
 	other.Spec.Devices = []resourceapi.Device{{Name: "gpu0"}}
+	// Another driver's pool of the same name is further on: its generation
+	// says nothing about which of ours is current.
+	other.Spec.Pool.Generation += 5
 	old := ss[0]
 	old.Spec.Pool.Generation = -1
 	old.Spec.Devices = []resourceapi.Device{{Name: "stale"}}
