@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -218,4 +219,55 @@ func TestFailureIsNotEOF(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReleaseOfABufferNotHandedOut: Release of a buffer that names the
+// connection but is not a receive buffer it handed to the application (a
+// slot out of range, another buffer in the slot, a receive still posted)
+// changes nothing: no repost, no credit, no panic, and the connection
+// goes on.
+func TestReleaseOfABufferNotHandedOut(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	p := connect(t, cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags()))
+	uc := p.server.(*urmaConn)
+	// One receive buffer is the application's.
+	if _, err := p.client.Write(make([]byte, smallFlags().ZerocopyMinSize)); err != nil {
+		t.Fatal(err)
+	}
+	held, err := uc.ReadBuffer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held.recv == nil {
+		t.Fatal("the message was copied, not handed over in its receive buffer")
+	}
+	posted := uc.rx[(held.slot+1)%int32(len(uc.rx))]
+	for _, tc := range []struct {
+		name string
+		buf  *Buffer
+	}{
+		{"slot -1", &Buffer{recv: uc, slot: -1}},
+		{"slot past the last", &Buffer{recv: uc, slot: int32(len(uc.rx))}},
+		{"another buffer in the application's slot", &Buffer{recv: uc, slot: held.slot}},
+		{"a receive still posted", posted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := tc.buf
+			uc.mu.Lock()
+			before, credits := append([]rxState(nil), uc.rxState...), uc.pendingCredits
+			uc.mu.Unlock()
+			b.held.Store(true)
+			b.Release()
+			uc.mu.Lock()
+			after, creditsAfter := append([]rxState(nil), uc.rxState...), uc.pendingCredits
+			same := slices.Equal(before, after) && credits == creditsAfter
+			uc.mu.Unlock()
+			if !same {
+				t.Fatalf("receive slots %v and %d pending credits became %v and %d", before, credits, after, creditsAfter)
+			}
+			exchange(t, p.client, p.server, "still connected")
+		})
+	}
+	held.Release()
 }
