@@ -593,7 +593,7 @@ func TestBrpcPeerEndsWithFIN(t *testing.T) {
 				t.Fatal(err)
 			}
 			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			if n, err := c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
 				t.Fatalf("read after the brpc peer's FIN: %d, %v; want 0, io.EOF", n, err)
 			}
 			if _, err := c.Write([]byte("late")); !errors.Is(err, syscall.EPIPE) {
