@@ -219,3 +219,44 @@ func TestZeroCopyDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// TestReadBufferAfterPartialRead: ReadBuffer after a Read that took part of
+// a message returns the rest, handed over in its receive buffer only when
+// the rest, not the whole message, is at least urma_zerocopy_min_size.
+func TestReadBufferAfterPartialRead(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	f := smallFlags()
+	p := connect(t, cfgWith(pa, f), cfgWith(pb, f))
+	zr := p.server.(ZeroCopyConn)
+	for _, tc := range []struct {
+		name       string
+		size, read int
+		handedOver bool
+	}{
+		{"rest below the minimum", f.ZerocopyMinSize + 10, 20, false},
+		{"rest at the minimum", f.ZerocopyMinSize + 10, 10, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := pattern(tc.size, byte(tc.read))
+			if _, err := p.client.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			head := make([]byte, tc.read)
+			if _, err := io.ReadFull(p.server, head); err != nil {
+				t.Fatal(err)
+			}
+			b, err := zr.ReadBuffer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Release()
+			if !bytes.Equal(b.Bytes(), msg[tc.read:]) {
+				t.Fatalf("ReadBuffer after reading %d bytes returned %d bytes, not the rest of the message", tc.read, b.Len())
+			}
+			if got := b.recv != nil; got != tc.handedOver {
+				t.Errorf("a rest of %d bytes (minimum %d) handed over in its receive buffer: %v, want %v", b.Len(), f.ZerocopyMinSize, got, tc.handedOver)
+			}
+		})
+	}
+}
