@@ -1,9 +1,15 @@
 package transport
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
 )
 
 // TestUnequalQueueDepths: two ends of ours with different send and receive
@@ -89,4 +95,39 @@ func TestUnequalQueueDepths(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWriterWaitsForTheSendQueue: with the send queue window spent but
+// receives still posted at the peer, a writer waits (within its deadline)
+// and counts a send-queue stall, not a remote-receive-queue one; it goes
+// on once a send slot is free.
+func TestWriterWaitsForTheSendQueue(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	reg := prometheus.NewRegistry()
+	ccfg := cfgWith(pb, smallFlags())
+	ccfg.Registerer = reg
+	p := connect(t, cfgWith(pa, smallFlags()), ccfg)
+	uc := p.client.(*urmaConn)
+	// Every send posted, none completed yet: only the send queue is full.
+	uc.mu.Lock()
+	free := uc.sqWindow
+	uc.sqWindow = 0
+	uc.mu.Unlock()
+	_ = p.client.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, err := p.client.Write([]byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("write with the send queue full: %d, %v; want a timeout", n, err)
+	}
+	stalls := func(window string) float64 {
+		return counterValue(t, reg, "urma_transport_window_stalls_total", map[string]string{"window": window})
+	}
+	if sq, rq := stalls(metrics.WindowSQ), stalls(metrics.WindowRemoteRQ); sq != 1 || rq != 0 {
+		t.Errorf("stalls: send queue %v, remote receive queue %v; want 1 and 0", sq, rq)
+	}
+	_ = p.client.SetWriteDeadline(time.Time{})
+	uc.mu.Lock()
+	uc.sqWindow = free
+	uc.mu.Unlock()
+	notify(uc.writable)
+	exchange(t, p.client, p.server, "the send queue has room again")
 }

@@ -244,3 +244,27 @@ func TestWriteDeadlineOnFullWindow(t *testing.T) {
 	}
 	exchange(t, p.client, p.server, "after the timeout")
 }
+
+// TestZeroLengthWrite: an empty Write sends nothing but reports what a
+// write would: nothing on an open connection, a timeout once the write
+// deadline passed, net.ErrClosed after Close.
+func TestZeroLengthWrite(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	p := connect(t, cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags()))
+	if n, err := p.client.Write(nil); n != 0 || err != nil {
+		t.Fatalf("empty write: %d, %v", n, err)
+	}
+	_ = p.client.SetWriteDeadline(aLongTimeAgo)
+	if _, err := p.client.Write(nil); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("empty write past the deadline: %v; want a timeout", err)
+	}
+	_ = p.client.SetWriteDeadline(time.Time{})
+	_ = p.client.Close()
+	if _, err := p.client.Write(nil); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("empty write after Close: %v; want net.ErrClosed", err)
+	}
+	if d := p.client.Debug(); d.MessagesSent != 0 {
+		t.Errorf("%d messages sent for empty writes", d.MessagesSent)
+	}
+}

@@ -189,6 +189,10 @@ func TestPoolDry(t *testing.T) {
 			case !failFast && (!errors.As(err, &ne) || !ne.Timeout()):
 				t.Fatalf("Write on a dry pool: %d, %v; want a timeout", n, err)
 			}
+			// The failed write gave back the window slot it had reserved.
+			if d := p.client.Debug(); d.SQWindow != d.WindowCapacity || d.RemoteRQWindow != d.WindowCapacity {
+				t.Fatalf("after a write failed on a dry pool: send queue window %d, remote receive window %d; want both %d", d.SQWindow, d.RemoteRQWindow, d.WindowCapacity)
+			}
 			_ = p.client.SetWriteDeadline(time.Time{})
 			done := make(chan error, 1)
 			if failFast {
