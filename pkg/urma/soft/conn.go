@@ -108,6 +108,9 @@ type conn struct {
 	refs    [MaxSGE]payloadRef
 	blocked map[blockKey]uint64
 	ticket  recvTicket
+	// released says the stream is closed (shm: its rings unmapped); set by
+	// the reader goroutine, last, under readMu.
+	released bool
 
 	// Watchdog goroutine only.
 	lastRx, lastTx uint64
@@ -409,6 +412,12 @@ func (c *conn) readLoop() {
 	c.fail(c.readFrames())
 	<-c.writerDone
 	c.abandonWrites()
+	// A poller may still drive the connection from a list it loaded before
+	// fail dropped it: wait until it is out, and keep later ones out of the
+	// rings that close unmaps.
+	c.readMu.Lock()
+	c.released = true
+	c.readMu.Unlock()
 	c.io.close()
 }
 
@@ -454,15 +463,21 @@ func (c *conn) readFrames() error {
 // of goroutines that sleep in Go's poller.
 func (c *conn) drive() {
 	s := c.io.(*shmIO)
-	if s.buffered() > 0 && c.readMu.TryLock() {
-		s.pollerReads = true
-		var err error
-		for s.buffered() > 0 {
-			if err = c.readFrame(); err != nil {
-				break
-			}
+	if c.readMu.TryLock() {
+		if c.released {
+			c.readMu.Unlock()
+			return // the rings are unmapped, and nothing is written any more
 		}
-		s.pollerReads = false
+		var err error
+		if s.buffered() > 0 {
+			s.pollerReads = true
+			for s.buffered() > 0 {
+				if err = c.readFrame(); err != nil {
+					break
+				}
+			}
+			s.pollerReads = false
+		}
 		c.readMu.Unlock()
 		if err != nil {
 			c.fail(err)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -614,4 +615,49 @@ func TestShmHostileSendRef(t *testing.T) {
 		encodeSendRef(fb[:], &sendHeader{opcode: urma.OpSend, dst: 1, token: 7, tag: 1}, []payloadRef{{handle: 1, length: 8}})...))
 	mustOK(t, err, "write")
 	waitUntil(t, "the socket device to refuse SEND_REF", func() bool { return sink.has("SEND_REF on a connection without shared memory") })
+}
+
+// A poller that drives the rings (a JFC without a JFCE) while peers come
+// and go must never touch the rings of a connection that closed: the
+// connection unmaps them only once no poller is inside, and no later one
+// gets in (before, a poller holding an old list of connections read an
+// unmapped ring and the process died with SIGSEGV).
+func TestShmPollerRacesConnectionClose(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	pa := newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		buf := make([]urma.Completion, 8)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, _ = a.sjfc.Poll(buf) // a sends nothing: this only drives the rings
+		}
+	}()
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	for i := range 30 {
+		pb := newProvider(t, opts)
+		b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+		target := b.importJetty(a)
+		a.postRecv(uint64(i), 0, 64)
+		mustOK(t, b.send(target, uint64(i), 0, 64, 0), "send")
+		if c := pollN(t, b.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+			t.Fatalf("send %d: %+v", i, c)
+		}
+		if c := pollN(t, a.rjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess || c.UserCtx != uint64(i) {
+			t.Fatalf("receive %d: %+v", i, c)
+		}
+		mustOK(t, pb.Close(), "close the peer")
+	}
 }
