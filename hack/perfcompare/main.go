@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -143,7 +144,7 @@ func pipeline(n int) int {
 
 // measureSize starts a server for one size and completion mode and
 // measures every mode against it.
-func measureSize(ctx context.Context, bin string, size int, polling bool, d time.Duration) (figures, error) {
+func measureSize(ctx context.Context, bin string, size int, polling bool, d time.Duration) (_ figures, err error) {
 	f := figures{mbps: map[string]float64{}, p50: map[string]float64{}, p99: map[string]float64{}}
 	dir, err := os.MkdirTemp("", "perfcompare")
 	if err != nil {
@@ -154,7 +155,7 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d time
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srv := exec.CommandContext(ctx, bin, append([]string{"server", "--listen", "127.0.0.1:0", "--unix", sock, "--echo", "--json"}, urmaFlags(size, polling)...)...)
-	var srvErr bytes.Buffer // shown only when something fails
+	var srvErr bytes.Buffer // read once the server exited, shown when something failed
 	srv.Stderr = &srvErr
 	out, err := srv.StdoutPipe()
 	if err != nil {
@@ -165,12 +166,15 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d time
 	}
 	defer func() {
 		_ = srv.Process.Signal(os.Interrupt)
-		_ = srv.Wait()
+		werr := srv.Wait()
+		if err != nil {
+			err = fmt.Errorf("%w\nserver (%v) said:\n%s", err, werr, tail(srvErr.String(), 20))
+		}
 	}()
 	sc := bufio.NewScanner(out)
 	var ev perfjson.ServerEvent
 	if !sc.Scan() {
-		return f, fmt.Errorf("the server said nothing: %s", srvErr.String())
+		return f, errors.New("the server said nothing")
 	}
 	if err := json.Unmarshal(sc.Bytes(), &ev); err != nil || ev.Event != "listening" {
 		return f, fmt.Errorf("the server said %q: %v", sc.Text(), err)
@@ -197,6 +201,12 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d time
 		f.p50[m], f.p99[m] = rtt.LatencyMicros.P50, rtt.LatencyMicros.P99
 	}
 	return f, nil
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // client runs one urma-perf client in mode and checks that its connection

@@ -48,3 +48,15 @@ func TestSizeNameAndRatio(t *testing.T) {
 		}
 	}
 }
+
+func TestTail(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		n    int
+		want string
+	}{{"a\nb\nc\n", 2, "b\nc"}, {"a\nb", 5, "a\nb"}, {"", 3, ""}} {
+		if got := tail(tc.in, tc.n); got != tc.want {
+			t.Errorf("tail(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
+	}
+}
