@@ -184,6 +184,9 @@ func formatPerf(urmaLabel string, u perfReport, tcpLabel string, t perfReport) s
 			if c.HandshakeVersion != 0 {
 				fmt.Fprintf(&b, " (hello v%d)", c.HandshakeVersion)
 			}
+			if c.Fabric != "" {
+				fmt.Fprintf(&b, " on %s", c.Fabric)
+			}
 			if c.FallbackReason != "" {
 				fmt.Fprintf(&b, ", fell back: %s", c.FallbackReason)
 			}

@@ -41,7 +41,7 @@ const urmaReportJSON = `{
   "urmaConns": 1,
   "tcpConns": 1,
   "conns": [
-    {"mode": "urma", "handshakeVersion": 2, "local": "127.0.0.1:1", "requests": 6000},
+    {"mode": "urma", "fabric": "shm", "handshakeVersion": 2, "local": "127.0.0.1:1", "requests": 6000},
     {"mode": "tcp", "fallbackReason": "jetty_budget_exhausted: 32 of 32 jetties in use", "local": "127.0.0.1:2", "requests": 3000}
   ]
 }
@@ -104,7 +104,7 @@ func TestFormatPerf(t *testing.T) {
 				"4 KiB requests, echoed, 2 connection(s)",
 				"1 urma + 1 tcp", "2999", "11.7 MiB/s", "541µs", "1.90ms",
 				"2 tcp", "10000", "39.1 MiB/s", "125µs", "1.25ms",
-				"conn 0: URMA (hello v2), 6000 requests",
+				"conn 0: URMA (hello v2) on shm, 6000 requests",
 				"conn 1: TCP, fell back: jetty_budget_exhausted: 32 of 32 jetties in use, 3000 requests",
 				"error: read: EOF",
 				"URMA throughput is 0.30x TCP's",
