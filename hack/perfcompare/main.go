@@ -117,7 +117,7 @@ func sizeName(n int) string {
 
 // urmaFlags size the transport for messages of n bytes, as the transport
 // benchmarks do: one buffer holds a message, and the pool holds both
-// queues' worth with room to spare.
+// queues' worth with room to spare; polling pollers yield when idle.
 func urmaFlags(n int, polling bool) []string {
 	buf := 8 << 10
 	for buf < n {
@@ -131,6 +131,9 @@ func urmaFlags(n int, polling bool) []string {
 		"--urma_buffer_size=" + strconv.Itoa(buf), "--urma_buffer_count=" + strconv.Itoa(4*2*q),
 		"--urma_sq_size=" + strconv.Itoa(q), "--urma_rq_size=" + strconv.Itoa(q),
 		"--urma_prepared_jetty_cnt=1", "--urma_use_polling=" + strconv.FormatBool(polling),
+		// A poller that spins without yielding starves the goroutines it
+		// serves on a machine with few cores (docs/transport.md).
+		"--urma_poller_yield=" + strconv.FormatBool(polling),
 	}
 }
 
