@@ -171,7 +171,11 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d time
 		_ = srv.Process.Signal(os.Interrupt)
 		werr := srv.Wait()
 		if err != nil {
-			err = fmt.Errorf("%w\nserver (%v) said:\n%s", err, werr, tail(srvErr.String(), 20))
+			status := "exited"
+			if werr != nil {
+				status = werr.Error()
+			}
+			err = fmt.Errorf("%w\nserver (%s) said:\n%s", err, status, tail(srvErr.String(), 20))
 		}
 	}()
 	sc := bufio.NewScanner(out)
@@ -179,8 +183,11 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d time
 	if !sc.Scan() {
 		return f, errors.New("the server said nothing")
 	}
-	if err := json.Unmarshal(sc.Bytes(), &ev); err != nil || ev.Event != "listening" {
-		return f, fmt.Errorf("the server said %q: %v", sc.Text(), err)
+	if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+		return f, fmt.Errorf("the server said %q: %w", sc.Text(), err)
+	}
+	if ev.Event != "listening" {
+		return f, fmt.Errorf("the server said %q, not that it listens", sc.Text())
 	}
 	go func() { // keep reading its events, or it blocks writing them
 		for sc.Scan() {
@@ -220,7 +227,7 @@ func client(ctx context.Context, bin, mode string, args ...string) (*perfjson.Re
 	cmd.Stderr = &stderr
 	b, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("%v: %s", err, strings.TrimSpace(stderr.String()))
+		return nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	var r perfjson.Report
 	if err := json.Unmarshal(b, &r); err != nil {
