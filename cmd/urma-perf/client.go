@@ -191,13 +191,19 @@ func measure(ctx context.Context, dial func(context.Context) (net.Conn, error), 
 	return rep, nil
 }
 
-// run sends requests until end (or ctx ends) and times each round trip.
-func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
+// newRequest is a request of size bytes, a recognisable pattern.
+func newRequest(size int) []byte {
 	req := make([]byte, size)
-	resp := make([]byte, respSize)
 	for i := range req {
 		req[i] = byte(i)
 	}
+	return req
+}
+
+// run sends requests until end (or ctx ends) and times each round trip.
+func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
+	req := newRequest(size)
+	resp := make([]byte, respSize)
 	for ctx.Err() == nil {
 		t0 := time.Now()
 		if !t0.Before(end) {
@@ -224,10 +230,7 @@ func (w *worker) runPipelined(ctx context.Context, end time.Time, size, respSize
 	werr := make(chan error, 1)
 	go func() {
 		defer close(sent)
-		req := make([]byte, size)
-		for i := range req {
-			req[i] = byte(i)
-		}
+		req := newRequest(size)
 		for ctx.Err() == nil {
 			t0 := time.Now()
 			if !t0.Before(end) {
