@@ -14,6 +14,7 @@ import (
 func init() {
 	register("Devices", testDevices)
 	register("SendRecvBytes", testSendRecvBytes)
+	register("InlineCopiedAtPost", testInlineCopiedAtPost)
 	register("OrderRC", func(t *testing.T, pr Pair) { testOrder(t, pr, urma.RC) })
 	register("OrderRM", func(t *testing.T, pr Pair) { testOrder(t, pr, urma.RM) })
 	register("OrderUnderRNR", testOrderUnderRNR)
@@ -143,6 +144,43 @@ func testSendRecvBytes(t *testing.T, pr Pair) {
 				t.Errorf("receive buffer written past the message's %d bytes", c.size)
 			}
 		})
+	}
+}
+
+// An inline send's bytes are copied at post (udma copies them into the
+// send queue entry: hw/udma/udma_u_jfs.c:459-471, handle_sq_inline): the
+// caller may reuse its memory at once, and inline sends queued together
+// each keep their own bytes.
+func testInlineCopiedAtPost(t *testing.T, pr Pair) {
+	const n, size = 4, 48
+	a := open(t, pr.A, pr.DeviceA, epConfig{MaxInline: 64})
+	b := open(t, pr.B, pr.DeviceB, epConfig{})
+	target := a.importFrom(b, b.cfg.Token)
+	// No receive is posted yet and RNR retries forever: all n stay queued,
+	// each posted from the same memory with other bytes in it.
+	for i := range n {
+		fill(a.bytes(0, size), byte(0xa0+i))
+		wr := a.sendWR(target, uint64(i), 0, size)
+		wr.Flags |= urma.SendInline
+		must(t, a.jetty.PostSend(wr), "post inline send %d", i)
+	}
+	fill(a.bytes(0, size), 0xff)
+	for i := range n {
+		b.postRecv(uint64(i), i*size, size)
+	}
+	for _, c := range wait(t, b.recvJFC, n, waitTimeout) {
+		i := int(c.UserCtx)
+		if c.Status != urma.StatusSuccess || c.CompletionLen != size || i >= n {
+			t.Fatalf("inline send received as %+v", c)
+		}
+		if got, want := b.bytes(i*size, size), bytes.Repeat([]byte{byte(0xa0 + i)}, size); !bytes.Equal(got, want) {
+			t.Errorf("inline send %d carried % x, want the bytes it was posted with (% x)", i, got[:8], want[:8])
+		}
+	}
+	for _, c := range wait(t, a.sendJFC, n, waitTimeout) {
+		if c.Status != urma.StatusSuccess {
+			t.Fatalf("inline send completed as %+v", c)
+		}
 	}
 }
 

@@ -74,16 +74,17 @@ func register(name string, run func(t *testing.T, pr Pair)) {
 
 // epConfig shapes an endpoint; zero fields take the defaults below.
 type epConfig struct {
-	Mode     urma.TransportMode // RC
-	SQDepth  uint32             // 64
-	RQDepth  uint32             // 64
-	CQDepth  uint32             // 1024
-	MaxSGE   uint32             // 4
-	RNRRetry *uint8             // 7: retry forever
-	MinRNR   uint8
-	Token    urma.Token // 0x5eed
-	MemSize  int        // 4 MiB
-	Events   bool       // put the receive JFC on a JFCE
+	Mode      urma.TransportMode // RC
+	SQDepth   uint32             // 64
+	RQDepth   uint32             // 64
+	CQDepth   uint32             // 1024
+	MaxSGE    uint32             // 4
+	MaxInline uint32             // 0: no inline sends
+	RNRRetry  *uint8             // 7: retry forever
+	MinRNR    uint8
+	Token     urma.Token // 0x5eed
+	MemSize   int        // 4 MiB
+	Events    bool       // put the receive JFC on a JFCE
 }
 
 func rnr(n uint8) *uint8 { return &n }
@@ -173,7 +174,7 @@ func (e *endpoint) newJFR(token urma.Token) urma.JFR {
 func (e *endpoint) newJetty() urma.Jetty {
 	e.t.Helper()
 	j, err := e.ctx.CreateJetty(urma.JettyConfig{
-		Mode: e.cfg.Mode, SQDepth: e.cfg.SQDepth, MaxSGE: e.cfg.MaxSGE, SendJFC: e.sendJFC, JFR: e.jfr,
+		Mode: e.cfg.Mode, SQDepth: e.cfg.SQDepth, MaxSGE: e.cfg.MaxSGE, MaxInline: e.cfg.MaxInline, SendJFC: e.sendJFC, JFR: e.jfr,
 		RNRRetry: *e.cfg.RNRRetry,
 	})
 	must(e.t, err, "create jetty")
