@@ -150,12 +150,16 @@ func testSendRecvBytes(t *testing.T, pr Pair) {
 // An inline send's bytes are copied at post (udma copies them into the
 // send queue entry: hw/udma/udma_u_jfs.c:459-471, handle_sq_inline): the
 // caller may reuse its memory at once, and inline sends queued together
-// each keep their own bytes.
+// each keep their own bytes. The jetty's MaxInline is the most one inline
+// send carries: more fails the post.
 func testInlineCopiedAtPost(t *testing.T, pr Pair) {
-	const n, size = 4, 48
-	a := open(t, pr.A, pr.DeviceA, epConfig{MaxInline: 64})
+	const n, size = 4, 64
+	a := open(t, pr.A, pr.DeviceA, epConfig{MaxInline: size})
 	b := open(t, pr.B, pr.DeviceB, epConfig{})
 	target := a.importFrom(b, b.cfg.Token)
+	over := a.sendWR(target, 99, 0, size+1)
+	over.Flags |= urma.SendInline
+	wantErr(t, a.jetty.PostSend(over), urma.ErrInval, "an inline send past MaxInline")
 	// No receive is posted yet and RNR retries forever: all n stay queued,
 	// each posted from the same memory with other bytes in it.
 	for i := range n {
