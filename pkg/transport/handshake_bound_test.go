@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"testing"
@@ -151,5 +152,49 @@ func TestHandshakeStallsAreBounded(t *testing.T) {
 				t.Errorf("queues left after the handshake gave up: %v", live)
 			}
 		})
+	}
+}
+
+// TestDialCancelledMidHandshake: cancelling the dial's context while the
+// server has not answered ends the handshake at once, and the error wraps
+// the context's, so the caller can tell its own cancellation from a peer
+// that failed.
+func TestDialCancelledMidHandshake(t *testing.T) {
+	checkNoLeaks(t)
+	_, pb := fabricPair(t)
+	d, err := NewDialer(cfgWith(pb, smallFlags())) // HandshakeTimeout: 10 s
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	peerLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peerLn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := peerLn.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		// Take the client's hello, then cancel the dial and say nothing.
+		_, _ = c.Read(make([]byte, handshake.MagicLen))
+		cancel()
+		accepted <- c
+	}()
+	c, err := d.DialContext(ctx, peerLn.Addr().String())
+	if peer, ok := <-accepted; ok {
+		defer peer.Close()
+	}
+	if err == nil {
+		_ = c.Close()
+		t.Fatal("the dial succeeded against a silent server")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("dial cancelled mid-handshake: %v; want an error wrapping context.Canceled", err)
 	}
 }
