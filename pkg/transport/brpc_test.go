@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
 // brpcPeer is a URMA endpoint that behaves as brpc's UrmaTransport
@@ -615,27 +617,56 @@ func TestBrpcCreditThreshold(t *testing.T) {
 	// with rq 64 it returns credits once more than (64 - 3) / 2 = 30 are
 	// pending, so a window needs 31, a send queue 31 + 3 = 34.
 	const brpcRQ, brpcThreshold, minSQ = 64, 30, 34
-	t.Run("server sizes its window", func(t *testing.T) {
-		pa, pb := fabricPair(t)
-		ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, smallFlags())) // sq 16
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		b := newBrpcPeer(t, pb, 16, brpcRQ)
-		if ok, err := b.dial(ln.Addr().String()); !ok || err != nil {
-			t.Fatalf("brpc client handshake: %v, %v", ok, err)
-		}
-		c, err := ln.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if w := c.(Conn).Debug().WindowCapacity; w <= brpcThreshold {
-			t.Fatalf("window %d toward a brpc peer whose threshold is %d: it would stall", w, brpcThreshold)
-		}
-		streamBoth(t, b, c, 4*brpcRQ*1024)
-	})
+	// A server raises its send queue for a brpc client when it is below
+	// minSQ: to the client's whole receive queue (window 64 - 3 = 61), or
+	// as deep as the device takes: its send queue depth, or its completion
+	// queue depth less the receive queue (16) and one.
+	for _, tc := range []struct {
+		name       string
+		sq         int
+		caps       urma.DeviceCaps
+		wantWindow int
+	}{
+		{"sq 16", 16, urma.DeviceCaps{}, brpcRQ - 3},
+		{"sq 33", minSQ - 1, urma.DeviceCaps{}, brpcRQ - 3},
+		{"sq 34 is enough", minSQ, urma.DeviceCaps{}, minSQ - 3},
+		{"device send queues of 40", 16, urma.DeviceCaps{MaxJFSDepth: 40}, 40 - 3},
+		{"device completion queues of 60", 16, urma.DeviceCaps{MaxJFCDepth: 60}, 60 - 16 - 1 - 3},
+	} {
+		t.Run("server with "+tc.name, func(t *testing.T) {
+			f := soft.NewFabric()
+			pa, err := soft.New(soft.Options{Fabric: f, Logger: logr.Discard(), Devices: []soft.DeviceSpec{{Caps: tc.caps}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pa.Close()
+			pb, err := soft.New(soft.Options{Fabric: f, Logger: logr.Discard()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pb.Close()
+			fl := smallFlags() // rq 16
+			fl.SQSize = tc.sq
+			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, fl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			b := newBrpcPeer(t, pb, 16, brpcRQ)
+			if ok, err := b.dial(ln.Addr().String()); !ok || err != nil {
+				t.Fatalf("brpc client handshake: %v, %v", ok, err)
+			}
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if w := c.(Conn).Debug().WindowCapacity; w != tc.wantWindow {
+				t.Fatalf("window %d toward a brpc peer with rq %d (threshold %d), want %d", w, brpcRQ, brpcThreshold, tc.wantWindow)
+			}
+			streamBoth(t, b, c, 4*brpcRQ*1024)
+		})
+	}
 	// Around the boundary: sq 33 gives a window of 30, which stalls.
 	for _, sq := range []int{16, minSQ - 1, minSQ, 64} {
 		t.Run(fmt.Sprintf("client with sq %d", sq), func(t *testing.T) {
