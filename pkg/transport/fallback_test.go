@@ -212,6 +212,8 @@ func TestFirstBytesTimeout(t *testing.T) {
 	checkNoLeaks(t)
 	byFlag := smallFlags()
 	byFlag.FirstBytesTimeout = 150 * time.Millisecond
+	noFirstBytesWait := smallFlags()
+	noFirstBytesWait.FirstBytesTimeout = 0
 	for _, tc := range []struct {
 		name string
 		cfg  func(c *Config)
@@ -220,6 +222,9 @@ func TestFirstBytesTimeout(t *testing.T) {
 		{"Config.FirstBytesTimeout", func(c *Config) { c.FirstBytesTimeout = 100 * time.Millisecond }, "within 100ms (urma_first_bytes_timeout)"},
 		{"--urma_first_bytes_timeout", func(c *Config) { c.Flags = &byFlag }, "within 150ms (urma_first_bytes_timeout)"},
 		{"a shorter handshake timeout", func(c *Config) { c.HandshakeTimeout = 100 * time.Millisecond }, "within 100ms"},
+		{"0 waits the whole handshake timeout", func(c *Config) {
+			c.Flags, c.HandshakeTimeout = &noFirstBytesWait, 200*time.Millisecond
+		}, "within 200ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, _ := fabricPair(t)
