@@ -251,8 +251,8 @@ func TestReadBufferAfterPartialRead(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer b.Release()
-			if !bytes.Equal(b.Bytes(), msg[tc.read:]) {
-				t.Fatalf("ReadBuffer after reading %d bytes returned %d bytes, not the rest of the message", tc.read, b.Len())
+			if !bytes.Equal(b.Bytes(), msg[tc.read:]) || b.Len() != tc.size-tc.read {
+				t.Fatalf("ReadBuffer after reading %d bytes returned %d bytes (Len %d), not the rest of the message", tc.read, len(b.Bytes()), b.Len())
 			}
 			if got := b.recv != nil; got != tc.handedOver {
 				t.Errorf("a rest of %d bytes (minimum %d) handed over in its receive buffer: %v, want %v", b.Len(), f.ZerocopyMinSize, got, tc.handedOver)
