@@ -48,6 +48,13 @@ func (l *Lines) Count(sub string) int {
 // Contains reports whether any line contains sub.
 func (l *Lines) Contains(sub string) bool { return l.Count(sub) > 0 }
 
+// All returns a copy of the lines so far.
+func (l *Lines) All() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
 // String is every line, one a line.
 func (l *Lines) String() string {
 	l.mu.Lock()

@@ -31,6 +31,9 @@ func TestLinesCountsWhatWasLogged(t *testing.T) {
 			t.Errorf("Count(%q) = %d, want %d in:\n%s", tt.sub, got, tt.want, l.String())
 		}
 	}
+	if all := l.All(); len(all) != 6 || all[0] != `plugin "level"=0 "msg"="device advertised" "device"="udma0"` {
+		t.Errorf("All = %q, want 6 lines, the first as funcr renders it", all)
+	}
 	if !l.Contains("udma1") || l.Contains("udma9") {
 		t.Errorf("Contains disagrees with the lines:\n%s", l.String())
 	}

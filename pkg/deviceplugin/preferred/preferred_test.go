@@ -149,6 +149,7 @@ func TestPickAmongSeveralCandidates(t *testing.T) {
 		"b0": {NUMANode: 1, Healthy: true},
 		"b1": {NUMANode: 1, Healthy: true},
 		"c0": {NUMANode: 0, Healthy: true},
+		"d2": {NUMANode: 2, Healthy: true},
 	}
 	tests := []struct {
 		name string
@@ -170,6 +171,12 @@ func TestPickAmongSeveralCandidates(t *testing.T) {
 		{
 			"must-include devices on different NUMA nodes: best fit",
 			Request{Available: concat(rangeIDs("b1", 0, 2), rangeIDs("c0", 0, 3)), MustInclude: concat(ids("a0", 0), ids("b0", 0)), Size: 4},
+			concat(ids("a0", 0), ids("b0", 0), ids("b1", 0, 1)),
+		},
+		{
+			// No NUMA node is preferred, not even one that is no anchor's.
+			"must-include devices on different NUMA nodes: no node preferred",
+			Request{Available: concat(rangeIDs("b1", 0, 2), rangeIDs("d2", 0, 3)), MustInclude: concat(ids("a0", 0), ids("b0", 0)), Size: 4},
 			concat(ids("a0", 0), ids("b0", 0), ids("b1", 0, 1)),
 		},
 		{

@@ -115,6 +115,8 @@ type Registrar struct {
 	mu         sync.Mutex
 	serving    bool
 	registered bool
+
+	retryIn func(time.Duration) // test hook: a retry was scheduled after this delay
 }
 
 // New returns a registrar for the plugin service; metrics may be nil.
@@ -344,6 +346,9 @@ func (l *loop) kick() {
 // again schedules the next attempt after the backoff, and doubles it.
 func (l *loop) again() {
 	l.retry.Reset(l.backoff)
+	if l.r.retryIn != nil {
+		l.r.retryIn(l.backoff)
+	}
 	l.backoff = min(l.backoff*2, l.r.cfg.BackoffMax)
 }
 

@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -9,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/kubelettest"
@@ -47,11 +50,17 @@ type plugin struct {
 // startPlugin runs a registrar over an inventory with one device of 3 units.
 func startPlugin(t *testing.T, dir string, mutate func(*Config)) *plugin {
 	t.Helper()
+	return startPluginWith(t, dir, mutate, testr.New(t), nil)
+}
+
+// startPluginWith is startPlugin with a logger of the test's choice and a
+// hook that sees the registrar before it runs.
+func startPluginWith(t *testing.T, dir string, mutate func(*Config), log logr.Logger, before func(*Registrar)) *plugin {
+	t.Helper()
 	inv := inventory.New(16)
 	inv.Publish(inventory.Snapshot{JettiesPerUnit: 16, Devices: []inventory.Device{
 		{Name: "udma0", Healthy: true, NUMANode: 0, Budget: budget.Budget{Units: 3, Jetties: 48}},
 	}})
-	log := testr.New(t)
 	m := metrics.New()
 	cfg := Config{
 		SocketDir: dir, ResourceName: resource, Options: server.Options(),
@@ -61,6 +70,9 @@ func startPlugin(t *testing.T, dir string, mutate func(*Config)) *plugin {
 		mutate(&cfg)
 	}
 	reg := New(cfg, server.New(server.Config{}, inv, log, m), log, m)
+	if before != nil {
+		before(reg)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- reg.Run(ctx) }()
@@ -167,6 +179,62 @@ func TestStartsBeforeKubelet(t *testing.T) {
 	}
 	k := startKubelet(t, dir)
 	listed(t, k, 1, 3)
+}
+
+// While kubelet is away, registration is retried with a doubling delay up
+// to BackoffMax, and said at the default verbosity only on the first
+// failure and then every twelfth (about once a minute at the defaults).
+func TestRegistrationRetriesBackOffAndLogSparingly(t *testing.T) {
+	dir := socketDir(t)
+	logs := &logtest.Lines{}
+	delays := make(chan time.Duration, 64)
+	p := startPluginWith(t, dir, nil, logs.Logger(t), func(r *Registrar) {
+		r.retryIn = func(d time.Duration) {
+			select {
+			case delays <- d:
+			default:
+			}
+		}
+	})
+	ms := time.Millisecond
+	want := []time.Duration{ms, 2 * ms, 4 * ms, 8 * ms, 16 * ms, 20 * ms, 20 * ms, 20 * ms, 20 * ms, 20 * ms, 20 * ms, 20 * ms, 20 * ms}
+	for i, w := range want {
+		select {
+		case got := <-delays:
+			if got != w {
+				t.Errorf("retry %d after %v, want %v", i+1, got, w)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no retry %d", i+1)
+		}
+	}
+	p.stop()
+	// Each failure is one line; the first and the twelfth at level 0.
+	levels := map[int]string{}
+	for _, line := range logs.All() {
+		if !strings.Contains(line, "registration with kubelet failed; retrying") {
+			continue
+		}
+		var attempt int
+		if i := strings.LastIndex(line, `"attempt"=`); i < 0 {
+			t.Fatalf("failure line without its attempt: %s", line)
+		} else if _, err := fmt.Sscanf(line[i:], `"attempt"=%d`, &attempt); err != nil {
+			t.Fatalf("failure line %q: %v", line, err)
+		}
+		if _, dup := levels[attempt]; dup {
+			t.Errorf("attempt %d logged twice", attempt)
+		}
+		levels[attempt] = line[strings.Index(line, `"level"=`):][:len(`"level"=0`)]
+	}
+	for attempt := 1; attempt <= len(want); attempt++ {
+		wantLevel := `"level"=1`
+		if attempt == 1 || attempt == 12 {
+			wantLevel = `"level"=0`
+		}
+		if levels[attempt] != wantLevel {
+			t.Errorf("attempt %d logged at %q, want %s", attempt, levels[attempt], wantLevel)
+		}
+	}
 }
 
 func TestKubeletRestart(t *testing.T) {
