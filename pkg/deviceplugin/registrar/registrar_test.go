@@ -237,6 +237,24 @@ func TestRegistrationRetriesBackOffAndLogSparingly(t *testing.T) {
 	}
 }
 
+// A kubelet.sock that appears anew makes the plugin register again; while
+// that fails the plugin still says it serves (its /healthz stays 200).
+func TestServingWhileReRegistrationFails(t *testing.T) {
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	p := startPlugin(t, dir, nil)
+	listed(t, k, 1, 3)
+	k.Stop()
+	// Not a kubelet: registering with it fails.
+	if err := os.WriteFile(filepath.Join(dir, kubeletSocketName), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "registration dropped for the new kubelet.sock", func() bool { return !p.reg.Registered() })
+	if !p.reg.Serving() {
+		t.Fatal("not serving while re-registering, though the socket is served")
+	}
+}
+
 func TestKubeletRestart(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
