@@ -255,6 +255,29 @@ func TestServingWhileReRegistrationFails(t *testing.T) {
 	}
 }
 
+// A socket left by a previous run is replaced without complaint, and a
+// clean stop removes ours without logging an error.
+func TestStaleSocketAndCleanStopLogNoErrors(t *testing.T) {
+	dir := socketDir(t)
+	sock := filepath.Join(dir, DefaultSocketName)
+	if err := os.WriteFile(sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k := startKubelet(t, dir)
+	logs := &logtest.Lines{}
+	p := startPluginWith(t, dir, nil, logs.Logger(t), nil)
+	listed(t, k, 1, 3)
+	p.stop()
+	for _, bad := range []string{"cannot serve the device plugin socket", "gRPC server failed", "cannot remove our socket"} {
+		if logs.Contains(bad) {
+			t.Errorf("logged %q:\n%s", bad, logs.String())
+		}
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("our socket after a clean stop: %v, want it removed", err)
+	}
+}
+
 func TestKubeletRestart(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
