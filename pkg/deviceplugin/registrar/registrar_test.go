@@ -242,7 +242,8 @@ func TestRegistrationRetriesBackOffAndLogSparingly(t *testing.T) {
 func TestServingWhileReRegistrationFails(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
-	p := startPlugin(t, dir, nil)
+	logs := &logtest.Lines{}
+	p := startPluginWith(t, dir, nil, logs.Logger(t), nil)
 	listed(t, k, 1, 3)
 	k.Stop()
 	// Not a kubelet: registering with it fails.
@@ -252,6 +253,12 @@ func TestServingWhileReRegistrationFails(t *testing.T) {
 	eventually(t, "registration dropped for the new kubelet.sock", func() bool { return !p.reg.Registered() })
 	if !p.reg.Serving() {
 		t.Fatal("not serving while re-registering, though the socket is served")
+	}
+	eventually(t, "a failed re-registration", func() bool { return logs.Contains("registration with kubelet failed") })
+	p.stop()
+	// Our socket was never touched: registering again must not re-serve it.
+	if n := logs.Count(`"msg"="serving the device plugin"`); n != 1 {
+		t.Errorf("served %d times, want once:\n%s", n, logs.String())
 	}
 }
 
@@ -334,6 +341,12 @@ func TestPeriodicCheckWithoutFsnotify(t *testing.T) {
 	k.Stop()
 	k2 := startKubelet(t, dir)
 	listed(t, k2, 1, 3)
+	// Our socket removed while kubelet stays: the check serves and
+	// registers again.
+	if err := os.Remove(filepath.Join(dir, DefaultSocketName)); err != nil {
+		t.Fatal(err)
+	}
+	listed(t, k2, 2, 3)
 }
 
 func TestShutdownRemovesSocketAndGoroutines(t *testing.T) {
