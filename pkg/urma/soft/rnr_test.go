@@ -30,3 +30,28 @@ func TestRNRRetryCountsTransmissions(t *testing.T) {
 		}
 	}
 }
+
+// The wait before an RNR retry: min_rnr_timer t sets the base, 10µs << t/2,
+// times 1.5 for odd t; each retry doubles it, up to max(base, 10ms).
+func TestRNRDelay(t *testing.T) {
+	for _, tc := range []struct {
+		timer, retry uint8
+		want         time.Duration
+	}{
+		{0, 1, 10 * time.Microsecond},
+		{1, 1, 15 * time.Microsecond},
+		{2, 1, 20 * time.Microsecond},
+		{3, 1, 30 * time.Microsecond},
+		{0, 2, 20 * time.Microsecond},
+		{0, 3, 40 * time.Microsecond},
+		{0, 10, 5120 * time.Microsecond},
+		{0, 11, 10 * time.Millisecond}, // 10.24ms, capped
+		{0, 255, 10 * time.Millisecond},
+		{31, 1, 10 * time.Microsecond << 15 * 3 / 2}, // the base is above 10ms: no backoff
+		{31, 5, 10 * time.Microsecond << 15 * 3 / 2},
+	} {
+		if got := rnrDelay(tc.timer, tc.retry); got != tc.want {
+			t.Errorf("rnrDelay(%d, %d) = %v, want %v", tc.timer, tc.retry, got, tc.want)
+		}
+	}
+}
