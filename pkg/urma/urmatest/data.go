@@ -111,11 +111,12 @@ func testSendRecvBytes(t *testing.T, pr Pair) {
 			rc := wait(t, b.recvJFC, 1, waitTimeout)[0]
 
 			// A send completion carries no opcode (urma_types.h:1154,
-			// "Only for recv"): providers leave it zero.
+			// "Only for recv"): providers leave it zero. Its length is the
+			// bytes sent.
 			if sc.Status != urma.StatusSuccess || sc.Recv || sc.UserCtx != userCtx || sc.Opcode != 0 ||
-				sc.LocalID != a.jetty.ID().ID || sc.RemoteID.ID != b.jetty.ID().ID {
-				t.Errorf("send completion %+v: want SUCCESS, s_r 0, user_ctx %#x, no opcode, local %d, remote %d",
-					sc, userCtx, a.jetty.ID().ID, b.jetty.ID().ID)
+				sc.CompletionLen != uint32(c.size) || sc.LocalID != a.jetty.ID().ID || sc.RemoteID.ID != b.jetty.ID().ID {
+				t.Errorf("send completion %+v: want SUCCESS, s_r 0, user_ctx %#x, no opcode, length %d, local %d, remote %d",
+					sc, userCtx, c.size, a.jetty.ID().ID, b.jetty.ID().ID)
 			}
 			wantOp, wantImm := urma.CROpSend, uint64(0)
 			if c.opcode == urma.OpSendWithImm {
