@@ -23,7 +23,7 @@ const (
 // postRecvLocked (re)posts receive slot; c.mu is held.
 func (c *urmaConn) postRecvLocked(slot int32) error {
 	b := c.rx[slot]
-	c.recvSGE[0] = c.pool.sge(b, 0, c.pool.size)
+	c.recvSGE[0] = c.pool.sge(b, c.pool.size)
 	c.recvWR = urma.RecvWR{UserCtx: uint64(slot) + 1, SGEs: c.recvSGE[:]}
 	if err := c.res.jfr.PostRecv(&c.recvWR); err != nil {
 		c.rxState[slot] = rxSpare // kept, to go back to the pool at release

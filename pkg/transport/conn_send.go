@@ -89,7 +89,7 @@ func (c *urmaConn) takeBuffer() (*Buffer, error) {
 // postData posts n bytes of b as one SEND; writeMu is held and a window
 // slot reserved. The buffer belongs to the provider until its completion.
 func (c *urmaConn) postData(b *Buffer, n int) error {
-	c.sendSGE[0] = c.pool.sge(b, 0, n)
+	c.sendSGE[0] = c.pool.sge(b, n)
 	c.sendWR = urma.SendWR{
 		Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: c.remoteJetty,
 		UserCtx: uint64(b.idx) + 1, SGEs: c.sendSGE[:],

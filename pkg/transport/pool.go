@@ -98,9 +98,9 @@ func newPoolOver(region []byte, size, count int) *bufferPool {
 	return p
 }
 
-// sge describes data[off:off+n] of b for a work request.
-func (p *bufferPool) sge(b *Buffer, off, n int) urma.SGE {
-	return urma.SGE{Segment: p.seg, Offset: uint64(int(b.idx)*p.size + off), Len: uint32(n)}
+// sge describes the first n bytes of b for a work request.
+func (p *bufferPool) sge(b *Buffer, n int) urma.SGE {
+	return urma.SGE{Segment: p.seg, Offset: uint64(int(b.idx) * p.size), Len: uint32(n)}
 }
 
 // get takes a buffer, waiting while the pool is dry until one comes back,

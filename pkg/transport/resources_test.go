@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -396,5 +397,29 @@ func TestListenAndDialErrors(t *testing.T) {
 	_ = d.Close()
 	if _, err := d.DialContext(context.Background(), "127.0.0.1:1"); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("dial on a closed dialer: %v, want net.ErrClosed", err)
+	}
+}
+
+// TestPoolExactlyEnoughForReceives: a pool with exactly one connection's
+// receive buffers left gives them all to it: the connection is URMA, not
+// a resources fallback, and receives.
+func TestPoolExactlyEnoughForReceives(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	f := smallFlags()
+	f.BufferCount = f.RQSize // 16: the receives, nothing more
+	f.PreparedJettyCnt = 0
+	p := connect(t, cfgWith(pa, smallFlags()), cfgWith(pb, f))
+	if p.client.Mode() != ModeURMA {
+		t.Fatalf("a client whose pool holds exactly its receive buffers: mode %s (%s), want urma", p.client.Mode(), p.client.FallbackReason())
+	}
+	if free, inUse := p.client.(*urmaConn).pool.stats(); free != 0 || inUse != f.RQSize {
+		t.Fatalf("client pool: %d free, %d in use; want 0 and %d", free, inUse, f.RQSize)
+	}
+	msg := pattern(3*f.BufferSize, 9)
+	go func() { _, _ = p.server.Write(msg) }()
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(p.client, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("read %d bytes, %v; want the server's %d", len(got), err, len(msg))
 	}
 }
