@@ -239,6 +239,7 @@ func TestReadBufferAfterPartialRead(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			msg := pattern(tc.size, byte(tc.read))
+			before := p.server.Debug().BytesReceived
 			if _, err := p.client.Write(msg); err != nil {
 				t.Fatal(err)
 			}
@@ -251,11 +252,49 @@ func TestReadBufferAfterPartialRead(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer b.Release()
+			if got := p.server.Debug().BytesReceived - before; got != uint64(tc.size) {
+				t.Errorf("bytes received counted %d for a message of %d read in two parts", got, tc.size)
+			}
 			if !bytes.Equal(b.Bytes(), msg[tc.read:]) || b.Len() != tc.size-tc.read {
 				t.Fatalf("ReadBuffer after reading %d bytes returned %d bytes (Len %d), not the rest of the message", tc.read, len(b.Bytes()), b.Len())
 			}
 			if got := b.recv != nil; got != tc.handedOver {
 				t.Errorf("a rest of %d bytes (minimum %d) handed over in its receive buffer: %v, want %v", b.Len(), f.ZerocopyMinSize, got, tc.handedOver)
+			}
+		})
+	}
+}
+
+// TestWriteBufferBounds: WriteBuffer takes any length from 0 (nothing
+// sent) to the whole buffer, in both modes.
+func TestWriteBufferBounds(t *testing.T) {
+	checkNoLeaks(t)
+	for _, disabled := range []bool{false, true} {
+		t.Run(map[bool]string{false: "urma", true: "tcp"}[disabled], func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			scfg := cfgWith(pa, smallFlags())
+			scfg.DisableURMA = disabled
+			p := connect(t, scfg, cfgWith(pb, smallFlags()))
+			zw := p.client.(ZeroCopyConn)
+			empty, err := zw.AllocBuffer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := zw.WriteBuffer(empty, 0); err != nil {
+				t.Fatalf("WriteBuffer of 0 bytes: %v", err)
+			}
+			full, err := zw.AllocBuffer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg := pattern(len(full.Data()), 3)
+			copy(full.Data(), msg)
+			if err := zw.WriteBuffer(full, len(msg)); err != nil {
+				t.Fatalf("WriteBuffer of the whole %d-byte buffer: %v", len(msg), err)
+			}
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(p.server, got); err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("read %v; want the whole buffer", err)
 			}
 		})
 	}
