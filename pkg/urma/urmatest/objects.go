@@ -10,6 +10,22 @@ import (
 func init() {
 	register("CloseOrderEnforced", testCloseOrder)
 	register("UseAfterClose", testUseAfterClose)
+	register("CloseReleasesOutstandingSends", testCloseReleasesOutstanding)
+}
+
+// Closing a jetty with sends outstanding drops them and lets go of the
+// memory they named: the segment then unregisters (the software provider
+// refuses while a send still uses it).
+func testCloseReleasesOutstanding(t *testing.T, pr Pair) {
+	a := open(t, pr.A, pr.DeviceA, epConfig{})
+	b := open(t, pr.B, pr.DeviceB, epConfig{})
+	target := a.importFrom(b, b.cfg.Token)
+	// No receive is posted and RNR retries forever: all three stay queued.
+	for i := range 3 {
+		a.send(target, uint64(i), i*64, 64)
+	}
+	must(t, a.jetty.Close(), "close a jetty with three sends outstanding")
+	must(t, a.seg.Close(), "unregister the segment its sends named")
 }
 
 // Objects refuse to be destroyed while others depend on them (ErrBusy);
