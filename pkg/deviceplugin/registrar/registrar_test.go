@@ -224,7 +224,11 @@ func TestRegistrationRetriesBackOffAndLogSparingly(t *testing.T) {
 		if _, dup := levels[attempt]; dup {
 			t.Errorf("attempt %d logged twice", attempt)
 		}
-		levels[attempt] = line[strings.Index(line, `"level"=`):][:len(`"level"=0`)]
+		at := strings.Index(line, `"level"=`)
+		if at < 0 {
+			t.Fatalf("failure line without its level: %s", line)
+		}
+		levels[attempt] = line[at:][:len(`"level"=0`)]
 	}
 	for attempt := 1; attempt <= len(want); attempt++ {
 		wantLevel := `"level"=1`
