@@ -2,6 +2,7 @@ package soft
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -130,6 +131,14 @@ func (s *segment) addSharer(c *shmIO) bool {
 	}
 	s.sharers = append(s.sharers, c)
 	return true
+}
+
+// removeSharer forgets a connection that closed, so that a long-lived
+// segment does not hold every connection it was ever sent over.
+func (s *segment) removeSharer(c *shmIO) {
+	s.sharersMu.Lock()
+	defer s.sharersMu.Unlock()
+	s.sharers = slices.DeleteFunc(s.sharers, func(x *shmIO) bool { return x == c })
 }
 
 // unshareAll tells every connection that shared the segment to forget it.

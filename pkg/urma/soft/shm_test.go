@@ -574,6 +574,41 @@ func TestShmOneCopySend(t *testing.T) {
 	waitUntil(t, "the peer to unmap the segment", func() bool { return pb.mappedSegments() == 0 })
 }
 
+// A segment shared over a connection forgets the connection when it
+// closes: a long-lived segment must not hold every connection it was ever
+// sent over.
+func TestShmSegmentForgetsClosedConnection(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	target := a.importJetty(b)
+	mem, err := urma.AllocMemory(1 << 20)
+	mustOK(t, err, "alloc")
+	defer mem.Free()
+	useg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessRead, TokenPolicy: urma.TokenPlainText, Token: 99})
+	mustOK(t, err, "register shareable segment")
+	defer useg.Close()
+	b.postRecv(1, 0, 64<<10)
+	mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target,
+		SGEs: []urma.SGE{{Segment: useg, Len: 64 << 10}}}), "send")
+	if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+		t.Fatalf("send: %+v", c)
+	}
+	seg := useg.(*segment)
+	sharers := func() int {
+		seg.sharersMu.Lock()
+		defer seg.sharersMu.Unlock()
+		return len(seg.sharers)
+	}
+	if sharers() != 1 {
+		t.Fatalf("the segment is shared over %d connections, want 1", sharers())
+	}
+	mustOK(t, pb.Close(), "close the peer")
+	waitUntil(t, "the segment to forget the closed connection", func() bool { return sharers() == 0 })
+}
+
 // SEND_REF frames that name memory the peer never shared, or reach past
 // it, break the protocol; so does a SEND_REF on the socket fabric.
 func TestShmHostileSendRef(t *testing.T) {

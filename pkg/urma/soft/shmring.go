@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -752,7 +754,11 @@ func (s *shmIO) close() {
 		s.watchers.Wait()
 		s.pull.shareMu.Lock()
 		s.pull.ctlClosed = true // unshare must not write to a closed, maybe reused, number
+		shared := slices.Collect(maps.Keys(s.pull.shared))
 		s.pull.shareMu.Unlock()
+		for _, seg := range shared { // outside shareMu: unshareAll locks the segment first
+			seg.removeSharer(s)
+		}
 		s.pull.unmapAll()
 		s.local.unmap()
 		s.remote.unmap()
