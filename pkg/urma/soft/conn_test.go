@@ -279,3 +279,45 @@ func TestRNRForeverPast255Retries(t *testing.T) {
 		t.Fatalf("send after 300 RNRs: %+v", c)
 	}
 }
+
+// A peer may leave exactly maxAnswers answers unread; the one after breaks
+// the protocol.
+func TestOwedAnswersBound(t *testing.T) {
+	const bound = 3
+	c := &conn{sd: &sockDevice{maxAnswers: bound}, answers: newAnswerQueue()}
+	for req := range uint32(bound) {
+		// Import answers never coalesce: each is one owed answer.
+		if err := c.owe(nil, 0, 0, req, urma.CodeSuccess); err != nil {
+			t.Fatalf("answer %d of %d owed: %v", req+1, bound, err)
+		}
+	}
+	var pe protocolError
+	if err := c.owe(nil, 0, 0, bound, urma.CodeSuccess); !errors.As(err, &pe) {
+		t.Fatalf("answer %d owed: %v, want a protocol error", bound+1, err)
+	}
+}
+
+// A connection that breaks leaves its peer reachable: the next send dials
+// a new connection instead of failing on the dead one.
+func TestSendAfterConnectionBreaks(t *testing.T) {
+	noLeaks(t)
+	pa, pb := newProvider(t, socketOpts()), newProvider(t, socketOpts())
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	target := a.importJetty(b)
+	for round := range 3 {
+		b.postRecv(uint64(round), 0, 64)
+		mustOK(t, a.send(target, uint64(round), 0, 64, 0), "send")
+		if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+			t.Fatalf("round %d: send completed with %+v", round, c)
+		}
+		pollN(t, b.rjfc, 1, 10*time.Second)
+		// The peer drops the connection; this side sees it end.
+		conns := pb.conns()
+		if len(conns) != 1 {
+			t.Fatalf("round %d: peer has %d connections", round, len(conns))
+		}
+		conns[0].fail(errors.New("dropped by the test"))
+		waitUntil(t, "the connection to end at this side", func() bool { return len(pa.conns()) == 0 })
+	}
+}

@@ -87,40 +87,39 @@ func TestShmNoLostWakeUp(t *testing.T) {
 // says why; the refusing side logs the reason.
 func TestShmRendezvousRefusals(t *testing.T) {
 	opts := shmOpts(t)
-	var sink logSink
-	bopts := opts
-	bopts.Logger = sink.logger()
-	pb := newProvider(t, bopts)
-	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	b := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
 	import1 := func(p *Provider, id urma.JettyID) error {
 		a := newSide(t, p, urma.JettyConfig{}, 64)
 		_, err := a.ctx.ImportJetty(t.Context(), id, urma.RC, 7)
 		return err
 	}
+	// acceptor is a device of its own subtest, whose log only it sees: the
+	// acceptor may log after the dialer has its answer, so the subtest
+	// waits for its line rather than expecting it at once.
+	acceptor := func(t *testing.T, opts Options) (*side, *logSink) {
+		sink := &logSink{}
+		opts.Logger = sink.logger()
+		return newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64), sink
+	}
 	t.Run("another host", func(t *testing.T) {
+		c, sink := acceptor(t, opts)
 		pa := newProvider(t, opts)
 		pa.devices[0].sock.shm.bootID[0] ^= 0xff
-		err := import1(pa, b.jetty.ID())
+		err := import1(pa, c.jetty.ID())
 		if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "another host") {
 			t.Fatalf("import from another boot: %v", err)
 		}
-		if !sink.has("another boot id") {
-			t.Errorf("the acceptor did not log why: %q", sink.lines)
-		}
+		waitUntil(t, "the acceptor to log why", func() bool { return sink.has("another boot id") })
 	})
 	t.Run("user refused by the acceptor", func(t *testing.T) {
 		strict := opts
 		strict.ShmAllowUID = func(uint32) bool { return false }
-		strict.Logger = sink.logger()
-		pc := newProvider(t, strict)
-		c := newSide(t, pc, urma.JettyConfig{}, 64)
+		c, sink := acceptor(t, strict)
 		err := import1(newProvider(t, opts), c.jetty.ID())
 		if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "refused") {
 			t.Fatalf("import from a device that refuses us: %v", err)
 		}
-		if !sink.has("ShmAllowUID refuses") {
-			t.Errorf("the acceptor did not log why: %q", sink.lines)
-		}
+		waitUntil(t, "the acceptor to log why", func() bool { return sink.has("ShmAllowUID refuses") })
 	})
 	t.Run("user refused by the dialer", func(t *testing.T) {
 		strict := opts
@@ -695,4 +694,72 @@ func TestShmPollerRacesConnectionClose(t *testing.T) {
 		}
 		mustOK(t, pb.Close(), "close the peer")
 	}
+}
+
+// Without Options.ShmAllowUID a device accepts peers of its own user and
+// root, and refuses every other user.
+func TestShmDefaultAllowsSameUserAndRoot(t *testing.T) {
+	me := uint32(os.Geteuid())
+	other := me + 1
+	if other == 0 {
+		other = 1
+	}
+	cases := []struct {
+		name string
+		uid  uint32
+		want bool
+	}{
+		{"root", 0, true},
+		{"this user", me, true},
+		{"another user", other, false},
+	}
+	opts := shmOpts(t)
+	allow := newProvider(t, opts).devices[0].sock.shm.allowUID
+	for _, c := range cases {
+		if got := allow(c.uid); got != c.want {
+			t.Errorf("%s (uid %d, running as %d): allowed %v, want %v", c.name, c.uid, me, got, c.want)
+		}
+	}
+}
+
+// The longest socket path a unix socket takes (107 bytes) is accepted and
+// serves peers; a byte more is refused with the reason.
+func TestShmSocketPathLimit(t *testing.T) {
+	base := shmOpts(t)
+	// dirOf returns a directory under base.ShmDir whose sockets' paths are n bytes.
+	dirOf := func(n int) string {
+		pad := n - len(ShmSocketPath(base.ShmDir, urma.EID{})) - len("/")
+		if pad < 1 {
+			t.Fatalf("temporary directory %s too long for a %d-byte path", base.ShmDir, n)
+		}
+		return base.ShmDir + "/" + strings.Repeat("d", pad)
+	}
+	t.Run("longest", func(t *testing.T) {
+		opts := base
+		opts.ShmDir = dirOf(maxSocketPath)
+		pa, pb := newProvider(t, opts), newProvider(t, opts)
+		if n := len(pb.devices[0].sock.shm.path); n != maxSocketPath {
+			t.Fatalf("socket path is %d bytes, want %d", n, maxSocketPath)
+		}
+		a := newSide(t, pa, urma.JettyConfig{}, 64)
+		b := newSide(t, pb, urma.JettyConfig{}, 64)
+		target := a.importJetty(b)
+		b.postRecv(1, 0, 64)
+		mustOK(t, a.send(target, 1, 0, 64, 0), "send")
+		if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+			t.Fatalf("send: %+v", c)
+		}
+	})
+	t.Run("one byte more", func(t *testing.T) {
+		opts := base
+		opts.ShmDir = dirOf(maxSocketPath + 1)
+		p, err := New(opts)
+		if err == nil {
+			_ = p.Close()
+			t.Fatal("New succeeded")
+		}
+		if !strings.Contains(err.Error(), "shorter URMA_SHM_DIR") {
+			t.Fatalf("error %q does not say to shorten URMA_SHM_DIR", err)
+		}
+	})
 }
