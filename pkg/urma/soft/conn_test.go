@@ -3,6 +3,7 @@ package soft
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -319,5 +320,102 @@ func TestSendAfterConnectionBreaks(t *testing.T) {
 		}
 		conns[0].fail(errors.New("dropped by the test"))
 		waitUntil(t, "the connection to end at this side", func() bool { return len(pa.conns()) == 0 })
+	}
+}
+
+// Close lets a send whose frame is being handed to the kernel finish, so
+// that once it returns nothing reads the send's memory: with a peer that
+// reads nothing, the frame stays half-written until the connection dies of
+// silence, and Close returns only then, with the segment free to go.
+func TestJettyCloseWaitsForFrameBeingWritten(t *testing.T) {
+	noLeaks(t)
+	const size = 8 << 20 // more than the socket buffers on both ends hold
+	p := newProvider(t, socketOpts())
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	f := newFakePeer(t)
+	f.maxMsg = size
+	stop := make(chan struct{})
+	peerDone := make(chan struct{})
+	go func() {
+		defer close(peerDone)
+		nc, _ := f.accept()
+		if nc == nil {
+			return
+		}
+		defer nc.Close()
+		_ = nc.(*net.TCPConn).SetReadBuffer(4096)
+		<-stop // read nothing more
+	}()
+	defer func() { close(stop); <-peerDone }()
+	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+	mustOK(t, err, "import from the fake peer")
+	defer target.Close()
+	mem, err := urma.AllocMemory(size)
+	mustOK(t, err, "alloc")
+	defer mem.Free()
+	seg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
+	mustOK(t, err, "register")
+	mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target,
+		SGEs: []urma.SGE{{Segment: seg, Len: size}}}), "send")
+	j := a.jetty.(*jetty)
+	waitUntil(t, "the frame to be in the writer's hands", func() bool {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return j.slot(0).writing
+	})
+	conn := p.conns()[0]
+	closed := make(chan bool, 1) // whether the connection was dead when Close returned
+	go func() {
+		if err := a.jetty.Close(); err != nil {
+			t.Errorf("close the jetty: %v", err)
+		}
+		select {
+		case <-conn.done:
+			closed <- true
+		default:
+			closed <- false
+		}
+	}()
+	select {
+	case dead := <-closed:
+		if !dead {
+			t.Fatal("Close returned while the frame of its send was still being written")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close never returned, though the connection died")
+	}
+	mustOK(t, seg.Close(), "unregister the send's segment after Close")
+}
+
+// The sender holds a send to the peer's MaxMsgSize (from its HELLO), not
+// its own: one of exactly the peer's size goes, a byte more completes with
+// LOC_LEN at the sender.
+func TestSendToPeerMaxMsgSize(t *testing.T) {
+	const peerMax = 4096
+	cases := []struct {
+		size int
+		want urma.Status
+	}{
+		{peerMax, urma.StatusSuccess},
+		{peerMax + 1, urma.StatusLocLen},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprint(c.size), func(t *testing.T) {
+			small := socketOpts()
+			small.Devices = []DeviceSpec{{Caps: urma.DeviceCaps{MaxMsgSize: peerMax}}}
+			a := newSide(t, newProvider(t, socketOpts()), urma.JettyConfig{}, 64)
+			b := newSide(t, newProvider(t, small), urma.JettyConfig{}, 64)
+			target := a.importJetty(b)
+			b.postRecv(1, 0, 2*peerMax)
+			mustOK(t, a.send(target, 1, 0, c.size, 0), "send")
+			if got := pollN(t, a.sjfc, 1, 10*time.Second)[0]; got.Status != c.want {
+				t.Fatalf("send of %d bytes to a peer taking %d: %+v, want %v", c.size, peerMax, got, c.want)
+			}
+			if c.want == urma.StatusSuccess {
+				if got := pollN(t, b.rjfc, 1, 10*time.Second)[0]; got.Status != urma.StatusSuccess || got.CompletionLen != uint32(c.size) {
+					t.Fatalf("receive: %+v", got)
+				}
+			}
+		})
 	}
 }

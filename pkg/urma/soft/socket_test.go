@@ -90,9 +90,10 @@ func TestOneConnectionPerDevicePair(t *testing.T) {
 // fakePeer is a hand-driven socket fabric device: it answers the handshake
 // and imports, then does whatever the test scripts.
 type fakePeer struct {
-	t   testing.TB
-	ln  net.Listener
-	eid urma.EID
+	t      testing.TB
+	ln     net.Listener
+	eid    urma.EID
+	maxMsg uint64 // the MaxMsgSize it announces; 0 means 1 MiB
 }
 
 func newFakePeer(t testing.TB) *fakePeer {
@@ -116,7 +117,11 @@ func (f *fakePeer) accept() (net.Conn, *bufio.Reader) {
 		return nil, nil
 	}
 	var ab [4 + helloAckLen]byte
-	nc.Write(encodeHelloAck(ab[:], &helloAck{eid: f.eid, maxMsg: 1 << 20}))
+	maxMsg := f.maxMsg
+	if maxMsg == 0 {
+		maxMsg = 1 << 20
+	}
+	nc.Write(encodeHelloAck(ab[:], &helloAck{eid: f.eid, maxMsg: maxMsg}))
 	var ib [4 + importJettyLen]byte
 	if _, err := io.ReadFull(br, ib[:]); err != nil {
 		return nil, nil
