@@ -763,3 +763,58 @@ func TestShmSocketPathLimit(t *testing.T) {
 		}
 	})
 }
+
+// A dialer refuses an answer that is not a HELLO_ACK, however well formed,
+// and says so.
+func TestShmDialerRefusesHostileAnswers(t *testing.T) {
+	opts := shmOpts(t)
+	p := newProvider(t, opts)
+	sd := p.devices[0].sock
+	cases := []struct {
+		name  string
+		reply func(fake urma.EID, h shmHelloMsg) []byte
+		want  string
+	}{
+		{"a HELLO", func(fake urma.EID, h shmHelloMsg) []byte {
+			m := shmHelloMsg{typ: shmMsgHello, src: fake, dst: h.src, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
+			return encodeShmHello(make([]byte, shmMaxMsgLen), &m)
+		}, "not a HELLO_ACK"},
+		{"garbage", func(urma.EID, shmHelloMsg) []byte { return []byte("HTTP/1.1 400 Bad Request") }, "magic"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			fake, err := ShmEID()
+			mustOK(t, err, "EID")
+			ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: ShmSocketPath(opts.ShmDir, fake), Net: "unixpacket"})
+			mustOK(t, err, "listen")
+			defer ln.Close()
+			served := make(chan struct{})
+			go func() {
+				defer close(served)
+				uc, err := ln.AcceptUnix()
+				if err != nil {
+					return
+				}
+				defer uc.Close()
+				buf := make([]byte, shmMaxMsgLen+1)
+				n, fds, err := readShmMsg(uc, buf, shmHelloFds)
+				if err != nil {
+					return
+				}
+				closeAll(fds)
+				h, err := decodeShmHello(buf[:n])
+				if err != nil {
+					return
+				}
+				_, _ = uc.Write(c.reply(fake, h))
+				_, _ = uc.Read(buf) // until the dialer hangs up
+			}()
+			a := newSide(t, p, urma.JettyConfig{}, 64)
+			_, err = a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: fake, ID: 1}, urma.RC, 7)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("import through a hostile acceptor: %v, want an error that says %q", err, c.want)
+			}
+			<-served
+		})
+	}
+}
