@@ -500,6 +500,23 @@ func (p *Provider) mappedSegments() int {
 	return n
 }
 
+// readyShares is how many of side p's segments its peers have mapped, as
+// their answers told it.
+func (p *Provider) readyShares() int {
+	n := 0
+	for _, c := range p.conns() {
+		s := c.io.(*shmIO)
+		s.pull.shareMu.Lock()
+		for _, sh := range s.pull.shared {
+			if sh.ready && !sh.failed {
+				n++
+			}
+		}
+		s.pull.shareMu.Unlock()
+	}
+	return n
+}
+
 // pulls is how many SENDs side p's connections sent by reference.
 func (p *Provider) pulls() uint64 {
 	var n uint64
@@ -817,4 +834,129 @@ func TestShmDialerRefusesHostileAnswers(t *testing.T) {
 			<-served
 		})
 	}
+}
+
+// Once the peer maps a segment, a SEND from it goes by reference from
+// pullMin bytes on, as many pieces as a work request takes; a smaller one is
+// copied. Either way the bytes arrive whole.
+func TestShmSendByReferenceSizes(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7, MaxSGE: MaxSGE}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	target := a.importJetty(b)
+	mem, err := urma.AllocMemory(1 << 20)
+	mustOK(t, err, "alloc")
+	defer mem.Free()
+	seg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessRead | urma.AccessWrite, TokenPolicy: urma.TokenPlainText, Token: 99})
+	mustOK(t, err, "register shareable segment")
+	defer seg.Close()
+	// pieces are n SGEs of size bytes each, a gap between them.
+	pieces := func(n, size int) []urma.SGE {
+		sges := make([]urma.SGE, n)
+		for i := range sges {
+			sges[i] = urma.SGE{Segment: seg, Offset: uint64(i * 2 * size), Len: uint32(size)}
+		}
+		return sges
+	}
+	send := func(i int, sges []urma.SGE) {
+		t.Helper()
+		var want []byte
+		for k, s := range sges {
+			piece := mem.Bytes()[s.Offset : s.Offset+uint64(s.Len)]
+			for x := range piece {
+				piece[x] = byte(i*13 + k*7 + x)
+			}
+			want = append(want, piece...)
+		}
+		b.postRecv(uint64(i), 0, len(want))
+		mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: uint64(i), SGEs: sges}), "send")
+		if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+			t.Fatalf("send %d: %+v", i, c)
+		}
+		c := pollN(t, b.rjfc, 1, 10*time.Second)[0]
+		if c.Status != urma.StatusSuccess || c.CompletionLen != uint32(len(want)) || !bytes.Equal(b.mem.Bytes()[:len(want)], want) {
+			t.Fatalf("receive %d: %+v, bytes equal %v", i, c, bytes.Equal(b.mem.Bytes()[:len(want)], want))
+		}
+	}
+	send(0, pieces(1, 2*pullMin)) // by copy; the peer is asked to map the segment
+	waitUntil(t, "the peer's answer that it mapped the segment", func() bool { return pa.readyShares() == 1 })
+	cases := []struct {
+		name  string
+		sges  []urma.SGE
+		byRef bool
+	}{
+		{"pullMin bytes", pieces(1, pullMin), true},
+		{"a byte less", pieces(1, pullMin-1), false},
+		{"MaxSGE pieces", pieces(MaxSGE, pullMin/MaxSGE), true},
+	}
+	for i, c := range cases {
+		before := pa.pulls()
+		send(i+1, c.sges)
+		if got := pa.pulls() - before; got != map[bool]uint64{true: 1, false: 0}[c.byRef] {
+			t.Errorf("%s: %d sends by reference, want by reference %v", c.name, got, c.byRef)
+		}
+	}
+}
+
+// The ring sizes at both bounds are accepted; the next power of two past
+// the largest is refused.
+func TestShmRingSizeBounds(t *testing.T) {
+	cases := []struct {
+		size int
+		ok   bool
+	}{
+		{MinShmRing, true},
+		{MaxShmRing, true},
+		{MinShmRing / 2, false},
+		{2 * MaxShmRing, false},
+	}
+	for _, c := range cases {
+		opts := shmOpts(t)
+		opts.ShmRingSize = c.size
+		p, err := New(opts)
+		if err == nil {
+			mustOK(t, p.Close(), "close")
+		}
+		if (err == nil) != c.ok {
+			t.Errorf("ring of %d bytes: %v, want accepted %v", c.size, err, c.ok)
+		}
+	}
+}
+
+// ringMappings counts this process's mappings of shm rings, its own and
+// its peers'.
+func ringMappings(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/maps")
+	mustOK(t, err, "read mappings")
+	return strings.Count(string(b), "urma-shm-ring")
+}
+
+// A connection that ends unmaps both rings, this side's and the peer's.
+func TestShmClosedConnectionUnmapsRings(t *testing.T) {
+	noLeaks(t)
+	before := ringMappings(t)
+	opts := shmOpts(t)
+	pa, err := New(opts)
+	mustOK(t, err, "new")
+	pb, err := New(opts)
+	mustOK(t, err, "new")
+	func() {
+		a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+		b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+		target, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RC, 7)
+		mustOK(t, err, "import")
+		defer target.Close()
+		b.postRecv(1, 0, 64)
+		mustOK(t, a.send(target, 1, 0, 64, 0), "send")
+		pollN(t, a.sjfc, 1, 10*time.Second)
+		if n := ringMappings(t) - before; n < 4 {
+			t.Fatalf("%d ring mappings while connected, want both rings mapped on both sides", n)
+		}
+	}()
+	mustOK(t, pa.Close(), "close")
+	mustOK(t, pb.Close(), "close")
+	waitUntil(t, "the rings to be unmapped", func() bool { return ringMappings(t) == before })
 }
