@@ -960,3 +960,105 @@ func TestShmClosedConnectionUnmapsRings(t *testing.T) {
 	mustOK(t, pb.Close(), "close")
 	waitUntil(t, "the rings to be unmapped", func() bool { return ringMappings(t) == before })
 }
+
+// openFds counts this process's open descriptors.
+func openFds(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	mustOK(t, err, "list descriptors")
+	return len(ents)
+}
+
+// ringFds counts this process's open descriptors of shm rings.
+func ringFds(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	mustOK(t, err, "list descriptors")
+	n := 0
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.Contains(target, "urma-shm-ring") {
+			n++
+		}
+	}
+	return n
+}
+
+// Connections over shm, refused rendezvous and hostile HELLOs leave no
+// descriptor open and no ring mapped once they are over, on either side.
+// Each case runs once first, so that what the runtime opens once (its
+// poller) is in the baseline.
+func TestShmNoDescriptorOrRingLeaks(t *testing.T) {
+	cases := []struct {
+		name string
+		run  func(t *testing.T, opts Options)
+	}{
+		{"connection", func(t *testing.T, opts Options) {
+			pa, pb := newProvider(t, opts), newProvider(t, opts)
+			a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+			b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+			target := a.importJetty(b)
+			b.postRecv(1, 0, 64)
+			mustOK(t, a.send(target, 1, 0, 64, 0), "send")
+			pollN(t, a.sjfc, 1, 10*time.Second)
+			// Both rings are mapped on both sides; the read-only descriptor
+			// each side passed was closed once sent.
+			if n := ringFds(t); n != 0 {
+				t.Errorf("%d descriptors of rings open while connected, want none", n)
+			}
+		}},
+		{"refused by the acceptor", func(t *testing.T, opts Options) {
+			strict := opts
+			strict.ShmAllowUID = func(uint32) bool { return false }
+			b := newSide(t, newProvider(t, strict), urma.JettyConfig{}, 64)
+			a := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
+			if _, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RC, 7); err == nil {
+				t.Fatal("import through a refusing acceptor succeeded")
+			}
+		}},
+		{"refused by the dialer", func(t *testing.T, opts Options) {
+			b := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
+			strict := opts
+			strict.ShmAllowUID = func(uint32) bool { return false }
+			a := newSide(t, newProvider(t, strict), urma.JettyConfig{}, 64)
+			if _, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RC, 7); err == nil {
+				t.Fatal("import from a refused acceptor succeeded")
+			}
+		}},
+		{"pipes for eventfds", func(t *testing.T, opts Options) {
+			sd := newProvider(t, opts).devices[0].sock
+			nc, err := net.Dial("unixpacket", sd.shm.path)
+			mustOK(t, err, "dial")
+			defer nc.Close()
+			e, err := newShmEnds(MinShmRing)
+			mustOK(t, err, "ends")
+			defer e.release()
+			var pipe [2]int
+			mustOK(t, unix.Pipe2(pipe[:], unix.O_CLOEXEC), "pipe")
+			defer closeAll(pipe[:])
+			me, _ := ShmEID()
+			h := shmHelloMsg{typ: shmMsgHello, src: me, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
+			_, _, err = nc.(*net.UnixConn).WriteMsgUnix(encodeShmHello(make([]byte, shmMaxMsgLen), &h), unix.UnixRights(e.localRO, pipe[0], pipe[1]), nil)
+			mustOK(t, err, "send HELLO")
+			buf := make([]byte, shmMaxMsgLen+1)
+			n, fds, err := readShmMsg(nc.(*net.UnixConn), buf, shmHelloFds)
+			closeAll(fds)
+			if err == nil {
+				if a, err := decodeShmHello(buf[:n]); err != nil || a.status != helloRefused {
+					t.Fatalf("answer %+v, %v: want a refusal", a, err)
+				}
+			}
+			_, _ = nc.Read(buf) // until the device hangs up
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			opts := shmOpts(t)
+			t.Run("warm-up", func(t *testing.T) { c.run(t, opts) })
+			fds, rings := openFds(t), ringMappings(t)
+			t.Run("counted", func(t *testing.T) { c.run(t, opts) })
+			waitUntil(t, "descriptors and rings to be released", func() bool {
+				return openFds(t) == fds && ringMappings(t) == rings
+			})
+		})
+	}
+}
