@@ -1062,3 +1062,32 @@ func TestShmNoDescriptorOrRingLeaks(t *testing.T) {
 		})
 	}
 }
+
+// blocks is how many RNR blocks side p's connections hold for their peers'
+// senders; it takes each reader's token, which an idle shm reader leaves.
+func (p *Provider) blocks() int {
+	n := 0
+	for _, c := range p.conns() {
+		c.readMu.Lock()
+		n += len(c.blocked)
+		c.readMu.Unlock()
+	}
+	return n
+}
+
+// A sender that gives up on a send that met "receiver not ready" cancels
+// the RNR block the receiver kept for it, so the receiver's blocks (at most
+// maxBlocked a connection) do not pile up with senders that come and go.
+func TestShmCancelDropsRNRBlock(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 0}, 64) // no retry: the first RNR fails the send
+	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	target := a.importJetty(b)
+	mustOK(t, a.send(target, 1, 0, 64, 0), "send") // b posted no receive
+	if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusRNRRetryCntExc {
+		t.Fatalf("send to a receiver with nothing posted: %+v, want RNR_RETRY_CNT_EXC", c)
+	}
+	waitUntil(t, "the receiver to drop the cancelled block", func() bool { return pb.blocks() == 0 })
+}
