@@ -419,3 +419,35 @@ func TestSendToPeerMaxMsgSize(t *testing.T) {
 		})
 	}
 }
+
+// However many consecutive sends one sender jetty gets answered at once, the
+// answers never make an ACK_RUN longer than a peer accepts (maxAckRun): the
+// run closes there and the next answer starts another.
+func TestAckRunLengthBound(t *testing.T) {
+	q := newAnswerQueue()
+	const n = maxAckRun + 1
+	for seq := range uint32(n) {
+		q.ack(&sendHeader{src: 1, dst: 9, tag: 7<<32 | uint64(seq)}, urma.StatusSuccess, 0)
+	}
+	b := q.encode(nil)
+	var total uint32
+	for len(b) > 0 {
+		body := b[4 : 4+fixedLen(b[4])]
+		switch b[4] {
+		case frameAckRun:
+			r, err := decodeAckRun(body)
+			if err != nil {
+				t.Fatalf("encoded run does not decode: %v", err)
+			}
+			total += r.count
+		case frameAck:
+			total++
+		default:
+			t.Fatalf("frame type %d among the answers", b[4])
+		}
+		b = b[4+len(body):]
+	}
+	if total != n {
+		t.Fatalf("answers cover %d sends, want %d", total, n)
+	}
+}

@@ -569,3 +569,17 @@ func TestSocketDeviceSendsToItself(t *testing.T) {
 		t.Errorf("%d connections for traffic within one device", n)
 	}
 }
+
+// Importing a jetty id the device never had, just past its table or far
+// beyond, fails with ErrNoEnt; so does id 0, which no jetty gets.
+func TestImportJettyIDOutOfRange(t *testing.T) {
+	const maxJetty = 4
+	p := newProvider(t, Options{Fabric: NewFabric(), Devices: []DeviceSpec{{Caps: urma.DeviceCaps{MaxJetty: maxJetty}}}})
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	for _, id := range []uint32{0, maxJetty + 1, maxJetty + 1000, 1<<32 - 1} {
+		_, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: a.jetty.ID().EID, UASID: a.jetty.ID().UASID, ID: id}, urma.RC, 7)
+		if !errors.Is(err, urma.ErrNoEnt) {
+			t.Errorf("import of jetty %d on a device of %d jetties: %v, want ErrNoEnt", id, maxJetty, err)
+		}
+	}
+}
