@@ -1,0 +1,202 @@
+package soft
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// shmPair joins two shmIOs over fresh rings of ring bytes in this process,
+// as a rendezvous would but without its socket: each is the other's peer.
+func shmPair(t *testing.T, ring int, spin time.Duration) (a, b *shmIO) {
+	t.Helper()
+	ea, err := newShmEnds(ring)
+	mustOK(t, err, "ends")
+	eb, err := newShmEnds(ring)
+	if err != nil {
+		ea.release()
+		t.Fatalf("ends: %v", err)
+	}
+	// Each side gets copies of the other's descriptors, as SCM_RIGHTS
+	// would give it.
+	dup := func(fds []int) []int {
+		out := make([]int, 0, len(fds))
+		for _, fd := range fds {
+			d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+			mustOK(t, err, "duplicate descriptor")
+			out = append(out, d)
+		}
+		return out
+	}
+	fa, fb := dup(ea.fds()), dup(eb.fds())
+	a, err = newShmIO(ea, ring, ring, fb, spin)
+	if err != nil {
+		eb.release()
+		closeAll(fa)
+		t.Fatalf("join a's rings: %v", err)
+	}
+	b, err = newShmIO(eb, ring, ring, fa, spin)
+	if err != nil {
+		a.close()
+		t.Fatalf("join b's rings: %v", err)
+	}
+	a.closePassed()
+	b.closePassed()
+	t.Cleanup(func() {
+		for _, s := range []*shmIO{a, b} {
+			s.shutdown()
+			s.close()
+		}
+	})
+	return a, b
+}
+
+// write writes p into s's ring, waiting for room as the writer goroutine
+// does, and publishes it.
+func (s *shmIO) write(p []byte) error {
+	iov := []unix.Iovec{{Base: &p[0]}}
+	iov[0].SetLen(len(p))
+	_, err := s.writev(iov, true)
+	return err
+}
+
+// A timed sleep on an eventfd that was already signalled consumes the
+// signal, as an untimed one does: a sleeper that returned without reading
+// the counter would find it set again at its next sleep and not sleep.
+func TestShmEventWaiterSleepConsumesSignal(t *testing.T) {
+	cases := []struct {
+		name     string
+		deadline func() time.Time
+	}{
+		{"no deadline", func() time.Time { return time.Time{} }},
+		{"deadline an hour away", func() time.Time { return time.Now().Add(time.Hour) }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			fd, err := newEventfd()
+			mustOK(t, err, "eventfd")
+			peer, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+			mustOK(t, err, "duplicate eventfd")
+			defer unix.Close(peer)
+			w, err := newEventWaiter(fd, "test eventfd")
+			mustOK(t, err, "waiter")
+			defer w.f.Close()
+			signal(peer)
+			mustOK(t, w.sleep(c.deadline()), "sleep")
+			var buf [8]byte
+			if _, err := unix.Read(peer, buf[:]); !errors.Is(err, unix.EAGAIN) {
+				t.Fatalf("eventfd still signalled after the sleep (read: %v)", err)
+			}
+		})
+	}
+}
+
+// idleWithData runs r.idle with bytes already in its peer's ring, after
+// setting the Polls the reader goroutine saw when it last went idle and the
+// Polls since, and reports whether the reader is in polling mode after.
+func idleWithData(t *testing.T, r, w *shmIO, mode bool, idlePolls, polls uint64) bool {
+	t.Helper()
+	mustOK(t, w.write([]byte{1}), "write")
+	r.pollingMode = mode
+	r.idlePolls = idlePolls
+	r.pollers.polls.Store(polls)
+	mustOK(t, r.idle(), "idle")
+	var b [1]byte
+	mustOK(t, r.readFull(b[:]), "read")
+	return r.pollingMode
+}
+
+// A reader goroutine enters polling mode when pollingPolls Polls came since
+// it last went idle, not one fewer; in polling mode a park without a Poll
+// does not end it, pollingEnd of them in a row do (see the next test).
+func TestShmIdleEntersPollingMode(t *testing.T) {
+	cases := []struct {
+		name             string
+		mode             bool
+		idlePolls, polls uint64
+		want             bool
+	}{
+		{"no Polls", false, 0, 0, false},
+		{"pollingPolls-1 Polls", false, 0, pollingPolls - 1, false},
+		{"pollingPolls Polls", false, 0, pollingPolls, true},
+		{"pollingPolls-1 Polls after many", false, 100, 100 + pollingPolls - 1, false},
+		{"pollingPolls Polls after many", false, 100, 100 + pollingPolls, true},
+		{"one park without a Poll", true, 7, 7, true},
+	}
+	r, w := shmPair(t, MinShmRing, time.Hour)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := idleWithData(t, r, w, c.mode, c.idlePolls, c.polls); got != c.want {
+				t.Errorf("polling mode %v after %d Polls since the last idle (was %v), want %v", got, c.polls-c.idlePolls, c.mode, c.want)
+			}
+		})
+	}
+}
+
+// In polling mode with no Polls coming, the reader goroutine leaves it after
+// pollingEnd parks and sleeps announced, so a write wakes it.
+func TestShmIdleLeavesPollingMode(t *testing.T) {
+	r, w := shmPair(t, MinShmRing, time.Hour)
+	r.pollingMode = true
+	idled := make(chan error, 1)
+	go func() { idled <- r.idle() }()
+	waitUntil(t, "the reader to announce its sleep", func() bool { return r.local.word(offReaderWait).Load()&1 == 1 })
+	mustOK(t, w.write([]byte{1}), "write")
+	mustOK(t, <-idled, "idle")
+	if r.pollingMode {
+		t.Error("still in polling mode after sleeping announced")
+	}
+	if n := w.wakes.Load(); n != 1 {
+		t.Errorf("the writer woke the reader %d times, want 1", n)
+	}
+}
+
+// With a spin longer than the test, nobody ever sleeps on an eventfd: the
+// reader between messages and in the middle of one, and the writer waiting
+// for room in a full ring all poll shared memory until it changes, so no
+// message costs a wake-up, small ones nor ones several times the ring.
+func TestShmLongSpinNeverSleeps(t *testing.T) {
+	noLeaks(t)
+	for _, size := range []int{64, 3*MinShmRing + 5} {
+		a, b := shmPair(t, MinShmRing, time.Hour)
+		const rounds = 20
+		echoed := make(chan error, 1)
+		go func() {
+			buf := make([]byte, size)
+			for range rounds {
+				if err := b.idle(); err != nil {
+					echoed <- err
+					return
+				}
+				if err := b.readFull(buf); err != nil {
+					echoed <- err
+					return
+				}
+				if err := b.write(buf); err != nil {
+					echoed <- err
+					return
+				}
+			}
+			echoed <- nil
+		}()
+		msg, reply := make([]byte, size), make([]byte, size)
+		for i := range rounds {
+			for k := range msg {
+				msg[k] = byte(i + k)
+			}
+			mustOK(t, a.write(msg), "write")
+			mustOK(t, a.idle(), "idle")
+			mustOK(t, a.readFull(reply), "read the echo")
+			if !bytes.Equal(reply, msg) {
+				t.Fatalf("%d bytes, round %d: the echo differs", size, i)
+			}
+		}
+		mustOK(t, <-echoed, "echo")
+		if n := a.wakes.Load() + b.wakes.Load(); n != 0 {
+			t.Errorf("%d-byte messages: %d wake-ups in %d round trips with an hour's spin, want none", size, n, rounds)
+		}
+	}
+}
