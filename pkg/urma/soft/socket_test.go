@@ -411,3 +411,106 @@ func TestCloseDoesNotWaitForHandshakes(t *testing.T) {
 		t.Errorf("import during Close: %v", err)
 	}
 }
+
+// peerDown fails only the sends outstanding to the peer whose connection
+// broke, wherever they sit in the queue: not a send ahead of them to
+// another peer (which is flushed as the jetty enters ERROR), nor a send to
+// the broken peer that completed already while an older send waits.
+func TestPeerDownFailsOnlyItsOutstandingSends(t *testing.T) {
+	cases := []struct {
+		name string
+		// yAnswers: the peer Y answers its send before its connection breaks.
+		yAnswers bool
+		want     []urma.Completion // UserCtx and Status of each, in order
+	}{
+		{"send behind another peer's", false, []urma.Completion{
+			{UserCtx: 2, Status: urma.StatusAckTimeout}, {UserCtx: 1, Status: urma.StatusWRFlushErr}}},
+		{"completed send to the broken peer", true, []urma.Completion{
+			{UserCtx: 2, Status: urma.StatusSuccess}, {UserCtx: 1, Status: urma.StatusSuccess}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			noLeaks(t)
+			opts := socketOpts()
+			opts.PeerTimeout = time.Minute // X stays up, however slow the machine
+			p := newProvider(t, opts)
+			a := newSide(t, p, urma.JettyConfig{Mode: urma.RM}, 64)
+			// X reads the first send and answers it only when told; Y reads the
+			// second, answers it or not, and drops its connection when told.
+			x, y := newFakePeer(t), newFakePeer(t)
+			answerX, dropY := make(chan struct{}), make(chan struct{})
+			var peers sync.WaitGroup
+			defer peers.Wait()
+			defer close(answerX)
+			peers.Add(2)
+			answer := func(nc net.Conn, h sendHeader) {
+				var b [4 + ackLen]byte
+				nc.Write(encodeAck(b[:], &ackFrame{status: urma.StatusSuccess, src: h.src, dst: h.dst, tag: h.tag}))
+			}
+			go func() {
+				defer peers.Done()
+				nc, br := x.accept()
+				if nc == nil {
+					return
+				}
+				defer nc.Close()
+				h, err := readSend(br)
+				if err != nil {
+					return
+				}
+				if _, told := <-answerX; told {
+					answer(nc, h)
+				}
+			}()
+			go func() {
+				defer peers.Done()
+				nc, br := y.accept()
+				if nc == nil {
+					return
+				}
+				defer nc.Close()
+				h, err := readSend(br)
+				if err != nil || !c.yAnswers {
+					return
+				}
+				answer(nc, h)
+				<-dropY
+			}()
+			tx, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: x.eid, ID: 5}, urma.RM, 9)
+			mustOK(t, err, "import from X")
+			defer tx.Close()
+			ty, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: y.eid, ID: 5}, urma.RM, 9)
+			mustOK(t, err, "import from Y")
+			defer ty.Close()
+			var yConn *conn
+			for _, cn := range p.conns() {
+				if cn.peerEID == y.eid {
+					yConn = cn
+				}
+			}
+			mustOK(t, a.send(tx, 1, 0, 64, 0), "send to X")
+			mustOK(t, a.send(ty, 2, 0, 64, 0), "send to Y")
+			var got []urma.Completion
+			if c.yAnswers {
+				got = append(got, pollN(t, a.sjfc, 1, 10*time.Second)...)
+				close(dropY)
+				// Y's connection is gone, and peerDown has run, once its
+				// reader released the stream.
+				waitUntil(t, "Y's connection to be released", func() bool {
+					yConn.readMu.Lock()
+					defer yConn.readMu.Unlock()
+					return yConn.released
+				})
+				answerX <- struct{}{}
+			} else {
+				defer close(dropY)
+			}
+			got = append(got, pollN(t, a.sjfc, len(c.want)-len(got), 10*time.Second)...)
+			for i, w := range c.want {
+				if got[i].UserCtx != w.UserCtx || got[i].Status != w.Status {
+					t.Fatalf("completions %+v, want (ctx, status) %+v", got, c.want)
+				}
+			}
+		})
+	}
+}
