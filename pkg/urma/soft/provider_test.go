@@ -2,6 +2,7 @@ package soft
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -581,5 +582,74 @@ func TestImportJettyIDOutOfRange(t *testing.T) {
 		if !errors.Is(err, urma.ErrNoEnt) {
 			t.Errorf("import of jetty %d on a device of %d jetties: %v, want ErrNoEnt", id, maxJetty, err)
 		}
+	}
+}
+
+// A device takes at most MaxJFC JFCs and MaxJFR JFRs at once; past that
+// creation fails with ErrNoMem, and closing one makes room again. (The
+// device here takes limit JFCs besides the JFRs' own.)
+func TestDeviceQueueLimits(t *testing.T) {
+	const limit = 2
+	p := newProvider(t, Options{Fabric: NewFabric(), Devices: []DeviceSpec{{Caps: urma.DeviceCaps{MaxJFC: limit + 1, MaxJFR: limit}}}})
+	ctx, err := p.Open("", 0)
+	mustOK(t, err, "open")
+	defer ctx.Close()
+	recvJFC, err := ctx.CreateJFC(urma.JFCConfig{Depth: 16}) // the JFRs' JFC, the (limit+1)-th
+	mustOK(t, err, "create the JFRs' JFC")
+	defer recvJFC.Close()
+	cases := []struct {
+		name   string
+		create func() (interface{ Close() error }, error)
+	}{
+		{"JFC", func() (interface{ Close() error }, error) { return ctx.CreateJFC(urma.JFCConfig{Depth: 16}) }},
+		{"JFR", func() (interface{ Close() error }, error) {
+			return ctx.CreateJFR(urma.JFRConfig{Mode: urma.RC, Depth: 4, JFC: recvJFC, TokenPolicy: urma.TokenPlainText, Token: 7})
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			n := limit
+			var made []interface{ Close() error }
+			defer func() {
+				for _, m := range made {
+					_ = m.Close()
+				}
+			}()
+			for i := range n {
+				m, err := c.create()
+				mustOK(t, err, fmt.Sprintf("create %s %d of %d", c.name, i+1, n))
+				made = append(made, m)
+			}
+			if _, err := c.create(); !errors.Is(err, urma.ErrNoMem) {
+				t.Fatalf("%s past the limit: %v, want ErrNoMem", c.name, err)
+			}
+			mustOK(t, made[0].Close(), "close one")
+			m, err := c.create()
+			mustOK(t, err, fmt.Sprintf("create a %s after closing one", c.name))
+			made[0] = m
+		})
+	}
+}
+
+// Closing a provider takes only its own device off an in-process fabric:
+// the others still reach each other.
+func TestFabricDetachesOnlyTheClosedDevice(t *testing.T) {
+	fab := NewFabric()
+	pa, pb := newProvider(t, Options{Fabric: fab}), newProvider(t, Options{Fabric: fab})
+	pc, err := New(Options{Fabric: fab, Logger: quiet()})
+	mustOK(t, err, "new")
+	c := newSide(t, pc, urma.JettyConfig{}, 64)
+	cID := c.jetty.ID()
+	a := newSide(t, pa, urma.JettyConfig{}, 64)
+	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	mustOK(t, pc.Close(), "close the third provider")
+	if _, err := a.ctx.ImportJetty(t.Context(), cID, urma.RC, 7); err == nil {
+		t.Error("import from a closed provider's device succeeded")
+	}
+	target := a.importJetty(b)
+	b.postRecv(1, 0, 64)
+	mustOK(t, a.send(target, 1, 0, 64, 0), "send")
+	if got := pollN(t, a.sjfc, 1, 10*time.Second)[0]; got.Status != urma.StatusSuccess {
+		t.Fatalf("send between the remaining devices: %+v", got)
 	}
 }
