@@ -107,14 +107,26 @@ func newFakePeer(t testing.TB) *fakePeer {
 
 // accept takes one connection and answers its HELLO and one IMPORT_JETTY.
 func (f *fakePeer) accept() (net.Conn, *bufio.Reader) {
+	nc, br, r := f.acceptHello()
+	if nc == nil {
+		return nil, nil
+	}
+	var rb [4 + importRespLen]byte
+	nc.Write(encodeImportResp(rb[:], r.req, urma.CodeSuccess))
+	return nc, br
+}
+
+// acceptHello takes one connection, answers its HELLO and reads one
+// IMPORT_JETTY, which it leaves unanswered.
+func (f *fakePeer) acceptHello() (net.Conn, *bufio.Reader, importJettyReq) {
 	nc, err := f.ln.Accept()
 	if err != nil {
-		return nil, nil
+		return nil, nil, importJettyReq{}
 	}
 	br := bufio.NewReader(nc)
 	var hb [4 + helloLen]byte
 	if _, err := io.ReadFull(br, hb[:]); err != nil {
-		return nil, nil
+		return nil, nil, importJettyReq{}
 	}
 	var ab [4 + helloAckLen]byte
 	maxMsg := f.maxMsg
@@ -124,12 +136,10 @@ func (f *fakePeer) accept() (net.Conn, *bufio.Reader) {
 	nc.Write(encodeHelloAck(ab[:], &helloAck{eid: f.eid, maxMsg: maxMsg}))
 	var ib [4 + importJettyLen]byte
 	if _, err := io.ReadFull(br, ib[:]); err != nil {
-		return nil, nil
+		return nil, nil, importJettyReq{}
 	}
 	r, _ := decodeImportJetty(ib[4:])
-	var rb [4 + importRespLen]byte
-	nc.Write(encodeImportResp(rb[:], r.req, urma.CodeSuccess))
-	return nc, br
+	return nc, br, r
 }
 
 // readSend reads one SEND frame, payload included.
@@ -511,6 +521,115 @@ func TestPeerDownFailsOnlyItsOutstandingSends(t *testing.T) {
 					t.Fatalf("completions %+v, want (ctx, status) %+v", got, c.want)
 				}
 			}
+		})
+	}
+}
+
+// An import waits for the peer's answer only as long as its context: once
+// the caller cancels, it returns ErrTimeout, though the connection is
+// healthy and the peer may still answer.
+func TestImportHonoursItsContext(t *testing.T) {
+	noLeaks(t)
+	opts := socketOpts()
+	opts.PeerTimeout = time.Minute // the connection outlives the test
+	a := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
+	f := newFakePeer(t)
+	asked, stop := make(chan struct{}), make(chan struct{})
+	peerDone := make(chan struct{})
+	go func() {
+		defer close(peerDone)
+		nc, _, _ := f.acceptHello()
+		if nc == nil {
+			return
+		}
+		defer nc.Close()
+		close(asked) // and never answer
+		<-stop
+	}()
+	defer func() { close(stop); <-peerDone }()
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		<-asked
+		cancel()
+	}()
+	_, err := a.ctx.ImportJetty(ctx, urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+	if !errors.Is(err, urma.ErrTimeout) {
+		t.Fatalf("import cancelled while waiting for the answer: %v, want ErrTimeout", err)
+	}
+}
+
+// A receive that a message is being written into still counts against the
+// JFR's depth, and closing the JFR waits until the message is done with it:
+// here the sender stops half-way, so only its connection dying of silence
+// (which puts the receive back) ends the wait.
+func TestJFRReceiveBeingFilled(t *testing.T) {
+	cases := []struct {
+		name  string
+		check func(t *testing.T, b *side, conn *conn)
+	}{
+		{"counts against the depth", func(t *testing.T, b *side, _ *conn) {
+			if err := b.jfr.PostRecv(&urma.RecvWR{SGEs: []urma.SGE{{Segment: b.seg, Len: 64}}}); !errors.Is(err, urma.ErrAgain) {
+				t.Fatalf("post past the depth while a receive is being filled: %v, want ErrAgain", err)
+			}
+		}},
+		{"Close waits for it", func(t *testing.T, b *side, conn *conn) {
+			mustOK(t, b.jetty.Close(), "close the jetty")
+			closed := make(chan bool, 1) // whether the connection was dead when Close returned
+			go func() {
+				if err := b.jfr.Close(); err != nil {
+					t.Errorf("close the JFR: %v", err)
+				}
+				select {
+				case <-conn.done:
+					closed <- true
+				default:
+					closed <- false
+				}
+			}()
+			select {
+			case dead := <-closed:
+				if !dead {
+					t.Fatal("JFR Close returned while a message was still being written into a receive")
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("JFR Close never returned, though the connection died")
+			}
+			mustOK(t, b.seg.Close(), "unregister the receive's segment after Close")
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			noLeaks(t)
+			p := newProvider(t, socketOpts())
+			b := newSide(t, p, urma.JettyConfig{}, 64)
+			const depth = 64 // newSide's JFR
+			for i := range depth {
+				b.postRecv(uint64(i), 0, 4096)
+			}
+			f := newFakePeer(t)
+			stop, peerDone := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(peerDone)
+				nc, _ := f.accept()
+				if nc == nil {
+					return
+				}
+				defer nc.Close()
+				frame := sendFrame(sendHeader{opcode: urma.OpSend, dst: b.jetty.ID().ID, token: 7}, make([]byte, 4096))
+				nc.Write(frame[:len(frame)-100]) // the rest never comes
+				<-stop
+			}()
+			defer func() { close(stop); <-peerDone }()
+			target, err := b.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+			mustOK(t, err, "import from the fake peer")
+			defer target.Close()
+			r := b.jfr.(*jfr)
+			waitUntil(t, "the message to take a receive", func() bool {
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				return r.inProgress == 1
+			})
+			c.check(t, b, p.conns()[0])
 		})
 	}
 }
