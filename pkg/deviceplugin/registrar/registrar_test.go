@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openeuler/urma-k8s/internal/logtest"
@@ -34,9 +36,24 @@ func socketDir(t *testing.T) string {
 	return dir
 }
 
+// waitBound is how long a test waits for an event before failing: 15 s,
+// or a quarter of what is left before the test binary's own deadline when
+// that is shorter. Under `make mutation` gremlins gives each run a few
+// times the package's normal test time and counts a run it has to kill as
+// TIMED OUT, neither killed nor lived; a mutant that stops an event from
+// happening must fail the wait well before that. Nothing asserts speed: a
+// passing run sees its events in milliseconds.
+func waitBound(t *testing.T) time.Duration {
+	bound := 15 * time.Second
+	if deadline, ok := t.Deadline(); ok {
+		bound = min(bound, time.Until(deadline)/4)
+	}
+	return bound
+}
+
 func waitCtx(t *testing.T) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound(t))
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -84,8 +101,13 @@ func startPluginWith(t *testing.T, dir string, mutate func(*Config), log logr.Lo
 		}
 		stopped = true
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run = %v, want nil", err)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run = %v, want nil", err)
+			}
+		case <-time.After(waitBound(t)):
+			t.Errorf("Run did not return after its context was canceled")
 		}
 	}
 	t.Cleanup(p.stop)
@@ -96,7 +118,7 @@ func startPluginWith(t *testing.T, dir string, mutate func(*Config), log logr.Lo
 // that offers no change notification.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	end := time.Now().Add(10 * time.Second)
+	end := time.Now().Add(waitBound(t))
 	for !cond() {
 		if time.Now().After(end) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -204,7 +226,7 @@ func TestRegistrationRetriesBackOffAndLogSparingly(t *testing.T) {
 			if got != w {
 				t.Errorf("retry %d after %v, want %v", i+1, got, w)
 			}
-		case <-time.After(10 * time.Second):
+		case <-time.After(waitBound(t)):
 			t.Fatalf("no retry %d", i+1)
 		}
 	}
@@ -370,7 +392,7 @@ func TestShutdownRemovesSocketAndGoroutines(t *testing.T) {
 	if _, err := k.WaitFor(waitCtx(t), func(s kubelettest.State) bool { return !s.Plugins[resource].Streaming }); err != nil {
 		t.Fatal(err)
 	}
-	end := time.Now().Add(10 * time.Second)
+	end := time.Now().Add(waitBound(t))
 	for runtime.NumGoroutine() > base {
 		if time.Now().After(end) {
 			buf := make([]byte, 1<<16)
@@ -475,4 +497,108 @@ func TestValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// replaceKubelet stops k and starts a new fake kubelet whose kubelet.sock is
+// a new file: a hard link keeps the old inode allocated so that the new
+// socket cannot reuse it (with coarse timestamps the two would otherwise
+// look identical to a stat).
+func replaceKubelet(t *testing.T, k *kubelettest.Kubelet) *kubelettest.Kubelet {
+	t.Helper()
+	old := filepath.Join(k.Dir(), fmt.Sprintf("old-kubelet-%d.sock", time.Now().UnixNano()))
+	if err := os.Link(filepath.Join(k.Dir(), kubeletSocketName), old); err != nil {
+		t.Fatal(err)
+	}
+	k.Stop()
+	return startKubelet(t, k.Dir())
+}
+
+// Serving removes a stale file at our path itself, and fsnotify reports
+// that removal after the new socket is up: it must not be taken for
+// someone removing ours, which would serve again (dropping kubelet's
+// stream) and remove the new socket in turn, and so on.
+func TestOwnStaleSocketRemovalIsNotAnotherRemoval(t *testing.T) {
+	dir := socketDir(t)
+	if err := os.WriteFile(filepath.Join(dir, DefaultSocketName), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k := startKubelet(t, dir)
+	logs := &logtest.Lines{}
+	startPluginWith(t, dir, nil, logs.Logger(t), nil)
+	listed(t, k, 1, 3)
+	// A kubelet restart that leaves our socket alone: its Create event is
+	// queued after our removal's, so once the new kubelet has us, the
+	// removal's event was handled.
+	k2 := replaceKubelet(t, k)
+	listed(t, k2, 1, 3)
+	if n := logs.Count("serving the device plugin"); n != 1 {
+		t.Errorf("served %d times, want once:\n%s", n, logs.String())
+	}
+	if logs.Contains("our socket was removed") {
+		t.Errorf("our own removal of the stale file was taken for someone else's:\n%s", logs.String())
+	}
+}
+
+// registrationServer is a kubelet whose Register runs a hook first.
+type registrationServer struct {
+	pluginapi.UnimplementedRegistrationServer
+	during func()
+}
+
+func (s *registrationServer) Register(context.Context, *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	s.during()
+	return &pluginapi.Empty{}, nil
+}
+
+// A kubelet that restarts while our Register call to it is in flight: the
+// call succeeds against the old one, and the new kubelet.sock must still
+// bring a registration with the new kubelet.
+func TestKubeletRestartDuringRegistration(t *testing.T) {
+	dir := socketDir(t)
+	sock := filepath.Join(dir, kubeletSocketName)
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
+	newKubelet := make(chan *kubelettest.Kubelet, 1)
+	srv := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(srv, &registrationServer{during: func() {
+		select {
+		case k := <-newKubelet:
+			newKubelet <- k // restarted already
+			return
+		default:
+		}
+		if err := os.Link(sock, filepath.Join(dir, "old-kubelet.sock")); err != nil {
+			t.Error(err)
+		}
+		k, err := kubelettest.Start(dir)
+		if err != nil {
+			t.Error(err)
+		}
+		newKubelet <- k
+	}})
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-served
+	})
+	startPlugin(t, dir, nil)
+	var k *kubelettest.Kubelet
+	select {
+	case k = <-newKubelet:
+		newKubelet <- k
+	case <-waitCtx(t).Done():
+		t.Fatal("the plugin never called Register")
+	}
+	if k == nil {
+		t.FailNow()
+	}
+	t.Cleanup(k.Stop)
+	listed(t, k, 1, 3)
 }
