@@ -3,6 +3,8 @@ package watch
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -19,13 +21,26 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 
-const deadline = 10 * time.Second
+// waitBound is how long a test waits for an event before failing: 10 s,
+// or a quarter of what is left before the test binary's own deadline when
+// that is shorter. Under `make mutation` gremlins gives each run a few
+// times the package's normal test time and counts a run it has to kill as
+// TIMED OUT, neither killed nor lived; a mutant that stops an event from
+// happening must fail the wait well before that. Nothing asserts speed: a
+// passing run sees its events in milliseconds.
+func waitBound(t *testing.T) time.Duration {
+	bound := 10 * time.Second
+	if d, ok := t.Deadline(); ok {
+		bound = min(bound, time.Until(d)/4)
+	}
+	return bound
+}
 
 // waitFor blocks until the inventory's snapshot satisfies cond, following
-// its changed channel, or fails the test at the deadline.
+// its changed channel, or fails the test after waitBound.
 func waitFor(t *testing.T, inv *inventory.Inventory, what string, cond func(*inventory.Snapshot) bool) *inventory.Snapshot {
 	t.Helper()
-	timeout := time.After(deadline)
+	timeout := time.After(waitBound(t))
 	for {
 		snap, changed := inv.Current()
 		if cond(snap) {
@@ -47,6 +62,13 @@ func healthy(name string, want bool) func(*inventory.Snapshot) bool {
 	return func(s *inventory.Snapshot) bool {
 		d, ok := device(name)(s)
 		return ok && d.Healthy == want
+	}
+}
+
+func reason(name, sub string) func(*inventory.Snapshot) bool {
+	return func(s *inventory.Snapshot) bool {
+		d, ok := device(name)(s)
+		return ok && strings.Contains(d.Reason, sub)
 	}
 }
 
@@ -201,7 +223,7 @@ func TestFailedScanKeepsDevices(t *testing.T) {
 	before := waitFor(t, h.inv, "udma0", healthy("udma0", true))
 
 	n := src.set(true)
-	end := time.Now().Add(deadline)
+	end := time.Now().Add(waitBound(t))
 	for src.count() < n+5 {
 		if time.Now().After(end) {
 			t.Fatal("scans stopped after a failure")
@@ -230,10 +252,10 @@ func TestRunStopsOnCancel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(deadline):
+	case <-time.After(waitBound(t)):
 		t.Fatal("Run did not return after cancel")
 	}
-	end := time.Now().Add(deadline)
+	end := time.Now().Add(waitBound(t))
 	for runtime.NumGoroutine() > base {
 		if time.Now().After(end) {
 			t.Fatalf("goroutines: %d, want <= %d", runtime.NumGoroutine(), base)
@@ -255,4 +277,34 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("Validate(%+v) = %v", tc.c, err)
 		}
 	}
+}
+
+// A watch path that does not exist at the first scan (here /dev/uburma,
+// before the driver creates it) is watched once it appears: a device node
+// created in it later is seen by fsnotify alone.
+func TestDirectoryCreatedLaterIsWatched(t *testing.T) {
+	tree := sysfstest.New(t)
+	d := sysfstest.DefaultDevice("udma0")
+	d.NoDevNode = true
+	tree.Add(t, d)
+	nodeDir := filepath.Join(tree.DevRoot, "uburma")
+	if _, err := os.Stat(nodeDir); !os.IsNotExist(err) {
+		t.Fatalf("%s before the test creates it: %v", nodeDir, err)
+	}
+	// Polling once an hour: only fsnotify can bring the changes in time.
+	h := start(t, SysfsSource{Opts: tree.Options()}, Config{PollInterval: time.Hour, Settle: 5 * time.Millisecond}, 1)
+	waitFor(t, h.inv, "udma0 unhealthy without its node", healthy("udma0", false))
+	// Any later snapshot comes from a later scan, so the first scan's
+	// watches, which found no node directory, are in place by then.
+	tree.SetPortState(t, "udma0", 0, urma.PortDown)
+	waitFor(t, h.inv, "udma0's port down", reason("udma0", "port0 DOWN"))
+	tree.SetPortState(t, "udma0", 0, urma.PortActive)
+	waitFor(t, h.inv, "udma0 waiting for its node again", reason("udma0", "device node"))
+
+	if err := os.Mkdir(nodeDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, h.inv, "the node directory no longer missing", func(s *inventory.Snapshot) bool { return len(s.Missing) == 0 })
+	tree.AddDevNode(t, "uburma/udma0")
+	waitFor(t, h.inv, "udma0 healthy once its node exists", healthy("udma0", true))
 }
