@@ -279,6 +279,11 @@ func TestConfigResolve(t *testing.T) {
 			check: func(s settings) string { return expect(s.budget.Limit() == 12, "budget 12") },
 		},
 		{
+			name:  "URMA_JETTY_BUDGET=0 means no budget",
+			env:   map[string]string{EnvJettyBudget: "0"},
+			check: func(s settings) string { return expect(s.budget.Limit() == 0, "no budget") },
+		},
+		{
 			name:  "Config.JettyBudget beats the environment",
 			cfg:   Config{JettyBudget: 3},
 			env:   map[string]string{EnvJettyBudget: "12"},
