@@ -184,12 +184,20 @@ func closePeer(tcp net.Conn, mem *urma.Memory, ctx urma.Context, queues ...io.Cl
 // SEND_WITH_IMM, and waits for its completion.
 func (r *rawPeer) send(n int, imm uint64) urma.Status {
 	r.t.Helper()
-	wr := urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: r.target, UserCtx: 99}
+	op := urma.OpSend
+	if imm != 0 {
+		op = urma.OpSendWithImm
+	}
+	return r.sendOp(op, n, imm)
+}
+
+// sendOp posts one send of opcode op (n payload bytes from buffer 20, imm
+// as its immediate) and waits for its completion.
+func (r *rawPeer) sendOp(op urma.Opcode, n int, imm uint64) urma.Status {
+	r.t.Helper()
+	wr := urma.SendWR{Opcode: op, Flags: urma.SendCompleteEnable, Target: r.target, UserCtx: 99, Imm: imm}
 	if n > 0 {
 		wr.SGEs = []urma.SGE{{Segment: r.seg, Offset: 20 * rawBuf, Len: uint32(n)}}
-	}
-	if imm != 0 {
-		wr.Opcode, wr.Imm = urma.OpSendWithImm, imm
 	}
 	if err := r.jetty.PostSend(&wr); err != nil {
 		r.t.Fatal(err)
@@ -234,6 +242,8 @@ func TestProtocolErrors(t *testing.T) {
 		{"credit above the window", func(r *rawPeer) { r.send(0, 1000) }, "peer returned 1000 credits", true},
 		{"credit overflowing the window", func(r *rawPeer) { r.send(0, 1) }, "peer returned 1 credits with the remote receive window at 13 of 13", true},
 		{"zero-length message without credit", func(r *rawPeer) { r.send(0, 0) }, "zero-length message without a credit", true},
+		// An immediate of 0 is no credit either, whatever the opcode.
+		{"zero-length SEND_WITH_IMM of 0 credits", func(r *rawPeer) { r.sendOp(urma.OpSendWithImm, 0, 0) }, "zero-length message without a credit", true},
 		{"message larger than a receive buffer", func(r *rawPeer) { r.send(rawBuf, 0) }, "status LOC_LEN", false},
 		{"data on the TCP connection", func(r *rawPeer) { _, _ = r.tcp.Write([]byte("x")) }, "sent data on the TCP connection", true},
 	}
