@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -59,5 +61,33 @@ func TestJettyCreationFails(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestJettiesInUseMetric: the jetties-in-use gauge counts what the jetty
+// budget counts, the prepared jetties and those of connections alike.
+func TestJettiesInUseMetric(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	f := smallFlags()
+	f.PreparedJettyCnt = 3
+	reg := prometheus.NewRegistry()
+	scfg := cfgWith(pa, f)
+	scfg.Registerer = reg
+	ln, d := listenAndDialer(t, scfg, cfgWith(pb, smallFlags()))
+	p := dialAccept(t, ln, d)
+	defer p.client.Close()
+	defer p.server.Close()
+	// One jetty went to the connection; the filler prepares a third again.
+	waitFor(t, "the pool to prepare its jetties", 10*time.Second, func() bool {
+		prepared, _ := ln.e.jetties.stats()
+		return prepared == 3
+	})
+	got := gatherFlat(t, reg)
+	if inUse, budget := got["urma_transport_jetties_in_use"], ln.e.s.budget.InUse(); inUse != 4 || budget != 4 {
+		t.Errorf("jetties in use: gauge %v, budget %d; want 4 (3 prepared, 1 connected)", inUse, budget)
+	}
+	if prepared := got["urma_transport_jetties_prepared"]; prepared != 3 {
+		t.Errorf("jetties prepared gauge %v, want 3", prepared)
 	}
 }
