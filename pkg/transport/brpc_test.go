@@ -427,6 +427,8 @@ func TestBrpcClient(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			cfg := cfgWith(pa, smallFlags())
 			cfg.Registerer = reg
+			var logs logLines
+			cfg.Logger = logs.logger()
 			tc.cfg(&cfg)
 			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
 			if err != nil {
@@ -477,6 +479,13 @@ func TestBrpcClient(t *testing.T) {
 			streamBoth(t, b, c, 4*13*1024)
 			if v := counterValue(t, reg, "urma_transport_tokenless_connections_total", map[string]string{"role": "server"}); v != 1 {
 				t.Errorf("urma_transport_tokenless_connections_total{role=server} = %v, want 1", v)
+			}
+			// The connection's own hello page goes with it, quietly.
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if line := logs.find("hello page"); line != "" {
+				t.Errorf("closing the connection logged: %s", line)
 			}
 		})
 	}
