@@ -170,6 +170,40 @@ func (q *queuedJFC) Poll(out []urma.Completion) (int, error) {
 	return n, nil
 }
 
+func (q *queuedJFC) Rearm(bool) error { return nil }
+
+// fdJFCE is a completion channel on a given descriptor that never fires.
+type fdJFCE struct {
+	urma.JFCE
+	fd int
+}
+
+func (x fdJFCE) Fd() int                                     { return x.fd }
+func (x fdJFCE) Wait([]urma.JFC, time.Duration) (int, error) { return 0, nil }
+
+// TestCompletionChannelDescriptor: a completion channel without a
+// descriptor (-1) is refused with that reason; descriptor 0 is a
+// descriptor like any other (a process started with stdin closed gets its
+// first one there), used if it can be duplicated.
+func TestCompletionChannelDescriptor(t *testing.T) {
+	const noFd = "completion channel has no file descriptor"
+	for _, fd := range []int{-1, 0} {
+		c := booksConn(t)
+		c.res = &jettyRes{jfce: fdJFCE{fd: fd}, jfc: &queuedJFC{}}
+		c.cqes = make([]urma.Completion, 4)
+		c.evDone = make(chan struct{})
+		err := c.startEvents()
+		if err == nil {
+			// Running: stop the event loop as teardown does.
+			_ = c.evFile.Close()
+			<-c.evDone
+		}
+		if refused := err != nil && strings.Contains(err.Error(), noFd); refused != (fd < 0) {
+			t.Errorf("completion channel on descriptor %d: %v", fd, err)
+		}
+	}
+}
+
 // TestPollDrainsAFullQueue: a poll that fills the whole batch may have left
 // records behind, so poll goes on until a batch comes back short; records
 // left in the queue would wait for a completion event that never comes.
