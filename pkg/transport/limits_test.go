@@ -44,18 +44,21 @@ func setRlimit(t *testing.T, resource int, cur uint64) {
 }
 
 // TestPreparedJettiesCappedByNofileAndBudget: urma_prepared_jetty_cnt is
-// capped by RLIMIT_NOFILE ((limit - 64) / 2) and by the jetty budget.
+// capped by RLIMIT_NOFILE ((limit - 64) / 2) and by the jetty budget; the
+// log says so when RLIMIT_NOFILE lowered it, and only then.
 func TestPreparedJettiesCappedByNofileAndBudget(t *testing.T) {
 	checkNoLeaks(t)
 	tests := []struct {
-		name   string
-		nofile uint64
-		budget int
-		want   int
+		name      string
+		nofile    uint64
+		budget    int
+		want      int
+		cappedLog bool
 	}{
-		{"nofile caps", 100, 0, 18},
-		{"budget caps", 4096, 5, 5},
-		{"flag wins", 4096, 0, 32},
+		{"nofile caps", 100, 0, 18, true},
+		{"nofile exactly enough", 64 + 2*32, 0, 32, false},
+		{"budget caps", 4096, 5, 5, false},
+		{"flag wins", 4096, 0, 32, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -66,6 +69,8 @@ func TestPreparedJettiesCappedByNofileAndBudget(t *testing.T) {
 			f.BufferCount = 64
 			cfg := cfgWith(pa, f)
 			cfg.JettyBudget = tc.budget
+			var logs logLines
+			cfg.Logger = logs.logger()
 			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -73,6 +78,9 @@ func TestPreparedJettiesCappedByNofileAndBudget(t *testing.T) {
 			defer ln.Close()
 			if got := ln.e.jetties.target; got != tc.want {
 				t.Fatalf("prepared jetty target %d, want %d", got, tc.want)
+			}
+			if line := logs.find("capping prepared jetties by RLIMIT_NOFILE"); (line != "") != tc.cappedLog {
+				t.Errorf("log line %q; want one: %v", line, tc.cappedLog)
 			}
 			waitFor(t, "the pool to prepare its jetties", 10*time.Second, func() bool {
 				prepared, _ := ln.e.jetties.stats()
