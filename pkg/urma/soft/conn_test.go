@@ -451,3 +451,14 @@ func TestAckRunLengthBound(t *testing.T) {
 		t.Fatalf("answers cover %d sends, want %d", total, n)
 	}
 }
+
+// A HELLO of the wrong size is refused with an error that says the size it
+// has and the size it must have.
+func TestHelloSizeError(t *testing.T) {
+	var b [4 + helloLen]byte
+	frame := encodeHello(b[:], &hello{maxMsg: 1 << 20})
+	_, err := decodeHello(frame[:len(frame)-1])
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("HELLO of %d bytes, want %d", len(frame)-1, len(frame))) {
+		t.Fatalf("short HELLO: %v", err)
+	}
+}

@@ -653,3 +653,79 @@ func TestFabricDetachesOnlyTheClosedDevice(t *testing.T) {
 		t.Fatalf("send between the remaining devices: %+v", got)
 	}
 }
+
+// Options left zero take the documented defaults: a peer timeout and a dial
+// timeout of three seconds.
+func TestZeroTimeoutsTakeDefaults(t *testing.T) {
+	p := newProvider(t, Options{Listen: "127.0.0.1:0"})
+	sd := p.devices[0].sock
+	if sd.peerTO != 3*time.Second || sd.dialTO != 3*time.Second {
+		t.Fatalf("peer timeout %v, dial timeout %v; want 3s each", sd.peerTO, sd.dialTO)
+	}
+}
+
+// A device takes as many EIDs as its MaxEIDCnt, not one more.
+func TestDeviceEIDCount(t *testing.T) {
+	eids := func(n int) []urma.EID {
+		out := make([]urma.EID, n)
+		for i := range out {
+			out[i] = inprocEID(uint64(1000 + i))
+		}
+		return out
+	}
+	for _, c := range []struct {
+		n  int
+		ok bool
+	}{{2, true}, {3, false}} {
+		p, err := New(Options{Fabric: NewFabric(), Devices: []DeviceSpec{{EIDs: eids(c.n), Caps: urma.DeviceCaps{MaxEIDCnt: 2}}}})
+		if err == nil {
+			mustOK(t, p.Close(), "close")
+		}
+		if (err == nil) != c.ok {
+			t.Errorf("%d EIDs on a device of MaxEIDCnt 2: %v, want accepted %v", c.n, err, c.ok)
+		}
+	}
+}
+
+// A segment registers under every token policy the API knows, the last
+// included.
+func TestSegmentTokenPolicies(t *testing.T) {
+	p := newProvider(t, Options{Fabric: NewFabric()})
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	for _, policy := range []urma.TokenPolicy{urma.TokenNone, urma.TokenPlainText, urma.TokenSigned, urma.TokenAllEncrypted} {
+		seg, err := a.ctx.RegisterSegment(a.mem, urma.SegmentConfig{Access: urma.AccessRead, TokenPolicy: policy, Token: 5})
+		mustOK(t, err, fmt.Sprintf("register under token policy %d", policy))
+		mustOK(t, seg.Close(), "unregister")
+	}
+	if _, err := a.ctx.RegisterSegment(a.mem, urma.SegmentConfig{Access: urma.AccessRead, TokenPolicy: urma.TokenAllEncrypted + 1}); !errors.Is(err, urma.ErrInval) {
+		t.Fatalf("unknown token policy: %v, want ErrInval", err)
+	}
+}
+
+// An SGE may end exactly at its segment's end, even an empty one starting
+// there; one byte past the end fails the work request with LOC_ACCESS.
+func TestSGEAtSegmentEnd(t *testing.T) {
+	const size = 1 << 20 // newSide's segment
+	cases := []struct {
+		off, n int
+		want   urma.Status
+	}{
+		{size - 64, 64, urma.StatusSuccess},
+		{size, 0, urma.StatusSuccess},
+		{size - 63, 64, urma.StatusLocAccess},
+		{size + 1, 0, urma.StatusLocAccess},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%d+%d", c.off, c.n), func(t *testing.T) {
+			p := newProvider(t, Options{Fabric: NewFabric()})
+			a := newSide(t, p, urma.JettyConfig{RNRRetry: 7}, 64)
+			b := newSide(t, p, urma.JettyConfig{}, 64)
+			target := a.importJetty(b)
+			b.postRecv(1, 0, 64)
+			mustOK(t, a.send(target, 1, c.off, c.n, 0), "send")
+			if got := pollN(t, a.sjfc, 1, 10*time.Second)[0]; got.Status != c.want {
+				t.Fatalf("send of %d bytes at %d of a %d-byte segment: %+v, want %v", c.n, c.off, size, got, c.want)
+			}
+		})
+	}
+}

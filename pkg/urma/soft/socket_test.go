@@ -73,6 +73,10 @@ func TestOneConnectionPerDevicePair(t *testing.T) {
 			if len(ca) != 1 || len(cb) != 1 {
 				t.Fatalf("round %d: %d and %d connections, want one each", round, len(ca), len(cb))
 			}
+			// The one connection runs from one device to the other's listener.
+			if ca[0].local != pa.addr() && ca[0].remote != pb.addr() {
+				t.Fatalf("round %d: connection %s<->%s is not between %s and %s", round, ca[0].local, ca[0].remote, pa.addr(), pb.addr())
+			}
 			if ca[0].local != cb[0].remote || ca[0].remote != cb[0].local {
 				t.Fatalf("round %d: the sides kept different connections: %s<->%s vs %s<->%s", round,
 					ca[0].local, ca[0].remote, cb[0].local, cb[0].remote)
@@ -560,9 +564,11 @@ func TestImportHonoursItsContext(t *testing.T) {
 
 // A receive that a message is being written into still counts against the
 // JFR's depth, and closing the JFR waits until the message is done with it:
-// here the sender stops half-way, so only its connection dying of silence
-// (which puts the receive back) ends the wait.
+// the sender stops half-way, and either sends the rest once Close waits, or
+// never does, so that only its connection dying of silence (which puts the
+// receive back) ends the wait.
 func TestJFRReceiveBeingFilled(t *testing.T) {
+	rest := make(chan struct{}, 1) // the fake sender sends the rest of its message
 	cases := []struct {
 		name  string
 		check func(t *testing.T, b *side, conn *conn)
@@ -570,6 +576,28 @@ func TestJFRReceiveBeingFilled(t *testing.T) {
 		{"counts against the depth", func(t *testing.T, b *side, _ *conn) {
 			if err := b.jfr.PostRecv(&urma.RecvWR{SGEs: []urma.SGE{{Segment: b.seg, Len: 64}}}); !errors.Is(err, urma.ErrAgain) {
 				t.Fatalf("post past the depth while a receive is being filled: %v, want ErrAgain", err)
+			}
+		}},
+		{"Close waits for it to arrive", func(t *testing.T, b *side, _ *conn) {
+			mustOK(t, b.jetty.Close(), "close the jetty")
+			r := b.jfr.(*jfr)
+			closed := make(chan struct{})
+			go func() {
+				defer close(closed)
+				if err := b.jfr.Close(); err != nil {
+					t.Errorf("close the JFR: %v", err)
+				}
+			}()
+			waitUntil(t, "Close to start", func() bool {
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				return r.closed
+			})
+			rest <- struct{}{} // the message completes now
+			select {
+			case <-closed:
+			case <-time.After(30 * time.Second):
+				t.Fatal("JFR Close never returned, though the message arrived whole")
 			}
 		}},
 		{"Close waits for it", func(t *testing.T, b *side, conn *conn) {
@@ -616,8 +644,13 @@ func TestJFRReceiveBeingFilled(t *testing.T) {
 				}
 				defer nc.Close()
 				frame := sendFrame(sendHeader{opcode: urma.OpSend, dst: b.jetty.ID().ID, token: 7}, make([]byte, 4096))
-				nc.Write(frame[:len(frame)-100]) // the rest never comes
-				<-stop
+				nc.Write(frame[:len(frame)-100]) // the rest comes only when told
+				select {
+				case <-rest:
+					nc.Write(frame[len(frame)-100:])
+					<-stop
+				case <-stop:
+				}
 			}()
 			defer func() { close(stop); <-peerDone }()
 			target, err := b.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
