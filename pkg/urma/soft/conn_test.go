@@ -462,3 +462,29 @@ func TestHelloSizeError(t *testing.T) {
 		t.Fatalf("short HELLO: %v", err)
 	}
 }
+
+// A poller that takes frames from the rings (conn.drive) and meets one
+// that breaks the protocol fails the connection, even when a well-formed
+// frame follows it: it stops at the bad one.
+func TestPollerFailsConnectionOnBadFrame(t *testing.T) {
+	p := newProvider(t, shmOpts(t))
+	sd := p.devices[0].sock
+	local, remote := shmPair(t, MinShmRing, -1)
+	eid, err := ShmEID()
+	mustOK(t, err, "EID")
+	pr, err := sd.peer(eid)
+	mustOK(t, err, "peer")
+	c := newConn(sd, pr, local, hello{session: 1, src: eid, maxMsg: 1 << 20}, false, "test", "test")
+	var ping [4 + pingLen]byte
+	stream := append([]byte{0, 0, 0, 4, 200}, encodePing(ping[:])...) // a frame of unknown type, then a PING
+	mustOK(t, remote.write(stream), "write the frames")
+	c.drive()
+	select {
+	case <-c.done:
+	default:
+		t.Fatal("the poller read past a frame of unknown type and left the connection up")
+	}
+	if err := c.deathCause(); !strings.Contains(fmt.Sprint(err), "unknown frame type") {
+		t.Fatalf("connection died of %v, want the unknown frame type", err)
+	}
+}
