@@ -91,26 +91,43 @@ func TestPreparedJettiesCappedByNofileAndBudget(t *testing.T) {
 }
 
 // TestMemlockReported: an RLIMIT_MEMLOCK below the pool is reported in the
-// metrics (and the log); the software provider works regardless.
+// metrics and the log; one that holds the pool exactly is no shortfall and
+// no warning. The software provider works regardless.
 func TestMemlockReported(t *testing.T) {
 	checkNoLeaks(t)
-	setRlimit(t, unix.RLIMIT_MEMLOCK, 64<<10)
-	reg := prometheus.NewRegistry()
-	pa, pb := fabricPair(t)
 	f := smallFlags() // 256 x 1 KiB
-	scfg := cfgWith(pa, f)
-	scfg.Registerer = reg
-	p := connect(t, scfg, cfgWith(pb, f))
-	got := gatherFlat(t, reg)
-	pool := float64(f.BufferCount*f.BufferSize + unix.Getpagesize())
-	if got["urma_transport_memlock_limit_bytes"] != 64<<10 {
-		t.Errorf("memlock limit metric %v, want %d", got["urma_transport_memlock_limit_bytes"], 64<<10)
-	}
-	if want := pool - 64<<10; got["urma_transport_memlock_shortfall_bytes"] != want {
-		t.Errorf("memlock shortfall metric %v, want %v", got["urma_transport_memlock_shortfall_bytes"], want)
-	}
-	if p.server.Mode() != ModeURMA {
-		t.Errorf("the software provider should not mind memlock: %s", p.server.FallbackReason())
+	pool := uint64(f.BufferCount*f.BufferSize + unix.Getpagesize())
+	for _, tc := range []struct {
+		name  string
+		limit uint64
+		warn  bool
+	}{
+		{"below the pool", 64 << 10, true},
+		{"exactly the pool", pool, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			setRlimit(t, unix.RLIMIT_MEMLOCK, tc.limit)
+			reg := prometheus.NewRegistry()
+			pa, pb := fabricPair(t)
+			var logs logLines
+			scfg := cfgWith(pa, f)
+			scfg.Registerer = reg
+			scfg.Logger = logs.logger()
+			p := connect(t, scfg, cfgWith(pb, f))
+			got := gatherFlat(t, reg)
+			if got["urma_transport_memlock_limit_bytes"] != float64(tc.limit) {
+				t.Errorf("memlock limit metric %v, want %d", got["urma_transport_memlock_limit_bytes"], tc.limit)
+			}
+			if want := float64(pool) - float64(min(tc.limit, pool)); got["urma_transport_memlock_shortfall_bytes"] != want {
+				t.Errorf("memlock shortfall metric %v, want %v", got["urma_transport_memlock_shortfall_bytes"], want)
+			}
+			if line := logs.find("RLIMIT_MEMLOCK is below the registered buffer pool"); (line != "") != tc.warn {
+				t.Errorf("warning %q; want one: %v", line, tc.warn)
+			}
+			if p.server.Mode() != ModeURMA {
+				t.Errorf("the software provider should not mind memlock: %s", p.server.FallbackReason())
+			}
+		})
 	}
 }
 

@@ -170,6 +170,10 @@ func TestProviderChoice(t *testing.T) {
 				// Probed and set aside, or chosen and owned: closed either way.
 				waitFor(t, "liburma to be closed", 5*time.Second, stub.isClosed)
 			}
+			// Closing it went well: nothing to report.
+			if line := logs.find("closing liburma"); line != "" {
+				t.Errorf("closing liburma logged: %s", line)
+			}
 		})
 	}
 }
