@@ -1,0 +1,160 @@
+package transport
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
+)
+
+// TestDeviceQueueLimits: a device whose queues are too shallow for the
+// configured depths makes the engine fall back to TCP, naming the limit;
+// one exactly deep enough carries URMA. A connection's completion queue
+// holds its sends, its receives and the flush-done record: sq + rq + 1.
+func TestDeviceQueueLimits(t *testing.T) {
+	checkNoLeaks(t)
+	f := smallFlags()
+	sq, rq := f.SQSize, f.RQSize
+	tests := []struct {
+		name string
+		caps urma.DeviceCaps
+		want string // in the fallback reason; "" for URMA
+	}{
+		{"send queues exactly deep enough", urma.DeviceCaps{MaxJFSDepth: uint32(sq)}, ""},
+		{"send queues one short", urma.DeviceCaps{MaxJFSDepth: uint32(sq - 1)}, "max_jfs_depth"},
+		{"receive queues exactly deep enough", urma.DeviceCaps{MaxJFRDepth: uint32(rq)}, ""},
+		{"receive queues one short", urma.DeviceCaps{MaxJFRDepth: uint32(rq - 1)}, "max_jfr_depth"},
+		{"completion queues exactly deep enough", urma.DeviceCaps{MaxJFCDepth: uint32(sq + rq + 1)}, ""},
+		{"completion queues one short", urma.DeviceCaps{MaxJFCDepth: uint32(sq + rq)}, "max_jfc_depth"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fab := soft.NewFabric()
+			pa, err := soft.New(soft.Options{Fabric: fab, Logger: logr.Discard(), Devices: []soft.DeviceSpec{{Caps: tc.caps}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pa.Close()
+			pb, err := soft.New(soft.Options{Fabric: fab, Logger: logr.Discard()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pb.Close()
+			p := connect(t, cfgWith(pa, f), cfgWith(pb, f))
+			defer p.client.Close()
+			defer p.server.Close()
+			r := p.server.FallbackReason()
+			if tc.want == "" {
+				if p.server.Mode() != ModeURMA {
+					t.Fatalf("mode %s (%s), want urma", p.server.Mode(), r)
+				}
+				exchange(t, p.client, p.server, "through queues exactly deep enough")
+				return
+			}
+			if p.server.Mode() != ModeTCP || !strings.HasPrefix(r, string(ReasonDeviceUnsuitable)) || !strings.Contains(r, tc.want) {
+				t.Fatalf("mode %s, fallback %q; want tcp, %s naming %s", p.server.Mode(), r, ReasonDeviceUnsuitable, tc.want)
+			}
+		})
+	}
+}
+
+// TestCleanShutdownLogsNoError: connections, a listener and a dialer that
+// close in order release everything without logging a single error.
+func TestCleanShutdownLogsNoError(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	var logs logLines
+	scfg, ccfg := cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags())
+	scfg.Logger, ccfg.Logger = logs.logger(), logs.logger()
+	ln, d := listenAndDialer(t, scfg, ccfg)
+	p := dialAccept(t, ln, d)
+	if p.server.Mode() != ModeURMA {
+		t.Fatalf("mode %s (%s)", p.server.Mode(), p.server.FallbackReason())
+	}
+	exchange(t, p.client, p.server, "before the shutdown")
+	for _, c := range []interface{ Close() error }{p.client, p.server, ln, d} {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if line := logs.find(`"error"=`); line != "" {
+		t.Errorf("a clean shutdown logged: %s", line)
+	}
+}
+
+// TestFabricOfAGivenProvider: with a provider passed in Config.Provider,
+// a connection's fabric is that provider's name.
+func TestFabricOfAGivenProvider(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	p := connect(t, cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags()))
+	defer p.client.Close()
+	defer p.server.Close()
+	if got, want := p.client.Debug().Fabric, pb.Name(); got != want || want == "" {
+		t.Errorf("fabric %q, want the provider's name %q", got, want)
+	}
+}
+
+// TestAdvertiseAddr: the software fabric listens on the connection's own
+// IPv4 address; for an unspecified one on POD_IP, else on the host's first
+// IPv4 address that is neither loopback nor link-local, else 127.0.0.1.
+func TestAdvertiseAddr(t *testing.T) {
+	// The host's first usable address, found through its interfaces.
+	host := netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+found:
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range addrs {
+			ipn, ok := a.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			if ip, ok := netip.AddrFromSlice(ipn.IP.To4()); ok && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
+				host = ip
+				break found
+			}
+		}
+	}
+	t.Logf("the host's first usable IPv4 address: %s", host)
+	tests := []struct {
+		name  string
+		local string
+		podIP string // "-": unset
+		want  netip.Addr
+	}{
+		{"own IPv4 address", "10.1.2.3", "10.9.9.9", netip.MustParseAddr("10.1.2.3")},
+		{"own address, IPv4-mapped", "::ffff:10.1.2.3", "-", netip.MustParseAddr("10.1.2.3")},
+		{"unspecified: POD_IP", "0.0.0.0", " 10.9.9.9 ", netip.MustParseAddr("10.9.9.9")},
+		{"unspecified, POD_IP not IPv4: the host's", "0.0.0.0", "fd00::1", host},
+		{"unspecified, no POD_IP: the host's", "0.0.0.0", "-", host},
+		{"IPv6: the host's", "fd00::2", "-", host},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("POD_IP", "")
+			if tc.podIP == "-" {
+				if err := os.Unsetenv("POD_IP"); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				t.Setenv("POD_IP", tc.podIP)
+			}
+			if got := advertiseAddr(netip.MustParseAddr(tc.local)); got != tc.want {
+				t.Errorf("advertiseAddr(%s) = %s, want %s", tc.local, got, tc.want)
+			}
+		})
+	}
+}
