@@ -200,3 +200,30 @@ func TestShmLongSpinNeverSleeps(t *testing.T) {
 		}
 	}
 }
+
+// A write of exactly the ring's size fills it in one go; a write that then
+// finds no room writes nothing and wakes nobody, even a reader that has
+// announced a sleep: there is nothing new for it to read.
+func TestShmFullRingWriteWakesNobody(t *testing.T) {
+	a, b := shmPair(t, MinShmRing, -1)
+	mustOK(t, a.write(make([]byte, MinShmRing)), "fill the ring")
+	if n, err := b.available(); err != nil || n != MinShmRing {
+		t.Fatalf("the reader sees %d bytes (%v), want the whole ring, %d", n, err, MinShmRing)
+	}
+	// The reader announces a sleep, as it does before it checks the ring
+	// once more.
+	b.local.word(offReaderWait).Add(1)
+	p := []byte{7}
+	iov := []unix.Iovec{{Base: &p[0]}}
+	iov[0].SetLen(1)
+	left, err := a.writev(iov, false)
+	if !errors.Is(err, unix.EAGAIN) || len(left) != 1 || left[0].Len != 1 {
+		t.Fatalf("write into a full ring: %d iovecs left (%v), want the byte left and EAGAIN", len(left), err)
+	}
+	if n := a.wakes.Load(); n != 0 {
+		t.Errorf("a write that wrote nothing woke the reader %d times, want none", n)
+	}
+	if a.tail != MinShmRing || a.local.word(offTail).Load() != MinShmRing {
+		t.Errorf("tail %d, published %d after the refused write, want both %d", a.tail, a.local.word(offTail).Load(), MinShmRing)
+	}
+}
