@@ -227,3 +227,51 @@ func TestShmFullRingWriteWakesNobody(t *testing.T) {
 		t.Errorf("tail %d, published %d after the refused write, want both %d", a.tail, a.local.word(offTail).Load(), MinShmRing)
 	}
 }
+
+// A blocking write of any size streams through the ring while the peer
+// reads: exactly the ring, a byte more, several rings, exactly the chunk a
+// writer publishes at once and a byte more, each starting where the last
+// ended, so that they wrap around the ring's end at different places. The
+// bytes arrive whole and in order.
+func TestShmBlockingWriteStreamsThroughRing(t *testing.T) {
+	noLeaks(t)
+	a, b := shmPair(t, MinShmRing, -1)
+	for i, n := range []int{5, MinShmRing, MinShmRing + 1, 3*MinShmRing + 5, shmPublishChunk, shmPublishChunk + 1, 1} {
+		msg := make([]byte, n)
+		for k := range msg {
+			msg[k] = byte(i*31 + k*7 + k>>8)
+		}
+		written := make(chan error, 1)
+		go func() { written <- a.write(msg) }()
+		got := make([]byte, n)
+		read := make(chan error, 1)
+		go func() { read <- b.readFull(got) }()
+		hang := time.After(20 * time.Second) // a hang, not a measurement
+		for range 2 {
+			select {
+			case err := <-written:
+				mustOK(t, err, "write")
+				written = nil
+			case err := <-read:
+				mustOK(t, err, "read")
+				read = nil
+			case <-hang:
+				// Out of their waits before the rings are unmapped.
+				a.shutdown()
+				b.shutdown()
+				for _, ch := range []chan error{written, read} {
+					if ch != nil {
+						<-ch
+					}
+				}
+				t.Fatalf("%d bytes: the write or the read never finished", n)
+			}
+		}
+		if !bytes.Equal(got, msg) {
+			t.Fatalf("%d bytes arrived changed", n)
+		}
+		if a.tx.Load() != b.rx.Load() {
+			t.Fatalf("%d bytes: %d written, %d read", n, a.tx.Load(), b.rx.Load())
+		}
+	}
+}
