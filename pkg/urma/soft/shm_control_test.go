@@ -1,0 +1,61 @@
+package soft
+
+import (
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// A peer that sends the device nonsense on an established shm connection's
+// unix socket, or hangs up, loses the connection, and the device logs what
+// happened: a message of the largest size is read whole and refused for what
+// it is, and so are as many descriptors as a message carries (a HELLO's),
+// counted; a longer message, or one with many more descriptors, is refused
+// as truncated.
+func TestShmHostileControlMessages(t *testing.T) {
+	segMap := func() []byte {
+		return encodeShmSeg(make([]byte, shmSegMsgLen), &shmSegMsg{typ: shmMsgSegMap, handle: 1, length: 4096})
+	}
+	cases := []struct {
+		name string
+		msg  func(f *shmIO) []byte // nil: hang up
+		fds  int                   // eventfds passed with msg
+		log  string
+	}{
+		{"hang up", nil, 0, "peer closed its shm socket"},
+		{"a HELLO after the handshake", func(f *shmIO) []byte {
+			me, _ := ShmEID()
+			return encodeShmHello(make([]byte, shmMaxMsgLen), &shmHelloMsg{typ: shmMsgHello, src: me, ringSize: MinShmRing})
+		}, 0, "type 1 unknown or out of place"},
+		{"a message longer than any", func(*shmIO) []byte { return append(segMap(), make([]byte, 2*shmMaxMsgLen)...) }, 0, "truncated"},
+		{"SEG_MAP with shmMaxFds descriptors", func(*shmIO) []byte { return segMap() }, shmMaxFds, "type 3 with 3 descriptors, want 1"},
+		{"SEG_MAP with eight descriptors", func(*shmIO) []byte { return segMap() }, 8, "truncated"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			opts := shmOpts(t)
+			var sink logSink
+			opts.Logger = sink.logger()
+			p := newProvider(t, opts)
+			f, _ := fakeShmPeer(t, p.devices[0].sock)
+			if c.msg == nil {
+				mustOK(t, unix.Shutdown(f.ctlFd, unix.SHUT_RDWR), "hang up")
+			} else {
+				fds := make([]int, c.fds)
+				for i := range fds {
+					var err error
+					fds[i], err = newEventfd()
+					mustOK(t, err, "eventfd")
+				}
+				defer closeAll(fds)
+				var rights []byte
+				if len(fds) > 0 {
+					rights = unix.UnixRights(fds...)
+				}
+				mustOK(t, unix.Sendmsg(f.ctlFd, c.msg(f), rights, nil, unix.MSG_NOSIGNAL), "send")
+			}
+			waitUntil(t, "the device to log why it closed the connection", func() bool { return sink.has(c.log) })
+			waitUntil(t, "the connection to close", func() bool { return len(p.conns()) == 0 })
+		})
+	}
+}
