@@ -3,6 +3,7 @@ package soft
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,7 +12,21 @@ import (
 
 // shmPair joins two shmIOs over fresh rings of ring bytes in this process,
 // as a rendezvous would but without its socket: each is the other's peer.
+// They are shut down and closed when the test ends.
 func shmPair(t *testing.T, ring int, spin time.Duration) (a, b *shmIO) {
+	t.Helper()
+	a, b = shmPairOnly(t, ring, spin)
+	t.Cleanup(func() {
+		for _, s := range []*shmIO{a, b} {
+			s.shutdown()
+			s.close()
+		}
+	})
+	return a, b
+}
+
+// shmPairOnly is shmPair without the cleanup: the caller closes them.
+func shmPairOnly(t *testing.T, ring int, spin time.Duration) (a, b *shmIO) {
 	t.Helper()
 	ea, err := newShmEnds(ring)
 	mustOK(t, err, "ends")
@@ -45,12 +60,6 @@ func shmPair(t *testing.T, ring int, spin time.Duration) (a, b *shmIO) {
 	}
 	a.closePassed()
 	b.closePassed()
-	t.Cleanup(func() {
-		for _, s := range []*shmIO{a, b} {
-			s.shutdown()
-			s.close()
-		}
-	})
 	return a, b
 }
 
@@ -273,5 +282,56 @@ func TestShmBlockingWriteStreamsThroughRing(t *testing.T) {
 		if a.tx.Load() != b.rx.Load() {
 			t.Fatalf("%d bytes: %d written, %d read", n, a.tx.Load(), b.rx.Load())
 		}
+	}
+}
+
+// Closing a connection's rings closes each of its descriptors once: a
+// second close of a number another goroutine has just been given would
+// close that goroutine's file. Another goroutine opens files all along and
+// checks that they stay its own while connections come and go.
+func TestShmCloseClosesOnlyItsOwnDescriptors(t *testing.T) {
+	var null unix.Stat_t
+	mustOK(t, unix.Stat("/dev/null", &null), "stat /dev/null")
+	stop := make(chan struct{})
+	stolen := make(chan error, 1)
+	go func() {
+		defer close(stolen)
+		var mine []int
+		defer func() { closeAll(mine) }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				stolen <- fmt.Errorf("open /dev/null: %w", err)
+				return
+			}
+			mine = append(mine, fd)
+			for _, m := range mine {
+				var st unix.Stat_t
+				if err := unix.Fstat(m, &st); err != nil || st.Rdev != null.Rdev || st.Ino != null.Ino {
+					stolen <- fmt.Errorf("descriptor %d, opened on /dev/null, was closed under its owner (fstat: %v)", m, err)
+					return
+				}
+			}
+			if len(mine) == 16 {
+				closeAll(mine)
+				mine = mine[:0]
+			}
+		}
+	}()
+	for range 300 {
+		a, b := shmPairOnly(t, MinShmRing, -1)
+		for _, s := range []*shmIO{a, b} {
+			s.shutdown()
+			s.close()
+		}
+	}
+	close(stop)
+	if err := <-stolen; err != nil {
+		t.Fatal(err)
 	}
 }
