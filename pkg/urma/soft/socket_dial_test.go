@@ -58,3 +58,32 @@ func TestDuplicateRedialBacksOff(t *testing.T) {
 		t.Errorf("%d dials in a %v dial timeout against DUPLICATE answers, want a few (2..17)", n, opts.DialTimeout)
 	}
 }
+
+// An idle connection whose peer is alive outlives PeerTimeout many times
+// over: each side PINGs when it has written nothing for a watchdog tick, and
+// what it reads keeps the connection alive. The test waits for a dozen
+// PINGs each way, three PeerTimeouts' worth, on the one connection.
+func TestIdleConnectionKeptAliveByPings(t *testing.T) {
+	noLeaks(t)
+	pa, pb := newProvider(t, socketOpts()), newProvider(t, socketOpts())
+	a := newSide(t, pa, urma.JettyConfig{}, 64)
+	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	a.importJetty(b)
+	ca, cb := pa.conns(), pb.conns()
+	if len(ca) != 1 || len(cb) != 1 {
+		t.Fatalf("%d and %d connections, want one each", len(ca), len(cb))
+	}
+	const pings = 12
+	startA, startB := ca[0].rx.Load(), cb[0].rx.Load()
+	waitUntil(t, "a dozen PINGs each way", func() bool {
+		for _, c := range []*conn{ca[0], cb[0]} {
+			c.mu.Lock()
+			dead, err := c.dead, c.err
+			c.mu.Unlock()
+			if dead {
+				t.Fatalf("the idle connection died: %v", err)
+			}
+		}
+		return ca[0].rx.Load()-startA >= pings*(4+pingLen) && cb[0].rx.Load()-startB >= pings*(4+pingLen)
+	})
+}
