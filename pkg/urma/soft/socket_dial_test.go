@@ -87,3 +87,52 @@ func TestIdleConnectionKeptAliveByPings(t *testing.T) {
 		return ca[0].rx.Load()-startA >= pings*(4+pingLen) && cb[0].rx.Load()-startB >= pings*(4+pingLen)
 	})
 }
+
+// A connection whose peer says nothing after the handshake is declared dead
+// after four watchdog ticks without a byte; meanwhile it PINGs only on a
+// tick on which it wrote nothing since the one before: once (twice if the
+// first tick came before its import request was out), not on every tick.
+func TestSilentPeerPingedOnlyWhenIdle(t *testing.T) {
+	noLeaks(t)
+	f := newFakePeer(t)
+	pings := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { pings <- n }()
+		nc, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		var hb [4 + helloLen]byte
+		if _, err := io.ReadFull(nc, hb[:]); err != nil {
+			return
+		}
+		var ab [4 + helloAckLen]byte
+		if _, err := nc.Write(encodeHelloAck(ab[:], &helloAck{eid: f.eid, maxMsg: 1 << 20})); err != nil {
+			return
+		}
+		// Frames until the device hangs up; it sends no SEND, so each is
+		// its length and that many bytes.
+		for {
+			var lb [4]byte
+			if _, err := io.ReadFull(nc, lb[:]); err != nil {
+				return
+			}
+			b := make([]byte, be.Uint32(lb[:]))
+			if _, err := io.ReadFull(nc, b); err != nil {
+				return
+			}
+			if len(b) > 0 && b[0] == framePing {
+				n++
+			}
+		}
+	}()
+	a := newSide(t, newProvider(t, socketOpts()), urma.JettyConfig{}, 64)
+	if _, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9); !errors.Is(err, urma.ErrUnreachable) {
+		t.Fatalf("import from a peer that never answers: %v, want unreachable", err)
+	}
+	if n := <-pings; n < 1 || n > 2 {
+		t.Errorf("%d PINGs to a silent peer over the four ticks before it was declared dead, want 1 or 2", n)
+	}
+}
