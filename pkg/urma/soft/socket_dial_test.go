@@ -1,6 +1,7 @@
 package soft
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -61,11 +62,15 @@ func TestDuplicateRedialBacksOff(t *testing.T) {
 
 // An idle connection whose peer is alive outlives PeerTimeout many times
 // over: each side PINGs when it has written nothing for a watchdog tick, and
-// what it reads keeps the connection alive. The test waits for a dozen
-// PINGs each way, three PeerTimeouts' worth, on the one connection.
+// what it reads keeps the connection alive. The test waits for six PINGs
+// each way, three PeerTimeouts' worth, on the one connection. (A
+// PeerTimeout of a second: a loaded machine may hold a goroutine up for a
+// good part of the shorter one the other tests use.)
 func TestIdleConnectionKeptAliveByPings(t *testing.T) {
 	noLeaks(t)
-	pa, pb := newProvider(t, socketOpts()), newProvider(t, socketOpts())
+	opts := socketOpts()
+	opts.PeerTimeout = time.Second
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
 	a := newSide(t, pa, urma.JettyConfig{}, 64)
 	b := newSide(t, pb, urma.JettyConfig{}, 64)
 	a.importJetty(b)
@@ -73,9 +78,9 @@ func TestIdleConnectionKeptAliveByPings(t *testing.T) {
 	if len(ca) != 1 || len(cb) != 1 {
 		t.Fatalf("%d and %d connections, want one each", len(ca), len(cb))
 	}
-	const pings = 12
+	const pings = 6 // a PING every other tick of PeerTimeout/4
 	startA, startB := ca[0].rx.Load(), cb[0].rx.Load()
-	waitUntil(t, "a dozen PINGs each way", func() bool {
+	waitUntil(t, "six PINGs each way", func() bool {
 		for _, c := range []*conn{ca[0], cb[0]} {
 			c.mu.Lock()
 			dead, err := c.dead, c.err
@@ -134,5 +139,78 @@ func TestSilentPeerPingedOnlyWhenIdle(t *testing.T) {
 	}
 	if n := <-pings; n < 1 || n > 2 {
 		t.Errorf("%d PINGs to a silent peer over the four ticks before it was declared dead, want 1 or 2", n)
+	}
+}
+
+// When two devices dial each other at once, the connection dialed by the
+// device with the smaller EID wins, on both ends: a device that is dialing a
+// peer accepts that peer's own dial when the peer's EID is the smaller, and
+// answers DUPLICATE when it is the larger (its own dial will win).
+func TestCrossedDialsSmallerEIDWins(t *testing.T) {
+	low, high := urma.EID{0: 1, 15: 1}, urma.EID{0: 0xff, 15: 1}
+	cases := []struct {
+		name string
+		peer urma.EID
+		want uint8
+	}{
+		{"the peer's EID is smaller", low, helloOK},
+		{"the peer's EID is larger", high, helloDuplicate},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			noLeaks(t)
+			// The peer's listener takes the device's dial and holds it
+			// unanswered: the device is dialing while the peer dials it.
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			mustOK(t, err, "listen")
+			defer ln.Close()
+			dialed := make(chan net.Conn, 1)
+			go func() {
+				nc, err := ln.Accept()
+				if err != nil {
+					close(dialed)
+					return
+				}
+				var hb [4 + helloLen]byte
+				_, _ = io.ReadFull(nc, hb[:])
+				dialed <- nc
+			}()
+			opts := socketOpts()
+			opts.DialTimeout = 20 * time.Second // the device's dial must still be on when the peer's arrives
+			opts.Resolver = func(context.Context, urma.EID) (string, error) { return ln.Addr().String(), nil }
+			p := newProvider(t, opts)
+			dev := p.devices[0].sock.eid
+			if bytes.Compare(low[:], dev[:]) >= 0 || bytes.Compare(high[:], dev[:]) <= 0 {
+				t.Fatalf("device EID %s is not between %s and %s", dev, low, high)
+			}
+			a := newSide(t, p, urma.JettyConfig{}, 64)
+			ctx, cancel := context.WithCancel(t.Context())
+			imported := make(chan struct{})
+			go func() {
+				defer close(imported)
+				_, _ = a.ctx.ImportJetty(ctx, urma.JettyID{EID: c.peer, ID: 1}, urma.RC, 0)
+			}()
+			held, ok := <-dialed
+			if !ok {
+				t.Fatal("the device did not dial")
+			}
+			nc, err := net.Dial("tcp", p.addr())
+			mustOK(t, err, "dial the device")
+			var hb [4 + helloLen]byte
+			_, err = nc.Write(encodeHello(hb[:], &hello{session: 1, src: c.peer, dst: dev, maxMsg: 1 << 20}))
+			mustOK(t, err, "send HELLO")
+			var ab [4 + helloAckLen]byte
+			_, err = io.ReadFull(nc, ab[:])
+			mustOK(t, err, "read HELLO_ACK")
+			ack, err := decodeHelloAck(ab[:])
+			mustOK(t, err, "decode HELLO_ACK")
+			if ack.status != c.want {
+				t.Errorf("device %s answered a dial from %s, while dialing it, with status %d, want %d", dev, c.peer, ack.status, c.want)
+			}
+			_ = nc.Close()
+			_ = held.Close()
+			cancel()
+			<-imported
+		})
 	}
 }
