@@ -6,18 +6,6 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
-// heldRNRBlocks is how many RNR blocks side p's connections keep for their
-// peers' senders; it takes each reader's token, which an idle reader leaves.
-func (p *Provider) heldRNRBlocks() int {
-	n := 0
-	for _, c := range p.conns() {
-		c.readMu.Lock()
-		n += len(c.blocked)
-		c.readMu.Unlock()
-	}
-	return n
-}
-
 // Closing a jetty whose send waits on "receiver not ready" cancels the RNR
 // block the receiver keeps for it, and the CANCEL goes out at once: on
 // shared memory nothing else (no watchdog PING, no answer owed) would make
@@ -30,7 +18,7 @@ func TestShmClosedJettyCancelsRNRBlock(t *testing.T) {
 	b := newSide(t, pb, urma.JettyConfig{}, 64)
 	target := a.importJetty(b)
 	mustOK(t, a.send(target, 1, 0, 64, 0), "send") // b posted no receive
-	waitUntil(t, "the receiver to block the send", func() bool { return pb.heldRNRBlocks() == 1 })
+	waitUntil(t, "the receiver to block the send", func() bool { return pb.blocks() == 1 })
 	mustOK(t, a.jetty.Close(), "close the sending jetty")
-	waitUntil(t, "the receiver to drop the cancelled block", func() bool { return pb.heldRNRBlocks() == 0 })
+	waitUntil(t, "the receiver to drop the cancelled block", func() bool { return pb.blocks() == 0 })
 }
