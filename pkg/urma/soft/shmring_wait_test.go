@@ -312,8 +312,12 @@ func TestShmCloseClosesOnlyItsOwnDescriptors(t *testing.T) {
 			mine = append(mine, fd)
 			for _, m := range mine {
 				var st unix.Stat_t
-				if err := unix.Fstat(m, &st); err != nil || st.Rdev != null.Rdev || st.Ino != null.Ino {
-					stolen <- fmt.Errorf("descriptor %d, opened on /dev/null, was closed under its owner (fstat: %v)", m, err)
+				if err := unix.Fstat(m, &st); err != nil {
+					stolen <- fmt.Errorf("descriptor %d, opened on /dev/null, was closed under its owner: %w", m, err)
+					return
+				}
+				if st.Rdev != null.Rdev || st.Ino != null.Ino {
+					stolen <- fmt.Errorf("descriptor %d, opened on /dev/null, was closed under its owner and reused", m)
 					return
 				}
 			}
