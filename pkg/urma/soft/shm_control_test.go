@@ -6,6 +6,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// loggedShmDeviceAndFakePeer is an shm device whose log the test reads, and
+// a hand-driven peer connected to it (fakeShmPeer).
+func loggedShmDeviceAndFakePeer(t *testing.T) (*Provider, *shmIO, *logSink) {
+	t.Helper()
+	opts := shmOpts(t)
+	sink := &logSink{}
+	opts.Logger = sink.logger()
+	p := newProvider(t, opts)
+	f, _ := fakeShmPeer(t, p.devices[0].sock)
+	return p, f, sink
+}
+
 // A peer that sends the device nonsense on an established shm connection's
 // unix socket, or hangs up, loses the connection, and the device logs what
 // happened: a message of the largest size is read whole and refused for what
@@ -33,11 +45,7 @@ func TestShmHostileControlMessages(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			opts := shmOpts(t)
-			var sink logSink
-			opts.Logger = sink.logger()
-			p := newProvider(t, opts)
-			f, _ := fakeShmPeer(t, p.devices[0].sock)
+			p, f, sink := loggedShmDeviceAndFakePeer(t)
 			if c.msg == nil {
 				mustOK(t, unix.Shutdown(f.ctlFd, unix.SHUT_RDWR), "hang up")
 			} else {

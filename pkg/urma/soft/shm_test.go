@@ -639,11 +639,7 @@ func TestShmHostileSendRef(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			opts := shmOpts(t)
-			var sink logSink
-			opts.Logger = sink.logger()
-			p := newProvider(t, opts)
-			f, _ := fakeShmPeer(t, p.devices[0].sock)
+			_, f, sink := loggedShmDeviceAndFakePeer(t)
 			var b [maxFrameHdr]byte
 			frame := encodeSendRef(b[:], &sendHeader{opcode: urma.OpSend, dst: 1, token: 7, tag: 1}, c.refs)
 			if rest, err := f.writev(appendIov(nil, frame), true); err != nil || len(rest) != 0 {
