@@ -37,7 +37,7 @@ func socketDir(t *testing.T) string {
 }
 
 // waitBound is how long a test waits for an event before failing: 15 s,
-// or a quarter of what is left before the test binary's own deadline when
+// or an eighth of what is left before the test binary's own deadline when
 // that is shorter. Under `make mutation` gremlins gives each run a few
 // times the package's normal test time and counts a run it has to kill as
 // TIMED OUT, neither killed nor lived; a mutant that stops an event from
@@ -46,7 +46,7 @@ func socketDir(t *testing.T) string {
 func waitBound(t *testing.T) time.Duration {
 	bound := 15 * time.Second
 	if deadline, ok := t.Deadline(); ok {
-		bound = min(bound, time.Until(deadline)/4)
+		bound = min(bound, time.Until(deadline)/8)
 	}
 	return bound
 }
