@@ -602,3 +602,29 @@ func TestKubeletRestartDuringRegistration(t *testing.T) {
 	t.Cleanup(k.Stop)
 	listed(t, k, 1, 3)
 }
+
+// kubelet.sock replaced in one step (renamed over), so that it is never
+// missing: the periodic check alone must see the new one and register
+// with it.
+func TestPeriodicCheckSeesKubeletSockRenamedOver(t *testing.T) {
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	startPlugin(t, dir, func(c *Config) {
+		c.pollOnly = true
+		c.CheckInterval = 5 * time.Millisecond
+	})
+	listed(t, k, 1, 3)
+	// The new kubelet serves in a directory of its own, where a symbolic
+	// link to our socket lets it dial us back (a hard link would change
+	// our socket's ctime, and so its identity), until its socket is renamed
+	// over the old kubelet's.
+	dir2 := socketDir(t)
+	if err := os.Symlink(filepath.Join(dir, DefaultSocketName), filepath.Join(dir2, DefaultSocketName)); err != nil {
+		t.Fatal(err)
+	}
+	k2 := startKubelet(t, dir2)
+	if err := os.Rename(filepath.Join(dir2, kubeletSocketName), filepath.Join(dir, kubeletSocketName)); err != nil {
+		t.Fatal(err)
+	}
+	listed(t, k2, 1, 3)
+}
