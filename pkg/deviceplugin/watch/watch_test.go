@@ -22,7 +22,7 @@ import (
 )
 
 // waitBound is how long a test waits for an event before failing: 10 s,
-// or a quarter of what is left before the test binary's own deadline when
+// or an eighth of what is left before the test binary's own deadline when
 // that is shorter. Under `make mutation` gremlins gives each run a few
 // times the package's normal test time and counts a run it has to kill as
 // TIMED OUT, neither killed nor lived; a mutant that stops an event from
@@ -31,7 +31,7 @@ import (
 func waitBound(t *testing.T) time.Duration {
 	bound := 10 * time.Second
 	if d, ok := t.Deadline(); ok {
-		bound = min(bound, time.Until(d)/4)
+		bound = min(bound, time.Until(d)/8)
 	}
 	return bound
 }
