@@ -363,27 +363,7 @@ func TestJettyCloseWaitsForFrameBeingWritten(t *testing.T) {
 		defer j.mu.Unlock()
 		return j.slot(0).writing
 	})
-	conn := p.conns()[0]
-	closed := make(chan bool, 1) // whether the connection was dead when Close returned
-	go func() {
-		if err := a.jetty.Close(); err != nil {
-			t.Errorf("close the jetty: %v", err)
-		}
-		select {
-		case <-conn.done:
-			closed <- true
-		default:
-			closed <- false
-		}
-	}()
-	select {
-	case dead := <-closed:
-		if !dead {
-			t.Fatal("Close returned while the frame of its send was still being written")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Close never returned, though the connection died")
-	}
+	closeOutlastsConnection(t, "the jetty", a.jetty, p.conns()[0], "the frame of its send was still being written")
 	mustOK(t, seg.Close(), "unregister the send's segment after Close")
 }
 
@@ -486,5 +466,33 @@ func TestPollerFailsConnectionOnBadFrame(t *testing.T) {
 	}
 	if err := c.deathCause(); !strings.Contains(fmt.Sprint(err), "unknown frame type") {
 		t.Fatalf("connection died of %v, want the unknown frame type", err)
+	}
+}
+
+// closeOutlastsConnection closes obj, which waits for something only the
+// death of conn can end (the peer never reads or sends on), and fails the
+// test if Close returns while conn still lives: busy is what Close would
+// then have left behind.
+func closeOutlastsConnection(t *testing.T, what string, obj interface{ Close() error }, conn *conn, busy string) {
+	t.Helper()
+	closed := make(chan bool, 1) // whether the connection was dead when Close returned
+	go func() {
+		if err := obj.Close(); err != nil {
+			t.Errorf("close %s: %v", what, err)
+		}
+		select {
+		case <-conn.done:
+			closed <- true
+		default:
+			closed <- false
+		}
+	}()
+	select {
+	case dead := <-closed:
+		if !dead {
+			t.Fatalf("closing %s returned while %s", what, busy)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("closing %s never returned, though the connection died", what)
 	}
 }

@@ -602,26 +602,7 @@ func TestJFRReceiveBeingFilled(t *testing.T) {
 		}},
 		{"Close waits for it", func(t *testing.T, b *side, conn *conn) {
 			mustOK(t, b.jetty.Close(), "close the jetty")
-			closed := make(chan bool, 1) // whether the connection was dead when Close returned
-			go func() {
-				if err := b.jfr.Close(); err != nil {
-					t.Errorf("close the JFR: %v", err)
-				}
-				select {
-				case <-conn.done:
-					closed <- true
-				default:
-					closed <- false
-				}
-			}()
-			select {
-			case dead := <-closed:
-				if !dead {
-					t.Fatal("JFR Close returned while a message was still being written into a receive")
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatal("JFR Close never returned, though the connection died")
-			}
+			closeOutlastsConnection(t, "the JFR", b.jfr, conn, "a message was still being written into a receive")
 			mustOK(t, b.seg.Close(), "unregister the receive's segment after Close")
 		}},
 	}
