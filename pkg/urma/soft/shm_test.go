@@ -1089,3 +1089,40 @@ func TestShmCancelDropsRNRBlock(t *testing.T) {
 	}
 	waitUntil(t, "the receiver to drop the cancelled block", func() bool { return pb.blocks() == 0 })
 }
+
+// Only Polls of a JFC without a JFCE (a polling application) count towards
+// the rings' polling mode; the Polls that drain a JFC after its event do not,
+// so an application in event mode keeps its reader goroutines sleeping
+// announced, woken by every message.
+func TestShmOnlyPollingModeJFCsCount(t *testing.T) {
+	opts := shmOpts(t)
+	p := newProvider(t, opts)
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	a.importJetty(newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)) // a connection for Polls to drive
+	ctx := a.ctx
+	jfce, err := ctx.CreateJFCE()
+	mustOK(t, err, "create JFCE")
+	defer jfce.Close()
+	evented, err := ctx.CreateJFC(urma.JFCConfig{Depth: 16, JFCE: jfce})
+	mustOK(t, err, "create JFC with a JFCE")
+	defer evented.Close()
+	polled, err := ctx.CreateJFC(urma.JFCConfig{Depth: 16})
+	mustOK(t, err, "create JFC")
+	defer polled.Close()
+	polls := &p.devices[0].sock.pollers.polls
+	buf := make([]urma.Completion, 4)
+	for _, c := range []struct {
+		name string
+		q    urma.JFC
+		want uint64
+	}{{"with a JFCE", evented, 0}, {"without", polled, 3}} {
+		before := polls.Load()
+		for range 3 {
+			_, err := c.q.Poll(buf)
+			mustOK(t, err, "poll")
+		}
+		if got := polls.Load() - before; got != c.want {
+			t.Errorf("3 Polls of a JFC %s counted %d polling-mode Polls, want %d", c.name, got, c.want)
+		}
+	}
+}
