@@ -1,6 +1,7 @@
 package soft
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -109,5 +110,41 @@ func TestJFCEWaitSleepsForAnEvent(t *testing.T) {
 			t.Fatalf("Wait(%v) returned %d JFCs, want the one that fired while it slept", timeout, n)
 		}
 		qs[0].Ack(1)
+	}
+}
+
+// Closing a JFCE wakes a Wait blocked on it with ErrClosed and waits for it
+// to leave, so that every descriptor the JFCE used, the waiter's included,
+// is closed once Close returns. The cycle runs once first, so that what the
+// runtime opens once (its poller) is in the baseline.
+func TestJFCECloseWakesWaitAndReleasesDescriptors(t *testing.T) {
+	p := newProvider(t, Options{Fabric: NewFabric()})
+	ctx, err := p.Open("", 0)
+	mustOK(t, err, "open")
+	defer ctx.Close()
+	cycle := func() {
+		ue, err := ctx.CreateJFCE()
+		mustOK(t, err, "create JFCE")
+		e := ue.(*jfce)
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.Wait(make([]urma.JFC, 1), -1)
+			done <- err
+		}()
+		waitUntil(t, "Wait to sleep", func() bool {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return e.waiters != 0
+		})
+		mustOK(t, e.Close(), "close JFCE")
+		if err := <-done; !errors.Is(err, urma.ErrClosed) {
+			t.Fatalf("Wait on a closed JFCE: %v, want ErrClosed", err)
+		}
+	}
+	cycle()
+	fds := openFds(t)
+	cycle()
+	if n := openFds(t); n != fds {
+		t.Fatalf("%d descriptors open after the JFCE closed, %d before it was made", n, fds)
 	}
 }
