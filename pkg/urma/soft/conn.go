@@ -200,6 +200,17 @@ func (c *conn) fail(err error) {
 	// closes the stream once both are out.
 	c.io.shutdown()
 	p, sd := c.p, c.sd
+	var pe protocolError
+	if errors.As(err, &pe) {
+		sd.log().Error(err, "closing connection: peer broke the protocol", "peer", p.eid.String())
+	} else {
+		sd.log().Info("connection closed", "peer", p.eid.String(), "reason", fmt.Sprint(err))
+	}
+	// Fail the sends outstanding to the peer while p.conn is still this
+	// dead connection, so that a send posted meanwhile fails here too
+	// (enqueue refuses it) and none posted once the peer is free to
+	// redial is failed by this connection's death.
+	sd.dev.forEachJetty(func(j *jetty) { j.peerDown(p) })
 	p.mu.Lock()
 	if p.conn == c {
 		p.conn = nil
@@ -209,13 +220,6 @@ func (c *conn) fail(err error) {
 	delete(sd.conns, c)
 	sd.publishShmConnsLocked()
 	sd.mu.Unlock()
-	var pe protocolError
-	if errors.As(err, &pe) {
-		sd.log().Error(err, "closing connection: peer broke the protocol", "peer", p.eid.String())
-	} else {
-		sd.log().Info("connection closed", "peer", p.eid.String(), "reason", fmt.Sprint(err))
-	}
-	sd.dev.forEachJetty(func(j *jetty) { j.peerDown(p) })
 }
 
 func (c *conn) writeLoop() {
