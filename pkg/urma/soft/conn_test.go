@@ -299,10 +299,11 @@ func TestOwedAnswersBound(t *testing.T) {
 }
 
 // A connection that breaks leaves its peer reachable: the next send dials
-// a new connection instead of failing on the dead one. It guards the order
+// a new connection instead of failing on the dead one. It watches the order
 // in conn.fail: the dead connection fails its peer's sends (peerDown)
 // before it leaves the peer; done after, it failed the next round's send,
-// already out on the new connection, with ACK_TIMEOUT (12 to 27 runs of 60).
+// already out on the new connection, with ACK_TIMEOUT (12 to 27 runs of 60
+// when a log line sat in the window; with none there, 0 of 300: a weak guard).
 func TestSendAfterConnectionBreaks(t *testing.T) {
 	noLeaks(t)
 	pa, pb := newProvider(t, socketOpts()), newProvider(t, socketOpts())
