@@ -521,6 +521,16 @@ func (c *conn) readFrame() error {
 	return c.handle(typ, hdr[4:4+fl], bodyLen)
 }
 
+// cancelBlock asks the peer to drop the RNR block the SEND tagged tag, from
+// jetty src to its jetty dst, left there.
+func (c *conn) cancelBlock(src, dst uint32, tag uint64) {
+	var it txItem
+	it.n = uint8(len(encodeCancel(it.ctl[:], &cancelFrame{src: src, dst: dst, tag: tag})))
+	if c.enqueue(&it) == nil {
+		c.ring()
+	}
+}
+
 func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
 	d := c.sd.dev
 	switch typ {
@@ -533,8 +543,13 @@ func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
 		if err != nil {
 			return protocolError{err}
 		}
-		if j := d.jetty(a.src); j != nil {
-			j.onAnswer(a.tag, a.status, a.rnrTimer)
+		j := d.jetty(a.src)
+		if (j == nil || !j.onAnswer(a.tag, a.status, a.rnrTimer)) && a.status == statusRNR {
+			// The send's jetty closed or its slot completed before the
+			// answer came: no retry will resume the block, so the receiver
+			// must forget it or it holds it (and counts it towards
+			// maxBlocked) for the connection's life.
+			c.cancelBlock(a.src, a.dst, a.tag)
 		}
 	case frameAckRun:
 		a, err := decodeAckRun(body)

@@ -1,6 +1,7 @@
 package soft
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -498,5 +500,155 @@ func closeOutlastsConnection(t *testing.T, what string, obj interface{ Close() e
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("closing %s never returned, though the connection died", what)
+	}
+}
+
+// rnrPeer is a fake peer for the RNR-block tests: it takes one connection
+// and can answer a SEND with RNR and then wait for the CANCEL that must
+// follow.
+type rnrPeer struct {
+	t  *testing.T
+	nc net.Conn
+	br *bufio.Reader
+}
+
+// answerRNR tells the sender that the send h left an RNR block here.
+func (p *rnrPeer) answerRNR(h sendHeader) {
+	var b [4 + ackLen]byte
+	if _, err := p.nc.Write(encodeAck(b[:], &ackFrame{status: statusRNR, src: h.src, dst: h.dst, tag: h.tag})); err != nil {
+		p.t.Errorf("answer RNR: %v", err)
+	}
+}
+
+// readCancel reads frames (PINGs and the like) until a CANCEL, which it
+// returns; the error says what came instead.
+func (p *rnrPeer) readCancel() (cancelFrame, error) {
+	_ = p.nc.SetReadDeadline(time.Now().Add(10 * time.Second)) // a bound on the wait, not on speed
+	for {
+		var hdr [5]byte
+		if _, err := io.ReadFull(p.br, hdr[:]); err != nil {
+			return cancelFrame{}, fmt.Errorf("no CANCEL came: %w", err)
+		}
+		n := int(be.Uint32(hdr[:4]))
+		if hdr[4] != frameCancel {
+			if _, err := p.br.Discard(n - 1); err != nil {
+				return cancelFrame{}, fmt.Errorf("no CANCEL came: %w", err)
+			}
+			continue
+		}
+		body := make([]byte, n)
+		body[0] = hdr[4]
+		if _, err := io.ReadFull(p.br, body[1:]); err != nil {
+			return cancelFrame{}, fmt.Errorf("read the CANCEL: %w", err)
+		}
+		return decodeCancel(body)
+	}
+}
+
+// smallBufferFakePeer is a fake peer whose connections have a small receive
+// buffer from their first packet, so that a large frame stays in the
+// sender's hands until the peer reads it. (Shrinking the buffer of an
+// accepted connection instead can leave the TCP window shut for good.)
+func smallBufferFakePeer(t *testing.T) *fakePeer {
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) }); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	mustOK(t, err, "listen")
+	return fakePeerOn(t, ln)
+}
+
+// An RNR answer that reaches a send no longer waiting for it (the jetty was
+// closed before the answer came, or while the send's frame was still being
+// written) is cancelled at once: nothing would ever resume the block, and
+// the receiver would hold it for the connection's life, counting it
+// towards maxBlocked.
+func TestOrphanRNRBlockIsCancelled(t *testing.T) {
+	cases := []struct {
+		name string
+		size int // the send's length
+		// midWrite: the answer comes while the frame is still being
+		// written, and the jetty is closed before the frame ends.
+		midWrite bool
+	}{
+		{name: "answer after Close", size: 64},
+		{name: "answer during the write, Close before it ends", size: 8 << 20, midWrite: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			noLeaks(t)
+			opts := socketOpts()
+			opts.PeerTimeout = time.Minute // the fake peer sends no PINGs
+			p := newProvider(t, opts)
+			a := newSide(t, p, urma.JettyConfig{RNRRetry: 7}, 64)
+			f := newFakePeer(t)
+			if c.midWrite {
+				f = smallBufferFakePeer(t)
+			}
+			f.maxMsg = uint64(c.size)
+			accepted := make(chan *rnrPeer, 1)
+			go func() {
+				nc, br := f.accept()
+				if nc == nil {
+					accepted <- nil
+					return
+				}
+				accepted <- &rnrPeer{t: t, nc: nc, br: br}
+			}()
+			target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+			mustOK(t, err, "import from the fake peer")
+			defer target.Close()
+			peer := <-accepted
+			if peer == nil {
+				t.Fatal("the fake peer took no connection")
+			}
+			defer peer.nc.Close()
+			mem, err := urma.AllocMemory(c.size)
+			mustOK(t, err, "alloc")
+			defer mem.Free()
+			seg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
+			mustOK(t, err, "register")
+			defer seg.Close()
+			mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target,
+				SGEs: []urma.SGE{{Segment: seg, Len: uint32(c.size)}}}), "send")
+			var hb [4 + sendHdrLen]byte
+			_, err = io.ReadFull(peer.br, hb[:])
+			mustOK(t, err, "read the SEND's header")
+			var h sendHeader
+			mustOK(t, decodeSendHeader(hb[4:], be.Uint32(hb[:4]), &h), "decode the SEND's header")
+			j := a.jetty.(*jetty)
+			if !c.midWrite {
+				_, err = peer.br.Discard(int(h.length))
+				mustOK(t, err, "read the payload")
+				mustOK(t, a.jetty.Close(), "close the jetty")
+				peer.answerRNR(h)
+			} else {
+				peer.answerRNR(h)
+				waitUntil(t, "the answer to wait for the end of the frame", func() bool {
+					j.mu.Lock()
+					defer j.mu.Unlock()
+					return j.slot(0).deferred
+				})
+				closed := make(chan error, 1)
+				go func() { closed <- a.jetty.Close() }()
+				waitUntil(t, "Close to have begun", func() bool {
+					j.mu.Lock()
+					defer j.mu.Unlock()
+					return j.closed
+				})
+				_, err = peer.br.Discard(int(h.length))
+				mustOK(t, err, "read the rest of the payload")
+				mustOK(t, <-closed, "close the jetty")
+			}
+			cf, err := peer.readCancel()
+			mustOK(t, err, "wait for the CANCEL")
+			if want := (cancelFrame{src: h.src, dst: h.dst, tag: h.tag}); cf != want {
+				t.Fatalf("CANCEL %+v, want %+v", cf, want)
+			}
+		})
 	}
 }

@@ -575,11 +575,12 @@ func (j *jetty) peerDown(p *peer) {
 	}
 }
 
-// onAnswer applies a peer's answer for the send tagged tag.
-func (j *jetty) onAnswer(tag uint64, st urma.Status, rnrTimer uint8) {
+// onAnswer applies a peer's answer for the send tagged tag; false when no
+// send of this jetty waits for it any more.
+func (j *jetty) onAnswer(tag uint64, st urma.Status, rnrTimer uint8) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.answered(tag, st, rnrTimer)
+	return j.answered(tag, st, rnrTimer)
 }
 
 // onSuccessRun applies the answer SUCCESS to count sends from the one
@@ -592,20 +593,22 @@ func (j *jetty) onSuccessRun(tag uint64, count uint32) {
 	}
 }
 
-// answered applies one answer; j.mu is held.
-func (j *jetty) answered(tag uint64, st urma.Status, rnrTimer uint8) {
+// answered applies one answer, or defers it while the send's frame is
+// being written; false when no send waits for it; j.mu is held.
+func (j *jetty) answered(tag uint64, st urma.Status, rnrTimer uint8) bool {
 	if j.closed || j.state != urma.JettyReady || uint32(tag>>32) != j.instance {
-		return
+		return false
 	}
 	s := j.slot(uint64(uint32(tag)))
 	if s.state != slotInflight || uint32(s.seq) != uint32(tag) {
-		return
+		return false
 	}
 	if s.writing {
 		s.deferred, s.defStatus, s.defRNR = true, st, rnrTimer
-		return
+		return true
 	}
 	j.result(s, st, rnrTimer)
+	return true
 }
 
 // beginWrite describes the slot a queued frame carries, and marks it as being
@@ -651,6 +654,10 @@ func (j *jetty) endWrite(seq uint64) {
 		s.deferred = false
 		if !j.closed && j.state == urma.JettyReady && s.state == slotInflight {
 			j.result(s, s.defStatus, s.defRNR)
+		} else if s.defStatus == statusRNR && s.target.peer != nil {
+			// Completed while its frame was written (Close, a flush): as
+			// for an answer that finds no send, the block must go.
+			s.target.peer.cancel(j, seq, s.target.id.ID)
 		}
 	}
 	j.reap()

@@ -419,11 +419,7 @@ func (p *peer) cancel(j *jetty, seq uint64, dst uint32) {
 	if c == nil {
 		return // no connection, no block
 	}
-	var it txItem
-	it.n = uint8(len(encodeCancel(it.ctl[:], &cancelFrame{src: j.id.ID, dst: dst, tag: uint64(j.instance)<<32 | uint64(uint32(seq))})))
-	if c.enqueue(&it) == nil {
-		c.ring()
-	}
+	c.cancelBlock(j.id.ID, dst, uint64(j.instance)<<32|uint64(uint32(seq)))
 }
 
 func (p *peer) startDialLocked() {

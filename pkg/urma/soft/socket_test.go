@@ -103,6 +103,11 @@ type fakePeer struct {
 func newFakePeer(t testing.TB) *fakePeer {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	mustOK(t, err, "listen")
+	return fakePeerOn(t, ln)
+}
+
+// fakePeerOn is a fake peer answering on ln, which it closes at the end.
+func fakePeerOn(t testing.TB, ln net.Listener) *fakePeer {
 	t.Cleanup(func() { ln.Close() })
 	eid, err := SocketEID(netip.MustParseAddrPort(ln.Addr().String()))
 	mustOK(t, err, "EID")
