@@ -29,8 +29,6 @@ type device struct {
 	mu          sync.Mutex // guards the allocation state below
 	nJFC        uint32
 	nextJFCID   uint32
-	nJetty      uint32
-	nJFR        uint32
 	segs        map[uint32]*segment // by token id
 	nextTokenID uint32
 
@@ -63,7 +61,6 @@ func (d *device) allocJetty(j *jetty) (uint32, error) {
 	for id := 1; id < len(d.jetties); id++ {
 		if d.jetties[id].Load() == nil {
 			d.jetties[id].Store(j)
-			d.nJetty++
 			return uint32(id), nil
 		}
 	}
@@ -73,7 +70,6 @@ func (d *device) allocJetty(j *jetty) (uint32, error) {
 func (d *device) freeJetty(id uint32) {
 	d.mu.Lock()
 	d.jetties[id].Store(nil)
-	d.nJetty--
 	d.mu.Unlock()
 }
 
@@ -83,7 +79,6 @@ func (d *device) allocJFR(r *jfr) (uint32, error) {
 	for id := 1; id < len(d.jfrs); id++ {
 		if d.jfrs[id].Load() == nil {
 			d.jfrs[id].Store(r)
-			d.nJFR++
 			return uint32(id), nil
 		}
 	}
@@ -93,7 +88,6 @@ func (d *device) allocJFR(r *jfr) (uint32, error) {
 func (d *device) freeJFR(id uint32) {
 	d.mu.Lock()
 	d.jfrs[id].Store(nil)
-	d.nJFR--
 	d.mu.Unlock()
 }
 

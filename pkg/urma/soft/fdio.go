@@ -33,7 +33,6 @@ func detachFD(nc net.Conn) (fd int, local, remote string, err error) {
 		return -1, local, remote, fmt.Errorf("take socket of %s: %w", remote, err)
 	}
 	var derr error
-	fd = -1
 	if err := raw.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
 		return -1, local, remote, fmt.Errorf("take socket of %s: %w", remote, err)
 	}
