@@ -87,6 +87,7 @@ type urmaConn struct {
 	bytesSent, bytesReceived atomic.Uint64
 	msgsSent, msgsReceived   atomic.Uint64
 	stalls                   atomic.Uint64
+	spinReads, spinMisses    atomic.Uint64
 	counters                 metrics.DataCounters
 }
 
@@ -309,7 +310,7 @@ func (c *urmaConn) Debug() DebugInfo {
 		BufferedMessages: c.rxLen, RemoteBufferSize: c.peerBufSize,
 		BytesSent: c.bytesSent.Load(), BytesReceived: c.bytesReceived.Load(),
 		MessagesSent: c.msgsSent.Load(), MessagesReceived: c.msgsReceived.Load(),
-		WindowStalls: c.stalls.Load(),
+		WindowStalls: c.stalls.Load(), SpinReads: c.spinReads.Load(), SpinMisses: c.spinMisses.Load(),
 	}
 	if c.res != nil {
 		d.LocalJetty = c.res.jetty.ID()

@@ -75,6 +75,20 @@ func (c *urmaConn) eventLoop(rc syscall.RawConn) {
 func (c *urmaConn) poll() int {
 	c.pollMu.Lock()
 	defer c.pollMu.Unlock()
+	return c.pollLocked()
+}
+
+// tryPoll polls unless someone else is polling: a spinning reader need not
+// wait for the event loop, which hands it what it finds.
+func (c *urmaConn) tryPoll() {
+	if c.pollMu.TryLock() {
+		c.pollLocked()
+		c.pollMu.Unlock()
+	}
+}
+
+// pollLocked is poll with pollMu held.
+func (c *urmaConn) pollLocked() int {
 	if c.stateNow() == stateReleased {
 		return 0
 	}

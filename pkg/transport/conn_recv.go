@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -103,6 +105,7 @@ func (c *urmaConn) readErrLocked() error {
 func (c *urmaConn) Read(p []byte) (int, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
+	spun := false
 	for {
 		if c.isClosed() {
 			return 0, c.opErr("read", errConnClosed)
@@ -122,6 +125,12 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 			}
 			if len(p) == 0 {
 				return 0, nil
+			}
+			if !spun {
+				spun = true
+				if c.spinRead() {
+					continue
+				}
 			}
 			select {
 			case <-c.readable:
@@ -170,6 +179,7 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
+	spun := false
 	for {
 		if c.isClosed() {
 			return nil, c.opErr("read", errConnClosed)
@@ -188,6 +198,12 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 		}
 		if err != nil {
 			return nil, c.opErr("read", err)
+		}
+		if !spun {
+			spun = true
+			if c.spinRead() {
+				continue
+			}
 		}
 		select {
 		case <-c.readable:
@@ -225,6 +241,39 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 	}
 	c.countReceived(nb.n)
 	return nb, nil
+}
+
+// spinRead is event mode's answer to the wake-ups a sleeping reader costs:
+// an event takes three goroutine hand-offs (the provider's, the event
+// loop's, this goroutine's), each a wake-up of another thread, where a TCP
+// read takes one. A reader with nothing to read first polls the completion
+// queue itself, for up to urma_event_spin, so that a message arriving
+// meanwhile reaches it with none. It yields the processor between polls:
+// the goroutines it waits for (the peer's answer may need this process's
+// writer) share the same few processors. It reports whether it found
+// something to read, or a reason not to wait. Polling mode has pollers for
+// this, and spins nowhere else.
+func (c *urmaConn) spinRead() bool {
+	spin := c.e.s.flags.EventSpin
+	if spin <= 0 || c.e.s.flags.UsePolling {
+		return false
+	}
+	c.spinReads.Add(1)
+	start := time.Now()
+	for i := 0; ; i++ {
+		c.tryPoll()
+		c.mu.Lock()
+		found := c.rxLen > 0 || c.readErrLocked() != nil
+		c.mu.Unlock()
+		if found || c.isClosed() {
+			return true
+		}
+		if i&7 == 7 && (time.Since(start) >= spin || c.rdl.passed()) {
+			c.spinMisses.Add(1)
+			return false
+		}
+		runtime.Gosched()
+	}
 }
 
 func (c *urmaConn) countReceived(n int) {

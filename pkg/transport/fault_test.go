@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -20,6 +21,9 @@ type faultConfig struct {
 	stallImport bool
 	// onJFRClose runs just after a JFR is destroyed.
 	onJFRClose func()
+	// muteEvents makes JFCE waits find no event: only a Poll (the event
+	// loop's first, or a spinning reader's) takes completions.
+	muteEvents bool
 	// jettyEID, when set, is the EID jetties report in their ID, as a
 	// bonding device's jetties report a port's EID, not the context's.
 	jettyEID *urma.EID
@@ -39,6 +43,15 @@ type faults struct {
 	live  map[string]int
 	tried map[string]int // Create<verb> calls, failed ones included
 	segs  []segmentReg
+	waits int // JFCE.Wait calls
+}
+
+// waitCalls is how many JFCE waits there were: an event loop makes its
+// first after its first poll.
+func (f *faults) waitCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.waits
 }
 
 func (f *faults) createErr(verb string) error {
@@ -240,6 +253,16 @@ func (c *faultContext) ImportJetty(ctx context.Context, id urma.JettyID, mode ur
 func (x *faultJFCE) Close() error {
 	x.f.destroyed("jfce")
 	return x.JFCE.Close()
+}
+
+func (x *faultJFCE) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
+	x.f.mu.Lock()
+	x.f.waits++
+	x.f.mu.Unlock()
+	if x.f.get().muteEvents {
+		return 0, nil
+	}
+	return x.JFCE.Wait(out, timeout)
 }
 
 func (x *faultJFC) Poll(out []urma.Completion) (int, error) {

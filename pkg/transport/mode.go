@@ -132,6 +132,11 @@ type DebugInfo struct {
 	BytesSent, BytesReceived       uint64
 	MessagesSent, MessagesReceived uint64 `json:",omitempty"`
 	WindowStalls                   uint64 `json:",omitempty"`
+	// SpinReads counts reads that found nothing and polled for it
+	// themselves (event mode, urma_event_spin); SpinMisses those of them
+	// that gave up and slept until the completion event.
+	SpinReads  uint64 `json:",omitempty"`
+	SpinMisses uint64 `json:",omitempty"`
 }
 
 // String formats the snapshot on one line, key=value.
@@ -151,7 +156,7 @@ func (d DebugInfo) String() string {
 	}
 	fmt.Fprintf(&b, " bytes_sent=%d bytes_received=%d", d.BytesSent, d.BytesReceived)
 	if d.Mode == ModeURMA {
-		fmt.Fprintf(&b, " msgs_sent=%d msgs_received=%d window_stalls=%d", d.MessagesSent, d.MessagesReceived, d.WindowStalls)
+		fmt.Fprintf(&b, " msgs_sent=%d msgs_received=%d window_stalls=%d spin_reads=%d spin_misses=%d", d.MessagesSent, d.MessagesReceived, d.WindowStalls, d.SpinReads, d.SpinMisses)
 	}
 	return b.String()
 }

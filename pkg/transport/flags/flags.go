@@ -98,6 +98,10 @@ type Flags struct {
 	// waits for a client's first bytes before it serves a silent client as
 	// plain TCP; 0 waits the whole handshake timeout.
 	FirstBytesTimeout time.Duration
+	// EventSpin is urma_event_spin: how long, in event mode, a reader
+	// with nothing to read polls the completion queue itself before it
+	// sleeps until the completion event.
+	EventSpin time.Duration
 }
 
 // field binds a Spec to the Flags field it sets.
@@ -150,6 +154,10 @@ func table() []field {
 			Name: "urma_first_bytes_timeout", Kind: Duration, Default: "1s", Min: 0, Max: int64(time.Minute), TransportOnly: true,
 			Help: "how long a server waits for a client's first bytes before serving a client that waits for the server to speak first as plain TCP; 0 waits the whole handshake timeout",
 		}, d: func(f *Flags) *time.Duration { return &f.FirstBytesTimeout }},
+		{spec: Spec{
+			Name: "urma_event_spin", Kind: Duration, Default: "50µs", Min: 0, Max: int64(10 * time.Millisecond), TransportOnly: true,
+			Help: "event mode: how long a reader with nothing to read polls its completion queue itself before it sleeps until the completion event; 0 always sleeps",
+		}, d: func(f *Flags) *time.Duration { return &f.EventSpin }},
 	}
 }
 

@@ -1,0 +1,121 @@
+package transport
+
+import (
+	"errors"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestEventSpinTakesCompletions: in event mode a reader with nothing to
+// read polls the completion queue itself for urma_event_spin. With the
+// completion events muted, only that poll can deliver a message: a
+// spinning reader gets it, a reader that does not spin never does.
+func TestEventSpinTakesCompletions(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		spin     time.Duration
+		wantRead bool
+	}{
+		{name: "spinning reader takes the message itself", spin: 10 * time.Millisecond, wantRead: true},
+		{name: "without a spin only the muted event could", spin: 0, wantRead: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := fabricPair(t)
+			fp := newFaultProvider(a)
+			fl := smallFlags()
+			fl.EventSpin = tc.spin
+			p := connect(t, cfgWith(fp, fl), cfgWith(b, fl))
+			// The server's event loop polls once when it starts, then
+			// waits: mute it only once it waits.
+			waitFor(t, "the server's event loop to wait", 10*time.Second, func() bool { return fp.f.waitCalls() > 0 })
+			fp.f.set(func(c *faultConfig) { c.muteEvents = true })
+			// Close waits for the flush record, which takes an event.
+			t.Cleanup(func() { fp.f.set(func(c *faultConfig) { c.muteEvents = false }) })
+			if _, err := p.client.Write([]byte("ping")); err != nil {
+				t.Fatal(err)
+			}
+			// Each Read spins once, then sleeps until its deadline: retry
+			// until the message has landed in the completion queue.
+			buf := make([]byte, 8)
+			tries := 3
+			if tc.wantRead {
+				tries = 200
+			}
+			got := ""
+			for i := 0; i < tries && got == ""; i++ {
+				_ = p.server.SetReadDeadline(time.Now().Add(25 * time.Millisecond))
+				n, err := p.server.Read(buf)
+				if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("read: %v", err)
+				}
+				got = string(buf[:n])
+			}
+			d := p.server.Debug()
+			if tc.wantRead {
+				if got != "ping" {
+					t.Fatalf("read %q after %d tries, want ping (debug: %s)", got, tries, d)
+				}
+				if d.SpinReads == 0 {
+					t.Errorf("SpinReads = 0 after a read that spun")
+				}
+				return
+			}
+			if got != "" {
+				t.Fatalf("read %q with events muted and no spin: something else polled", got)
+			}
+			if d.SpinReads != 0 || d.SpinMisses != 0 {
+				t.Errorf("SpinReads=%d SpinMisses=%d with urma_event_spin=0", d.SpinReads, d.SpinMisses)
+			}
+		})
+	}
+}
+
+// TestEventSpinMisses: a spin that finds nothing gives up within its
+// budget, is counted, and the read then waits for the event as before.
+// Polling mode never spins in the reader.
+func TestEventSpinMisses(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		polling    bool
+		wantMisses bool
+	}{
+		{name: "event mode", wantMisses: true},
+		{name: "polling mode", polling: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := fabricPair(t)
+			fl := smallFlags()
+			fl.EventSpin = time.Millisecond
+			fl.UsePolling = tc.polling
+			p := connect(t, cfgWith(a, fl), cfgWith(b, fl))
+			_ = p.server.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+			if _, err := p.server.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("read from a silent peer: %v, want the deadline", err)
+			}
+			d := p.server.Debug()
+			if tc.wantMisses && (d.SpinReads != 1 || d.SpinMisses != 1) {
+				t.Fatalf("SpinReads=%d SpinMisses=%d, want 1 and 1", d.SpinReads, d.SpinMisses)
+			}
+			if !tc.wantMisses && d.SpinReads != 0 {
+				t.Fatalf("SpinReads=%d in polling mode, want 0", d.SpinReads)
+			}
+			_ = p.server.SetReadDeadline(time.Time{})
+			done := make(chan error, 1)
+			go func() {
+				buf := make([]byte, 4)
+				_, err := p.server.Read(buf)
+				if err == nil && string(buf) != "pong" {
+					err = errors.New("read " + string(buf))
+				}
+				done <- err
+			}()
+			if _, err := p.client.Write([]byte("pong")); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
