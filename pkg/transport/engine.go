@@ -209,21 +209,16 @@ func (e *engine) checkDevice() *fallback {
 // record.
 func (e *engine) jfcDepth(sq int) int { return sq + e.rqSize + 1 }
 
-// registerMemory maps and registers the buffer pool, local-only when the
-// provider allows it (a SEND lands in posted receives without any remote
-// access right), and the hello page with the token: what peers import
-// before our jetty, as brpc's handshake demands.
+// registerMemory maps and registers the buffer pool (registerPool) and
+// the hello page with the token: what peers import before our jetty, as
+// brpc's handshake demands.
 func (e *engine) registerMemory() error {
 	size := e.bufSize * e.s.flags.BufferCount
 	mem, err := urma.AllocMemory(size)
 	if err != nil {
 		return fmt.Errorf("allocate buffer pool of %d x %d bytes: %w", e.s.flags.BufferCount, e.bufSize, err)
 	}
-	seg, err := e.uctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
-	if err != nil {
-		e.log.Info("provider refused a local-only registration; registering the pool with remote access and the token", "error", err.Error())
-		seg, err = e.uctx.RegisterSegment(mem, e.remoteSegmentConfig(urma.AccessRead|urma.AccessWrite))
-	}
+	seg, err := e.registerPool(mem)
 	if err != nil {
 		_ = mem.Free()
 		return fmt.Errorf("register buffer pool of %d bytes: %w", size, err)
@@ -232,6 +227,27 @@ func (e *engine) registerMemory() error {
 
 	e.hello, err = e.newHelloPage(e.s.noToken)
 	return err
+}
+
+// registerPool registers the pool local-only when the provider allows it (a
+// SEND lands in posted receives without any remote access right), so that
+// no peer can read what the pool holds for another. urma_pool_remote_read
+// opts in to remote reads: a provider that sends by reference (the shm
+// fabric) then copies each byte once instead of twice.
+func (e *engine) registerPool(mem *urma.Memory) (urma.Segment, error) {
+	if e.s.flags.PoolRemoteRead {
+		seg, err := e.uctx.RegisterSegment(mem, e.remoteSegmentConfig(urma.AccessRead))
+		if err != nil {
+			return nil, fmt.Errorf("with remote read (urma_pool_remote_read): %w", err)
+		}
+		return seg, nil
+	}
+	seg, err := e.uctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
+	if err == nil {
+		return seg, nil
+	}
+	e.log.Info("provider refused a local-only registration; registering the pool with remote access and the token", "error", err.Error())
+	return e.uctx.RegisterSegment(mem, e.remoteSegmentConfig(urma.AccessRead|urma.AccessWrite))
 }
 
 func (e *engine) remoteSegmentConfig(a urma.Access) urma.SegmentConfig {

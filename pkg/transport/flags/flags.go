@@ -102,6 +102,11 @@ type Flags struct {
 	// with nothing to read polls the completion queue itself before it
 	// sleeps until the completion event.
 	EventSpin time.Duration
+	// PoolRemoteRead is urma_pool_remote_read: register the buffer pool
+	// with remote read access, so that a provider that can send by
+	// reference (the shm fabric) copies each byte once, at the price of
+	// every peer being able to read the whole pool.
+	PoolRemoteRead bool
 }
 
 // field binds a Spec to the Flags field it sets.
@@ -158,6 +163,10 @@ func table() []field {
 			Name: "urma_event_spin", Kind: Duration, Default: "50µs", Min: 0, Max: int64(10 * time.Millisecond), TransportOnly: true,
 			Help: "event mode: how long a reader with nothing to read polls its completion queue itself before it sleeps until the completion event; 0 always sleeps",
 		}, d: func(f *Flags) *time.Duration { return &f.EventSpin }},
+		{spec: Spec{
+			Name: "urma_pool_remote_read", Kind: Bool, Default: "false", TransportOnly: true,
+			Help: "register the buffer pool with remote read access: on shared memory a SEND then crosses by reference, one copy instead of two, but every peer may read the whole pool (other connections' data included); only where all peers are trusted",
+		}, b: func(f *Flags) *bool { return &f.PoolRemoteRead }},
 	}
 }
 

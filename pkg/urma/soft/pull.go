@@ -24,8 +24,8 @@ import (
 //
 // Sharing hands the peer a read-only view of the whole segment: register
 // with remote access only memory that every peer you send from it may read.
-// Local-only segments (the transport's buffer pool) always cross the ring
-// as copies.
+// Local-only segments (the transport's buffer pool, by default) always
+// cross the ring as copies.
 
 const (
 	// pullMin is the smallest payload sent by reference: below it the
