@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,6 +32,7 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	concurrency := fs.Int("concurrency", 1, "connections")
 	pipeline := fs.Int("pipeline", 1, "requests outstanding per connection: 1 times each round trip, more measures throughput")
 	ack := fs.Bool("ack", false, "ask for 8-byte answers even from an echo server: bytes go one way")
+	recvZeroCopy := fs.Bool("recv-zerocopy", false, "ask the server to take requests in place, with the transport's zero-copy API (ReadBuffer), where its connection has it")
 	duration := fs.Duration("duration", 5*time.Second, "how long to send requests")
 	mode := fs.String("mode", "auto", "auto: whatever each connection negotiates; urma: fail (exit 3) if any connection falls back; tcp: TCP only; unix: plain Unix domain socket to the server's --unix path (--server is that path)")
 	var c common
@@ -71,6 +73,9 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 
 	var flags uint32
+	if *recvZeroCopy {
+		flags |= flagRecvZeroCopy
+	}
 	if *ack {
 		flags |= flagAck
 	}
@@ -217,7 +222,12 @@ func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
 			w.err = fmt.Errorf("read: %w", err)
 			return
 		}
-		w.hist.record(time.Since(t0))
+		rtt := time.Since(t0)
+		if respSize == size && !bytes.Equal(resp, req) {
+			w.err = errors.New("the echo differs from the request")
+			return
+		}
+		w.hist.record(rtt)
 		w.requests++
 	}
 }

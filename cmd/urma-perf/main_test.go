@@ -101,6 +101,9 @@ func TestClientServer(t *testing.T) {
 		{name: "urma required, server tcp-only", serverArgs: []string{"--mode", "tcp"}, clientArgs: []string{"--mode", "urma"}, wantCode: 3, wantTCP: 1, wantResp: ackSize},
 		{name: "v3 hello and polling", serverArgs: []string{"--echo", "--urma_use_polling", "--urma_poller_yield"}, clientArgs: []string{"--urma_client_handshake_version=3"}, wantURMA: 1, wantResp: 4096},
 		{name: "pipelined, acks asked of an echo server", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "2000", "--pipeline", "8", "--ack"}, wantURMA: 1, wantResp: ackSize},
+		{name: "zero-copy receive, echo over urma", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "3000", "--recv-zerocopy"}, wantURMA: 1, wantResp: 3000},
+		{name: "zero-copy receive, pipelined acks over urma", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "20000", "--pipeline", "8", "--ack", "--recv-zerocopy"}, wantURMA: 1, wantResp: ackSize},
+		{name: "zero-copy receive, pipelined acks over tcp", serverArgs: []string{"--echo"}, clientArgs: []string{"--mode", "tcp", "--size", "3000", "--pipeline", "8", "--ack", "--recv-zerocopy"}, wantTCP: 1, wantResp: ackSize},
 		{name: "socket fabric", serverArgs: []string{"--echo", "--urma_soft_fabric=socket"}, clientArgs: []string{"--urma_soft_fabric=socket"}, wantURMA: 1, wantResp: 4096},
 	}
 	for _, tc := range tests {
@@ -154,6 +157,32 @@ func TestClientServer(t *testing.T) {
 					t.Fatalf("server reported %d connections", seen)
 				}
 			}
+			if tc.wantCode != 0 {
+				return
+			}
+			// Every request reached the server whole: the 16-byte perf
+			// header and size bytes per request, per connection.
+			var in uint64
+			for closed := 0; closed < tc.wantURMA+tc.wantTCP; {
+				select {
+				case e := <-events:
+					if e.Event == "closed" {
+						closed++
+						in += e.BytesIn
+						if want := strings.Contains(tc.name, "zero-copy receive"); e.RecvZeroCopy != want {
+							t.Errorf("server took requests in place: %v, want %v", e.RecvZeroCopy, want)
+						}
+						if e.Error != "" {
+							t.Errorf("server connection ended with %q", e.Error)
+						}
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("server reported %d closed connections", closed)
+				}
+			}
+			if want := uint64(16*(tc.wantURMA+tc.wantTCP)) + r.Requests*uint64(r.Size); in != want {
+				t.Errorf("server read %d bytes, want %d (%d requests of %d)", in, want, r.Requests, r.Size)
+			}
 		})
 	}
 }
@@ -189,7 +218,7 @@ func TestPerfHeaderFlags(t *testing.T) {
 	for _, tc := range []struct {
 		flags uint32
 		ok    bool
-	}{{0, true}, {flagAck, true}, {2, false}, {flagAck | 1<<31, false}} {
+	}{{0, true}, {flagAck, true}, {flagRecvZeroCopy, true}, {flagAck | flagRecvZeroCopy, true}, {4, false}, {flagAck | 1<<31, false}} {
 		b := appendClientHeader(nil, 100, tc.flags)
 		size, flags, err := readClientHeaderRest(bytes.NewReader(b[len(perfMagic):]))
 		if (err == nil) != tc.ok || (tc.ok && (size != 100 || flags != tc.flags)) {

@@ -15,7 +15,10 @@ import (
 //	server: "UPRF" u32 response size (the request size with --echo, else 8)
 //
 // Flag bit 0 (ack) asks for 8-byte answers even from an echo server: a
-// throughput run moves its bytes one way. Other bits must be zero.
+// throughput run moves its bytes one way. Bit 1 (zero-copy receive) asks
+// the server to take requests with the transport's zero-copy API
+// (ReadBuffer), in place, where its connection has it. Other bits must be
+// zero.
 //
 // then request, response, request, response... A connection that does not
 // start with "UPRF" is a plain TCP client: it gets a byte echo (or, from a
@@ -26,6 +29,8 @@ const (
 	ackSize     = 8
 	// flagAck asks for 8-byte answers whatever the server's --echo.
 	flagAck uint32 = 1
+	// flagRecvZeroCopy asks the server to take requests in place.
+	flagRecvZeroCopy uint32 = 2
 	// maxSize bounds a request so a bad header cannot make the server
 	// allocate without limit.
 	maxSize = 64 << 20
@@ -52,7 +57,7 @@ func readClientHeaderRest(r io.Reader) (size int, flags uint32, err error) {
 		return 0, 0, fmt.Errorf("perf request size %d outside 1..%d", size, maxSize)
 	}
 	flags = binary.BigEndian.Uint32(b[8:])
-	if flags&^flagAck != 0 {
+	if flags&^(flagAck|flagRecvZeroCopy) != 0 {
 		return 0, 0, fmt.Errorf("perf header flags %#x unknown", flags)
 	}
 	return size, flags, nil

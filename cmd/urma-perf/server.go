@@ -182,8 +182,8 @@ func serveConn(conn net.Conn, echo bool, out *printer) {
 	}
 	out.event(ev)
 	c := &countingConn{Conn: conn}
-	protocol, err := serve(c, echo)
-	closed := serverEvent{Event: "closed", Remote: conn.RemoteAddr().String(), Protocol: protocol, BytesIn: c.in.Load(), BytesOut: c.out.Load()}
+	protocol, inPlace, err := serve(c, echo)
+	closed := serverEvent{Event: "closed", Remote: conn.RemoteAddr().String(), Protocol: protocol, RecvZeroCopy: inPlace, BytesIn: c.in.Load(), BytesOut: c.out.Load()}
 	if err != nil {
 		closed.Error = err.Error()
 	}
@@ -191,13 +191,13 @@ func serveConn(conn net.Conn, echo bool, out *printer) {
 }
 
 // serve answers one connection until it ends; a clean end is no error.
-func serve(c net.Conn, echo bool) (protocol string, err error) {
+func serve(c net.Conn, echo bool) (protocol string, inPlace bool, err error) {
 	magic, err := readMagic(c)
 	if err != nil || string(magic) != perfMagic {
 		// A plain client: echo its bytes, or swallow them.
 		if echo {
 			if _, werr := c.Write(magic); werr != nil {
-				return "plain", werr
+				return "plain", false, werr
 			}
 			if err == nil {
 				_, err = io.Copy(c, c)
@@ -205,27 +205,78 @@ func serve(c net.Conn, echo bool) (protocol string, err error) {
 		} else if err == nil {
 			_, err = io.Copy(io.Discard, c)
 		}
-		return "plain", cleanEnd(err)
+		return "plain", false, cleanEnd(err)
 	}
 	size, flags, err := readClientHeaderRest(c)
 	if err != nil {
-		return "perf", err
+		return "perf", false, err
 	}
 	resp := ackSize
 	if echo && flags&flagAck == 0 {
 		resp = size
 	}
 	if _, err := c.Write(appendServerHeader(nil, resp)); err != nil {
-		return "perf", err
+		return "perf", false, err
 	}
 	buf := make([]byte, max(size, ackSize))
+	if zc, ok := zeroCopy(c); ok && flags&flagRecvZeroCopy != 0 {
+		return "perf", true, serveInPlace(c, zc, size, buf[:resp], echo && resp == size)
+	}
 	for {
 		if _, err := io.ReadFull(c, buf[:size]); err != nil {
-			return "perf", cleanEnd(err)
+			return "perf", false, cleanEnd(err)
 		}
 		if _, err := c.Write(buf[:resp]); err != nil {
-			return "perf", err
+			return "perf", false, err
 		}
+	}
+}
+
+// zeroCopy is the zero-copy API of the transport connection c wraps, if
+// it has one (a plain Unix socket has not).
+func zeroCopy(c net.Conn) (transport.ZeroCopyConn, bool) {
+	if cc, ok := c.(*countingConn); ok {
+		c = cc.Conn
+	}
+	zc, ok := c.(transport.ZeroCopyConn)
+	return zc, ok
+}
+
+// serveInPlace answers requests taken with ReadBuffer: each received
+// buffer is looked at where it landed and released, so the transport's
+// own copy into the receive buffer is the only one on this side. An echo
+// copies the request into resp (that is the echo); otherwise resp is sent
+// as it is. A buffer may hold the end of one request and the start of the
+// next (TCP mode reads a stream). c counts the bytes.
+func serveInPlace(c net.Conn, zc transport.ZeroCopyConn, size int, resp []byte, echo bool) error {
+	cc, _ := c.(*countingConn)
+	got := 0
+	for {
+		b, err := zc.ReadBuffer()
+		if err != nil {
+			return cleanEnd(err)
+		}
+		data := b.Bytes()
+		if cc != nil {
+			cc.in.Add(uint64(len(data)))
+		}
+		for len(data) > 0 {
+			k := min(len(data), size-got)
+			if echo {
+				copy(resp[got:], data[:k])
+			}
+			got += k
+			data = data[k:]
+			if got < size {
+				continue
+			}
+			got = 0
+			if _, err := c.Write(resp); err != nil {
+				b.Release()
+				return err
+			}
+		}
+		b.Release()
 	}
 }
 

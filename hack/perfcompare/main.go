@@ -4,7 +4,9 @@
 // For each message size and completion mode (event, polling) it measures
 // throughput (a pipelined one-way stream, MB/s) and round-trip latency
 // (request/response of the same size, p50 and p99), and prints urma/tcp as
-// a ratio. `make bench` runs it; see docs/transport.md.
+// a ratio; beside it the throughput of urma-1copy, the transport copying
+// each byte as often as TCP does (see urma1Copy). `make bench` runs it; see
+// docs/transport.md.
 //
 //	perfcompare -urma-perf bin/urma-perf [-duration 1s] [-sizes 64,4096,65536,1048576]
 package main
@@ -29,8 +31,25 @@ import (
 	"github.com/openeuler/urma-k8s/cmd/urma-perf/perfjson"
 )
 
-// modes are what a figure is measured over: the client's --mode.
-var modes = []string{"tcp", "unix", "urma"}
+// modes are what a figure is measured over: the client's --mode, and
+// urma1Copy, the transport as it copies least (below).
+var modes = []string{"tcp", "unix", "urma", urma1Copy}
+
+// urma1Copy is the transport with each byte copied as often as over TCP,
+// twice: the client's pool shared with the server (urma_pool_remote_read),
+// so a SEND crosses shared memory by reference and the server copies it
+// once into its receive buffer, where it takes it in place
+// (--recv-zerocopy); the client's Write copies once into the pool. Only its
+// throughput is measured: a round trip of the copying API is urma's.
+const urma1Copy = "urma-1copy"
+
+// modeArgs are the client flags of a mode.
+func modeArgs(m string) []string {
+	if m == urma1Copy {
+		return []string{"--mode", "urma", "--urma_pool_remote_read", "--recv-zerocopy"}
+	}
+	return []string{"--mode", m}
+}
 
 func main() {
 	bin := flag.String("urma-perf", "bin/urma-perf", "the urma-perf binary")
@@ -66,9 +85,9 @@ type figures struct {
 }
 
 func run(ctx context.Context, w io.Writer, bin string, sizes []int, d time.Duration) error {
-	fmt.Fprintf(w, "urma-perf, two processes on this host (%s per figure): urma = the transport on shared memory; tcp, unix = loopback baselines of the same run\n", d)
+	fmt.Fprintf(w, "urma-perf, two processes on this host (%s per figure): urma = the transport on shared memory; 1-copy = the same with each byte copied as often as over TCP (urma_pool_remote_read, --recv-zerocopy); tcp, unix = loopback baselines of the same run\n", d)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "size\tcompletion\tMB/s tcp\tunix\turma\turma/tcp\t\tRTT p50 µs tcp\tunix\turma\turma/tcp\t\tp99 µs tcp\tunix\turma\turma/tcp\t")
+	fmt.Fprintln(tw, "size\tcompletion\tMB/s tcp\tunix\turma\turma/tcp\t1-copy\t1-copy/tcp\t\tRTT p50 µs tcp\tunix\turma\turma/tcp\t\tp99 µs tcp\tunix\turma\turma/tcp\t")
 	for _, size := range sizes {
 		var base figures
 		for _, polling := range []bool{false, true} {
@@ -89,8 +108,8 @@ func run(ctx context.Context, w io.Writer, bin string, sizes []int, d time.Durat
 				comp = "polling"
 			}
 			fmt.Fprintf(os.Stderr, "measured %s %s\n", sizeName(size), comp)
-			fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.0f\t%s\t\t%.1f\t%.1f\t%.1f\t%s\t\t%.1f\t%.1f\t%.1f\t%s\t\n", sizeName(size), comp,
-				f.mbps["tcp"], f.mbps["unix"], f.mbps["urma"], ratio(f.mbps["urma"], f.mbps["tcp"]),
+			fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.0f\t%s\t%.0f\t%s\t\t%.1f\t%.1f\t%.1f\t%s\t\t%.1f\t%.1f\t%.1f\t%s\t\n", sizeName(size), comp,
+				f.mbps["tcp"], f.mbps["unix"], f.mbps["urma"], ratio(f.mbps["urma"], f.mbps["tcp"]), f.mbps[urma1Copy], ratio(f.mbps[urma1Copy], f.mbps["tcp"]),
 				f.p50["tcp"], f.p50["unix"], f.p50["urma"], ratio(f.p50["urma"], f.p50["tcp"]),
 				f.p99["tcp"], f.p99["unix"], f.p99["urma"], ratio(f.p99["urma"], f.p99["tcp"]))
 		}
@@ -198,16 +217,19 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d time
 		if m == "unix" {
 			server = sock
 		}
-		args := append([]string{"client", "--server", server, "--mode", m, "--size", strconv.Itoa(size), "--duration", d.String(), "--json"}, urmaFlags(size, polling)...)
+		args := append(append([]string{"client", "--server", server, "--size", strconv.Itoa(size), "--duration", d.String(), "--json"}, modeArgs(m)...), urmaFlags(size, polling)...)
 		tput, err := client(ctx, bin, m, append(args, "--ack", "--pipeline", strconv.Itoa(pipeline(size)))...)
 		if err != nil {
 			return f, fmt.Errorf("%s throughput: %w", m, err)
+		}
+		f.mbps[m] = tput.SentBytesPerSec / 1e6
+		if m == urma1Copy {
+			continue
 		}
 		rtt, err := client(ctx, bin, m, args...)
 		if err != nil {
 			return f, fmt.Errorf("%s round trip: %w", m, err)
 		}
-		f.mbps[m] = tput.SentBytesPerSec / 1e6
 		f.p50[m], f.p99[m] = rtt.LatencyMicros.P50, rtt.LatencyMicros.P99
 	}
 	return f, nil
@@ -234,7 +256,7 @@ func client(ctx context.Context, bin, mode string, args ...string) (*perfjson.Re
 		return nil, fmt.Errorf("client output %q: %w", b, err)
 	}
 	for _, c := range r.Conns {
-		if mode == "urma" && (c.Mode != "urma" || c.Fabric != "shm") {
+		if (mode == "urma" || mode == urma1Copy) && (c.Mode != "urma" || c.Fabric != "shm") {
 			return nil, fmt.Errorf("the connection runs mode=%s fabric=%s (%s), not urma over shm", c.Mode, c.Fabric, c.FallbackReason)
 		}
 	}

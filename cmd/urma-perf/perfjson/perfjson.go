@@ -62,7 +62,10 @@ type ServerEvent struct {
 	FallbackReason string `json:"fallbackReason,omitempty"`
 	Echo           bool   `json:"echo,omitempty"`
 	Protocol       string `json:"protocol,omitempty"` // perf or plain
-	BytesIn        uint64 `json:"bytesIn,omitempty"`
-	BytesOut       uint64 `json:"bytesOut,omitempty"`
-	Error          string `json:"error,omitempty"`
+	// RecvZeroCopy says the server took this connection's requests in
+	// place (the client's --recv-zerocopy, on a transport connection).
+	RecvZeroCopy bool   `json:"recvZeroCopy,omitempty"`
+	BytesIn      uint64 `json:"bytesIn,omitempty"`
+	BytesOut     uint64 `json:"bytesOut,omitempty"`
+	Error        string `json:"error,omitempty"`
 }
