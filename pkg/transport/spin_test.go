@@ -119,3 +119,52 @@ func TestEventSpinMisses(t *testing.T) {
 		})
 	}
 }
+
+// TestEventSpinBudget: every spin that finds nothing halves the next one,
+// down to a 32nd of urma_event_spin, and a message that a spin catches
+// makes the next spin whole again. The events are muted so that only a
+// spin can deliver the message.
+func TestEventSpinBudget(t *testing.T) {
+	const full = 8 * time.Millisecond
+	a, b := fabricPair(t)
+	fp := newFaultProvider(a)
+	fl := smallFlags()
+	fl.EventSpin = full
+	p := connect(t, cfgWith(fp, fl), cfgWith(b, fl))
+	waitFor(t, "the server's event loop to wait", 10*time.Second, func() bool { return fp.f.waitCalls() > 0 })
+	if got := p.server.Debug().SpinBudget; got != full {
+		t.Fatalf("SpinBudget %s before any read, want urma_event_spin (%s)", got, full)
+	}
+	buf := make([]byte, 8)
+	want := full
+	for i := 0; i < 7; i++ {
+		_ = p.server.SetReadDeadline(time.Now().Add(full + 5*time.Millisecond))
+		if _, err := p.server.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("read %d from a silent peer: %v, want the deadline", i, err)
+		}
+		want = max(want/2, full/32)
+		if got := p.server.Debug().SpinBudget; got != want {
+			t.Fatalf("after %d misses SpinBudget is %s, want %s", i+1, got, want)
+		}
+	}
+	fp.f.set(func(c *faultConfig) { c.muteEvents = true })
+	t.Cleanup(func() { fp.f.set(func(c *faultConfig) { c.muteEvents = false }) })
+	if _, err := p.client.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	got := ""
+	for i := 0; i < 200 && got == ""; i++ {
+		_ = p.server.SetReadDeadline(time.Now().Add(25 * time.Millisecond))
+		n, err := p.server.Read(buf)
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("read: %v", err)
+		}
+		got = string(buf[:n])
+	}
+	if got != "ping" {
+		t.Fatalf("read %q, want ping", got)
+	}
+	if got := p.server.Debug().SpinBudget; got != full {
+		t.Fatalf("SpinBudget %s after a spin caught a message, want %s", got, full)
+	}
+}
