@@ -88,7 +88,6 @@ type urmaConn struct {
 	msgsSent, msgsReceived   atomic.Uint64
 	stalls                   atomic.Uint64
 	spinReads, spinMisses    atomic.Uint64
-	spinBudget               atomic.Int64 // a time.Duration: how long the next spinning read spins
 	counters                 metrics.DataCounters
 }
 
@@ -134,7 +133,6 @@ func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaCon
 		evDone: make(chan struct{}), watchDone: make(chan struct{}),
 		counters: e.metrics.Data(metrics.ModeURMA),
 	}
-	c.spinBudget.Store(int64(e.s.flags.EventSpin))
 	for i, b := range rx {
 		b.recv, b.slot = c, int32(i)
 	}
@@ -313,7 +311,6 @@ func (c *urmaConn) Debug() DebugInfo {
 		BytesSent: c.bytesSent.Load(), BytesReceived: c.bytesReceived.Load(),
 		MessagesSent: c.msgsSent.Load(), MessagesReceived: c.msgsReceived.Load(),
 		WindowStalls: c.stalls.Load(), SpinReads: c.spinReads.Load(), SpinMisses: c.spinMisses.Load(),
-		SpinBudget: time.Duration(c.spinBudget.Load()),
 	}
 	if c.res != nil {
 		d.LocalJetty = c.res.jetty.ID()

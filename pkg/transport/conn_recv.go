@@ -105,7 +105,7 @@ func (c *urmaConn) readErrLocked() error {
 func (c *urmaConn) Read(p []byte) (int, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
-	var w readWait
+	spun := false
 	for {
 		if c.isClosed() {
 			return 0, c.opErr("read", errConnClosed)
@@ -126,8 +126,11 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 			if len(p) == 0 {
 				return 0, nil
 			}
-			if c.spinRead(&w) {
-				continue
+			if !spun {
+				spun = true
+				if c.spinRead() {
+					continue
+				}
 			}
 			select {
 			case <-c.readable:
@@ -138,7 +141,6 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 		}
 		head, avail := c.rxHead, c.rxLen
 		c.mu.Unlock()
-		c.spinArrived(&w)
 		// The writer side of the ring only appends beyond head+avail, and
 		// only this reader consumes, so the messages can be copied unlocked.
 		n, used := 0, 0
@@ -177,7 +179,7 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
-	var w readWait
+	spun := false
 	for {
 		if c.isClosed() {
 			return nil, c.opErr("read", errConnClosed)
@@ -197,8 +199,11 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 		if err != nil {
 			return nil, c.opErr("read", err)
 		}
-		if c.spinRead(&w) {
-			continue
+		if !spun {
+			spun = true
+			if c.spinRead() {
+				continue
+			}
 		}
 		select {
 		case <-c.readable:
@@ -206,7 +211,6 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 		case <-c.rdl.done():
 		}
 	}
-	c.spinArrived(&w)
 	slot := c.rxq[c.rxHead]
 	b := c.rx[slot]
 	f := c.e.s.flags
@@ -239,41 +243,23 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 	return nb, nil
 }
 
-// readWait is what one read that found nothing did about it.
-type readWait struct {
-	spun  bool      // it polled for its message (or spinning is off)
-	timed bool      // it did, from start
-	start time.Time // when it began to wait
-}
-
 // spinRead is event mode's answer to the wake-ups a sleeping reader costs:
 // an event takes three goroutine hand-offs (the provider's, the event
 // loop's, this goroutine's), each a wake-up of another thread, where a TCP
 // read takes one. A reader with nothing to read first polls the completion
-// queue itself, once per read, so that a message arriving meanwhile reaches
-// it with none. It yields the processor between polls: the goroutines it
-// waits for (the peer's answer may need this process's writer) share the
-// same few processors. It reports whether it found something to read, or a
-// reason not to wait. Polling mode has pollers for this, and spins nowhere
-// else.
-//
-// The spin lasts the connection's budget: urma_event_spin at first, halved
-// by every spin that finds nothing (down to a 32nd), and whole again once a
-// message arrives within urma_event_spin of a read starting to wait. A
-// connection whose messages come further apart than a spin stops paying
-// for spins that cannot catch them.
-func (c *urmaConn) spinRead(w *readWait) bool {
-	if w.spun {
-		return false
-	}
-	w.spun = true
-	full := c.e.s.flags.EventSpin
-	if full <= 0 || c.e.s.flags.UsePolling {
+// queue itself, for up to urma_event_spin, so that a message arriving
+// meanwhile reaches it with none. It yields the processor between polls:
+// the goroutines it waits for (the peer's answer may need this process's
+// writer) share the same few processors. It reports whether it found
+// something to read, or a reason not to wait. Polling mode has pollers for
+// this, and spins nowhere else.
+func (c *urmaConn) spinRead() bool {
+	spin := c.e.s.flags.EventSpin
+	if spin <= 0 || c.e.s.flags.UsePolling {
 		return false
 	}
 	c.spinReads.Add(1)
-	budget := time.Duration(c.spinBudget.Load())
-	w.timed, w.start = true, time.Now()
+	start := time.Now()
 	for i := 0; ; i++ {
 		c.tryPoll()
 		c.mu.Lock()
@@ -282,23 +268,11 @@ func (c *urmaConn) spinRead(w *readWait) bool {
 		if found || c.isClosed() {
 			return true
 		}
-		if i&7 == 7 && (time.Since(w.start) >= budget || c.rdl.passed()) {
+		if i&7 == 7 && (time.Since(start) >= spin || c.rdl.passed()) {
 			c.spinMisses.Add(1)
-			c.spinBudget.Store(int64(max(budget/2, full/spinFloor)))
 			return false
 		}
 		runtime.Gosched()
-	}
-}
-
-// spinFloor is how far misses shrink the spin: to urma_event_spin/spinFloor.
-const spinFloor = 32
-
-// spinArrived restores the full spin when a read that waited got its
-// message within urma_event_spin: a full spin would have caught it.
-func (c *urmaConn) spinArrived(w *readWait) {
-	if w.timed && time.Since(w.start) <= c.e.s.flags.EventSpin {
-		c.spinBudget.Store(int64(c.e.s.flags.EventSpin))
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -138,9 +137,6 @@ type DebugInfo struct {
 	// that gave up and slept until the completion event.
 	SpinReads  uint64 `json:",omitempty"`
 	SpinMisses uint64 `json:",omitempty"`
-	// SpinBudget is how long the next read that finds nothing polls:
-	// urma_event_spin, shrunk by misses (see docs/transport.md).
-	SpinBudget time.Duration `json:",omitempty"`
 }
 
 // String formats the snapshot on one line, key=value.
@@ -160,7 +156,7 @@ func (d DebugInfo) String() string {
 	}
 	fmt.Fprintf(&b, " bytes_sent=%d bytes_received=%d", d.BytesSent, d.BytesReceived)
 	if d.Mode == ModeURMA {
-		fmt.Fprintf(&b, " msgs_sent=%d msgs_received=%d window_stalls=%d spin_reads=%d spin_misses=%d spin_budget=%s", d.MessagesSent, d.MessagesReceived, d.WindowStalls, d.SpinReads, d.SpinMisses, d.SpinBudget)
+		fmt.Fprintf(&b, " msgs_sent=%d msgs_received=%d window_stalls=%d spin_reads=%d spin_misses=%d", d.MessagesSent, d.MessagesReceived, d.WindowStalls, d.SpinReads, d.SpinMisses)
 	}
 	return b.String()
 }
