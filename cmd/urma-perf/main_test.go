@@ -364,3 +364,32 @@ func TestTwoProcesses(t *testing.T) {
 		t.Fatalf("server exit: %v: %s", err, srvErr.String())
 	}
 }
+
+// FuzzPerfHeader: whatever 12 bytes follow a client's magic, the server
+// either refuses them with an error or takes a size within 1..maxSize and
+// only the flags it knows; a header the client writes always parses back
+// to what it wrote.
+func FuzzPerfHeader(f *testing.F) {
+	for _, seed := range [][]byte{
+		appendClientHeader(nil, 4096, 0)[len(perfMagic):],
+		appendClientHeader(nil, 1, flagAck|flagRecvZeroCopy)[len(perfMagic):],
+		appendClientHeader(nil, maxSize+1, 4)[len(perfMagic):],
+		{},
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		size, flags, err := readClientHeaderRest(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		if size < 1 || size > maxSize || flags&^(flagAck|flagRecvZeroCopy) != 0 {
+			t.Fatalf("accepted size %d flags %#x from %x", size, flags, b)
+		}
+		again := appendClientHeader(nil, size, flags)[len(perfMagic):]
+		size2, flags2, err := readClientHeaderRest(bytes.NewReader(again))
+		if err != nil || size2 != size || flags2 != flags {
+			t.Fatalf("header %d/%#x wrote %x, read back %d/%#x, %v", size, flags, again, size2, flags2, err)
+		}
+	})
+}
