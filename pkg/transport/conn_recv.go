@@ -252,12 +252,18 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 // the goroutines it waits for (the peer's answer may need this process's
 // writer) share the same few processors. It reports whether it found
 // something to read, or a reason not to wait. Polling mode has pollers for
-// this, and spins nowhere else.
+// this, and spins nowhere else. At most the engine's spinLimit readers spin
+// at once; the others sleep at once, as without the spin.
 func (c *urmaConn) spinRead() bool {
 	spin := c.e.s.flags.EventSpin
 	if spin <= 0 || c.e.s.flags.UsePolling {
 		return false
 	}
+	if c.e.spinners.Add(1) > c.e.spinLimit {
+		c.e.spinners.Add(-1)
+		return false
+	}
+	defer c.e.spinners.Add(-1)
 	c.spinReads.Add(1)
 	start := time.Now()
 	for i := 0; ; i++ {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,13 @@ type engine struct {
 	rqSize   int
 	bufSize  int
 
+	// Readers spinning for their message now (urma_event_spin), and how
+	// many may: half the processors, at least one, so that a server with
+	// many connections whose messages come just beyond the spin does not
+	// spend every processor polling.
+	spinners  atomic.Int32
+	spinLimit int32
+
 	removeSource func()
 
 	mu       sync.Mutex
@@ -68,6 +76,7 @@ func newEngine(s settings, role string, m *metrics.Metrics) *engine {
 		s: s, role: role, metrics: m, refs: 1, done: make(chan struct{}),
 		log:    s.log.WithValues("role", role),
 		sqSize: s.flags.SQSize, rqSize: s.flags.RQSize, bufSize: s.flags.BufferSize,
+		spinLimit: int32(max(1, runtime.GOMAXPROCS(0)/2)),
 	}
 }
 

@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -117,5 +118,66 @@ func TestEventSpinMisses(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestEventSpinLimit: at most the engine's spinLimit readers spin at once;
+// a reader that finds the limit reached sleeps at once, and spins again
+// once no one else does.
+func TestEventSpinLimit(t *testing.T) {
+	a, b := fabricPair(t)
+	fl := smallFlags()
+	fl.EventSpin = 10 * time.Millisecond
+	ln, d := listenAndDialer(t, cfgWith(a, fl), cfgWith(b, fl))
+	p1, p2 := dialAccept(t, ln, d), dialAccept(t, ln, d)
+	s1, ok := p1.server.(*urmaConn)
+	if !ok || p2.server.Mode() != ModeURMA {
+		t.Fatalf("servers on %s and %s, want URMA", p1.server.Mode(), p2.server.Mode())
+	}
+	if want := int32(max(1, runtime.GOMAXPROCS(0)/2)); s1.e.spinLimit != want {
+		t.Fatalf("spinLimit %d, want half the processors, at least 1: %d", s1.e.spinLimit, want)
+	}
+	s1.e.spinLimit = 1 // both server connections share the listener's engine
+	buf := make([]byte, 1)
+	// While s1 spins (for 10 ms, its peer silent), s2 must not. A try in
+	// which s1's spin ended before s2's read did proves nothing: retry.
+	decided := false
+	for try := 0; try < 50 && !decided; try++ {
+		reads, misses := p1.server.Debug().SpinReads, p1.server.Debug().SpinMisses
+		done := make(chan error, 1)
+		go func() {
+			_ = p1.server.SetReadDeadline(time.Now().Add(15 * time.Millisecond))
+			_, err := p1.server.Read(buf)
+			done <- err
+		}()
+		waitFor(t, "s1 to spin", 10*time.Second, func() bool { return p1.server.Debug().SpinReads > reads })
+		before := p2.server.Debug().SpinReads
+		_ = p2.server.SetReadDeadline(time.Now().Add(time.Millisecond))
+		if _, err := p2.server.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("s2 read from a silent peer: %v", err)
+		}
+		stillSpinning := p1.server.Debug().SpinMisses == misses
+		spun := p2.server.Debug().SpinReads - before
+		if err := <-done; !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("s1 read from a silent peer: %v", err)
+		}
+		if stillSpinning {
+			if spun != 0 {
+				t.Fatalf("s2 spun while s1 spun, with a limit of 1")
+			}
+			decided = true
+		}
+	}
+	if !decided {
+		t.Fatal("s1's 10 ms spin never outlasted s2's read in 50 tries")
+	}
+	// Alone, s2 spins.
+	before := p2.server.Debug().SpinReads
+	_ = p2.server.SetReadDeadline(time.Now().Add(time.Millisecond))
+	if _, err := p2.server.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("s2 read from a silent peer: %v", err)
+	}
+	if p2.server.Debug().SpinReads != before+1 {
+		t.Fatalf("s2 did not spin with no one else spinning")
 	}
 }
