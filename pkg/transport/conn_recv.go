@@ -126,17 +126,7 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 			if len(p) == 0 {
 				return 0, nil
 			}
-			if !spun {
-				spun = true
-				if c.spinRead() {
-					continue
-				}
-			}
-			select {
-			case <-c.readable:
-			case <-c.closedCh:
-			case <-c.rdl.done():
-			}
+			c.awaitMessage(&spun)
 			continue
 		}
 		head, avail := c.rxHead, c.rxLen
@@ -199,17 +189,7 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 		if err != nil {
 			return nil, c.opErr("read", err)
 		}
-		if !spun {
-			spun = true
-			if c.spinRead() {
-				continue
-			}
-		}
-		select {
-		case <-c.readable:
-		case <-c.closedCh:
-		case <-c.rdl.done():
-		}
+		c.awaitMessage(&spun)
 	}
 	slot := c.rxq[c.rxHead]
 	b := c.rx[slot]
@@ -243,6 +223,24 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 	return nb, nil
 }
 
+// awaitMessage waits, for a reader that found nothing to read, until
+// something may have changed: in a read's first wait it spins (spinRead),
+// then it sleeps until the connection is readable, closes or the read
+// deadline passes. The caller looks again either way.
+func (c *urmaConn) awaitMessage(spun *bool) {
+	if !*spun {
+		*spun = true
+		if c.spinRead() {
+			return
+		}
+	}
+	select {
+	case <-c.readable:
+	case <-c.closedCh:
+	case <-c.rdl.done():
+	}
+}
+
 // spinRead is event mode's answer to the wake-ups a sleeping reader costs:
 // an event takes three goroutine hand-offs (the provider's, the event
 // loop's, this goroutine's), each a wake-up of another thread, where a TCP
@@ -269,9 +267,9 @@ func (c *urmaConn) spinRead() bool {
 	for i := 0; ; i++ {
 		c.tryPoll()
 		c.mu.Lock()
-		found := c.rxLen > 0 || c.readErrLocked() != nil
+		found := c.rxLen > 0 || c.readErrLocked() != nil // closing included
 		c.mu.Unlock()
-		if found || c.isClosed() {
+		if found {
 			return true
 		}
 		if i&7 == 7 && (time.Since(start) >= spin || c.rdl.passed()) {
