@@ -103,6 +103,7 @@ func TestClientServer(t *testing.T) {
 		{name: "pipelined, acks asked of an echo server", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "2000", "--pipeline", "8", "--ack"}, wantURMA: 1, wantResp: ackSize},
 		{name: "zero-copy receive, echo over urma", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "3000", "--recv-zerocopy"}, wantURMA: 1, wantResp: 3000},
 		{name: "zero-copy receive, pipelined acks over urma", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "20000", "--pipeline", "8", "--ack", "--recv-zerocopy"}, wantURMA: 1, wantResp: ackSize},
+		{name: "zero-copy receive, 8-byte requests, acks of a non-echo server", clientArgs: []string{"--size", "8", "--recv-zerocopy"}, wantURMA: 1, wantResp: ackSize},
 		{name: "zero-copy receive, pipelined acks over tcp", serverArgs: []string{"--echo"}, clientArgs: []string{"--mode", "tcp", "--size", "3000", "--pipeline", "8", "--ack", "--recv-zerocopy"}, wantTCP: 1, wantResp: ackSize},
 		{name: "socket fabric", serverArgs: []string{"--echo", "--urma_soft_fabric=socket"}, clientArgs: []string{"--urma_soft_fabric=socket"}, wantURMA: 1, wantResp: 4096},
 	}

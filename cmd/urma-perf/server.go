@@ -220,7 +220,7 @@ func serve(c net.Conn, echo bool) (protocol string, inPlace bool, err error) {
 	}
 	buf := make([]byte, max(size, ackSize))
 	if zc, ok := zeroCopy(c); ok && flags&flagRecvZeroCopy != 0 {
-		return "perf", true, serveInPlace(c, zc, size, buf[:resp], echo && resp == size)
+		return "perf", true, serveInPlace(c, zc, size, buf[:resp])
 	}
 	for {
 		if _, err := io.ReadFull(c, buf[:size]); err != nil {
@@ -244,11 +244,12 @@ func zeroCopy(c net.Conn) (transport.ZeroCopyConn, bool) {
 
 // serveInPlace answers requests taken with ReadBuffer: each received
 // buffer is looked at where it landed and released, so the transport's
-// own copy into the receive buffer is the only one on this side. An echo
-// copies the request into resp (that is the echo); otherwise resp is sent
-// as it is. A buffer may hold the end of one request and the start of the
-// next (TCP mode reads a stream). c counts the bytes.
-func serveInPlace(c net.Conn, zc transport.ZeroCopyConn, size int, resp []byte, echo bool) error {
+// own copy into the receive buffer is the only one on this side. Like the
+// copying loop in serve, each answer is the first len(resp) bytes of its
+// request (all of it for an echo, 8 bytes for an ack). A buffer may hold
+// the end of one request and the start of the next (TCP mode reads a
+// stream). c counts the bytes.
+func serveInPlace(c net.Conn, zc transport.ZeroCopyConn, size int, resp []byte) error {
 	cc, _ := c.(*countingConn)
 	got := 0
 	for {
@@ -262,7 +263,7 @@ func serveInPlace(c net.Conn, zc transport.ZeroCopyConn, size int, resp []byte, 
 		}
 		for len(data) > 0 {
 			k := min(len(data), size-got)
-			if echo {
+			if got < len(resp) {
 				copy(resp[got:], data[:k])
 			}
 			got += k
