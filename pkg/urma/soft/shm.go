@@ -37,6 +37,20 @@ type shmNet struct {
 	spin     time.Duration
 	bootID   [bootIDLen]byte
 	allowUID func(uid uint32) bool
+	// pollingEnd overrides the parks without a Poll that end a reader's
+	// polling mode (0: the default), for tests that must not depend on
+	// how promptly a loaded machine schedules them.
+	pollingEnd int
+}
+
+// join makes a connection's shmIO from this side's ends and the peer's
+// descriptors (see newShmIO).
+func (n *shmNet) join(ends *shmEnds, peerRing int, peerFds []int) (*shmIO, error) {
+	sio, err := newShmIO(ends, n.ringSize, peerRing, peerFds, n.spin)
+	if err == nil && n.pollingEnd > 0 {
+		sio.pollingEnd = n.pollingEnd
+	}
+	return sio, err
 }
 
 // maxSocketPath is the longest path a unix socket address holds.
@@ -278,7 +292,7 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 		refuse(helloResources, err.Error())
 		return
 	}
-	sio, err := newShmIO(ends, sd.shm.ringSize, int(h.ringSize), fds, sd.shm.spin)
+	sio, err := sd.shm.join(ends, int(h.ringSize), fds)
 	fds = nil // taken
 	if err != nil {
 		refuse(helloRefused, err.Error())
@@ -384,7 +398,7 @@ func (p *peer) dialOnceShm(ctx context.Context) error {
 		ends.release()
 		return fail(refused)
 	}
-	sio, err := newShmIO(ends, sd.shm.ringSize, int(a.ringSize), fds, sd.shm.spin)
+	sio, err := sd.shm.join(ends, int(a.ringSize), fds)
 	if err != nil {
 		return fail(err)
 	}

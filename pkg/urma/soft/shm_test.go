@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -403,53 +404,105 @@ func (p *Provider) wakes() uint64 {
 	return n
 }
 
+// keepPollingMode makes p's shm connections, once a reader is in polling
+// mode, stay in it however long the pollers pause: on a loaded machine a
+// test goroutine descheduled for pollingEnd parks would end it otherwise.
+func keepPollingMode(p *Provider) {
+	for _, d := range p.devices {
+		d.sock.shm.pollingEnd = math.MaxInt
+	}
+}
+
+// readerSleeps are the sleep words of the reader goroutines of p's shm
+// connections: odd while one sleeps announced, one more with each
+// announcement and each wake-up.
+func readerSleeps(p *Provider) []uint64 {
+	var out []uint64
+	for _, c := range p.conns() {
+		out = append(out, c.io.(*shmIO).local.word(offReaderWait).Load())
+	}
+	return out
+}
+
+// sleepsAgain reports whether every reader sleeps announced, each in a
+// sleep that began after the one in before (a writer wakes each sleep
+// once: a reader still to run after its wake-up needs no other).
+func sleepsAgain(before, now []uint64) bool {
+	if len(now) != len(before) {
+		return false
+	}
+	for i, w := range now {
+		if w&1 == 0 || w == before[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // While both sides poll, the pollers take the frames from the rings
 // themselves: the reader goroutines stay parked and a ping-pong costs no
-// wake-up of the peer, however many messages go; without polling, each
-// message that finds its reader asleep wakes it.
+// wake-up of the peer, however many messages go.
 func TestShmPollingCostsNoWakeUps(t *testing.T) {
 	noLeaks(t)
 	opts := shmOpts(t)
 	opts.ShmSpin = -1 // idle readers sleep at once: every wake-up would show
 	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	keepPollingMode(pa)
+	keepPollingMode(pb)
 	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
 	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
 	ta, tb := a.importJetty(b), b.importJetty(a)
 	const rounds = 500
-	pingPong := func(poll func(t *testing.T, q urma.JFC, n int) []urma.Completion) {
+	pingPong := func() {
 		for i := 0; i < rounds; i++ {
 			b.postRecv(uint64(i), 0, 64)
 			a.postRecv(uint64(i), 0, 64)
 			mustOK(t, a.send(ta, uint64(i), 4096, 64, 0), "ping")
-			poll(t, b.rjfc, 1)
+			pollUntil(t, b.rjfc, 1)
 			mustOK(t, b.send(tb, uint64(i), 4096, 64, 0), "pong")
-			poll(t, a.rjfc, 1)
-			poll(t, a.sjfc, 1)
-			poll(t, b.sjfc, 1)
+			pollUntil(t, a.rjfc, 1)
+			pollUntil(t, a.sjfc, 1)
+			pollUntil(t, b.sjfc, 1)
 		}
 	}
-	pingPong(pollUntil) // warm up: the Polls put the rings in polling mode
+	pingPong() // warm up: the Polls put the rings in polling mode
 	before := pa.wakes() + pb.wakes()
-	pingPong(pollUntil)
-	// Not zero: a test goroutine descheduled for a whole park (1 ms) on a
-	// busy machine ends polling mode until the next Polls. Without polling
-	// mode or without Polls driving the rings it is one or more per message.
-	if n := pa.wakes() + pb.wakes() - before; n > rounds/4 {
+	pingPong()
+	// Not quite zero: a reader that had not entered polling mode when the
+	// warm-up ended may still sleep announced once. Without polling mode,
+	// or without Polls driving the rings, it is one or more per message.
+	if n := pa.wakes() + pb.wakes() - before; n > rounds/100 {
 		t.Errorf("%d wake-ups for %d polled round trips, want next to none", n, rounds)
 	}
-	// Without polling (the messages wait longer than a reader parks for
-	// pollers), the readers sleep and each message wakes its reader.
+}
+
+// Without polling mode (Polls too few to enter it, and pollingEnd parks
+// without one to leave it), the readers sleep announced and each message
+// wakes its reader: none is lost, or the test would wait for it forever.
+func TestShmUnpolledMessagesWakeTheirReader(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	opts.ShmSpin = -1
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	ta := a.importJetty(b)
 	const slow = 20
-	before = pa.wakes() + pb.wakes()
+	before := pa.wakes() + pb.wakes()
+	sleptA, sleptB := []uint64{0}, []uint64{0} // one connection each, not yet asleep
 	for i := 0; i < slow; i++ {
 		b.postRecv(uint64(i), 0, 64)
+		waitUntil(t, "both readers to sleep announced again", func() bool {
+			return sleepsAgain(sleptA, readerSleeps(pa)) && sleepsAgain(sleptB, readerSleeps(pb))
+		})
+		sleptA, sleptB = readerSleeps(pa), readerSleeps(pb)
 		mustOK(t, a.send(ta, uint64(i), 4096, 64, 0), "ping")
-		time.Sleep(2 * pollingEnd * pollPark) // nobody polls meanwhile: polling mode ends
 		pollUntil(t, b.rjfc, 1)
 		pollUntil(t, a.sjfc, 1)
 	}
-	if n := pa.wakes() + pb.wakes() - before; n < slow {
-		t.Errorf("%d wake-ups for %d messages nobody polled for, want at least one each", n, slow)
+	// Each message wakes b's reader and its ACK wakes a's.
+	if n := pa.wakes() + pb.wakes() - before; n < 2*slow {
+		t.Errorf("%d wake-ups for %d messages to sleeping readers, want at least %d", n, slow, 2*slow)
 	}
 }
 

@@ -288,6 +288,7 @@ type shmIO struct {
 	wokeWrite   uint64
 	idlePolls   uint64 // the device's Polls when the reader goroutine last went idle
 	pollingMode bool   // see idle
+	pollingEnd  int    // parks in a row without a Poll that end polling mode
 	// Writer side: bytes written into this side's ring, and the peer
 	// reader's sleep that was last woken.
 	tail     uint64
@@ -374,7 +375,7 @@ func newShmIO(e *shmEnds, ringSize, peerRing int, peerFds []int, spin time.Durat
 		local: e.local, remote: remote, spin: spin, localRO: e.localRO, ctlFd: -1,
 		wsize: uint64(ringSize), wmask: uint64(ringSize - 1), rsize: uint64(peerRing), rmask: uint64(peerRing - 1),
 		dataFd: e.dataFd, spaceFd: e.spaceFd, peerDataFd: peerFds[1], peerSpaceFd: peerFds[2],
-		pollers: new(pollStats),
+		pollers: new(pollStats), pollingEnd: pollingEnd,
 	}
 	*e = shmEnds{localRO: -1, dataFd: -1, spaceFd: -1} // sio owns them now
 	// The eventfds belong to their waiters from here on (os.File closes them).
@@ -532,8 +533,9 @@ type pollStats struct{ polls atomic.Uint64 }
 // what the rings bring, and the reader goroutine parks for at most pollPark
 // at a time without asking the peer for wake-ups, so that no message costs
 // a syscall or a goroutine switch. An application in event mode polls JFCs
-// that have a JFCE, which do not count. pollingEnd parks in a row without a Poll end polling mode: a
-// poller descheduled for a park on a busy machine does not.
+// that have a JFCE, which do not count. pollingEnd parks in a row without a
+// Poll end polling mode: a poller descheduled for a park on a busy machine
+// does not.
 const (
 	pollingPolls = 16
 	pollPark     = time.Millisecond
@@ -567,7 +569,7 @@ func (s *shmIO) idle() error {
 		now := s.pollers.polls.Load()
 		if now != s.idlePolls {
 			quiet = 0
-		} else if quiet++; quiet == pollingEnd {
+		} else if quiet++; quiet == s.pollingEnd {
 			s.pollingMode = false
 		}
 		s.idlePolls = now
