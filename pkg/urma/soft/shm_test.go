@@ -452,6 +452,11 @@ func TestShmPollingCostsNoWakeUps(t *testing.T) {
 	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
 	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
 	ta, tb := a.importJetty(b), b.importJetty(a)
+	for _, c := range append(pa.conns(), pb.conns()...) {
+		if got := c.io.(*shmIO).pollingEnd; got != math.MaxInt {
+			t.Fatalf("connection ends polling mode after %d parks, want the device's %d", got, math.MaxInt)
+		}
+	}
 	const rounds = 500
 	pingPong := func() {
 		for i := 0; i < rounds; i++ {
