@@ -90,7 +90,9 @@ func TestEventSpinMisses(t *testing.T) {
 			fl.EventSpin = time.Millisecond
 			fl.UsePolling = tc.polling
 			p := connect(t, cfgWith(a, fl), cfgWith(b, fl))
-			_ = p.server.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+			// Far past the spin: a read that starts late on a loaded machine
+			// still spins before the deadline.
+			_ = p.server.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 			if _, err := p.server.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
 				t.Fatalf("read from a silent peer: %v, want the deadline", err)
 			}
@@ -171,9 +173,10 @@ func TestEventSpinLimit(t *testing.T) {
 	if !decided {
 		t.Fatal("s1's 10 ms spin never outlasted s2's read in 50 tries")
 	}
-	// Alone, s2 spins.
+	// Alone, s2 spins. The deadline is far enough that a read descheduled
+	// on a loaded machine does not find it passed before it starts.
 	before := p2.server.Debug().SpinReads
-	_ = p2.server.SetReadDeadline(time.Now().Add(time.Millisecond))
+	_ = p2.server.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 	if _, err := p2.server.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("s2 read from a silent peer: %v", err)
 	}
