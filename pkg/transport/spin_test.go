@@ -140,9 +140,16 @@ func TestEventSpinLimit(t *testing.T) {
 		t.Fatalf("spinLimit %d, want half the processors, at least 1: %d", s1.e.spinLimit, want)
 	}
 	s1.e.spinLimit = 1 // both server connections share the listener's engine
+	s2, ok := p2.server.(*urmaConn)
+	if !ok {
+		t.Fatalf("server 2 is %T, want a URMA connection", p2.server)
+	}
 	buf := make([]byte, 1)
-	// While s1 spins (for 10 ms, its peer silent), s2 must not. A try in
-	// which s1's spin ended before s2's read did proves nothing: retry.
+	// While s1 spins (for 10 ms, its peer silent), s2 must not: its spin
+	// returns at once, found nothing and counted nothing. s2's spin is
+	// called directly, not through a Read, so that no read deadline can
+	// have passed before it tries. A try in which s1's spin ended before
+	// s2's did proves nothing: retry.
 	decided := false
 	for try := 0; try < 50 && !decided; try++ {
 		reads, misses := p1.server.Debug().SpinReads, p1.server.Debug().SpinMisses
@@ -154,24 +161,21 @@ func TestEventSpinLimit(t *testing.T) {
 		}()
 		waitFor(t, "s1 to spin", 10*time.Second, func() bool { return p1.server.Debug().SpinReads > reads })
 		before := p2.server.Debug().SpinReads
-		_ = p2.server.SetReadDeadline(time.Now().Add(time.Millisecond))
-		if _, err := p2.server.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("s2 read from a silent peer: %v", err)
-		}
+		found := s2.spinRead()
 		stillSpinning := p1.server.Debug().SpinMisses == misses
 		spun := p2.server.Debug().SpinReads - before
 		if err := <-done; !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatalf("s1 read from a silent peer: %v", err)
 		}
 		if stillSpinning {
-			if spun != 0 {
-				t.Fatalf("s2 spun while s1 spun, with a limit of 1")
+			if spun != 0 || found {
+				t.Fatalf("s2 spun (%d, found %v) while s1 spun, with a limit of 1", spun, found)
 			}
 			decided = true
 		}
 	}
 	if !decided {
-		t.Fatal("s1's 10 ms spin never outlasted s2's read in 50 tries")
+		t.Fatal("s1's 10 ms spin never outlasted s2's attempt in 50 tries")
 	}
 	// Alone, s2 spins. The deadline is far enough that a read descheduled
 	// on a loaded machine does not find it passed before it starts.
