@@ -36,17 +36,18 @@ import (
 var modes = []string{"tcp", "unix", "urma", urma1Copy}
 
 // urma1Copy is the transport with each byte copied as often as over TCP,
-// twice: the client's pool shared with the server (urma_pool_remote_read),
-// so a SEND crosses shared memory by reference and the server copies it
-// once into its receive buffer, where it takes it in place
-// (--recv-zerocopy); the client's Write copies once into the pool. Only its
+// twice: the client's Write copies it into the connection's own send
+// buffers, which the server maps (urma_shm_send_buffers, the default), so
+// the SEND crosses by reference and the server copies it once into its
+// receive buffer, where it takes it in place (--recv-zerocopy, the
+// zero-copy API) instead of copying it out with Read as urma does. Only its
 // throughput is measured: a round trip of the copying API is urma's.
 const urma1Copy = "urma-1copy"
 
 // modeArgs are the client flags of a mode.
 func modeArgs(m string) []string {
 	if m == urma1Copy {
-		return []string{"--mode", "urma", "--urma_pool_remote_read", "--recv-zerocopy"}
+		return []string{"--mode", "urma", "--recv-zerocopy"}
 	}
 	return []string{"--mode", m}
 }
@@ -85,7 +86,7 @@ type figures struct {
 }
 
 func run(ctx context.Context, w io.Writer, bin string, sizes []int, d time.Duration) error {
-	fmt.Fprintf(w, "urma-perf, two processes on this host (%s per figure): urma = the transport on shared memory; 1-copy = the same with each byte copied as often as over TCP (urma_pool_remote_read, --recv-zerocopy); tcp, unix = loopback baselines of the same run\n", d)
+	fmt.Fprintf(w, "urma-perf, two processes on this host (%s per figure): urma = the transport on shared memory; 1-copy = the same with each byte copied as often as over TCP (the server reads in place: --recv-zerocopy); tcp, unix = loopback baselines of the same run\n", d)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "size\tcompletion\tMB/s tcp\tunix\turma\turma/tcp\t1-copy\t1-copy/tcp\t\tRTT p50 µs tcp\tunix\turma\turma/tcp\t\tp99 µs tcp\tunix\turma\turma/tcp\t")
 	for _, size := range sizes {

@@ -28,9 +28,10 @@ import (
 type urmaConn struct {
 	e        *engine
 	res      *jettyRes
-	spec     jettySpec  // what res is: send queue depth, token or none
-	ownHello *helloPage // the hello page of a connection without the engine's token
-	pool     *bufferPool
+	spec     jettySpec        // what res is: send queue depth, token or none
+	ownHello *helloPage       // the hello page of a connection without the engine's token
+	pool     *bufferPool      // the engine's: receives, and sends without ownSend
+	ownSend  *connSendBuffers // the connection's own send buffers, or nil
 	tcp      net.Conn
 	role     string
 	log      logr.Logger
@@ -135,6 +136,14 @@ func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaCon
 	}
 	for i, b := range rx {
 		b.recv, b.slot = c, int32(i)
+	}
+	if e.wantsSendBuffers() {
+		sb, err := e.newConnSendBuffers(spec.sq)
+		if err != nil {
+			// Not fatal: sends from the pool cross the ring by copy.
+			c.log.Info("sending from the shared pool, through the ring", "error", err.Error())
+		}
+		c.ownSend = sb
 	}
 	if spec.tokenless && !e.s.noToken {
 		page, err := e.newHelloPage(true)

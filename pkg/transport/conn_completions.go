@@ -161,11 +161,11 @@ func (c *urmaConn) handleLocked(cr *urma.Completion) (readable, writable bool, e
 			c.maybeCreditLocked()
 			return false, true, nil
 		}
-		idx := cr.UserCtx - 1
-		if idx >= uint64(len(c.pool.bufs)) {
-			return false, false, fmt.Errorf("send completion names buffer %d of %d", idx, len(c.pool.bufs))
+		b, err := c.sentBuffer(cr.UserCtx)
+		if err != nil {
+			return false, false, err
 		}
-		c.pool.put(&c.pool.bufs[idx])
+		b.pool.put(b)
 		if c.sqWindow >= c.windowCap {
 			return false, false, protocolErr("send completion beyond the window of %d", c.windowCap)
 		}
@@ -234,8 +234,8 @@ func (s sendFailure) Error() string { return s.err.Error() }
 // failed receive breaks the connection.
 func (c *urmaConn) handleErrorLocked(cr *urma.Completion) (bool, bool, error) {
 	if !cr.Recv && cr.UserCtx != 0 && cr.Status != urma.StatusWRFlushErrDone {
-		if idx := cr.UserCtx - 1; idx < uint64(len(c.pool.bufs)) {
-			c.pool.put(&c.pool.bufs[idx])
+		if b, err := c.sentBuffer(cr.UserCtx); err == nil {
+			b.pool.put(b)
 		}
 		if c.sqWindow < c.windowCap {
 			c.sqWindow++

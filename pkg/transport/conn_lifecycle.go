@@ -405,6 +405,10 @@ func (c *urmaConn) release() {
 	for _, b := range back {
 		c.pool.put(b)
 	}
+	if c.ownSend != nil {
+		// The jetty is flushed: no SEND reads the buffers any more.
+		c.ownSend.close(c.log)
+	}
 	if c.ownHello != nil {
 		if err := c.ownHello.close(); err != nil {
 			c.log.Error(err, "releasing the connection's hello page")

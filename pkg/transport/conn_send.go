@@ -66,8 +66,14 @@ func (c *urmaConn) unreserveWindow() {
 	notify(c.writable)
 }
 
-// takeBuffer takes a pool buffer for a send.
+// takeBuffer takes a buffer for a send: one of the connection's own while
+// any is free, else one of the engine pool.
 func (c *urmaConn) takeBuffer() (*Buffer, error) {
+	if c.ownSend != nil {
+		if b := c.ownSend.pool.tryGet(); b != nil {
+			return b, nil
+		}
+	}
 	b, err := c.pool.get(c.stopCh, c.wdl.done(), c.e.s.failWhenPoolDry)
 	if err == nil {
 		return b, nil
@@ -89,14 +95,14 @@ func (c *urmaConn) takeBuffer() (*Buffer, error) {
 // postData posts n bytes of b as one SEND; writeMu is held and a window
 // slot reserved. The buffer belongs to the provider until its completion.
 func (c *urmaConn) postData(b *Buffer, n int) error {
-	c.sendSGE[0] = c.pool.sge(b, n)
+	c.sendSGE[0] = b.pool.sge(b, n)
 	c.sendWR = urma.SendWR{
 		Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: c.remoteJetty,
-		UserCtx: uint64(b.idx) + 1, SGEs: c.sendSGE[:],
+		UserCtx: c.sendCtx(b), SGEs: c.sendSGE[:],
 	}
 	b.held.Store(false)
 	if err := c.res.jetty.PostSend(&c.sendWR); err != nil {
-		c.pool.put(b)
+		b.pool.put(b)
 		c.unreserveWindow()
 		err = fmt.Errorf("post send: %w", err)
 		c.fail(err)
@@ -145,7 +151,8 @@ func (c *urmaConn) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// AllocBuffer takes a pool buffer to fill and WriteBuffer.
+// AllocBuffer takes a buffer to fill and WriteBuffer: one of the
+// connection's own send buffers while any is free, else a pool buffer.
 func (c *urmaConn) AllocBuffer() (*Buffer, error) {
 	c.mu.Lock()
 	err := c.writeErrLocked()
@@ -171,7 +178,7 @@ func (c *urmaConn) WriteBuffer(b *Buffer, n int) error {
 		return c.opErr("write", err)
 	}
 	switch {
-	case b.pool != c.pool:
+	case b.pool != c.pool && (c.ownSend == nil || b.pool != c.ownSend.pool):
 		return giveBack(errors.New("write buffer: the buffer belongs to another transport's pool"))
 	case n > c.chunk:
 		return giveBack(fmt.Errorf("write buffer: %d bytes exceed the largest message of %d (the peer's buffer size)", n, c.chunk))

@@ -158,6 +158,16 @@ func (p *bufferPool) waiters() int {
 	return p.waiting
 }
 
+// tryGet takes a buffer if one is free, without waiting.
+func (p *bufferPool) tryGet() *Buffer {
+	var out [1]*Buffer
+	if !p.tryGetN(1, out[:]) {
+		return nil
+	}
+	out[0].held.Store(true)
+	return out[0]
+}
+
 // tryGetN takes n buffers at once, or none.
 func (p *bufferPool) tryGetN(n int, out []*Buffer) bool {
 	p.mu.Lock()

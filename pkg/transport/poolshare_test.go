@@ -2,8 +2,10 @@ package transport
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,24 +13,33 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
-// TestPoolRemoteRead: the buffer pool is registered local-only, so no peer
-// can read what it holds for another, unless urma_pool_remote_read opts in
-// to remote reads; then the shm fabric maps it in the peer (a read-only
-// shared mapping of the pool's memfd) and sends from it by reference, and
-// the bytes arrive intact.
-func TestPoolRemoteRead(t *testing.T) {
+// TestShmSendMemory: on the shm fabric the peer maps what a SEND
+// from it may read by reference, and nothing else. By default that is the
+// sending connection's own send buffers (urma_shm_send_buffers), never the
+// pool, which holds the receive buffers of every connection; with them off
+// nothing is shared and SENDs cross the ring by copy; urma_pool_remote_read
+// shares the whole pool. Either way the bytes arrive intact, and closing
+// the connection unmaps its buffers in the peer.
+func TestShmSendMemory(t *testing.T) {
+	const bufSize, bufCount, sq = 16 << 10, 64, 16
 	for _, tc := range []struct {
-		name       string
-		remoteRead bool
+		name        string
+		sendBuffers bool
+		remoteRead  bool
+		wantMapped  int // bytes the server maps of the client's memory
 	}{
-		{name: "default: local only"},
-		{name: "opted in: remote read", remoteRead: true},
+		// The default: the connection's own send buffers.
+		{name: "default", sendBuffers: true, wantMapped: sq * bufSize},
+		{name: "off", wantMapped: 0},
+		// urma_pool_remote_read: the whole pool.
+		{name: "pool", sendBuffers: true, remoteRead: true, wantMapped: bufCount * bufSize},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			mk := func() Config {
 				c := fabricCfg(FabricShm, dir, nil)
-				c.Flags.BufferSize = 16 << 10
+				c.Flags.BufferSize, c.Flags.BufferCount, c.Flags.SQSize = bufSize, bufCount, sq
+				c.Flags.ShmSendBuffers = tc.sendBuffers
 				c.Flags.PoolRemoteRead = tc.remoteRead
 				return c
 			}
@@ -50,34 +61,53 @@ func TestPoolRemoteRead(t *testing.T) {
 					t.Fatalf("message %d arrived changed", i)
 				}
 			}
-			if tc.remoteRead {
-				// The peer maps the pool once the first send from it
-				// shares it; that is a state, with no event to wait on.
-				waitFor(t, "the peer to map the pool read-only", 10*time.Second, func() bool { return peerMappings(t) > 0 })
-			} else if n := peerMappings(t); n != 0 {
-				t.Fatalf("%d read-only mappings of registered memory with a local-only pool", n)
+			if tc.wantMapped == 0 {
+				if m := peerMappings(t); len(m) != 0 {
+					t.Fatalf("read-only mappings of registered memory %v, want none", m)
+				}
+				return
 			}
+			// The peer maps the memory once the first send from it shares
+			// it; that is a state, with no event to wait on.
+			waitFor(t, "the peer to map the client's send memory read-only", 10*time.Second, func() bool { return len(peerMappings(t)) > 0 })
+			if m := peerMappings(t); len(m) != 1 || m[0] != tc.wantMapped {
+				t.Fatalf("read-only mappings of registered memory %v, want one of %d bytes", m, tc.wantMapped)
+			}
+			if tc.remoteRead {
+				return // the pool lives as long as the engine
+			}
+			if err := p.client.Close(); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the peer to unmap the closed connection's send buffers", 10*time.Second, func() bool { return len(peerMappings(t)) == 0 })
 		})
 	}
 }
 
-// peerMappings counts this process's read-only shared mappings of
-// registered memory (urma.AllocMemory's memfds): the shm fabric's views of
-// a peer's segments.
-func peerMappings(t testing.TB) int {
+// peerMappings lists the sizes of this process's read-only shared mappings
+// of registered memory (urma.AllocMemory's memfds): the shm fabric's views
+// of a peer's segments.
+func peerMappings(t testing.TB) []int {
 	t.Helper()
 	maps, err := os.ReadFile("/proc/self/maps")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	var sizes []int
 	for _, line := range strings.Split(string(maps), "\n") {
 		f := strings.Fields(line)
-		if len(f) >= 6 && f[1] == "r--s" && strings.HasPrefix(f[5], "/memfd:urma-mem") {
-			n++
+		if len(f) < 6 || f[1] != "r--s" || !strings.HasPrefix(f[5], "/memfd:urma-mem") {
+			continue
 		}
+		from, to, ok := strings.Cut(f[0], "-")
+		lo, err1 := strconv.ParseUint(from, 16, 64)
+		hi, err2 := strconv.ParseUint(to, 16, 64)
+		if !ok || err1 != nil || err2 != nil {
+			t.Fatalf("unreadable mapping %q", line)
+		}
+		sizes = append(sizes, int(hi-lo))
 	}
-	return n
+	return sizes
 }
 
 // TestPoolRegistrationAccess: the pool's registration asks for no remote
@@ -114,6 +144,124 @@ func TestPoolRegistrationAccess(t *testing.T) {
 				return
 			}
 			t.Fatalf("no registration of the pool (%#x) among %+v", pool.VA, fp.f.registrations())
+		})
+	}
+}
+
+// TestShmSendBuffersRunDry: a connection's own send buffers are few (one
+// per send queue entry); when the application holds them all, writes take
+// pool buffers instead of waiting, and sends from both kinds complete back
+// to the pool each came from, in order. Another connection refuses them.
+func TestShmSendBuffersRunDry(t *testing.T) {
+	checkNoLeaks(t)
+	dir := t.TempDir()
+	mk := func() Config {
+		c := fabricCfg(FabricShm, dir, nil)
+		c.Flags.BufferSize = 4 << 10
+		return c
+	}
+	ln, d := listenAndDialer(t, mk(), mk())
+	p, other := dialAccept(t, ln, d), dialAccept(t, ln, d)
+	uc, ok := p.client.(*urmaConn)
+	if !ok || uc.ownSend == nil {
+		t.Fatalf("client %s (%s) without send buffers of its own", p.client.Mode(), p.client.FallbackReason())
+	}
+	zc := p.client.(ZeroCopyConn)
+	own := len(uc.ownSend.pool.bufs)
+	held := make([]*Buffer, own)
+	for i := range held {
+		b, err := zc.AllocBuffer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.pool != uc.ownSend.pool {
+			t.Fatalf("buffer %d of %d came from the engine pool while own buffers were free", i, own)
+		}
+		held[i] = b
+	}
+	if err := other.client.(ZeroCopyConn).WriteBuffer(held[0], 1); err == nil {
+		t.Fatal("another connection sent from this connection's send buffers")
+	}
+	if held[0].held.Load() {
+		t.Fatal("the refused buffer is still the application's")
+	}
+	held[0] = nil // given back by the refusal
+
+	// Writes while the own buffers are all out go through the pool. The
+	// server reads meanwhile: credits come back only as it does.
+	const writes = 48
+	labels := make([]string, len(held)-1)
+	total := writes * 4 << 10
+	for i := range labels {
+		labels[i] = fmt.Sprintf("held buffer %d", i)
+		total += len(labels[i])
+	}
+	got := make([]byte, total)
+	readErr := make(chan error, 1)
+	go func() {
+		_, err := io.ReadFull(p.server, got)
+		readErr <- err
+	}()
+	msg := bytes.Repeat([]byte{0xa5}, 4<<10)
+	var want []byte
+	for i := 0; i < writes; i++ {
+		msg[0] = byte(i)
+		if _, err := p.client.Write(msg); err != nil {
+			t.Fatalf("write %d with the own buffers held: %v", i, err)
+		}
+		want = append(want, msg...)
+	}
+	for i, b := range held[1:] {
+		n := copy(b.Data(), labels[i])
+		if err := zc.WriteBuffer(b, n); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, labels[i]...)
+	}
+	if err := <-readErr; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the stream arrived changed or out of order")
+	}
+	// Every send completes back to the pool it came from: all own buffers
+	// free again, and of the dialer's engine pool only its two
+	// connections' receive queues in use.
+	waitFor(t, "the send completions", 10*time.Second, func() bool {
+		free, _ := uc.ownSend.pool.stats()
+		_, inUse := uc.e.pool.stats()
+		return free == own && inUse == 2*uc.e.rqSize
+	})
+}
+
+// TestSentBuffer: a send completion's user context names a buffer of the
+// engine pool or, with sendCtxOwn, of the connection's own send buffers;
+// one that names a buffer the connection does not have is an error, not a
+// buffer of the other kind.
+func TestSentBuffer(t *testing.T) {
+	pool := newHeapPool(1024, 4)
+	own := &connSendBuffers{pool: newHeapPool(1024, 2)}
+	for _, tc := range []struct {
+		name    string
+		ownSend *connSendBuffers
+		ctx     uint64
+		want    *Buffer
+	}{
+		{name: "pool", ctx: 4, want: &pool.bufs[3]},
+		{name: "pool, past its end", ctx: 5},
+		{name: "own", ownSend: own, ctx: sendCtxOwn | 2, want: &own.pool.bufs[1]},
+		{name: "own, past its end", ownSend: own, ctx: sendCtxOwn | 3},
+		{name: "own, without own buffers", ctx: sendCtxOwn | 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &urmaConn{pool: pool, ownSend: tc.ownSend}
+			b, err := c.sentBuffer(tc.ctx)
+			if b != tc.want || (err == nil) != (tc.want != nil) {
+				t.Fatalf("sentBuffer(%#x) = %p, %v; want %p", tc.ctx, b, err, tc.want)
+			}
+			if b != nil && c.sendCtx(b) != tc.ctx {
+				t.Fatalf("sendCtx of the buffer = %#x, want %#x back", c.sendCtx(b), tc.ctx)
+			}
 		})
 	}
 }

@@ -107,6 +107,11 @@ type Flags struct {
 	// reference (the shm fabric) copies each byte once, at the price of
 	// every peer being able to read the whole pool.
 	PoolRemoteRead bool
+	// ShmSendBuffers is urma_shm_send_buffers: on the shm fabric, each
+	// connection sends from buffers of its own, shared with its peer
+	// alone, so that large SENDs cross by reference without showing the
+	// peer anything sent to another.
+	ShmSendBuffers bool
 }
 
 // field binds a Spec to the Flags field it sets.
@@ -167,6 +172,10 @@ func table() []field {
 			Name: "urma_pool_remote_read", Kind: Bool, Default: "false", TransportOnly: true,
 			Help: "register the buffer pool with remote read access: on shared memory a SEND then crosses by reference, one copy instead of two, but every peer may read the whole pool (other connections' data included); only where all peers are trusted",
 		}, b: func(f *Flags) *bool { return &f.PoolRemoteRead }},
+		{spec: Spec{
+			Name: "urma_shm_send_buffers", Kind: Bool, Default: "true", TransportOnly: true,
+			Help: "shm fabric: each connection sends from urma_sq_size buffers of its own (urma_buffer_size each, touched as used), shared read-only with its peer alone, so a SEND of 4 KiB or more crosses by reference, one copy instead of two; false sends from the pool through the ring",
+		}, b: func(f *Flags) *bool { return &f.ShmSendBuffers }},
 	}
 }
 

@@ -1,0 +1,102 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/go-logr/logr"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// connSendBuffers are a connection's own send buffers
+// (urma_shm_send_buffers): a region of sq buffers, registered with remote
+// read under a token nobody is told. The shm fabric shares a segment that
+// allows remote read with the peer a SEND from it goes to, which then copies
+// the payload once, straight from this memory, instead of through the ring.
+// The engine pool cannot be shared that way without showing every peer the
+// receive buffers of every connection; this region only ever holds what the
+// connection sends to that one peer.
+type connSendBuffers struct {
+	mem  *urma.Memory
+	seg  urma.Segment
+	pool *bufferPool
+}
+
+// wantsSendBuffers says whether connections get send buffers of their own:
+// only on the shm fabric (the one fabric that sends by reference), and not
+// when the whole pool is shared already (urma_pool_remote_read).
+func (e *engine) wantsSendBuffers() bool {
+	f := e.s.flags
+	return e.fabric.name == FabricShm && f.ShmSendBuffers && !f.PoolRemoteRead
+}
+
+// newConnSendBuffers maps and registers count buffers of the engine's size.
+func (e *engine) newConnSendBuffers(count int) (*connSendBuffers, error) {
+	mem, err := urma.AllocMemory(count * e.bufSize)
+	if err != nil {
+		return nil, fmt.Errorf("allocate %d send buffers of %d bytes: %w", count, e.bufSize, err)
+	}
+	// A token of its own, never sent in a hello: no peer can import the
+	// segment for a READ; only the fabric's SEND by reference reaches it.
+	cfg := urma.SegmentConfig{Access: urma.AccessRead, TokenPolicy: urma.TokenPlainText, Token: randomToken()}
+	seg, err := e.uctx.RegisterSegment(mem, cfg)
+	if err != nil {
+		_ = mem.Free()
+		return nil, fmt.Errorf("register %d send buffers of %d bytes: %w", count, e.bufSize, err)
+	}
+	return &connSendBuffers{mem: mem, seg: seg, pool: newRegisteredPool(mem, seg, e.bufSize, count)}, nil
+}
+
+// close unregisters the region, which unshares it, and unmaps it once the
+// application has given back the buffers it still holds. The connection's
+// sends must be complete (flushed). If the provider refuses the
+// unregistration the memory stays mapped: never unmap what a device may
+// still read.
+func (s *connSendBuffers) close(log logr.Logger) {
+	if err := s.seg.Close(); err != nil {
+		log.Error(err, "unregistering the connection's send buffers (their memory stays mapped)")
+		return
+	}
+	mem := s.mem
+	s.pool.retire(func() {
+		if err := mem.Free(); err != nil {
+			log.Error(err, "unmapping the connection's send buffers")
+		}
+	})
+}
+
+// sendCtxOwn marks the user context of a SEND from the connection's own
+// send buffers; without it the context (buffer index + 1) names a buffer of
+// the engine pool. Zero is a credit message.
+const sendCtxOwn = 1 << 32
+
+// sendCtx is the user context of a SEND of b.
+func (c *urmaConn) sendCtx(b *Buffer) uint64 {
+	ctx := uint64(b.idx) + 1
+	if b.pool != c.pool {
+		ctx |= sendCtxOwn
+	}
+	return ctx
+}
+
+// errNoOwnSendBuffers is a send completion that names the connection's own
+// send buffers on a connection without them.
+var errNoOwnSendBuffers = errors.New("send completion names the connection's own send buffers, which it does not have")
+
+// sentBuffer is the buffer whose SEND completed with user context ctx (not
+// zero).
+func (c *urmaConn) sentBuffer(ctx uint64) (*Buffer, error) {
+	p := c.pool
+	if ctx&sendCtxOwn != 0 {
+		if c.ownSend == nil {
+			return nil, errNoOwnSendBuffers
+		}
+		p, ctx = c.ownSend.pool, ctx&^sendCtxOwn
+	}
+	idx := ctx - 1
+	if idx >= uint64(len(p.bufs)) {
+		return nil, fmt.Errorf("send completion names buffer %d of %d", idx, len(p.bufs))
+	}
+	return &p.bufs[idx], nil
+}
