@@ -62,7 +62,7 @@ manifests: controller-gen ## regenerate deepcopy, CRDs, RBAC and webhook manifes
 	hack/sync-chart-crds.sh
 
 BENCH ?= .
-TRANSPORT_BASELINES := -baseline memcpy=BenchmarkTransport/mode=memcpy -baseline tcp=BenchmarkTransport/mode=tcp -baseline raw=BenchmarkTransport/mode=raw -baseline grpc-tcp=BenchmarkGRPCUnary/mode=tcp
+TRANSPORT_BASELINES := -baseline memcpy=BenchmarkTransport/mode=memcpy -baseline tcp=BenchmarkTransport/mode=tcp -baseline raw=BenchmarkTransport/mode=raw -baseline grpc-tcp=BenchmarkGRPCUnary/mode=tcp -baseline tcp-connect=BenchmarkConnect/mode=tcp
 PERFTIME ?= 1s
 BENCHTIME ?= 1s
 .PHONY: bench

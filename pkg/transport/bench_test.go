@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -448,6 +449,67 @@ func BenchmarkGRPCUnary(b *testing.B) {
 				if _, err := client.Check(ctx, req); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkConnect/mode=M: one connection's life, dial and accept through
+// the handshake to both ends closed, over plain loopback TCP (tcp: the
+// baseline, without the transport) or the transport on the shm fabric
+// between two engines of this process, with each connection's own send
+// buffers (urma-shm, the default) or without them (urma-shm-poolsend:
+// urma_shm_send_buffers=false). ns/op is the cost of a short-lived
+// connection; `make bench` prints the modes beside tcp.
+func BenchmarkConnect(b *testing.B) {
+	for _, mode := range []string{"tcp", "urma-shm", "urma-shm-poolsend"} {
+		b.Run("mode="+mode+"/size=conn", func(b *testing.B) {
+			var ln net.Listener
+			dial := func() (net.Conn, error) { return net.Dial("tcp", ln.Addr().String()) }
+			if mode == "tcp" {
+				var err error
+				if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = ln.Close() })
+			} else {
+				f := benchFlags(8<<10, false)
+				f.ShmSendBuffers = mode != "urma-shm-poolsend"
+				cfg := Config{Flags: &f, LookupEnv: noEnv}
+				tln, d := listenAndDialer(b, cfg, cfg)
+				ln = tln
+				dial = func() (net.Conn, error) { return d.DialContext(b.Context(), ln.Addr().String()) }
+			}
+			type accepted struct {
+				c   net.Conn
+				err error
+			}
+			acc := make(chan accepted, 1)
+			connectOnce := func() {
+				go func() {
+					c, err := ln.Accept()
+					acc <- accepted{c, err}
+				}()
+				c, err := dial()
+				if err != nil {
+					b.Fatal(err)
+				}
+				a := <-acc
+				if a.err != nil {
+					b.Fatal(a.err)
+				}
+				if m, ok := ModeOf(c); mode != "tcp" && (!ok || m != ModeURMA) {
+					b.Fatalf("mode %s: the connection runs %s", mode, m)
+				}
+				if err := errors.Join(c.Close(), a.c.Close()); err != nil {
+					b.Fatal(err)
+				}
+			}
+			connectOnce() // the engines' first connection maps their rings
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				connectOnce()
 			}
 		})
 	}
