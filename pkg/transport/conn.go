@@ -317,7 +317,8 @@ func (c *urmaConn) Debug() DebugInfo {
 		SQWindow: c.sqWindow, RemoteRQWindow: c.remoteRQWindow, WindowCapacity: c.windowCap,
 		CreditThreshold: c.threshold, PendingCredits: c.pendingCredits, CreditWRsFree: c.creditWRs,
 		BufferedMessages: c.rxLen, RemoteBufferSize: c.peerBufSize,
-		BytesSent: c.bytesSent.Load(), BytesReceived: c.bytesReceived.Load(),
+		OwnSendBuffers: c.ownSendCount(),
+		BytesSent:      c.bytesSent.Load(), BytesReceived: c.bytesReceived.Load(),
 		MessagesSent: c.msgsSent.Load(), MessagesReceived: c.msgsReceived.Load(),
 		WindowStalls: c.stalls.Load(), SpinReads: c.spinReads.Load(), SpinMisses: c.spinMisses.Load(),
 	}

@@ -178,8 +178,8 @@ func (c *urmaConn) WriteBuffer(b *Buffer, n int) error {
 		return c.opErr("write", err)
 	}
 	switch {
-	case b.pool != c.pool && (c.ownSend == nil || b.pool != c.ownSend.pool):
-		return giveBack(errors.New("write buffer: the buffer belongs to another transport's pool"))
+	case b.pool != c.pool && !c.ownsSendBuffer(b):
+		return giveBack(errors.New("write buffer: the buffer is from another transport's pool or another connection's send buffers; take it with AllocBuffer on the connection that writes it"))
 	case n > c.chunk:
 		return giveBack(fmt.Errorf("write buffer: %d bytes exceed the largest message of %d (the peer's buffer size)", n, c.chunk))
 	case n == 0:

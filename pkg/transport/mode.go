@@ -128,6 +128,10 @@ type DebugInfo struct {
 	CreditWRsFree    int          `json:",omitempty"` // of the 3 reserved credit WRs
 	BufferedMessages int          `json:",omitempty"` // received, not yet read
 	RemoteBufferSize int          `json:",omitempty"`
+	// OwnSendBuffers is how many send buffers the connection has of its
+	// own (urma_shm_send_buffers, shm fabric); 0 when it sends from the
+	// pool, through the ring.
+	OwnSendBuffers int `json:",omitempty"`
 
 	BytesSent, BytesReceived       uint64
 	MessagesSent, MessagesReceived uint64 `json:",omitempty"`
@@ -150,9 +154,9 @@ func (d DebugInfo) String() string {
 		fmt.Fprintf(&b, " hello=v%d", d.HandshakeVersion)
 	}
 	if d.Mode == ModeURMA {
-		fmt.Fprintf(&b, " provider=%s device=%s fabric=%s jetty=%d remote_jetty=%s/%d sq_window=%d remote_rq_window=%d capacity=%d credit_threshold=%d pending_credits=%d credit_wrs=%d buffered=%d remote_buffer=%d",
+		fmt.Fprintf(&b, " provider=%s device=%s fabric=%s jetty=%d remote_jetty=%s/%d sq_window=%d remote_rq_window=%d capacity=%d credit_threshold=%d pending_credits=%d credit_wrs=%d buffered=%d remote_buffer=%d own_send_buffers=%d",
 			d.Provider, d.Device, d.Fabric, d.LocalJetty.ID, d.RemoteJetty.EID, d.RemoteJetty.ID, d.SQWindow, d.RemoteRQWindow, d.WindowCapacity,
-			d.CreditThreshold, d.PendingCredits, d.CreditWRsFree, d.BufferedMessages, d.RemoteBufferSize)
+			d.CreditThreshold, d.PendingCredits, d.CreditWRsFree, d.BufferedMessages, d.RemoteBufferSize, d.OwnSendBuffers)
 	}
 	fmt.Fprintf(&b, " bytes_sent=%d bytes_received=%d", d.BytesSent, d.BytesReceived)
 	if d.Mode == ModeURMA {

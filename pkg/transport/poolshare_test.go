@@ -27,9 +27,10 @@ func TestShmSendMemory(t *testing.T) {
 		sendBuffers bool
 		remoteRead  bool
 		wantMapped  int // bytes the server maps of the client's memory
+		wantOwn     int // the client's own send buffers, in Debug
 	}{
 		// The default: the connection's own send buffers.
-		{name: "default", sendBuffers: true, wantMapped: sq * bufSize},
+		{name: "default", sendBuffers: true, wantMapped: sq * bufSize, wantOwn: sq},
 		{name: "off", wantMapped: 0},
 		// urma_pool_remote_read: the whole pool.
 		{name: "pool", sendBuffers: true, remoteRead: true, wantMapped: bufCount * bufSize},
@@ -46,6 +47,9 @@ func TestShmSendMemory(t *testing.T) {
 			p := connect(t, mk(), mk())
 			if p.client.Mode() != ModeURMA || p.client.Debug().Fabric != FabricShm {
 				t.Fatalf("client %s on %q (%s), want URMA on shm", p.client.Mode(), p.client.Debug().Fabric, p.client.FallbackReason())
+			}
+			if d := p.client.Debug(); d.OwnSendBuffers != tc.wantOwn || !strings.Contains(d.String(), fmt.Sprintf(" own_send_buffers=%d ", tc.wantOwn)) {
+				t.Fatalf("Debug says %d own send buffers (%s), want %d", d.OwnSendBuffers, d, tc.wantOwn)
 			}
 			msg := bytes.Repeat([]byte("0123456789abcdef"), 1024) // 16 KiB: above the by-reference minimum
 			got := make([]byte, len(msg))
@@ -179,8 +183,8 @@ func TestShmSendBuffersRunDry(t *testing.T) {
 		}
 		held[i] = b
 	}
-	if err := other.client.(ZeroCopyConn).WriteBuffer(held[0], 1); err == nil {
-		t.Fatal("another connection sent from this connection's send buffers")
+	if err := other.client.(ZeroCopyConn).WriteBuffer(held[0], 1); err == nil || !strings.Contains(err.Error(), "another connection's send buffers") {
+		t.Fatalf("another connection sending from this connection's send buffers: %v, want a refusal that says so", err)
 	}
 	if held[0].held.Load() {
 		t.Fatal("the refused buffer is still the application's")

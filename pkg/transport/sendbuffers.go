@@ -66,6 +66,20 @@ func (s *connSendBuffers) close(log logr.Logger) {
 	})
 }
 
+// ownSendCount is how many send buffers the connection has of its own.
+func (c *urmaConn) ownSendCount() int {
+	if c.ownSend == nil {
+		return 0
+	}
+	return len(c.ownSend.pool.bufs)
+}
+
+// ownsSendBuffer reports whether b is one of the connection's own send
+// buffers.
+func (c *urmaConn) ownsSendBuffer(b *Buffer) bool {
+	return c.ownSend != nil && b.pool == c.ownSend.pool
+}
+
 // sendCtxOwn marks the user context of a SEND from the connection's own
 // send buffers; without it the context (buffer index + 1) names a buffer of
 // the engine pool. Zero is a credit message.
