@@ -35,6 +35,7 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	recvZeroCopy := fs.Bool("recv-zerocopy", false, "ask the server to take requests in place, with the transport's zero-copy API (ReadBuffer), where its connection has it")
 	duration := fs.Duration("duration", 5*time.Second, "how long to send requests")
 	mode := fs.String("mode", "auto", "auto: whatever each connection negotiates; urma: fail (exit 3) if any connection falls back; tcp: TCP only; unix: plain Unix domain socket to the server's --unix path (--server is that path)")
+	useGRPC := fs.Bool("grpc", false, "make gRPC unary health checks, one at a time per connection, on a server started with --grpc, instead of urma-perf requests")
 	var c common
 	c.register(fs)
 	if err := parse(fs, args); err != nil {
@@ -53,6 +54,8 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageError{fmt.Errorf("--duration %s must be positive", *duration)}
 	case *mode != "auto" && *mode != "urma" && *mode != "tcp" && *mode != "unix":
 		return usageError{fmt.Errorf("--mode %q: want auto, urma, tcp or unix", *mode)}
+	case *useGRPC && (isSet(fs, "size") || *pipeline != 1 || *ack || *recvZeroCopy):
+		return usageError{errGRPCFlags}
 	}
 	cfg, err := c.config(fs, stderr)
 	if err != nil {
@@ -79,7 +82,14 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *ack {
 		flags |= flagAck
 	}
-	rep, err := measure(ctx, dial, measurement{server: *server, size: *size, concurrency: *concurrency, pipeline: *pipeline, flags: flags, duration: *duration})
+	m := measurement{server: *server, size: *size, concurrency: *concurrency, pipeline: *pipeline, flags: flags, duration: *duration}
+	var rep *Report
+	if *useGRPC {
+		m.size = 0
+		rep, err = measureGRPC(ctx, dial, m)
+	} else {
+		rep, err = measure(ctx, dial, m)
+	}
 	if err != nil {
 		return err
 	}
@@ -101,6 +111,13 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	return nil
+}
+
+// isSet reports whether the command line gave flag name.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // measurement is what to measure.
@@ -161,15 +178,22 @@ func measure(ctx context.Context, dial func(context.Context) (net.Conn, error), 
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start).Seconds()
+	return buildReport(r, respSize, time.Since(start).Seconds(), workers), nil
+}
 
+// buildReport sums up the workers of a measurement that ran elapsed
+// seconds.
+func buildReport(r measurement, respSize int, elapsed float64, workers []*worker) *Report {
 	rep := &Report{Server: r.server, Size: r.size, ResponseSize: respSize, Concurrency: r.concurrency,
 		Pipeline: r.pipeline, Ack: r.flags&flagAck != 0, DurationSeconds: elapsed}
 	var all histogram
 	for _, w := range workers {
 		all.merge(&w.hist)
 		rep.Requests += w.requests
-		cr := ConnReport{Mode: "unix", Local: w.conn.LocalAddr().String(), Requests: w.requests}
+		cr := ConnReport{Mode: "unix", Requests: w.requests}
+		if w.conn != nil {
+			cr.Local = w.conn.LocalAddr().String()
+		}
 		if tc, ok := w.conn.(transport.Conn); ok {
 			dbg := tc.Debug()
 			cr.Mode, cr.Provider, cr.Device, cr.Fabric = tc.Mode().String(), dbg.Provider, dbg.Device, dbg.Fabric
@@ -193,7 +217,7 @@ func measure(ctx context.Context, dial func(context.Context) (net.Conn, error), 
 		Avg: us(all.mean()), Min: us(all.minV), P50: us(all.quantile(0.5)),
 		P99: us(all.quantile(0.99)), P999: us(all.quantile(0.999)), Max: us(all.maxV),
 	}
-	return rep, nil
+	return rep
 }
 
 // newRequest is a request of size bytes, a recognisable pattern.
@@ -284,8 +308,12 @@ func closeAll(ws []*worker) {
 }
 
 func printReport(w io.Writer, r *Report) {
-	fmt.Fprintf(w, "urma-perf client: server=%s size=%d response=%d concurrency=%d pipeline=%d duration=%.2fs\n",
-		r.Server, r.Size, r.ResponseSize, r.Concurrency, r.Pipeline, r.DurationSeconds)
+	if r.Protocol == protocolGRPC {
+		fmt.Fprintf(w, "urma-perf client: server=%s gRPC health checks concurrency=%d duration=%.2fs\n", r.Server, r.Concurrency, r.DurationSeconds)
+	} else {
+		fmt.Fprintf(w, "urma-perf client: server=%s size=%d response=%d concurrency=%d pipeline=%d duration=%.2fs\n",
+			r.Server, r.Size, r.ResponseSize, r.Concurrency, r.Pipeline, r.DurationSeconds)
+	}
 	for i, c := range r.Conns {
 		fmt.Fprintf(w, "  conn %d %s mode=%s", i, c.Local, c.Mode)
 		if c.Provider != "" {

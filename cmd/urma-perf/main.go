@@ -1,8 +1,8 @@
 // Command urma-perf measures pkg/transport, the counterpart of brpc's
 // example/urma_performance:
 //
-//	urma-perf server --listen ADDR [--echo] [--mode auto|tcp] [--json]
-//	urma-perf client --server ADDR --size N --concurrency N --duration D [--mode auto|urma|tcp] [--json]
+//	urma-perf server --listen ADDR [--echo] [--mode auto|tcp] [--grpc] [--json]
+//	urma-perf client --server ADDR --size N --concurrency N --duration D [--mode auto|urma|tcp] [--grpc] [--json]
 //
 // The client runs request/response loops on concurrency connections and
 // prints QPS, throughput, latency percentiles and the mode of each
@@ -10,7 +10,9 @@
 // answers each with 8 bytes. Plain TCP clients (nc, telnet) get a plain
 // byte echo. Both sides read the flags file (URMA_FLAGS_FILE) and the device
 // plugin's environment like any workload, and take any urma_* flag on the
-// command line (--urma_sq_size=256). See docs/transport.md.
+// command line (--urma_sq_size=256). With --grpc on both sides the server
+// serves gRPC's health service instead and the client times unary health
+// checks: gRPC over the transport. See docs/transport.md.
 package main
 
 import (
@@ -38,8 +40,8 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: urma-perf server --listen ADDR [--echo] [--mode auto|tcp] [--json] [--urma_*=V ...]
-       urma-perf client --server ADDR [--size N] [--concurrency N] [--duration D] [--mode auto|urma|tcp] [--json] [--urma_*=V ...]
+const usage = `usage: urma-perf server --listen ADDR [--echo] [--mode auto|tcp] [--grpc] [--json] [--urma_*=V ...]
+       urma-perf client --server ADDR [--size N] [--concurrency N] [--duration D] [--mode auto|urma|tcp] [--grpc] [--json] [--urma_*=V ...]
        urma-perf <command> -h   list a command's flags`
 
 // common are the flags both commands take.

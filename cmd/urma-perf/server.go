@@ -73,6 +73,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	unixPath := fs.String("unix", "", "also serve plain (non-URMA) clients on this Unix domain socket, the baseline of --mode unix")
 	echo := fs.Bool("echo", false, "return every request; without it each request gets an 8-byte answer")
 	mode := fs.String("mode", "auto", "auto: URMA when the client can; tcp: TCP only (URMA clients fall back)")
+	useGRPC := fs.Bool("grpc", false, "serve gRPC's health service (grpc.health.v1) instead of urma-perf's protocol, for client --grpc")
 	var c common
 	c.register(fs)
 	if err := parse(fs, args); err != nil {
@@ -100,7 +101,13 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		lns = append(lns, uln)
 	}
 	out := &printer{w: stdout, json: c.json}
-	out.event(serverEvent{Event: "listening", Addr: ln.Addr().String(), Unix: *unixPath, Echo: *echo, FallbackReason: ln.FallbackReason()})
+	listening := serverEvent{Event: "listening", Addr: ln.Addr().String(), Unix: *unixPath, Echo: *echo, FallbackReason: ln.FallbackReason()}
+	if *useGRPC {
+		listening.Protocol = protocolGRPC
+		out.event(listening)
+		return serveGRPC(ctx, lns, out)
+	}
+	out.event(listening)
 
 	var wg sync.WaitGroup
 	conns := map[net.Conn]struct{}{}
@@ -175,12 +182,7 @@ func (c *countingConn) Write(p []byte) (int, error) {
 
 func serveConn(conn net.Conn, echo bool, out *printer) {
 	defer conn.Close()
-	ev := serverEvent{Event: "conn", Remote: conn.RemoteAddr().String(), Mode: "unix"}
-	if tc, ok := conn.(transport.Conn); ok {
-		dbg := tc.Debug()
-		ev.Mode, ev.Provider, ev.Device, ev.Fabric, ev.FallbackReason = tc.Mode().String(), dbg.Provider, dbg.Device, dbg.Fabric, tc.FallbackReason()
-	}
-	out.event(ev)
+	out.event(connEvent(conn))
 	c := &countingConn{Conn: conn}
 	protocol, inPlace, err := serve(c, echo)
 	closed := serverEvent{Event: "closed", Remote: conn.RemoteAddr().String(), Protocol: protocol, RecvZeroCopy: inPlace, BytesIn: c.in.Load(), BytesOut: c.out.Load()}
@@ -188,6 +190,16 @@ func serveConn(conn net.Conn, echo bool, out *printer) {
 		closed.Error = err.Error()
 	}
 	out.event(closed)
+}
+
+// connEvent is the "conn" event of a new connection: how it runs.
+func connEvent(conn net.Conn) serverEvent {
+	ev := serverEvent{Event: "conn", Remote: conn.RemoteAddr().String(), Mode: "unix"}
+	if tc, ok := conn.(transport.Conn); ok {
+		dbg := tc.Debug()
+		ev.Mode, ev.Provider, ev.Device, ev.Fabric, ev.FallbackReason = tc.Mode().String(), dbg.Provider, dbg.Device, dbg.Fabric, tc.FallbackReason()
+	}
+	return ev
 }
 
 // serve answers one connection until it ends; a clean end is no error.

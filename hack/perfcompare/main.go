@@ -115,7 +115,24 @@ func run(ctx context.Context, w io.Writer, bin string, sizes []int, d time.Durat
 				f.p99["tcp"], f.p99["unix"], f.p99["urma"], ratio(f.p99["urma"], f.p99["tcp"]))
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	event, err := measureGRPC(ctx, bin, false, d)
+	if err != nil {
+		return fmt.Errorf("gRPC, event: %w", err)
+	}
+	fmt.Fprintln(os.Stderr, "measured gRPC event")
+	polling, err := measureGRPC(ctx, bin, true, d)
+	if err != nil {
+		return fmt.Errorf("gRPC, polling: %w", err)
+	}
+	fmt.Fprintln(os.Stderr, "measured gRPC polling")
+	// The baselines do not poll: the event run's stand.
+	for _, m := range []string{"tcp", "unix"} {
+		polling.mbps[m], polling.p50[m], polling.p99[m] = event.mbps[m], event.p50[m], event.p99[m]
+	}
+	return printGRPC(w, event, polling)
 }
 
 func ratio(a, b float64) string {
@@ -165,59 +182,88 @@ func pipeline(n int) int {
 	return 32
 }
 
-// measureSize starts a server for one size and completion mode and
-// measures every mode against it.
-func measureSize(ctx context.Context, bin string, size int, polling bool, d time.Duration) (_ figures, err error) {
-	f := figures{mbps: map[string]float64{}, p50: map[string]float64{}, p99: map[string]float64{}}
+// server is a running `urma-perf server`.
+type server struct {
+	addr, sock string // its TCP address and Unix socket
+	cmd        *exec.Cmd
+	stderr     bytes.Buffer // read once it exited, shown when something failed
+	dir        string
+}
+
+// startServer runs `urma-perf server` with args, listening on loopback TCP
+// and on a Unix socket, and waits until it listens.
+func startServer(ctx context.Context, bin string, args ...string) (*server, error) {
 	dir, err := os.MkdirTemp("", "perfcompare")
 	if err != nil {
-		return f, err
+		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "perf.sock")
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	srv := exec.CommandContext(ctx, bin, append([]string{"server", "--listen", "127.0.0.1:0", "--unix", sock, "--echo", "--json"}, urmaFlags(size, polling)...)...)
-	var srvErr bytes.Buffer // read once the server exited, shown when something failed
-	srv.Stderr = &srvErr
-	out, err := srv.StdoutPipe()
+	s := &server{sock: filepath.Join(dir, "perf.sock"), dir: dir}
+	s.cmd = exec.CommandContext(ctx, bin, append([]string{"server", "--listen", "127.0.0.1:0", "--unix", s.sock, "--json"}, args...)...)
+	s.cmd.Stderr = &s.stderr
+	out, err := s.cmd.StdoutPipe()
+	if err == nil {
+		err = s.cmd.Start()
+	}
 	if err != nil {
-		return f, err
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("start server: %w", err)
 	}
-	if err := srv.Start(); err != nil {
-		return f, fmt.Errorf("start server: %w", err)
-	}
-	defer func() {
-		_ = srv.Process.Signal(os.Interrupt)
-		werr := srv.Wait()
-		if err != nil {
-			status := "exited"
-			if werr != nil {
-				status = werr.Error()
-			}
-			err = fmt.Errorf("%w\nserver (%s) said:\n%s", err, status, tail(srvErr.String(), 20))
-		}
-	}()
 	sc := bufio.NewScanner(out)
 	var ev perfjson.ServerEvent
-	if !sc.Scan() {
-		return f, errors.New("the server said nothing")
+	switch {
+	case !sc.Scan():
+		err = errors.New("the server said nothing")
+	case json.Unmarshal(sc.Bytes(), &ev) != nil || ev.Event != "listening":
+		err = fmt.Errorf("the server said %q, not that it listens", sc.Text())
 	}
-	if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-		return f, fmt.Errorf("the server said %q: %w", sc.Text(), err)
+	if err != nil {
+		return nil, s.stop(err)
 	}
-	if ev.Event != "listening" {
-		return f, fmt.Errorf("the server said %q, not that it listens", sc.Text())
-	}
+	s.addr = ev.Addr
 	go func() { // keep reading its events, or it blocks writing them
 		for sc.Scan() {
 		}
 	}()
+	return s, nil
+}
+
+// stop ends the server and returns err with what the server said, if err
+// is not nil.
+func (s *server) stop(err error) error {
+	_ = s.cmd.Process.Signal(os.Interrupt)
+	werr := s.cmd.Wait()
+	_ = os.RemoveAll(s.dir)
+	if err == nil {
+		return nil
+	}
+	status := "exited"
+	if werr != nil {
+		status = werr.Error()
+	}
+	return fmt.Errorf("%w\nserver (%s) said:\n%s", err, status, tail(s.stderr.String(), 20))
+}
+
+// target is the --server of a client in mode m.
+func (s *server) target(m string) string {
+	if m == "unix" {
+		return s.sock
+	}
+	return s.addr
+}
+
+// measureSize starts a server for one size and completion mode and
+// measures every mode against it.
+func measureSize(ctx context.Context, bin string, size int, polling bool, d time.Duration) (_ figures, err error) {
+	f := figures{mbps: map[string]float64{}, p50: map[string]float64{}, p99: map[string]float64{}}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srv, err := startServer(ctx, bin, append([]string{"--echo"}, urmaFlags(size, polling)...)...)
+	if err != nil {
+		return f, err
+	}
+	defer func() { err = srv.stop(err) }()
 	for _, m := range modes {
-		server := ev.Addr
-		if m == "unix" {
-			server = sock
-		}
+		server := srv.target(m)
 		args := append(append([]string{"client", "--server", server, "--size", strconv.Itoa(size), "--duration", d.String(), "--json"}, modeArgs(m)...), urmaFlags(size, polling)...)
 		tput, err := client(ctx, bin, m, append(args, "--ack", "--pipeline", strconv.Itoa(pipeline(size)))...)
 		if err != nil {
@@ -234,6 +280,51 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d time
 		f.p50[m], f.p99[m] = rtt.LatencyMicros.P50, rtt.LatencyMicros.P99
 	}
 	return f, nil
+}
+
+// grpcModes are what gRPC calls are measured over.
+var grpcModes = []string{"tcp", "unix", "urma"}
+
+// measureGRPC starts a gRPC server for one completion mode and times
+// unary health checks, one at a time, over each of grpcModes: calls per
+// second in mbps's place.
+func measureGRPC(ctx context.Context, bin string, polling bool, d time.Duration) (_ figures, err error) {
+	f := figures{mbps: map[string]float64{}, p50: map[string]float64{}, p99: map[string]float64{}}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	flags := urmaFlags(64, polling)
+	srv, err := startServer(ctx, bin, append([]string{"--grpc"}, flags...)...)
+	if err != nil {
+		return f, err
+	}
+	defer func() { err = srv.stop(err) }()
+	for _, m := range grpcModes {
+		args := append(append([]string{"client", "--grpc", "--server", srv.target(m), "--duration", d.String(), "--json"}, modeArgs(m)...), flags...)
+		r, err := client(ctx, bin, m, args...)
+		if err != nil {
+			return f, fmt.Errorf("gRPC over %s: %w", m, err)
+		}
+		f.mbps[m], f.p50[m], f.p99[m] = r.QPS, r.LatencyMicros.P50, r.LatencyMicros.P99
+	}
+	return f, nil
+}
+
+// printGRPC prints the gRPC figures of both completion modes.
+func printGRPC(w io.Writer, event, polling figures) error {
+	fmt.Fprintln(w, "gRPC unary health checks over urma-perf --grpc, one call at a time (calls/s; round trip p50 and p99 µs):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "completion\tcalls/s tcp\tunix\turma\turma/tcp\t\tp50 µs tcp\tunix\turma\turma/tcp\t\tp99 µs tcp\tunix\turma\turma/tcp\t")
+	for _, row := range []struct {
+		name string
+		f    figures
+	}{{"event", event}, {"polling", polling}} {
+		f := row.f
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%s\t\t%.1f\t%.1f\t%.1f\t%s\t\t%.1f\t%.1f\t%.1f\t%s\t\n", row.name,
+			f.mbps["tcp"], f.mbps["unix"], f.mbps["urma"], ratio(f.mbps["urma"], f.mbps["tcp"]),
+			f.p50["tcp"], f.p50["unix"], f.p50["urma"], ratio(f.p50["urma"], f.p50["tcp"]),
+			f.p99["tcp"], f.p99["unix"], f.p99["urma"], ratio(f.p99["urma"], f.p99["tcp"]))
+	}
+	return tw.Flush()
 }
 
 // tail is the last n lines of s.

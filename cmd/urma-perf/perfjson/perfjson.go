@@ -32,7 +32,10 @@ type Latency struct {
 
 // Report is the client's result; --json prints it as is.
 type Report struct {
-	Server              string       `json:"server"`
+	Server string `json:"server"`
+	// Protocol is "grpc" for gRPC health checks (client --grpc); empty
+	// for urma-perf's own requests.
+	Protocol            string       `json:"protocol,omitempty"`
 	Size                int          `json:"size"`
 	ResponseSize        int          `json:"responseSize"`
 	Concurrency         int          `json:"concurrency"`
@@ -61,7 +64,7 @@ type ServerEvent struct {
 	Fabric         string `json:"fabric,omitempty"`
 	FallbackReason string `json:"fallbackReason,omitempty"`
 	Echo           bool   `json:"echo,omitempty"`
-	Protocol       string `json:"protocol,omitempty"` // perf or plain
+	Protocol       string `json:"protocol,omitempty"` // perf, plain or grpc
 	// RecvZeroCopy says the server took this connection's requests in
 	// place (the client's --recv-zerocopy, on a transport connection).
 	RecvZeroCopy bool   `json:"recvZeroCopy,omitempty"`
