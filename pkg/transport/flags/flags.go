@@ -165,7 +165,7 @@ func table() []field {
 			Help: "how long a server waits for a client's first bytes before serving a client that waits for the server to speak first as plain TCP; 0 waits the whole handshake timeout",
 		}, d: func(f *Flags) *time.Duration { return &f.FirstBytesTimeout }},
 		{spec: Spec{
-			Name: "urma_event_spin", Kind: Duration, Default: "50µs", Min: 0, Max: int64(10 * time.Millisecond), TransportOnly: true,
+			Name: "urma_event_spin", Kind: Duration, Default: "200µs", Min: 0, Max: int64(10 * time.Millisecond), TransportOnly: true,
 			Help: "event mode: how long a reader with nothing to read polls its completion queue itself before it sleeps until the completion event; 0 always sleeps",
 		}, d: func(f *Flags) *time.Duration { return &f.EventSpin }},
 		{spec: Spec{
