@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -268,4 +269,47 @@ func TestSentBuffer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestShmSendBuffersCloseMidStream: connections closed while their writers
+// still send from their own send buffers give them all back: the writers
+// stop with an error, and the peer unmaps every connection's buffers.
+func TestShmSendBuffersCloseMidStream(t *testing.T) {
+	checkNoLeaks(t)
+	dir := t.TempDir()
+	mk := func() Config {
+		c := fabricCfg(FabricShm, dir, nil)
+		c.Flags.BufferSize = 16 << 10
+		return c
+	}
+	ln, d := listenAndDialer(t, mk(), mk())
+	const conns = 4
+	var wg sync.WaitGroup
+	for i := 0; i < conns; i++ {
+		p := dialAccept(t, ln, d)
+		if n := p.client.Debug().OwnSendBuffers; n == 0 {
+			t.Fatalf("connection %d has no send buffers of its own", i)
+		}
+		wg.Add(2)
+		go func() { // the server reads until the client is gone
+			defer wg.Done()
+			_, _ = io.Copy(io.Discard, p.server)
+		}()
+		go func() {
+			defer wg.Done()
+			msg := make([]byte, 16<<10)
+			for k := 0; ; k++ {
+				if k == 64 {
+					// Close mid-stream, from another goroutine than the
+					// writer, with sends in flight.
+					go func() { _ = p.client.Close() }()
+				}
+				if _, err := p.client.Write(msg); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	waitFor(t, "the peer to unmap every closed connection's send buffers", 10*time.Second, func() bool { return len(peerMappings(t)) == 0 })
 }
