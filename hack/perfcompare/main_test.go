@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"slices"
+	"strings"
+	"testing"
+)
 
 func TestParseSizes(t *testing.T) {
 	tests := []struct {
@@ -57,6 +61,40 @@ func TestTail(t *testing.T) {
 	}{{"a\nb\nc\n", 2, "b\nc"}, {"a\nb", 5, "a\nb"}, {"", 3, ""}} {
 		if got := tail(tc.in, tc.n); got != tc.want {
 			t.Errorf("tail(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
+	}
+}
+
+// TestPrintGRPC: the gRPC table puts each completion mode's figures beside
+// TCP's as ratios: calls per second faster above 1, latencies below.
+func TestPrintGRPC(t *testing.T) {
+	fig := func(tcp, urma float64) figures {
+		return figures{
+			mbps: map[string]float64{"tcp": tcp, "unix": tcp, "urma": urma},
+			p50:  map[string]float64{"tcp": 1e6 / tcp, "unix": 1e6 / tcp, "urma": 1e6 / urma},
+			p99:  map[string]float64{"tcp": 4e6 / tcp, "unix": 4e6 / tcp, "urma": 4e6 / urma},
+		}
+	}
+	var b strings.Builder
+	if err := printGRPC(&b, fig(1000, 4000), fig(1000, 500)); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("want a title, a header and two rows, got:\n%s", b.String())
+	}
+	for _, tc := range []struct {
+		line int
+		want []string
+	}{
+		{2, []string{"event", "4000", "4.00x", "0.25x"}},
+		{3, []string{"polling", "500", "0.50x", "2.00x"}},
+	} {
+		f := strings.Fields(lines[tc.line])
+		for _, w := range tc.want {
+			if !slices.Contains(f, w) {
+				t.Errorf("row %q lacks %q", lines[tc.line], w)
+			}
 		}
 	}
 }
