@@ -163,22 +163,31 @@ func measure(ctx context.Context, dial func(context.Context) (net.Conn, error), 
 	}
 	defer closeAll(workers)
 
+	end := time.Now().Add(r.duration)
+	elapsed := runTimed(len(workers), func(i int) {
+		if r.pipeline == 1 {
+			workers[i].run(ctx, end, r.size, respSize)
+		} else {
+			workers[i].runPipelined(ctx, end, r.size, respSize, r.pipeline)
+		}
+	})
+	return buildReport(r, respSize, elapsed, workers), nil
+}
+
+// runTimed runs loop(0..n-1) at once, one goroutine each, and returns how
+// many seconds they took together.
+func runTimed(n int, loop func(i int)) float64 {
 	start := time.Now()
-	end := start.Add(r.duration)
 	var wg sync.WaitGroup
-	for _, w := range workers {
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if r.pipeline == 1 {
-				w.run(ctx, end, r.size, respSize)
-			} else {
-				w.runPipelined(ctx, end, r.size, respSize, r.pipeline)
-			}
+			loop(i)
 		}()
 	}
 	wg.Wait()
-	return buildReport(r, respSize, time.Since(start).Seconds(), workers), nil
+	return time.Since(start).Seconds()
 }
 
 // buildReport sums up the workers of a measurement that ran elapsed

@@ -110,17 +110,8 @@ func measureGRPC(ctx context.Context, dial func(context.Context) (net.Conn, erro
 		}
 	}
 
-	start := time.Now()
-	end := start.Add(r.duration)
-	var wg sync.WaitGroup
-	for _, w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.run(ctx, end, req)
-		}()
-	}
-	wg.Wait()
+	end := time.Now().Add(r.duration)
+	elapsed := runTimed(len(workers), func(i int) { workers[i].run(ctx, end, req) })
 	plain := make([]*worker, len(workers))
 	for i, w := range workers {
 		w.mu.Lock()
@@ -128,7 +119,7 @@ func measureGRPC(ctx context.Context, dial func(context.Context) (net.Conn, erro
 		w.mu.Unlock()
 		plain[i] = &cp
 	}
-	rep := buildReport(r, 0, time.Since(start).Seconds(), plain)
+	rep := buildReport(r, 0, elapsed, plain)
 	rep.Protocol = protocolGRPC
 	return rep, nil
 }
