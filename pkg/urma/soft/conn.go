@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -465,6 +466,15 @@ func (c *conn) readFrames() error {
 // It also writes what waits to be written, which the writer goroutine may
 // be slow to get to: a poller busy on every processor starves the wake-ups
 // of goroutines that sleep in Go's poller.
+// pollerReadBudget is how long a Poll goes on reading the rings' frames
+// once it has started: short messages are taken in batches, but after a
+// large payload (a 1 MiB copy takes about 100 µs) the poller returns to its
+// caller, which has a message to consume, and leaves the next frames to the
+// reader goroutine, which then copies them meanwhile on another processor.
+// The reader goroutine is awake, or woken, for whatever is in the ring: the
+// writer wakes it for every sleep it announces, whoever reads the frames.
+const pollerReadBudget = 20 * time.Microsecond
+
 func (c *conn) drive() {
 	s := c.io.(*shmIO)
 	if c.readMu.TryLock() {
@@ -475,8 +485,12 @@ func (c *conn) drive() {
 		var err error
 		if s.buffered() > 0 {
 			s.pollerReads = true
+			start := time.Now()
 			for s.buffered() > 0 {
 				if err = c.readFrame(); err != nil {
+					break
+				}
+				if time.Since(start) > s.pollerBudget {
 					break
 				}
 			}

@@ -41,6 +41,10 @@ type shmNet struct {
 	// polling mode (0: the default), for tests that must not depend on
 	// how promptly a loaded machine schedules them.
 	pollingEnd int
+	// pollerBudget overrides pollerReadBudget (0: the default; negative:
+	// a Poll reads one frame at most), for tests of the reader goroutine
+	// taking what a Poll leaves.
+	pollerBudget time.Duration
 }
 
 // join makes a connection's shmIO from this side's ends and the peer's
@@ -49,6 +53,9 @@ func (n *shmNet) join(ends *shmEnds, peerRing int, peerFds []int) (*shmIO, error
 	sio, err := newShmIO(ends, n.ringSize, peerRing, peerFds, n.spin)
 	if err == nil && n.pollingEnd > 0 {
 		sio.pollingEnd = n.pollingEnd
+	}
+	if err == nil && n.pollerBudget != 0 {
+		sio.pollerBudget = n.pollerBudget
 	}
 	return sio, err
 }

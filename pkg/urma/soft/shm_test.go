@@ -1184,3 +1184,46 @@ func TestShmOnlyPollingModeJFCsCount(t *testing.T) {
 		}
 	}
 }
+
+// A Poll stops reading the rings once it has read for its budget and
+// leaves the rest to the reader goroutine. With the budget at its extreme
+// (one frame per Poll), a stream that both a poller and the reader
+// goroutine take frames from arrives whole and in order.
+func TestShmPollerLeavesFramesToTheReader(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	for _, d := range pb.devices {
+		d.sock.shm.pollerBudget = -1
+	}
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	ta := a.importJetty(b)
+	for _, c := range pb.conns() {
+		if got := c.io.(*shmIO).pollerBudget; got != -1 {
+			t.Fatalf("connection's poller budget %v, want the device's -1", got)
+		}
+	}
+	// Each payload has a pattern of its own.
+	const msgs, size = 48, 8 << 10
+	for i := 0; i < msgs; i++ {
+		b.postRecv(uint64(i), i*size, size)
+		chunk := a.mem.Bytes()[i*size : (i+1)*size]
+		for k := range chunk {
+			chunk[k] = byte(i + k)
+		}
+	}
+	for i := 0; i < msgs; i++ {
+		mustOK(t, a.send(ta, uint64(i), i*size, size, 0), "send")
+	}
+	got := pollUntil(t, b.rjfc, msgs)
+	for i, c := range got {
+		if c.Status != urma.StatusSuccess || c.UserCtx != uint64(i) || c.CompletionLen != size {
+			t.Fatalf("completion %d: %+v, want receive %d of %d bytes", i, c, i, size)
+		}
+		if !bytes.Equal(b.mem.Bytes()[i*size:(i+1)*size], a.mem.Bytes()[i*size:(i+1)*size]) {
+			t.Fatalf("message %d arrived changed", i)
+		}
+	}
+	pollUntil(t, a.sjfc, msgs)
+}

@@ -289,6 +289,8 @@ type shmIO struct {
 	idlePolls   uint64 // the device's Polls when the reader goroutine last went idle
 	pollingMode bool   // see idle
 	pollingEnd  int    // parks in a row without a Poll that end polling mode
+	// pollerBudget is how long a Poll reads frames (pollerReadBudget).
+	pollerBudget time.Duration
 	// Writer side: bytes written into this side's ring, and the peer
 	// reader's sleep that was last woken.
 	tail     uint64
@@ -375,7 +377,7 @@ func newShmIO(e *shmEnds, ringSize, peerRing int, peerFds []int, spin time.Durat
 		local: e.local, remote: remote, spin: spin, localRO: e.localRO, ctlFd: -1,
 		wsize: uint64(ringSize), wmask: uint64(ringSize - 1), rsize: uint64(peerRing), rmask: uint64(peerRing - 1),
 		dataFd: e.dataFd, spaceFd: e.spaceFd, peerDataFd: peerFds[1], peerSpaceFd: peerFds[2],
-		pollers: new(pollStats), pollingEnd: pollingEnd,
+		pollers: new(pollStats), pollingEnd: pollingEnd, pollerBudget: pollerReadBudget,
 	}
 	*e = shmEnds{localRO: -1, dataFd: -1, spaceFd: -1} // sio owns them now
 	// The eventfds belong to their waiters from here on (os.File closes them).
