@@ -3,7 +3,9 @@ package transport
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 )
@@ -297,5 +299,38 @@ func TestWriteBufferBounds(t *testing.T) {
 				t.Fatalf("read %v; want the whole buffer", err)
 			}
 		})
+	}
+}
+
+// TestWriteBufferBeyondThePeersBuffer: a peer with smaller buffers bounds
+// a message (MaxMessage); WriteBuffer refuses more, names both sizes,
+// takes the buffer back, and the connection goes on.
+func TestWriteBufferBeyondThePeersBuffer(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	big, small := smallFlags(), smallFlags()
+	big.BufferSize = 4096
+	p := connect(t, cfgWith(pa, small), cfgWith(pb, big))
+	zw := p.client.(ZeroCopyConn)
+	if got := zw.MaxMessage(); got != small.BufferSize {
+		t.Fatalf("MaxMessage %d, want the peer's buffer size %d", got, small.BufferSize)
+	}
+	b, err := zw.AllocBuffer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = zw.WriteBuffer(b, small.BufferSize+1)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%d bytes exceed the largest message of %d", small.BufferSize+1, small.BufferSize)) {
+		t.Fatalf("WriteBuffer beyond the peer's buffer: %v", err)
+	}
+	if b.held.Load() {
+		t.Fatal("the refused buffer is still the application's")
+	}
+	if _, err := p.client.Write([]byte("still open")); err != nil {
+		t.Fatalf("write after the refusal: %v", err)
+	}
+	got := make([]byte, len("still open"))
+	if _, err := io.ReadFull(p.server, got); err != nil || string(got) != "still open" {
+		t.Fatalf("read %q, %v", got, err)
 	}
 }
