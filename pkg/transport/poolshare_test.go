@@ -81,10 +81,17 @@ func TestShmSendMemory(t *testing.T) {
 			if tc.remoteRead {
 				return // the pool lives as long as the engine
 			}
+			// Both ends of the connection have send buffers of their own,
+			// mapped read-write in this process.
+			own := sq * bufSize
+			if n := countOf(memfdMappings(t, "rw-s"), own); n != 2 {
+				t.Fatalf("%d read-write mappings of %d bytes, want the two ends' send buffers", n, own)
+			}
 			if err := p.client.Close(); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, "the peer to unmap the closed connection's send buffers", 10*time.Second, func() bool { return len(peerMappings(t)) == 0 })
+			waitFor(t, "the client to unmap its send buffers", 10*time.Second, func() bool { return countOf(memfdMappings(t, "rw-s"), own) == 1 })
 		})
 	}
 }
@@ -94,6 +101,24 @@ func TestShmSendMemory(t *testing.T) {
 // of a peer's segments.
 func peerMappings(t testing.TB) []int {
 	t.Helper()
+	return memfdMappings(t, "r--s")
+}
+
+// countOf is how many of sizes are n.
+func countOf(sizes []int, n int) int {
+	c := 0
+	for _, s := range sizes {
+		if s == n {
+			c++
+		}
+	}
+	return c
+}
+
+// memfdMappings lists the sizes of this process's mappings of registered
+// memory with permissions perms: "rw-s" for its own.
+func memfdMappings(t testing.TB, perms string) []int {
+	t.Helper()
 	maps, err := os.ReadFile("/proc/self/maps")
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +126,7 @@ func peerMappings(t testing.TB) []int {
 	var sizes []int
 	for _, line := range strings.Split(string(maps), "\n") {
 		f := strings.Fields(line)
-		if len(f) < 6 || f[1] != "r--s" || !strings.HasPrefix(f[5], "/memfd:urma-mem") {
+		if len(f) < 6 || f[1] != perms || !strings.HasPrefix(f[5], "/memfd:urma-mem") {
 			continue
 		}
 		from, to, ok := strings.Cut(f[0], "-")
