@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -66,58 +68,56 @@ func TestShmSendMemory(t *testing.T) {
 					t.Fatalf("message %d arrived changed", i)
 				}
 			}
+			uc := p.client.(*urmaConn)
+			pool := memfdInode(t, uc.e.pool.mem)
 			if tc.wantMapped == 0 {
-				if m := peerMappings(t); len(m) != 0 {
-					t.Fatalf("read-only mappings of registered memory %v, want none", m)
+				if m := mappingsOf(t, pool, "r--s"); len(m) != 0 {
+					t.Fatalf("the peer maps the client's pool (%v), want nothing shared", m)
 				}
 				return
 			}
+			shared := pool // what the peer may map of the client's memory
+			if !tc.remoteRead {
+				shared = memfdInode(t, uc.ownSend.mem)
+				if m := mappingsOf(t, pool, "r--s"); len(m) != 0 {
+					t.Fatalf("the peer maps the client's pool (%v), want only the connection's send buffers", m)
+				}
+			}
 			// The peer maps the memory once the first send from it shares
 			// it; that is a state, with no event to wait on.
-			waitFor(t, "the peer to map the client's send memory read-only", 10*time.Second, func() bool { return len(peerMappings(t)) > 0 })
-			if m := peerMappings(t); len(m) != 1 || m[0] != tc.wantMapped {
-				t.Fatalf("read-only mappings of registered memory %v, want one of %d bytes", m, tc.wantMapped)
+			waitFor(t, "the peer to map the client's send memory read-only", 10*time.Second, func() bool { return len(mappingsOf(t, shared, "r--s")) > 0 })
+			if m := mappingsOf(t, shared, "r--s"); len(m) != 1 || m[0] != tc.wantMapped {
+				t.Fatalf("the peer's views of the client's memory %v, want one of %d bytes", m, tc.wantMapped)
 			}
 			if tc.remoteRead {
 				return // the pool lives as long as the engine
 			}
-			// Both ends of the connection have send buffers of their own,
-			// mapped read-write in this process.
-			own := sq * bufSize
-			if n := countOf(memfdMappings(t, "rw-s"), own); n != 2 {
-				t.Fatalf("%d read-write mappings of %d bytes, want the two ends' send buffers", n, own)
-			}
 			if err := p.client.Close(); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "the peer to unmap the closed connection's send buffers", 10*time.Second, func() bool { return len(peerMappings(t)) == 0 })
-			waitFor(t, "the client to unmap its send buffers", 10*time.Second, func() bool { return countOf(memfdMappings(t, "rw-s"), own) == 1 })
+			// Gone from the peer (SEG_UNMAP) and from the client.
+			waitFor(t, "the closed connection's send buffers to be unmapped on both sides", 10*time.Second, func() bool {
+				return len(mappingsOf(t, shared, "r--s"))+len(mappingsOf(t, shared, "rw-s")) == 0
+			})
 		})
 	}
 }
 
-// peerMappings lists the sizes of this process's read-only shared mappings
-// of registered memory (urma.AllocMemory's memfds): the shm fabric's views
-// of a peer's segments.
-func peerMappings(t testing.TB) []int {
+// memfdInode is the inode of registered memory's memfd: /proc/self/maps
+// names it in every mapping of that memory, its owner's and a peer's view.
+func memfdInode(t testing.TB, m *urma.Memory) string {
 	t.Helper()
-	return memfdMappings(t, "r--s")
-}
-
-// countOf is how many of sizes are n.
-func countOf(sizes []int, n int) int {
-	c := 0
-	for _, s := range sizes {
-		if s == n {
-			c++
-		}
+	var st unix.Stat_t
+	if err := unix.Fstat(m.Fd(), &st); err != nil {
+		t.Fatal(err)
 	}
-	return c
+	return strconv.FormatUint(st.Ino, 10)
 }
 
-// memfdMappings lists the sizes of this process's mappings of registered
-// memory with permissions perms: "rw-s" for its own.
-func memfdMappings(t testing.TB, perms string) []int {
+// mappingsOf lists the sizes of this process's mappings of the registered
+// memory whose memfd has inode ino, with permissions perms: "rw-s" its
+// owner's, "r--s" a peer's read-only view (the shm fabric's).
+func mappingsOf(t testing.TB, ino, perms string) []int {
 	t.Helper()
 	maps, err := os.ReadFile("/proc/self/maps")
 	if err != nil {
@@ -126,7 +126,7 @@ func memfdMappings(t testing.TB, perms string) []int {
 	var sizes []int
 	for _, line := range strings.Split(string(maps), "\n") {
 		f := strings.Fields(line)
-		if len(f) < 6 || f[1] != perms || !strings.HasPrefix(f[5], "/memfd:urma-mem") {
+		if len(f) < 6 || f[1] != perms || f[4] != ino || !strings.HasPrefix(f[5], "/memfd:urma-mem") {
 			continue
 		}
 		from, to, ok := strings.Cut(f[0], "-")
@@ -310,11 +310,14 @@ func TestShmSendBuffersCloseMidStream(t *testing.T) {
 	ln, d := listenAndDialer(t, mk(), mk())
 	const conns = 4
 	var wg sync.WaitGroup
+	var regions []string // the inodes of the clients' send buffers
 	for i := 0; i < conns; i++ {
 		p := dialAccept(t, ln, d)
-		if n := p.client.Debug().OwnSendBuffers; n == 0 {
-			t.Fatalf("connection %d has no send buffers of its own", i)
+		uc, ok := p.client.(*urmaConn)
+		if !ok || uc.ownSend == nil {
+			t.Fatalf("connection %d (%s) has no send buffers of its own", i, p.client.Mode())
 		}
+		regions = append(regions, memfdInode(t, uc.ownSend.mem))
 		wg.Add(2)
 		go func() { // the server reads until the client is gone
 			defer wg.Done()
@@ -336,5 +339,12 @@ func TestShmSendBuffersCloseMidStream(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	waitFor(t, "the peer to unmap every closed connection's send buffers", 10*time.Second, func() bool { return len(peerMappings(t)) == 0 })
+	waitFor(t, "every closed connection's send buffers to be unmapped on both sides", 10*time.Second, func() bool {
+		for _, ino := range regions {
+			if len(mappingsOf(t, ino, "r--s"))+len(mappingsOf(t, ino, "rw-s")) != 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
