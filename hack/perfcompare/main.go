@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -92,17 +93,14 @@ func run(ctx context.Context, w io.Writer, bin string, sizes []int, d time.Durat
 	for _, size := range sizes {
 		var base figures
 		for _, polling := range []bool{false, true} {
-			f, err := measureSize(ctx, bin, size, polling, d)
+			f, err := measureSize(ctx, bin, size, polling, d, modesOf(modes, polling))
 			if err != nil {
 				return fmt.Errorf("size %d: %w", size, err)
 			}
 			if !polling {
 				base = f
 			} else {
-				// The baselines do not poll: the event run's stand.
-				for _, m := range []string{"tcp", "unix"} {
-					f.mbps[m], f.p50[m], f.p99[m] = base.mbps[m], base.p50[m], base.p99[m]
-				}
+				f.takeBaselines(base)
 			}
 			comp := "event"
 			if polling {
@@ -118,21 +116,38 @@ func run(ctx context.Context, w io.Writer, bin string, sizes []int, d time.Durat
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	event, err := measureGRPC(ctx, bin, false, d)
+	event, err := measureGRPC(ctx, bin, false, d, modesOf(grpcModes, false))
 	if err != nil {
 		return fmt.Errorf("gRPC, event: %w", err)
 	}
 	fmt.Fprintln(os.Stderr, "measured gRPC event")
-	polling, err := measureGRPC(ctx, bin, true, d)
+	polling, err := measureGRPC(ctx, bin, true, d, modesOf(grpcModes, true))
 	if err != nil {
 		return fmt.Errorf("gRPC, polling: %w", err)
 	}
 	fmt.Fprintln(os.Stderr, "measured gRPC polling")
-	// The baselines do not poll: the event run's stand.
-	for _, m := range []string{"tcp", "unix"} {
-		polling.mbps[m], polling.p50[m], polling.p99[m] = event.mbps[m], event.p50[m], event.p99[m]
-	}
+	polling.takeBaselines(event)
 	return printGRPC(w, event, polling)
+}
+
+// baselines are the modes that do not poll: TCP and the Unix socket.
+var baselines = []string{"tcp", "unix"}
+
+// modesOf is what a run measures of ms: everything in event mode; in
+// polling mode only the transport, since the baselines would measure the
+// same as in the event run, which they take from (takeBaselines).
+func modesOf(ms []string, polling bool) []string {
+	if !polling {
+		return ms
+	}
+	return slices.DeleteFunc(slices.Clone(ms), func(m string) bool { return slices.Contains(baselines, m) })
+}
+
+// takeBaselines fills f's baseline figures with the event run's.
+func (f figures) takeBaselines(event figures) {
+	for _, m := range baselines {
+		f.mbps[m], f.p50[m], f.p99[m] = event.mbps[m], event.p50[m], event.p99[m]
+	}
 }
 
 func ratio(a, b float64) string {
@@ -252,8 +267,8 @@ func (s *server) target(m string) string {
 }
 
 // measureSize starts a server for one size and completion mode and
-// measures every mode against it.
-func measureSize(ctx context.Context, bin string, size int, polling bool, d time.Duration) (_ figures, err error) {
+// measures each of ms against it.
+func measureSize(ctx context.Context, bin string, size int, polling bool, d time.Duration, ms []string) (_ figures, err error) {
 	f := figures{mbps: map[string]float64{}, p50: map[string]float64{}, p99: map[string]float64{}}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -262,7 +277,7 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d time
 		return f, err
 	}
 	defer func() { err = srv.stop(err) }()
-	for _, m := range modes {
+	for _, m := range ms {
 		server := srv.target(m)
 		args := append(append([]string{"client", "--server", server, "--size", strconv.Itoa(size), "--duration", d.String(), "--json"}, modeArgs(m)...), urmaFlags(size, polling)...)
 		tput, err := client(ctx, bin, m, append(args, "--ack", "--pipeline", strconv.Itoa(pipeline(size)))...)
@@ -286,9 +301,9 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d time
 var grpcModes = []string{"tcp", "unix", "urma"}
 
 // measureGRPC starts a gRPC server for one completion mode and times
-// unary health checks, one at a time, over each of grpcModes: calls per
-// second in mbps's place.
-func measureGRPC(ctx context.Context, bin string, polling bool, d time.Duration) (_ figures, err error) {
+// unary health checks, one at a time, over each of ms: calls per second in
+// mbps's place.
+func measureGRPC(ctx context.Context, bin string, polling bool, d time.Duration, ms []string) (_ figures, err error) {
 	f := figures{mbps: map[string]float64{}, p50: map[string]float64{}, p99: map[string]float64{}}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -298,7 +313,7 @@ func measureGRPC(ctx context.Context, bin string, polling bool, d time.Duration)
 		return f, err
 	}
 	defer func() { err = srv.stop(err) }()
-	for _, m := range grpcModes {
+	for _, m := range ms {
 		args := append(append([]string{"client", "--grpc", "--server", srv.target(m), "--duration", d.String(), "--json"}, modeArgs(m)...), flags...)
 		r, err := client(ctx, bin, m, args...)
 		if err != nil {

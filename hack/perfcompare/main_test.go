@@ -98,3 +98,27 @@ func TestPrintGRPC(t *testing.T) {
 		}
 	}
 }
+
+// TestPollingRunsMeasureOnlyTheTransport: a polling run leaves out TCP and
+// the Unix socket, which do not poll, and shows the event run's figures
+// for them instead.
+func TestPollingRunsMeasureOnlyTheTransport(t *testing.T) {
+	if got := modesOf(modes, false); !slices.Equal(got, modes) {
+		t.Errorf("event run measures %v, want %v", got, modes)
+	}
+	if got, want := modesOf(modes, true), []string{"urma", urma1Copy}; !slices.Equal(got, want) {
+		t.Errorf("polling run measures %v, want %v", got, want)
+	}
+	if got, want := modesOf(grpcModes, true), []string{"urma"}; !slices.Equal(got, want) {
+		t.Errorf("polling gRPC run measures %v, want %v", got, want)
+	}
+	if len(modes) != 4 || modes[0] != "tcp" {
+		t.Fatalf("modesOf changed the list it was given: %v", modes)
+	}
+	event := figures{mbps: map[string]float64{"tcp": 1, "unix": 2, "urma": 3}, p50: map[string]float64{"tcp": 4, "unix": 5}, p99: map[string]float64{"tcp": 6, "unix": 7}}
+	polling := figures{mbps: map[string]float64{"urma": 9}, p50: map[string]float64{}, p99: map[string]float64{}}
+	polling.takeBaselines(event)
+	if polling.mbps["tcp"] != 1 || polling.mbps["unix"] != 2 || polling.mbps["urma"] != 9 || polling.p50["unix"] != 5 || polling.p99["tcp"] != 6 {
+		t.Errorf("polling figures after takeBaselines: %+v", polling)
+	}
+}
