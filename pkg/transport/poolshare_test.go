@@ -184,13 +184,7 @@ func TestPoolRegistrationAccess(t *testing.T) {
 // to the pool each came from, in order. Another connection refuses them.
 func TestShmSendBuffersRunDry(t *testing.T) {
 	checkNoLeaks(t)
-	dir := t.TempDir()
-	mk := func() Config {
-		c := fabricCfg(FabricShm, dir, nil)
-		c.Flags.BufferSize = 4 << 10
-		return c
-	}
-	ln, d := listenAndDialer(t, mk(), mk())
+	ln, d := shmListenAndDialer(t, 4<<10)
 	p, other := dialAccept(t, ln, d), dialAccept(t, ln, d)
 	uc, ok := p.client.(*urmaConn)
 	if !ok || uc.ownSend == nil {
@@ -301,13 +295,7 @@ func TestSentBuffer(t *testing.T) {
 // stop with an error, and the peer unmaps every connection's buffers.
 func TestShmSendBuffersCloseMidStream(t *testing.T) {
 	checkNoLeaks(t)
-	dir := t.TempDir()
-	mk := func() Config {
-		c := fabricCfg(FabricShm, dir, nil)
-		c.Flags.BufferSize = 16 << 10
-		return c
-	}
-	ln, d := listenAndDialer(t, mk(), mk())
+	ln, d := shmListenAndDialer(t, 16<<10)
 	const conns = 4
 	var wg sync.WaitGroup
 	var regions []string // the inodes of the clients' send buffers
@@ -347,4 +335,17 @@ func TestShmSendBuffersCloseMidStream(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// shmListenAndDialer is a Listener and a Dialer on the shm fabric, meeting
+// in a directory of their own, with buffers of bufSize bytes.
+func shmListenAndDialer(t *testing.T, bufSize int) (*Listener, *Dialer) {
+	t.Helper()
+	dir := t.TempDir()
+	mk := func() Config {
+		c := fabricCfg(FabricShm, dir, nil)
+		c.Flags.BufferSize = bufSize
+		return c
+	}
+	return listenAndDialer(t, mk(), mk())
 }
