@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/openeuler/urma-k8s/internal/streamcopy"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -142,13 +143,23 @@ func (c *urmaConn) Write(p []byte) (int, error) {
 			c.unreserveWindow()
 			return n, c.opErr("write", err)
 		}
-		k := copy(b.data[:c.chunk], p[n:])
+		k := c.fill(b, p[n:])
 		if err := c.postData(b, k); err != nil {
 			return n, c.opErr("write", err)
 		}
 		n += k
 	}
 	return n, nil
+}
+
+// fill copies the start of p into b. The peer process reads the
+// connection's own send buffers from another core: streaming stores spare
+// the copy from fetching every line back from that core first.
+func (c *urmaConn) fill(b *Buffer, p []byte) int {
+	if c.ownsSendBuffer(b) {
+		return streamcopy.Copy(b.data[:c.chunk], p)
+	}
+	return copy(b.data[:c.chunk], p)
 }
 
 // AllocBuffer takes a buffer to fill and WriteBuffer: one of the

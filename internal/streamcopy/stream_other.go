@@ -1,0 +1,9 @@
+//go:build !amd64
+
+package streamcopy
+
+const canStream = false
+
+func stream(dst, src []byte) { copy(dst, src) }
+
+func uintptrOf([]byte) uintptr { return 0 }
