@@ -16,6 +16,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/internal/streamcopy"
 )
 
 // Shared memory of the shm fabric. Each side of a connection owns one
@@ -697,8 +699,9 @@ func (s *shmIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
 		k := min(room, iov[0].Len, shmPublishChunk-unpublished)
 		src := unsafe.Slice(iov[0].Base, k)
 		off := s.tail & s.wmask
-		c := copy(s.local.ring[off:], src)
-		copy(s.local.ring, src[c:])
+		// The peer reads the ring from another core: stream into it.
+		c := streamcopy.Copy(s.local.ring[off:], src)
+		streamcopy.Copy(s.local.ring, src[c:])
 		s.tail += k
 		s.tx.Add(k)
 		unpublished += k
