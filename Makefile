@@ -64,6 +64,7 @@ manifests: controller-gen ## regenerate deepcopy, CRDs, RBAC and webhook manifes
 BENCH ?= .
 TRANSPORT_BASELINES := -baseline memcpy=BenchmarkTransport/mode=memcpy -baseline tcp=BenchmarkTransport/mode=tcp -baseline raw=BenchmarkTransport/mode=raw -baseline grpc-tcp=BenchmarkGRPCUnary/mode=tcp -baseline tcp-connect=BenchmarkConnect/mode=tcp
 PERFTIME ?= 1s
+PERFROUNDS ?= 1
 BENCHTIME ?= 1s
 .PHONY: bench
 bench: ## run the benchmarks; each figure is printed beside its same-run baselines
@@ -78,7 +79,7 @@ bench: ## run the benchmarks; each figure is printed beside its same-run baselin
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/transport/ | tee bin/bench-transport.txt | $(GO) run ./hack/benchreport $(TRANSPORT_BASELINES)
 	@echo "==> urma-perf as two processes: the transport on shared memory vs TCP and Unix socket loopback"
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && $(GO) build -o "$$tmp/urma-perf" ./cmd/urma-perf && \
-		$(GO) run ./hack/perfcompare -urma-perf "$$tmp/urma-perf" -duration $(PERFTIME) | tee bin/bench-perfcompare.txt
+		$(GO) run ./hack/perfcompare -urma-perf "$$tmp/urma-perf" -duration $(PERFTIME) -rounds $(PERFROUNDS) | tee bin/bench-perfcompare.txt
 
 .PHONY: fuzz
 FUZZTIME ?= 30s

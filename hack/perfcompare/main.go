@@ -8,7 +8,7 @@
 // each byte as often as TCP does (see urma1Copy). `make bench` runs it; see
 // docs/transport.md.
 //
-//	perfcompare -urma-perf bin/urma-perf [-duration 1s] [-sizes 64,4096,65536,1048576]
+//	perfcompare -urma-perf bin/urma-perf [-duration 1s] [-rounds 1] [-sizes 64,4096,65536,1048576]
 package main
 
 import (
@@ -56,11 +56,15 @@ func modeArgs(m string) []string {
 func main() {
 	bin := flag.String("urma-perf", "bin/urma-perf", "the urma-perf binary")
 	duration := flag.Duration("duration", time.Second, "how long each figure is measured")
+	rounds := flag.Int("rounds", 1, "measure every mode this many times, the modes taking turns, and print each figure's median: robust to the machine drifting during a run")
 	sizeList := flag.String("sizes", "64,4096,65536,1048576", "message sizes in bytes, comma-separated")
 	flag.Parse()
 	sizes, err := parseSizes(*sizeList)
+	if err == nil && (*rounds < 1 || *rounds > 99) {
+		err = fmt.Errorf("-rounds %d is outside 1..99", *rounds)
+	}
 	if err == nil {
-		err = run(context.Background(), os.Stdout, *bin, sizes, *duration)
+		err = run(context.Background(), os.Stdout, *bin, sizes, measurement{duration: *duration, rounds: *rounds})
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "perfcompare:", err)
@@ -86,8 +90,57 @@ type figures struct {
 	p50, p99 map[string]float64
 }
 
-func run(ctx context.Context, w io.Writer, bin string, sizes []int, d time.Duration) error {
-	fmt.Fprintf(w, "urma-perf, two processes on this host (%s per figure): urma = the transport on shared memory; 1-copy = the same with each byte copied as often as over TCP (the server reads in place: --recv-zerocopy); tcp, unix = loopback baselines of the same run\n", d)
+// measurement is how each figure is measured: for how long, and how many
+// times (its median is printed).
+type measurement struct {
+	duration time.Duration
+	rounds   int
+}
+
+// samples collect each round's figures, per mode.
+type samples struct {
+	mbps, p50, p99 map[string][]float64
+}
+
+func newSamples() samples {
+	return samples{mbps: map[string][]float64{}, p50: map[string][]float64{}, p99: map[string][]float64{}}
+}
+
+// medians is the row the samples make.
+func (s samples) medians() figures {
+	f := figures{mbps: map[string]float64{}, p50: map[string]float64{}, p99: map[string]float64{}}
+	for _, m := range []struct {
+		from map[string][]float64
+		to   map[string]float64
+	}{{s.mbps, f.mbps}, {s.p50, f.p50}, {s.p99, f.p99}} {
+		for mode, xs := range m.from {
+			m.to[mode] = median(xs)
+		}
+	}
+	return f
+}
+
+// median is the middle of xs, or the mean of the two middle values.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func run(ctx context.Context, w io.Writer, bin string, sizes []int, d measurement) error {
+	per := d.duration.String()
+	if d.rounds > 1 {
+		per = fmt.Sprintf("%s per figure, the median of %d rounds in which the modes take turns", d.duration, d.rounds)
+	} else {
+		per += " per figure"
+	}
+	fmt.Fprintf(w, "urma-perf, two processes on this host (%s): urma = the transport on shared memory; 1-copy = the same with each byte copied as often as over TCP (the server reads in place: --recv-zerocopy); tcp, unix = loopback baselines of the same run\n", per)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "size\tcompletion\tMB/s tcp\tunix\turma\turma/tcp\t1-copy\t1-copy/tcp\t\tRTT p50 µs tcp\tunix\turma\turma/tcp\t\tp99 µs tcp\tunix\turma\turma/tcp\t")
 	for _, size := range sizes {
@@ -268,33 +321,36 @@ func (s *server) target(m string) string {
 
 // measureSize starts a server for one size and completion mode and
 // measures each of ms against it.
-func measureSize(ctx context.Context, bin string, size int, polling bool, d time.Duration, ms []string) (_ figures, err error) {
-	f := figures{mbps: map[string]float64{}, p50: map[string]float64{}, p99: map[string]float64{}}
+func measureSize(ctx context.Context, bin string, size int, polling bool, d measurement, ms []string) (_ figures, err error) {
+	s := newSamples()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srv, err := startServer(ctx, bin, append([]string{"--echo"}, urmaFlags(size, polling)...)...)
 	if err != nil {
-		return f, err
+		return figures{}, err
 	}
 	defer func() { err = srv.stop(err) }()
-	for _, m := range ms {
-		server := srv.target(m)
-		args := append(append([]string{"client", "--server", server, "--size", strconv.Itoa(size), "--duration", d.String(), "--json"}, modeArgs(m)...), urmaFlags(size, polling)...)
-		tput, err := client(ctx, bin, m, append(args, "--ack", "--pipeline", strconv.Itoa(pipeline(size)))...)
-		if err != nil {
-			return f, fmt.Errorf("%s throughput: %w", m, err)
+	for range d.rounds {
+		for _, m := range ms {
+			server := srv.target(m)
+			args := append(append([]string{"client", "--server", server, "--size", strconv.Itoa(size), "--duration", d.duration.String(), "--json"}, modeArgs(m)...), urmaFlags(size, polling)...)
+			tput, err := client(ctx, bin, m, append(args, "--ack", "--pipeline", strconv.Itoa(pipeline(size)))...)
+			if err != nil {
+				return figures{}, fmt.Errorf("%s throughput: %w", m, err)
+			}
+			s.mbps[m] = append(s.mbps[m], tput.SentBytesPerSec/1e6)
+			if m == urma1Copy {
+				continue
+			}
+			rtt, err := client(ctx, bin, m, args...)
+			if err != nil {
+				return figures{}, fmt.Errorf("%s round trip: %w", m, err)
+			}
+			s.p50[m] = append(s.p50[m], rtt.LatencyMicros.P50)
+			s.p99[m] = append(s.p99[m], rtt.LatencyMicros.P99)
 		}
-		f.mbps[m] = tput.SentBytesPerSec / 1e6
-		if m == urma1Copy {
-			continue
-		}
-		rtt, err := client(ctx, bin, m, args...)
-		if err != nil {
-			return f, fmt.Errorf("%s round trip: %w", m, err)
-		}
-		f.p50[m], f.p99[m] = rtt.LatencyMicros.P50, rtt.LatencyMicros.P99
 	}
-	return f, nil
+	return s.medians(), nil
 }
 
 // grpcModes are what gRPC calls are measured over.
@@ -303,25 +359,29 @@ var grpcModes = []string{"tcp", "unix", "urma"}
 // measureGRPC starts a gRPC server for one completion mode and times
 // unary health checks, one at a time, over each of ms: calls per second in
 // mbps's place.
-func measureGRPC(ctx context.Context, bin string, polling bool, d time.Duration, ms []string) (_ figures, err error) {
-	f := figures{mbps: map[string]float64{}, p50: map[string]float64{}, p99: map[string]float64{}}
+func measureGRPC(ctx context.Context, bin string, polling bool, d measurement, ms []string) (_ figures, err error) {
+	s := newSamples()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	flags := urmaFlags(64, polling)
 	srv, err := startServer(ctx, bin, append([]string{"--grpc"}, flags...)...)
 	if err != nil {
-		return f, err
+		return figures{}, err
 	}
 	defer func() { err = srv.stop(err) }()
-	for _, m := range ms {
-		args := append(append([]string{"client", "--grpc", "--server", srv.target(m), "--duration", d.String(), "--json"}, modeArgs(m)...), flags...)
-		r, err := client(ctx, bin, m, args...)
-		if err != nil {
-			return f, fmt.Errorf("gRPC over %s: %w", m, err)
+	for range d.rounds {
+		for _, m := range ms {
+			args := append(append([]string{"client", "--grpc", "--server", srv.target(m), "--duration", d.duration.String(), "--json"}, modeArgs(m)...), flags...)
+			r, err := client(ctx, bin, m, args...)
+			if err != nil {
+				return figures{}, fmt.Errorf("gRPC over %s: %w", m, err)
+			}
+			s.mbps[m] = append(s.mbps[m], r.QPS)
+			s.p50[m] = append(s.p50[m], r.LatencyMicros.P50)
+			s.p99[m] = append(s.p99[m], r.LatencyMicros.P99)
 		}
-		f.mbps[m], f.p50[m], f.p99[m] = r.QPS, r.LatencyMicros.P50, r.LatencyMicros.P99
 	}
-	return f, nil
+	return s.medians(), nil
 }
 
 // printGRPC prints the gRPC figures of both completion modes.

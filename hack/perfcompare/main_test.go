@@ -122,3 +122,46 @@ func TestPollingRunsMeasureOnlyTheTransport(t *testing.T) {
 		t.Errorf("polling figures after takeBaselines: %+v", polling)
 	}
 }
+
+func TestMedian(t *testing.T) {
+	tests := []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{7}, 7},
+		{[]float64{3, 1, 2}, 2},
+		{[]float64{9000, 1, 5}, 5}, // an outlier round does not move it
+		{[]float64{4, 1, 3, 2}, 2.5},
+	}
+	for _, tc := range tests {
+		in := slices.Clone(tc.in)
+		if got := median(tc.in); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+		if !slices.Equal(in, tc.in) {
+			t.Errorf("median reordered its input: %v, was %v", tc.in, in)
+		}
+	}
+}
+
+func TestSamplesMedians(t *testing.T) {
+	s := newSamples()
+	for _, round := range []struct{ tcp, urma float64 }{{100, 900}, {300, 200}, {200, 400}} {
+		s.mbps["tcp"] = append(s.mbps["tcp"], round.tcp)
+		s.mbps["urma"] = append(s.mbps["urma"], round.urma)
+		s.p50["tcp"] = append(s.p50["tcp"], round.tcp/10)
+		s.p99["urma"] = append(s.p99["urma"], round.urma*2)
+	}
+	f := s.medians()
+	want := map[string]float64{"mbps tcp": 200, "mbps urma": 400, "p50 tcp": 20, "p99 urma": 800}
+	got := map[string]float64{"mbps tcp": f.mbps["tcp"], "mbps urma": f.mbps["urma"], "p50 tcp": f.p50["tcp"], "p99 urma": f.p99["urma"]}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s = %v, want %v", k, got[k], w)
+		}
+	}
+	if _, ok := f.p50["urma"]; ok {
+		t.Errorf("a figure without samples got a median: %v", f.p50)
+	}
+}
