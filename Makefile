@@ -71,8 +71,8 @@ bench: ## run the benchmarks; each figure is printed beside its same-run baselin
 	@mkdir -p bin
 	@echo "==> raw software provider (pkg/urma/soft) vs memcpy and TCP loopback"
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/urma/soft/ | tee bin/bench-soft.txt | $(GO) run ./hack/benchreport -baseline memcpy=BenchmarkMemcpy -baseline tcp=BenchmarkTCPLoopback/ -baseline tcp-rtt=BenchmarkTCPLoopbackRTT -baseline raw-socket=BenchmarkRaw/fabric=socket/completion=event
-	@echo "==> streaming stores vs the built-in copy, into buffers another goroutine reads (internal/streamcopy)"
-	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./internal/streamcopy/ | tee bin/bench-streamcopy.txt | $(GO) run ./hack/benchreport -baseline builtin=BenchmarkCopy/impl=builtin -baseline builtin-to-reader=BenchmarkCopyToReader/impl=builtin
+	@echo "==> streaming and cached copies vs the built-in copy (internal/memcopy)"
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./internal/memcopy/ | tee bin/bench-memcopy.txt | $(GO) run ./hack/benchreport -baseline builtin=BenchmarkCopy/impl=builtin -baseline builtin-to-reader=BenchmarkCopyToReader/impl=builtin -baseline builtin-then-read=BenchmarkCopyThenRead/impl=builtin
 	@echo "==> liburma provider (cgo into the fake liburma) vs the software provider and bare cgo calls"
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/urma/liburma/ | tee bin/bench-liburma.txt | $(GO) run ./hack/benchreport -baseline soft=BenchmarkMessage/path=soft/ -baseline cgo=BenchmarkMessage/path=cgo-nop/
 	@echo "==> transport vs raw provider vs TCP loopback vs memcpy"

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/memcopy"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -136,7 +137,9 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 		n, used := 0, 0
 		for used < avail && n < len(p) {
 			b := c.rx[c.rxq[(head+used)%len(c.rxq)]]
-			k := copy(p[n:], b.data[b.off:b.n])
+			// Through the cache, as the kernel's copy of a TCP read: the
+			// caller reads what it asked for next.
+			k := memcopy.Cached(p[n:], b.data[b.off:b.n])
 			n += k
 			b.off += k
 			if b.off < b.n {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/openeuler/urma-k8s/internal/streamcopy"
+	"github.com/openeuler/urma-k8s/internal/memcopy"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -157,7 +157,7 @@ func (c *urmaConn) Write(p []byte) (int, error) {
 // the copy from fetching every line back from that core first.
 func (c *urmaConn) fill(b *Buffer, p []byte) int {
 	if c.ownsSendBuffer(b) {
-		return streamcopy.Copy(b.data[:c.chunk], p)
+		return memcopy.Stream(b.data[:c.chunk], p)
 	}
 	return copy(b.data[:c.chunk], p)
 }

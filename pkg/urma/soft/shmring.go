@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/openeuler/urma-k8s/internal/streamcopy"
+	"github.com/openeuler/urma-k8s/internal/memcopy"
 )
 
 // Shared memory of the shm fabric. Each side of a connection owns one
@@ -700,8 +700,8 @@ func (s *shmIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
 		src := unsafe.Slice(iov[0].Base, k)
 		off := s.tail & s.wmask
 		// The peer reads the ring from another core: stream into it.
-		c := streamcopy.Copy(s.local.ring[off:], src)
-		streamcopy.Copy(s.local.ring, src[c:])
+		c := memcopy.Stream(s.local.ring[off:], src)
+		memcopy.Stream(s.local.ring, src[c:])
 		s.tail += k
 		s.tx.Add(k)
 		unpublished += k

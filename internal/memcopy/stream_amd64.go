@@ -1,4 +1,4 @@
-package streamcopy
+package memcopy
 
 import "unsafe"
 

@@ -1,6 +1,6 @@
 //go:build !amd64
 
-package streamcopy
+package memcopy
 
 const canStream = false
 

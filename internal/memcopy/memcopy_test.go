@@ -1,4 +1,4 @@
-package streamcopy
+package memcopy
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ func pattern(b []byte, seed byte) {
 
 // checkCopy copies n bytes between buffers offset by dstOff and srcOff from
 // their allocation, and checks the copy and that no byte around it changed.
-func checkCopy(t *testing.T, n, dstOff, srcOff, dstLen int) {
+func checkCopy(t *testing.T, impl func(dst, src []byte) int, n, dstOff, srcOff, dstLen int) {
 	t.Helper()
 	const guard = 80
 	src := make([]byte, srcOff+n)
@@ -25,10 +25,10 @@ func checkCopy(t *testing.T, n, dstOff, srcOff, dstLen int) {
 	pattern(dstBuf, 99)
 	want := bytes.Clone(dstBuf)
 	dst := dstBuf[guard+dstOff : guard+dstOff+dstLen]
-	got := Copy(dst, src[srcOff:])
+	got := impl(dst, src[srcOff:])
 	wantN := min(dstLen, n)
 	if got != wantN {
-		t.Fatalf("Copy returned %d, want %d", got, wantN)
+		t.Fatalf("copied %d, want %d", got, wantN)
 	}
 	copy(want[guard+dstOff:guard+dstOff+dstLen], src[srcOff:])
 	if i := firstDiff(dstBuf, want); i >= 0 {
@@ -45,50 +45,65 @@ func firstDiff(a, b []byte) int {
 	return -1
 }
 
-func TestCopyMatchesTheBuiltin(t *testing.T) {
-	sizes := []int{0, 1, 63, Threshold - 1, Threshold, Threshold + 1, Threshold + 63, Threshold + 64, 64 << 10, 64<<10 + 17, 1<<20 + 5}
-	for _, n := range sizes {
-		for _, dstOff := range []int{0, 1, 8, 15, 16, 33} {
-			for _, srcOff := range []int{0, 3, 16} {
-				t.Run(fmt.Sprintf("n=%d/dst+%d/src+%d", n, dstOff, srcOff), func(t *testing.T) {
-					checkCopy(t, n, dstOff, srcOff, n)
-				})
+// impls are the package's copies, each checked against the built-in one.
+var impls = []struct {
+	name string
+	copy func(dst, src []byte) int
+}{{"stream", Stream}, {"cached", Cached}}
+
+func TestCopiesMatchTheBuiltin(t *testing.T) {
+	sizes := []int{0, 1, 63, StreamThreshold - 1, StreamThreshold, StreamThreshold + 1, StreamThreshold + 63, StreamThreshold + 64,
+		64 << 10, 64<<10 + 17, cachedChunk - 1, cachedChunk, cachedChunk + 1, 1<<20 + 5}
+	for _, impl := range impls {
+		for _, n := range sizes {
+			for _, dstOff := range []int{0, 1, 8, 15, 16, 33} {
+				for _, srcOff := range []int{0, 3, 16} {
+					t.Run(fmt.Sprintf("%s/n=%d/dst+%d/src+%d", impl.name, n, dstOff, srcOff), func(t *testing.T) {
+						checkCopy(t, impl.copy, n, dstOff, srcOff, n)
+					})
+				}
 			}
 		}
 	}
 }
 
-func TestCopyStopsAtTheShorterSlice(t *testing.T) {
+func TestCopiesStopAtTheShorterSlice(t *testing.T) {
 	tests := []struct {
 		name      string
 		n, dstLen int
 	}{
-		{"dst shorter, streamed", 64 << 10, 40<<10 + 9},
-		{"src shorter, streamed", 40<<10 + 9, 64 << 10},
-		{"dst shorter, below the threshold", Threshold - 1, 100},
+		{"dst shorter, large", 64 << 10, 40<<10 + 9},
+		{"src shorter, large", 40<<10 + 9, 64 << 10},
+		{"dst shorter, small", StreamThreshold - 1, 100},
+		{"dst shorter, beyond a cached chunk", 1 << 20, cachedChunk + 5},
+		{"src shorter, beyond a cached chunk", cachedChunk + 5, 1 << 20},
 		{"empty dst", 64 << 10, 0},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			checkCopy(t, tt.n, 5, 1, tt.dstLen)
-		})
+	for _, impl := range impls {
+		for _, tt := range tests {
+			t.Run(impl.name+"/"+tt.name, func(t *testing.T) {
+				checkCopy(t, impl.copy, tt.n, 5, 1, tt.dstLen)
+			})
+		}
 	}
 }
 
-func FuzzCopy(f *testing.F) {
-	f.Add(uint32(Threshold+100), uint8(3), uint8(7), uint32(Threshold+100))
-	f.Add(uint32(Threshold), uint8(0), uint8(0), uint32(Threshold-1))
+func FuzzCopies(f *testing.F) {
+	f.Add(uint32(StreamThreshold+100), uint8(3), uint8(7), uint32(StreamThreshold+100))
+	f.Add(uint32(StreamThreshold), uint8(0), uint8(0), uint32(StreamThreshold-1))
 	f.Fuzz(func(t *testing.T, n uint32, dstOff, srcOff uint8, dstLen uint32) {
-		n, dstLen = n%(256<<10), dstLen%(256<<10)
-		checkCopy(t, int(n), int(dstOff%64), int(srcOff%64), int(dstLen))
+		n, dstLen = n%(640<<10), dstLen%(640<<10)
+		for _, impl := range impls {
+			checkCopy(t, impl.copy, int(n), int(dstOff%64), int(srcOff%64), int(dstLen))
+		}
 	})
 }
 
-// copiers are the two ways of filling a buffer, compared in one run.
+// copiers are the ways of filling a buffer, compared in one run.
 var copiers = []struct {
 	name string
 	copy func(dst, src []byte) int
-}{{"builtin", func(d, s []byte) int { return copy(d, s) }}, {"stream", Copy}}
+}{{"builtin", func(d, s []byte) int { return copy(d, s) }}, {"stream", Stream}, {"cached", Cached}}
 
 func sizeName(n int) string {
 	if n >= 1<<20 {
@@ -157,6 +172,27 @@ func BenchmarkCopyToReader(b *testing.B) {
 				}
 				close(full)
 				<-done
+			})
+		}
+	}
+}
+
+// BenchmarkCopyThenRead is what Cached is for: the goroutine that fills the
+// buffer reads it next, as a Read's caller does.
+func BenchmarkCopyThenRead(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20} {
+		src, dst, out := make([]byte, size), make([]byte, size), make([]byte, size)
+		pattern(dst, 0)
+		pattern(out, 0)
+		for _, impl := range copiers {
+			b.Run(fmt.Sprintf("impl=%s/size=%s", impl.name, sizeName(size)), func(b *testing.B) {
+				b.SetBytes(int64(size))
+				b.ReportAllocs()
+				for b.Loop() {
+					impl.copy(dst, src)
+					copy(out[:size/2], dst[:size/2]) // below Go's streaming size: a plain read of it
+					copy(out[size/2:], dst[size/2:])
+				}
 			})
 		}
 	}
