@@ -112,17 +112,23 @@ func sizeName(n int) string {
 	return fmt.Sprintf("%dKiB", n>>10)
 }
 
+// buffers are n buffers of size bytes, their pages faulted in before any
+// timing.
+func buffers(n, size int) [][]byte {
+	bufs := make([][]byte, n)
+	for i := range bufs {
+		bufs[i] = make([]byte, size)
+		pattern(bufs[i], 0)
+	}
+	return bufs
+}
+
 // BenchmarkCopy is the cost on one core, where the gain cannot show: the
 // buffers rotate, more of them than fit in cache, as a connection's send
 // buffers do.
 func BenchmarkCopy(b *testing.B) {
 	for _, size := range []int{64 << 10, 1 << 20} {
-		src := make([]byte, size)
-		dsts := make([][]byte, 64)
-		for i := range dsts {
-			dsts[i] = make([]byte, size)
-			pattern(dsts[i], 0) // fault the pages in before timing
-		}
+		src, dsts := make([]byte, size), buffers(64, size)
 		for _, impl := range copiers {
 			b.Run(fmt.Sprintf("impl=%s/size=%s", impl.name, sizeName(size)), func(b *testing.B) {
 				b.SetBytes(int64(size))
@@ -141,12 +147,7 @@ func BenchmarkCopy(b *testing.B) {
 // back to the writer once read.
 func BenchmarkCopyToReader(b *testing.B) {
 	for _, size := range []int{64 << 10, 1 << 20} {
-		src := make([]byte, size)
-		bufs := make([][]byte, 32)
-		for i := range bufs {
-			bufs[i] = make([]byte, size)
-			pattern(bufs[i], 0)
-		}
+		src, bufs := make([]byte, size), buffers(32, size)
 		for _, impl := range copiers {
 			b.Run(fmt.Sprintf("impl=%s/size=%s", impl.name, sizeName(size)), func(b *testing.B) {
 				full := make(chan int, len(bufs))
