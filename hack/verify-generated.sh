@@ -15,7 +15,7 @@ trap 'rm -rf "$tmp"' EXIT
 # Copy what generation reads (module files, Go sources, boilerplate) and the
 # current generated files, nothing large.
 (cd "$ROOT" && tar --exclude=./bin --exclude=./.git --exclude='*/testdata' -cf - \
-	go.mod go.sum hack api controllers pkg cmd config) | tar -C "$tmp" -xf -
+	go.mod go.sum hack api controllers pkg internal cmd config) | tar -C "$tmp" -xf -
 
 "$ROOT/hack/generate.sh" "$tmp" >/dev/null
 
