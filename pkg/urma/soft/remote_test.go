@@ -518,9 +518,13 @@ func startRemoteProc(t testing.TB) *remoteProc {
 	mustOK(t, cmd.Start(), "start child")
 	_ = cmd.ExtraFiles[0].Close()
 	_ = cmd.ExtraFiles[1].Close()
-	conn, err := net.FileConn(os.NewFile(uintptr(calls[0]), "calls"))
+	// FileConn dups the descriptor. Close the File, not the number: a File
+	// left to the garbage collector closes its number again in a finalizer,
+	// by then another descriptor's (a listener's, a memfd's).
+	callsFile := os.NewFile(uintptr(calls[0]), "calls")
+	conn, err := net.FileConn(callsFile)
+	_ = callsFile.Close()
 	mustOK(t, err, "call socket")
-	_ = unix.Close(calls[0]) // FileConn dups it
 	rp := &remoteProc{cmd: cmd, cl: rpc.NewClient(conn), mail: newFdMailbox(fds[0]), dead: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
