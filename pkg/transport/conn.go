@@ -28,10 +28,10 @@ import (
 type urmaConn struct {
 	e        *engine
 	res      *jettyRes
-	spec     jettySpec        // what res is: send queue depth, token or none
-	ownHello *helloPage       // the hello page of a connection without the engine's token
-	pool     *bufferPool      // the engine's: receives, and sends without ownSend
-	ownSend  *connSendBuffers // the connection's own send buffers, or nil
+	spec     jettySpec   // what res is: send queue depth, token or none
+	ownHello *helloPage  // the hello page of a connection without the engine's token
+	pool     *bufferPool // the engine's: receives, and sends without ownSend
+	ownSend  *bufferPool // the connection's own send buffers (sendbuffers.go), or nil
 	tcp      net.Conn
 	role     string
 	log      logr.Logger

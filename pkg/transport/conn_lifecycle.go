@@ -407,7 +407,9 @@ func (c *urmaConn) release() {
 	}
 	if c.ownSend != nil {
 		// The jetty is flushed: no SEND reads the buffers any more.
-		c.ownSend.close(c.log)
+		if err := c.ownSend.unregister(c.log, "the connection's send buffers"); err != nil {
+			c.log.Error(err, "releasing the connection's send buffers")
+		}
 	}
 	if c.ownHello != nil {
 		if err := c.ownHello.close(); err != nil {

@@ -71,7 +71,7 @@ func (c *urmaConn) unreserveWindow() {
 // any is free, else one of the engine pool.
 func (c *urmaConn) takeBuffer() (*Buffer, error) {
 	if c.ownSend != nil {
-		if b := c.ownSend.pool.tryGet(); b != nil {
+		if b := c.ownSend.tryGet(); b != nil {
 			return b, nil
 		}
 	}

@@ -222,18 +222,11 @@ func (e *engine) jfcDepth(sq int) int { return sq + e.rqSize + 1 }
 // the hello page with the token: what peers import before our jetty, as
 // brpc's handshake demands.
 func (e *engine) registerMemory() error {
-	size := e.bufSize * e.s.flags.BufferCount
-	mem, err := urma.AllocMemory(size)
+	pool, err := allocPool(e.bufSize, e.s.flags.BufferCount, e.registerPool)
 	if err != nil {
-		return fmt.Errorf("allocate buffer pool of %d x %d bytes: %w", e.s.flags.BufferCount, e.bufSize, err)
+		return fmt.Errorf("buffer pool: %w", err)
 	}
-	seg, err := e.registerPool(mem)
-	if err != nil {
-		_ = mem.Free()
-		return fmt.Errorf("register buffer pool of %d bytes: %w", size, err)
-	}
-	e.pool = newRegisteredPool(mem, seg, e.bufSize, e.s.flags.BufferCount)
-
+	e.pool = pool
 	e.hello, err = e.newHelloPage(e.s.noToken)
 	return err
 }
@@ -384,17 +377,7 @@ func (e *engine) teardownResources() {
 		e.hello = nil
 	}
 	if e.pool != nil {
-		if err := e.pool.seg.Close(); err != nil {
-			// Never unmap memory a device may still write into.
-			errs = append(errs, fmt.Errorf("unregister buffer pool (its memory stays mapped): %w", err))
-		} else {
-			mem, log := e.pool.mem, e.log
-			e.pool.retire(func() {
-				if err := mem.Free(); err != nil {
-					log.Error(err, "unmapping the buffer pool")
-				}
-			})
-		}
+		errs = append(errs, e.pool.unregister(e.log, "the buffer pool"))
 		e.pool = nil
 	}
 	if e.uctx != nil {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/go-logr/logr"
+
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -78,6 +80,38 @@ func newRegisteredPool(mem *urma.Memory, seg urma.Segment, size, count int) *buf
 	p := newPoolOver(mem.Bytes(), size, count)
 	p.mem, p.seg = mem, seg
 	return p
+}
+
+// allocPool maps count buffers of size bytes and registers them with
+// register; nothing stays mapped when it fails.
+func allocPool(size, count int, register func(*urma.Memory) (urma.Segment, error)) (*bufferPool, error) {
+	mem, err := urma.AllocMemory(size * count)
+	if err != nil {
+		return nil, fmt.Errorf("allocate %d x %d bytes: %w", count, size, err)
+	}
+	seg, err := register(mem)
+	if err != nil {
+		_ = mem.Free()
+		return nil, fmt.Errorf("register %d bytes: %w", size*count, err)
+	}
+	return newRegisteredPool(mem, seg, size, count), nil
+}
+
+// unregister ends a registered pool: it unregisters the segment, then
+// unmaps the memory once the application has given back every buffer it
+// still holds. If the provider refuses the unregistration the memory stays
+// mapped: never unmap what a device may still read or write.
+func (p *bufferPool) unregister(log logr.Logger, what string) error {
+	if err := p.seg.Close(); err != nil {
+		return fmt.Errorf("unregister %s (its memory stays mapped): %w", what, err)
+	}
+	mem := p.mem
+	p.retire(func() {
+		if err := mem.Free(); err != nil {
+			log.Error(err, "unmapping "+what)
+		}
+	})
+	return nil
 }
 
 // newHeapPool is a pool of ordinary memory, for TCP-mode connections.

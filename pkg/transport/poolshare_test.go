@@ -191,14 +191,14 @@ func TestShmSendBuffersRunDry(t *testing.T) {
 		t.Fatalf("client %s (%s) without send buffers of its own", p.client.Mode(), p.client.FallbackReason())
 	}
 	zc := p.client.(ZeroCopyConn)
-	own := len(uc.ownSend.pool.bufs)
+	own := len(uc.ownSend.bufs)
 	held := make([]*Buffer, own)
 	for i := range held {
 		b, err := zc.AllocBuffer()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b.pool != uc.ownSend.pool {
+		if b.pool != uc.ownSend {
 			t.Fatalf("buffer %d of %d came from the engine pool while own buffers were free", i, own)
 		}
 		held[i] = b
@@ -252,7 +252,7 @@ func TestShmSendBuffersRunDry(t *testing.T) {
 	// free again, and of the dialer's engine pool only its two
 	// connections' receive queues in use.
 	waitFor(t, "the send completions", 10*time.Second, func() bool {
-		free, _ := uc.ownSend.pool.stats()
+		free, _ := uc.ownSend.stats()
 		_, inUse := uc.e.pool.stats()
 		return free == own && inUse == 2*uc.e.rqSize
 	})
@@ -264,16 +264,16 @@ func TestShmSendBuffersRunDry(t *testing.T) {
 // buffer of the other kind.
 func TestSentBuffer(t *testing.T) {
 	pool := newHeapPool(1024, 4)
-	own := &connSendBuffers{pool: newHeapPool(1024, 2)}
+	own := newHeapPool(1024, 2)
 	for _, tc := range []struct {
 		name    string
-		ownSend *connSendBuffers
+		ownSend *bufferPool
 		ctx     uint64
 		want    *Buffer
 	}{
 		{name: "pool", ctx: 4, want: &pool.bufs[3]},
 		{name: "pool, past its end", ctx: 5},
-		{name: "own", ownSend: own, ctx: sendCtxOwn | 2, want: &own.pool.bufs[1]},
+		{name: "own", ownSend: own, ctx: sendCtxOwn | 2, want: &own.bufs[1]},
 		{name: "own, past its end", ownSend: own, ctx: sendCtxOwn | 3},
 		{name: "own, without own buffers", ctx: sendCtxOwn | 1},
 	} {

@@ -4,24 +4,17 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/go-logr/logr"
-
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
-// connSendBuffers are a connection's own send buffers
-// (urma_shm_send_buffers): a region of sq buffers, registered with remote
-// read under a token nobody is told. The shm fabric shares a segment that
-// allows remote read with the peer a SEND from it goes to, which then copies
-// the payload once, straight from this memory, instead of through the ring.
-// The engine pool cannot be shared that way without showing every peer the
-// receive buffers of every connection; this region only ever holds what the
-// connection sends to that one peer.
-type connSendBuffers struct {
-	mem  *urma.Memory
-	seg  urma.Segment
-	pool *bufferPool
-}
+// The connection's own send buffers (urma_shm_send_buffers, urmaConn.ownSend)
+// are a pool of sq buffers, registered with remote read under a token
+// nobody is told. The shm fabric shares a segment that allows remote read
+// with the peer a SEND from it goes to, which then copies the payload once,
+// straight from this memory, instead of through the ring. The engine pool
+// cannot be shared that way without showing every peer the receive buffers
+// of every connection; this region only ever holds what the connection
+// sends to that one peer.
 
 // wantsSendBuffers says whether connections get send buffers of their own:
 // only on the shm fabric (the one fabric that sends by reference), and not
@@ -32,38 +25,17 @@ func (e *engine) wantsSendBuffers() bool {
 }
 
 // newConnSendBuffers maps and registers count buffers of the engine's size.
-func (e *engine) newConnSendBuffers(count int) (*connSendBuffers, error) {
-	mem, err := urma.AllocMemory(count * e.bufSize)
-	if err != nil {
-		return nil, fmt.Errorf("allocate %d send buffers of %d bytes: %w", count, e.bufSize, err)
-	}
-	// A token of its own, never sent in a hello: no peer can import the
-	// segment for a READ; only the fabric's SEND by reference reaches it.
-	cfg := urma.SegmentConfig{Access: urma.AccessRead, TokenPolicy: urma.TokenPlainText, Token: randomToken()}
-	seg, err := e.uctx.RegisterSegment(mem, cfg)
-	if err != nil {
-		_ = mem.Free()
-		return nil, fmt.Errorf("register %d send buffers of %d bytes: %w", count, e.bufSize, err)
-	}
-	return &connSendBuffers{mem: mem, seg: seg, pool: newRegisteredPool(mem, seg, e.bufSize, count)}, nil
-}
-
-// close unregisters the region, which unshares it, and unmaps it once the
-// application has given back the buffers it still holds. The connection's
-// sends must be complete (flushed). If the provider refuses the
-// unregistration the memory stays mapped: never unmap what a device may
-// still read.
-func (s *connSendBuffers) close(log logr.Logger) {
-	if err := s.seg.Close(); err != nil {
-		log.Error(err, "unregistering the connection's send buffers (their memory stays mapped)")
-		return
-	}
-	mem := s.mem
-	s.pool.retire(func() {
-		if err := mem.Free(); err != nil {
-			log.Error(err, "unmapping the connection's send buffers")
-		}
+func (e *engine) newConnSendBuffers(count int) (*bufferPool, error) {
+	pool, err := allocPool(e.bufSize, count, func(mem *urma.Memory) (urma.Segment, error) {
+		// A token of its own, never sent in a hello: no peer can import
+		// the segment for a READ; only the fabric's SEND by reference
+		// reaches it.
+		return e.uctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessRead, TokenPolicy: urma.TokenPlainText, Token: randomToken()})
 	})
+	if err != nil {
+		return nil, fmt.Errorf("send buffers: %w", err)
+	}
+	return pool, nil
 }
 
 // ownSendCount is how many send buffers the connection has of its own.
@@ -71,13 +43,13 @@ func (c *urmaConn) ownSendCount() int {
 	if c.ownSend == nil {
 		return 0
 	}
-	return len(c.ownSend.pool.bufs)
+	return len(c.ownSend.bufs)
 }
 
 // ownsSendBuffer reports whether b is one of the connection's own send
 // buffers.
 func (c *urmaConn) ownsSendBuffer(b *Buffer) bool {
-	return c.ownSend != nil && b.pool == c.ownSend.pool
+	return c.ownSend != nil && b.pool == c.ownSend
 }
 
 // sendCtxOwn marks the user context of a SEND from the connection's own
@@ -106,7 +78,7 @@ func (c *urmaConn) sentBuffer(ctx uint64) (*Buffer, error) {
 		if c.ownSend == nil {
 			return nil, errNoOwnSendBuffers
 		}
-		p, ctx = c.ownSend.pool, ctx&^sendCtxOwn
+		p, ctx = c.ownSend, ctx&^sendCtxOwn
 	}
 	idx := ctx - 1
 	if idx >= uint64(len(p.bufs)) {

@@ -460,12 +460,6 @@ func (c *conn) readFrames() error {
 	}
 }
 
-// drive is Poll taking what the connection's rings hold, in the polling
-// goroutine, unless the reader goroutine is reading: every frame there is,
-// a frame that is not yet whole included (its writer is copying the rest).
-// It also writes what waits to be written, which the writer goroutine may
-// be slow to get to: a poller busy on every processor starves the wake-ups
-// of goroutines that sleep in Go's poller.
 // pollerReadBudget is how long a Poll goes on reading the rings' frames
 // once it has started: short messages are taken in batches, but after a
 // large payload (a 1 MiB copy takes about 100 µs) the poller returns to its
@@ -475,6 +469,12 @@ func (c *conn) readFrames() error {
 // writer wakes it for every sleep it announces, whoever reads the frames.
 const pollerReadBudget = 20 * time.Microsecond
 
+// drive is Poll taking what the connection's rings hold, in the polling
+// goroutine, unless the reader goroutine is reading: every frame there is,
+// a frame that is not yet whole included (its writer is copying the rest).
+// It also writes what waits to be written, which the writer goroutine may
+// be slow to get to: a poller busy on every processor starves the wake-ups
+// of goroutines that sleep in Go's poller.
 func (c *conn) drive() {
 	s := c.io.(*shmIO)
 	if c.readMu.TryLock() {
