@@ -2,18 +2,24 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers/plan"
+	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 )
 
@@ -41,7 +47,7 @@ func TestInjectClaims(t *testing.T) {
 	p := basePod()
 	p.Spec.Containers[1].Resources.Limits = corev1.ResourceList{nodefacts.ResourceName: resource.MustParse("2")} // side: its own units
 	p.Spec.InitContainers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "mine"}}                           // init: its own claim
-	in := Injection{Endpoint: "ep", ClaimTemplate: "ep-urma-jetties"}
+	in := Injection{Endpoint: "ep", ClaimTemplate: "ep-urma-jetties", JettyClaims: map[string]bool{"mine": true}}
 	Inject(p, in)
 	if got := podClaims(p); len(got) != 1 || got["urma-app"] != "ep-urma-jetties" {
 		t.Fatalf("pod claims %v, want only urma-app from ep-urma-jetties", got)
@@ -65,6 +71,104 @@ func TestInjectClaims(t *testing.T) {
 	Inject(p, in)
 	if len(p.Spec.ResourceClaims) != 1 || len(p.Spec.Containers[0].Resources.Claims) != 1 {
 		t.Fatalf("second Inject duplicated claims: %+v", p.Spec.ResourceClaims)
+	}
+}
+
+// Only a URMA claim stands in for the endpoint's: a container that lists
+// a claim for another device (a GPU's) still gets its jetties.
+func TestInjectClaimsBesideOtherDevices(t *testing.T) {
+	cases := []struct {
+		name   string
+		claims []string // the app container's claims
+		urma   map[string]bool
+		want   string // the app container's claims after Inject
+	}{
+		{name: "none", want: "urma-app"},
+		{name: "a GPU claim", claims: []string{"gpu"}, want: "gpu,urma-app"},
+		{name: "a URMA claim of its own", claims: []string{"mine"}, urma: map[string]bool{"mine": true}, want: "mine"},
+		{name: "a GPU and a URMA claim", claims: []string{"gpu", "mine"}, urma: map[string]bool{"gpu": false, "mine": true}, want: "gpu,mine"},
+		{name: "a claim named urma-*", claims: []string{"urma-own"}, want: "urma-own"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := basePod()
+			p.Spec.InitContainers, p.Spec.Containers = nil, p.Spec.Containers[:1]
+			for _, n := range tc.claims {
+				p.Spec.Containers[0].Resources.Claims = append(p.Spec.Containers[0].Resources.Claims, corev1.ResourceClaim{Name: n})
+			}
+			Inject(p, Injection{Endpoint: "ep", ClaimTemplate: "ep-urma-jetties", JettyClaims: tc.urma})
+			if got := strings.Join(containerClaims(p.Spec.Containers[0]), ","); got != tc.want {
+				t.Errorf("app lists claims %q, want %q", got, tc.want)
+			}
+			_, added := podClaims(p)["urma-app"]
+			if wantAdded := strings.Contains(tc.want, "urma-app"); added != wantAdded {
+				t.Errorf("pod claim urma-app added: %v, want %v", added, wantAdded)
+			}
+		})
+	}
+}
+
+func claimTemplate(name, class string) *resourceapi.ResourceClaimTemplate {
+	return &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "dev", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class}}},
+		}}},
+	}
+}
+
+// The webhook reads the templates of a pod's claims to tell URMA claims
+// from others, and refuses the pod when it cannot read one.
+func TestPodInjectorDRAModeReadsClaimTemplates(t *testing.T) {
+	s := scheme(t)
+	ep := endpoint()
+	alt := claimTemplate("urma-alt", "")
+	alt.Spec.Spec.Devices.Requests[0] = resourceapi.DeviceRequest{Name: "dev", FirstAvailable: []resourceapi.DeviceSubRequest{
+		{Name: "a", DeviceClassName: "gpu.example.com"}, {Name: "b", DeviceClassName: draslices.DriverName},
+	}}
+	objs := []client.Object{ep, ownedConfigMap(ep, "h1"),
+		claimTemplate("gpu-template", "gpu.example.com"), claimTemplate("my-urma", draslices.DriverName), alt}
+	pod := func() *corev1.Pod {
+		p := basePod()
+		p.Spec.InitContainers = nil
+		p.Spec.Containers = []corev1.Container{{Name: "app"}, {Name: "side"}, {Name: "third"}}
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{
+			{Name: "gpu", ResourceClaimTemplateName: ptr.To("gpu-template")},
+			{Name: "jetties", ResourceClaimTemplateName: ptr.To("my-urma")},
+			{Name: "either", ResourceClaimTemplateName: ptr.To("urma-alt")},
+		}
+		p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+		p.Spec.Containers[1].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}, {Name: "jetties"}}
+		p.Spec.Containers[2].Resources.Claims = []corev1.ResourceClaim{{Name: "either"}}
+		return p
+	}
+	cl := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
+	h := &PodInjector{Reader: cl, APIReader: cl, Decoder: admission.NewDecoder(s), Driver: plan.DriverDRA}
+	p := pod()
+	resp := h.Handle(context.Background(), podRequest(t, p))
+	if !resp.Allowed {
+		t.Fatalf("refused: %+v", resp.Result)
+	}
+	got := applyPatch(t, p, resp)
+	want := map[string]string{"app": "gpu,urma-app", "side": "gpu,jetties", "third": "either"}
+	for _, c := range got.Spec.Containers {
+		if claims := strings.Join(containerClaims(c), ","); claims != want[c.Name] {
+			t.Errorf("%s lists claims %q, want %q", c.Name, claims, want[c.Name])
+		}
+	}
+
+	broken := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, ok := obj.(*resourceapi.ResourceClaimTemplate); ok {
+				return errors.New("etcd is down")
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	}).Build()
+	h.Reader, h.APIReader = broken, broken
+	resp = h.Handle(context.Background(), podRequest(t, pod()))
+	if resp.Allowed || resp.Result == nil || !strings.Contains(resp.Result.Message, "get ResourceClaimTemplate ns/gpu-template of pod claim gpu: etcd is down") {
+		t.Fatalf("a template that cannot be read: %+v, want the pod refused naming the template", resp.Result)
 	}
 }
 

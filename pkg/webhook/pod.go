@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,6 +27,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers/plan"
+	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 )
 
@@ -107,6 +109,9 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	in := Injection{Endpoint: ep.Name, Hash: hash, Containers: ep.Spec.Containers}
 	if p.Driver == plan.DriverDRA {
 		in.ClaimTemplate = v1alpha1.ClaimTemplateName(ep.Name)
+		if in.JettyClaims, err = p.jettyClaims(ctx, ns, &pod, in.ClaimTemplate); err != nil {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
 	} else {
 		in.JettyUnits = plan.JettyUnits(obs.Input)
 	}
@@ -156,6 +161,11 @@ type Injection struct {
 	// container gets its own pod claim from this ResourceClaimTemplate,
 	// which asks for the endpoint's jettyBudget jetties.
 	ClaimTemplate string
+	// JettyClaims names the pod's spec.resourceClaims entries that already
+	// claim URMA jetties (see PodInjector.jettyClaims). A container listing
+	// one, or a claim named urma-*, keeps it and gets none from
+	// ClaimTemplate; its other claims (a GPU's) do not count.
+	JettyClaims map[string]bool
 }
 
 // Inject gives a pod what it needs to run an endpoint's flags; it keeps
@@ -169,7 +179,8 @@ type Injection struct {
 //     allocates devices per container, so each needs its own request;
 //     with a ClaimTemplate (DRA driver) instead a pod claim of its own from
 //     that template, listed in the container's resources.claims, unless
-//     the container already asks for units or lists a claim;
+//     the container already asks for units or lists a URMA claim
+//     (JettyClaims);
 //   - the flags-hash annotation, when the hash is known.
 //
 // It returns the names in in.Containers that the pod does not have.
@@ -200,7 +211,7 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 				c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: flagsFile})
 			}
 			if in.ClaimTemplate != "" {
-				claimJetties(pod, c, in.ClaimTemplate)
+				claimJetties(pod, c, in.ClaimTemplate, in.JettyClaims)
 			} else if !requestsJetties(c) {
 				q := *resource.NewQuantity(in.JettyUnits, resource.DecimalSI)
 				if c.Resources.Requests == nil {
@@ -262,10 +273,13 @@ func requestsJetties(c *corev1.Container) bool {
 }
 
 // claimJetties gives container c its own pod claim from template (see
-// ClaimName), unless it already asks for units or lists any claim (the
-// user's own placement wins, as with units).
-func claimJetties(pod *corev1.Pod, c *corev1.Container, template string) {
-	if requestsJetties(c) || len(c.Resources.Claims) > 0 {
+// ClaimName), unless it already asks for units or lists a URMA claim (the
+// user's own placement wins, as with units). Claims for other devices do
+// not count: a GPU and URMA container is the common case.
+func claimJetties(pod *corev1.Pod, c *corev1.Container, template string, jettyClaims map[string]bool) {
+	if requestsJetties(c) || slices.ContainsFunc(c.Resources.Claims, func(rc corev1.ResourceClaim) bool {
+		return strings.HasPrefix(rc.Name, "urma-") || jettyClaims[rc.Name]
+	}) {
 		return
 	}
 	name := ClaimName(c.Name)
@@ -275,6 +289,51 @@ func claimJetties(pod *corev1.Pod, c *corev1.Container, template string) {
 		})
 	}
 	c.Resources.Claims = append(c.Resources.Claims, corev1.ResourceClaim{Name: name})
+}
+
+// jettyClaims finds the pod's claims that already ask for URMA jetties:
+// those from the endpoint's template, and those from a template of the
+// pod's namespace with a request of the URMA DeviceClass. A claim the pod
+// names directly (resourceClaimName) is not read, since the operator may
+// not read ResourceClaims: name its pod entry urma-* for it to count.
+func (p *PodInjector) jettyClaims(ctx context.Context, ns string, pod *corev1.Pod, own string) (map[string]bool, error) {
+	out := map[string]bool{}
+	for _, rc := range pod.Spec.ResourceClaims {
+		t := rc.ResourceClaimTemplateName
+		if t == nil {
+			continue
+		}
+		if *t == own {
+			out[rc.Name] = true
+			continue
+		}
+		var tmpl resourceapi.ResourceClaimTemplate
+		err := p.Reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: *t}, &tmpl)
+		if apierrors.IsNotFound(err) {
+			continue // the pod cannot start without it, whatever it asks for
+		}
+		if err != nil {
+			return nil, fmt.Errorf("get ResourceClaimTemplate %s/%s of pod claim %s: %w", ns, *t, rc.Name, err)
+		}
+		out[rc.Name] = requestsJettyClass(&tmpl.Spec.Spec)
+	}
+	return out, nil
+}
+
+// requestsJettyClass reports whether a claim asks for a device of the URMA
+// DeviceClass, in a request or any of its alternatives.
+func requestsJettyClass(s *resourceapi.ResourceClaimSpec) bool {
+	for _, r := range s.Devices.Requests {
+		if r.Exactly != nil && r.Exactly.DeviceClassName == draslices.DriverName {
+			return true
+		}
+		for _, sub := range r.FirstAvailable {
+			if sub.DeviceClassName == draslices.DriverName {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // ClaimName is the pod claim of a container's jetties: "urma-<container>",
