@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -574,5 +575,141 @@ func TestForeignClientWithoutAck(t *testing.T) {
 	}
 	if n, err := raw.Read(make([]byte, 1)); err == nil {
 		t.Fatalf("read %d bytes; the server should have dropped our own client's bad ACK", n)
+	}
+}
+
+// A fallen-back connection keeps net.Conn's promises where it waits outside
+// the socket: the bytes the handshake kept, and the zero-copy API's heap
+// buffers, which a caller holding them all would otherwise wait for
+// forever.
+func TestTCPModeWaitsEndWithDeadlinesAndClose(t *testing.T) {
+	checkNoLeaks(t)
+	tcpPair := func(t *testing.T) (Conn, ZeroCopyConn) {
+		pa, pb := fabricPair(t)
+		scfg, ccfg := cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags())
+		scfg.DisableURMA = true
+		p := connect(t, scfg, ccfg)
+		if p.client.Mode() != ModeTCP {
+			t.Fatalf("mode %s, want tcp", p.client.Mode())
+		}
+		return p.client, p.client.(ZeroCopyConn)
+	}
+	holdAll := func(t *testing.T, zc ZeroCopyConn) {
+		t.Helper()
+		for i := 0; i < tcpZeroCopyBuffers; i++ {
+			b, err := zc.AllocBuffer()
+			if err != nil {
+				t.Fatalf("buffer %d: %v", i, err)
+			}
+			t.Cleanup(b.Release)
+		}
+	}
+	cases := []struct {
+		name string
+		call func(ZeroCopyConn) error
+		// end makes the waiting call return, before or while it waits.
+		end     func(Conn)
+		waiting bool // end it only once the call waits
+		free    bool // leave the buffers free
+		want    error
+	}{
+		{name: "AllocBuffer past the write deadline", call: allocErr,
+			end: func(c Conn) { _ = c.SetWriteDeadline(time.Now().Add(-time.Second)) }, want: os.ErrDeadlineExceeded},
+		{name: "ReadBuffer past the read deadline", call: readBufferErr,
+			end: func(c Conn) { _ = c.SetReadDeadline(time.Now().Add(-time.Second)) }, want: os.ErrDeadlineExceeded},
+		{name: "AllocBuffer when the deadline passes while it waits", call: allocErr,
+			end: func(c Conn) { _ = c.SetDeadline(time.Now()) }, waiting: true, want: os.ErrDeadlineExceeded},
+		{name: "AllocBuffer closed while it waits", call: allocErr,
+			end: func(c Conn) { _ = c.Close() }, waiting: true, want: net.ErrClosed},
+		{name: "ReadBuffer closed while it waits", call: readBufferErr,
+			end: func(c Conn) { _ = c.Close() }, waiting: true, want: net.ErrClosed},
+		{name: "AllocBuffer after Close", call: allocErr,
+			end: func(c Conn) { _ = c.Close() }, free: true, want: net.ErrClosed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, zc := tcpPair(t)
+			if !tc.free {
+				holdAll(t, zc)
+			}
+			if !tc.waiting {
+				tc.end(c)
+			}
+			done := make(chan error, 1)
+			go func() { done <- tc.call(zc) }()
+			if tc.waiting {
+				pool := c.(*tcpConn).heapPool()
+				waitFor(t, "the call to wait for a buffer", 5*time.Second, func() bool { return pool.waiters() == 1 })
+				tc.end(c)
+			}
+			select {
+			case err := <-done:
+				if !errors.Is(err, tc.want) {
+					t.Fatalf("got %v, want %v", err, tc.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the call still waits")
+			}
+		})
+	}
+}
+
+func allocErr(zc ZeroCopyConn) error {
+	b, err := zc.AllocBuffer()
+	if b != nil {
+		b.Release()
+	}
+	return err
+}
+
+func readBufferErr(zc ZeroCopyConn) error {
+	b, err := zc.ReadBuffer()
+	if b != nil {
+		b.Release()
+	}
+	return err
+}
+
+// A plain client's first bytes, kept by the server's handshake, are not
+// served once the connection is closed or its read deadline has passed.
+func TestTCPModeKeptBytesAfterCloseAndDeadline(t *testing.T) {
+	cases := []struct {
+		name string
+		end  func(net.Conn)
+		want error
+	}{
+		{name: "closed", end: func(c net.Conn) { _ = c.Close() }, want: net.ErrClosed},
+		{name: "read deadline passed", end: func(c net.Conn) { _ = c.SetReadDeadline(time.Now().Add(-time.Second)) }, want: os.ErrDeadlineExceeded},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, _ := fabricPair(t)
+			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, smallFlags()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			if _, err := raw.Write([]byte("GET / HTTP/1.0\r\n\r\n")); err != nil {
+				t.Fatal(err)
+			}
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if kept, ok := c.(*tcpConn); !ok || len(kept.prefix) == 0 {
+				t.Fatal("the handshake kept no bytes: the case tests nothing")
+			}
+			tc.end(c)
+			n, err := c.Read(make([]byte, 16))
+			if n != 0 || !errors.Is(err, tc.want) {
+				t.Fatalf("Read: %d bytes, %v; want 0, %v", n, err, tc.want)
+			}
+		})
 	}
 }

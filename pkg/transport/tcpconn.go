@@ -2,15 +2,20 @@ package transport
 
 import (
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
 )
 
 // tcpConn is a connection that fell back to TCP: the TCP connection itself,
 // plus bytes the handshake already read from it (a plain client's first
-// bytes, or a foreign server's), which Read returns first.
+// bytes, or a foreign server's), which Read returns first. The socket
+// enforces its own deadlines; closed, rdl and wdl carry Close and the
+// deadlines to what waits outside it (the kept bytes, the zero-copy API's
+// heap buffers), as they do for a URMA connection.
 type tcpConn struct {
 	net.Conn
 	role     string
@@ -24,6 +29,9 @@ type tcpConn struct {
 	heap    *bufferPool // lazily: ZeroCopyConn over TCP uses heap buffers
 	heapMu  sync.Mutex
 	bufSize int
+
+	closed   chan struct{}
+	rdl, wdl *deadline
 
 	bytesSent, bytesReceived atomic.Uint64
 	closeOnce                sync.Once
@@ -39,6 +47,7 @@ func newTCPConn(c net.Conn, role string, why fallback, prefix []byte, version in
 	t := &tcpConn{
 		Conn: c, role: role, why: why, version: version,
 		prefix: prefix, bufSize: bufSize, metrics: m, counters: m.Data(metrics.ModeTCP),
+		closed: make(chan struct{}), rdl: newDeadline(), wdl: newDeadline(),
 	}
 	m.ConnOpened(metrics.ModeTCP, role)
 	return t
@@ -51,6 +60,11 @@ func (c *tcpConn) FallbackReason() string { return c.why.String() }
 func (c *tcpConn) Read(p []byte) (int, error) {
 	c.readMu.Lock()
 	if len(c.prefix) > 0 {
+		// The socket would refuse these reads; the kept bytes must too.
+		if err := c.readErr(); err != nil {
+			c.readMu.Unlock()
+			return 0, c.opErr("read", err)
+		}
 		n := copy(p, c.prefix)
 		c.prefix = c.prefix[n:]
 		if len(c.prefix) == 0 {
@@ -64,6 +78,36 @@ func (c *tcpConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.count(0, n)
 	return n, err
+}
+
+// readErr is why a read cannot be served from the kept bytes: the
+// connection is closed or the read deadline has passed.
+func (c *tcpConn) readErr() error {
+	select {
+	case <-c.closed:
+		return net.ErrClosed
+	default:
+	}
+	if c.rdl.passed() {
+		return os.ErrDeadlineExceeded
+	}
+	return nil
+}
+
+func (c *tcpConn) SetDeadline(t time.Time) error {
+	c.rdl.set(t)
+	c.wdl.set(t)
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *tcpConn) SetReadDeadline(t time.Time) error {
+	c.rdl.set(t)
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *tcpConn) SetWriteDeadline(t time.Time) error {
+	c.wdl.set(t)
+	return c.Conn.SetWriteDeadline(t)
 }
 
 func (c *tcpConn) Write(p []byte) (int, error) {
@@ -85,6 +129,9 @@ func (c *tcpConn) count(sent, received int) {
 
 func (c *tcpConn) Close() error {
 	c.closeOnce.Do(func() {
+		close(c.closed)
+		c.rdl.stop()
+		c.wdl.stop()
 		c.closeErr = c.Conn.Close()
 		c.metrics.ConnClosed(metrics.ModeTCP, c.role)
 	})
@@ -122,9 +169,15 @@ func (c *tcpConn) heapPool() *bufferPool {
 const tcpZeroCopyBuffers = 16
 
 // AllocBuffer returns a buffer to fill and pass to WriteBuffer. In TCP mode
-// it is ordinary memory.
+// it is ordinary memory. While all of them are out it waits, within the
+// write deadline, until one comes back or the connection closes.
 func (c *tcpConn) AllocBuffer() (*Buffer, error) {
-	b, err := c.heapPool().get(nil, nil, false)
+	select {
+	case <-c.closed:
+		return nil, c.opErr("write", net.ErrClosed)
+	default:
+	}
+	b, err := c.heapPool().get(c.closed, c.wdl.done(), false)
 	if err != nil {
 		return nil, c.opErr("write", err)
 	}
@@ -142,9 +195,10 @@ func (c *tcpConn) WriteBuffer(b *Buffer, n int) error {
 }
 
 // ReadBuffer reads what is available, up to one buffer, into a buffer the
-// caller must Release.
+// caller must Release. While all buffers are out it waits as AllocBuffer
+// does, within the read deadline.
 func (c *tcpConn) ReadBuffer() (*Buffer, error) {
-	b, err := c.heapPool().get(nil, nil, false)
+	b, err := c.heapPool().get(c.closed, c.rdl.done(), false)
 	if err != nil {
 		return nil, c.opErr("read", err)
 	}
