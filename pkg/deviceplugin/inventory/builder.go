@@ -146,7 +146,7 @@ func Candidates(devs []sysfs.Device) []selection.Candidate {
 	out := make([]selection.Candidate, len(devs))
 	for i := range devs {
 		d := &devs[i]
-		out[i] = selection.Candidate{Name: d.Name, Driver: d.Driver, Transport: d.TransportType, Bonding: d.IsBonding}
+		out[i] = selection.Candidate{Name: d.Name, Driver: d.Driver, Transport: d.TransportType, Bonding: d.IsBonding, Broken: len(d.Problems) > 0}
 	}
 	return out
 }

@@ -4,7 +4,10 @@
 //
 // Bonding devices aggregate member devices; advertising both would count the
 // same jetties twice. So by default (BondingAuto), as soon as any bonding
-// device passes the other filters, only bonding devices are advertised.
+// device passes the other filters, only bonding devices are advertised. A
+// bonding device with malformed sysfs files (Broken) does not count: a
+// device whose parent link cannot be read looks like a bonding device, and
+// must not hide every healthy device on the node.
 package selection
 
 import (
@@ -22,8 +25,8 @@ type BondingPolicy string
 
 // Bonding policies.
 const (
-	// BondingAuto advertises only bonding devices when any exists, and all
-	// devices otherwise.
+	// BondingAuto advertises only bonding devices when any that is not
+	// Broken exists, and all devices otherwise.
 	BondingAuto BondingPolicy = "auto"
 	// BondingOnly advertises only bonding devices (none if there are none).
 	BondingOnly BondingPolicy = "only"
@@ -73,6 +76,11 @@ type Candidate struct {
 	Driver    string
 	Transport urma.TransportType
 	Bonding   bool
+	// Broken says sysfs files of the device are malformed (it has
+	// Problems, so it is unhealthy). A broken device may be classed as
+	// bonding only because its device/ link cannot be read; under
+	// BondingAuto it does not hide the other devices.
+	Broken bool
 }
 
 // Decision is the verdict on one candidate.
@@ -90,7 +98,7 @@ func (p Policy) Select(cands []Candidate) []Decision {
 	anyBonding := false
 	for i, c := range cands {
 		out[i] = Decision{Name: c.Name, Why: p.filter(c)}
-		if out[i].Why == "" && c.Bonding {
+		if out[i].Why == "" && c.Bonding && !c.Broken {
 			anyBonding = true
 		}
 	}

@@ -8,10 +8,12 @@ import (
 )
 
 var (
-	udma0   = Candidate{Name: "udma0", Driver: "udma", Transport: urma.TransportUB}
-	udma1   = Candidate{Name: "udma1", Driver: "udma", Transport: urma.TransportUB}
-	hns0    = Candidate{Name: "hns_ub0", Driver: "hns3_udma", Transport: urma.TransportHNSUB}
-	bond0   = Candidate{Name: "bonding_dev_0", Driver: "ubagg", Transport: urma.TransportUB, Bonding: true}
+	udma0 = Candidate{Name: "udma0", Driver: "udma", Transport: urma.TransportUB}
+	udma1 = Candidate{Name: "udma1", Driver: "udma", Transport: urma.TransportUB}
+	hns0  = Candidate{Name: "hns_ub0", Driver: "hns3_udma", Transport: urma.TransportHNSUB}
+	bond0 = Candidate{Name: "bonding_dev_0", Driver: "ubagg", Transport: urma.TransportUB, Bonding: true}
+	// broken has an unreadable device/ link, so sysfs calls it bonding.
+	broken  = Candidate{Name: "udma2", Driver: "udma", Transport: urma.TransportUB, Bonding: true, Broken: true}
 	ipdev   = Candidate{Name: "ipdev0", Driver: "udma", Transport: urma.TransportIP}
 	allCand = []Candidate{udma0, udma1, hns0, ipdev}
 )
@@ -39,6 +41,8 @@ func TestSelect(t *testing.T) {
 		{"driver", Policy{Drivers: []string{"hns3_udma"}}, allCand, []string{"hns_ub0"}},
 		{"transport", Policy{Transports: []urma.TransportType{urma.TransportUB, urma.TransportHNSUB}}, allCand, []string{"udma0", "udma1", "hns_ub0"}},
 		{"auto with bonding: only bonding", Policy{}, []Candidate{udma0, bond0, udma1}, []string{"bonding_dev_0"}},
+		{"auto, broken bonding hides nothing", Policy{}, []Candidate{udma0, broken, udma1}, []string{"udma0", "udma2", "udma1"}},
+		{"auto, broken and healthy bonding: only bonding", Policy{}, []Candidate{udma0, broken, bond0}, []string{"udma2", "bonding_dev_0"}},
 		{"auto, bonding excluded: members", Policy{Exclude: []string{"bonding*"}}, []Candidate{udma0, bond0, udma1}, []string{"udma0", "udma1"}},
 		{"only without bonding: nothing", Policy{Bonding: BondingOnly}, allCand, nil},
 		{"never", Policy{Bonding: BondingNever}, []Candidate{udma0, bond0}, []string{"udma0"}},

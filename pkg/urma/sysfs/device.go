@@ -172,12 +172,21 @@ func (r *reader) reserved() {
 }
 
 // parent reads the device/ link: PCI ids and NUMA node. Bonding devices
-// have no parent.
+// have no device/ entry. An entry that cannot be read, or a link whose
+// target is missing, is a Problem; such a device has no parent to read and
+// is classed bonding too (selection ignores broken bonding devices).
 func (r *reader) parent() {
 	d := r.d
 	hasParent := false
-	switch fi, err := os.Stat(filepath.Join(r.dir, "device")); {
+	link := filepath.Join(r.dir, "device")
+	switch fi, err := os.Stat(link); {
 	case errors.Is(err, fs.ErrNotExist):
+		// No entry at all is a device without a parent (a bonding device).
+		// A link whose target is missing is a broken device instead.
+		if li, lerr := os.Lstat(link); lerr == nil && li.Mode()&fs.ModeSymlink != 0 {
+			target, _ := os.Readlink(link)
+			r.problemf("device: symbolic link to %s, whose target is missing", quote(target))
+		}
 	case err != nil:
 		r.problemf("device: %v", describe(err))
 	case !fi.IsDir():

@@ -550,6 +550,16 @@ func TestBondingAndParent(t *testing.T) {
 			return d
 		}, after: func(t *testing.T, tr *sysfstest.Tree) { tr.WriteFile(t, "udma0", "device", "x") },
 			bonding: true, numa: -1, problem: "device: not a directory but a regular file"},
+		{name: "dangling device link", dev: func() sysfstest.Device {
+			d := sysfstest.DefaultDevice("udma0")
+			d.Bonding = true
+			return d
+		}, after: func(t *testing.T, tr *sysfstest.Tree) {
+			link := filepath.Join(tr.ClassPath(sysfs.ClassUbcore, "udma0"), "device")
+			if err := os.Symlink("../../gone/0000:01:00.0", link); err != nil {
+				t.Fatal(err)
+			}
+		}, bonding: true, numa: -1, problem: `device: symbolic link to "../../gone/0000:01:00.0", whose target is missing`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
