@@ -91,10 +91,19 @@ func New(cfg Config, inv *inventory.Inventory, specs *claimspec.Writer, log logr
 	return &Plugin{cfg: cfg, inv: inv, specs: specs, log: log, fatal: fatal, prepared: prepared}, nil
 }
 
-// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin. Kubelet may
+// call it as soon as the helper registers, before discovery has finished
+// its first scan: it waits for that scan (or ctx), because judging claims by
+// the empty unscanned snapshot would refuse every claim as "no such device".
 func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	// Wait before taking mu, so that Unprepare is not held up meanwhile.
+	if _, ok := p.inv.WaitScanned(ctx); !ok {
+		return nil, fmt.Errorf("prepare claims: no device scan has finished yet, so there are no devices to check them against: %w", ctx.Err())
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Read after taking mu: the newest snapshot, scanned since no later
+	// snapshot is unscanned.
 	snap, _ := p.inv.Current()
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, claim := range claims {

@@ -343,6 +343,105 @@ func TestPrepareLogsRefusedClaims(t *testing.T) {
 	}
 }
 
+// waitSpy is a context that reports the first time someone is about to
+// wait on it (calls Done): the test then knows the call under test is
+// blocked on it, without sleeping.
+type waitSpy struct {
+	context.Context
+	once    sync.Once
+	waiting chan struct{}
+}
+
+func newWaitSpy(ctx context.Context) *waitSpy {
+	return &waitSpy{Context: ctx, waiting: make(chan struct{})}
+}
+
+func (w *waitSpy) Done() <-chan struct{} {
+	w.once.Do(func() { close(w.waiting) })
+	return w.Context.Done()
+}
+
+// unscannedPlugin is a plugin over an inventory that has not seen a scan
+// yet, as in dra.Run between the helper's registration with kubelet and the
+// first discovery scan; publish delivers that scan (of h's devices).
+func unscannedPlugin(t *testing.T, h *host) (p *plugin.Plugin, publish func()) {
+	t.Helper()
+	scanned, _ := h.inv.Current()
+	fresh := inventory.New(16)
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err = plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, DevRoot: h.devRoot, Policy: draslices.DefaultRequestPolicy()},
+		fresh, specs, testr.New(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, func() { fresh.Publish(*scanned) }
+}
+
+type prepared struct {
+	res map[types.UID]kubeletplugin.PrepareResult
+	err error
+}
+
+// Kubelet may call NodePrepareResources as soon as the helper registers,
+// before the first scan: the claim waits for the scan instead of being
+// refused with "no such device on this node" for a device that is there.
+func TestPrepareBeforeTheFirstScanWaitsForIt(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	p, publish := unscannedPlugin(t, h)
+	c := h.claim(16, "udma0")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	spy := newWaitSpy(ctx)
+	done := make(chan prepared, 1)
+	go func() {
+		res, err := p.PrepareResourceClaims(spy, []*resourceapi.ResourceClaim{c})
+		done <- prepared{res, err}
+	}()
+	select {
+	case <-spy.waiting:
+	case r := <-done:
+		t.Fatalf("prepared before the first scan without waiting for it: %v, %+v", r.err, r.res)
+	}
+
+	// Unprepare does not wait behind it.
+	other := kubeletplugin.NamespacedObject{NamespacedName: types.NamespacedName{Namespace: "x", Name: "y"}, UID: "uid-other"}
+	un, err := p.UnprepareResourceClaims(context.Background(), []kubeletplugin.NamespacedObject{other})
+	if err != nil || un[other.UID] != nil {
+		t.Fatalf("unprepare while a prepare waits for the first scan: %v, %v", err, un)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("unprepare ran only after the waiting prepare gave up: %v, %+v", r.err, r.res)
+	default:
+	}
+
+	publish()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if got := r.res[c.UID]; got.Err != nil || len(got.Devices) != 1 {
+		t.Fatalf("claim on a present device prepared before the first scan: %+v", got)
+	}
+}
+
+// A prepare whose context ends before any scan fails as a whole, saying so,
+// rather than refusing each claim with "no such device".
+func TestPrepareBeforeTheFirstScanGivesUpWithItsContext(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	p, _ := unscannedPlugin(t, h)
+	c := h.claim(16, "udma0")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res, err := p.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{c})
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "no device scan has finished yet") {
+		t.Fatalf("PrepareResourceClaims = %v, %+v; want an error wrapping context.Canceled saying no scan has finished", err, res)
+	}
+}
+
 func TestPrepareRefuses(t *testing.T) {
 	down := sysfstest.DefaultDevice("udma1")
 	down.Ports = []urma.PortState{urma.PortDown}
