@@ -48,7 +48,8 @@ type Config struct {
 	// with CDI device names.
 	CDIEnabled bool
 	CDI        cdispec.Config
-	// CDIRetry is how often a failed CDI spec write is retried.
+	// CDIRetry is how often a failed CDI spec write is retried, and how
+	// often the spec file is checked for having been deleted.
 	CDIRetry time.Duration
 
 	// LabelNode enables node labels/annotations; NodeName is the Node

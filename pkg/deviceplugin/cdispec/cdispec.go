@@ -7,14 +7,18 @@
 // per-device edit, and the nodes every UDMA container needs besides
 // (/dev/ummu/tid and configured extras) are spec-wide edits, applied once
 // whichever devices a container gets. Software devices need no node and are
-// not in the spec. The file is rewritten when the set changes and left in
-// place on shutdown, so containers created while the plugin restarts still
-// start.
+// not in the spec. The file is rewritten when the set changes or when it
+// is found deleted (checked at every retry), and left in place on shutdown,
+// so containers created while the plugin restarts still start.
 package cdispec
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -129,7 +133,8 @@ func (w *Writer) Build(snap *inventory.Snapshot) (spec *specs.Spec, ok bool) {
 }
 
 // Sync writes the spec for a snapshot if it differs from the last one
-// written, or removes the file when there is nothing to inject.
+// written or the file is gone (someone cleaned the CDI directory), or
+// removes the file when there is nothing to inject.
 func (w *Writer) Sync(snap *inventory.Snapshot) error {
 	spec, ok := w.Build(snap)
 	if !ok {
@@ -145,7 +150,16 @@ func (w *Writer) Sync(snap *inventory.Snapshot) error {
 	}
 	key := render(spec)
 	if key == w.last {
-		return nil
+		// The same spec: rewrite it only if the file went away, since
+		// without it no CDI name Allocate answers with resolves.
+		switch _, err := os.Stat(w.path()); {
+		case err == nil:
+			return nil
+		case errors.Is(err, fs.ErrNotExist):
+			w.log.Info("the CDI spec disappeared (CDI directory cleaned?); writing it again", "path", w.path())
+		default:
+			w.log.Info("the CDI spec cannot be checked; writing it again", "path", w.path(), "error", err.Error())
+		}
 	}
 	if err := w.cache.WriteSpec(spec, w.name+".yaml"); err != nil {
 		return fmt.Errorf("write CDI spec %s into %s: %w", w.name, w.cfg.Dir, err)
@@ -158,6 +172,9 @@ func (w *Writer) Sync(snap *inventory.Snapshot) error {
 	w.log.Info("wrote the CDI spec", "dir", w.cfg.Dir, "kind", w.cfg.Kind, "devices", len(spec.Devices))
 	return nil
 }
+
+// path is the spec file.
+func (w *Writer) path() string { return filepath.Join(w.cfg.Dir, w.name+".yaml") }
 
 func render(s *specs.Spec) string {
 	var b strings.Builder
@@ -194,8 +211,9 @@ func (w *Writer) Covered(snap *inventory.Snapshot) inventory.Snapshot {
 // Run keeps the spec in step with discovered and publishes to advertised
 // (what kubelet is told) only what the spec on disk covers, so that no
 // device is allocated before the runtime can resolve its CDI name. It waits
-// for the first scan, and retries a failed write every retry interval;
-// until a write succeeds, devices the spec lacks are held back.
+// for the first scan and syncs again every retry interval: a failed write
+// is retried, and a spec file deleted meanwhile is written again. Until a
+// write succeeds, devices the spec lacks are held back.
 func (w *Writer) Run(ctx context.Context, discovered, advertised *inventory.Inventory, retry time.Duration) error {
 	t := time.NewTicker(retry)
 	defer t.Stop()

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,6 +126,77 @@ func TestSyncWritesAReadableSpecAndRemovesIt(t *testing.T) {
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 0 {
 		t.Fatalf("spec dir not empty: %v", entries)
+	}
+}
+
+// The spec file is what makes the CDI names Allocate answers with
+// resolvable. Deleted while the plugin runs (the CDI directory cleaned), it
+// must be written again on the next sync even though the devices did not
+// change; otherwise every new container fails with "unresolvable CDI
+// devices" while the devices stay advertised. A spec still in place is not
+// rewritten.
+func TestSyncRewritesADeletedSpec(t *testing.T) {
+	const marker = "# left by the test\n"
+	tests := []struct {
+		name      string
+		tamper    func(t *testing.T, dir, file string)
+		rewritten bool
+	}{
+		{"file deleted", func(t *testing.T, _, file string) {
+			if err := os.Remove(file); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"directory deleted", func(t *testing.T, dir, _ string) {
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"untouched", func(*testing.T, string, string) {}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := devRoot(t, "ummu/tid")
+			dir := filepath.Join(t.TempDir(), "cdi")
+			w, err := New(Config{Dir: dir, Kind: DefaultKind, DevRoot: root}, testr.New(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Sync(snap(root)); err != nil {
+				t.Fatal(err)
+			}
+			file := filepath.Join(dir, "urma.openeuler.org-jetty.yaml")
+			// A marker shows whether the next Sync rewrote the file.
+			f, err := os.OpenFile(file, os.O_APPEND|os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteString(marker); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			tc.tamper(t, dir, file)
+
+			if err := w.Sync(snap(root)); err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatalf("the spec is not there after Sync: %v", err)
+			}
+			if rewritten := !strings.Contains(string(data), marker); rewritten != tc.rewritten {
+				t.Fatalf("spec rewritten %v, want %v", rewritten, tc.rewritten)
+			}
+			reader, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+			if err != nil {
+				t.Fatalf("the runtime's CDI cache rejects the spec: %v", err)
+			}
+			if got := reader.ListDevices(); !slices.Equal(got, []string{"urma.openeuler.org/jetty=udma0", "urma.openeuler.org/jetty=udma1"}) {
+				t.Fatalf("CDI devices %v", got)
+			}
+		})
 	}
 }
 
