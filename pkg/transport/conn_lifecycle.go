@@ -106,8 +106,9 @@ func (c *urmaConn) wake() {
 	notify(c.writable)
 }
 
-// establish starts the data plane (completion handling and the TCP
-// watcher) and makes the transition handshake -> open.
+// establish starts the data plane's completion handling and makes the
+// transition handshake -> open; the TCP watcher starts after the handshake
+// (startWatching).
 func (c *urmaConn) establish(version int) error {
 	c.version = version
 	if c.e.pollers != nil {
@@ -119,13 +120,23 @@ func (c *urmaConn) establish(version int) error {
 	c.mu.Lock()
 	c.moveLocked(stateOpen)
 	c.mu.Unlock()
-	go c.watchTCP()
 	c.e.metrics.ConnOpened(metrics.ModeURMA, c.role)
 	c.e.metrics.FabricConn(c.e.fabricName(), c.role)
 	if c.spec.tokenless {
 		c.e.metrics.TokenlessConn(c.role)
 	}
 	return nil
+}
+
+// startWatching starts the TCP watcher of conn, if it is a URMA
+// connection. The handshakes call it once boundHandshake's stop has cleared
+// the TCP deadline: a watcher reading before could end with the
+// handshake's deadline, or its context's end, and fail a connection that
+// is up as aborted by the peer.
+func startWatching(conn Conn) {
+	if c, ok := conn.(*urmaConn); ok {
+		go c.watchTCP()
+	}
 }
 
 // watchTCP waits for the peer's end on the TCP connection, which carries no

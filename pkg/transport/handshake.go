@@ -107,6 +107,7 @@ func clientHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 		}
 		return nil, fmt.Errorf("URMA handshake with %s: %w", tcp.RemoteAddr(), err)
 	}
+	startWatching(conn)
 	return done(conn, result)
 }
 
@@ -189,6 +190,7 @@ func serverHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 		_ = tcp.Close()
 		return nil, fmt.Errorf("URMA handshake with %s: %w", tcp.RemoteAddr(), err)
 	}
+	startWatching(conn)
 	if tc, ok := conn.(*tcpConn); ok {
 		e.metrics.Fallback(string(tc.why.reason), role)
 		e.log.V(1).Info("connection falls back to TCP", "remote", tcp.RemoteAddr().String(), "reason", tc.why.String())

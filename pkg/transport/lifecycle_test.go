@@ -2,14 +2,17 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -270,4 +273,94 @@ func TestReleaseOfABufferNotHandedOut(t *testing.T) {
 		})
 	}
 	held.Release()
+}
+
+// deadlineSpy is a client's TCP connection that reports whether a read
+// after the handshake's last write (its ACK) ran under a deadline. When the
+// handshake clears its deadline, it gives such a read a moment to start
+// first, so that a watcher started too early is caught in the act.
+type deadlineSpy struct {
+	net.Conn
+	mu        sync.Mutex
+	deadline  time.Time
+	acked     bool          // the handshake wrote its last bytes
+	lateRead  chan struct{} // closed when a read starts after the ACK
+	underLine bool          // that read ran under the handshake's deadline
+}
+
+func (s *deadlineSpy) Write(p []byte) (int, error) {
+	if bytes.Equal(p, handshake.AppendAck(nil, true)) { // the client's last handshake write
+		s.mu.Lock()
+		s.acked = true
+		s.mu.Unlock()
+	}
+	return s.Conn.Write(p)
+}
+
+func (s *deadlineSpy) Read(p []byte) (int, error) {
+	s.mu.Lock()
+	if s.acked {
+		select {
+		case <-s.lateRead:
+		default:
+			s.underLine = !s.deadline.IsZero()
+			close(s.lateRead)
+		}
+	}
+	s.mu.Unlock()
+	return s.Conn.Read(p)
+}
+
+func (s *deadlineSpy) SetDeadline(t time.Time) error {
+	if t.IsZero() {
+		select {
+		case <-s.lateRead:
+		case <-time.After(200 * time.Millisecond): // a correct handshake has no such read
+		}
+	}
+	s.mu.Lock()
+	s.deadline = t
+	s.mu.Unlock()
+	return s.Conn.SetDeadline(t)
+}
+
+// The TCP watcher of a URMA connection reads only once the handshake has
+// cleared its deadline: a read started before could end with that deadline
+// and fail a connection that is up.
+func TestWatcherStartsAfterTheHandshakeDeadline(t *testing.T) {
+	pa, pb := fabricPair(t)
+	ln, d := listenAndDialer(t, cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags()))
+	tcp, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.e.ref() {
+		t.Fatal("dialer closed")
+	}
+	defer d.e.unref()
+	d.e.start(netip.MustParseAddr("127.0.0.1"))
+	spy := &deadlineSpy{Conn: tcp, lateRead: make(chan struct{})}
+	c, err := clientHandshake(context.Background(), d.e, spy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Mode() != ModeURMA {
+		t.Fatalf("mode %s (%s), want urma", c.Mode(), c.FallbackReason())
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	select {
+	case <-spy.lateRead: // the watcher's read
+	case <-time.After(10 * time.Second):
+		t.Fatal("no watcher read the TCP connection")
+	}
+	spy.mu.Lock()
+	defer spy.mu.Unlock()
+	if spy.underLine {
+		t.Fatal("the watcher read the TCP connection under the handshake's deadline")
+	}
 }
