@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -15,6 +16,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
+	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 )
 
 // TestInvalidSpecKeepsLastFlags drives Reconcile directly with a fake
@@ -80,5 +82,74 @@ func TestInvalidSpecKeepsLastFlags(t *testing.T) {
 	}
 	if got.ResourceVersion != rv || len(rec.Events) != 0 {
 		t.Errorf("second reconcile wrote status (%s -> %s) or emitted %d events", rv, got.ResourceVersion, len(rec.Events))
+	}
+}
+
+// TestPodNodeLosingFactsKeepsFlags: the endpoint's pod runs on a hardware
+// node whose device plugin restarts and, until the driver loads, publishes
+// device-count=0 (or nothing at all). The reconciler must keep the flags
+// and the recorded device limits: re-tuning against the software
+// provider's limits would give pods admitted meanwhile queues their device
+// refuses, and dropping the annotation would lose the limits for good.
+func TestPodNodeLosingFactsKeepsFlags(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ann  map[string]string
+	}{
+		{"device-count=0 while the driver loads", nodefacts.Facts{}.Annotations()},
+		{"annotations gone", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ep := newEndpoint("ns", "ep", "g")
+			ep.Spec.Profile.InflightPerConnection = 100 // deeper than the device: clamped to 64
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"urma-test/group": "g"},
+				Annotations: hw(64, 4096, 8192).Annotations()}}
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: map[string]string{v1alpha1.LabelEndpoint: "ep"}},
+				Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+			cl := fake.NewClientBuilder().WithScheme(env.scheme).WithObjects(ep, node, pod).
+				WithStatusSubresource(&v1alpha1.UrmaEndpoint{}).Build()
+			r := &controllers.UrmaEndpointReconciler{Client: cl, Scheme: env.scheme, Recorder: events.NewFakeRecorder(20)}
+			req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "ep"}}
+			cmKey := client.ObjectKey{Namespace: "ns", Name: v1alpha1.ConfigMapName("ep")}
+			if _, err := r.Reconcile(ctx(), req); err != nil {
+				t.Fatal(err)
+			}
+			var before corev1.ConfigMap
+			if err := cl.Get(ctx(), cmKey, &before); err != nil {
+				t.Fatal(err)
+			}
+			recorded := before.Annotations[v1alpha1.AnnotationDeviceLimits]
+			if recorded == "" {
+				t.Fatal("limits from the node were not recorded")
+			}
+
+			if err := cl.Get(ctx(), client.ObjectKeyFromObject(node), node); err != nil {
+				t.Fatal(err)
+			}
+			node.Annotations = c.ann
+			if err := cl.Update(ctx(), node); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.Reconcile(ctx(), req); err != nil {
+				t.Fatal(err)
+			}
+			var after corev1.ConfigMap
+			if err := cl.Get(ctx(), cmKey, &after); err != nil {
+				t.Fatal(err)
+			}
+			if after.ResourceVersion != before.ResourceVersion || after.Annotations[v1alpha1.AnnotationDeviceLimits] != recorded {
+				t.Errorf("ConfigMap rewritten (resourceVersion %s -> %s), device limits %q -> %q",
+					before.ResourceVersion, after.ResourceVersion, recorded, after.Annotations[v1alpha1.AnnotationDeviceLimits])
+			}
+			var got v1alpha1.UrmaEndpoint
+			if err := cl.Get(ctx(), req.NamespacedName, &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Status.LimitsSource != v1alpha1.LimitsLastKnown || got.Status.FlagsHash != before.Data[v1alpha1.ConfigMapKeyHash] ||
+				got.Status.Effective["urma_sq_size"] != "64" {
+				t.Errorf("status: limitsSource %s hash %s urma_sq_size %s; want LastKnown, %s, 64",
+					got.Status.LimitsSource, got.Status.FlagsHash, got.Status.Effective["urma_sq_size"], before.Data[v1alpha1.ConfigMapKeyHash])
+			}
+		})
 	}
 }

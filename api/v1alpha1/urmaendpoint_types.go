@@ -215,7 +215,8 @@ const (
 	LimitsFromNodes LimitsSource = "NodeFacts"
 	// LimitsSoftware: no node reports facts; the software provider's limits.
 	LimitsSoftware LimitsSource = "Software"
-	// LimitsLastKnown: no node reports facts now; the limits the current
+	// LimitsLastKnown: no relevant node reports facts now (none matches,
+	// or the pods' nodes briefly publish none); the limits the current
 	// ConfigMap was tuned against are kept.
 	LimitsLastKnown LimitsSource = "LastKnown"
 )
@@ -223,7 +224,8 @@ const (
 // NodeGroup is a set of nodes whose devices report identical limits.
 type NodeGroup struct {
 	// Limits of every node in the group; absent when the nodes report no
-	// facts (their pods were tuned with the software provider's limits).
+	// facts (their pods were tuned with the limits the current ConfigMap
+	// recorded or, before any were recorded, the software provider's).
 	// +optional
 	Limits *DeviceLimits `json:"limits,omitempty"`
 	// NodeCount is the number of nodes in the group.

@@ -242,10 +242,29 @@ func Make(in Input) (Plan, error) {
 			"no node facts yet: no node with URMA device facts matches; tuned against the software provider's limits; %s",
 			assumedUnit(in))})
 	default:
-		pl.Source = v1alpha1.LimitsSoftware
+		// Nodes without facts are assumed to have the software provider's
+		// limits, unless the current ConfigMap recorded limits: a node that
+		// ran the endpoint's pods and now publishes nothing is far more
+		// likely a device plugin or DRA driver restarting (device-count=0
+		// until the driver loads, slices being republished) than a node
+		// that lost its hardware, and re-tuning against the software
+		// limits (queues far deeper than any device's) would hand pods
+		// admitted meanwhile flags they cannot use. The recorded limits
+		// were the minimum over every group then, so where some groups
+		// still have facts the minimum with them is never looser than the
+		// current flags (Source stays NodeFacts, and what is recorded is
+		// that minimum). The cost: while a node without facts stays
+		// relevant, limits that grow elsewhere are not followed until it
+		// publishes facts again or its pods leave; the NoNodeFacts problem
+		// says so.
+		noFacts, noFactsSource := tuning.SoftwareLimits(), v1alpha1.LimitsSoftware
+		if in.LastKnown != nil {
+			noFacts, noFactsSource = *in.LastKnown, v1alpha1.LimitsLastKnown
+		}
+		pl.Source = noFactsSource
 		first := true
 		for _, g := range groups {
-			l := tuning.SoftwareLimits()
+			l := noFacts
 			if g.limits != nil {
 				l = *g.limits
 				pl.Source = v1alpha1.LimitsFromNodes
@@ -257,9 +276,13 @@ func Make(in Input) (Plan, error) {
 			}
 		}
 		if last := groups[len(groups)-1]; last.limits == nil {
-			msg := fmt.Sprintf("pods run on %d node(s) without URMA device facts (%s); the software provider's limits are assumed there",
-				len(last.nodes), listNames(last.nodes))
-			if pl.Source == v1alpha1.LimitsSoftware {
+			assumed := "the software provider's limits are assumed there"
+			if noFactsSource == v1alpha1.LimitsLastKnown {
+				assumed = "the device limits the current flags were tuned against are kept for them"
+			}
+			msg := fmt.Sprintf("pods run on %d node(s) without URMA device facts (%s); %s",
+				len(last.nodes), listNames(last.nodes), assumed)
+			if pl.Source != v1alpha1.LimitsFromNodes {
 				msg = "no node facts yet: " + msg + "; " + assumedUnit(in)
 			}
 			pl.Problems = append(pl.Problems, Problem{v1alpha1.ReasonNoNodeFacts, msg})

@@ -108,6 +108,10 @@ func TestMakeNodeSelection(t *testing.T) {
 	other := map[string]string{"pool": "b"}
 	malformed := NodeFromAnnotations("bad", gpu, map[string]string{nodefacts.AnnotationDeviceCount: "x"})
 	last := tuning.Limits{MaxJFSDepth: 100, MaxJFRDepth: 100, MaxJFCDepth: 400, MaxMsgSize: 4096}
+	lastBig := LimitsFromFacts(facts(1024, 16))
+	// restarting: the device plugin reports device-count=0 until the
+	// driver loads (no usable facts, not malformed ones).
+	restarting := nodefacts.Facts{}
 	cases := []struct {
 		name       string
 		selector   map[string]string
@@ -139,6 +143,22 @@ func TestMakeNodeSelection(t *testing.T) {
 			source: v1alpha1.LimitsFromNodes, jfs: 4096, reasons: []string{v1alpha1.ReasonNoNodeFacts, v1alpha1.ReasonNodeGroupsDiffer}, groupSizes: []int32{1, 1}, units: 1},
 		{name: "pods only on nodes without facts", nodes: []Node{node("plain", nil, nil)}, podNodes: []string{"plain", "gone"},
 			source: v1alpha1.LimitsSoftware, jfs: tuning.SoftwareLimits().MaxJFSDepth, reasons: []string{v1alpha1.ReasonNoNodeFacts}, groupSizes: []int32{1}, units: 1, noFactsYet: true},
+		{name: "selected node briefly without facts, no pods: last known limits", selector: gpu, nodes: []Node{node("n1", gpu, &restarting)},
+			lastKnown: &last, source: v1alpha1.LimitsLastKnown, jfs: 100, reasons: []string{v1alpha1.ReasonNoNodeFacts}, units: 1, noFactsYet: true},
+		{name: "pods' node briefly without facts, rendered before: last known limits", selector: gpu, nodes: []Node{node("n1", gpu, &restarting)},
+			podNodes: []string{"n1"}, lastKnown: &last, source: v1alpha1.LimitsLastKnown, jfs: 100,
+			reasons: []string{v1alpha1.ReasonNoNodeFacts}, groupSizes: []int32{1}, units: 1, noFactsYet: true},
+		{name: "pods' node without facts, first render: software limits", selector: gpu, nodes: []Node{node("n1", gpu, &restarting)},
+			podNodes: []string{"n1"}, source: v1alpha1.LimitsSoftware, jfs: tuning.SoftwareLimits().MaxJFSDepth,
+			reasons: []string{v1alpha1.ReasonNoNodeFacts}, groupSizes: []int32{1}, units: 1, noFactsYet: true},
+		{name: "one pod node with facts, one without: smallest of the facts and the last known limits",
+			nodes: []Node{node("n1", gpu, &big), node("n2", gpu, &restarting)}, podNodes: []string{"n1", "n2"}, lastKnown: &last,
+			source: v1alpha1.LimitsFromNodes, jfs: 100, reasons: []string{v1alpha1.ReasonNoNodeFacts, v1alpha1.ReasonNodeGroupsDiffer},
+			groupSizes: []int32{1, 1}, units: 1},
+		{name: "one pod node with facts, one without: facts smaller than the last known limits",
+			nodes: []Node{node("n1", gpu, &small), node("n2", gpu, &restarting)}, podNodes: []string{"n1", "n2"}, lastKnown: &lastBig,
+			source: v1alpha1.LimitsFromNodes, jfs: 256, reasons: []string{v1alpha1.ReasonNoNodeFacts, v1alpha1.ReasonNodeGroupsDiffer},
+			groupSizes: []int32{1, 1}, units: 1},
 		{name: "malformed facts reported, not used", nodes: []Node{node("n1", gpu, &big), malformed}, source: v1alpha1.LimitsFromNodes,
 			jfs: 4096, reasons: []string{v1alpha1.ReasonInvalidNodeFacts}, groupSizes: []int32{1}, units: 1},
 	}
@@ -180,6 +200,47 @@ func TestMakeNodeSelection(t *testing.T) {
 			}
 			if pl.Hash != Hash(pl.Rendered) || pl.Rendered != pl.Result.Flags.Render() {
 				t.Error("hash or rendering inconsistent")
+			}
+		})
+	}
+}
+
+// TestMakeKeepsFlagsWhileFactsVanish: the endpoint's pods run on a
+// hardware node whose facts disappear for a moment (the device plugin
+// restarts and reports device-count=0 until the driver loads; the DRA
+// driver republishes its slices). The flags rendered before must stay, so
+// pods admitted meanwhile get flags their device accepts.
+func TestMakeKeepsFlagsWhileFactsVanish(t *testing.T) {
+	s := spec()
+	s.NodeSelector = map[string]string{"pool": "a"}
+	s.Profile.InflightPerConnection = 1000 // deeper than the device allows: clamped
+	pool := map[string]string{"pool": "a"}
+	hw := facts(256, 16)
+	before, err := Make(Input{Spec: s, Nodes: []Node{node("n1", pool, &hw)}, PodNodes: []string{"n1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := before.Limits
+	empty := nodefacts.Facts{}
+	for _, c := range []struct {
+		name     string
+		node     Node
+		podNodes []string
+	}{
+		{"device plugin restarting, no pods", node("n1", pool, &empty), nil},
+		{"device plugin restarting, pods on the node", node("n1", pool, &empty), []string{"n1"}},
+		{"DRA slices republished, pods on the node", NodeFromFacts("n1", pool, nodefacts.Facts{}, nodefacts.ErrNoFacts), []string{"n1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pl, err := Make(Input{Spec: s, Nodes: []Node{c.node}, PodNodes: c.podNodes, LastKnown: &last})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pl.Source != v1alpha1.LimitsLastKnown || pl.Limits != last {
+				t.Errorf("source %s limits %v, want %s %v", pl.Source, pl.Limits, v1alpha1.LimitsLastKnown, last)
+			}
+			if pl.Hash != before.Hash || pl.Result.Flags.SQSize != before.Result.Flags.SQSize {
+				t.Errorf("flags re-tuned: hash %s -> %s, sq_size %d -> %d", before.Hash, pl.Hash, before.Result.Flags.SQSize, pl.Result.Flags.SQSize)
 			}
 		})
 	}
