@@ -143,7 +143,7 @@ func runSuite(m *testing.M) int {
 		return 1
 	}
 	reconciles := &reconcileLog{byKey: map[types.NamespacedName][]reconcileOutcome{}}
-	r := &controllers.UrmaEndpointReconciler{Client: mgr.GetClient(), Scheme: scheme, Recorder: mgr.GetEventRecorder("urma-operator"),
+	r := &controllers.UrmaEndpointReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Scheme: scheme, Recorder: mgr.GetEventRecorder("urma-operator"),
 		Reconciled: reconciles.record}
 	if err := r.SetupWithManager(mgr); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: set up reconciler:", err)

@@ -58,9 +58,14 @@ const (
 
 // UrmaEndpointReconciler renders UrmaEndpoints into ConfigMaps.
 type UrmaEndpointReconciler struct {
-	Client   client.Client
-	Scheme   *runtime.Scheme
-	Recorder events.EventRecorder
+	Client client.Client
+	// APIReader reads from the API server, not the cache: when creating
+	// the ConfigMap finds its name taken, it tells the ConfigMap the cache
+	// has not seen yet (the one the previous reconcile created) from
+	// someone else's. Nil: Client is used.
+	APIReader client.Reader
+	Scheme    *runtime.Scheme
+	Recorder  events.EventRecorder
 	// FallbackJettiesPerUnit is the device plugin's jetties per unit
 	// assumed before any node publishes facts; 0 means the plugin's default.
 	FallbackJettiesPerUnit int64
@@ -142,7 +147,7 @@ func (r *UrmaEndpointReconciler) render(ctx context.Context, ep *v1alpha1.UrmaEn
 	st.ObservedGeneration = ep.Generation
 	st.ConfigMapName = v1alpha1.ConfigMapName(ep.Name)
 
-	pl, err := plan.Make(obs.Input)
+	pl, err := makePlan(obs)
 	if err != nil {
 		msg := err.Error() + "; the ConfigMap keeps the last valid flags"
 		if setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonInvalidSpec, msg) {
@@ -151,12 +156,12 @@ func (r *UrmaEndpointReconciler) render(ctx context.Context, ep *v1alpha1.UrmaEn
 		countPods(&st, obs.Pods)
 		return st, ctrl.Result{}, nil // retrying cannot fix the spec; the next edit will
 	}
-	if obs.LastKnownErr != nil {
-		pl.Problems = append(pl.Problems, plan.Problem{Reason: v1alpha1.ReasonInvalidNodeFacts, Message: obs.LastKnownErr.Error()})
-	}
 
 	var result ctrl.Result
 	applyErr := r.applyConfigMap(ctx, ep, obs.ConfigMap, pl)
+	if obs.ConfigMap == nil && apierrors.IsAlreadyExists(applyErr) {
+		pl, applyErr = r.applyUncached(ctx, ep, obs)
+	}
 	switch {
 	case apierrors.IsAlreadyExists(applyErr):
 		setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonConfigMapConflict, fmt.Sprintf(
@@ -181,9 +186,51 @@ func (r *UrmaEndpointReconciler) render(ctx context.Context, ep *v1alpha1.UrmaEn
 	return st, result, applyErr
 }
 
+// makePlan is plan.Make with the problem of unreadable recorded limits.
+func makePlan(obs plan.Observation) (plan.Plan, error) {
+	pl, err := plan.Make(obs.Input)
+	if err != nil {
+		return plan.Plan{}, err
+	}
+	if obs.LastKnownErr != nil {
+		pl.Problems = append(pl.Problems, plan.Problem{Reason: v1alpha1.ReasonInvalidNodeFacts, Message: obs.LastKnownErr.Error()})
+	}
+	return pl, nil
+}
+
+// applyUncached runs when creating the ConfigMap found its name taken. The
+// cache only holds ConfigMaps this operator manages, so either the name is
+// someone else's or the cache has not yet seen the ConfigMap the previous
+// reconcile created. It reads the ConfigMap from the API server, plans
+// again with the limits it records (the first plan saw none), and applies
+// against it: a ConfigMap this endpoint controls is updated if needed, a
+// foreign one is left alone and reported (AlreadyExists).
+func (r *UrmaEndpointReconciler) applyUncached(ctx context.Context, ep *v1alpha1.UrmaEndpoint, obs plan.Observation) (plan.Plan, error) {
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	if err := plan.ObserveConfigMap(ctx, reader, ep, &obs); err != nil {
+		return plan.Plan{}, err
+	}
+	if obs.ConfigMap == nil {
+		// Deleted since (or the fallback reader is the cache): not a
+		// conflict; the error retries with backoff. Not the AlreadyExists
+		// error wrapped, which would report one.
+		return plan.Plan{}, fmt.Errorf("create ConfigMap %s: the name is taken but no such ConfigMap can be read; retrying",
+			v1alpha1.ConfigMapName(ep.Name))
+	}
+	pl, err := makePlan(obs)
+	if err != nil {
+		return plan.Plan{}, fmt.Errorf("plan against ConfigMap %s: %w", v1alpha1.ConfigMapName(ep.Name), err)
+	}
+	return pl, r.applyConfigMap(ctx, ep, obs.ConfigMap, pl)
+}
+
 // applyConfigMap creates or updates the endpoint's ConfigMap when its content
-// differs from the plan. It returns an AlreadyExists error when a ConfigMap
-// of that name belongs to someone else.
+// differs from the plan. It returns an AlreadyExists error when current
+// belongs to someone else, or when current is nil and creating finds the
+// name taken (see applyUncached).
 func (r *UrmaEndpointReconciler) applyConfigMap(ctx context.Context, ep *v1alpha1.UrmaEndpoint, current *corev1.ConfigMap, pl plan.Plan) error {
 	name := v1alpha1.ConfigMapName(ep.Name)
 	if current != nil && !metav1.IsControlledBy(current, ep) {
@@ -225,9 +272,8 @@ func (r *UrmaEndpointReconciler) applyConfigMap(ctx context.Context, ep *v1alpha
 	if current == nil {
 		if err := r.Client.Create(ctx, desired); err != nil {
 			if apierrors.IsAlreadyExists(err) {
-				// Not in our cache, so not labelled as ours: someone else's.
-				r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventConflict, "Render",
-					"ConfigMap %s already exists and is not managed by urma-operator; not touching it", name)
+				// Someone else's, or ours and not yet in the cache: the
+				// caller looks (applyUncached) before reporting anything.
 				return err
 			}
 			r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventApplyFailed, "Render", "create ConfigMap %s: %v", name, err)

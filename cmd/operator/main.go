@@ -161,7 +161,7 @@ func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) erro
 		return fmt.Errorf("create manager: %w", err)
 	}
 	r := &controllers.UrmaEndpointReconciler{
-		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Recorder: mgr.GetEventRecorder("urma-operator"),
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Recorder: mgr.GetEventRecorder("urma-operator"),
 		FallbackJettiesPerUnit: o.defaultJettiesPerUnit, Driver: o.driver,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {

@@ -111,12 +111,24 @@ func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint, dr
 		obs.Input.Nodes = append(obs.Input.Nodes, NodeFromFacts(n.Name, n.Labels, f, err))
 	}
 
+	if err := ObserveConfigMap(ctx, c, ep, &obs); err != nil {
+		return Observation{}, err
+	}
+	return obs, nil
+}
+
+// ObserveConfigMap (re)reads the endpoint's ConfigMap into obs: ConfigMap,
+// and the limits it records (LastKnown, LastKnownErr) when the endpoint
+// controls it. Observe calls it; the reconciler calls it again with an
+// uncached reader when its cache has not yet seen the ConfigMap.
+func ObserveConfigMap(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint, obs *Observation) error {
+	obs.ConfigMap, obs.Input.LastKnown, obs.LastKnownErr = nil, nil, nil
 	var cm corev1.ConfigMap
 	err := c.Get(ctx, client.ObjectKey{Namespace: ep.Namespace, Name: v1alpha1.ConfigMapName(ep.Name)}, &cm)
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return Observation{}, fmt.Errorf("get ConfigMap %s/%s: %w", ep.Namespace, v1alpha1.ConfigMapName(ep.Name), err)
+		return fmt.Errorf("get ConfigMap %s/%s: %w", ep.Namespace, v1alpha1.ConfigMapName(ep.Name), err)
 	default:
 		obs.ConfigMap = &cm
 		if s, ok := cm.Annotations[v1alpha1.AnnotationDeviceLimits]; ok && metav1.IsControlledBy(&cm, ep) {
@@ -128,5 +140,5 @@ func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint, dr
 			}
 		}
 	}
-	return obs, nil
+	return nil
 }
