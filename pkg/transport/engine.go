@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -215,8 +216,8 @@ func (e *engine) checkDevice() *fallback {
 
 // jfcDepth holds every completion a connection with a send queue of depth
 // sq can have outstanding: its sends, its receives, and the flush-done
-// record.
-func (e *engine) jfcDepth(sq int) int { return sq + e.rqSize + 1 }
+// record (flags.JFCSpare, which pkg/tuning budgets for too).
+func (e *engine) jfcDepth(sq int) int { return sq + e.rqSize + flags.JFCSpare }
 
 // registerMemory maps and registers the buffer pool (registerPool) and
 // the hello page with the token: what peers import before our jetty, as

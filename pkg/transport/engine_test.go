@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/pkg/tuning"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
@@ -59,6 +60,56 @@ func TestDeviceQueueLimits(t *testing.T) {
 			}
 			if p.server.Mode() != ModeTCP || !strings.HasPrefix(r, string(ReasonDeviceUnsuitable)) || !strings.Contains(r, tc.want) {
 				t.Fatalf("mode %s, fallback %q; want tcp, %s naming %s", p.server.Mode(), r, ReasonDeviceUnsuitable, tc.want)
+			}
+		})
+	}
+}
+
+// TestTunedFlagsFitTheDevice: the flags the operator derives (pkg/tuning)
+// for a device whose completion queues are the limit are flags the transport
+// accepts on that device: URMA, not a device_unsuitable fallback to TCP.
+func TestTunedFlagsFitTheDevice(t *testing.T) {
+	checkNoLeaks(t)
+	profile := tuning.Profile{MessageSize: 4096, ConnectionsPerPod: 1, InflightPerConnection: 32, JettyBudget: 8}
+	tests := []struct {
+		name      string
+		jfc       int64
+		overrides map[string]string
+	}{
+		{name: "completion queue below the wanted queues", jfc: 64},
+		{name: "completion queue exactly the wanted sq + rq", jfc: 70},
+		{name: "completion queue just holding the minimum queues", jfc: 33},
+		{name: "receive queue at its minimum", jfc: 2048, overrides: map[string]string{tuning.FlagSQSize: "4096", tuning.FlagRQSize: "16"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			lim := tuning.Limits{MaxJFSDepth: 4096, MaxJFRDepth: 4096, MaxJFCDepth: tc.jfc, MaxMsgSize: 1 << 20}
+			res, err := tuning.Derive(profile, tc.overrides, lim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Warnings) > 0 {
+				t.Fatalf("Derive warned %q: the case does not test a fitting device", res.Warnings)
+			}
+			f := res.Flags
+			caps := urma.DeviceCaps{MaxJFSDepth: 4096, MaxJFRDepth: 4096, MaxJFCDepth: uint32(tc.jfc), MaxMsgSize: 1 << 20}
+			fab := soft.NewFabric()
+			pa, err := soft.New(soft.Options{Fabric: fab, Logger: logr.Discard(), Devices: []soft.DeviceSpec{{Caps: caps}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pa.Close()
+			pb, err := soft.New(soft.Options{Fabric: fab, Logger: logr.Discard(), Devices: []soft.DeviceSpec{{Caps: caps}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pb.Close()
+			p := connect(t, cfgWith(pa, f), cfgWith(pb, f))
+			defer p.client.Close()
+			defer p.server.Close()
+			if p.server.Mode() != ModeURMA || p.client.Mode() != ModeURMA {
+				t.Fatalf("tuned sq %d rq %d for max_jfc_depth %d: server %s (%q), client %s (%q); want urma",
+					f.SQSize, f.RQSize, tc.jfc, p.server.Mode(), p.server.FallbackReason(), p.client.Mode(), p.client.FallbackReason())
 			}
 		})
 	}

@@ -118,7 +118,7 @@ type Profile struct {
 type Limits struct {
 	MaxJFSDepth int64 // send queue depth
 	MaxJFRDepth int64 // receive queue depth
-	MaxJFCDepth int64 // completion queue depth; must hold sq + rq
+	MaxJFCDepth int64 // completion queue depth; must hold sq + rq + flags.JFCSpare
 	MaxMsgSize  int64 // largest single message (SEND) in bytes
 	// JettiesPerDevice is the jetty budget of one device after reserves;
 	// 0 means the node did not say.
@@ -428,15 +428,22 @@ func (d *deriver) queueDepths() {
 	want := wrs + CreditReserve
 	sq := d.depth(FlagSQSize, want, d.lim.MaxJFSDepth, "device maxJfsDepth")
 	rq := d.depth(FlagRQSize, want, d.lim.MaxJFRDepth, "device maxJfrDepth")
-	// One completion queue per connection takes both sends and receives.
-	if sq+rq > d.lim.MaxJFCDepth {
+	// The transport gives each connection one completion queue for both
+	// queues plus flags.JFCSpare: the flush-done record its jetty posts
+	// when closing moves it to ERROR. Past maxJfcDepth - JFCSpare it
+	// refuses the device and every connection falls back to TCP.
+	budget := d.lim.MaxJFCDepth - flags.JFCSpare
+	if sq+rq > budget {
 		minDepth := spec(FlagSQSize).Min
-		if d.lim.MaxJFCDepth < 2*minDepth {
-			d.warnings = append(d.warnings, fmt.Sprintf("device maxJfcDepth %d cannot hold the minimum queues (%d + %d)", d.lim.MaxJFCDepth, minDepth, minDepth))
+		if budget < 2*minDepth {
+			d.warnings = append(d.warnings, fmt.Sprintf("device maxJfcDepth %d cannot hold the minimum queues (%d + %d) and the transport's %d spare completion",
+				d.lim.MaxJFCDepth, minDepth, minDepth, flags.JFCSpare))
 		} else {
-			reason := fmt.Sprintf("device maxJfcDepth %d must hold sq + rq", d.lim.MaxJFCDepth)
-			newSQ := max(minDepth, d.lim.MaxJFCDepth*sq/(sq+rq))
-			newRQ := max(minDepth, d.lim.MaxJFCDepth-newSQ)
+			reason := fmt.Sprintf("device maxJfcDepth %d must hold sq + rq + %d", d.lim.MaxJFCDepth, flags.JFCSpare)
+			newSQ := max(minDepth, budget*sq/(sq+rq))
+			newRQ := max(minDepth, budget-newSQ)
+			// rq raised to its minimum takes its room from sq.
+			newSQ = budget - newRQ
 			_, sqOv := d.o[FlagSQSize]
 			_, rqOv := d.o[FlagRQSize]
 			sq = d.cap(FlagSQSize, sq, newSQ, sqOv, reason)

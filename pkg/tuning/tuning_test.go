@@ -9,9 +9,10 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 )
 
-// roomy is a device that limits nothing the base profile asks for.
+// roomy is a device that limits nothing the base profile asks for: its
+// completion queues hold the largest queues and the transport's spare.
 func roomy() Limits {
-	return Limits{MaxJFSDepth: 4096, MaxJFRDepth: 4096, MaxJFCDepth: 8192, MaxMsgSize: 1 << 31, JettiesPerDevice: 1024, DeviceCount: 2}
+	return Limits{MaxJFSDepth: 4096, MaxJFRDepth: 4096, MaxJFCDepth: 2*4096 + flags.JFCSpare, MaxMsgSize: 1 << 31, JettiesPerDevice: 1024, DeviceCount: 2}
 }
 
 func base() Profile {
@@ -191,40 +192,55 @@ func TestDeriveRules(t *testing.T) {
 				{Flag: FlagRQSize, Wanted: 1003, Got: 512, Reason: "device maxJfrDepth 512"},
 			},
 		}},
+		// The completion queue holds sq + rq + flags.JFCSpare (the
+		// transport's flush-done record): the queues share maxJfcDepth - 1.
 		{name: "depths share the completion queue", profile: func(p *Profile) { p.InflightPerConnection = 1000 }, limits: func(l *Limits) { l.MaxJFCDepth = 1024 }, want: want{
-			sq: i(512), rq: i(512),
+			sq: i(511), rq: i(512),
 			clamps: []Clamp{
-				{Flag: FlagSQSize, Wanted: 1003, Got: 512, Reason: "device maxJfcDepth 1024 must hold sq + rq"},
-				{Flag: FlagRQSize, Wanted: 1003, Got: 512, Reason: "device maxJfcDepth 1024 must hold sq + rq"},
+				{Flag: FlagSQSize, Wanted: 1003, Got: 511, Reason: "device maxJfcDepth 1024 must hold sq + rq + 1"},
+				{Flag: FlagRQSize, Wanted: 1003, Got: 512, Reason: "device maxJfcDepth 1024 must hold sq + rq + 1"},
 			},
 		}},
 		// sq != rq: the completion queue is shared in proportion, sq first.
 		{name: "unequal depths share the completion queue in proportion", profile: func(p *Profile) { p.InflightPerConnection = 1000 }, limits: func(l *Limits) { l.MaxJFSDepth = 256; l.MaxJFCDepth = 1024 }, want: want{
-			sq: i(1024 * 256 / (256 + 1003)), rq: i(1024 - 1024*256/(256+1003)), bufferCount: i(4 * 1024),
+			sq: i(1023 * 256 / (256 + 1003)), rq: i(1023 - 1023*256/(256+1003)), bufferCount: i(4 * 1023),
 			clamps: []Clamp{
 				{Flag: FlagSQSize, Wanted: 1003, Got: 256, Reason: "device maxJfsDepth 256"},
-				{Flag: FlagSQSize, Wanted: 256, Got: 208, Reason: "device maxJfcDepth 1024 must hold sq + rq"},
-				{Flag: FlagRQSize, Wanted: 1003, Got: 816, Reason: "device maxJfcDepth 1024 must hold sq + rq"},
+				{Flag: FlagSQSize, Wanted: 256, Got: 208, Reason: "device maxJfcDepth 1024 must hold sq + rq + 1"},
+				{Flag: FlagRQSize, Wanted: 1003, Got: 815, Reason: "device maxJfcDepth 1024 must hold sq + rq + 1"},
 			},
 		}},
 		{name: "unequal overridden depths share the completion queue in proportion", overrides: map[string]string{FlagSQSize: "64", FlagRQSize: "192"}, limits: func(l *Limits) { l.MaxJFCDepth = 128 }, want: want{
-			sq: i(32), rq: i(96),
+			sq: i(31), rq: i(96),
 			clamps: []Clamp{
-				{Flag: FlagSQSize, Wanted: 64, Got: 32, Override: true, Reason: "device maxJfcDepth 128 must hold sq + rq"},
-				{Flag: FlagRQSize, Wanted: 192, Got: 96, Override: true, Reason: "device maxJfcDepth 128 must hold sq + rq"},
+				{Flag: FlagSQSize, Wanted: 64, Got: 31, Override: true, Reason: "device maxJfcDepth 128 must hold sq + rq + 1"},
+				{Flag: FlagRQSize, Wanted: 192, Got: 96, Override: true, Reason: "device maxJfcDepth 128 must hold sq + rq + 1"},
 			},
 		}},
 		{name: "the smaller share keeps the flag minimum", overrides: map[string]string{FlagSQSize: "16", FlagRQSize: "4096"}, limits: func(l *Limits) { l.MaxJFCDepth = 1024 }, want: want{
-			sq: i(16), rq: i(1024 - 16),
-			clamps: []Clamp{{Flag: FlagRQSize, Wanted: 4096, Got: 1008, Override: true, Reason: "device maxJfcDepth 1024 must hold sq + rq"}},
+			sq: i(16), rq: i(1023 - 16),
+			clamps: []Clamp{{Flag: FlagRQSize, Wanted: 4096, Got: 1007, Override: true, Reason: "device maxJfcDepth 1024 must hold sq + rq + 1"}},
 		}},
-		{name: "queues exactly filling the completion queue are left alone", limits: func(l *Limits) { l.MaxJFCDepth = 70 }, want: want{sq: i(35), rq: i(35)}},
-		{name: "completion queue exactly holding the minimum queues", limits: func(l *Limits) { l.MaxJFCDepth = 32 }, want: want{
+		// rq's share (2047*16/4112 = 7) is raised to the minimum 16; sq
+		// gives up the difference.
+		{name: "rq raised to the flag minimum takes its room from sq", overrides: map[string]string{FlagSQSize: "4096", FlagRQSize: "16"}, limits: func(l *Limits) { l.MaxJFCDepth = 2048 }, want: want{
+			sq: i(2047 - 16), rq: i(16),
+			clamps: []Clamp{{Flag: FlagSQSize, Wanted: 4096, Got: 2031, Override: true, Reason: "device maxJfcDepth 2048 must hold sq + rq + 1"}},
+		}},
+		{name: "queues one short of the completion queue are left alone", limits: func(l *Limits) { l.MaxJFCDepth = 71 }, want: want{sq: i(35), rq: i(35)}},
+		{name: "queues exactly filling the completion queue leave no room for the flush-done record", limits: func(l *Limits) { l.MaxJFCDepth = 70 }, want: want{
+			sq: i(34), rq: i(35),
+			clamps: []Clamp{{Flag: FlagSQSize, Wanted: 35, Got: 34, Reason: "device maxJfcDepth 70 must hold sq + rq + 1"}},
+		}},
+		{name: "completion queue exactly holding the minimum queues", limits: func(l *Limits) { l.MaxJFCDepth = 33 }, want: want{
 			sq: i(16), rq: i(16),
 			clamps: []Clamp{
-				{Flag: FlagSQSize, Wanted: 35, Got: 16, Reason: "device maxJfcDepth 32 must hold sq + rq"},
-				{Flag: FlagRQSize, Wanted: 35, Got: 16, Reason: "device maxJfcDepth 32 must hold sq + rq"},
+				{Flag: FlagSQSize, Wanted: 35, Got: 16, Reason: "device maxJfcDepth 33 must hold sq + rq + 1"},
+				{Flag: FlagRQSize, Wanted: 35, Got: 16, Reason: "device maxJfcDepth 33 must hold sq + rq + 1"},
 			},
+		}},
+		{name: "completion queue holding the minimum queues but not the flush-done record", limits: func(l *Limits) { l.MaxJFCDepth = 32 }, want: want{
+			sq: i(35), rq: i(35), warnings: []string{"maxJfcDepth 32 cannot hold the minimum queues (16 + 16) and the transport's 1 spare completion"},
 		}},
 		{name: "completion queue too small for the minimum queues", limits: func(l *Limits) { l.MaxJFCDepth = 20 }, want: want{
 			sq: i(35), rq: i(35), warnings: []string{"maxJfcDepth 20 cannot hold the minimum queues"},
@@ -309,7 +325,24 @@ func TestDeriveRules(t *testing.T) {
 				t.Fatalf("Derive: %v", err)
 			}
 			c.want.check(t, r)
+			checkJFC(t, r, l)
 		})
+	}
+}
+
+// checkJFC: unless Derive warned that the device's completion queue is too
+// small, the transport can build a completion queue for the derived queues
+// (pkg/transport refuses the device otherwise).
+func checkJFC(t *testing.T, r Result, l Limits) {
+	t.Helper()
+	for _, w := range r.Warnings {
+		if strings.Contains(w, "maxJfcDepth") {
+			return
+		}
+	}
+	if need := int64(r.Flags.SQSize+r.Flags.RQSize) + flags.JFCSpare; need > l.MaxJFCDepth {
+		t.Errorf("sq %d + rq %d + %d = %d exceeds device maxJfcDepth %d without a warning",
+			r.Flags.SQSize, r.Flags.RQSize, flags.JFCSpare, need, l.MaxJFCDepth)
 	}
 }
 
@@ -497,6 +530,10 @@ func FuzzDerive(f *testing.F) {
 	f.Add(int64(4096), int64(0), int64(4), int64(32), "Balanced", int64(0), int64(8), "Auto", int64(4096), int64(4096), int64(8192), int64(1<<20), "")
 	f.Add(int64(1<<30), int64(1<<31), int64(1000), int64(4093), "Throughput", int64(1<<20), int64(1), "Polling", int64(16), int64(16), int64(32), int64(1024), "256")
 	f.Add(int64(1), int64(1), int64(1), int64(1), "Latency", int64(16384), int64(1), "Event", int64(1), int64(1), int64(1), int64(1), "x")
+	// Queues exactly filling the completion queue: no room for the transport's flush-done record.
+	f.Add(int64(4096), int64(0), int64(4), int64(32), "Balanced", int64(0), int64(8), "Auto", int64(4096), int64(4096), int64(70), int64(1<<20), "")
+	// A receive queue held at its minimum (maxJfrDepth 16) beside a deep send queue.
+	f.Add(int64(4096), int64(0), int64(1), int64(32), "Balanced", int64(0), int64(8), "Auto", int64(4096), int64(16), int64(2048), int64(1<<20), "4096")
 	f.Fuzz(func(t *testing.T, msg, maxMsg, conns, inflight int64, obj string, mem, budget int64, comp string, jfs, jfr, jfc, maxMsgSize int64, sqOverride string) {
 		p := Profile{MessageSize: msg, MaxMessageSize: maxMsg, ConnectionsPerPod: conns, InflightPerConnection: inflight,
 			Objective: Objective(obj), MemoryBudget: mem, JettyBudget: budget, Completion: Completion(comp)}
@@ -516,8 +553,8 @@ func FuzzDerive(f *testing.F) {
 			t.Fatalf("flags out of range: %v", err)
 		}
 		if len(r.Warnings) == 0 {
-			if int64(r.Flags.SQSize) > jfs || int64(r.Flags.RQSize) > jfr || int64(r.Flags.SQSize+r.Flags.RQSize) > jfc {
-				t.Fatalf("queues %d/%d exceed device %d/%d/%d without a warning", r.Flags.SQSize, r.Flags.RQSize, jfs, jfr, jfc)
+			if int64(r.Flags.SQSize) > jfs || int64(r.Flags.RQSize) > jfr || int64(r.Flags.SQSize+r.Flags.RQSize)+flags.JFCSpare > jfc {
+				t.Fatalf("queues %d/%d (+%d spare completion) exceed device %d/%d/%d without a warning", r.Flags.SQSize, r.Flags.RQSize, flags.JFCSpare, jfs, jfr, jfc)
 			}
 			if int64(r.Flags.BufferSize) > maxMsgSize {
 				t.Fatalf("buffer %d exceeds maxMsgSize %d without a warning", r.Flags.BufferSize, maxMsgSize)

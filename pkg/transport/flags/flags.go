@@ -46,6 +46,15 @@ type Spec struct {
 	Help          string
 }
 
+// JFCSpare is how many completion-queue entries a connection needs beyond
+// urma_sq_size + urma_rq_size: pkg/transport gives each connection one
+// completion queue for both its queues, and that queue must also hold the
+// flush-done record (StatusWRFlushErrDone) the jetty posts when closing moves
+// it to ERROR. A device whose max_jfc_depth is below
+// urma_sq_size + urma_rq_size + JFCSpare is refused, and the connection falls
+// back to TCP; pkg/tuning keeps the queues within it.
+const JFCSpare = 1
+
 // Range says what values are allowed, for error messages and docs.
 func (s Spec) Range() string {
 	switch s.Kind {
