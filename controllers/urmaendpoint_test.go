@@ -507,6 +507,12 @@ func TestInvalidEndpointsRejectedByAPIServer(t *testing.T) {
 		{"buffer at minimum", override("urma_buffer_size", fmt.Sprint(buf.Min)), ""},
 		{"buffer at maximum", override("urma_buffer_size", fmt.Sprint(buf.Max)), ""},
 		{"unknown flag", override("urma_turbo", "1"), "spec.overrides: unknown flag; the known flags are urma_bonding_level"},
+		// One --flag=value per line: a newline would add flags of its own.
+		{"value with a newline", override("urma_device", "udma0\n--urma_sq_size=99999"), "must be one word: no newline, other whitespace or control characters"},
+		{"value with a space", override("urma_device", "udma 0"), "must be one word"},
+		{"value with a control character", override("urma_device", "udma0\x1b"), "must be one word"},
+		{"value with a no-break space", override("urma_device", "udma\u00a00"), "must be one word"},
+		{"device name", override("urma_device", "bonding_dev_0"), ""},
 		{"flag out of range without a CEL rule (validating webhook)", override("urma_poller_num", "100"), "urma_poller_num: 100 is out of range"},
 		{"message above max message", func(ep *v1alpha1.UrmaEndpoint) {
 			m := q("4Ki")

@@ -136,8 +136,12 @@ type Bonding struct {
 	Level BondingLevel `json:"level,omitempty"`
 }
 
-// FlagValue is the text value of one urma_* flag, as in a gflags file.
+// FlagValue is the text value of one urma_* flag, as in a gflags file: one
+// word, since the file has one --flag=value per line and a newline in a value
+// would add flags of its own (pkg/transport/flags refuses the same
+// characters, naming the one it found).
 // +kubebuilder:validation:MaxLength=256
+// +kubebuilder:validation:XValidation:rule="!self.matches(r'[\\p{Cc}\\p{Z}]')",message="a flag value must be one word: no newline, other whitespace or control characters"
 type FlagValue string
 
 // UrmaEndpointSpec declares a workload's traffic; the operator derives the

@@ -332,11 +332,25 @@ func TestJettyUnitsUseTheSmallestUnit(t *testing.T) {
 }
 
 func TestMakeRejectsInvalidOverrides(t *testing.T) {
-	s := spec()
-	s.Overrides = map[string]v1alpha1.FlagValue{"urma_poller_num": "100"}
-	_, err := Make(Input{Spec: s})
-	if !errors.Is(err, tuning.ErrInvalid) || !strings.Contains(err.Error(), "urma_poller_num") {
-		t.Errorf("error %v, want an ErrInvalid naming urma_poller_num", err)
+	for _, tc := range []struct {
+		name      string
+		overrides map[string]v1alpha1.FlagValue
+		wantErr   string
+	}{
+		{"out of range", map[string]v1alpha1.FlagValue{"urma_poller_num": "100"}, "urma_poller_num"},
+		// A newline would render a line of its own into the ConfigMap, which
+		// every pod's transport then refuses at startup.
+		{"newline in a device name", map[string]v1alpha1.FlagValue{"urma_device": "udma0\n--urma_buffer_count=99999999"},
+			`flag urma_device: value "udma0\n--urma_buffer_count=99999999" contains a newline at byte 5`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := spec()
+			s.Overrides = tc.overrides
+			pl, err := Make(Input{Spec: s})
+			if !errors.Is(err, tuning.ErrInvalid) || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("error %v (rendered %q), want an ErrInvalid containing %q", err, pl.Rendered, tc.wantErr)
+			}
+		})
 	}
 }
 

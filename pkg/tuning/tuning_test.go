@@ -380,6 +380,9 @@ func TestDeriveRejectsBadInput(t *testing.T) {
 		{name: "override out of range", overrides: map[string]string{FlagSQSize: "8"}, wantErr: "flag urma_sq_size: 8 is out of range (want 16..4096)"},
 		{name: "override not power of two", overrides: map[string]string{FlagBufferSize: "3000"}, wantErr: "urma_buffer_size: 3000 is not a power of two"},
 		{name: "override not a bool", overrides: map[string]string{FlagUsePolling: "maybe"}, wantErr: `urma_use_polling: "maybe" is not a boolean`},
+		{name: "override injecting a line into the flags file", overrides: map[string]string{"urma_device": "udma0\n--urma_sq_size=99999"},
+			wantErr: `overrides: flag urma_device: value "udma0\n--urma_sq_size=99999" contains a newline at byte 5`},
+		{name: "override with a space", overrides: map[string]string{"urma_device": "udma 0"}, wantErr: `flag urma_device: value "udma 0" contains a space`},
 		{name: "bad limits", limits: func(l *Limits) { l.MaxJFCDepth = 0 }, wantErr: "maxJfcDepth must be positive"},
 	}
 	for _, c := range cases {

@@ -366,6 +366,9 @@ func TestEndpointValidator(t *testing.T) {
 		{name: "bad override value", mutate: func(ep *v1alpha1.UrmaEndpoint) {
 			ep.Spec.Overrides = map[string]v1alpha1.FlagValue{"urma_poller_num": "100", "urma_use_polling": "sometimes"}
 		}, wantErr: "spec.overrides: flag urma_poller_num: 100 is out of range (want 1..64); flag urma_use_polling"},
+		{name: "override value injecting a flags-file line", mutate: func(ep *v1alpha1.UrmaEndpoint) {
+			ep.Spec.Overrides = map[string]v1alpha1.FlagValue{"urma_device": "udma0\n--urma_sq_size=99999"}
+		}, wantErr: `spec.overrides: flag urma_device: value "udma0\n--urma_sq_size=99999" contains a newline at byte 5`},
 		{name: "unknown override", mutate: func(ep *v1alpha1.UrmaEndpoint) {
 			ep.Spec.Overrides = map[string]v1alpha1.FlagValue{"urma_nope": "1"}
 		}, wantErr: `spec.overrides: unknown flag "urma_nope"`},

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Kind is a flag's value type.
@@ -37,7 +38,8 @@ type Spec struct {
 	Min, Max int64 // inclusive range for Int flags
 	// PowerOfTwo requires an Int flag to be a power of two.
 	PowerOfTwo bool
-	// Values lists what a String flag may be; nil allows any string.
+	// Values lists what a String flag may be; nil allows any one word
+	// (checkString).
 	Values []string
 	// TransportOnly marks a flag only pkg/transport reads: brpc does not
 	// know it, so Specs leaves it out (see TransportSpecs) and Render
@@ -64,7 +66,7 @@ func (s Spec) Range() string {
 		if len(s.Values) > 0 {
 			return "one of " + strings.Join(s.Values, ", ")
 		}
-		return "any string"
+		return "one word, no whitespace or control characters"
 	case Duration:
 		return fmt.Sprintf("a duration, %s..%s", time.Duration(s.Min), time.Duration(s.Max))
 	}
@@ -270,11 +272,41 @@ func checkDuration(s Spec, v time.Duration) error {
 	return nil
 }
 
+// checkString refuses whitespace and control characters in any String
+// value before its list of values: a flags file has one --name=value per
+// line, so a newline in a value writes lines of its own (flags nothing
+// range-checked) and other whitespace or control characters do not survive
+// Parse, brpc's gflags or a shell unchanged.
 func checkString(s Spec, v string) error {
+	for i, r := range v {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return fmt.Errorf("flag %s: value %q contains %s at byte %d (want %s)", s.Name, v, describeRune(r), i, s.Range())
+		}
+	}
 	if len(s.Values) > 0 && !slices.Contains(s.Values, v) {
 		return fmt.Errorf("flag %s: %q is not allowed (want %s)", s.Name, v, s.Range())
 	}
 	return nil
+}
+
+// describeRune names a character checkString refuses.
+func describeRune(r rune) string {
+	switch r {
+	case '\n':
+		return "a newline"
+	case '\r':
+		return "a carriage return"
+	case '\t':
+		return "a tab"
+	case ' ':
+		return "a space"
+	case 0:
+		return "a NUL byte"
+	}
+	if unicode.IsSpace(r) {
+		return fmt.Sprintf("whitespace %U", r)
+	}
+	return fmt.Sprintf("control character %U", r)
 }
 
 func checkInt(s Spec, v int64) error {

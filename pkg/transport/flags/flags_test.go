@@ -85,7 +85,7 @@ func TestRange(t *testing.T) {
 		want string
 	}{
 		{"urma_use_polling", "true or false"},
-		{"urma_device", "any string"},
+		{"urma_device", "one word, no whitespace or control characters"},
 		{"urma_sq_size", "16..4096"},
 		{"urma_buffer_size", "1024..67108864, a power of two"},
 		{"urma_provider", "one of auto, liburma, soft"},
@@ -128,6 +128,9 @@ func TestParse(t *testing.T) {
 		{name: "handshake version out of range", file: "--urma_client_handshake_version=4", wantErr: "urma_client_handshake_version: 4 is out of range (want 2..3)"},
 		{name: "transport-only flag", file: "--urma_provider=liburma", check: func(f Flags) bool { return f.Provider == "liburma" }},
 		{name: "value not in the list", file: "--urma_provider=hardware", wantErr: `line 1: flag urma_provider: "hardware" is not allowed (want one of auto, liburma, soft)`},
+		{name: "string with a space", file: "--urma_device=udma 0", wantErr: `line 1: flag urma_device: value "udma 0" contains a space at byte 4`},
+		{name: "string with a tab inside", file: "--urma_device=udma\t0\n", wantErr: `line 1: flag urma_device: value "udma\t0" contains a tab at byte 4`},
+		{name: "surrounding whitespace is the line's, not the value's", file: "  --urma_device=udma0 \t", check: func(f Flags) bool { return f.Device == "udma0" }},
 		{name: "line too long", file: "--urma_device=" + strings.Repeat("x", 2<<20), wantErr: "read flags file"},
 	}
 	for _, tc := range tests {
@@ -174,6 +177,58 @@ func TestSetGetValidate(t *testing.T) {
 	f.Provider = "Soft"
 	if err := f.Validate(); err == nil || !strings.Contains(err.Error(), `urma_provider: "Soft" is not allowed`) {
 		t.Fatalf("Validate of a string outside its values = %v", err)
+	}
+}
+
+// TestStringValues: a String flag's value is one word. A newline would
+// write lines of its own into a rendered flags file (flags no range check
+// saw); other whitespace and control characters do not survive the file,
+// brpc's gflags or a shell.
+func TestStringValues(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		wantErr     string // "" = accepted
+	}{
+		{"device name", "udma0", ""},
+		{"bonding device", "bonding_dev_0", ""},
+		{"punctuation", "ub-dev.0:1/2", ""},
+		{"empty: the first usable device", "", ""},
+		{"non-ASCII letters", "设备0", ""},
+		{"newline injecting a flag", "udma0\n--urma_sq_size=99999", `flag urma_device: value "udma0\n--urma_sq_size=99999" contains a newline at byte 5 (want one word, no whitespace or control characters)`},
+		{"trailing newline", "udma0\n", "contains a newline at byte 5"},
+		{"carriage return", "udma0\r--urma_sq_size=99999", "contains a carriage return at byte 5"},
+		{"tab", "udma\t0", "contains a tab at byte 4"},
+		{"space", "udma 0", "contains a space at byte 4"},
+		{"leading space", " udma0", "contains a space at byte 0"},
+		{"NUL", "udma0\x00", "contains a NUL byte at byte 5"},
+		{"escape", "\x1b[2Judma0", "contains control character U+001B at byte 0"},
+		{"delete", "udma\x7f0", "contains control character U+007F at byte 4"},
+		{"vertical tab", "udma\v0", "contains whitespace U+000B at byte 4"},
+		{"next line (C1)", "udma\u00850", "contains whitespace U+0085 at byte 4"},
+		{"no-break space", "udma\u00a00", "contains whitespace U+00A0 at byte 4"},
+		{"line separator", "udma0\u2028", "contains whitespace U+2028 at byte 5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := Defaults()
+			err := f.Set("urma_device", tc.value)
+			direct := Defaults()
+			direct.Device = tc.value // set directly: only Validate can catch it
+			verr := direct.Validate()
+			if tc.wantErr == "" {
+				if err != nil || f.Device != tc.value || verr != nil {
+					t.Fatalf("Set: %v (device %q), Validate: %v; want %q accepted", err, f.Device, verr, tc.value)
+				}
+				return
+			}
+			for what, e := range map[string]error{"Set": err, "Validate": verr} {
+				if e == nil || !strings.Contains(e.Error(), tc.wantErr) {
+					t.Errorf("%s error = %v, want one containing %q", what, e, tc.wantErr)
+				}
+			}
+			if f.Device != "" {
+				t.Errorf("failed Set changed the device to %q", f.Device)
+			}
+		})
 	}
 }
 
@@ -299,6 +354,36 @@ func FuzzParse(f *testing.F) {
 		}
 		if back != got {
 			t.Fatalf("round trip changed flags:\n got %+v\nwant %+v", back, got)
+		}
+	})
+}
+
+// FuzzStringRoundTrip: any value Set accepts for a String flag renders into
+// a flags file that Parse reads back as the same flags, and nothing else: a
+// value cannot add lines of its own.
+func FuzzStringRoundTrip(f *testing.F) {
+	f.Add("urma_device", "udma0")
+	f.Add("urma_device", "udma0\n--urma_sq_size=99999")
+	f.Add("urma_device", "udma0\r\n--urma_buffer_count=1")
+	f.Add("urma_device", " udma0\t")
+	f.Add("urma_device", "#")
+	f.Add("urma_provider", "soft")
+	f.Add("urma_soft_fabric", "shm\n")
+	f.Fuzz(func(t *testing.T, name, value string) {
+		spec, ok := Lookup(name)
+		if !ok || spec.Kind != String {
+			return
+		}
+		want := Defaults()
+		if err := want.Set(name, value); err != nil {
+			return
+		}
+		got, err := Parse(strings.NewReader(want.Render()))
+		if err != nil {
+			t.Fatalf("%s=%q accepted, but its rendered file does not parse: %v", name, value, err)
+		}
+		if got != want {
+			t.Fatalf("%s=%q accepted, but its rendered file parses differently:\n got %+v\nwant %+v", name, value, got, want)
 		}
 	})
 }
