@@ -117,6 +117,41 @@ func claimTemplate(name, class string) *resourceapi.ResourceClaimTemplate {
 	}
 }
 
+func TestRequestsJettyClass(t *testing.T) {
+	exact := func(class string) resourceapi.DeviceRequest {
+		return resourceapi.DeviceRequest{Name: "r", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class}}
+	}
+	alternatives := func(classes ...string) resourceapi.DeviceRequest {
+		r := resourceapi.DeviceRequest{Name: "r"}
+		for _, c := range classes {
+			r.FirstAvailable = append(r.FirstAvailable, resourceapi.DeviceSubRequest{Name: "s", DeviceClassName: c})
+		}
+		return r
+	}
+	const gpu = "gpu.example.com"
+	cases := []struct {
+		name     string
+		requests []resourceapi.DeviceRequest
+		want     bool
+	}{
+		{name: "no request"},
+		{name: "a GPU", requests: []resourceapi.DeviceRequest{exact(gpu)}},
+		{name: "URMA", requests: []resourceapi.DeviceRequest{exact(draslices.DriverName)}, want: true},
+		{name: "a GPU and URMA", requests: []resourceapi.DeviceRequest{exact(gpu), exact(draslices.DriverName)}, want: true},
+		{name: "GPU alternatives", requests: []resourceapi.DeviceRequest{alternatives(gpu, "other.example.com")}},
+		{name: "URMA second among alternatives", requests: []resourceapi.DeviceRequest{alternatives(gpu, draslices.DriverName)}, want: true},
+		{name: "URMA first among alternatives", requests: []resourceapi.DeviceRequest{alternatives(draslices.DriverName, gpu)}, want: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: tc.requests}}
+			if got := requestsJettyClass(&spec); got != tc.want {
+				t.Errorf("requestsJettyClass = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // The webhook reads the templates of a pod's claims to tell URMA claims
 // from others, and refuses the pod when it cannot read one.
 func TestPodInjectorDRAModeReadsClaimTemplates(t *testing.T) {
