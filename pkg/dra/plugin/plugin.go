@@ -320,17 +320,21 @@ func (p *Plugin) HandleError(ctx context.Context, err error, msg string) {
 }
 
 // WatchHealthStatus implements kubeletplugin.DRAPlugin: every device's
-// debounced health, at once, on every change and every HealthResend.
+// debounced health, from the first scan on, on every change and every
+// HealthResend. Before the first scan it says nothing: an empty report
+// would tell kubelet that the devices its pods hold are gone.
 func (p *Plugin) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
 	t := time.NewTicker(p.cfg.HealthResend)
 	defer t.Stop()
 	for {
 		snap, changed := p.inv.Current()
-		report := p.healthReport(snap, time.Now())
-		select {
-		case <-ctx.Done():
-			return nil
-		case reports <- report:
+		if snap.Scanned {
+			report := p.healthReport(snap, time.Now())
+			select {
+			case <-ctx.Done():
+				return nil
+			case reports <- report:
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -625,6 +625,22 @@ func TestHandleError(t *testing.T) {
 	}
 }
 
+// A driver that has not scanned yet reports nothing, rather than an empty
+// list that would tell kubelet its pods' devices are gone.
+func TestHealthReportsWaitForTheFirstScan(t *testing.T) {
+	p, publish := unscannedPlugin(t, newHost(t, sysfstest.DefaultDevice("udma0")))
+	base, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ctx := newWaitSpy(base)
+	reports := make(chan kubeletplugin.DeviceHealthReport)
+	go func() { _ = p.WatchHealthStatus(ctx, reports) }()
+	<-ctx.waiting // it looked at the unscanned inventory and waits
+	publish()
+	if r := <-reports; len(r.Devices) != 1 || r.Devices[0].DeviceName != "udma0" {
+		t.Fatalf("first report %+v, want udma0's from the first scan", r)
+	}
+}
+
 func TestDefaultHealthResend(t *testing.T) {
 	h := newHost(t, sysfstest.DefaultDevice("udma0"))
 	specs, _ := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
