@@ -28,6 +28,7 @@ type jfr struct {
 	closed  bool
 	users   int
 	scratch C.shim_recv // the work request being posted, under mu
+	pins    pins        // the segments scratch names, under mu
 }
 
 var _ urma.JFR = (*jfr)(nil)
@@ -89,10 +90,11 @@ func (r *jfr) PostRecv(wr *urma.RecvWR) error {
 	if r.closed {
 		return errClosed(op, "JFR")
 	}
+	defer r.pins.release() // before the unlock: pins is under r.mu
 	s := &r.scratch
 	s.user_ctx, s.nsge = C.uint64_t(wr.UserCtx), C.uint32_t(len(wr.SGEs))
 	for i := range wr.SGEs {
-		if err := r.ctx.sge(op, &wr.SGEs[i], &s.sges[i]); err != nil {
+		if err := r.ctx.sge(op, &wr.SGEs[i], &s.sges[i], &r.pins); err != nil {
 			return err
 		}
 	}
@@ -163,6 +165,7 @@ type jetty struct {
 	closed  bool
 	bound   *remoteJetty // RC: bound at the first send
 	scratch C.shim_send  // the work request being posted, under mu
+	pins    pins         // the segments scratch names, under mu
 
 	// Flush state, under sendJFC.mu: see jfc.
 	modified  bool // asked liburma to move the jetty to ERROR
@@ -254,13 +257,14 @@ func (j *jetty) PostSend(wr *urma.SendWR) error {
 			return errClosed(op, "target jetty")
 		}
 	}
+	defer j.pins.release() // before the unlock: pins is under j.mu
 	s := &j.scratch
 	s.opcode, s.user_ctx, s.imm = C.uint32_t(wr.Opcode), C.uint64_t(wr.UserCtx), C.uint64_t(wr.Imm)
 	s.complete, s.solicited, s.inline_data = flag(wr.Flags, urma.SendCompleteEnable), flag(wr.Flags, urma.SendSolicitedEnable), flag(wr.Flags, urma.SendInline)
 	s.nsge = C.uint32_t(len(wr.SGEs))
 	var total uint64
 	for i := range wr.SGEs {
-		if err := j.ctx.sge(op, &wr.SGEs[i], &s.sges[i]); err != nil {
+		if err := j.ctx.sge(op, &wr.SGEs[i], &s.sges[i], &j.pins); err != nil {
 			return err
 		}
 		total += uint64(wr.SGEs[i].Len)

@@ -23,7 +23,11 @@ type segment struct {
 	id  urma.SegmentID
 
 	mu     sync.Mutex
+	idle   sync.Cond // signalled when the last post naming it returns; L is &mu
 	closed bool
+	// posting counts the posts inside liburma that name the segment: they
+	// pass s.c, which urma_unregister_seg frees, so Close waits for them.
+	posting int
 }
 
 var _ urma.Segment = (*segment)(nil)
@@ -57,6 +61,7 @@ func registerSegment(c *devContext, mem *urma.Memory, cfg urma.SegmentConfig) (*
 		return nil, statusErr(op, cerr, "register %d bytes", len(buf))
 	}
 	s := &segment{ctx: c, c: sc, buf: buf, va: va, id: segmentIDOf(&id)}
+	s.idle.L = &s.mu
 	if err := c.adopt(s, op); err != nil {
 		s.ForceClose()
 		return nil, err
@@ -86,21 +91,69 @@ func (s *segment) Bytes() []byte {
 }
 
 // Close unregisters the segment. The device may still be using memory that
-// outstanding work requests name: wait for their completions first.
+// outstanding work requests name: wait for their completions first. A post
+// naming the segment that is inside liburma finishes first, since it reads
+// the urma_target_seg_t that urma_unregister_seg frees; posts after Close
+// fail with ErrClosed.
 func (s *segment) Close() error {
-	if !closeOnce(&s.mu, &s.closed) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
+	s.closed = true
+	for s.posting > 0 {
+		s.idle.Wait()
+	}
+	s.mu.Unlock()
 	st := C.shim_unregister_seg(s.ctx.lib.c, s.c)
 	return s.ctx.released(s, st, "unregister_seg", "unregister segment %d", s.id.TokenID)
 }
 
 func (s *segment) ForceClose() { _ = s.Close() }
 
-// sge converts an SGE for liburma. Only memory this context registered, and
-// only within its bounds, reaches the device: liburma would hand anything
-// else to it.
-func (c *devContext) sge(op string, in *urma.SGE, out *C.shim_sge) error {
+// pin holds the segment registered while a post that names it is in
+// liburma; false once it is unregistered.
+func (s *segment) pin() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.posting++
+	return true
+}
+
+func (s *segment) unpin() {
+	s.mu.Lock()
+	if s.posting--; s.posting == 0 && s.closed {
+		s.idle.Broadcast()
+	}
+	s.mu.Unlock()
+}
+
+// pins are the segments one post has pinned. A queue keeps one under its
+// lock, beside its scratch work request, so posting allocates nothing.
+type pins struct {
+	n    int
+	segs [C.SHIM_MAX_SGE]*segment
+}
+
+// release unpins every segment once the post has returned from liburma.
+func (p *pins) release() {
+	for i := range p.n {
+		p.segs[i].unpin()
+		p.segs[i] = nil
+	}
+	p.n = 0
+}
+
+// sge converts an SGE for liburma and pins its segment in p; the caller
+// releases p after the post. Only memory this context registered, and only
+// within its bounds, reaches the device: liburma would hand anything else
+// to it. An unregistered segment fails the post with ErrClosed: its
+// urma_target_seg_t is freed, and liburma would read it.
+func (c *devContext) sge(op string, in *urma.SGE, out *C.shim_sge, p *pins) error {
 	s, ok := in.Segment.(*segment)
 	if !ok || s == nil || s.ctx != c {
 		return urma.Errorf(op, urma.CodeInval, "SGE segment was not registered by this context")
@@ -109,6 +162,11 @@ func (c *devContext) sge(op string, in *urma.SGE, out *C.shim_sge) error {
 	if in.Offset > size || uint64(in.Len) > size-in.Offset {
 		return urma.Errorf(op, urma.CodeInval, "SGE of %d bytes at offset %d is outside the %d-byte segment", in.Len, in.Offset, size)
 	}
+	if !s.pin() {
+		return urma.Errorf(op, urma.ErrClosed.Code, "SGE names segment %d, which is unregistered", s.id.TokenID)
+	}
+	p.segs[p.n] = s
+	p.n++
 	out.addr, out.len, out.tseg = C.uint64_t(s.va+in.Offset), C.uint32_t(in.Len), s.c
 	return nil
 }
