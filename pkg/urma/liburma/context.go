@@ -27,6 +27,14 @@ type devContext struct {
 	// children are the objects created from it: liburma destroys nothing
 	// on its own.
 	children lifecycle.Children
+
+	// deleteOnce guards urma_delete_context, which frees the context:
+	// Close and Provider.Close (forceClose, on a context it listed before
+	// Close forgot it) can both get there. Once also holds the second
+	// caller until the delete returns, so Provider.Close never releases
+	// liburma under it.
+	deleteOnce sync.Once
+	deleteErr  error
 }
 
 var _ urma.Context = (*devContext)(nil)
@@ -53,16 +61,21 @@ func (c *devContext) Close() error {
 	return c.delete()
 }
 
+// delete deletes the context in liburma once, however many callers; each
+// gets that one call's error.
 func (c *devContext) delete() error {
-	st := C.shim_delete_context(c.lib.c, c.c)
-	c.prov.forgetContext(c)
-	if st != 0 {
-		return statusErr("delete_context", st, "delete the context")
-	}
-	return nil
+	c.deleteOnce.Do(func() {
+		st := C.shim_delete_context(c.lib.c, c.c)
+		c.prov.forgetContext(c)
+		if st != 0 {
+			c.deleteErr = statusErr("delete_context", st, "delete the context")
+		}
+	})
+	return c.deleteErr
 }
 
-// forceClose destroys every child in teardown order, then the context.
+// forceClose destroys every child in teardown order, then the context,
+// unless a Close deleted it already.
 func (c *devContext) forceClose() {
 	c.children.ForceClose()
 	if err := c.delete(); err != nil {

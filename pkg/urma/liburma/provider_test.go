@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -98,6 +99,52 @@ func TestInitShared(t *testing.T) {
 	if _, err := a.Devices(); !errors.Is(err, urma.ErrClosed) {
 		t.Errorf("devices of a closed provider: %v, want ErrClosed", err)
 	}
+}
+
+// A context is deleted in liburma once, even when its Close and the
+// provider's Close both reach it: Provider.Close lists the open contexts,
+// and one may close on its own before Provider.Close gets to it. The fake
+// frees the context, so a second urma_delete_context is a double free
+// (glibc aborts the process).
+func TestContextDeletedOnce(t *testing.T) {
+	t.Run("close-then-forced", func(t *testing.T) {
+		// The interleaving, in order: the context closes after
+		// Provider.Close listed it, then Provider.Close forces it.
+		p := newTestProvider(t)
+		c, err := p.Open("udma0", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dc := c.(*devContext)
+		if err := dc.Close(); err != nil {
+			t.Fatal(err)
+		}
+		dc.forceClose()
+	})
+	t.Run("concurrent", func(t *testing.T) {
+		// The same race as it happens, for the race detector to check
+		// the locking. It rarely lands on the bad interleaving, so the
+		// case above is the one that proves the fix.
+		for range 200 {
+			p, err := newProvider(Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := p.Open("udma0", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ctxErr, provErr error
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); ctxErr = c.Close() }()
+			go func() { defer wg.Done(); provErr = p.Close() }()
+			wg.Wait()
+			if ctxErr != nil || provErr != nil {
+				t.Fatalf("context Close: %v; provider Close: %v", ctxErr, provErr)
+			}
+		}
+	})
 }
 
 // Devices reports what liburma's device list, query_device and eid list say.
