@@ -24,7 +24,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	lib, err := buildFake(dir)
+	lib, err := buildFake(dir, "libfakeurma.so", filepath.Join("testdata", "fakeurma", "fakeurma.c"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fakeurma:", err)
 		return 1
@@ -36,16 +36,18 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// buildFake compiles the fake with the C compiler cgo uses.
-func buildFake(dir string) (string, error) {
+// buildFake compiles a fake liburma (src, with extra compiler flags) into
+// dir/name with the C compiler cgo uses.
+func buildFake(dir, name, src string, flags ...string) (string, error) {
 	cc := os.Getenv("CC")
 	if cc == "" {
 		cc = "gcc"
 	}
-	out := filepath.Join(dir, "libfakeurma.so")
-	cmd := exec.Command(cc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-pthread", "-o", out, filepath.Join("testdata", "fakeurma", "fakeurma.c"))
+	out := filepath.Join(dir, name)
+	args := append([]string{"-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-pthread"}, flags...)
+	cmd := exec.Command(cc, append(args, "-o", out, src)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build the fake liburma with %s: %w\n%s", cc, err, b)
+		return "", fmt.Errorf("build the fake liburma %s with %s: %w\n%s", src, cc, err, b)
 	}
 	return out, nil
 }

@@ -83,7 +83,11 @@ func (p *Provider) Devices() ([]urma.DeviceInfo, error) {
 	var raw [maxDevices]C.shim_dev_info
 	var cerr C.int
 	n := C.shim_list_devices(p.lib.c, &raw[0], maxDevices, &cerr)
-	if n < 0 {
+	switch n {
+	case C.SHIM_ERR_GET_DEVICE_LIST:
+		// cerr is an errno here; ENODEV (no device) came back as 0 devices.
+		return nil, urma.Errorf("get_device_list", urma.Code(cerr), "list devices: urma_get_device_list failed with errno %d", int(cerr))
+	case C.SHIM_ERR_QUERY_DEVICE:
 		return nil, statusErr("query_device", cerr, "list devices")
 	}
 	out := make([]urma.DeviceInfo, 0, int(n))

@@ -4,11 +4,13 @@ package liburma
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -182,6 +184,51 @@ func TestDevices(t *testing.T) {
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A failing urma_get_device_list is an error that names the call and its
+// errno, not "no devices"; only ENODEV (or no errno) means no device.
+func TestDevicesListFails(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		errno   syscall.Errno
+		wantErr bool // false: no devices and no error
+	}{
+		{"ENOEXEC", syscall.ENOEXEC, true},
+		{"ENOMEM", syscall.ENOMEM, true},
+		{"ENODEV", syscall.ENODEV, false},
+		{"no-errno", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lib, err := buildFake(t.TempDir(), "liblistfail.so", filepath.Join("testdata", "listfail", "listfail.c"),
+				fmt.Sprintf("-DLIST_ERRNO=%d", int(tc.errno)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := newProvider(Options{Library: lib})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			devs, err := p.Devices()
+			if !tc.wantErr {
+				if err != nil || len(devs) != 0 {
+					t.Fatalf("Devices() = %d devices, %v; want none and no error", len(devs), err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Devices() = %d devices, nil; urma_get_device_list failed with %v and the failure was dropped", len(devs), tc.errno)
+			}
+			var ue *urma.Error
+			if !errors.As(err, &ue) || ue.Op != "get_device_list" || syscall.Errno(ue.Code) != tc.errno {
+				t.Errorf("Devices() error %q; want op get_device_list with code %v", err, tc.errno)
+			}
+			if !strings.Contains(err.Error(), tc.errno.Error()) || !strings.Contains(err.Error(), fmt.Sprintf("errno %d", int(tc.errno))) {
+				t.Errorf("Devices() error %q does not name errno %d (%v)", err, int(tc.errno), tc.errno)
+			}
+		})
 	}
 }
 

@@ -223,8 +223,13 @@ int shim_list_devices(shim_lib *l, shim_dev_info *out, int max, int *err)
     errno = 0;
     urma_device_t **list = l->urma_get_device_list(&n);
     if (list == NULL) {
-        *err = errno == 0 || errno == ENODEV ? 0 : errno; /* no device is not an error */
-        return 0;
+        int e = errno;
+        if (e == 0 || e == ENODEV) { /* no device is not an error */
+            *err = 0;
+            return 0;
+        }
+        *err = e; /* calloc failed, or sysfs changed under the scan */
+        return SHIM_ERR_GET_DEVICE_LIST;
     }
     int k = 0;
     for (int i = 0; i < n && k < max; i++) {
@@ -234,7 +239,7 @@ int shim_list_devices(shim_lib *l, shim_dev_info *out, int max, int *err)
         if (st != URMA_SUCCESS) {
             *err = st;
             l->urma_free_device_list(list);
-            return -1;
+            return SHIM_ERR_QUERY_DEVICE;
         }
         fill_dev_info(&out[k++], list[i], &attr);
     }

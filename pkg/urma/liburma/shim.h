@@ -102,6 +102,10 @@ shim_lib *shim_open(const char *path, char *err, size_t errlen);
 int shim_init(shim_lib *l);
 int shim_uninit(shim_lib *l);
 
+/* shim_list_devices returns the devices it filled in, or which call failed
+ * (with its errno or status in *err) */
+#define SHIM_ERR_GET_DEVICE_LIST (-1)
+#define SHIM_ERR_QUERY_DEVICE    (-2)
 int shim_list_devices(shim_lib *l, shim_dev_info *out, int max, int *err);
 int shim_list_eids(shim_lib *l, const char *dev, shim_eid *out, int max, int *err);
 
