@@ -20,33 +20,34 @@ import (
 
 // library is one loaded liburma with its dispatch table.
 type library struct {
-	path string
-	c    *C.shim_lib
-	refs int
+	path   string  // the name it was first loaded by
+	handle uintptr // its dlopen handle, the key in libraries
+	c      *C.shim_lib
+	refs   int
 	// ownsInit is set when our urma_init succeeded; when someone else in
 	// the process initialised liburma first (EEXIST), they uninitialise it.
 	ownsInit bool
 }
 
-// libraries holds every liburma this process loaded, by path. liburma's
-// urma_init and urma_uninit act on the whole process (a second urma_init
-// returns EEXIST, core/urma_main.c:216-219), so Providers share a loaded
-// library and count their references; the last Close uninitialises it. This
-// is the package's only shared state, and it mirrors liburma's own.
+// libraries holds every liburma this process loaded, by dlopen handle.
+// liburma's urma_init and urma_uninit act on the whole process (a second
+// urma_init returns EEXIST, core/urma_main.c:216-219), so Providers share a
+// loaded library and count their references; the last Close uninitialises
+// it. The key is the handle, not the path: one file under two names (a
+// symlink, $URMA_LIBRARY beside liburma.so.0) is one library with one
+// initialisation, and counted by path the first name's last Close would
+// uninitialise it under the other's providers. This is the package's only
+// shared state, and it mirrors liburma's own.
 var libraries = struct {
 	sync.Mutex
-	m map[string]*library
-}{m: make(map[string]*library)}
+	m map[uintptr]*library
+}{m: make(map[uintptr]*library)}
 
 // openLibrary loads and initialises the library at path, or takes another
-// reference to it.
+// reference to it, under whichever name it was loaded.
 func openLibrary(path string) (*library, error) {
 	libraries.Lock()
 	defer libraries.Unlock()
-	if l := libraries.m[path]; l != nil {
-		l.refs++
-		return l, nil
-	}
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	var msg [512]C.char
@@ -54,7 +55,14 @@ func openLibrary(path string) (*library, error) {
 	if c == nil {
 		return nil, urma.Errorf("dlopen", urma.CodeNoEnt, "load %s: %s", path, C.GoString(&msg[0]))
 	}
-	l := &library{path: path, c: c, refs: 1}
+	// dlopen gives the handle it gave before for a file already loaded.
+	h := uintptr(C.shim_handle(c))
+	if l := libraries.m[h]; l != nil {
+		C.shim_free(c)
+		l.refs++
+		return l, nil
+	}
+	l := &library{path: path, handle: h, c: c, refs: 1}
 	// The handle stays open for the life of the process: liburma starts
 	// threads and registers providers that do not survive dlclose.
 	switch st := C.shim_init(c); {
@@ -65,7 +73,7 @@ func openLibrary(path string) (*library, error) {
 	default:
 		return nil, statusErr("urma_init", st, "initialise %s", path)
 	}
-	libraries.m[path] = l
+	libraries.m[h] = l
 	return l, nil
 }
 
@@ -76,13 +84,36 @@ func (l *library) release() error {
 	if l.refs--; l.refs > 0 {
 		return nil
 	}
-	delete(libraries.m, l.path)
+	delete(libraries.m, l.handle)
 	if l.ownsInit {
 		if st := C.shim_uninit(l.c); st != 0 {
 			return statusErr("urma_uninit", st, "uninitialise %s", l.path)
 		}
 	}
 	return nil
+}
+
+// initOutside initialises the liburma at path as another user in the
+// process would, behind the back of libraries, and returns its uninit. No
+// Provider calls it: tests use it to meet EEXIST, as killContexts is the
+// fake's hook for a crash. The handle stays open, as libraries' do.
+func initOutside(path string) (uninit func() error, err error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var msg [512]C.char
+	c := C.shim_open(cpath, &msg[0], C.size_t(len(msg)))
+	if c == nil {
+		return nil, urma.Errorf("dlopen", urma.CodeNoEnt, "load %s: %s", path, C.GoString(&msg[0]))
+	}
+	if st := C.shim_init(c); st != 0 {
+		return nil, statusErr("urma_init", st, "initialise %s", path)
+	}
+	return func() error {
+		if st := C.shim_uninit(c); st != 0 {
+			return statusErr("urma_uninit", st, "uninitialise %s", path)
+		}
+		return nil
+	}, nil
 }
 
 // statusErr turns a liburma status (an errno value or URMA_FAIL) into the

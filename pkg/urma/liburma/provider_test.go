@@ -51,55 +51,84 @@ func TestLoadErrors(t *testing.T) {
 }
 
 // urma_init works once per process and then returns EEXIST
-// (core/urma_main.c:216-219): providers share one initialisation, the last
-// Close ends it, and one that finds liburma initialised by someone else
-// works alongside and leaves the uninit to them.
+// (core/urma_main.c:216-219): providers share one initialisation, also when
+// they name the same library differently (a symlink, $URMA_LIBRARY beside
+// liburma.so.0), and only the last Close ends it, whatever the order.
 func TestInitShared(t *testing.T) {
 	lib := os.Getenv(EnvLibrary)
-	a, err := newProvider(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := newProvider(Options{})
-	if err != nil {
-		t.Fatalf("second provider: %v", err)
-	}
-	if a.lib != b.lib || a.lib.refs != 2 || !a.lib.ownsInit {
-		t.Fatalf("providers do not share one initialised library: %+v, %+v", a.lib, b.lib)
-	}
-	// The same library under another name: its urma_init says EEXIST.
 	alias := filepath.Join(t.TempDir(), "liburma.so.0")
 	if err := os.Symlink(lib, alias); err != nil {
 		t.Fatal(err)
 	}
-	c, err := newProvider(Options{Library: alias})
+	for _, tc := range []struct {
+		name  string
+		order []int // closes, by index into a and b (by path) and c (by the alias)
+	}{
+		{"alias-first", []int{2, 0, 1}},
+		{"alias-last", []int{0, 1, 2}}, // counted by name, the path's last Close uninitialised liburma under c
+		{"alias-between", []int{0, 2, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ps []*Provider
+			for _, path := range []string{"", "", alias} {
+				p, err := newProvider(Options{Library: path})
+				if err != nil {
+					t.Fatalf("provider over %q: %v", path, err)
+				}
+				ps = append(ps, p)
+			}
+			if l := ps[0].lib; ps[1].lib != l || ps[2].lib != l || l.refs != 3 || !l.ownsInit {
+				t.Errorf("providers do not share one initialised library: %+v, %+v, %+v", ps[0].lib, ps[1].lib, ps[2].lib)
+			}
+			for k, i := range tc.order {
+				if err := ps[i].Close(); err != nil {
+					t.Fatal(err)
+				}
+				// The fake lists no device once uninitialised.
+				for _, j := range tc.order[k+1:] {
+					if devs, err := ps[j].Devices(); err != nil || len(devs) != 2 {
+						t.Errorf("provider %d after closing %v: %d devices, %v; liburma was uninitialised under it", j, tc.order[:k+1], len(devs), err)
+					}
+				}
+			}
+			if _, err := ps[0].Devices(); !errors.Is(err, urma.ErrClosed) {
+				t.Errorf("devices of a closed provider: %v, want ErrClosed", err)
+			}
+			// Everything closed: the next provider initialises liburma again.
+			if d := newTestProvider(t); !d.lib.ownsInit {
+				t.Error("liburma was not initialised again after the last Close")
+			}
+		})
+	}
+}
+
+// A provider that finds liburma initialised by someone else in the process
+// (EEXIST) works alongside and leaves the uninit to them.
+func TestInitOutside(t *testing.T) {
+	uninit, err := initOutside(os.Getenv(EnvLibrary))
 	if err != nil {
-		t.Fatalf("provider over an initialised liburma: %v", err)
+		t.Fatal(err)
 	}
-	if c.lib.ownsInit {
-		t.Error("a provider that met EEXIST thinks it initialised liburma")
-	}
-	if _, err := c.Devices(); err != nil {
-		t.Errorf("devices through the second name: %v", err)
-	}
-	for _, p := range []*Provider{c, a} {
+	for range 2 { // the second finds it initialised still
+		p, err := newProvider(Options{})
+		if err != nil {
+			t.Fatalf("provider over an initialised liburma: %v", err)
+		}
+		if p.lib.ownsInit {
+			t.Error("a provider that met EEXIST thinks it initialised liburma")
+		}
+		if devs, err := p.Devices(); err != nil || len(devs) != 2 {
+			t.Errorf("devices: %d, %v", len(devs), err)
+		}
 		if err := p.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := b.Devices(); err != nil {
-		t.Errorf("the remaining provider lost liburma: %v", err)
+	if err := uninit(); err != nil {
+		t.Fatalf("the other user's uninit: %v", err)
 	}
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// Everything closed: the next provider initialises liburma again.
-	d := newTestProvider(t)
-	if !d.lib.ownsInit {
-		t.Error("liburma was not initialised again after the last Close")
-	}
-	if _, err := a.Devices(); !errors.Is(err, urma.ErrClosed) {
-		t.Errorf("devices of a closed provider: %v, want ErrClosed", err)
+	if d := newTestProvider(t); !d.lib.ownsInit {
+		t.Error("liburma was not initialised again after its other user uninitialised it")
 	}
 }
 

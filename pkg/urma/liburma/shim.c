@@ -102,6 +102,21 @@ struct shim_lib {
 };
 #undef FN
 
+/* shim_handle is the library's dlopen handle: the same file under any name
+ * (a symlink, another path) gives the same one. */
+void *shim_handle(shim_lib *l)
+{
+    return l->handle;
+}
+
+/* shim_free drops a table whose library another table keeps loaded: its
+ * dlopen reference goes, the library stays. */
+void shim_free(shim_lib *l)
+{
+    dlclose(l->handle);
+    free(l);
+}
+
 shim_lib *shim_open(const char *path, char *err, size_t errlen)
 {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);

@@ -99,6 +99,8 @@ typedef struct shim_cr {
 } shim_cr;
 
 shim_lib *shim_open(const char *path, char *err, size_t errlen);
+void *shim_handle(shim_lib *l);
+void shim_free(shim_lib *l);
 int shim_init(shim_lib *l);
 int shim_uninit(shim_lib *l);
 

@@ -23,6 +23,9 @@
  *  - an RC jetty sends to its bound target only, and a bound RC target
  *    cannot be unimported;
  *  - send completions carry no opcode (garbage, as in liburma);
+ *  - uninitialised (before urma_init, after urma_uninit) it lists no
+ *    device: liburma matches sysfs devices to the providers urma_init
+ *    loaded, and has none then (ENODEV);
  *  - fakeurma_kill_context makes a context and the path to its device
  *    vanish, as a crashed node or a cut link would: sends to the device
  *    complete with ACK_TIMEOUT and imports from it fail with ETIMEDOUT,
@@ -248,6 +251,12 @@ urma_status_t urma_uninit(void)
 urma_device_t **urma_get_device_list(int *num_devices)
 {
     pthread_mutex_lock(&mu);
+    if (!initialised) {
+        pthread_mutex_unlock(&mu);
+        *num_devices = 0;
+        errno = ENODEV;
+        return NULL;
+    }
     setup_devices();
     pthread_mutex_unlock(&mu);
     urma_device_t **l = calloc(NDEV + 1, sizeof(*l));
