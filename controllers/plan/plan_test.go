@@ -242,6 +242,11 @@ func TestMakeKeepsFlagsWhileFactsVanish(t *testing.T) {
 			if pl.Hash != before.Hash || pl.Result.Flags.SQSize != before.Result.Flags.SQSize {
 				t.Errorf("flags re-tuned: hash %s -> %s, sq_size %d -> %d", before.Hash, pl.Hash, before.Result.Flags.SQSize, pl.Result.Flags.SQSize)
 			}
+			// The condition says which limits stand in for the node's.
+			const kept = "the device limits the current flags were tuned against"
+			if len(pl.Problems) == 0 || !strings.Contains(pl.Problems[0].Message, kept) || strings.Contains(pl.Problems[0].Message, "software provider's limits are assumed") {
+				t.Errorf("problems %+v, want a NoNodeFacts message saying %q", pl.Problems, kept)
+			}
 		})
 	}
 }
