@@ -232,19 +232,7 @@ func TestFirstBytesTimeout(t *testing.T) {
 			cfg := cfgWith(pa, smallFlags())
 			cfg.HandshakeTimeout = time.Hour // unless the case says otherwise
 			tc.cfg(&cfg)
-			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			raw, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer raw.Close()
-			if _, err := raw.Write([]byte("ab")); err != nil {
-				t.Fatal(err)
-			}
+			ln, raw := plainClient(t, cfg, "ab")
 			accepted := make(chan net.Conn, 1)
 			go func() {
 				if c, err := ln.Accept(); err == nil {
@@ -278,6 +266,26 @@ func TestFirstBytesTimeout(t *testing.T) {
 			}
 		})
 	}
+}
+
+// plainClient listens with cfg and connects a plain TCP client to it,
+// which sends first; both are closed at cleanup.
+func plainClient(t *testing.T, cfg Config, first string) (*Listener, net.Conn) {
+	t.Helper()
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = raw.Close() })
+	if _, err := raw.Write([]byte(first)); err != nil {
+		t.Fatal(err)
+	}
+	return ln, raw
 }
 
 // rawHello sends hello bytes (and then ack, if not nil) from a plain TCP
@@ -684,19 +692,7 @@ func TestTCPModeKeptBytesAfterCloseAndDeadline(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, _ := fabricPair(t)
-			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfgWith(pa, smallFlags()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			raw, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer raw.Close()
-			if _, err := raw.Write([]byte("GET / HTTP/1.0\r\n\r\n")); err != nil {
-				t.Fatal(err)
-			}
+			ln, _ := plainClient(t, cfgWith(pa, smallFlags()), "GET / HTTP/1.0\r\n\r\n")
 			c, err := ln.Accept()
 			if err != nil {
 				t.Fatal(err)

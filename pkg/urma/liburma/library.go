@@ -48,12 +48,9 @@ var libraries = struct {
 func openLibrary(path string) (*library, error) {
 	libraries.Lock()
 	defer libraries.Unlock()
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var msg [512]C.char
-	c := C.shim_open(cpath, &msg[0], C.size_t(len(msg)))
-	if c == nil {
-		return nil, urma.Errorf("dlopen", urma.CodeNoEnt, "load %s: %s", path, C.GoString(&msg[0]))
+	c, err := dlopen(path)
+	if err != nil {
+		return nil, err
 	}
 	// dlopen gives the handle it gave before for a file already loaded.
 	h := uintptr(C.shim_handle(c))
@@ -98,12 +95,9 @@ func (l *library) release() error {
 // Provider calls it: tests use it to meet EEXIST, as killContexts is the
 // fake's hook for a crash. The handle stays open, as libraries' do.
 func initOutside(path string) (uninit func() error, err error) {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var msg [512]C.char
-	c := C.shim_open(cpath, &msg[0], C.size_t(len(msg)))
-	if c == nil {
-		return nil, urma.Errorf("dlopen", urma.CodeNoEnt, "load %s: %s", path, C.GoString(&msg[0]))
+	c, err := dlopen(path)
+	if err != nil {
+		return nil, err
 	}
 	if st := C.shim_init(c); st != 0 {
 		return nil, statusErr("urma_init", st, "initialise %s", path)
@@ -114,6 +108,19 @@ func initOutside(path string) (uninit func() error, err error) {
 		}
 		return nil
 	}, nil
+}
+
+// dlopen loads the library at path through the shim, which resolves the
+// liburma functions it calls.
+func dlopen(path string) (*C.shim_lib, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var msg [512]C.char
+	c := C.shim_open(cpath, &msg[0], C.size_t(len(msg)))
+	if c == nil {
+		return nil, urma.Errorf("dlopen", urma.CodeNoEnt, "load %s: %s", path, C.GoString(&msg[0]))
+	}
+	return c, nil
 }
 
 // statusErr turns a liburma status (an errno value or URMA_FAIL) into the
