@@ -3,7 +3,9 @@ package soft
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -1226,4 +1228,111 @@ func TestShmPollerLeavesFramesToTheReader(t *testing.T) {
 		}
 	}
 	pollUntil(t, a.sjfc, msgs)
+}
+
+// A Poll of a JFC without a JFCE reads the rings itself (conn.drive). A
+// large message that streams through the ring into a receive of two SGEs
+// makes the poller start the second SGE's copy with the ring empty, the
+// writer still copying: the poller must wait for the rest of the frame,
+// never sleep on the data eventfd, where only the reader goroutine sleeps
+// (its park took the wake-up and the connection hung for good).
+func TestShmPollerNeverSleepsOnDataEventfd(t *testing.T) {
+	opts := shmOpts(t)
+	opts.ShmRingSize = MinShmRing
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7, SQDepth: 64}, 256)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	ta := a.importJetty(b)
+	cb := pb.conns()[0]
+	const (
+		size   = 256 << 10 // four rings' worth: it streams through the ring
+		half   = size / 2
+		n      = 200
+		window = 4
+	)
+	recv := func(i int) error {
+		return b.jfr.PostRecv(&urma.RecvWR{UserCtx: uint64(i), SGEs: []urma.SGE{
+			{Segment: b.seg, Len: half}, {Segment: b.seg, Offset: half, Len: half}}})
+	}
+	for i := range window {
+		mustOK(t, recv(i), "post receive")
+	}
+	stop := make(chan struct{})
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		cs := make([]urma.Completion, 64)
+		for i := 0; i < n; {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if a.send(ta, uint64(i), 0, size, 0) == nil {
+				i++
+			} else {
+				_, _ = a.sjfc.Poll(cs) // the send queue is full
+			}
+		}
+	}()
+	defer func() { close(stop); <-sent }()
+	// The receiving loop runs aside: a poller asleep on the eventfd never
+	// comes back to see its deadline (closing the provider wakes it).
+	progress := make(chan int, n)
+	failed := make(chan string, 1)
+	stopPoll, pollDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(pollDone)
+		cs := make([]urma.Completion, window)
+		for got := 0; got < n; {
+			select {
+			case <-stopPoll:
+				return
+			default:
+			}
+			k, err := b.rjfc.Poll(cs) // drives the rings: no JFCE
+			if err != nil {
+				failed <- fmt.Sprintf("poll: %v", err)
+				return
+			}
+			for _, c := range cs[:k] {
+				if c.Status != urma.StatusSuccess || c.UserCtx != uint64(got) || c.CompletionLen != size {
+					failed <- fmt.Sprintf("receive %d: %+v", got, c)
+					return
+				}
+				got++
+				if got+window-1 < n {
+					if err := recv(got + window - 1); err != nil {
+						failed <- fmt.Sprintf("post receive: %v", err)
+						return
+					}
+				}
+				progress <- got
+			}
+		}
+	}()
+	for got := 0; got < n; {
+		select {
+		case got = <-progress:
+		case msg := <-failed:
+			t.Fatal(msg)
+		case <-time.After(10 * time.Second):
+			t.Errorf("the receiver is stuck after %d of %d messages", got, n)
+			// Free the poller asleep on the eventfd (the reader goroutine
+			// may take each wake-up), so that the cleanups can close its
+			// JFR.
+			close(stopPoll)
+			cb.fail(errors.New("test gives up"))
+			var one [8]byte
+			binary.NativeEndian.PutUint64(one[:], 1)
+			for {
+				_, _ = cb.io.(*shmIO).data.f.Write(one[:])
+				select {
+				case <-pollDone:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+		}
+	}
 }

@@ -612,8 +612,14 @@ func (s *shmIO) take(p []byte, skip int) error {
 			return err
 		}
 		if n == 0 {
+			// Only the reader goroutine may sleep on the data eventfd, and
+			// only at the start of a take: a poller (conn.drive) starts a
+			// frame only when the ring holds some of it, so every byte it
+			// waits for is one the peer is copying (waitRest). A take in
+			// the middle of a frame (the next SGE of a receive) is no
+			// different.
 			var err error
-			if first {
+			if first && !s.pollerReads {
 				err = s.wait(true)
 			} else {
 				err = s.waitRest()
