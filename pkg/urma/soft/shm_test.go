@@ -285,7 +285,7 @@ func TestShmCorruptRing(t *testing.T) {
 			a := newSide(t, p, urma.JettyConfig{}, 64)
 			deadline := time.Now().Add(5 * time.Second)
 			c.corrupt(f)
-			signal(f.peerDataFd)
+			mustOK(t, signal(f.peerDataFd), "wake the device")
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
@@ -705,7 +705,7 @@ func TestShmHostileSendRef(t *testing.T) {
 			if rest, err := f.writev(appendIov(nil, frame), true); err != nil || len(rest) != 0 {
 				t.Fatalf("write frame: %v", err)
 			}
-			f.published()
+			mustOK(t, f.published(), "publish")
 			waitUntil(t, "the device to log the violation", func() bool { return sink.has(c.log) })
 		})
 	}
@@ -1334,5 +1334,82 @@ func TestShmPollerNeverSleepsOnDataEventfd(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// The peer creates the eventfds it passes, and their flags belong to an
+// open file description it shares: it can make its data eventfd blocking,
+// at the handshake or later, and fill its counter (0xfffffffffffffffe).
+// A wake-up, write(2) of 1, would then block forever on whatever goroutine
+// writes (here ImportJetty, whose context cannot interrupt a syscall; as
+// well PostSend or Provider.Close). The device fails that connection
+// instead, and closes cleanly.
+func TestShmHostileBlockingEventfd(t *testing.T) {
+	cases := []struct {
+		name      string
+		afterJoin bool   // blocking only once the device has joined the eventfd
+		log       string // why the device drops the connection
+	}{
+		{"blocking at the handshake", false, "counter is full"},
+		{"made blocking after the handshake", true, "made its eventfd blocking"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			opts := shmOpts(t)
+			var sink logSink
+			opts.Logger = sink.logger()
+			p := newProvider(t, opts)
+			sd := p.devices[0].sock
+			nc, err := net.Dial("unixpacket", sd.shm.path)
+			mustOK(t, err, "dial")
+			defer nc.Close()
+			ends, err := newShmEnds(MinShmRing)
+			mustOK(t, err, "ends")
+			defer ends.release()
+			hostile := func() {
+				mustOK(t, unix.SetNonblock(ends.dataFd, false), "make the data eventfd blocking")
+				var full [8]byte
+				binary.NativeEndian.PutUint64(full[:], 0xfffffffffffffffe)
+				_, err := unix.Write(ends.dataFd, full[:])
+				mustOK(t, err, "fill the counter")
+			}
+			if !c.afterJoin {
+				hostile()
+			}
+			me, _ := ShmEID()
+			h := shmHelloMsg{typ: shmMsgHello, src: me, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
+			_, _, err = nc.(*net.UnixConn).WriteMsgUnix(encodeShmHello(make([]byte, shmMaxMsgLen), &h), unix.UnixRights(ends.fds()...), nil)
+			mustOK(t, err, "send HELLO")
+			ends.closePassed()
+			buf := make([]byte, shmMaxMsgLen+1)
+			n, fds, err := readShmMsg(nc.(*net.UnixConn), buf, shmHelloFds)
+			mustOK(t, err, "read HELLO_ACK")
+			closeAll(fds)
+			if a, err := decodeShmHello(buf[:n]); err != nil || a.status != helloOK {
+				t.Fatalf("HELLO_ACK %+v, %v", a, err)
+			}
+			if c.afterJoin {
+				hostile()
+			}
+			ends.local.word(offReaderWait).Store(1) // "my reader sleeps: wake me"
+
+			s := newSide(t, p, urma.JettyConfig{}, 64)
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_, err := s.ctx.ImportJetty(ctx, urma.JettyID{EID: me, ID: 1}, urma.RC, 7)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Fatal("ImportJetty from a peer that never answers succeeded")
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("ImportJetty is stuck: write(2) to the peer's blocking eventfd")
+			}
+			waitUntil(t, "the device to drop the connection", func() bool { return sink.has(c.log) })
+		})
 	}
 }

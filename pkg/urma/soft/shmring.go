@@ -177,10 +177,10 @@ func sealedSize(fd int) (int64, error) {
 	return st.Size, nil
 }
 
-// newEventfd creates the eventfd a sleeping reader or writer waits on, in
-// poll(2) on its own thread: it is woken the moment the peer writes it (Go's
-// poller would notice late; see fdio.go). The descriptor is shared with the
-// peer, flags included, so nothing here relies on its blocking mode.
+// newEventfd creates the eventfd a sleeping reader or writer waits on. The
+// descriptor is shared with the peer, flags included: each side sets
+// O_NONBLOCK on the peer's eventfds when it joins them (newShmIO), so
+// nothing may rely on blocking mode.
 func newEventfd() (int, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
@@ -189,11 +189,43 @@ func newEventfd() (int, error) {
 	return fd, nil
 }
 
-// signal wakes whoever sleeps on the eventfd fd. The descriptors are
-// created non-blocking, so a full counter (which only a peer that tampers
-// with its own eventfd arranges) fails the write instead of blocking it;
-// its sleeper is awake anyway.
-func signal(fd int) {
+// signal wakes the peer's reader or writer, which sleeps on the eventfd
+// fd. write(2) to an eventfd blocks only when its counter is full
+// (2^64-2, which only a peer that writes its own eventfd arranges) and the
+// descriptor is blocking; the caller may be an application's PostSend or
+// Close, which must not block on the peer. O_NONBLOCK, set at join, is a
+// flag of the open file description the peer shares, so the peer can
+// clear it again: signal checks it first (F_GETFL, the cheapest check:
+// no wait queue, unlike poll(2)) and writes only to a non-blocking
+// descriptor. A blocking descriptor or a full counter (EAGAIN) is the
+// peer's doing and fails the connection, so a peer that would block this
+// side by racing its flag against the check gets one try per connection.
+// A signal costs the fcntl only when the peer sleeps, which costs the peer
+// a wake-up many times dearer.
+func signal(fd int) error {
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return fmt.Errorf("wake peer: %w", err)
+	}
+	if fl&unix.O_NONBLOCK == 0 {
+		return protocolError{errors.New("peer made its eventfd blocking")}
+	}
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	if _, err := unix.Write(fd, one[:]); err != nil {
+		if errors.Is(err, unix.EAGAIN) {
+			return protocolError{errors.New("peer's eventfd counter is full")}
+		}
+		return fmt.Errorf("wake peer: %w", err)
+	}
+	return nil
+}
+
+// wake wakes this side's own sleeper on the eventfd fd (shutdown). The
+// peer shares the descriptor and may have cleared O_NONBLOCK: set it again
+// before writing. A full counter (EAGAIN) means the sleeper is awake anyway.
+func wake(fd int) {
+	_ = unix.SetNonblock(fd, true)
 	var one [8]byte
 	binary.NativeEndian.PutUint64(one[:], 1)
 	_, _ = unix.Write(fd, one[:])
@@ -365,7 +397,13 @@ func newShmIO(e *shmEnds, ringSize, peerRing int, peerFds []int, spin time.Durat
 		return fail(fmt.Errorf("peer passed %d descriptors, want 3", len(peerFds)))
 	}
 	for _, fd := range peerFds[1:] {
-		if err := checkEventfd(fd); err != nil {
+		err := checkEventfd(fd)
+		if err == nil {
+			// The peer created its eventfds and may have made them
+			// blocking: a wake-up must never block (see signal).
+			err = unix.SetNonblock(fd, true)
+		}
+		if err != nil {
 			closeAll(peerFds)
 			return fail(err)
 		}
@@ -593,13 +631,14 @@ func (s *shmIO) head() uint64 { return s.local.word(offHead).Load() }
 
 // consumed publishes that this side has read the peer's ring up to h and
 // wakes a peer writer that sleeps for space.
-func (s *shmIO) consumed(h uint64) {
+func (s *shmIO) consumed(h uint64) error {
 	s.local.word(offHead).Store(h)
 	if v := s.remote.word(offWriterWait).Load(); v&1 == 1 && v != s.wokeWrite {
 		s.wokeWrite = v
 		s.wakes.Add(1)
-		signal(s.peerSpaceFd)
+		return signal(s.peerSpaceFd)
 	}
+	return nil
 }
 
 // take copies the next bytes of the peer's ring into p (or skips them, p
@@ -641,7 +680,9 @@ func (s *shmIO) take(p []byte, skip int) error {
 		}
 		s.rx.Add(uint64(k))
 		want -= k
-		s.consumed(s.head() + uint64(k))
+		if err := s.consumed(s.head() + uint64(k)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -665,20 +706,23 @@ func (s *shmIO) room(tail uint64) (uint64, error) {
 
 // published shows the peer what was written and wakes its reader if it
 // sleeps.
-func (s *shmIO) published() {
+func (s *shmIO) published() error {
 	s.local.word(offTail).Store(s.tail)
 	if v := s.remote.word(offReaderWait).Load(); v&1 == 1 && v != s.wokeRead {
 		s.wokeRead = v
 		s.wakes.Add(1)
-		signal(s.peerDataFd)
+		return signal(s.peerDataFd)
 	}
+	return nil
 }
 
-func (s *shmIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
+func (s *shmIO) writev(iov []unix.Iovec, wait bool) (rest []unix.Iovec, err error) {
 	var unpublished uint64
 	defer func() {
 		if unpublished > 0 {
-			s.published()
+			if perr := s.published(); err == nil {
+				err = perr
+			}
 		}
 	}()
 	for len(iov) > 0 {
@@ -691,8 +735,10 @@ func (s *shmIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
 		}
 		if room == 0 {
 			if unpublished > 0 {
-				s.published()
 				unpublished = 0
+				if err := s.published(); err != nil {
+					return iov, err
+				}
 			}
 			if !wait {
 				return iov, unix.EAGAIN
@@ -718,8 +764,10 @@ func (s *shmIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
 			iov[0].Len -= k
 		}
 		if unpublished == shmPublishChunk {
-			s.published()
 			unpublished = 0
+			if err := s.published(); err != nil {
+				return iov, err
+			}
 		}
 	}
 	return iov, nil
@@ -753,8 +801,8 @@ func (s *shmIO) attach(nc net.Conn) error {
 // every later wait fails.
 func (s *shmIO) shutdown() {
 	s.closed.Store(true)
-	signal(s.dataFd)
-	signal(s.spaceFd)
+	wake(s.dataFd)
+	wake(s.spaceFd)
 	if s.ctlFd >= 0 {
 		_ = unix.Shutdown(s.ctlFd, unix.SHUT_RDWR)
 	}

@@ -93,7 +93,7 @@ func TestShmEventWaiterSleepConsumesSignal(t *testing.T) {
 			w, err := newEventWaiter(fd, "test eventfd")
 			mustOK(t, err, "waiter")
 			defer w.f.Close()
-			signal(peer)
+			mustOK(t, signal(peer), "signal")
 			mustOK(t, w.sleep(c.deadline()), "sleep")
 			var buf [8]byte
 			if _, err := unix.Read(peer, buf[:]); !errors.Is(err, unix.EAGAIN) {
