@@ -635,7 +635,7 @@ func (c *conn) onSend(body []byte, bodyLen uint32) error {
 		return protocolError{err}
 	}
 	c.stream = streamPayload{src: c.src, n: h.length}
-	return c.place(&h, &c.stream)
+	return c.place(&h, &c.stream, false)
 }
 
 // onSendRef places a SEND_REF, whose payload the sender shared (pull.go):
@@ -650,10 +650,14 @@ func (c *conn) onSendRef(body []byte) error {
 	s.pull.mapMu.RLock() // an unmap waits until the copy is done
 	defer s.pull.mapMu.RUnlock()
 	defer c.pulled.release()
-	if err := s.pull.resolve(c.refs[:n], &c.pulled); err != nil {
+	err = s.pull.resolve(c.refs[:n], &c.pulled)
+	if errors.Is(err, errRetiredHandle) {
+		return c.place(&h, &c.pulled, true)
+	}
+	if err != nil {
 		return protocolError{err}
 	}
-	return c.place(&h, &c.pulled)
+	return c.place(&h, &c.pulled, false)
 }
 
 // payload is where a SEND's bytes come from: the stream, or the sender's
@@ -677,8 +681,9 @@ func (p *streamPayload) skip() error           { return p.src.discard(int(p.n)) 
 // answers why. After an RNR answer, later sends from the same sender jetty
 // to the same target are skipped unanswered until the retried one (flagged
 // resume) arrives; the sender rewinds and retransmits them, which keeps
-// delivery in order.
-func (c *conn) place(h *sendHeader, p payload) error {
+// delivery in order. A refused message (a SEND_REF naming memory the peer
+// no longer shares) is skipped and answered as for an unknown jetty.
+func (c *conn) place(h *sendHeader, p payload, refused bool) error {
 	key := blockKey{uint32(h.tag >> 32), h.dst}
 	if len(c.blocked) > 0 {
 		if t, ok := c.blocked[key]; ok {
@@ -689,7 +694,7 @@ func (c *conn) place(h *sendHeader, p payload) error {
 		}
 	}
 	tj := c.sd.dev.jetty(h.dst)
-	if tj == nil || !tj.jfr.accepts(urma.Token(h.token)) {
+	if refused || tj == nil || !tj.jfr.accepts(urma.Token(h.token)) {
 		if err := p.skip(); err != nil {
 			return err
 		}

@@ -55,6 +55,18 @@ type pullState struct {
 	// hold mapMu while they copy, so an unmap waits for them.
 	mapMu  sync.RWMutex
 	mapped map[uint32][]byte
+	// announced is one past the highest handle the peer announced in a
+	// SEG_MAP, mapped or refused (0: none). The peer allocates handles
+	// increasing and never reuses one, so a handle below announced that is
+	// not mapped was refused or unmapped since: one word remembers them
+	// all, whatever the peer sends.
+	announced uint64
+}
+
+// retired reports whether handle, which is not mapped, is one the peer
+// announced: refused, or unmapped since. The caller holds mapMu.
+func (p *pullState) retired(handle uint32) bool {
+	return uint64(handle) < p.announced
 }
 
 // shareable reports whether a segment may be shared with peers: remote
@@ -152,6 +164,7 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 		closeAll(fds)
 		return fmt.Errorf("shm message type %d with %d descriptors, want %d", m.typ, len(fds), want)
 	}
+
 	p := &s.pull
 	switch m.typ {
 	case shmMsgSegMap:
@@ -174,11 +187,16 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 		p.mapMu.Lock()
 		b, ok := p.mapped[m.handle]
 		delete(p.mapped, m.handle)
+		retired := false
 		p.mapMu.Unlock()
-		if !ok {
-			return fmt.Errorf("SEG_UNMAP of handle %d, which is not mapped", m.handle)
+		switch {
+		case ok:
+			_ = unix.Munmap(b)
+		case !retired:
+			return fmt.Errorf("SEG_UNMAP of handle %d, which the peer never shared", m.handle)
 		}
-		_ = unix.Munmap(b)
+		// A handle this side refused (the peer unregistered the segment
+		// before the refusal reached it) or unmapped already: nothing to do.
 	}
 	return nil
 }
@@ -188,13 +206,20 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 func (s *shmIO) mapPeerSegment(handle uint32, length uint64, fd int) error {
 	defer unix.Close(fd)
 	p := &s.pull
-	p.mapMu.RLock()
+	p.mapMu.Lock()
 	_, dup := p.mapped[handle]
+	reused := !dup && p.retired(handle)
 	n := len(p.mapped)
-	p.mapMu.RUnlock()
+	// Announced, whether this side maps it or not: a SEND_REF or
+	// SEG_UNMAP naming it later is not a protocol error (retired). This
+	// happens before the answer, the only thing the peer waits for.
+	p.announced = max(p.announced, uint64(handle)+1)
+	p.mapMu.Unlock()
 	switch {
 	case dup:
 		return fmt.Errorf("handle %d is already mapped", handle)
+	case reused:
+		return fmt.Errorf("handle %d was shared before", handle)
 	case n >= maxPeerSegments:
 		return fmt.Errorf("the peer shares more than %d segments", maxPeerSegments)
 	case length == 0 || length > 1<<40:
@@ -232,6 +257,13 @@ func (p *pullState) unmapAll() {
 
 var errUnknownHandle = errors.New("SEND_REF names a segment the peer has not shared")
 
+// errRetiredHandle says a SEND_REF names a segment the peer shared and
+// then unshared (its SEG_UNMAP, on the unix socket, overtook the SEND_REF
+// in the ring: the peer unregistered the segment after closing the
+// sending jetty), or that this side refused to map: not a protocol error,
+// the receiver answers REM_ACCESS_ABORT.
+var errRetiredHandle = errors.New("SEND_REF names a segment the peer no longer shares")
+
 // refPayload is a SEND_REF's payload: slices of the peer's mapped segments,
 // read in order. Its holder holds mapMu (read) until it is done.
 type refPayload struct {
@@ -240,13 +272,20 @@ type refPayload struct {
 }
 
 // resolve checks refs against the mapped segments and points the payload
-// at them; the caller holds p.mapMu for reading.
+// at them; the caller holds p.mapMu for reading. A reference to a retired
+// handle makes it return errRetiredHandle, unless another breaks the
+// protocol.
 func (p *pullState) resolve(refs []payloadRef, out *refPayload) error {
 	out.n, out.i = 0, 0
+	var retired bool
 	for _, r := range refs {
 		b, ok := p.mapped[r.handle]
 		if !ok {
-			return errUnknownHandle
+			if !p.retired(r.handle) {
+				return errUnknownHandle
+			}
+			retired = true
+			continue
 		}
 		if r.offset > uint64(len(b)) || uint64(r.length) > uint64(len(b))-r.offset {
 			return fmt.Errorf("SEND_REF reaches past its segment (%d+%d of %d bytes)", r.offset, r.length, len(b))
@@ -255,6 +294,11 @@ func (p *pullState) resolve(refs []payloadRef, out *refPayload) error {
 			out.parts[out.n] = b[r.offset : r.offset+uint64(r.length)]
 			out.n++
 		}
+	}
+	if retired {
+		clear(out.parts[:out.n])
+		out.n = 0
+		return errRetiredHandle
 	}
 	return nil
 }

@@ -30,9 +30,13 @@ func TestResolveBoundsReferences(t *testing.T) {
 		{"one byte past the end", []payloadRef{{handle: 1, length: 2, offset: 4095}}, nil, "reaches past its segment"},
 		{"offset past the end", []payloadRef{{handle: 1, offset: 4097}}, nil, "reaches past its segment"},
 		{"offset that wraps", []payloadRef{{handle: 1, length: 16, offset: ^uint64(0) - 8}}, nil, "reaches past its segment"},
-		{"unknown handle", []payloadRef{{handle: 2, length: 1}}, nil, errUnknownHandle.Error()},
+		{"unknown handle", []payloadRef{{handle: 4, length: 1}}, nil, errUnknownHandle.Error()},
+		{"retired handle", []payloadRef{{handle: 2, length: 1}}, nil, errRetiredHandle.Error()},
+		{"a mapped and a retired handle", []payloadRef{{handle: 1, length: 1}, {handle: 3, length: 1}}, nil, errRetiredHandle.Error()},
+		{"a retired and an unknown handle", []payloadRef{{handle: 2, length: 1}, {handle: 9, length: 1}}, nil, errUnknownHandle.Error()},
 	}
-	p := pullState{mapped: map[uint32][]byte{1: seg}}
+	// Handles 1 to 3 were announced; 2 and 3 are no longer mapped.
+	p := pullState{mapped: map[uint32][]byte{1: seg}, announced: 4}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var out refPayload
@@ -71,7 +75,7 @@ func FuzzSendRef(f *testing.F) {
 	f.Add(bytes.Clone(encodeSendRef(b[:], &h, []payloadRef{{handle: 1, length: 1, offset: 4095}, {handle: 2, length: 5}})[4:]))
 	f.Add(bytes.Clone(encodeSendRef(b[:], &h, []payloadRef{{handle: 1, length: 16, offset: ^uint64(0) - 8}})[4:]))
 	seg := make([]byte, 4096)
-	p := pullState{mapped: map[uint32][]byte{1: seg}}
+	p := pullState{mapped: map[uint32][]byte{1: seg}, announced: 3} // handle 2: retired
 	const maxMsg = 1 << 20
 	f.Fuzz(func(t *testing.T, body []byte) {
 		if len(body) == 0 || checkFrame(frameSendRef, uint32(len(body)), maxMsg) != nil {
@@ -91,7 +95,7 @@ func FuzzSendRef(f *testing.F) {
 		}
 		var pl refPayload
 		if err := p.resolve(refs[:n], &pl); err != nil {
-			if !errors.Is(err, errUnknownHandle) && !strings.Contains(err.Error(), "reaches past") {
+			if !errors.Is(err, errUnknownHandle) && !errors.Is(err, errRetiredHandle) && !strings.Contains(err.Error(), "reaches past") {
 				t.Fatalf("resolve: unexpected error %v", err)
 			}
 			return

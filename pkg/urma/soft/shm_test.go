@@ -1413,3 +1413,82 @@ func TestShmHostileBlockingEventfd(t *testing.T) {
 		})
 	}
 }
+
+// roundTrip sends one message from a to b, its import target, and checks
+// that it arrives: the connection between the two devices works.
+func roundTrip(t *testing.T, a *side, target urma.RemoteJetty, b *side) {
+	t.Helper()
+	b.postRecv(1000, 0, 64)
+	mustOK(t, a.send(target, 1, 0, 64, 0), "send")
+	if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+		t.Fatalf("round trip, send: %+v", c)
+	}
+	if c := pollN(t, b.rjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+		t.Fatalf("round trip, receive: %+v", c)
+	}
+}
+
+// alive fails the test if the connection c died.
+func alive(t *testing.T, c *conn) {
+	t.Helper()
+	select {
+	case <-c.done:
+		t.Fatalf("the connection died: %v", c.deathCause())
+	default:
+	}
+}
+
+// Ordinary teardown on a sender: it closes its jetty, then unregisters a
+// segment a SEND_REF still unread in the ring refers to. SEG_UNMAP, on the
+// unix socket, overtakes the SEND_REF: the receiver must answer it
+// REM_ACCESS_ABORT (the peer unshared the memory), not drop the
+// connection as a protocol violation, failing every other send on it.
+func TestShmUnmapOvertakesSendRef(t *testing.T) {
+	opts := shmOpts(t)
+	pa := newProvider(t, opts)
+	sink := &logSink{}
+	optsB := opts
+	optsB.Logger = sink.logger()
+	pb := newProvider(t, optsB)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	target := a.importJetty(b)
+	// Another jetty, made now: one made after a.jetty closes could take
+	// its number, and a late answer to a.jetty's send with it.
+	a2 := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	target2 := a2.importJetty(b)
+	mem, err := urma.AllocMemory(1 << 20)
+	mustOK(t, err, "alloc")
+	defer mem.Free()
+	seg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessRead, TokenPolicy: urma.TokenPlainText, Token: 99})
+	mustOK(t, err, "register")
+	send := func(what string) {
+		t.Helper()
+		mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target,
+			SGEs: []urma.SGE{{Segment: seg, Len: 64 << 10}}}), what)
+	}
+	b.postRecv(1, 0, 64<<10)
+	send("send by copy, sharing the segment")
+	if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+		t.Fatalf("send: %+v", c)
+	}
+	pollN(t, b.rjfc, 1, 10*time.Second)
+	waitUntil(t, "the share to be ready", func() bool { return pa.readyShares() == 1 })
+
+	cb := pb.conns()[0]
+	cb.readMu.Lock() // the receiver's reader is busy (descheduled, copying...)
+	b.postRecv(2, 0, 64<<10)
+	before := pa.pulls()
+	send("send by reference")
+	waitUntil(t, "the SEND_REF to be written", func() bool { return pa.pulls() == before+1 })
+	mustOK(t, a.jetty.Close(), "close the jetty")
+	mustOK(t, seg.Close(), "unregister") // no outstanding WR holds it any more
+	waitUntil(t, "SEG_UNMAP to be handled", func() bool { return pb.mappedSegments() == 0 })
+	cb.readMu.Unlock()
+
+	roundTrip(t, a2, target2, b) // behind the SEND_REF in the ring
+	alive(t, cb)
+	if sink.has("broke the protocol") {
+		t.Fatalf("the receiver calls it a protocol violation: %q", sink.lines)
+	}
+}
