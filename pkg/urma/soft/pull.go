@@ -187,7 +187,7 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 		p.mapMu.Lock()
 		b, ok := p.mapped[m.handle]
 		delete(p.mapped, m.handle)
-		retired := false
+		retired := !ok && p.retired(m.handle)
 		p.mapMu.Unlock()
 		switch {
 		case ok:

@@ -1492,3 +1492,92 @@ func TestShmUnmapOvertakesSendRef(t *testing.T) {
 		t.Fatalf("the receiver calls it a protocol violation: %q", sink.lines)
 	}
 }
+
+// The sender may unregister a segment before the receiver's answer to its
+// SEG_MAP comes back, so SEG_UNMAP may name a handle the receiver refused
+// to map (it maps maxPeerSegments already, or the descriptor was not
+// acceptable); a repeated SEG_UNMAP is as harmless. The receiver ignores
+// SEG_UNMAP of any handle it was announced; only one never announced
+// breaks the protocol.
+func TestShmUnmapOfRefusedOrRetiredHandle(t *testing.T) {
+	unsealed := func(t *testing.T) int {
+		fd, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
+		mustOK(t, err, "memfd")
+		mustOK(t, unix.Ftruncate(fd, 4096), "size memfd")
+		return fd
+	}
+	sealed := func(t *testing.T) int {
+		mem, err := urma.AllocMemory(4096)
+		mustOK(t, err, "alloc")
+		t.Cleanup(func() { _ = mem.Free() })
+		fd, err := reopenReadOnly(mem.Fd())
+		mustOK(t, err, "reopen")
+		return fd
+	}
+	type msg struct {
+		typ    uint8
+		handle uint32
+		fd     func(*testing.T) int // SEG_MAP's segment
+	}
+	cases := []struct {
+		name  string
+		msgs  []msg
+		fatal string // what the receiver logs when it drops the connection
+	}{
+		{"SEG_UNMAP of a refused handle", []msg{{shmMsgSegMap, 1000, unsealed}, {typ: shmMsgSegUnmap, handle: 1000}}, ""},
+		{"SEG_UNMAP twice", []msg{{shmMsgSegMap, 1000, sealed}, {typ: shmMsgSegUnmap, handle: 1000}, {typ: shmMsgSegUnmap, handle: 1000}}, ""},
+		{"SEG_UNMAP of an older handle", []msg{{shmMsgSegMap, 1000, sealed}, {typ: shmMsgSegUnmap, handle: 999}}, ""},
+		{"SEG_UNMAP of a handle never announced", []msg{{shmMsgSegMap, 1000, sealed}, {typ: shmMsgSegUnmap, handle: 1001}}, "never shared"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			opts := shmOpts(t)
+			pa := newProvider(t, opts)
+			sink := &logSink{}
+			optsB := opts
+			optsB.Logger = sink.logger()
+			pb := newProvider(t, optsB)
+			a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+			b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+			target := a.importJetty(b)
+			sa, cb := pa.conns()[0].io.(*shmIO), pb.conns()[0]
+			// Written straight on the sender's unix socket: the sender
+			// ignores the answers, which name no share of its own.
+			for _, m := range append(c.msgs, msg{shmMsgSegMap, 2000, sealed}) {
+				var rights []byte
+				if m.fd != nil {
+					fd := m.fd(t)
+					defer unix.Close(fd)
+					rights = unix.UnixRights(fd)
+				}
+				sm := shmSegMsg{typ: m.typ, handle: m.handle}
+				if m.typ == shmMsgSegMap {
+					sm.length = 4096
+				}
+				b := encodeShmSeg(make([]byte, shmSegMsgLen), &sm)
+				mustOK(t, unix.Sendmsg(sa.ctlFd, b, rights, nil, unix.MSG_NOSIGNAL), "send control message")
+			}
+			if c.fatal != "" {
+				waitUntil(t, "the receiver to drop the connection", func() bool { return sink.has(c.fatal) })
+				return
+			}
+			// The last SEG_MAP, handled in order, is mapped after the rest.
+			waitUntil(t, "the messages to be handled", func() bool {
+				select {
+				case <-cb.done:
+					return true // alive says why
+				default:
+				}
+				if pb.mappedSegments() > 0 {
+					cb.io.(*shmIO).pull.mapMu.RLock()
+					defer cb.io.(*shmIO).pull.mapMu.RUnlock()
+					_, ok := cb.io.(*shmIO).pull.mapped[2000]
+					return ok
+				}
+				return false
+			})
+			roundTrip(t, a, target, b)
+			alive(t, cb)
+		})
+	}
+}
