@@ -54,12 +54,16 @@ func (d *device) jetty(id uint32) *jetty {
 }
 
 // allocJetty gives j the lowest free id. Ids are reused, as on hardware, so
-// a stale importer of a re-created jetty is caught by the token check.
-func (d *device) allocJetty(j *jetty) (uint32, error) {
+// a stale importer of a re-created jetty is caught by the token check. name
+// gives j its identity before j is published: a connection's reader that
+// finds it (a peer's late answer to the id's previous jetty) reads its id
+// and instance unlocked.
+func (d *device) allocJetty(j *jetty, name func(id uint32)) (uint32, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for id := 1; id < len(d.jetties); id++ {
 		if d.jetties[id].Load() == nil {
+			name(uint32(id))
 			d.jetties[id].Store(j)
 			return uint32(id), nil
 		}

@@ -134,14 +134,15 @@ func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 		q.detach()
 		return nil, err
 	}
-	id, err := c.dev.allocJetty(j)
+	id, err := c.dev.allocJetty(j, func(id uint32) {
+		j.instance = c.dev.instances.Add(1)
+		j.id = urma.JettyID{EID: c.eid, UASID: c.uasid, ID: id}
+	})
 	if err != nil {
 		r.detach()
 		q.detach()
 		return nil, err
 	}
-	j.instance = c.dev.instances.Add(1)
-	j.id = urma.JettyID{EID: c.eid, UASID: c.uasid, ID: id}
 	if err := c.adopt(j, op); err != nil {
 		c.dev.freeJetty(id)
 		r.detach()

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -727,5 +729,48 @@ func TestSGEAtSegmentEnd(t *testing.T) {
 				t.Fatalf("send of %d bytes at %d of a %d-byte segment: %+v, want %v", c.n, c.off, size, got, c.want)
 			}
 		})
+	}
+}
+
+// A jetty is named before it is published in the device's table: a
+// connection's reader that finds it there (a peer's late answer to the
+// previous jetty of a reused id) reads its id and instance without a lock.
+// -race catches a jetty published first; the id check can too.
+func TestJettyNamedBeforePublished(t *testing.T) {
+	p := newProvider(t, Options{})
+	s := newSide(t, p, urma.JettyConfig{}, 64)
+	dev := p.devices[0]
+	const reused = 2 // s.jetty holds 1
+	stop, done := make(chan struct{}), make(chan struct{})
+	var misnamed atomic.Int64
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if j := dev.jetty(reused); j != nil {
+				if j.id.ID != reused {
+					misnamed.Add(1)
+				}
+				j.onAnswer(0, urma.StatusSuccess, 0) // no such send: ignored
+			}
+			runtime.Gosched()
+		}
+	}()
+	for i := 0; i < 200; i++ {
+		j, err := s.ctx.CreateJetty(urma.JettyConfig{Mode: urma.RC, SQDepth: 16, SendJFC: s.sjfc, JFR: s.jfr})
+		mustOK(t, err, "create jetty")
+		if j.ID().ID != reused {
+			t.Fatalf("jetty id %d, want %d", j.ID().ID, reused)
+		}
+		mustOK(t, j.Close(), "close jetty")
+	}
+	close(stop)
+	<-done
+	if n := misnamed.Load(); n > 0 {
+		t.Fatalf("a reader found a jetty in the table before its id was set (%d times)", n)
 	}
 }
