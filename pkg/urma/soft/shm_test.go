@@ -1443,16 +1443,23 @@ func alive(t *testing.T, c *conn) {
 // unix socket, overtakes the SEND_REF: the receiver must answer it
 // REM_ACCESS_ABORT (the peer unshared the memory), not drop the
 // connection as a protocol violation, failing every other send on it.
-func TestShmUnmapOvertakesSendRef(t *testing.T) {
+// loggedShmPair is two providers on the shm fabric, the second logging
+// into sink, a side on each and a's import of b's jetty.
+func loggedShmPair(t *testing.T) (pa, pb *Provider, sink *logSink, a, b *side, target urma.RemoteJetty) {
+	t.Helper()
 	opts := shmOpts(t)
-	pa := newProvider(t, opts)
-	sink := &logSink{}
+	pa = newProvider(t, opts)
+	sink = &logSink{}
 	optsB := opts
 	optsB.Logger = sink.logger()
-	pb := newProvider(t, optsB)
-	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
-	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
-	target := a.importJetty(b)
+	pb = newProvider(t, optsB)
+	a = newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b = newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	return pa, pb, sink, a, b, a.importJetty(b)
+}
+
+func TestShmUnmapOvertakesSendRef(t *testing.T) {
+	pa, pb, sink, a, b, target := loggedShmPair(t)
 	// Another jetty, made now: one made after a.jetty closes could take
 	// its number, and a late answer to a.jetty's send with it.
 	a2 := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
@@ -1531,15 +1538,7 @@ func TestShmUnmapOfRefusedOrRetiredHandle(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			opts := shmOpts(t)
-			pa := newProvider(t, opts)
-			sink := &logSink{}
-			optsB := opts
-			optsB.Logger = sink.logger()
-			pb := newProvider(t, optsB)
-			a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
-			b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
-			target := a.importJetty(b)
+			pa, pb, sink, a, b, target := loggedShmPair(t)
 			sa, cb := pa.conns()[0].io.(*shmIO), pb.conns()[0]
 			// Written straight on the sender's unix socket: the sender
 			// ignores the answers, which name no share of its own.
