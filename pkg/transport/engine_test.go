@@ -14,6 +14,18 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
+// softOn is a software provider on fab with devices (one default device
+// when none are given), closed at cleanup.
+func softOn(t *testing.T, fab *soft.Fabric, devices ...soft.DeviceSpec) *soft.Provider {
+	t.Helper()
+	p, err := soft.New(soft.Options{Fabric: fab, Logger: logr.Discard(), Devices: devices})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
 // TestDeviceQueueLimits: a device whose queues are too shallow for the
 // configured depths makes the engine fall back to TCP, naming the limit;
 // one exactly deep enough carries URMA. A connection's completion queue
@@ -37,16 +49,8 @@ func TestDeviceQueueLimits(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			fab := soft.NewFabric()
-			pa, err := soft.New(soft.Options{Fabric: fab, Logger: logr.Discard(), Devices: []soft.DeviceSpec{{Caps: tc.caps}}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pa.Close()
-			pb, err := soft.New(soft.Options{Fabric: fab, Logger: logr.Discard()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pb.Close()
+			pa := softOn(t, fab, soft.DeviceSpec{Caps: tc.caps})
+			pb := softOn(t, fab)
 			p := connect(t, cfgWith(pa, f), cfgWith(pb, f))
 			defer p.client.Close()
 			defer p.server.Close()
@@ -94,16 +98,8 @@ func TestTunedFlagsFitTheDevice(t *testing.T) {
 			f := res.Flags
 			caps := urma.DeviceCaps{MaxJFSDepth: 4096, MaxJFRDepth: 4096, MaxJFCDepth: uint32(tc.jfc), MaxMsgSize: 1 << 20}
 			fab := soft.NewFabric()
-			pa, err := soft.New(soft.Options{Fabric: fab, Logger: logr.Discard(), Devices: []soft.DeviceSpec{{Caps: caps}}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pa.Close()
-			pb, err := soft.New(soft.Options{Fabric: fab, Logger: logr.Discard(), Devices: []soft.DeviceSpec{{Caps: caps}}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pb.Close()
+			pa := softOn(t, fab, soft.DeviceSpec{Caps: caps})
+			pb := softOn(t, fab, soft.DeviceSpec{Caps: caps})
 			p := connect(t, cfgWith(pa, f), cfgWith(pb, f))
 			defer p.client.Close()
 			defer p.server.Close()

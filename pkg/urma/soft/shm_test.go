@@ -244,9 +244,21 @@ func fakeShmPeer(t *testing.T, sd *sockDevice) (*shmIO, urma.EID) {
 	mustOK(t, err, "dial")
 	ends, err := newShmEnds(MinShmRing)
 	mustOK(t, err, "ends")
-	me, _ := ShmEID()
+	me, fds, peerRing := shmHello(t, nc, ends, sd)
+	sio, err := newShmIO(ends, MinShmRing, peerRing, fds, -1)
+	mustOK(t, err, "join rings")
+	mustOK(t, sio.attach(nc), "attach")
+	t.Cleanup(func() { sio.shutdown(); sio.close() })
+	return sio, me
+}
+
+// shmHello handshakes over nc as a dialer would, passing ends' descriptors,
+// and returns the EID it used, the device's descriptors and ring size.
+func shmHello(t *testing.T, nc net.Conn, ends *shmEnds, sd *sockDevice) (me urma.EID, fds []int, peerRing int) {
+	t.Helper()
+	me, _ = ShmEID()
 	h := shmHelloMsg{typ: shmMsgHello, src: me, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
-	_, _, err = nc.(*net.UnixConn).WriteMsgUnix(encodeShmHello(make([]byte, shmMaxMsgLen), &h), unix.UnixRights(ends.fds()...), nil)
+	_, _, err := nc.(*net.UnixConn).WriteMsgUnix(encodeShmHello(make([]byte, shmMaxMsgLen), &h), unix.UnixRights(ends.fds()...), nil)
 	mustOK(t, err, "send HELLO")
 	ends.closePassed()
 	buf := make([]byte, shmMaxMsgLen+1)
@@ -254,13 +266,10 @@ func fakeShmPeer(t *testing.T, sd *sockDevice) (*shmIO, urma.EID) {
 	mustOK(t, err, "read HELLO_ACK")
 	a, err := decodeShmHello(buf[:n])
 	if err != nil || a.status != helloOK {
+		closeAll(fds)
 		t.Fatalf("HELLO_ACK %+v, %v", a, err)
 	}
-	sio, err := newShmIO(ends, MinShmRing, int(a.ringSize), fds, -1)
-	mustOK(t, err, "join rings")
-	mustOK(t, sio.attach(nc), "attach")
-	t.Cleanup(func() { sio.shutdown(); sio.close() })
-	return sio, me
+	return me, fds, int(a.ringSize)
 }
 
 // A peer whose ring control words make no sense breaks the protocol: the
@@ -1376,18 +1385,8 @@ func TestShmHostileBlockingEventfd(t *testing.T) {
 			if !c.afterJoin {
 				hostile()
 			}
-			me, _ := ShmEID()
-			h := shmHelloMsg{typ: shmMsgHello, src: me, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
-			_, _, err = nc.(*net.UnixConn).WriteMsgUnix(encodeShmHello(make([]byte, shmMaxMsgLen), &h), unix.UnixRights(ends.fds()...), nil)
-			mustOK(t, err, "send HELLO")
-			ends.closePassed()
-			buf := make([]byte, shmMaxMsgLen+1)
-			n, fds, err := readShmMsg(nc.(*net.UnixConn), buf, shmHelloFds)
-			mustOK(t, err, "read HELLO_ACK")
+			me, fds, _ := shmHello(t, nc, ends, sd)
 			closeAll(fds)
-			if a, err := decodeShmHello(buf[:n]); err != nil || a.status != helloOK {
-				t.Fatalf("HELLO_ACK %+v, %v", a, err)
-			}
 			if c.afterJoin {
 				hostile()
 			}
