@@ -642,11 +642,7 @@ func TestShmOneCopySend(t *testing.T) {
 	if pa.pulls() != 0 || pb.mappedSegments() != 0 {
 		t.Fatalf("local-only memory went by reference (%d) or was mapped (%d)", pa.pulls(), pb.mappedSegments())
 	}
-	mem, err := urma.AllocMemory(1 << 20)
-	mustOK(t, err, "alloc")
-	defer mem.Free()
-	seg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessRead | urma.AccessWrite, TokenPolicy: urma.TokenPlainText, Token: 99})
-	mustOK(t, err, "register shareable segment")
+	seg, mem := shareableSegment(t, a, urma.AccessRead|urma.AccessWrite)
 	send(seg, mem.Bytes(), 10) // by copy; the peer is asked to map the segment
 	waitUntil(t, "the peer to map the segment", func() bool { return pb.mappedSegments() == 1 })
 	// The sender learns it from the peer's answer, which may come later.
@@ -671,12 +667,7 @@ func TestShmSegmentForgetsClosedConnection(t *testing.T) {
 	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
 	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
 	target := a.importJetty(b)
-	mem, err := urma.AllocMemory(1 << 20)
-	mustOK(t, err, "alloc")
-	defer mem.Free()
-	useg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessRead, TokenPolicy: urma.TokenPlainText, Token: 99})
-	mustOK(t, err, "register shareable segment")
-	defer useg.Close()
+	useg, _ := shareableSegment(t, a, urma.AccessRead)
 	b.postRecv(1, 0, 64<<10)
 	mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target,
 		SGEs: []urma.SGE{{Segment: useg, Len: 64 << 10}}}), "send")
@@ -913,12 +904,7 @@ func TestShmSendByReferenceSizes(t *testing.T) {
 	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7, MaxSGE: MaxSGE}, 64)
 	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
 	target := a.importJetty(b)
-	mem, err := urma.AllocMemory(1 << 20)
-	mustOK(t, err, "alloc")
-	defer mem.Free()
-	seg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessRead | urma.AccessWrite, TokenPolicy: urma.TokenPlainText, Token: 99})
-	mustOK(t, err, "register shareable segment")
-	defer seg.Close()
+	seg, mem := shareableSegment(t, a, urma.AccessRead|urma.AccessWrite)
 	// pieces are n SGEs of size bytes each, a gap between them.
 	pieces := func(n, size int) []urma.SGE {
 		sges := make([]urma.SGE, n)
@@ -1442,6 +1428,19 @@ func alive(t *testing.T, c *conn) {
 // unix socket, overtakes the SEND_REF: the receiver must answer it
 // REM_ACCESS_ABORT (the peer unshared the memory), not drop the
 // connection as a protocol violation, failing every other send on it.
+// shareableSegment registers 1 MiB of memory another process can map, with
+// access, on s's context; it is unregistered and freed at cleanup.
+func shareableSegment(t *testing.T, s *side, access urma.Access) (urma.Segment, *urma.Memory) {
+	t.Helper()
+	mem, err := urma.AllocMemory(1 << 20)
+	mustOK(t, err, "alloc")
+	t.Cleanup(func() { _ = mem.Free() })
+	seg, err := s.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: access, TokenPolicy: urma.TokenPlainText, Token: 99})
+	mustOK(t, err, "register shareable segment")
+	t.Cleanup(func() { _ = seg.Close() })
+	return seg, mem
+}
+
 // loggedShmPair is two providers on the shm fabric, the second logging
 // into sink, a side on each and a's import of b's jetty.
 func loggedShmPair(t *testing.T) (pa, pb *Provider, sink *logSink, a, b *side, target urma.RemoteJetty) {
@@ -1463,11 +1462,7 @@ func TestShmUnmapOvertakesSendRef(t *testing.T) {
 	// its number, and a late answer to a.jetty's send with it.
 	a2 := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
 	target2 := a2.importJetty(b)
-	mem, err := urma.AllocMemory(1 << 20)
-	mustOK(t, err, "alloc")
-	defer mem.Free()
-	seg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessRead, TokenPolicy: urma.TokenPlainText, Token: 99})
-	mustOK(t, err, "register")
+	seg, _ := shareableSegment(t, a, urma.AccessRead)
 	send := func(what string) {
 		t.Helper()
 		mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target,
