@@ -10,10 +10,7 @@ import (
 // a hand-driven peer connected to it (fakeShmPeer).
 func loggedShmDeviceAndFakePeer(t *testing.T) (*Provider, *shmIO, *logSink) {
 	t.Helper()
-	opts := shmOpts(t)
-	sink := &logSink{}
-	opts.Logger = sink.logger()
-	p := newProvider(t, opts)
+	p, sink := loggedProvider(t, shmOpts(t))
 	f, _ := fakeShmPeer(t, p.devices[0].sock)
 	return p, f, sink
 }

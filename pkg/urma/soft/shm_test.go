@@ -283,10 +283,7 @@ func TestShmCorruptRing(t *testing.T) {
 		{"head past what was written", func(f *shmIO) { f.local.word(offHead).Store(12345) }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			opts := shmOpts(t)
-			var sink logSink
-			opts.Logger = sink.logger()
-			p := newProvider(t, opts)
+			p, sink := loggedProvider(t, shmOpts(t))
 			sd := p.devices[0].sock
 			f, fake := fakeShmPeer(t, sd)
 			// The device's writer meets the corrupt head when it next
@@ -1350,10 +1347,7 @@ func TestShmHostileBlockingEventfd(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			opts := shmOpts(t)
-			var sink logSink
-			opts.Logger = sink.logger()
-			p := newProvider(t, opts)
+			p, sink := loggedProvider(t, shmOpts(t))
 			sd := p.devices[0].sock
 			nc, err := net.Dial("unixpacket", sd.shm.path)
 			mustOK(t, err, "dial")
@@ -1428,6 +1422,14 @@ func alive(t *testing.T, c *conn) {
 // unix socket, overtakes the SEND_REF: the receiver must answer it
 // REM_ACCESS_ABORT (the peer unshared the memory), not drop the
 // connection as a protocol violation, failing every other send on it.
+// loggedProvider is newProvider logging into the sink it returns.
+func loggedProvider(t *testing.T, opts Options) (*Provider, *logSink) {
+	t.Helper()
+	sink := &logSink{}
+	opts.Logger = sink.logger()
+	return newProvider(t, opts), sink
+}
+
 // shareableSegment registers 1 MiB of memory another process can map, with
 // access, on s's context; it is unregistered and freed at cleanup.
 func shareableSegment(t *testing.T, s *side, access urma.Access) (urma.Segment, *urma.Memory) {
@@ -1447,10 +1449,7 @@ func loggedShmPair(t *testing.T) (pa, pb *Provider, sink *logSink, a, b *side, t
 	t.Helper()
 	opts := shmOpts(t)
 	pa = newProvider(t, opts)
-	sink = &logSink{}
-	optsB := opts
-	optsB.Logger = sink.logger()
-	pb = newProvider(t, optsB)
+	pb, sink = loggedProvider(t, opts)
 	a = newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
 	b = newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
 	return pa, pb, sink, a, b, a.importJetty(b)
