@@ -179,12 +179,7 @@ func TestPodInjectorDRAModeReadsClaimTemplates(t *testing.T) {
 	}
 	cl := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
 	h := &PodInjector{Reader: cl, APIReader: cl, Decoder: admission.NewDecoder(s), Driver: plan.DriverDRA}
-	p := pod()
-	resp := h.Handle(context.Background(), podRequest(t, p))
-	if !resp.Allowed {
-		t.Fatalf("refused: %+v", resp.Result)
-	}
-	got := applyPatch(t, p, resp)
+	got := admitted(t, h, pod())
 	want := map[string]string{"app": "gpu,urma-app", "side": "gpu,jetties", "third": "either"}
 	for _, c := range got.Spec.Containers {
 		if claims := strings.Join(containerClaims(c), ","); claims != want[c.Name] {
@@ -201,10 +196,20 @@ func TestPodInjectorDRAModeReadsClaimTemplates(t *testing.T) {
 		},
 	}).Build()
 	h.Reader, h.APIReader = broken, broken
-	resp = h.Handle(context.Background(), podRequest(t, pod()))
+	resp := h.Handle(context.Background(), podRequest(t, pod()))
 	if resp.Allowed || resp.Result == nil || !strings.Contains(resp.Result.Message, "get ResourceClaimTemplate ns/gpu-template of pod claim gpu: etcd is down") {
 		t.Fatalf("a template that cannot be read: %+v, want the pod refused naming the template", resp.Result)
 	}
+}
+
+// admitted is p as the injector lets it in, its patch applied.
+func admitted(t *testing.T, h *PodInjector, p *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	resp := h.Handle(context.Background(), podRequest(t, p))
+	if !resp.Allowed {
+		t.Fatalf("refused: %+v", resp.Result)
+	}
+	return applyPatch(t, p, resp)
 }
 
 func TestClaimName(t *testing.T) {
@@ -227,12 +232,7 @@ func TestPodInjectorDRAMode(t *testing.T) {
 	ep := endpoint()
 	cl := fake.NewClientBuilder().WithScheme(s).WithObjects([]client.Object{ep, ownedConfigMap(ep, "h1")}...).Build()
 	h := &PodInjector{Reader: cl, APIReader: cl, Decoder: admission.NewDecoder(s), Driver: plan.DriverDRA}
-	p := basePod()
-	resp := h.Handle(context.Background(), podRequest(t, p))
-	if !resp.Allowed {
-		t.Fatalf("refused: %+v", resp.Result)
-	}
-	got := applyPatch(t, p, resp)
+	got := admitted(t, h, basePod())
 	want := v1alpha1.ClaimTemplateName("ep")
 	if c := podClaims(got); len(c) != 3 || c["urma-app"] != want || c["urma-side"] != want || c["urma-init"] != want {
 		t.Fatalf("pod claims %v, want one per container from %s", c, want)
