@@ -7,7 +7,19 @@ package shmdir
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 )
+
+// Check refuses a directory Prepare must not touch: one that is not a clean
+// absolute path (a trailing slash, "//", "." or ".." parts), which the
+// mount into containers and the agents' checks would read differently, or
+// the root, which Prepare would open to every user.
+func Check(dir string) error {
+	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir || dir == "/" {
+		return fmt.Errorf("shm directory %q: want a clean absolute path other than /", dir)
+	}
+	return nil
+}
 
 // Prepare creates dir and opens it to every user, sticky as /tmp is: pods
 // of any user create their sockets there, and none can remove another's.

@@ -33,3 +33,28 @@ func TestPrepare(t *testing.T) {
 		}
 	}
 }
+
+func TestCheck(t *testing.T) {
+	for _, tc := range []struct {
+		dir string
+		ok  bool
+	}{
+		{"/var/run/urma-k8s/shm", true},
+		{"/shm", true},
+		{"/", false},                        // Prepare would open the host's root to every user
+		{"/var/run/urma-k8s/shm/", false},   // a trailing slash
+		{"/var/run//shm", false},            // "//"
+		{"/var/run/./shm", false},           // "."
+		{"/var/run/urma-k8s/../shm", false}, // ".."
+		{"var/run/shm", false},              // relative
+		{"", false},
+	} {
+		err := shmdir.Check(tc.dir)
+		if tc.ok != (err == nil) {
+			t.Errorf("Check(%q) = %v, want ok %v", tc.dir, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "clean absolute path") {
+			t.Errorf("Check(%q) = %v: the error does not say what is wanted", tc.dir, err)
+		}
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/preferred"
+	"github.com/openeuler/urma-k8s/pkg/shmdir"
 )
 
 // Environment variables Allocate sets; pkg/transport reads them.
@@ -140,8 +141,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("CDI strategy %q: want %s or %s", st, CDIStrategyCRI, CDIStrategyAnnotations)
 		}
 	}
-	if d := c.ShmDir; d != "" && (!filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/") {
-		return fmt.Errorf("shm directory %q: want a clean absolute path other than /", d)
+	if c.ShmDir != "" {
+		if err := shmdir.Check(c.ShmDir); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -22,6 +22,8 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/openeuler/urma-k8s/pkg/shmdir"
 )
 
 // Environment variables a container of a claim gets; pkg/transport reads
@@ -69,8 +71,10 @@ func (c Config) Validate() error {
 	if err := parser.ValidateClassName(class); err != nil {
 		return fmt.Errorf("CDI kind %q: %w", c.Kind, err)
 	}
-	if c.ShmDir != "" && !filepath.IsAbs(c.ShmDir) {
-		return fmt.Errorf("shm directory %q is not an absolute path", c.ShmDir)
+	if c.ShmDir != "" {
+		if err := shmdir.Check(c.ShmDir); err != nil {
+			return err
+		}
 	}
 	return nil
 }

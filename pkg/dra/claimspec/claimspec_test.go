@@ -156,6 +156,8 @@ func TestConfigValidate(t *testing.T) {
 		{Dir: "/x", Kind: "no-class"},
 		{Dir: "/x", Kind: "bad vendor/claim"},
 		{Dir: "/x", Kind: claimspec.DefaultKind, ShmDir: "relative/shm"},
+		{Dir: "/x", Kind: claimspec.DefaultKind, ShmDir: "/"}, // the driver would open the host's root to every user
+		{Dir: "/x", Kind: claimspec.DefaultKind, ShmDir: "/var/run/urma-k8s/shm/"},
 	} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: Validate = nil", c)
