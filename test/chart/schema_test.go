@@ -36,6 +36,17 @@ func TestBadValuesRejected(t *testing.T) {
 		{"no operator pods behind a failing webhook", []string{"--set", "operator.replicas=0"}, []string{"operator.replicas=0", "webhook.failurePolicy"}},
 		{"NFD feature file through extraArgs", []string{"--set", "devicePlugin.extraArgs={--nfd-features-dir=/x}"}, []string{"devicePlugin.nfd.featuresDir", "--nfd-features-dir"}},
 		{"bad PCI device ID", []string{"--set", "devicePlugin.nfd.pciDevices={0xa22a}"}, []string{"'/devicePlugin/nfd/pciDevices/0'"}},
+		// Values the node agents would refuse at start: a failed install
+		// instead of a crash-looping DaemonSet.
+		{"shm directory with a trailing slash", []string{"--set", "devicePlugin.shmDir=/var/run/urma-k8s/shm/"}, []string{"'/devicePlugin/shmDir'", "does not match pattern"}},
+		{"shm directory with ..", []string{"--set", "devicePlugin.shmDir=/var/run/../shm"}, []string{"'/devicePlugin/shmDir'", "does not match pattern"}},
+		{"DRA shm directory at the root", []string{"--set", "draDriver.shmDir=/"}, []string{"'/draDriver/shmDir'", "does not match pattern"}},
+		{"DRA shm directory with //", []string{"--set", "draDriver.shmDir=/var//shm"}, []string{"'/draDriver/shmDir'", "does not match pattern"}},
+		{"jetty request minimum above the default", []string{"--set", "driver=dra", "--set", "draDriver.jettyRequest.min=32"}, []string{"draDriver.jettyRequest.default=16 is below draDriver.jettyRequest.min=32"}},
+		{"jetty request default off the steps", []string{"--set", "driver=dra", "--set", "draDriver.jettyRequest.min=8", "--set", "draDriver.jettyRequest.step=16"}, []string{"draDriver.jettyRequest.default=16", "draDriver.jettyRequest.step=16"}},
+		{"operator budget keeping its only replica", []string{"--set", "operator.podDisruptionBudget.enabled=true"}, []string{"operator.podDisruptionBudget.minAvailable=1 keeps all 1 operator replicas", "node drains block"}},
+		{"operator budget percentage rounding up to every replica", []string{"--set", "operator.podDisruptionBudget.enabled=true", "--set", "operator.replicas=2", "--set-string", "operator.podDisruptionBudget.minAvailable=51%"}, []string{"minAvailable=51% keeps all 2 operator replicas"}},
+		{"name prefix too long for the Services", []string{"--set", "fullnameOverride=" + strings.Repeat("a", 42)}, []string{"'/fullnameOverride'", "maxLength"}},
 		// Optional APIs the cluster must serve: a clear failure, not an
 		// object the API server rejects halfway through an install.
 		{"cert-manager without its CRDs", []string{"--set", "webhook.certManager.enabled=true"}, []string{"webhook.certManager.enabled=true needs the cert-manager.io/v1 API", "install cert-manager", "--api-versions cert-manager.io/v1"}},

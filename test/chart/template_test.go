@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 const (
@@ -175,6 +176,25 @@ func TestTemplateValues(t *testing.T) {
 		values []string
 		check  func(t *testing.T, objs []*unstructured.Unstructured)
 	}{{
+		name:   "DRA driver on Linux nodes only",
+		values: []string{"--set", "driver=dra", "--set", "draDriver.nodeSelector.pool=a"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			// It tolerates every taint, a Windows node's too.
+			ds := one(t, objs, "DaemonSet")
+			if sel := podSpec(t, ds)["nodeSelector"]; !reflect.DeepEqual(sel, map[string]any{"kubernetes.io/os": "linux", "pool": "a"}) {
+				t.Errorf("DRA driver nodeSelector %v, want the given one on Linux nodes", sel)
+			}
+		},
+	}, {
+		name:   "operator budget that leaves a replica to evict",
+		values: []string{"--set", "operator.podDisruptionBudget.enabled=true", "--set", "operator.replicas=2"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			pdb := one(t, objs, "PodDisruptionBudget")
+			if got := field(t, pdb, "spec", "minAvailable"); fmt.Sprint(got) != "1" {
+				t.Errorf("minAvailable %v, want 1 of the 2 replicas", got)
+			}
+		},
+	}, {
 		name:   "software devices run everywhere",
 		values: []string{"--set", "devicePlugin.softDevices=4"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
@@ -667,6 +687,38 @@ func serviceWithMetricsPort(objs []*unstructured.Unstructured, selector map[stri
 // TestDefaultImagesAreTheBuiltOnes checks that the chart's default images are
 // the ones hack/images.sh builds by default, so `make images` output installs
 // without overriding image values.
+// Service names are DNS labels of at most 63 characters, whatever the
+// release is called: the longest name prefix leaves room for the longest
+// suffix.
+func TestLongNamesFitServices(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		release string
+		values  []string
+	}{
+		{"infrastructure-networking-platform", nil}, // 34 characters, without the chart's name
+		{releaseName, []string{"--set", "fullnameOverride=" + strings.Repeat("a", 41)}},
+	} {
+		res := runHelm(t, append([]string{"template", tc.release, chartRelPath, "--namespace", releaseNS}, tc.values...)...)
+		if res.err != nil {
+			t.Fatalf("helm template %s %v: %v\n%s", tc.release, tc.values, res.err, res.stderr)
+		}
+		objs, err := decodeManifests(res.stdout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svcs := ofKind(objs, "Service")
+		if len(svcs) == 0 {
+			t.Fatalf("release %s renders no Service", tc.release)
+		}
+		for _, o := range svcs {
+			if errs := validation.IsDNS1035Label(o.GetName()); len(errs) > 0 {
+				t.Errorf("release %s %v: Service %q: %v", tc.release, tc.values, o.GetName(), errs)
+			}
+		}
+	}
+}
+
 func TestDefaultImagesAreTheBuiltOnes(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)

@@ -6,18 +6,19 @@ Chart name, truncated to 63 characters (the DNS label limit of object names).
 {{- end }}
 
 {{/*
-Prefix of every object name. Names get suffixes of up to 21 characters
-("-device-plugin-metrics"), so the prefix is kept to 42.
+Prefix of every object name. Service names, DNS labels of at most 63
+characters, get suffixes of up to 22 ("-device-plugin-metrics"), so the
+prefix is kept to 41.
 */}}
 {{- define "urma-k8s.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 42 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 41 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 42 | trimSuffix "-" }}
+{{- .Release.Name | trunc 41 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 42 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 41 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -200,6 +201,30 @@ fail the render with a message that names the values.
 {{- range .Values.devicePlugin.extraArgs }}
 {{- if hasPrefix "--nfd-features-dir" . }}
 {{- fail "devicePlugin.extraArgs: use devicePlugin.nfd.featuresDir instead of --nfd-features-dir, so that the host directory is mounted into the plugin" }}
+{{- end }}
+{{- end }}
+{{- $pdb := .Values.operator.podDisruptionBudget }}
+{{- if and .Values.operator.enabled $pdb.enabled }}
+{{- /* Kubernetes rounds a percentage minAvailable up. */}}
+{{- $replicas := int .Values.operator.replicas }}
+{{- $min := $pdb.minAvailable }}
+{{- $need := 0 }}
+{{- if and (kindIs "string" $min) (hasSuffix "%" $min) }}
+{{- $need = div (add (mul (int (trimSuffix "%" $min)) $replicas) 99) 100 }}
+{{- else }}
+{{- $need = int $min }}
+{{- end }}
+{{- if ge $need $replicas }}
+{{- fail (printf "operator.podDisruptionBudget.minAvailable=%v keeps all %d operator replicas: the budget allows no eviction and node drains block; raise operator.replicas or lower minAvailable" $min $replicas) }}
+{{- end }}
+{{- end }}
+{{- if eq .Values.driver "dra" }}
+{{- $r := .Values.draDriver.jettyRequest }}
+{{- if lt (int $r.default) (int $r.min) }}
+{{- fail (printf "draDriver.jettyRequest.default=%v is below draDriver.jettyRequest.min=%v: the DRA driver would refuse to start" $r.default $r.min) }}
+{{- end }}
+{{- if ne (mod (sub (int $r.default) (int $r.min)) (int $r.step)) 0 }}
+{{- fail (printf "draDriver.jettyRequest.default=%v is not draDriver.jettyRequest.min=%v plus a multiple of draDriver.jettyRequest.step=%v: the DRA driver would refuse to start" $r.default $r.min $r.step) }}
 {{- end }}
 {{- end }}
 {{- if and .Values.webhook.enabled .Values.operator.enabled (eq (int .Values.operator.replicas) 0) (eq .Values.webhook.failurePolicy "Fail") }}
