@@ -164,7 +164,6 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 		closeAll(fds)
 		return fmt.Errorf("shm message type %d with %d descriptors, want %d", m.typ, len(fds), want)
 	}
-
 	p := &s.pull
 	switch m.typ {
 	case shmMsgSegMap:

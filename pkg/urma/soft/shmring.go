@@ -210,9 +210,7 @@ func signal(fd int) error {
 	if fl&unix.O_NONBLOCK == 0 {
 		return protocolError{errors.New("peer made its eventfd blocking")}
 	}
-	var one [8]byte
-	binary.NativeEndian.PutUint64(one[:], 1)
-	if _, err := unix.Write(fd, one[:]); err != nil {
+	if err := addOne(fd); err != nil {
 		if errors.Is(err, unix.EAGAIN) {
 			return protocolError{errors.New("peer's eventfd counter is full")}
 		}
@@ -226,9 +224,16 @@ func signal(fd int) error {
 // before writing. A full counter (EAGAIN) means the sleeper is awake anyway.
 func wake(fd int) {
 	_ = unix.SetNonblock(fd, true)
+	_ = addOne(fd)
+}
+
+// addOne adds 1 to the counter of the eventfd fd: the write that wakes
+// whoever sleeps on it.
+func addOne(fd int) error {
 	var one [8]byte
 	binary.NativeEndian.PutUint64(one[:], 1)
-	_, _ = unix.Write(fd, one[:])
+	_, err := unix.Write(fd, one[:])
+	return err
 }
 
 // eventWaiter sleeps on an eventfd through Go's network poller: a
