@@ -207,6 +207,9 @@ func (c *conn) fail(err error) {
 	} else {
 		sd.log().Info("connection closed", "peer", p.eid.String(), "reason", fmt.Sprint(err))
 	}
+	if sd.connDying != nil {
+		sd.connDying(c)
+	}
 	// Fail the sends outstanding to the peer while p.conn is still this
 	// dead connection, so that a send posted meanwhile fails here too
 	// (enqueue refuses it) and none posted once the peer is free to

@@ -36,7 +36,11 @@ type sockDevice struct {
 	cancel   context.CancelFunc
 	// maxAnswers is maxAnswers; tests lower it.
 	maxAnswers int
-	shm        *shmNet // nil on the socket fabric
+	// connDying, set by tests, runs in conn.fail between the connection's
+	// death and the failing of its peer's sends: a send posted there meets
+	// the dead connection before peerDown does.
+	connDying func(*conn)
+	shm       *shmNet // nil on the socket fabric
 	// shmConns is the connections whose rings Poll drives (shm fabric), a
 	// copy replaced on every change, so that Poll takes no lock.
 	shmConns atomic.Pointer[[]*conn]
