@@ -211,9 +211,10 @@ func (c *conn) fail(err error) {
 		sd.connDying(c)
 	}
 	// Fail the sends outstanding to the peer while p.conn is still this
-	// dead connection, so that a send posted meanwhile fails here too
-	// (enqueue refuses it) and none posted once the peer is free to
-	// redial is failed by this connection's death.
+	// dead connection, so that a send posted meanwhile fails too (enqueue
+	// refuses it, and transmit fails the peer's oldest send, as peerDown
+	// does) and none posted once the peer is free to redial is failed by
+	// this connection's death.
 	sd.dev.forEachJetty(func(j *jetty) { j.peerDown(p) })
 	p.mu.Lock()
 	if p.conn == c {

@@ -306,7 +306,10 @@ func (j *jetty) transmit(s *sqSlot) {
 	}
 	c, ok := s.target.peer.send(j, s.seq, s.tx)
 	if !ok {
-		j.result(s, urma.StatusAckTimeout, 0)
+		// The peer is gone, as peerDown will find: an older send may
+		// still be out on the dead connection, and it, not s, is the one
+		// that failed, so that completions keep post order.
+		j.failPeer(s.target.peer)
 		return
 	}
 	switch {
@@ -563,6 +566,12 @@ func (j *jetty) peerDown(p *peer) {
 	if j.closed || j.state != urma.JettyReady {
 		return
 	}
+	j.failPeer(p)
+}
+
+// failPeer fails the oldest send outstanding to p with ACK_TIMEOUT, which
+// flushes the rest; j.mu is held.
+func (j *jetty) failPeer(p *peer) {
 	for seq := j.head; seq < j.tail; seq++ {
 		s := j.slot(seq)
 		if (s.state == slotQueued || s.state == slotInflight) && s.target.peer == p {

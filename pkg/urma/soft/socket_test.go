@@ -534,6 +534,63 @@ func TestPeerDownFailsOnlyItsOutstandingSends(t *testing.T) {
 	}
 }
 
+// A send posted while its connection dies, after the connection is dead
+// but before peerDown has failed the peer's sends, must not overtake the
+// older send outstanding on that connection: the older one is the send the
+// peer failed (ACK_TIMEOUT) and the new one is flushed behind it, in post
+// order, as when peerDown gets there first. Under load an RNR retry's pump
+// met this window between two sends (TestConformanceSocket/PeerKilled, a
+// few runs in 600); the hook holds it open.
+func TestSendMeetingDyingConnectionKeepsPostOrder(t *testing.T) {
+	noLeaks(t)
+	peerDone := make(chan struct{})
+	t.Cleanup(func() { <-peerDone }) // registered first: runs once the provider has hung up
+	opts := socketOpts()
+	opts.PeerTimeout = time.Minute // only the test breaks the connection
+	p := newProvider(t, opts)
+	a := newSide(t, p, urma.JettyConfig{RNRRetry: 7}, 64)
+	f := newFakePeer(t)
+	go func() {
+		defer close(peerDone)
+		nc, br := f.accept()
+		if nc == nil {
+			return
+		}
+		defer nc.Close()
+		io.Copy(io.Discard, br) // answers nothing, so the first send stays outstanding
+	}()
+	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+	mustOK(t, err, "import from the fake peer")
+	defer target.Close()
+	mustOK(t, a.send(target, 7, 0, 64, 0), "send 7")
+	conns := p.conns()
+	if len(conns) != 1 {
+		t.Fatalf("%d connections, want 1", len(conns))
+	}
+	// The hook runs in the test's own call to fail below; nothing else
+	// breaks the connection, so no other goroutine reads it.
+	posted := false
+	var postErr error
+	p.devices[0].sock.connDying = func(c *conn) {
+		if c == conns[0] && !posted {
+			posted = true
+			postErr = a.send(target, 8, 64, 64, 0)
+		}
+	}
+	conns[0].fail(errors.New("broken by the test"))
+	if !posted {
+		t.Fatal("the connection died without running the hook")
+	}
+	mustOK(t, postErr, "send 8 while the connection dies")
+	got := pollN(t, a.sjfc, 2, 10*time.Second)
+	want := []urma.Completion{{UserCtx: 7, Status: urma.StatusAckTimeout}, {UserCtx: 8, Status: urma.StatusWRFlushErr}}
+	for i, w := range want {
+		if got[i].UserCtx != w.UserCtx || got[i].Status != w.Status {
+			t.Fatalf("completions %+v, want (ctx, status) %+v", got, want)
+		}
+	}
+}
+
 // An import waits for the peer's answer only as long as its context: once
 // the caller cancels, it returns ErrTimeout, though the connection is
 // healthy and the peer may still answer.
