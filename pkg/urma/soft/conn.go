@@ -475,7 +475,8 @@ const pollerReadBudget = 20 * time.Microsecond
 
 // drive is Poll taking what the connection's rings hold, in the polling
 // goroutine, unless the reader goroutine is reading: every frame there is,
-// a frame that is not yet whole included (its writer is copying the rest).
+// a frame that is not yet whole included (its writer is copying the rest;
+// a writer that stops for PeerTimeout fails the connection, see waitRest).
 // It also writes what waits to be written, which the writer goroutine may
 // be slow to get to: a poller busy on every processor starves the wake-ups
 // of goroutines that sleep in Go's poller.

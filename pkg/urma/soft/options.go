@@ -66,7 +66,10 @@ type Options struct {
 	// PeerTimeout: a socket peer from which nothing arrived for this long is
 	// declared dead; its connection is closed and the sends outstanding on
 	// it complete with ACK_TIMEOUT. Idle connections carry a heartbeat every
-	// PeerTimeout/4. Zero means 3s.
+	// PeerTimeout/4. On the shm fabric, where the unix socket reports a
+	// dead peer at once, it bounds how long a live peer may stop in the
+	// middle of a frame it writes (and so how long a Poll reading that
+	// frame can take); an idle shm peer is never timed out. Zero means 3s.
 	PeerTimeout time.Duration
 	// DialTimeout bounds connecting and handshaking with a peer device.
 	// Zero means 3s.

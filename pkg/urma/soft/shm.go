@@ -45,6 +45,9 @@ type shmNet struct {
 	// a Poll reads one frame at most), for tests of the reader goroutine
 	// taking what a Poll leaves.
 	pollerBudget time.Duration
+	// peerTO is Options.PeerTimeout: how long a peer may stop writing in
+	// the middle of a frame (shmIO.stall).
+	peerTO time.Duration
 }
 
 // join makes a connection's shmIO from this side's ends and the peer's
@@ -56,6 +59,9 @@ func (n *shmNet) join(ends *shmEnds, peerRing int, peerFds []int) (*shmIO, error
 	}
 	if err == nil && n.pollerBudget != 0 {
 		sio.pollerBudget = n.pollerBudget
+	}
+	if err == nil && n.peerTO > 0 {
+		sio.stall = n.peerTO
 	}
 	return sio, err
 }
@@ -154,7 +160,7 @@ func listenShm(sd *sockDevice, spec DeviceSpec, opts Options) error {
 		return fmt.Errorf("device %s: open %s to peers: %w", spec.Name, path, err)
 	}
 	sd.ln = ln
-	sd.shm = &shmNet{dir: opts.ShmDir, path: path, ringSize: ring, spin: spin, bootID: boot, allowUID: allow}
+	sd.shm = &shmNet{dir: opts.ShmDir, path: path, ringSize: ring, spin: spin, bootID: boot, allowUID: allow, peerTO: opts.PeerTimeout}
 	return nil
 }
 

@@ -330,6 +330,10 @@ type shmIO struct {
 	pollingEnd  int    // parks in a row without a Poll that end polling mode
 	// pollerBudget is how long a Poll reads frames (pollerReadBudget).
 	pollerBudget time.Duration
+	// stall is how long the reader, or a poller, waits for more of a
+	// frame it has started before it fails the connection (waitRest):
+	// Options.PeerTimeout, the bound on a silent peer.
+	stall time.Duration
 	// Writer side: bytes written into this side's ring, and the peer
 	// reader's sleep that was last woken.
 	tail     uint64
@@ -423,6 +427,7 @@ func newShmIO(e *shmEnds, ringSize, peerRing int, peerFds []int, spin time.Durat
 		wsize: uint64(ringSize), wmask: uint64(ringSize - 1), rsize: uint64(peerRing), rmask: uint64(peerRing - 1),
 		dataFd: e.dataFd, spaceFd: e.spaceFd, peerDataFd: peerFds[1], peerSpaceFd: peerFds[2],
 		pollers: new(pollStats), pollingEnd: pollingEnd, pollerBudget: pollerReadBudget,
+		stall: defaultPeerTimeout,
 	}
 	*e = shmEnds{localRO: -1, dataFd: -1, spaceFd: -1} // sio owns them now
 	// The eventfds belong to their waiters from here on (os.File closes them).
@@ -517,25 +522,61 @@ func (s *shmIO) wait(data bool) error {
 		}
 		return nil
 	}
-	return s.sleep(data)
+	return s.sleep(data, time.Time{})
 }
 
-// waitRest waits for the rest of a frame whose start was read. The reader
-// goroutine waits as for any data (a short spin, then a sleep: spinning
-// longer would take the processor from the writer it waits for). A poller
-// must not sleep on the data eventfd, so it yields until the rest comes:
-// the writer is copying it, and if the writer's process dies the
-// connection fails and closes the ring.
+// errPeerStalled says that the peer stopped writing in the middle of a
+// frame for the connection's stall bound (shmIO.stall).
+var errPeerStalled = errors.New("peer stalled mid-frame")
+
+// restSpin is how long a poller waiting for the rest of a frame yields
+// before it parks: one park (pollPark), the most a park can make it late,
+// so that it never burns more time than parking at once could have cost.
+// A running writer publishes every shmPublishChunk, tens of microseconds
+// of copying: well within it.
+const restSpin = pollPark
+
+// waitRest waits for the rest of a frame whose start was read: the writer
+// is copying it (readFrame starts a frame only when the ring holds some of
+// it). A dead writer's process closes the socket and so the ring, but a
+// live one that stops (stopped by SIGSTOP or a debugger, buggy, hostile)
+// would hold the reader, or the application's Poll, for good: after
+// s.stall without a byte the wait fails, and with it the connection.
+//
+// The reader goroutine waits as for any data (a short spin, then an
+// announced sleep, timed). A poller must not sleep on the data eventfd:
+// the reader goroutine may be asleep on it (idle), and two sleepers would
+// break the odd/even sleep word, share one read deadline and queue behind
+// each other's read. So it yields for restSpin, then parks for pollPark at
+// a time, checking the ring after each park: no wake-up to lose.
 func (s *shmIO) waitRest() error {
+	start := time.Now()
+	deadline := start.Add(s.stall)
 	if !s.pollerReads {
-		return s.wait(true)
-	}
-	for {
-		if s.ready(true) {
-			return s.closedErr()
+		if !s.spinWait(true) {
+			if err := s.sleep(true, deadline); err != nil {
+				return err
+			}
 		}
-		runtime.Gosched()
+	} else {
+		for i := 0; !s.ready(true); i++ {
+			if i&63 == 63 && time.Since(start) > restSpin {
+				break
+			}
+			runtime.Gosched()
+		}
+		for !s.ready(true) {
+			left := time.Until(deadline)
+			if left <= 0 {
+				break
+			}
+			time.Sleep(min(left, pollPark))
+		}
 	}
+	if !s.ready(true) {
+		return fmt.Errorf("%w for %v", errPeerStalled, s.stall)
+	}
+	return s.closedErr()
 }
 
 func (s *shmIO) closedErr() error {
@@ -545,20 +586,24 @@ func (s *shmIO) closedErr() error {
 	return nil
 }
 
-// sleep sleeps on the eventfd until ready(data), announcing each sleep in
-// this side's control page first and checking ready after the
-// announcement, so a wake-up that races with it is not lost.
-func (s *shmIO) sleep(data bool) error {
+// sleep sleeps on the eventfd until ready(data), or until deadline passes
+// (zero: none; the caller checks ready), announcing each sleep in this
+// side's control page first and checking ready after the announcement, so
+// a wake-up that races with it is not lost.
+func (s *shmIO) sleep(data bool, deadline time.Time) error {
 	off, ew := offWriterWait, s.space
 	if data {
 		off, ew = offReaderWait, s.data
 	}
 	w := s.local.word(off)
 	for !s.ready(data) {
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return nil
+		}
 		w.Add(1) // odd: wake me
 		var err error
 		if !s.ready(data) {
-			err = ew.sleep(time.Time{})
+			err = ew.sleep(deadline)
 		}
 		w.Add(1)
 		if err != nil {
@@ -624,7 +669,7 @@ func (s *shmIO) idle() error {
 			return s.closedErr()
 		}
 	}
-	return s.sleep(true)
+	return s.sleep(true, time.Time{})
 }
 
 // waitWritable waits until this side's ring has room (the writer
@@ -656,19 +701,12 @@ func (s *shmIO) take(p []byte, skip int) error {
 			return err
 		}
 		if n == 0 {
-			// Only the reader goroutine may sleep on the data eventfd, and
-			// only at the start of a take: a poller (conn.drive) starts a
-			// frame only when the ring holds some of it, so every byte it
-			// waits for is one the peer is copying (waitRest). A take in
-			// the middle of a frame (the next SGE of a receive) is no
-			// different.
-			var err error
-			if first && !s.pollerReads {
-				err = s.wait(true)
-			} else {
-				err = s.waitRest()
-			}
-			if err != nil {
+			// Every take is part of a frame: the reader goroutine and a
+			// poller (conn.drive) alike start one only when the ring holds
+			// some of it, so every byte a take waits for is one the peer
+			// is copying (waitRest), at the start of a take (the payload
+			// after its header, the next SGE of a receive) or within.
+			if err := s.waitRest(); err != nil {
 				if first {
 					return err
 				}
