@@ -1,0 +1,235 @@
+package soft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// stalledFrames are starts of frames a peer writes and then stops: the
+// reader waits inside the header, or inside a SEND's payload.
+func stalledFrames() []struct {
+	name  string
+	bytes []byte
+} {
+	var ping [4 + pingLen]byte
+	send := encodeSendHeader(make([]byte, 4+sendHdrLen), &sendHeader{opcode: urma.OpSend, dst: 999, length: 4096})
+	return []struct {
+		name  string
+		bytes []byte
+	}{
+		{"half a length prefix", encodePing(ping[:])[:2]},
+		{"a SEND's header and part of its payload", append(send, make([]byte, 100)...)},
+	}
+}
+
+// cpuTime is the processor time this process has used.
+func cpuTime(t *testing.T) time.Duration {
+	t.Helper()
+	var ru unix.Rusage
+	mustOK(t, unix.Getrusage(unix.RUSAGE_SELF, &ru), "getrusage")
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// A live peer that stops writing in the middle of a frame (stopped by a
+// debugger, buggy, hostile) must not hold the connection's reader for
+// good: whether a Poll (conn.drive) or the reader goroutine reads the
+// frame, the wait for its rest fails after the connection's stall bound
+// with an error that says so, not earlier, and idles rather than spins
+// meanwhile. The poller's connection fails; the reader goroutine's error
+// is what readLoop fails it with.
+func TestShmMidFrameStallFailsReader(t *testing.T) {
+	const stall = 200 * time.Millisecond
+	p := newProvider(t, shmOpts(t))
+	sd := p.devices[0].sock
+	for _, frame := range stalledFrames() {
+		for _, poller := range []bool{true, false} {
+			who := "reader goroutine"
+			if poller {
+				who = "poller"
+			}
+			t.Run(frame.name+", "+who, func(t *testing.T) {
+				local, remote := shmPair(t, MinShmRing, -1)
+				local.stall = stall
+				eid, err := ShmEID()
+				mustOK(t, err, "EID")
+				pr, err := sd.peer(eid)
+				mustOK(t, err, "peer")
+				c := newConn(sd, pr, local, hello{session: 1, src: eid, maxMsg: 1 << 20}, false, "test", "test")
+				mustOK(t, remote.write(frame.bytes), "write the start of the frame")
+				start, cpu := time.Now(), cpuTime(t)
+				done := make(chan error, 1)
+				go func() {
+					if poller {
+						c.drive()
+						done <- c.deathCause()
+					} else {
+						done <- c.readFrames()
+					}
+				}()
+				var got error
+				select {
+				case got = <-done:
+				case <-time.After(stall + 20*time.Second): // a hang, not a measurement
+					local.shutdown() // out of the wait before the rings are unmapped
+					<-done
+					t.Fatalf("the %s still waits for the rest of the frame", who)
+				}
+				elapsed, used := time.Since(start), cpuTime(t)-cpu
+				if !errors.Is(got, errPeerStalled) || !strings.Contains(got.Error(), fmt.Sprintf("peer stalled mid-frame for %v", stall)) {
+					t.Fatalf("the %s gave up with %v, want the peer stalled mid-frame for %v", who, got, stall)
+				}
+				if elapsed < stall {
+					t.Errorf("the %s gave up after %v, before the bound %v", who, elapsed, stall)
+				}
+				if used > elapsed/5 {
+					t.Errorf("the %s used %v of processor time in %v of waiting: it spins", who, used, elapsed)
+				}
+				if poller {
+					select {
+					case <-c.done:
+					default:
+						t.Error("the poller gave up but left the connection up")
+					}
+				}
+			})
+		}
+	}
+}
+
+// grantImport reads the frames the device writes into its ring until an
+// IMPORT_JETTY, and grants it.
+func grantImport(f *shmIO) error {
+	for {
+		if err := f.idle(); err != nil {
+			return err
+		}
+		var hdr [5]byte
+		if err := f.readFull(hdr[:]); err != nil {
+			return err
+		}
+		n := int(be.Uint32(hdr[:4]))
+		if hdr[4] != frameImportJetty {
+			if err := f.discard(n - 1); err != nil {
+				return err
+			}
+			continue
+		}
+		body := make([]byte, n)
+		body[0] = hdr[4]
+		if err := f.readFull(body[1:]); err != nil {
+			return err
+		}
+		r, err := decodeImportJetty(body)
+		if err != nil {
+			return err
+		}
+		var rb [4 + importRespLen]byte
+		return f.write(encodeImportResp(rb[:], r.req, urma.CodeSuccess))
+	}
+}
+
+// writeUnannounced writes p into f's ring and publishes it without waking
+// the reader, as a peer may: only a poller takes it.
+func writeUnannounced(f *shmIO, p []byte) {
+	off := f.tail & f.wmask
+	k := copy(f.local.ring[off:], p)
+	copy(f.local.ring, p[k:])
+	f.tail += uint64(len(p))
+	f.local.word(offTail).Store(f.tail)
+}
+
+// A peer process that stops in the middle of a frame it writes to a
+// device fails the connection once Options.PeerTimeout passes: the sends
+// outstanding to it complete with ACK_TIMEOUT, whether the device's
+// reader goroutine took the frame (the peer woke it) or an application's
+// Poll did (the peer left it to the pollers), and the log says why.
+func TestShmStalledPeerFailsOutstandingSends(t *testing.T) {
+	const peerTO = 250 * time.Millisecond
+	cases := []struct {
+		name string
+		// write writes the start of the frame into the fake peer's ring.
+		write func(t *testing.T, f *shmIO, p []byte)
+		// poll: the application Polls all along; else only once the
+		// connection is dead.
+		poll bool
+	}{
+		{"the peer wakes the reader goroutine", func(t *testing.T, f *shmIO, p []byte) {
+			mustOK(t, f.write(p), "write the start of the frame")
+		}, false},
+		{"the peer leaves the frame to a Poll", func(t *testing.T, f *shmIO, p []byte) {
+			waitUntil(t, "the device's reader to sleep", func() bool { return f.remote.word(offReaderWait).Load()&1 == 1 })
+			writeUnannounced(f, p)
+		}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			noLeaks(t)
+			opts := shmOpts(t)
+			opts.PeerTimeout = peerTO
+			p, sink := loggedProvider(t, opts)
+			a := newSide(t, p, urma.JettyConfig{}, 64)
+			f, fake := fakeShmPeer(t, p.devices[0].sock)
+			granted := make(chan error, 1)
+			go func() { granted <- grantImport(f) }()
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			target, err := a.ctx.ImportJetty(ctx, urma.JettyID{EID: fake, ID: 5}, urma.RC, 7)
+			if err != nil {
+				f.shutdown()
+				<-granted
+				t.Fatalf("import from the fake peer: %v", err)
+			}
+			defer target.Close()
+			mustOK(t, <-granted, "grant the import")
+			conn := p.conns()[0]
+			mustOK(t, a.send(target, 1, 0, 64, 0), "send") // never answered
+
+			a.postRecv(2, 0, 4096)
+			frame := encodeSendHeader(make([]byte, 4+sendHdrLen), &sendHeader{
+				opcode: urma.OpSend, src: 5, dst: a.jetty.ID().ID, token: 7, tag: 1, length: 4096})
+			start := time.Now()
+			c.write(t, f, append(frame, make([]byte, 100)...))
+			completed := make(chan urma.Completion, 1)
+			go func() {
+				if !c.poll {
+					<-conn.done
+				}
+				cs := make([]urma.Completion, 1)
+				for {
+					if n, err := a.sjfc.Poll(cs); err != nil || n == 1 {
+						completed <- cs[0]
+						return
+					}
+				}
+			}()
+			var got urma.Completion
+			select {
+			case got = <-completed:
+			case <-time.After(peerTO + 20*time.Second): // a hang, not a measurement
+				conn.fail(errors.New("the test gave up"))
+				<-completed
+				t.Fatal("the send to the stalled peer never completed")
+			}
+			elapsed := time.Since(start)
+			if got.Status != urma.StatusAckTimeout || got.UserCtx != 1 {
+				t.Errorf("send to the stalled peer: %+v, want ACK_TIMEOUT", got)
+			}
+			if elapsed < peerTO {
+				t.Errorf("the connection failed %v after the peer stalled, before PeerTimeout %v", elapsed, peerTO)
+			}
+			if err := conn.deathCause(); !errors.Is(err, errPeerStalled) {
+				t.Errorf("the connection died of %v, want the peer stalled mid-frame", err)
+			}
+			want := fmt.Sprintf("peer stalled mid-frame for %v", peerTO)
+			waitUntil(t, "the device to log why it closed the connection", func() bool { return sink.has(want) })
+		})
+	}
+}
