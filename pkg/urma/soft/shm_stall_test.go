@@ -89,7 +89,10 @@ func TestShmMidFrameStallFailsReader(t *testing.T) {
 				if elapsed < stall {
 					t.Errorf("the %s gave up after %v, before the bound %v", who, elapsed, stall)
 				}
-				if used > elapsed/5 {
+				// A spinner takes a core, or a third of one on a loaded
+				// machine; parking takes a few percent. The margin keeps
+				// the process's other work (GC, -race) from counting.
+				if used > elapsed/3 {
 					t.Errorf("the %s used %v of processor time in %v of waiting: it spins", who, used, elapsed)
 				}
 				if poller {
