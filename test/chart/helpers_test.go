@@ -89,18 +89,29 @@ type helmResult struct {
 }
 
 // runHelm runs helm in the repository root, with HOME-like state kept in a
-// temporary directory so that the user's helm config and repos play no part.
+// temporary directory so that the user's helm config and repos play no part,
+// and with no cluster.
 func runHelm(t testing.TB, args ...string) helmResult {
+	t.Helper()
+	return runHelmWithKubeconfig(t, "", args...)
+}
+
+// runHelmWithKubeconfig is runHelm talking to the cluster of a kubeconfig
+// file; "" means no cluster.
+func runHelmWithKubeconfig(t testing.TB, kubeconfig string, args ...string) helmResult {
 	t.Helper()
 	helm := helmBinary(t)
 	state := t.TempDir()
+	if kubeconfig == "" {
+		kubeconfig = filepath.Join(state, "no-kubeconfig")
+	}
 	cmd := exec.Command(helm, args...)
 	cmd.Dir = repoRoot(t)
 	cmd.Env = append(os.Environ(),
 		"HELM_CACHE_HOME="+filepath.Join(state, "cache"),
 		"HELM_CONFIG_HOME="+filepath.Join(state, "config"),
 		"HELM_DATA_HOME="+filepath.Join(state, "data"),
-		"KUBECONFIG="+filepath.Join(state, "no-kubeconfig"),
+		"KUBECONFIG="+kubeconfig,
 	)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout

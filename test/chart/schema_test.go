@@ -51,6 +51,9 @@ func TestBadValuesRejected(t *testing.T) {
 		// object the API server rejects halfway through an install.
 		{"cert-manager without its CRDs", []string{"--set", "webhook.certManager.enabled=true"}, []string{"webhook.certManager.enabled=true needs the cert-manager.io/v1 API", "install cert-manager", "--api-versions cert-manager.io/v1"}},
 		{"ServiceMonitor without its CRD", []string{"--set", "metrics.serviceMonitor.enabled=true"}, []string{"metrics.serviceMonitor.enabled=true needs the monitoring.coreos.com/v1 API", "Prometheus Operator"}},
+		// helm template's own API list has resource.k8s.io/v1 whatever
+		// --kube-version says; the cluster version decides offline.
+		{"DRA before Kubernetes 1.34", []string{"--set", "driver=dra", "--kube-version", "1.33.0"}, []string{"driver=dra needs the resource.k8s.io/v1 API", "set driver=devicePlugin", "--api-versions resource.k8s.io/v1 and --kube-version 1.34"}},
 		{"NodeFeatureRule without NFD", []string{"--set", "devicePlugin.nfd.nodeFeatureRule=true"}, []string{"devicePlugin.nfd.nodeFeatureRule=true needs the nfd.k8s-sigs.io/v1alpha1 API", "Node Feature Discovery"}},
 	}
 	for _, tc := range tests {

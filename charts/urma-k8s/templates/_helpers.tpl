@@ -122,11 +122,44 @@ default since Kubernetes 1.30), "" otherwise. Helm's offline capabilities
 {{/*
 Fails the render when an optional API the values ask for is not served.
 Call with (dict "ctx" $ "api" "group/version" "value" "a.b.c" "what" "...").
+Optional keys, for a setting that is not a boolean turned on:
+  "setting"  what asks for the API (default "<value>=true"),
+  "instead"  the setting that does without it (default "<value>=false"),
+  "served"   "true" or "" when more than the group/version decides (default:
+             whether the API server serves "api"),
+  "offline"  the `helm template` flags that describe a cluster with the API
+             (default "--api-versions <api>").
 */}}
 {{- define "urma-k8s.requireAPI" -}}
-{{- if not (.ctx.Capabilities.APIVersions.Has .api) }}
-{{- fail (printf "%s=true needs the %s API, which this cluster does not serve: %s first, or set %s=false. (With `helm template`, pass --api-versions %s when the cluster has it.)" .value .api .what .value .api) }}
+{{- $served := .ctx.Capabilities.APIVersions.Has .api }}
+{{- if hasKey . "served" }}
+{{- $served = get . "served" }}
 {{- end }}
+{{- if not $served }}
+{{- $setting := default (printf "%s=true" .value) (get . "setting") }}
+{{- $instead := default (printf "%s=false" .value) (get . "instead") }}
+{{- $offline := default (printf "--api-versions %s" .api) (get . "offline") }}
+{{- fail (printf "%s needs the %s API, which this cluster does not serve: %s first, or set %s. (With `helm template`, pass %s when the cluster has it.)" $setting .api .what $instead $offline) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The resource.k8s.io version of the DRA driver's ResourceSlices and of the
+chart's DeviceClass (files/dra/deviceclass.yaml): v1, GA and served by
+default since Kubernetes 1.34.
+*/}}
+{{- define "urma-k8s.dra.apiVersion" -}}
+resource.k8s.io/v1
+{{- end }}
+
+{{/*
+"true" when the API server serves the DRA API the driver uses, "" otherwise.
+A cluster serves resource.k8s.io/v1 only from 1.34 on; the version matters
+for `helm template`, whose offline capabilities list every group/version its
+client library knows whatever --kube-version says.
+*/}}
+{{- define "urma-k8s.servesDRA" -}}
+{{- if and (.Capabilities.APIVersions.Has (include "urma-k8s.dra.apiVersion" .)) (semverCompare ">=1.34-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
 {{- end }}
 
 {{- define "urma-k8s.operator.fullname" -}}
@@ -219,6 +252,8 @@ fail the render with a message that names the values.
 {{- end }}
 {{- end }}
 {{- if eq .Values.driver "dra" }}
+{{- /* The driver publishes ResourceSlices whatever installDeviceClass says. */}}
+{{- include "urma-k8s.requireAPI" (dict "ctx" . "api" (include "urma-k8s.dra.apiVersion" .) "served" (include "urma-k8s.servesDRA" .) "setting" "driver=dra" "instead" "driver=devicePlugin" "what" "upgrade to Kubernetes 1.34 or later (which serves it by default)" "offline" (printf "--api-versions %s and --kube-version 1.34 or later" (include "urma-k8s.dra.apiVersion" .))) }}
 {{- $r := .Values.draDriver.jettyRequest }}
 {{- if lt (int $r.default) (int $r.min) }}
 {{- fail (printf "draDriver.jettyRequest.default=%v is below draDriver.jettyRequest.min=%v: the DRA driver would refuse to start" $r.default $r.min) }}

@@ -1,0 +1,141 @@
+package chart_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// TestInstallOnAPIServer runs `helm install --dry-run=server` against real
+// kube-apiservers (envtest). There helm's capabilities are the APIs the API
+// server serves, not helm's offline defaults, so this is where the chart's
+// checks of the cluster's APIs meet a cluster: one that serves
+// resource.k8s.io/v1 and one that does not (it is switched off, as on a
+// cluster before Kubernetes 1.34).
+func TestInstallOnAPIServer(t *testing.T) {
+	t.Parallel()
+
+	t.Run("DRA served", func(t *testing.T) {
+		t.Parallel()
+		kubeconfig := envtestKubeconfig(t, &envtest.Environment{})
+		rel := installDryRun(t, kubeconfig, "--set", "driver=dra")
+		dc := one(t, rel.objs, "DeviceClass")
+		if dc.GetAPIVersion() != "resource.k8s.io/v1" {
+			t.Errorf("DeviceClass is %s, want resource.k8s.io/v1", dc.GetAPIVersion())
+		}
+	})
+
+	t.Run("DRA not served", func(t *testing.T) {
+		t.Parallel()
+		env := &envtest.Environment{}
+		env.ControlPlane.GetAPIServer().Configure().Set("runtime-config", "resource.k8s.io/v1=false")
+		kubeconfig := envtestKubeconfig(t, env)
+		if served(t, env, "resource.k8s.io/v1") {
+			t.Fatal("the API server serves resource.k8s.io/v1 despite --runtime-config=resource.k8s.io/v1=false")
+		}
+
+		res := runHelmWithKubeconfig(t, kubeconfig, installArgs("--set", "driver=dra")...)
+		if res.err == nil {
+			t.Fatalf("helm install --set driver=dra succeeded on a cluster without resource.k8s.io/v1:\n%s", res.stdout)
+		}
+		for _, want := range []string{"driver=dra needs the resource.k8s.io/v1 API", "set driver=devicePlugin"} {
+			if !strings.Contains(res.stderr, want) {
+				t.Errorf("helm's error does not say %q:\n%s", want, res.stderr)
+			}
+		}
+
+		// The device plugin needs no DRA: the default still installs.
+		rel := installDryRun(t, kubeconfig)
+		if found := ofKind(rel.objs, "DeviceClass"); len(found) != 0 {
+			t.Errorf("the default install renders %v", names(found))
+		}
+		one(t, rel.objs, "DaemonSet")
+	})
+}
+
+// dryRunRelease is what `helm install --dry-run=server -o json` reports.
+type dryRunRelease struct {
+	notes string
+	objs  []*unstructured.Unstructured
+}
+
+// installArgs are the arguments of a server-side dry-run install of the
+// chart with extra value flags, reported as JSON.
+func installArgs(values ...string) []string {
+	return append([]string{"install", releaseName, chartRelPath, "--namespace", releaseNS, "--dry-run=server", "-o", "json"}, values...)
+}
+
+// installDryRun runs a server-side dry-run install against the cluster of
+// kubeconfig and decodes its manifest and notes; it fails the test when
+// helm fails.
+func installDryRun(t *testing.T, kubeconfig string, values ...string) dryRunRelease {
+	t.Helper()
+	res := runHelmWithKubeconfig(t, kubeconfig, installArgs(values...)...)
+	if res.err != nil {
+		t.Fatalf("helm install --dry-run=server %s: %v\n%s", strings.Join(values, " "), res.err, res.stderr)
+	}
+	var out struct {
+		Info struct {
+			Notes string `json:"notes"`
+		} `json:"info"`
+		Manifest string `json:"manifest"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &out); err != nil {
+		t.Fatalf("decoding helm install -o json %s: %v\n%s", strings.Join(values, " "), err, res.stdout)
+	}
+	objs, err := decodeManifests(out.Manifest)
+	if err != nil {
+		t.Fatalf("decoding the manifest of helm install %s: %v", strings.Join(values, " "), err)
+	}
+	if len(objs) == 0 {
+		t.Fatalf("helm install %s rendered nothing", strings.Join(values, " "))
+	}
+	return dryRunRelease{notes: out.Info.Notes, objs: objs}
+}
+
+// envtestKubeconfig starts env and returns the path of a kubeconfig file for
+// an administrator of it.
+func envtestKubeconfig(t *testing.T, env *envtest.Environment) string {
+	t.Helper()
+	startEnvtest(t, env)
+	user, err := env.AddUser(envtest.User{Name: "helm", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatalf("adding a user to envtest: %v", err)
+	}
+	data, err := user.KubeConfig()
+	if err != nil {
+		t.Fatalf("kubeconfig of the envtest user: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// served reports whether env's API server serves a group/version.
+func served(t *testing.T, env *envtest.Environment, groupVersion string) bool {
+	t.Helper()
+	dc, err := discovery.NewDiscoveryClientForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := dc.ServerGroups()
+	if err != nil {
+		t.Fatalf("discovery: %v", err)
+	}
+	for _, g := range groups.Groups {
+		for _, v := range g.Versions {
+			if v.GroupVersion == groupVersion {
+				return true
+			}
+		}
+	}
+	return false
+}
