@@ -2,6 +2,7 @@ package chart_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -87,4 +88,42 @@ func TestDRADriver(t *testing.T) {
 			t.Errorf("the default render has DRA object %s %s", o.GetKind(), o.GetName())
 		}
 	}
+}
+
+// TestDRAModeRendersNoDevicePlugin renders driver: dra with every optional
+// object of the device plugin asked for (ServiceMonitor, NodeFeatureRule,
+// node labels with their admission policy), on a cluster that serves all
+// their APIs: the device plugin does not run, so none of them may render,
+// and the monitoring is for what runs. The DRA driver serves no metrics,
+// so only the operator is scraped.
+func TestDRAModeRendersNoDevicePlugin(t *testing.T) {
+	t.Parallel()
+	objs := render(t, "--set", "driver=dra",
+		"--set", "devicePlugin.enabled=true",
+		"--set", "metrics.serviceMonitor.enabled=true", "-a", "monitoring.coreos.com/v1",
+		"--set", "devicePlugin.nfd.nodeFeatureRule=true", "-a", "nfd.k8s-sigs.io/v1alpha1",
+		"--set", "devicePlugin.nodeLabels.enabled=true", "--set", "devicePlugin.nodeLabels.admissionPolicy=true")
+	for _, o := range objs {
+		if o.GetLabels()["app.kubernetes.io/component"] == "device-plugin" || strings.Contains(o.GetName(), "device-plugin") {
+			t.Errorf("driver: dra renders %s/%s of the device plugin", o.GetKind(), o.GetName())
+		}
+	}
+	monitors := ofKind(objs, "ServiceMonitor")
+	if len(monitors) != 1 || monitors[0].GetName() != operatorName {
+		t.Errorf("driver: dra renders ServiceMonitors %v, want only %s", names(monitors), operatorName)
+	}
+	for _, sm := range monitors {
+		sel, _ := field(t, sm, "spec", "selector", "matchLabels").(map[string]any)
+		if !serviceWithMetricsPort(objs, sel) {
+			t.Errorf("%s selects %v, which matches no Service with a port named metrics", sm.GetName(), sel)
+		}
+	}
+
+	// Nothing to scrape: no ServiceMonitor, and so no need for its API.
+	objs = render(t, "--set", "driver=dra", "--set", "operator.enabled=false", "--set", "webhook.enabled=false",
+		"--set", "metrics.serviceMonitor.enabled=true")
+	if found := ofKind(objs, "ServiceMonitor"); len(found) != 0 {
+		t.Errorf("with no component that serves metrics the chart renders %v", names(found))
+	}
+	one(t, objs, "DaemonSet")
 }
