@@ -1,14 +1,17 @@
 package chart_test
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -23,11 +26,53 @@ func TestInstallOnAPIServer(t *testing.T) {
 
 	t.Run("DRA served", func(t *testing.T) {
 		t.Parallel()
-		kubeconfig := envtestKubeconfig(t, &envtest.Environment{})
+		// With the stand-in CRDs, for the ServiceMonitor below.
+		env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("testdata", "crds")}, ErrorIfCRDPathMissing: true}
+		kubeconfig := envtestKubeconfig(t, env)
 		rel := installDryRun(t, kubeconfig, "--set", "driver=dra")
 		dc := one(t, rel.objs, "DeviceClass")
 		if dc.GetAPIVersion() != "resource.k8s.io/v1" {
 			t.Errorf("DeviceClass is %s, want resource.k8s.io/v1", dc.GetAPIVersion())
+		}
+
+		// The notes describe DRA: claims of the DeviceClass, the slices;
+		// nothing of the device plugin, which does not run.
+		for _, want := range []string{"DRA driver", "ResourceClaim", "deviceClassName: urma.openeuler.org", "jetties: \"64\"",
+			"A request that names no amount gets 16 jetties", "The DeviceClass urma.openeuler.org is part of this release", "from\n  the webhook"} {
+			if !strings.Contains(rel.notes, want) {
+				t.Errorf("driver=dra notes lack %q:\n%s", want, rel.notes)
+			}
+		}
+		for _, unwanted := range []string{"Device plugin", "device plugin", "allocatable", "urma.openeuler.org/jetty"} {
+			if strings.Contains(rel.notes, unwanted) {
+				t.Errorf("driver=dra notes mention %q:\n%s", unwanted, rel.notes)
+			}
+		}
+		// The command the notes give works on this API server.
+		_, selector, ok := strings.Cut(rel.notes, "kubectl get resourceslices --field-selector ")
+		selector, _, _ = strings.Cut(selector, "\n")
+		if !ok || selector == "" {
+			t.Fatalf("driver=dra notes give no command that lists the driver's ResourceSlices:\n%s", rel.notes)
+		}
+		cs, err := kubernetes.NewForConfig(env.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: selector}); err != nil {
+			t.Errorf("listing ResourceSlices with the notes' --field-selector %s: %v", selector, err)
+		}
+
+		rel = installDryRun(t, kubeconfig, "--set", "driver=dra", "--set", "draDriver.installDeviceClass=false",
+			"--set", "webhook.enabled=false", "--set", "metrics.serviceMonitor.enabled=true")
+		if found := ofKind(rel.objs, "DeviceClass"); len(found) != 0 {
+			t.Errorf("draDriver.installDeviceClass=false renders %v", names(found))
+		}
+		one(t, rel.objs, "ServiceMonitor") // the operator's
+		for _, want := range []string{"not part of this release (draDriver.installDeviceClass=false)", "kubectl get deviceclass urma.openeuler.org",
+			"ResourceClaimTemplate <name>-urma-jetties", "The DRA driver serves no metrics"} {
+			if !strings.Contains(rel.notes, want) {
+				t.Errorf("notes lack %q:\n%s", want, rel.notes)
+			}
 		}
 	})
 
@@ -50,12 +95,23 @@ func TestInstallOnAPIServer(t *testing.T) {
 			}
 		}
 
-		// The device plugin needs no DRA: the default still installs.
+		// The device plugin needs no DRA: the default still installs, and
+		// its notes are the device plugin's.
 		rel := installDryRun(t, kubeconfig)
 		if found := ofKind(rel.objs, "DeviceClass"); len(found) != 0 {
 			t.Errorf("the default install renders %v", names(found))
 		}
 		one(t, rel.objs, "DaemonSet")
+		for _, want := range []string{"Device plugin: runs on every Linux node", "allocatable.urma\\.openeuler\\.org/jetty"} {
+			if !strings.Contains(rel.notes, want) {
+				t.Errorf("default notes lack %q:\n%s", want, rel.notes)
+			}
+		}
+		for _, unwanted := range []string{"DRA", "ResourceClaim", "ResourceSlice"} {
+			if strings.Contains(rel.notes, unwanted) {
+				t.Errorf("default notes mention %q:\n%s", unwanted, rel.notes)
+			}
+		}
 	})
 }
 
