@@ -339,6 +339,17 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
+		name:   "DRA: the operator's unit is the driver's default request, not the device plugin's",
+		values: []string{"--set", "driver=dra", "--set", "devicePlugin.jettiesPerUnit=8", "--set", "draDriver.jettyRequest.default=32", "--set", "draDriver.jettyRequest.min=8", "--set", "draDriver.jettyRequest.step=8"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			// The driver's node facts give the default request as the unit
+			// (pkg/dra/slices): before they exist the operator must assume it.
+			opArgs := args(t, container(t, one(t, objs, "Deployment"), "operator"))
+			if got, ok := argValue(opArgs, "--default-jetties-per-unit"); !ok || got != "32" {
+				t.Errorf("operator --default-jetties-per-unit = %q (present %v), want the DRA driver's default request 32; args %v", got, ok, opArgs)
+			}
+		},
+	}, {
 		name:   "CDI with the annotation strategy",
 		values: []string{"--set", "devicePlugin.cdi.enabled=true", "--set", "devicePlugin.cdi.strategy=cdi-annotations"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
