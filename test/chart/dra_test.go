@@ -119,6 +119,9 @@ func TestDRAModeRendersNoDevicePlugin(t *testing.T) {
 		}
 	}
 
+	// The device plugin's values are not checked when it does not run.
+	render(t, "--set", "driver=dra", "--set", "devicePlugin.extraArgs={--nfd-features-dir=/x}")
+
 	// Nothing to scrape: no ServiceMonitor, and so no need for its API.
 	objs = render(t, "--set", "driver=dra", "--set", "operator.enabled=false", "--set", "webhook.enabled=false",
 		"--set", "metrics.serviceMonitor.enabled=true")

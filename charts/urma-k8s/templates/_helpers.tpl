@@ -231,9 +231,11 @@ fail the render with a message that names the values.
 {{- if and .Values.webhook.enabled (not .Values.operator.enabled) }}
 {{- fail "webhook.enabled=true needs operator.enabled=true: the operator serves the webhook, and a webhook without a server blocks labelled pods" }}
 {{- end }}
+{{- if and .Values.devicePlugin.enabled (eq .Values.driver "devicePlugin") }}
 {{- range .Values.devicePlugin.extraArgs }}
 {{- if hasPrefix "--nfd-features-dir" . }}
 {{- fail "devicePlugin.extraArgs: use devicePlugin.nfd.featuresDir instead of --nfd-features-dir, so that the host directory is mounted into the plugin" }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- $pdb := .Values.operator.podDisruptionBudget }}
