@@ -34,6 +34,7 @@ func TestBadValuesRejected(t *testing.T) {
 		{"replicas without leader election", []string{"--set", "operator.replicas=2", "--set", "operator.leaderElection.enabled=false"}, []string{"operator.replicas", "operator.leaderElection.enabled"}},
 		{"webhook without operator", []string{"--set", "operator.enabled=false"}, []string{"webhook.enabled", "operator.enabled"}},
 		{"no operator pods behind a failing webhook", []string{"--set", "operator.replicas=0"}, []string{"operator.replicas=0", "webhook.failurePolicy"}},
+		{"scrape timeout above the interval", []string{"--set", "metrics.serviceMonitor.enabled=true", "-a", "monitoring.coreos.com/v1", "--set", "metrics.serviceMonitor.interval=1m", "--set", "metrics.serviceMonitor.scrapeTimeout=1m500ms"}, []string{"metrics.serviceMonitor.scrapeTimeout=1m500ms exceeds metrics.serviceMonitor.interval=1m"}},
 		{"NFD feature file through extraArgs", []string{"--set", "devicePlugin.extraArgs={--nfd-features-dir=/x}"}, []string{"devicePlugin.nfd.featuresDir", "--nfd-features-dir"}},
 		{"bad PCI device ID", []string{"--set", "devicePlugin.nfd.pciDevices={0xa22a}"}, []string{"'/devicePlugin/nfd/pciDevices/0'"}},
 		// Values the node agents would refuse at start: a failed install

@@ -482,6 +482,17 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
+		// Prometheus compares the two as durations, not as strings.
+		name:   "scrape timeout up to the interval, in other units",
+		values: []string{"--set", "metrics.serviceMonitor.enabled=true", "-a", "monitoring.coreos.com/v1", "--set", "metrics.serviceMonitor.interval=1m30s", "--set", "metrics.serviceMonitor.scrapeTimeout=90s"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, sm := range ofKind(objs, "ServiceMonitor") {
+				if got := fmt.Sprint(field(t, sm, "spec", "endpoints")); !strings.Contains(got, "scrapeTimeout:90s") || !strings.Contains(got, "interval:1m30s") {
+					t.Errorf("%s endpoints %s, want interval 1m30s and scrapeTimeout 90s", sm.GetName(), got)
+				}
+			}
+		},
+	}, {
 		name:   "CRDs managed elsewhere",
 		values: []string{"--set", "crds.install=false"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {

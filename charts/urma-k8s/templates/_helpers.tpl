@@ -221,6 +221,21 @@ marker, the chart grants them in the release namespace).
 {{- end }}
 
 {{/*
+Milliseconds of a Prometheus duration such as 1m30s (values.schema.json's
+promDuration: units y, w, d, h, m, s, ms, in that order); call with the string.
+*/}}
+{{- define "urma-k8s.promDurationMs" -}}
+{{- $re := "^(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?(?:([0-9]+)ms)?$" }}
+{{- $ms := 0 }}
+{{- range $i, $unit := list 31536000000 604800000 86400000 3600000 60000 1000 1 }}
+{{- with regexReplaceAll $re $ (printf "${%d}" (add1 $i)) }}
+{{- $ms = add $ms (mul (int64 .) $unit) }}
+{{- end }}
+{{- end }}
+{{- $ms }}
+{{- end }}
+
+{{/*
 Checks of value combinations that values.schema.json cannot express; they
 fail the render with a message that names the values.
 */}}
@@ -236,6 +251,14 @@ fail the render with a message that names the values.
 {{- if hasPrefix "--nfd-features-dir" . }}
 {{- fail "devicePlugin.extraArgs: use devicePlugin.nfd.featuresDir instead of --nfd-features-dir, so that the host directory is mounted into the plugin" }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- $sm := .Values.metrics.serviceMonitor }}
+{{- if $sm.enabled }}
+{{- $timeout := include "urma-k8s.promDurationMs" (toString $sm.scrapeTimeout) | int64 }}
+{{- $interval := include "urma-k8s.promDurationMs" (toString $sm.interval) | int64 }}
+{{- if gt $timeout $interval }}
+{{- fail (printf "metrics.serviceMonitor.scrapeTimeout=%s exceeds metrics.serviceMonitor.interval=%s: Prometheus refuses a scrape timeout longer than the scrape interval, so nothing would be scraped" $sm.scrapeTimeout $sm.interval) }}
 {{- end }}
 {{- end }}
 {{- $pdb := .Values.operator.podDisruptionBudget }}
