@@ -150,11 +150,7 @@ func measure(ctx context.Context, dial func(context.Context) (net.Conn, error), 
 			return nil, fmt.Errorf("connection %d: %w", i, err)
 		}
 		workers[i] = &worker{conn: conn}
-		if _, err := conn.Write(appendClientHeader(nil, r.size, r.flags)); err != nil {
-			closeAll(workers)
-			return nil, fmt.Errorf("connection %d: send perf header: %w", i, err)
-		}
-		rs, err := readServerHeader(conn)
+		rs, err := exchangeHeaders(dialCtx, conn, r.size, r.flags)
 		if err != nil {
 			closeAll(workers)
 			return nil, fmt.Errorf("connection %d: %w", i, err)
@@ -162,6 +158,14 @@ func measure(ctx context.Context, dial func(context.Context) (net.Conn, error), 
 		respSize = rs
 	}
 	defer closeAll(workers)
+	// A signal ends the measurement even while a connection waits for a
+	// server that stopped answering.
+	stop := context.AfterFunc(ctx, func() {
+		for _, w := range workers {
+			_ = w.conn.SetDeadline(aLongTimeAgo)
+		}
+	})
+	defer stop()
 
 	end := time.Now().Add(r.duration)
 	elapsed := runTimed(len(workers), func(i int) {
@@ -172,6 +176,36 @@ func measure(ctx context.Context, dial func(context.Context) (net.Conn, error), 
 		}
 	})
 	return buildReport(r, respSize, elapsed, workers), nil
+}
+
+// aLongTimeAgo is a deadline in the past: it aborts blocked reads and
+// writes.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// exchangeHeaders sends the client's perf header on conn and reads the
+// server's answer, the response size. ctx's end (the dial timeout, a
+// signal) aborts the exchange, so a server that never answers cannot hold
+// the client.
+func exchangeHeaders(ctx context.Context, conn net.Conn, size int, flags uint32) (int, error) {
+	aborted := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(aborted)
+		_ = conn.SetDeadline(aLongTimeAgo)
+	})
+	respSize, err := func() (int, error) {
+		if _, err := conn.Write(appendClientHeader(nil, size, flags)); err != nil {
+			return 0, fmt.Errorf("send perf header: %w", err)
+		}
+		return readServerHeader(conn)
+	}()
+	if !stop() {
+		<-aborted
+		if err == nil {
+			err = errors.New("perf header exchange")
+		}
+		return 0, fmt.Errorf("%w: %w", err, context.Cause(ctx))
+	}
+	return respSize, err
 }
 
 // runTimed runs loop(0..n-1) at once, one goroutine each, and returns how
@@ -238,6 +272,15 @@ func newRequest(size int) []byte {
 	return req
 }
 
+// fail records err as the connection's failure, unless ctx ended: a
+// signal aborts reads and writes in progress (measure), which ends the
+// measurement and is no failure of the connection.
+func (w *worker) fail(ctx context.Context, err error) {
+	if ctx.Err() == nil {
+		w.err = err
+	}
+}
+
 // run sends requests until end (or ctx ends) and times each round trip.
 func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
 	req := newRequest(size)
@@ -248,11 +291,11 @@ func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
 			return
 		}
 		if _, err := w.conn.Write(req); err != nil {
-			w.err = fmt.Errorf("write: %w", err)
+			w.fail(ctx, fmt.Errorf("write: %w", err))
 			return
 		}
 		if _, err := io.ReadFull(w.conn, resp); err != nil {
-			w.err = fmt.Errorf("read: %w", err)
+			w.fail(ctx, fmt.Errorf("read: %w", err))
 			return
 		}
 		rtt := time.Since(t0)
@@ -290,10 +333,11 @@ func (w *worker) runPipelined(ctx context.Context, end time.Time, size, respSize
 	for t0 := range sent {
 		if _, err := io.ReadFull(w.conn, resp); err != nil {
 			select {
-			case w.err = <-werr:
+			case err = <-werr:
 			default:
-				w.err = fmt.Errorf("read: %w", err)
+				err = fmt.Errorf("read: %w", err)
 			}
+			w.fail(ctx, err)
 			_ = w.conn.Close() // unblock the writer
 			for range sent {
 			}
@@ -303,7 +347,8 @@ func (w *worker) runPipelined(ctx context.Context, end time.Time, size, respSize
 		w.requests++
 	}
 	select {
-	case w.err = <-werr:
+	case err := <-werr:
+		w.fail(ctx, err)
 	default:
 	}
 }

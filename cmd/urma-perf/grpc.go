@@ -133,7 +133,7 @@ func (w *grpcWorker) run(ctx context.Context, end time.Time, req *healthpb.Healt
 		}
 		resp, err := w.client.Check(ctx, req)
 		if err != nil {
-			w.err = fmt.Errorf("health check: %w", err)
+			w.fail(ctx, fmt.Errorf("health check: %w", err))
 			return
 		}
 		if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
