@@ -109,14 +109,24 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	out.event(listening)
 
+	return serveListeners(ctx, lns, func(conn net.Conn) { serveConn(conn, *echo, out) })
+}
+
+// serveListeners accepts on every listener and serves each connection with
+// serve, until ctx ends or one listener fails (which stops the others).
+// When ctx ends it closes the listeners and every connection; it returns
+// once every serve returned.
+func serveListeners(ctx context.Context, lns []net.Listener, serve func(net.Conn)) error {
 	var wg sync.WaitGroup
 	conns := map[net.Conn]struct{}{}
 	var mu sync.Mutex
+	closing := false // under mu: ctx ended, conns were closed
 	stop := context.AfterFunc(ctx, func() {
 		for _, l := range lns {
 			_ = l.Close()
 		}
 		mu.Lock()
+		closing = true
 		for c := range conns {
 			_ = c.Close()
 		}
@@ -136,12 +146,22 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 					return
 				}
 				mu.Lock()
-				conns[conn] = struct{}{}
+				late := closing
+				if !late {
+					conns[conn] = struct{}{}
+				}
 				mu.Unlock()
+				if late {
+					// Accepted as the listener closed (pkg/transport's
+					// hands over a finished handshake before its close),
+					// after the others were closed: nobody else closes it.
+					_ = conn.Close()
+					continue
+				}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					serveConn(conn, *echo, out)
+					serve(conn)
 					mu.Lock()
 					delete(conns, conn)
 					mu.Unlock()
