@@ -402,6 +402,6 @@ func (e *engine) resourceStats() metrics.ResourceStats {
 	if e.jetties != nil {
 		s.JettiesPrepared, s.JettiesInUse = e.jetties.stats()
 	}
-	s.JettyBudget = e.s.budget.Limit()
+	s.JettyBudget, s.Budget = e.s.budget.Limit(), e.s.budget
 	return s
 }

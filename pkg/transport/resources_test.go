@@ -71,6 +71,41 @@ func TestJettyBudget(t *testing.T) {
 	}
 }
 
+// TestJettyBudgetMetricSharedBudget: two Listeners that share one budget
+// (Config.Budget, as docs/troubleshooting.md advises) on one registry
+// report that budget once, not once per Listener.
+func TestJettyBudgetMetricSharedBudget(t *testing.T) {
+	checkNoLeaks(t)
+	pa, _ := fabricPair(t)
+	reg := prometheus.NewRegistry()
+	budget := NewJettyBudget(8)
+	for range 2 {
+		cfg := cfgWith(pa, smallFlags())
+		cfg.Budget, cfg.Registerer = budget, reg
+		ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		if fb := ln.FallbackReason(); fb != "" {
+			t.Fatalf("listener without URMA: %s", fb)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := -1.0
+	for _, mf := range mfs {
+		if mf.GetName() == "urma_transport_jetty_budget" {
+			got = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	if got != 8 {
+		t.Fatalf("urma_transport_jetty_budget = %v, want 8: one budget of 8 shared by two listeners", got)
+	}
+}
+
 // fallbackCount reads the fallback counter for reason.
 func fallbackCount(t *testing.T, reg *prometheus.Registry, reason string) float64 {
 	t.Helper()

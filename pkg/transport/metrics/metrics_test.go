@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -82,7 +83,7 @@ func TestResourcesSumOverSources(t *testing.T) {
 # HELP urma_transport_jetties_in_use Jetties held by connections or prepared: what counts against the jetty budget.
 # TYPE urma_transport_jetties_in_use gauge
 urma_transport_jetties_in_use 6
-# HELP urma_transport_jetty_budget Sum of the jetty budgets in force (URMA_JETTY_BUDGET); 0 means unlimited.
+# HELP urma_transport_jetty_budget Jetties the budgets in force allow together (URMA_JETTY_BUDGET; a budget shared through Config.Budget counted once); 0 means unlimited.
 # TYPE urma_transport_jetty_budget gauge
 urma_transport_jetty_budget 12
 # HELP urma_transport_pool_buffers Registered buffers by state (free, in_use).
@@ -102,11 +103,51 @@ urma_transport_pool_buffers{state="in_use"} 7
 	removeA()
 	removeB()
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP urma_transport_jetty_budget Sum of the jetty budgets in force (URMA_JETTY_BUDGET); 0 means unlimited.
+# HELP urma_transport_jetty_budget Jetties the budgets in force allow together (URMA_JETTY_BUDGET; a budget shared through Config.Budget counted once); 0 means unlimited.
 # TYPE urma_transport_jetty_budget gauge
 urma_transport_jetty_budget 0
 `), "urma_transport_jetty_budget"); err != nil {
 		t.Fatalf("after removing the sources: %v", err)
+	}
+}
+
+// TestJettyBudgetCountsEachBudgetOnce: sources that share one budget
+// (Config.Budget) count it once, and a source without a limit makes the
+// whole unlimited (0), rather than hiding in a sum that reads as a limit.
+func TestJettyBudgetCountsEachBudgetOnce(t *testing.T) {
+	shared, own := new(int), new(int) // stand-ins for two *JettyBudget
+	tests := []struct {
+		name    string
+		sources []ResourceStats
+		want    float64
+	}{
+		{"one budget shared by three", []ResourceStats{
+			{JettyBudget: 8, Budget: shared}, {JettyBudget: 8, Budget: shared}, {JettyBudget: 8, Budget: shared},
+		}, 8},
+		{"a shared budget and one of its own", []ResourceStats{
+			{JettyBudget: 8, Budget: shared}, {JettyBudget: 8, Budget: shared}, {JettyBudget: 4, Budget: own},
+		}, 12},
+		{"budgets without identity each count", []ResourceStats{{JettyBudget: 8}, {JettyBudget: 4}}, 12},
+		{"one unlimited", []ResourceStats{{JettyBudget: 8, Budget: shared}, {JettyBudget: 0, Budget: own}}, 0},
+		{"none", nil, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newResourceCollector("urma", "transport")
+			for _, s := range tc.sources {
+				c.add(func() ResourceStats { return s })
+			}
+			reg := prometheus.NewPedanticRegistry()
+			reg.MustRegister(c)
+			want := fmt.Sprintf(`
+# HELP urma_transport_jetty_budget Jetties the budgets in force allow together (URMA_JETTY_BUDGET; a budget shared through Config.Budget counted once); 0 means unlimited.
+# TYPE urma_transport_jetty_budget gauge
+urma_transport_jetty_budget %v
+`, tc.want)
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "urma_transport_jetty_budget"); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 

@@ -11,6 +11,11 @@ type ResourceStats struct {
 	PoolFree, PoolInUse           int // registered buffers
 	JettiesPrepared, JettiesInUse int // in use counts the prepared ones too
 	JettyBudget                   int // 0: unlimited
+	// Budget identifies the budget JettyBudget is the limit of (a pointer
+	// to it, or any comparable value), so that sources sharing one budget
+	// count its limit once; nil counts this source's JettyBudget on its
+	// own.
+	Budget any
 }
 
 // resourceCollector sums ResourceStats over its sources at scrape time, so
@@ -30,8 +35,9 @@ func newResourceCollector(ns, sub string) *resourceCollector {
 		pool:     prometheus.NewDesc(name("pool_buffers"), "Registered buffers by state (free, in_use).", []string{"state"}, nil),
 		prepared: prometheus.NewDesc(name("jetties_prepared"), "Jetties created ahead of connections and waiting in the pool.", nil, nil),
 		inUse:    prometheus.NewDesc(name("jetties_in_use"), "Jetties held by connections or prepared: what counts against the jetty budget.", nil, nil),
-		budget:   prometheus.NewDesc(name("jetty_budget"), "Sum of the jetty budgets in force (URMA_JETTY_BUDGET); 0 means unlimited.", nil, nil),
-		sources:  make(map[int]func() ResourceStats),
+		budget: prometheus.NewDesc(name("jetty_budget"),
+			"Jetties the budgets in force allow together (URMA_JETTY_BUDGET; a budget shared through Config.Budget counted once); 0 means unlimited.", nil, nil),
+		sources: make(map[int]func() ResourceStats),
 	}
 }
 
@@ -65,13 +71,25 @@ func (c *resourceCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	c.mu.Unlock()
 	var sum ResourceStats
+	counted := map[any]bool{} // budgets already in sum.JettyBudget
+	unlimited := false
 	for _, f := range fs {
 		s := f()
 		sum.PoolFree += s.PoolFree
 		sum.PoolInUse += s.PoolInUse
 		sum.JettiesPrepared += s.JettiesPrepared
 		sum.JettiesInUse += s.JettiesInUse
+		if s.Budget != nil {
+			if counted[s.Budget] {
+				continue
+			}
+			counted[s.Budget] = true
+		}
+		unlimited = unlimited || s.JettyBudget <= 0
 		sum.JettyBudget += s.JettyBudget
+	}
+	if unlimited {
+		sum.JettyBudget = 0 // a source without a limit: no limit in all
 	}
 	ch <- prometheus.MustNewConstMetric(c.pool, prometheus.GaugeValue, float64(sum.PoolFree), "free")
 	ch <- prometheus.MustNewConstMetric(c.pool, prometheus.GaugeValue, float64(sum.PoolInUse), "in_use")
