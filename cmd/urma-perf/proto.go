@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/openeuler/urma-k8s/cmd/urma-perf/perfjson"
 )
 
 // The perf protocol, after the transport's own handshake. The client opens
@@ -33,7 +35,7 @@ const (
 	flagRecvZeroCopy uint32 = 2
 	// maxSize bounds a request so a bad header cannot make the server
 	// allocate without limit.
-	maxSize = 64 << 20
+	maxSize = perfjson.MaxSize
 )
 
 func appendClientHeader(dst []byte, size int, flags uint32) []byte {

@@ -79,6 +79,10 @@ func parseSizes(list string) ([]int, error) {
 		if err != nil || n < 1 {
 			return nil, fmt.Errorf("size %q is not a positive integer", f)
 		}
+		if n > perfjson.MaxSize {
+			// urma-perf would refuse it, after every smaller size was measured.
+			return nil, fmt.Errorf("size %d is above urma-perf's largest request, %d", n, perfjson.MaxSize)
+		}
 		out = append(out, n)
 	}
 	return out, nil
@@ -148,7 +152,9 @@ func run(ctx context.Context, w io.Writer, bin string, sizes []int, d measuremen
 		for _, polling := range []bool{false, true} {
 			f, err := measureSize(ctx, bin, size, polling, d, modesOf(modes, polling))
 			if err != nil {
-				return fmt.Errorf("size %d: %w", size, err)
+				// Print the rows measured so far: they are the run's, and
+				// took long to get.
+				return errors.Join(fmt.Errorf("size %d: %w", size, err), tw.Flush())
 			}
 			if !polling {
 				base = f

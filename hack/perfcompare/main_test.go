@@ -1,10 +1,100 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/openeuler/urma-k8s/cmd/urma-perf/perfjson"
 )
+
+// envFake makes the test binary play urma-perf (fakeURMAPerf); envFailSize
+// is the --size its client then fails on.
+const (
+	envFake     = "PERFCOMPARE_TEST_FAKE_URMA_PERF"
+	envFailSize = "PERFCOMPARE_TEST_FAIL_SIZE"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envFake) == "1" {
+		os.Exit(fakeURMAPerf(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// fakeURMAPerf answers as urma-perf would, in no time: a server that says
+// it listens and waits for its signal; a client that prints a report of
+// its --mode, or fails on the --size envFailSize names.
+func fakeURMAPerf(args []string) int {
+	if len(args) == 0 {
+		return 2
+	}
+	switch args[0] {
+	case "server":
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		fmt.Println(`{"event":"listening","addr":"127.0.0.1:1"}`)
+		<-ctx.Done()
+		return 0
+	case "client":
+		mode, size := "", 0
+		for i := 1; i+1 < len(args); i++ {
+			switch args[i] {
+			case "--mode":
+				mode = args[i+1]
+			case "--size":
+				size, _ = strconv.Atoi(args[i+1])
+			}
+		}
+		if fail := os.Getenv(envFailSize); fail != "" && fail == strconv.Itoa(size) {
+			fmt.Fprintln(os.Stderr, "urma-perf client: a connection failed: read: connection reset by peer")
+			return 1
+		}
+		c := perfjson.ConnReport{Mode: mode}
+		if mode == "urma" {
+			c.Fabric = "shm"
+		}
+		b, _ := json.Marshal(perfjson.Report{Size: size, Requests: 1000, QPS: 1000, SentBytesPerSec: 100e6,
+			LatencyMicros: perfjson.Latency{P50: 10, P99: 20}, Conns: []perfjson.ConnReport{c}})
+		fmt.Println(string(b))
+		return 0
+	}
+	return 2
+}
+
+// TestRunFailureKeepsMeasuredRows: when a later figure fails, the rows
+// measured before it are printed with the error, not lost in the table's
+// buffer.
+func TestRunFailureKeepsMeasuredRows(t *testing.T) {
+	t.Setenv(envFake, "1")
+	t.Setenv(envFailSize, "4096")
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	err = run(context.Background(), &out, bin, []int{64, 4096}, measurement{duration: time.Millisecond, rounds: 1})
+	if err == nil || !strings.Contains(err.Error(), "size 4096") || !strings.Contains(err.Error(), "connection reset by peer") {
+		t.Fatalf("run error %v, want the 4096-byte figure's failure", err)
+	}
+	var rows []string
+	for _, l := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "64B" {
+			rows = append(rows, f[1])
+		}
+	}
+	if !slices.Equal(rows, []string{"event", "polling"}) {
+		t.Fatalf("rows of 64B printed: %v, want event and polling; output:\n%s", rows, out.String())
+	}
+}
 
 func TestParseSizes(t *testing.T) {
 	tests := []struct {
@@ -18,6 +108,9 @@ func TestParseSizes(t *testing.T) {
 		{"0", nil, false},
 		{"-5", nil, false},
 		{"4k", nil, false},
+		{"67108864", []int{64 << 20}, true},
+		{"64,67108865", nil, false}, // beyond urma-perf's --size
+		{"99999999999999999999", nil, false},
 	}
 	for _, tc := range tests {
 		got, err := parseSizes(tc.in)

@@ -3,6 +3,11 @@
 // of that output (hack/demo) decode the very types urma-perf writes.
 package perfjson
 
+// MaxSize is the largest request urma-perf sends or serves (client
+// --size), so Report.Size never exceeds it; programs that drive urma-perf
+// check their sizes against it before they start.
+const MaxSize = 64 << 20
+
 // ConnReport describes one client connection.
 type ConnReport struct {
 	Mode string `json:"mode"`
