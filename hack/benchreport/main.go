@@ -5,6 +5,10 @@
 // baselines are the first benchmark whose name starts with each -baseline
 // prefix (for example memcpy, TCP loopback and the raw provider); a figure is
 // never compared with a baseline from another run or another size.
+//
+// It exits 1 when the output shows a failure (FAIL, --- FAIL, panic) or
+// ends without go test's closing PASS, ok or FAIL line: make's pipe from go
+// test ends with benchreport's status, so a run cut short must fail here.
 package main
 
 import (
@@ -54,9 +58,13 @@ var (
 func parse(r io.Reader) ([]result, []string, error) {
 	var out []result
 	var passthrough []string
+	finished := false // go test's closing status was seen
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		line := sc.Text()
+		if line == "PASS" || line == "FAIL" || strings.HasPrefix(line, "ok ") || strings.HasPrefix(line, "FAIL\t") {
+			finished = true
+		}
 		m := benchLine.FindStringSubmatch(line)
 		if m == nil {
 			if strings.HasPrefix(line, "FAIL") || strings.HasPrefix(line, "--- FAIL") || strings.HasPrefix(line, "panic") {
@@ -89,6 +97,10 @@ func parse(r io.Reader) ([]result, []string, error) {
 	}
 	if err := sc.Err(); err != nil {
 		return nil, nil, fmt.Errorf("read benchmark output: %w", err)
+	}
+	if !finished {
+		// go test was killed, or its output lost: what came is not a run.
+		passthrough = append(passthrough, "the benchmark output ends without go test's PASS, ok or FAIL line: the run did not finish")
 	}
 	return out, passthrough, nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -57,5 +58,37 @@ func TestRatioFallsBackToTime(t *testing.T) {
 	got := ratio(result{name: "a", nsPerOp: 50}, result{name: "b", nsPerOp: 100})
 	if got != "2.00x" {
 		t.Fatalf("ratio = %s, want 2.00x (half the time is twice as fast)", got)
+	}
+}
+
+// TestParseNoticesAnUnfinishedRun: output without go test's closing status
+// (PASS, ok or FAIL) is a run that was cut short, say go test killed or its
+// output lost in the pipe: a failure, never an empty or partial report that
+// passes.
+func TestParseNoticesAnUnfinishedRun(t *testing.T) {
+	const bench = "BenchmarkX/size=4KiB-2   \t 1000\t      100 ns/op\n"
+	tests := []struct {
+		name       string
+		in         string
+		unfinished bool
+	}{
+		{"ok", "goos: linux\n" + bench + "PASS\nok  \tpkg\t1.2s\n", false},
+		{"test binary run alone", bench + "PASS\n", false},
+		{"no benchmark matched", "PASS\nok  \tpkg\t0.1s\n", false},
+		{"failed", bench + "--- FAIL: BenchmarkY\nFAIL\nFAIL\tpkg\t1.0s\n", false},
+		{"cut short after a benchmark", "goos: linux\n" + bench, true},
+		{"nothing at all", "", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, failures, err := parse(strings.NewReader(tc.in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := slices.ContainsFunc(failures, func(f string) bool { return strings.Contains(f, "did not finish") })
+			if got != tc.unfinished {
+				t.Fatalf("failures %q: unfinished %v, want %v", failures, got, tc.unfinished)
+			}
+		})
 	}
 }
