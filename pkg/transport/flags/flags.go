@@ -373,7 +373,9 @@ func (f Flags) Validate() error {
 }
 
 // Parse reads a gflags-style flag file: one --urma_name=value per line, blank
-// lines and lines starting with # ignored, a bare --urma_bool meaning true.
+// lines and lines starting with # ignored, a bare --urma_bool meaning true
+// and --nourma_bool false. As in gflags, a dash in a name stands for an
+// underscore (--urma-sq-size is --urma_sq_size).
 // Flags absent from the file keep brpc's defaults. Every error names the line
 // and the flag. Flags without the urma_ prefix are other programs' (brpc reads
 // the same file) and are skipped.
@@ -392,18 +394,32 @@ func Parse(r io.Reader) (Flags, error) {
 			return Flags{}, fmt.Errorf("flags file line %d: %q does not start with --", line, text)
 		}
 		text = strings.TrimLeft(text, "-")
-		name, value, hasValue := strings.Cut(text, "=")
+		written, value, hasValue := strings.Cut(text, "=")
+		// brpc's gflags, reading the same file, takes a dash in a name for
+		// an underscore and --noX for a boolean X set to false: read such
+		// lines as it does, rather than skip them as another program's.
+		name := strings.ReplaceAll(written, "-", "_")
+		negated := false
+		if n, ok := strings.CutPrefix(name, "no"); ok && strings.HasPrefix(n, "urma_") {
+			name, negated = n, true
+		}
 		if !strings.HasPrefix(name, "urma_") {
 			continue
 		}
 		spec, ok := Lookup(name)
 		if !ok {
-			return Flags{}, fmt.Errorf("flags file line %d: unknown flag --%s", line, name)
+			return Flags{}, fmt.Errorf("flags file line %d: unknown flag --%s", line, written)
 		}
-		if !hasValue {
-			if spec.Kind != Bool {
-				return Flags{}, fmt.Errorf("flags file line %d: flag --%s needs a value (want %s)", line, name, spec.Range())
-			}
+		switch {
+		case negated && spec.Kind != Bool:
+			return Flags{}, fmt.Errorf("flags file line %d: flag --%s: %s is not a boolean, only a boolean is negated with no (want --%s=%s)", line, written, name, name, spec.Range())
+		case negated && hasValue:
+			return Flags{}, fmt.Errorf("flags file line %d: flag --%s takes no value: it sets %s to false", line, written, name)
+		case negated:
+			value = "false"
+		case !hasValue && spec.Kind != Bool:
+			return Flags{}, fmt.Errorf("flags file line %d: flag --%s needs a value (want %s)", line, written, spec.Range())
+		case !hasValue:
 			value = "true"
 		}
 		if err := f.Set(name, value); err != nil {

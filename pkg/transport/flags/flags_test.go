@@ -131,6 +131,18 @@ func TestParse(t *testing.T) {
 		{name: "string with a space", file: "--urma_device=udma 0", wantErr: `line 1: flag urma_device: value "udma 0" contains a space at byte 4`},
 		{name: "string with a tab inside", file: "--urma_device=udma\t0\n", wantErr: `line 1: flag urma_device: value "udma\t0" contains a tab at byte 4`},
 		{name: "surrounding whitespace is the line's, not the value's", file: "  --urma_device=udma0 \t", check: func(f Flags) bool { return f.Device == "udma0" }},
+		// brpc's gflags reads the same file: dashes stand for underscores
+		// and --noX sets a boolean X false. Such a line is a urma_ flag,
+		// never another program's to skip.
+		{name: "dashes for underscores", file: "--urma-sq-size=256\n", check: func(f Flags) bool { return f.SQSize == 256 }},
+		{name: "negated boolean", file: "--nourma_recv_zerocopy\n", check: func(f Flags) bool { return !f.RecvZerocopy }},
+		{name: "negated boolean with dashes", file: "--nourma-shm-send-buffers", check: func(f Flags) bool { return !f.ShmSendBuffers }},
+		{name: "dashed value range-checked", file: "--urma-rq-size=8", wantErr: "line 1: flag urma_rq_size: 8 is out of range (want 16..4096)"},
+		{name: "unknown flag with dashes", file: "--urma-turbo=1", wantErr: "line 1: unknown flag --urma-turbo"},
+		{name: "negated non-boolean", file: "--nourma_sq_size", wantErr: "line 1: flag --nourma_sq_size: urma_sq_size is not a boolean"},
+		{name: "negated with a value", file: "--nourma_use_polling=true", wantErr: "line 1: flag --nourma_use_polling takes no value"},
+		{name: "unknown negated flag", file: "--nourma_turbo", wantErr: "line 1: unknown flag --nourma_turbo"},
+		{name: "other programs' dashed flags skipped", file: "--max-body-size=1000\n--nosome_bool\n--urma_poller_num=2", check: func(f Flags) bool { return f.PollerNum == 2 }},
 		{name: "line too long", file: "--urma_device=" + strings.Repeat("x", 2<<20), wantErr: "read flags file"},
 	}
 	for _, tc := range tests {
