@@ -312,17 +312,32 @@ func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
 // while fewer are unanswered, this goroutine reads the answers (in order)
 // and times each from its send.
 func (w *worker) runPipelined(ctx context.Context, end time.Time, size, respSize, depth int) {
+	// slots holds one token per request sent and not yet answered: the
+	// writer takes one before it sends, the reader gives it back once the
+	// answer is in. sent carries each request's send time to the reader;
+	// the slots keep it from filling. A channel of send times alone would
+	// let one more request out (the one the reader waits for is no longer
+	// in it) and time a request from when it began to wait for room.
+	slots := make(chan struct{}, depth)
 	sent := make(chan time.Time, depth)
+	quit := make(chan struct{}) // the reader gave up
 	werr := make(chan error, 1)
 	go func() {
 		defer close(sent)
 		req := newRequest(size)
-		for ctx.Err() == nil {
+		for {
+			select {
+			case slots <- struct{}{}: // waits while depth requests are unanswered
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			}
 			t0 := time.Now()
 			if !t0.Before(end) {
 				return
 			}
-			sent <- t0 // blocks while depth requests are unanswered
+			sent <- t0
 			if _, err := w.conn.Write(req); err != nil {
 				werr <- fmt.Errorf("write: %w", err)
 				return
@@ -338,13 +353,15 @@ func (w *worker) runPipelined(ctx context.Context, end time.Time, size, respSize
 				err = fmt.Errorf("read: %w", err)
 			}
 			w.fail(ctx, err)
-			_ = w.conn.Close() // unblock the writer
+			close(quit)
+			_ = w.conn.Close() // unblock the writer's Write
 			for range sent {
 			}
 			return
 		}
 		w.hist.record(time.Since(t0))
 		w.requests++
+		<-slots
 	}
 	select {
 	case err := <-werr:
