@@ -128,14 +128,29 @@ func (f *fakePeer) accept() (net.Conn, *bufio.Reader) {
 // acceptHello takes one connection, answers its HELLO and reads one
 // IMPORT_JETTY, which it leaves unanswered.
 func (f *fakePeer) acceptHello() (net.Conn, *bufio.Reader, importJettyReq) {
+	nc, br := f.handshake()
+	if nc == nil {
+		return nil, nil, importJettyReq{}
+	}
+	var ib [4 + importJettyLen]byte
+	if _, err := io.ReadFull(br, ib[:]); err != nil {
+		return nil, nil, importJettyReq{}
+	}
+	r, _ := decodeImportJetty(ib[4:])
+	return nc, br, r
+}
+
+// handshake takes one connection and answers its HELLO.
+func (f *fakePeer) handshake() (net.Conn, *bufio.Reader) {
 	nc, err := f.ln.Accept()
 	if err != nil {
-		return nil, nil, importJettyReq{}
+		return nil, nil
 	}
 	br := bufio.NewReader(nc)
 	var hb [4 + helloLen]byte
 	if _, err := io.ReadFull(br, hb[:]); err != nil {
-		return nil, nil, importJettyReq{}
+		nc.Close()
+		return nil, nil
 	}
 	var ab [4 + helloAckLen]byte
 	maxMsg := f.maxMsg
@@ -143,12 +158,7 @@ func (f *fakePeer) acceptHello() (net.Conn, *bufio.Reader, importJettyReq) {
 		maxMsg = 1 << 20
 	}
 	nc.Write(encodeHelloAck(ab[:], &helloAck{eid: f.eid, maxMsg: maxMsg}))
-	var ib [4 + importJettyLen]byte
-	if _, err := io.ReadFull(br, ib[:]); err != nil {
-		return nil, nil, importJettyReq{}
-	}
-	r, _ := decodeImportJetty(ib[4:])
-	return nc, br, r
+	return nc, br
 }
 
 // readSend reads one SEND frame, payload included.
