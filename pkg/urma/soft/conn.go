@@ -345,13 +345,8 @@ func (c *conn) encode() {
 			continue
 		}
 		var h sendHeader
-		payload, inline, ok := it.j.beginWrite(it.seq, it.tx, &h)
+		payload, inline, ok := it.j.beginWrite(it.seq, it.tx, c.peerMax, &h)
 		if !ok {
-			continue
-		}
-		if uint64(h.length) > c.peerMax {
-			it.j.endWrite(it.seq)
-			it.j.onAnswer(h.tag, urma.StatusLocLen, 0)
 			continue
 		}
 		if frame := c.encodeRef(&h, payload); frame != nil {

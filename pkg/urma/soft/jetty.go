@@ -23,6 +23,7 @@ const (
 	slotFree     slotState = iota
 	slotQueued             // posted, waiting to be transmitted (or retransmitted)
 	slotInflight           // transmitted, waiting for the receiver's answer
+	slotFailed             // failed on this side, its completion held for the older sends
 	slotDone               // completed; freed once the writer no longer reads it
 )
 
@@ -41,7 +42,7 @@ type sqSlot struct {
 	sges     []sgeRef // view into jetty.flat, cap maxSGE
 	inline   []byte   // view into jetty.inlineBuf, cap maxInline
 	isInline bool
-	localErr urma.Status // set at post: fails with this status when reached
+	localErr urma.Status // fails with this status when reached (set at post, or when too long for the peer)
 	retries  uint8
 	resume   bool   // retransmission after RNR: unblocks the receiver
 	rnrBlock bool   // the receiver holds an RNR block for this slot
@@ -61,6 +62,15 @@ type sqSlot struct {
 // it to the same receiver are rewound, since the receiver discards them until
 // the retried one arrives. Any send error moves the jetty to ERROR and flushes
 // the rest, as hardware does; SetError adds the FLUSH_ERR_DONE record.
+//
+// Completions come in post order, as hardware delivers them. A send that
+// fails on this side (a bad SGE, a message too long for this device or the
+// peer) while older sends are still out is held (slotFailed): nothing
+// behind it is transmitted, and once every older send has succeeded it
+// completes with its error and the jetty enters ERROR. An older send that
+// fails instead enters ERROR first, which flushes the held send as any
+// other behind it: the oldest error is the jetty's one. Only answers from
+// different peers (RM) may come out of post order, as peers fail apart.
 type jetty struct {
 	ctx       *devContext
 	dev       *device
@@ -83,7 +93,9 @@ type jetty struct {
 	state            urma.JettyState
 	closed           bool
 	flushDone        bool
-	stalled          bool // waiting for the RNR retry timer
+	stalled          bool   // waiting for the RNR retry timer
+	failing          bool   // a send failed on this side and is held ...
+	failAt           uint64 // ... this one: nothing from it on is transmitted
 	timer            *time.Timer
 	bound            *remoteJetty // RC: the one target
 	writing          int          // slots the socket writer is reading now
@@ -281,7 +293,7 @@ func scatterInline(dst []byte, src []sgeRef) {
 // pump transmits queued sends in order until the queue stalls or fails; j.mu
 // is held.
 func (j *jetty) pump() {
-	for j.next < j.tail && !j.stalled && j.state == urma.JettyReady {
+	for j.next < j.sendable() && !j.stalled && j.state == urma.JettyReady {
 		s := j.slot(j.next)
 		j.next++
 		if s.state == slotQueued {
@@ -290,12 +302,21 @@ func (j *jetty) pump() {
 	}
 }
 
+// sendable is one past the last send pump may transmit: a held failure
+// stops the queue; j.mu is held.
+func (j *jetty) sendable() uint64 {
+	if j.failing {
+		return j.failAt
+	}
+	return j.tail
+}
+
 // transmit sends one slot: in place for a local target, by queueing a frame
 // on the peer's connection for a remote one.
 func (j *jetty) transmit(s *sqSlot) {
 	s.state = slotInflight
 	if s.localErr != 0 {
-		j.result(s, s.localErr, 0)
+		j.failLocal(s, s.localErr)
 		return
 	}
 	s.tx++
@@ -304,8 +325,13 @@ func (j *jetty) transmit(s *sqSlot) {
 		j.result(s, st, rnr)
 		return
 	}
-	c, ok := s.target.peer.send(j, s.seq, s.tx)
-	if !ok {
+	c, st := s.target.peer.send(j, s.seq, s.tx, s.length)
+	switch st {
+	case urma.StatusSuccess:
+	case urma.StatusLocLen:
+		j.failLocal(s, st)
+		return
+	default:
 		// The peer is gone, as peerDown will find: an older send may
 		// still be out on the dead connection, and it, not s, is the one
 		// that failed, so that completions keep post order.
@@ -382,6 +408,9 @@ func (j *jetty) result(s *sqSlot, st urma.Status, rnrTimer uint8) {
 	case urma.StatusSuccess:
 		s.rnrBlock = false
 		j.finish(s, st)
+		if j.failing {
+			j.completeHeld()
+		}
 	case statusRNR:
 		remote := s.target.peer != nil
 		s.rnrBlock = remote
@@ -411,6 +440,37 @@ func (j *jetty) result(s *sqSlot, st urma.Status, rnrTimer uint8) {
 		j.finish(s, st)
 		j.enterError()
 	}
+}
+
+// failLocal fails s, which this side found it cannot carry, with st. The
+// error waits for the older sends (see jetty). Newer sends already out, to
+// other peers, are taken back: their answers no longer count and their
+// frames not yet written are skipped. j.mu is held.
+func (j *jetty) failLocal(s *sqSlot, st urma.Status) {
+	s.localErr, s.state = st, slotFailed
+	if !j.failing || s.seq < j.failAt {
+		j.failing, j.failAt = true, s.seq
+	}
+	for seq := s.seq + 1; seq < j.tail; seq++ {
+		if o := j.slot(seq); o.state == slotInflight {
+			o.state = slotQueued
+		}
+	}
+	j.completeHeld()
+}
+
+// completeHeld completes the held failure once no older send is out, and
+// enters ERROR; j.mu is held.
+func (j *jetty) completeHeld() {
+	for seq := j.head; seq < j.failAt; seq++ {
+		if j.slot(seq).state != slotDone {
+			return
+		}
+	}
+	s := j.slot(j.failAt)
+	j.failing = false
+	j.finish(s, s.localErr)
+	j.enterError()
 }
 
 // rnrDelay is the wait before RNR retry number retry (1-based). The
@@ -490,13 +550,18 @@ func (j *jetty) enterError() {
 		return
 	}
 	j.state = urma.JettyError
-	j.stalled = false
+	j.stalled, j.failing = false, false
 	j.timer.Stop()
 	for seq := j.head; seq < j.tail; seq++ {
-		if s := j.slot(seq); s.state == slotQueued || s.state == slotInflight {
+		if s := j.slot(seq); s.outstanding() {
 			j.finish(s, urma.StatusWRFlushErr)
 		}
 	}
+}
+
+// outstanding reports whether s is posted and not yet completed.
+func (s *sqSlot) outstanding() bool {
+	return s.state == slotQueued || s.state == slotInflight || s.state == slotFailed
 }
 
 // SetError moves the jetty to ERROR: outstanding sends complete with
@@ -531,10 +596,10 @@ func (j *jetty) Close() error {
 	}
 	j.closed = true
 	j.state = urma.JettyError
-	j.stalled = false
+	j.stalled, j.failing = false, false
 	j.timer.Stop()
 	for seq := j.head; seq < j.tail; seq++ {
-		if s := j.slot(seq); s.state == slotQueued || s.state == slotInflight {
+		if s := j.slot(seq); s.outstanding() {
 			j.dropBlock(s)
 			s.state = slotDone
 		}
@@ -570,9 +635,10 @@ func (j *jetty) peerDown(p *peer) {
 }
 
 // failPeer fails the oldest send outstanding to p with ACK_TIMEOUT, which
-// flushes the rest; j.mu is held.
+// flushes the rest; j.mu is held. The sends from a held failure on are not
+// out: they fail whatever the peer does.
 func (j *jetty) failPeer(p *peer) {
-	for seq := j.head; seq < j.tail; seq++ {
+	for seq := j.head; seq < j.sendable(); seq++ {
 		s := j.slot(seq)
 		if (s.state == slotQueued || s.state == slotInflight) && s.target.peer == p {
 			s.rnrBlock = false // the connection that held the block is gone
@@ -623,12 +689,18 @@ func (j *jetty) answered(tag uint64, st urma.Status, rnrTimer uint8) bool {
 
 // beginWrite describes the slot a queued frame carries, and marks it as being
 // written; ok is false when the frame is stale (the slot completed or was
-// rewound since it was queued).
-func (j *jetty) beginWrite(seq uint64, tx uint32, h *sendHeader) (payload []sgeRef, inline []byte, ok bool) {
+// rewound since it was queued) or the message is longer than peerMax, the
+// connection's peer takes (it was queued before the connection was up):
+// then it fails with LOC_LEN, in its turn.
+func (j *jetty) beginWrite(seq uint64, tx uint32, peerMax uint64, h *sendHeader) (payload []sgeRef, inline []byte, ok bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	s := j.slot(seq)
 	if j.closed || s.seq != seq || s.state != slotInflight || s.tx != tx {
+		return nil, nil, false
+	}
+	if uint64(s.length) > peerMax {
+		j.failLocal(s, urma.StatusLocLen)
 		return nil, nil, false
 	}
 	s.writing = true

@@ -397,21 +397,30 @@ type peer struct {
 	pending  []txItem      // sends waiting for a connection
 }
 
-// send queues a transmission of a jetty's slot and returns the connection
-// to kick once j.mu is released (nil while a connection is being dialed);
-// false means the peer cannot be reached now. j.mu is held.
-func (p *peer) send(j *jetty, seq uint64, tx uint32) (*conn, bool) {
+// send queues a transmission of a jetty's slot of length bytes and returns
+// the connection to kick once j.mu is released (nil while a connection is
+// being dialed). Otherwise the status says why not: ACK_TIMEOUT, the peer
+// cannot be reached now; LOC_LEN, the message is longer than the connected
+// peer takes (found here, the failing send stops its jetty's queue before
+// anything behind it goes out). j.mu is held.
+func (p *peer) send(j *jetty, seq uint64, tx, length uint32) (*conn, urma.Status) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.conn; c != nil {
-		return c, c.enqueue(&txItem{j: j, seq: seq, tx: tx}) == nil
+		switch {
+		case uint64(length) > c.peerMax:
+			return nil, urma.StatusLocLen
+		case c.enqueue(&txItem{j: j, seq: seq, tx: tx}) != nil:
+			return nil, urma.StatusAckTimeout
+		}
+		return c, urma.StatusSuccess
 	}
 	if p.sd.ctx.Err() != nil {
-		return nil, false
+		return nil, urma.StatusAckTimeout
 	}
 	p.pending = append(p.pending, txItem{j: j, seq: seq, tx: tx})
 	p.startDialLocked()
-	return nil, true
+	return nil, urma.StatusSuccess
 }
 
 // cancel tells the peer to drop the RNR block of the send tagged
