@@ -15,6 +15,7 @@ func init() {
 	register("RNRRetryExhausted", testRNRExhausted)
 	register("RNRDeliversWhenReceivePosted", testRNRDelivers)
 	register("RNRDeliversWithinFiniteRetries", testRNRFinite)
+	register("LocalErrorInPostOrder", testLocalErrorInPostOrder)
 	register("SendCompleteEnable", testCompleteEnable)
 	register("SetErrorFlushes", testSetErrorFlush)
 }
@@ -240,6 +241,82 @@ func testRNRFinite(t *testing.T, pr Pair) {
 	}
 	wait(t, b.recvJFC, 1, waitTimeout)
 }
+
+// A send that fails on the sender's side while an older send is still out
+// completes after it: a jetty's completions come in post order
+// (docs/liburma.md: "in FIFO order"). The older send's SUCCESS comes
+// first, then the failed send's local error, and the jetty enters ERROR:
+// the send behind it is flushed (WR_FLUSH_ERR) and never reaches the peer.
+// The receiver posts its receives only once all three are posted, so the
+// older send waits out RNR (retried forever) meanwhile.
+func testLocalErrorInPostOrder(t *testing.T, pr Pair) {
+	const memSize = 64 << 10
+	kinds := []struct {
+		name string
+		want []urma.Status
+		sges func(t *testing.T, a, b *endpoint) []urma.SGE
+	}{
+		{"past-segment-end", []urma.Status{urma.StatusLocAccess, urma.StatusLocLen}, func(_ *testing.T, a, _ *endpoint) []urma.SGE {
+			return []urma.SGE{{Segment: a.seg, Offset: memSize - 8, Len: 64}}
+		}},
+		{"foreign-segment", []urma.Status{urma.StatusLocAccess}, func(_ *testing.T, _, b *endpoint) []urma.SGE {
+			return []urma.SGE{{Segment: b.seg, Len: 64}}
+		}},
+		{"longer-than-max-msg", []urma.Status{urma.StatusLocLen}, func(t *testing.T, a, _ *endpoint) []urma.SGE {
+			// MaxSGE overlapping SGEs of one segment add up to a byte
+			// per SGE more than the device's MaxMsgSize.
+			per := a.ctx.Device().Caps.MaxMsgSize/uint64(a.cfg.MaxSGE) + 1
+			if per > 64<<20 {
+				t.Skipf("MaxMsgSize %d needs %d bytes of memory per SGE", a.ctx.Device().Caps.MaxMsgSize, per)
+			}
+			mem, err := urma.AllocMemory(int(per))
+			must(t, err, "alloc memory")
+			a.own(freeOnClose{mem})
+			seg, err := a.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessLocalOnly})
+			must(t, err, "register segment")
+			a.own(seg)
+			sges := make([]urma.SGE, a.cfg.MaxSGE)
+			for i := range sges {
+				sges[i] = urma.SGE{Segment: seg, Len: uint32(per)}
+			}
+			return sges
+		}},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			a := open(t, pr.A, pr.DeviceA, epConfig{MemSize: memSize})
+			b := open(t, pr.B, pr.DeviceB, epConfig{MemSize: memSize})
+			target := a.importFrom(b, b.cfg.Token)
+			a.send(target, 1, 0, 64) // no receive is posted: RNR until one is
+			wr := &urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: 2, SGEs: k.sges(t, a, b)}
+			if err := a.jetty.PostSend(wr); err != nil {
+				t.Skipf("the provider refuses the work request at post (%v): no completion to order", err)
+			}
+			a.send(target, 3, 64, 64)
+			empty(t, a.sendJFC, "while the oldest send waits for a receive")
+			b.postRecv(1, 0, 64)
+			b.postRecv(2, 64, 64) // room for the third send, which must not come
+			cs := wait(t, a.sendJFC, 3, waitTimeout)
+			if cs[0].UserCtx != 1 || cs[0].Status != urma.StatusSuccess ||
+				cs[1].UserCtx != 2 || !statusIn(cs[1].Status, k.want...) ||
+				cs[2].UserCtx != 3 || cs[2].Status != urma.StatusWRFlushErr {
+				t.Fatalf("completions %v, want user_ctx 1 SUCCESS, 2 %v, 3 WR_FLUSH_ERR", cs, k.want)
+			}
+			if a.jetty.State() != urma.JettyError {
+				t.Errorf("jetty state %v after a send error, want ERROR", a.jetty.State())
+			}
+			if rc := wait(t, b.recvJFC, 1, waitTimeout)[0]; rc.Status != urma.StatusSuccess || rc.UserCtx != 1 {
+				t.Errorf("receive %+v, want the first send in receive 1", rc)
+			}
+			empty(t, b.recvJFC, "receiver after the flushed send")
+		})
+	}
+}
+
+// freeOnClose frees memory when the endpoint's extra objects are closed.
+type freeOnClose struct{ m *urma.Memory }
+
+func (f freeOnClose) Close() error { return f.m.Free() }
 
 // Without SendCompleteEnable a successful send produces no completion.
 func testCompleteEnable(t *testing.T, pr Pair) {
