@@ -9,6 +9,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
 	"github.com/openeuler/urma-k8s/api/v1alpha1"
@@ -76,9 +77,29 @@ func TestDeployManifest(t *testing.T) {
 			t.Errorf("Service selects %s=%s, which the server pods lack", k, v)
 		}
 	}
+	// --require-urma needs the shm fast path off UB hardware: the client
+	// must land on the server's node.
+	if !coLocated(job.Spec.Template.Spec.Affinity, dep.Spec.Template.Labels) {
+		t.Errorf("the client Job has no required pod affinity to the server pods on the same node (%+v)", job.Spec.Template.Spec.Affinity)
+	}
 	args := strings.Join(job.Spec.Template.Spec.Containers[0].Args, " ")
 	want := "--server " + svc.Name + ":50051"
 	if !strings.Contains(args, want) || svc.Spec.Ports[0].Port != 50051 {
 		t.Errorf("client args %q do not dial the Service (%s, port %d)", args, want, svc.Spec.Ports[0].Port)
 	}
+}
+
+// coLocated reports whether a required pod affinity term places the pod on
+// the node of a pod labelled server.
+func coLocated(a *corev1.Affinity, server map[string]string) bool {
+	if a == nil || a.PodAffinity == nil {
+		return false
+	}
+	for _, term := range a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution {
+		sel, err := metav1.LabelSelectorAsSelector(term.LabelSelector)
+		if err == nil && term.TopologyKey == corev1.LabelHostname && !sel.Empty() && sel.Matches(labels.Set(server)) {
+			return true
+		}
+	}
+	return false
 }
