@@ -150,7 +150,6 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 	if err := e.registerMemory(); err != nil {
 		return fallbackf(ReasonResources, "%v", err)
 	}
-	e.checkMemlock()
 	e.jetties = newJettyPool(e)
 	if e.s.flags.UsePolling {
 		e.pollers = newPollerGroup(e.s.flags.PollerNum, e.s.flags.PollerYield)
@@ -162,6 +161,7 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 		e.jetties.fill(e.done)
 	}()
 	e.removeSource = e.metrics.AddResourceSource(e.resourceStats)
+	e.checkMemlock() // after adding our source: the check counts our pool
 	// At the default level: an operator must be able to tell from the log
 	// whether bytes move through hardware or through the software provider.
 	e.log.Info("URMA ready", "provider", e.prov.Name(), "device", dev.Name, "eid", e.uctx.EID().String(),
@@ -312,26 +312,35 @@ func randomToken() urma.Token {
 	}
 }
 
-// checkMemlock warns when RLIMIT_MEMLOCK cannot hold the registered pool:
-// the most common reason RDMA-style registration fails on hardware.
+// registeredBytes is what the engine registers, which a hardware provider
+// pins: the buffer pool and the hello page.
+func (e *engine) registeredBytes() int64 {
+	return int64(e.bufSize)*int64(e.s.flags.BufferCount) + int64(os.Getpagesize())
+}
+
+// checkMemlock warns when RLIMIT_MEMLOCK cannot hold the registered pools:
+// the most common reason RDMA-style registration fails on hardware. Every
+// Listener and Dialer of the process pins its pool under the one limit, so
+// it compares the limit with the pools of all the engines on our metrics,
+// ours included; the shortfall gauge follows them as they come and go.
 func (e *engine) checkMemlock() {
-	need := int64(e.bufSize)*int64(e.s.flags.BufferCount) + int64(os.Getpagesize())
 	limit, unlimited, err := memlockLimit()
 	if err != nil {
 		e.log.Error(err, "cannot read RLIMIT_MEMLOCK")
 		return
 	}
 	if unlimited {
-		e.metrics.Memlock(-1, 0)
-		return
+		limit = -1
 	}
-	var short int64
-	if limit < need {
-		short = need - limit
-		e.log.Info("WARNING: RLIMIT_MEMLOCK is below the registered buffer pool; hardware providers will fail to register it (raise the container's memlock limit, or lower urma_buffer_count/urma_buffer_size)",
-			"memlockBytes", limit, "poolBytes", need, "provider", e.prov.Name())
+	need, pools := e.metrics.Memlock(limit)
+	if pools == 0 {
+		// No registry: ours is the only pool we know of.
+		need, pools = e.registeredBytes(), 1
 	}
-	e.metrics.Memlock(limit, short)
+	if !unlimited && limit < need {
+		e.log.Info("WARNING: RLIMIT_MEMLOCK is below the registered buffer pools; hardware providers will fail to register them (raise the container's memlock limit, or lower urma_buffer_count/urma_buffer_size)",
+			"memlockBytes", limit, "poolBytes", need, "pools", pools, "ownPoolBytes", e.registeredBytes(), "provider", e.prov.Name())
+	}
 }
 
 // ref takes a reference for a connection; false once the engine is gone.
@@ -398,6 +407,7 @@ func (e *engine) resourceStats() metrics.ResourceStats {
 	var s metrics.ResourceStats
 	if e.pool != nil {
 		s.PoolFree, s.PoolInUse = e.pool.stats()
+		s.PoolBytes = e.registeredBytes()
 	}
 	if e.jetties != nil {
 		s.JettiesPrepared, s.JettiesInUse = e.jetties.stats()

@@ -2,8 +2,10 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -161,4 +163,82 @@ func TestListenOnUnspecifiedAddress(t *testing.T) {
 		t.Fatalf("mode %s: %s", m, c.(Conn).FallbackReason())
 	}
 	exchange(t, c, s, "over the socket fabric")
+}
+
+// TestMemlockSumsPools: the Listeners and Dialers of one process pin their
+// pools together, so two Listeners on one registry are short by the sum of
+// their pools less RLIMIT_MEMLOCK, even when each pool alone fits; the
+// Listener whose pool tips the sum over the limit warns, naming both; and a
+// closed Listener's pool no longer counts.
+func TestMemlockSumsPools(t *testing.T) {
+	checkNoLeaks(t)
+	f := smallFlags() // 256 x 1 KiB
+	pool := uint64(f.BufferCount*f.BufferSize + unix.Getpagesize())
+	short := func(pools uint64, limit uint64) float64 { return float64(pools - min(pools, limit)) }
+	for _, tc := range []struct {
+		name       string
+		limit      uint64
+		warn       [2]bool // does the first, the second Listener warn
+		shortBoth  float64 // shortfall while both are open
+		shortFirst float64 // after the second closed
+	}{
+		{"each fits, together not", pool + pool/2, [2]bool{false, true}, short(2*pool, pool+pool/2), 0},
+		{"together fit", 2 * pool, [2]bool{false, false}, 0, 0},
+		{"neither fits", pool / 2, [2]bool{true, true}, short(2*pool, pool/2), short(pool, pool/2)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			setRlimit(t, unix.RLIMIT_MEMLOCK, tc.limit)
+			reg := prometheus.NewRegistry()
+			pa, _ := fabricPair(t)
+			var lns [2]*Listener
+			var logs [2]logLines
+			for i := range lns {
+				cfg := cfgWith(pa, f)
+				cfg.Registerer = reg
+				cfg.Logger = logs[i].logger()
+				ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = ln.Close() })
+				if fb := ln.FallbackReason(); fb != "" {
+					t.Fatalf("listener %d without URMA: %s", i, fb)
+				}
+				lns[i] = ln
+			}
+			for i := range logs {
+				line := logs[i].find("RLIMIT_MEMLOCK is below the registered buffer pool")
+				if (line != "") != tc.warn[i] {
+					t.Errorf("listener %d: warning %q; want one: %v", i, line, tc.warn[i])
+				}
+				if line == "" {
+					continue
+				}
+				// The warning compares the limit with every pool open then.
+				for _, fig := range []string{
+					fmt.Sprintf(`"memlockBytes"=%d`, tc.limit),
+					fmt.Sprintf(`"poolBytes"=%d`, uint64(i+1)*pool),
+				} {
+					if !strings.Contains(line, fig) {
+						t.Errorf("listener %d: warning %q lacks %s", i, line, fig)
+					}
+				}
+			}
+			check := func(when string, want float64) {
+				t.Helper()
+				got := gatherFlat(t, reg)
+				if got["urma_transport_memlock_limit_bytes"] != float64(tc.limit) {
+					t.Errorf("%s: memlock limit metric %v, want %d", when, got["urma_transport_memlock_limit_bytes"], tc.limit)
+				}
+				if got["urma_transport_memlock_shortfall_bytes"] != want {
+					t.Errorf("%s: memlock shortfall metric %v, want %v", when, got["urma_transport_memlock_shortfall_bytes"], want)
+				}
+			}
+			check("both open", tc.shortBoth)
+			_ = lns[1].Close()
+			check("the second closed", tc.shortFirst)
+			_ = lns[0].Close()
+			check("both closed", 0)
+		})
+	}
 }

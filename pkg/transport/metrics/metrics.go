@@ -33,19 +33,17 @@ const (
 
 // Metrics are the transport's collectors.
 type Metrics struct {
-	connsOpen        *prometheus.GaugeVec
-	connsTotal       *prometheus.CounterVec
-	fallbacks        *prometheus.CounterVec
-	bytes            *prometheus.CounterVec
-	messages         *prometheus.CounterVec
-	windowStalls     *prometheus.CounterVec
-	protocolErrors   prometheus.Counter
-	tokenless        *prometheus.CounterVec
-	handshake        *prometheus.HistogramVec
-	resources        *resourceCollector
-	memlockLimit     prometheus.Gauge
-	memlockShortfall prometheus.Gauge
-	fabricConns      *prometheus.CounterVec
+	connsOpen      *prometheus.GaugeVec
+	connsTotal     *prometheus.CounterVec
+	fallbacks      *prometheus.CounterVec
+	bytes          *prometheus.CounterVec
+	messages       *prometheus.CounterVec
+	windowStalls   *prometheus.CounterVec
+	protocolErrors prometheus.Counter
+	tokenless      *prometheus.CounterVec
+	handshake      *prometheus.HistogramVec
+	resources      *resourceCollector
+	fabricConns    *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them on reg. A collector that is
@@ -92,18 +90,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}, []string{"result", "role"}),
 		resources: newResourceCollector(ns, sub),
-		memlockLimit: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "memlock_limit_bytes",
-			Help: "RLIMIT_MEMLOCK soft limit of the process; -1 means unlimited.",
-		}),
 		fabricConns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "fabric_conns_total",
 			Help: "URMA connections established, by what carries their bytes (shm or socket for the software provider, else the provider's name) and role.",
 		}, []string{"fabric", "role"}),
-		memlockShortfall: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "memlock_shortfall_bytes",
-			Help: "How far RLIMIT_MEMLOCK is below the registered pool size; 0 when it suffices. Hardware providers fail to register memory when this is above 0.",
-		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -126,7 +116,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.connsOpen, m.connsTotal, m.fallbacks, m.bytes, m.messages, m.windowStalls,
-		m.protocolErrors, m.tokenless, m.handshake, m.resources, m.memlockLimit, m.memlockShortfall, m.fabricConns,
+		m.protocolErrors, m.tokenless, m.handshake, m.resources, m.fabricConns,
 	}
 }
 
@@ -170,10 +160,6 @@ func (m *Metrics) adopt(c, existing prometheus.Collector) error {
 		swap(&m.handshake)
 	case m.resources:
 		swap(&m.resources)
-	case m.memlockLimit:
-		swap(&m.memlockLimit)
-	case m.memlockShortfall:
-		swap(&m.memlockShortfall)
 	case m.fabricConns:
 		swap(&m.fabricConns)
 	}
@@ -284,12 +270,14 @@ func (m *Metrics) AddResourceSource(f func() ResourceStats) (remove func()) {
 	return m.resources.add(f)
 }
 
-// Memlock reports RLIMIT_MEMLOCK (-1 unlimited) and the shortfall against
-// the pool size.
-func (m *Metrics) Memlock(limit int64, shortfall int64) {
+// Memlock records the RLIMIT_MEMLOCK soft limit (-1: unlimited) and returns
+// what must fit under it: the bytes the resource sources on the registry
+// have registered together (ResourceStats.PoolBytes), and how many sources
+// registered any. The shortfall gauge is computed from the same sum at
+// scrape time, so that a source that goes away no longer counts.
+func (m *Metrics) Memlock(limit int64) (poolBytes int64, pools int) {
 	if m == nil {
-		return
+		return 0, 0
 	}
-	m.memlockLimit.Set(float64(limit))
-	m.memlockShortfall.Set(float64(shortfall))
+	return m.resources.setMemlockLimit(limit)
 }

@@ -27,7 +27,6 @@ func TestCountersAndGauges(t *testing.T) {
 	d.BytesSent.Add(100)
 	d.MessagesSent.Inc()
 	d.StallRemoteRQ.Inc()
-	m.Memlock(65536, 1<<20)
 	m.FabricConn("shm", RoleClient)
 
 	tests := []struct {
@@ -44,8 +43,6 @@ func TestCountersAndGauges(t *testing.T) {
 		{"remote rq stalls", testutil.ToFloat64(m.windowStalls.WithLabelValues(WindowRemoteRQ)), 1},
 		{"protocol errors", testutil.ToFloat64(m.protocolErrors), 1},
 		{"tokenless server conns", testutil.ToFloat64(m.tokenless.WithLabelValues(RoleServer)), 1},
-		{"memlock limit", testutil.ToFloat64(m.memlockLimit), 65536},
-		{"memlock shortfall", testutil.ToFloat64(m.memlockShortfall), 1 << 20},
 		{"shm client conns", testutil.ToFloat64(m.fabricConns.WithLabelValues("shm", RoleClient)), 1},
 	}
 	for _, tc := range tests {
@@ -151,6 +148,85 @@ urma_transport_jetty_budget %v
 	}
 }
 
+// TestMemlockShortfallSumsSources: the Listeners and Dialers on a registry
+// pin their pools under the process's one RLIMIT_MEMLOCK, so the shortfall
+// is their sum less the limit, computed when scraped: a source removed no
+// longer counts. Sources on two Metrics of one registry count together.
+func TestMemlockShortfallSumsSources(t *testing.T) {
+	unset := int64(-2) // the limit was never read
+	tests := []struct {
+		name       string
+		limit      int64
+		pools      []int64 // PoolBytes of each source
+		wantLimit  float64
+		wantBytes  int64 // what Memlock returns
+		wantPools  int
+		wantShort  float64
+		afterFirst float64 // the shortfall once the first source is gone
+	}{
+		{"each fits, together not", 150, []int64{100, 100}, 150, 200, 2, 50, 0},
+		{"together exactly", 200, []int64{100, 100}, 200, 200, 2, 0, 0},
+		{"neither fits", 50, []int64{100, 100}, 50, 200, 2, 150, 50},
+		{"three, the first the largest", 250, []int64{200, 100, 50}, 250, 350, 3, 100, 0},
+		{"a source without a pool", 50, []int64{0, 100}, 50, 100, 1, 50, 50},
+		{"a limit of zero", 0, []int64{100}, 0, 100, 1, 100, 0},
+		{"unlimited", -1, []int64{100, 100}, -1, 200, 2, 0, 0},
+		{"never read", unset, []int64{100}, 0, 0, 0, 0, 0},
+		{"no sources", 100, nil, 100, 0, 0, 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewPedanticRegistry()
+			ms := make([]*Metrics, 2)
+			for i := range ms {
+				m, err := New(reg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ms[i] = m
+			}
+			var removes []func()
+			for i, b := range tc.pools {
+				removes = append(removes, ms[i%2].AddResourceSource(func() ResourceStats { return ResourceStats{PoolBytes: b} }))
+			}
+			if tc.limit != unset {
+				b, n := ms[1].Memlock(tc.limit)
+				if b != tc.wantBytes || n != tc.wantPools {
+					t.Errorf("Memlock(%d) = %d bytes in %d pools, want %d in %d", tc.limit, b, n, tc.wantBytes, tc.wantPools)
+				}
+			}
+			check := func(when string, wantShort float64) {
+				t.Helper()
+				got := memlockGauges(t, reg)
+				if got["urma_transport_memlock_limit_bytes"] != tc.wantLimit || got["urma_transport_memlock_shortfall_bytes"] != wantShort {
+					t.Errorf("%s: gauges %v, want limit %v and shortfall %v", when, got, tc.wantLimit, wantShort)
+				}
+			}
+			check("all sources", tc.wantShort)
+			if len(removes) > 0 {
+				removes[0]()
+				check("the first source removed", tc.afterFirst)
+			}
+		})
+	}
+}
+
+// memlockGauges gathers reg and returns the two memlock gauges by name.
+func memlockGauges(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), "urma_transport_memlock_") {
+			got[mf.GetName()] = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return got
+}
+
 func TestConflictingCollectorIsAnError(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	// Someone else owns the name with a different type.
@@ -168,7 +244,9 @@ func TestNilMetricsRecordNothing(t *testing.T) {
 	m.Handshake(ResultError, RoleServer, 1)
 	m.ProtocolError()
 	m.TokenlessConn(RoleServer)
-	m.Memlock(1, 0)
+	if b, n := m.Memlock(1); b != 0 || n != 0 {
+		t.Errorf("nil Metrics: Memlock = %d, %d; want 0, 0", b, n)
+	}
 	m.AddResourceSource(func() ResourceStats { return ResourceStats{} })()
 	d := m.Data(ModeTCP)
 	d.BytesSent.Add(1)

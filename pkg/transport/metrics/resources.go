@@ -16,17 +16,26 @@ type ResourceStats struct {
 	// count its limit once; nil counts this source's JettyBudget on its
 	// own.
 	Budget any
+	// PoolBytes is the memory the source has registered (its buffer pool
+	// and the like), which a hardware provider pins: the sources on one
+	// registry count against the process's one RLIMIT_MEMLOCK together.
+	PoolBytes int64
 }
 
 // resourceCollector sums ResourceStats over its sources at scrape time, so
 // the data path never touches a gauge and several owners can share one
 // registry.
 type resourceCollector struct {
-	pool, prepared, inUse, budget *prometheus.Desc
+	pool, prepared, inUse, budget  *prometheus.Desc
+	memlockLimit, memlockShortfall *prometheus.Desc
 
 	mu      sync.Mutex
 	sources map[int]func() ResourceStats
 	next    int
+	// RLIMIT_MEMLOCK as last read by a source (-1: unlimited); the limit is
+	// the process's, so the latest reading stands for all.
+	memlock    int64
+	memlockSet bool
 }
 
 func newResourceCollector(ns, sub string) *resourceCollector {
@@ -37,6 +46,9 @@ func newResourceCollector(ns, sub string) *resourceCollector {
 		inUse:    prometheus.NewDesc(name("jetties_in_use"), "Jetties held by connections or prepared: what counts against the jetty budget.", nil, nil),
 		budget: prometheus.NewDesc(name("jetty_budget"),
 			"Jetties the budgets in force allow together (URMA_JETTY_BUDGET; a budget shared through Config.Budget counted once); 0 means unlimited.", nil, nil),
+		memlockLimit: prometheus.NewDesc(name("memlock_limit_bytes"), "RLIMIT_MEMLOCK soft limit of the process; -1 means unlimited.", nil, nil),
+		memlockShortfall: prometheus.NewDesc(name("memlock_shortfall_bytes"),
+			"How far RLIMIT_MEMLOCK is below the buffer pools the open Listeners and Dialers on this registry have registered together; 0 when they fit. Hardware providers fail to register memory when this is above 0.", nil, nil),
 		sources: make(map[int]func() ResourceStats),
 	}
 }
@@ -54,21 +66,47 @@ func (c *resourceCollector) add(f func() ResourceStats) func() {
 	}
 }
 
+// setMemlockLimit records RLIMIT_MEMLOCK and returns the registered bytes
+// of the sources that registered any, and how many they are.
+func (c *resourceCollector) setMemlockLimit(limit int64) (poolBytes int64, pools int) {
+	c.mu.Lock()
+	c.memlock, c.memlockSet = limit, true
+	c.mu.Unlock()
+	for _, f := range c.snapshot() {
+		if b := f().PoolBytes; b > 0 {
+			poolBytes += b
+			pools++
+		}
+	}
+	return poolBytes, pools
+}
+
+// snapshot copies the sources, so that they are called without c.mu held.
+func (c *resourceCollector) snapshot() []func() ResourceStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fs := make([]func() ResourceStats, 0, len(c.sources))
+	for _, f := range c.sources {
+		fs = append(fs, f)
+	}
+	return fs
+}
+
 // Describe implements prometheus.Collector.
 func (c *resourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.pool
 	ch <- c.prepared
 	ch <- c.inUse
 	ch <- c.budget
+	ch <- c.memlockLimit
+	ch <- c.memlockShortfall
 }
 
 // Collect implements prometheus.Collector.
 func (c *resourceCollector) Collect(ch chan<- prometheus.Metric) {
+	fs := c.snapshot()
 	c.mu.Lock()
-	fs := make([]func() ResourceStats, 0, len(c.sources))
-	for _, f := range c.sources {
-		fs = append(fs, f)
-	}
+	limit, limitSet := c.memlock, c.memlockSet
 	c.mu.Unlock()
 	var sum ResourceStats
 	counted := map[any]bool{} // budgets already in sum.JettyBudget
@@ -79,6 +117,7 @@ func (c *resourceCollector) Collect(ch chan<- prometheus.Metric) {
 		sum.PoolInUse += s.PoolInUse
 		sum.JettiesPrepared += s.JettiesPrepared
 		sum.JettiesInUse += s.JettiesInUse
+		sum.PoolBytes += s.PoolBytes
 		if s.Budget != nil {
 			if counted[s.Budget] {
 				continue
@@ -96,4 +135,12 @@ func (c *resourceCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.prepared, prometheus.GaugeValue, float64(sum.JettiesPrepared))
 	ch <- prometheus.MustNewConstMetric(c.inUse, prometheus.GaugeValue, float64(sum.JettiesInUse))
 	ch <- prometheus.MustNewConstMetric(c.budget, prometheus.GaugeValue, float64(sum.JettyBudget))
+	// Until a source has read the limit it shows 0, as it always has, and
+	// nothing is short: a real limit of 0 is short by every byte.
+	var shortfall int64
+	if limitSet && limit >= 0 {
+		shortfall = max(0, sum.PoolBytes-limit)
+	}
+	ch <- prometheus.MustNewConstMetric(c.memlockLimit, prometheus.GaugeValue, float64(limit))
+	ch <- prometheus.MustNewConstMetric(c.memlockShortfall, prometheus.GaugeValue, float64(shortfall))
 }
