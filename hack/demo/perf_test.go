@@ -13,7 +13,7 @@ func TestParseServerEvent(t *testing.T) {
 	}{
 		{line: `{"event":"listening","addr":"127.0.0.1:33225","echo":true}`, want: serverEvent{Event: "listening", Addr: "127.0.0.1:33225", Echo: true}, wantOK: true},
 		{line: `  {"event":"conn","remote":"127.0.0.1:4","mode":"tcp","fallbackReason":"peer_not_urma"}  `, want: serverEvent{Event: "conn", Remote: "127.0.0.1:4", Mode: "tcp", FallbackReason: "peer_not_urma"}, wantOK: true},
-		{line: `"level"=0 "msg"="WARNING: RLIMIT_MEMLOCK is below the registered buffer pool"`},
+		{line: `"level"=0 "msg"="WARNING: RLIMIT_MEMLOCK is below the registered buffer pools"`},
 		{line: `listening on 127.0.0.1:1 echo=true urma=true`},
 		{line: `{"addr":"127.0.0.1:1"}`}, // no event
 		{line: `{"event":`},
