@@ -262,7 +262,8 @@ func (m *Metrics) Data(mode string) DataCounters {
 
 // AddResourceSource adds a source of resource gauges (one per Listener or
 // Dialer); the gauges report the sum over every source on the registry. The
-// returned func removes it.
+// returned func removes it, once no call of f is in flight: after it the
+// owner may tear down what f reads. f must not call into the Metrics.
 func (m *Metrics) AddResourceSource(f func() ResourceStats) (remove func()) {
 	if m == nil {
 		return func() {}

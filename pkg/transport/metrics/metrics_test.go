@@ -3,7 +3,9 @@ package metrics
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -207,6 +209,55 @@ func TestMemlockShortfallSumsSources(t *testing.T) {
 				removes[0]()
 				check("the first source removed", tc.afterFirst)
 			}
+		})
+	}
+}
+
+// TestRemoveWaitsForSourceCall: removing a source waits for a call of it
+// in flight (a scrape, or another Listener checking RLIMIT_MEMLOCK), so that
+// its owner may tear down what it reads once the removal returns.
+func TestRemoveWaitsForSourceCall(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		call func(m *Metrics, reg prometheus.Gatherer)
+	}{
+		{"scrape", func(_ *Metrics, reg prometheus.Gatherer) { _, _ = reg.Gather() }},
+		{"memlock check", func(m *Metrics, _ prometheus.Gatherer) { m.Memlock(1) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewPedanticRegistry()
+			m, err := New(reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			entered, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			remove := m.AddResourceSource(func() ResourceStats {
+				once.Do(func() {
+					close(entered)
+					<-release
+				})
+				return ResourceStats{}
+			})
+			called := make(chan struct{})
+			go func() {
+				defer close(called)
+				tc.call(m, reg)
+			}()
+			<-entered
+			removed := make(chan struct{})
+			go func() {
+				defer close(removed)
+				remove()
+			}()
+			select {
+			case <-removed:
+				t.Error("remove returned while the source was being called")
+			case <-time.After(50 * time.Millisecond):
+			}
+			close(release)
+			<-removed
+			<-called
 		})
 	}
 }

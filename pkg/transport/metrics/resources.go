@@ -53,6 +53,9 @@ func newResourceCollector(ns, sub string) *resourceCollector {
 	}
 }
 
+// add adds a source. The func it returns removes it, and returns only once
+// no call of f is in flight, so that its owner may then tear down what f
+// reads; f therefore must not call back into the collector.
 func (c *resourceCollector) add(f func() ResourceStats) func() {
 	c.mu.Lock()
 	id := c.next
@@ -70,26 +73,25 @@ func (c *resourceCollector) add(f func() ResourceStats) func() {
 // of the sources that registered any, and how many they are.
 func (c *resourceCollector) setMemlockLimit(limit int64) (poolBytes int64, pools int) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.memlock, c.memlockSet = limit, true
-	c.mu.Unlock()
-	for _, f := range c.snapshot() {
-		if b := f().PoolBytes; b > 0 {
-			poolBytes += b
+	for _, s := range c.statsLocked() {
+		if s.PoolBytes > 0 {
+			poolBytes += s.PoolBytes
 			pools++
 		}
 	}
 	return poolBytes, pools
 }
 
-// snapshot copies the sources, so that they are called without c.mu held.
-func (c *resourceCollector) snapshot() []func() ResourceStats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	fs := make([]func() ResourceStats, 0, len(c.sources))
+// statsLocked calls every source. Its caller holds c.mu, so that a remove
+// waits for a call in flight.
+func (c *resourceCollector) statsLocked() []ResourceStats {
+	stats := make([]ResourceStats, 0, len(c.sources))
 	for _, f := range c.sources {
-		fs = append(fs, f)
+		stats = append(stats, f())
 	}
-	return fs
+	return stats
 }
 
 // Describe implements prometheus.Collector.
@@ -104,15 +106,13 @@ func (c *resourceCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *resourceCollector) Collect(ch chan<- prometheus.Metric) {
-	fs := c.snapshot()
 	c.mu.Lock()
-	limit, limitSet := c.memlock, c.memlockSet
+	stats, limit, limitSet := c.statsLocked(), c.memlock, c.memlockSet
 	c.mu.Unlock()
 	var sum ResourceStats
 	counted := map[any]bool{} // budgets already in sum.JettyBudget
 	unlimited := false
-	for _, f := range fs {
-		s := f()
+	for _, s := range stats {
 		sum.PoolFree += s.PoolFree
 		sum.PoolInUse += s.PoolInUse
 		sum.JettiesPrepared += s.JettiesPrepared
