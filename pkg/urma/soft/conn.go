@@ -113,9 +113,13 @@ type conn struct {
 	// the reader goroutine, last, under readMu.
 	released bool
 
-	// Watchdog goroutine only.
-	lastRx, lastTx uint64
-	idleTicks      int
+	// Watchdog goroutine only. Socket: the bytes read and written at the
+	// last tick. Shm: the peer's control words at the last tick, and when
+	// the quiet spell that idleTicks counts was first seen.
+	lastRx, lastTx     uint64
+	peerTail, peerHead uint64
+	idleTicks          int
+	quietSince         time.Time
 }
 
 // newConn wraps an established stream.
@@ -410,6 +414,45 @@ func (c *conn) abandonWrites() {
 	c.iov = nil
 	clear(c.iovBuf[:cap(c.iovBuf)])
 	c.wmu.Unlock()
+}
+
+// waitsOnPeer says why this side waits on a quiet shm peer (the watchdog,
+// watchShm), nil when it does not: the peer left bytes unread while this
+// side has more to write, or it owes answers to sends or imports that it
+// read (errPeerNotAnswering) or left unread (errPeerNotReading). When the
+// turn is this side's (bytes of the peer's to read, frames not yet written
+// into a ring the peer has emptied), a slow reader or writer here is not
+// the peer's stall. A peer stopped in the middle of a frame is left to the
+// reader's own bound (waitRest), which names it. The sends awaited are
+// looked up before what waits to be written: a send transmitted before the
+// lookup is queued by then, so it is either still to write (this side's
+// turn) or written.
+func (c *conn) waitsOnPeer(w shmWords, awaited func() map[*peer]bool) error {
+	if w.toRead > 0 || w.midFrame {
+		return nil
+	}
+	owed := awaited()[c.p]
+	c.mu.Lock()
+	owed = owed || len(c.imports) > 0
+	writing := len(c.q) > 0 || len(c.answers.list) > 0
+	c.mu.Unlock()
+	if !writing {
+		if c.wmu.TryLock() {
+			writing = len(c.iov) > 0 || c.next < len(c.batch)
+			c.wmu.Unlock()
+		} else {
+			writing = true // someone writes right now
+		}
+	}
+	switch {
+	case w.unread && (writing || owed):
+		return errPeerNotReading
+	case writing:
+		return nil
+	case owed:
+		return errPeerNotAnswering
+	}
+	return nil
 }
 
 func (c *conn) readLoop() {

@@ -180,6 +180,14 @@ func (d *device) forEachJetty(f func(*jetty)) {
 	}
 }
 
+// awaitedPeers are the remote peers whose answers sends of this device's
+// jetties wait for (see jetty.addAwaited).
+func (d *device) awaitedPeers() map[*peer]bool {
+	m := make(map[*peer]bool)
+	d.forEachJetty(func(j *jetty) { j.addAwaited(m) })
+	return m
+}
+
 // codeErr turns an import answer into the verb's error.
 func codeErr(op string, c urma.Code, what string) error {
 	switch c {

@@ -651,6 +651,20 @@ func (j *jetty) failPeer(p *peer) {
 	}
 }
 
+// addAwaited adds to m the peers that sends of this jetty wait on:
+// transmitted and not yet answered. A send waiting for its RNR retry is
+// queued, not transmitted: the receiver answered it. Rewound sends may
+// leave inflight ones to other targets past next, so the scan goes to tail.
+func (j *jetty) addAwaited(m map[*peer]bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for seq := j.head; seq < j.tail; seq++ {
+		if s := j.slot(seq); s.state == slotInflight && s.target.peer != nil {
+			m[s.target.peer] = true
+		}
+	}
+}
+
 // onAnswer applies a peer's answer for the send tagged tag; false when no
 // send of this jetty waits for it any more.
 func (j *jetty) onAnswer(tag uint64, st urma.Status, rnrTimer uint8) bool {

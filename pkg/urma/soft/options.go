@@ -69,7 +69,10 @@ type Options struct {
 	// PeerTimeout/4. On the shm fabric, where the unix socket reports a
 	// dead peer at once, it bounds how long a live peer may stop in the
 	// middle of a frame it writes (and so how long a Poll reading that
-	// frame can take); an idle shm peer is never timed out. Zero means 3s.
+	// frame can take), and how long it may stop reading or answering
+	// while something of this side waits on it (a full ring, sends or
+	// imports to answer); an idle shm peer is never timed out. Zero means
+	// 3s.
 	PeerTimeout time.Duration
 	// DialTimeout bounds connecting and handshaking with a peer device.
 	// Zero means 3s.

@@ -332,14 +332,20 @@ type shmIO struct {
 	pollerBudget time.Duration
 	// stall is how long the reader, or a poller, waits for more of a
 	// frame it has started before it fails the connection (waitRest):
-	// Options.PeerTimeout, the bound on a silent peer.
-	stall time.Duration
+	// Options.PeerTimeout, the bound on a silent peer. inRest is set
+	// meanwhile, for the watchdog to leave that stall to this bound.
+	stall  time.Duration
+	inRest atomic.Bool
 	// Writer side: bytes written into this side's ring, and the peer
 	// reader's sleep that was last woken.
 	tail     uint64
 	wokeRead uint64
 
 	closeOnce sync.Once
+	// unmapMu orders the watchdog's reading of the control words
+	// (watchWords) before close unmaps them; unmapped says they are gone.
+	unmapMu  sync.RWMutex
+	unmapped bool
 
 	pull pullState // one-copy SENDs (pull.go)
 }
@@ -529,6 +535,14 @@ func (s *shmIO) wait(data bool) error {
 // frame for the connection's stall bound (shmIO.stall).
 var errPeerStalled = errors.New("peer stalled mid-frame")
 
+// errPeerNotReading and errPeerNotAnswering say that a live peer left what
+// this side wrote unread, or the sends it read unanswered, for PeerTimeout
+// (sockDevice.watchShm).
+var (
+	errPeerNotReading   = errors.New("peer stopped reading")
+	errPeerNotAnswering = errors.New("peer stopped answering")
+)
+
 // restSpin is how long a poller waiting for the rest of a frame yields
 // before it parks: one park (pollPark), the most a park can make it late,
 // so that it never burns more time than parking at once could have cost.
@@ -550,6 +564,8 @@ const restSpin = pollPark
 // each other's read. So it yields for restSpin, then parks for pollPark at
 // a time, checking the ring after each park: no wake-up to lose.
 func (s *shmIO) waitRest() error {
+	s.inRest.Store(true)
+	defer s.inRest.Store(false)
 	start := time.Now()
 	deadline := start.Add(s.stall)
 	if !s.pollerReads {
@@ -670,6 +686,33 @@ func (s *shmIO) idle() error {
 		}
 	}
 	return s.sleep(true, time.Time{})
+}
+
+// shmWords is what the watchdog reads of a connection's control words.
+type shmWords struct {
+	peerTail, peerHead uint64 // the words the peer moves: its ring's tail, its head in ours
+	toRead             uint64 // bytes of the peer's ring this side has not read
+	unread             bool   // bytes this side published that the peer has not read
+	midFrame           bool   // this side waits for the rest of a frame (waitRest)
+}
+
+// watchWords reads the control words for the watchdog, from a goroutine
+// that is neither the reader nor the writer; false once the rings are
+// unmapped. A corrupt ring counts as bytes to read: the reader reports it.
+func (s *shmIO) watchWords() (shmWords, bool) {
+	s.unmapMu.RLock()
+	defer s.unmapMu.RUnlock()
+	if s.unmapped {
+		return shmWords{}, false
+	}
+	w := shmWords{peerTail: s.remote.word(offTail).Load(), peerHead: s.remote.word(offHead).Load()}
+	w.toRead = w.peerTail - s.head()
+	if w.toRead > s.rsize {
+		w.toRead = 1
+	}
+	w.unread = s.local.word(offTail).Load() != w.peerHead
+	w.midFrame = s.inRest.Load()
+	return w, true
 }
 
 // waitWritable waits until this side's ring has room (the writer
@@ -864,6 +907,9 @@ func (s *shmIO) close() {
 			seg.removeSharer(s)
 		}
 		s.pull.unmapAll()
+		s.unmapMu.Lock()
+		s.unmapped = true
+		s.unmapMu.Unlock()
 		s.local.unmap()
 		s.remote.unmap()
 		for _, w := range []*eventWaiter{s.data, s.space} {

@@ -40,7 +40,9 @@ type sockDevice struct {
 	// death and the failing of its peer's sends: a send posted there meets
 	// the dead connection before peerDown does.
 	connDying func(*conn)
-	shm       *shmNet // nil on the socket fabric
+	// afterWatch, set by tests, runs after each pass of the watchdog.
+	afterWatch atomic.Pointer[func()]
+	shm        *shmNet // nil on the socket fabric
 	// shmConns is the connections whose rings Poll drives (shm fabric), a
 	// copy replaced on every change, so that Poll takes no lock.
 	shmConns atomic.Pointer[[]*conn]
@@ -111,9 +113,7 @@ func listenTCP(sd *sockDevice, spec DeviceSpec, opts Options) error {
 
 func (sd *sockDevice) start() {
 	sd.prov.goTracked(sd.acceptLoop)
-	if sd.shm == nil {
-		sd.prov.goTracked(sd.watchdog) // shm: the unix socket is the liveness signal
-	}
+	sd.prov.goTracked(sd.watchdog)
 }
 
 // close stops accepting and dialing and breaks every connection.
@@ -345,7 +345,8 @@ func (sd *sockDevice) adoptLocked(p *peer, c *conn) *conn {
 
 // watchdog declares silent connections dead and keeps idle ones alive: every
 // PeerTimeout/4 it sends a PING on connections that wrote nothing, and fails
-// those that read nothing for four ticks.
+// those that read nothing for four ticks. On the shm fabric it fails
+// connections whose live peer stopped (watchShm) instead.
 func (sd *sockDevice) watchdog() {
 	tick := max(sd.peerTO/4, time.Millisecond)
 	t := time.NewTicker(tick)
@@ -363,7 +364,18 @@ func (sd *sockDevice) watchdog() {
 			conns = append(conns, c)
 		}
 		sd.mu.Unlock()
+		var awaited map[*peer]bool // made once a tick, when a connection needs it
+		awaitedPeers := func() map[*peer]bool {
+			if awaited == nil {
+				awaited = sd.dev.awaitedPeers()
+			}
+			return awaited
+		}
 		for _, c := range conns {
+			if s, ok := c.io.(*shmIO); ok {
+				sd.watchShm(c, s, awaitedPeers)
+				continue
+			}
 			if rx := c.rx.Load(); rx != c.lastRx {
 				c.lastRx, c.idleTicks = rx, 0
 			} else if c.idleTicks++; c.idleTicks >= 4 {
@@ -381,6 +393,42 @@ func (sd *sockDevice) watchdog() {
 			}
 		}
 		clear(conns)
+		if f := sd.afterWatch.Load(); f != nil {
+			(*f)()
+		}
+	}
+}
+
+// watchShm fails an shm connection whose peer process lives but stopped
+// (SIGSTOP, a debugger, a hang): its unix socket reports a dead peer, not
+// a stopped one. A stopped peer neither reads this side's ring nor writes
+// its own, so the watch is on the two words it moves (the tail of its ring
+// and the head of its reading of this side's); no heartbeat, so an idle
+// peer costs no wake-up and is never timed out. The connection fails when
+// the peer did neither for PeerTimeout (four ticks at least, so that this
+// process being held up does not count) while something of this side
+// waits on it: bytes to read, sends or imports to answer (waitsOnPeer). A
+// peer that moves either word, however slowly, is making progress, and
+// RNR answers are progress: an RNR wait, however long, is no stall.
+func (sd *sockDevice) watchShm(c *conn, s *shmIO, awaited func() map[*peer]bool) {
+	w, ok := s.watchWords()
+	if !ok {
+		return // closed: its reader fails it
+	}
+	if w.peerTail != c.peerTail || w.peerHead != c.peerHead {
+		c.peerTail, c.peerHead, c.idleTicks = w.peerTail, w.peerHead, 0
+		return
+	}
+	why := c.waitsOnPeer(w, awaited)
+	if why == nil {
+		c.idleTicks = 0
+		return
+	}
+	if c.idleTicks == 0 {
+		c.quietSince = time.Now()
+	}
+	if c.idleTicks++; c.idleTicks >= 4 && time.Since(c.quietSince) >= sd.peerTO {
+		c.fail(fmt.Errorf("%w for %v", why, sd.peerTO))
 	}
 }
 
