@@ -694,6 +694,7 @@ func (c *conn) onSendRef(body []byte) error {
 	defer s.pull.mapMu.RUnlock()
 	defer c.pulled.release()
 	err = s.pull.resolve(c.refs[:n], &c.pulled)
+	c.pulled.s = s
 	if errors.Is(err, errRetiredHandle) {
 		return c.place(&h, &c.pulled, true)
 	}

@@ -263,11 +263,18 @@ var errUnknownHandle = errors.New("SEND_REF names a segment the peer has not sha
 // the receiver answers REM_ACCESS_ABORT.
 var errRetiredHandle = errors.New("SEND_REF names a segment the peer no longer shares")
 
+// pullChunk is the most a pull copies at a time (see refPayload.read):
+// a few milliseconds of copying at most, and at least the size from which
+// Go's copy streams (1 MiB), so that a large pull copies as it did whole.
+const pullChunk = 4 << 20
+
 // refPayload is a SEND_REF's payload: slices of the peer's mapped segments,
-// read in order. Its holder holds mapMu (read) until it is done.
+// read in order. Its holder holds mapMu (read) until it is done. s is the
+// connection it came on (nil in tests of resolve).
 type refPayload struct {
 	parts [MaxSGE][]byte
 	n, i  int
+	s     *shmIO
 }
 
 // resolve checks refs against the mapped segments and points the payload
@@ -302,19 +309,30 @@ func (p *pullState) resolve(refs []payloadRef, out *refPayload) error {
 	return nil
 }
 
+// read copies the next bytes into dst, at most pullChunk at a time.
 func (r *refPayload) read(dst []byte) error {
 	for len(dst) > 0 {
 		if r.i >= r.n {
 			return errors.New("SEND_REF payload shorter than its length")
 		}
-		k := copy(dst, r.parts[r.i])
+		k := copy(dst[:min(len(dst), pullChunk)], r.parts[r.i])
 		r.parts[r.i] = r.parts[r.i][k:]
 		if len(r.parts[r.i]) == 0 {
 			r.i++
 		}
 		dst = dst[k:]
+		if r.s != nil {
+			r.s.pulledChunk()
+		}
 	}
 	return nil
+}
+
+// pulledChunk runs after each chunk a pull copies.
+func (s *shmIO) pulledChunk() {
+	if f := s.afterPullChunk.Load(); f != nil {
+		(*f)()
+	}
 }
 
 func (r *refPayload) skip() error { return nil }

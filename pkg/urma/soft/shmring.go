@@ -348,6 +348,8 @@ type shmIO struct {
 	unmapped bool
 
 	pull pullState // one-copy SENDs (pull.go)
+	// afterPullChunk, set by tests, runs after each chunk a pull copies.
+	afterPullChunk atomic.Pointer[func()]
 }
 
 // shmEnds are the descriptors and regions of one side, before they become
