@@ -116,10 +116,10 @@ type conn struct {
 	// Watchdog goroutine only. Socket: the bytes read and written at the
 	// last tick. Shm: the peer's control words at the last tick, and when
 	// the quiet spell that idleTicks counts was first seen.
-	lastRx, lastTx     uint64
-	peerTail, peerHead uint64
-	idleTicks          int
-	quietSince         time.Time
+	lastRx, lastTx                 uint64
+	peerTail, peerHead, peerPulled uint64
+	idleTicks                      int
+	quietSince                     time.Time
 }
 
 // newConn wraps an established stream.

@@ -322,14 +322,17 @@ func (r *refPayload) read(dst []byte) error {
 		}
 		dst = dst[k:]
 		if r.s != nil {
-			r.s.pulledChunk()
+			r.s.pulledChunk(k)
 		}
 	}
 	return nil
 }
 
-// pulledChunk runs after each chunk a pull copies.
-func (s *shmIO) pulledChunk() {
+// pulledChunk shows the peer's watchdog that a pull progresses: it moves
+// neither ring word, and a large one takes long (see watchShm). The
+// caller holds the reader's token.
+func (s *shmIO) pulledChunk(k int) {
+	s.local.word(offPulled).Add(uint64(k))
 	if f := s.afterPullChunk.Load(); f != nil {
 		(*f)()
 	}

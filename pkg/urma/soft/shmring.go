@@ -34,6 +34,10 @@ import (
 //	head      bytes this side consumed from the peer's ring, ever
 //	rsleep    odd while this side's reader sleeps and wants a data wake-up
 //	wsleep    odd while this side's writer sleeps and wants a space wake-up
+//	pulled    bytes this side copied out of the peer's shared memory, ever
+//	          (one-copy SENDs, pull.go): the progress of a long pull, which
+//	          moves neither tail nor head, for the peer's watchdog; a peer
+//	          that never moves it (an older one) is watched as before
 //
 // Wake-ups cost a syscall only for a side that sleeps. A writer stores tail
 // and then loads the peer's rsleep; a reader stores an odd rsleep and then
@@ -50,6 +54,7 @@ const (
 	offHead       = 128
 	offReaderWait = 192
 	offWriterWait = 256
+	offPulled     = 320
 
 	// MinShmRing and MaxShmRing bound Options.ShmRingSize.
 	MinShmRing = 64 << 10
@@ -692,10 +697,12 @@ func (s *shmIO) idle() error {
 
 // shmWords is what the watchdog reads of a connection's control words.
 type shmWords struct {
-	peerTail, peerHead uint64 // the words the peer moves: its ring's tail, its head in ours
-	toRead             uint64 // bytes of the peer's ring this side has not read
-	unread             bool   // bytes this side published that the peer has not read
-	midFrame           bool   // this side waits for the rest of a frame (waitRest)
+	// The words the peer moves: its ring's tail, its head in ours, the
+	// bytes it pulled from this side's memory.
+	peerTail, peerHead, peerPulled uint64
+	toRead                         uint64 // bytes of the peer's ring this side has not read
+	unread                         bool   // bytes this side published that the peer has not read
+	midFrame                       bool   // this side waits for the rest of a frame (waitRest)
 }
 
 // watchWords reads the control words for the watchdog, from a goroutine
@@ -707,7 +714,8 @@ func (s *shmIO) watchWords() (shmWords, bool) {
 	if s.unmapped {
 		return shmWords{}, false
 	}
-	w := shmWords{peerTail: s.remote.word(offTail).Load(), peerHead: s.remote.word(offHead).Load()}
+	w := shmWords{peerTail: s.remote.word(offTail).Load(), peerHead: s.remote.word(offHead).Load(),
+		peerPulled: s.remote.word(offPulled).Load()}
 	w.toRead = w.peerTail - s.head()
 	if w.toRead > s.rsize {
 		w.toRead = 1

@@ -402,21 +402,23 @@ func (sd *sockDevice) watchdog() {
 // watchShm fails an shm connection whose peer process lives but stopped
 // (SIGSTOP, a debugger, a hang): its unix socket reports a dead peer, not
 // a stopped one. A stopped peer neither reads this side's ring nor writes
-// its own, so the watch is on the two words it moves (the tail of its ring
-// and the head of its reading of this side's); no heartbeat, so an idle
-// peer costs no wake-up and is never timed out. The connection fails when
-// the peer did neither for PeerTimeout (four ticks at least, so that this
-// process being held up does not count) while something of this side
-// waits on it: bytes to read, sends or imports to answer (waitsOnPeer). A
-// peer that moves either word, however slowly, is making progress, and
+// its own, so the watch is on the words it moves (the tail of its ring,
+// the head of its reading of this side's, and the bytes it pulled out of
+// this side's memory, which a long one-copy SEND moves while the ring
+// words stand still); no heartbeat, so an idle peer costs no wake-up and
+// is never timed out. The connection fails when the peer moved none of
+// them for PeerTimeout (four ticks at least, so that this process being
+// held up does not count) while something of this side waits on it: bytes
+// to read, sends or imports to answer (waitsOnPeer). A peer that moves
+// any of them, however slowly, is making progress, and
 // RNR answers are progress: an RNR wait, however long, is no stall.
 func (sd *sockDevice) watchShm(c *conn, s *shmIO, awaited func() map[*peer]bool) {
 	w, ok := s.watchWords()
 	if !ok {
 		return // closed: its reader fails it
 	}
-	if w.peerTail != c.peerTail || w.peerHead != c.peerHead {
-		c.peerTail, c.peerHead, c.idleTicks = w.peerTail, w.peerHead, 0
+	if w.peerTail != c.peerTail || w.peerHead != c.peerHead || w.peerPulled != c.peerPulled {
+		c.peerTail, c.peerHead, c.peerPulled, c.idleTicks = w.peerTail, w.peerHead, w.peerPulled, 0
 		return
 	}
 	why := c.waitsOnPeer(w, awaited)
