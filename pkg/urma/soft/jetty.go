@@ -70,7 +70,9 @@ type sqSlot struct {
 // completes with its error and the jetty enters ERROR. An older send that
 // fails instead enters ERROR first, which flushes the held send as any
 // other behind it: the oldest error is the jetty's one. Only answers from
-// different peers (RM) may come out of post order, as peers fail apart.
+// different targets of an RM jetty may come out of post order: a target
+// that waits for a receive (RNR) holds back only the sends to it, and
+// peers fail apart.
 type jetty struct {
 	ctx       *devContext
 	dev       *device
