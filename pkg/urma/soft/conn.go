@@ -73,6 +73,7 @@ type conn struct {
 	peerMax       uint64 // the peer's MaxMsgSize
 	dialedByMe    bool
 	rx, tx        *atomic.Uint64 // bytes read and written, for the watchdog
+	gen           uint64         // its generation among the peer's connections (peer.gen)
 
 	mu       sync.Mutex
 	q, spare []txItem
@@ -214,12 +215,13 @@ func (c *conn) fail(err error) {
 	if sd.connDying != nil {
 		sd.connDying(c)
 	}
-	// Fail the sends outstanding to the peer while p.conn is still this
-	// dead connection, so that a send posted meanwhile fails too (enqueue
-	// refuses it, and transmit fails the peer's oldest send, as peerDown
-	// does) and none posted once the peer is free to redial is failed by
-	// this connection's death.
-	sd.dev.forEachJetty(func(j *jetty) { j.peerDown(p) })
+	// Fail the sends this connection carried, and only those: not the
+	// ones out on a connection that replaced it, nor any posted once the
+	// peer is free to redial. p.conn is still this dead connection unless
+	// it was replaced, so that a send posted meanwhile fails too (enqueue
+	// refuses it, and transmit fails this connection's oldest send, as
+	// peerDown does).
+	sd.dev.forEachJetty(func(j *jetty) { j.peerDown(p, c.gen) })
 	p.mu.Lock()
 	if p.conn == c {
 		p.conn = nil

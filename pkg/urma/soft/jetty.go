@@ -48,6 +48,10 @@ type sqSlot struct {
 	rnrBlock bool   // the receiver holds an RNR block for this slot
 	writing  bool   // the socket writer is reading the payload
 	tx       uint32 // transmissions so far; a queued frame names the one it carries
+	// gen is the peer connection generation that carries the last
+	// transmission (peer.gen), 0 before the first: only that connection's
+	// death fails the send.
+	gen uint64
 	// An answer that arrived while the writer still read the payload waits
 	// here, so a completion always means the slot and its memory are free.
 	deferred  bool
@@ -254,7 +258,7 @@ func (j *jetty) postLocked(wr *urma.SendWR, t *remoteJetty) error {
 	}
 	s.seq, s.state = j.tail, slotQueued
 	s.opcode, s.flags, s.userCtx, s.imm, s.target = wr.Opcode, wr.Flags, wr.UserCtx, wr.Imm, t
-	s.retries, s.resume, s.rnrBlock, s.writing, s.deferred, s.localErr = 0, false, false, false, false, 0
+	s.retries, s.resume, s.rnrBlock, s.writing, s.deferred, s.localErr, s.gen = 0, false, false, false, false, 0, 0
 	s.length, s.nsge, s.isInline = uint32(min(length, 1<<32-1)), 0, false
 	for i := range wr.SGEs {
 		ref, ok := resolveSGE(j.ctx, &wr.SGEs[i])
@@ -327,17 +331,19 @@ func (j *jetty) transmit(s *sqSlot) {
 		j.result(s, st, rnr)
 		return
 	}
-	c, st := s.target.peer.send(j, s.seq, s.tx, s.length)
+	p := s.target.peer
+	c, gen, st := p.send(j, s.seq, s.tx, s.length)
+	s.gen = gen
 	switch st {
 	case urma.StatusSuccess:
 	case urma.StatusLocLen:
 		j.failLocal(s, st)
 		return
 	default:
-		// The peer is gone, as peerDown will find: an older send may
-		// still be out on the dead connection, and it, not s, is the one
-		// that failed, so that completions keep post order.
-		j.failPeer(s.target.peer)
+		// The connection is dead, as peerDown will find: an older send
+		// may still be out on it, and it, not s, is the one that failed,
+		// so that completions keep post order.
+		j.failPeer(p, gen)
 		return
 	}
 	switch {
@@ -625,24 +631,28 @@ func (j *jetty) Close() error {
 
 func (j *jetty) ForceClose() { _ = j.Close() }
 
-// peerDown fails the sends bound for a peer whose connection broke: the
-// first with ACK_TIMEOUT, the rest flushed as the jetty enters ERROR.
-func (j *jetty) peerDown(p *peer) {
+// peerDown fails the sends that connection generation gen of peer p
+// carried, when it broke or the peer could not be reached: the first with
+// ACK_TIMEOUT, the rest flushed as the jetty enters ERROR. Sends on
+// another connection of p (one that replaced it) stand.
+func (j *jetty) peerDown(p *peer, gen uint64) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed || j.state != urma.JettyReady {
 		return
 	}
-	j.failPeer(p)
+	j.failPeer(p, gen)
 }
 
-// failPeer fails the oldest send outstanding to p with ACK_TIMEOUT, which
-// flushes the rest; j.mu is held. The sends from a held failure on are not
-// out: they fail whatever the peer does.
-func (j *jetty) failPeer(p *peer) {
+// failPeer fails the oldest send outstanding that connection generation
+// gen of p carried with ACK_TIMEOUT, which flushes the rest; j.mu is held.
+// A send waiting for its RNR retry counts: the receiver's block went with
+// the connection. The sends from a held failure on are not out: they fail
+// whatever the peer does.
+func (j *jetty) failPeer(p *peer, gen uint64) {
 	for seq := j.head; seq < j.sendable(); seq++ {
 		s := j.slot(seq)
-		if (s.state == slotQueued || s.state == slotInflight) && s.target.peer == p {
+		if (s.state == slotQueued || s.state == slotInflight) && s.target.peer == p && s.gen == gen {
 			s.rnrBlock = false // the connection that held the block is gone
 			if s.state == slotQueued {
 				s.state = slotInflight

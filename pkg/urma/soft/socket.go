@@ -155,7 +155,7 @@ func (sd *sockDevice) peer(eid urma.EID) (*peer, error) {
 	}
 	p := sd.peers[eid]
 	if p == nil {
-		p = &peer{sd: sd, eid: eid}
+		p = &peer{sd: sd, eid: eid, gen: 1}
 		sd.peers[eid] = p
 	}
 	return p, nil
@@ -316,17 +316,21 @@ func (sd *sockDevice) endHandshake(nc net.Conn) {
 // one and starts it; p.mu is held. It returns the connection c replaces,
 // which the caller fails after unlocking.
 func (sd *sockDevice) adoptLocked(p *peer, c *conn) *conn {
-	c.mu.Lock() // the watchdog may see c as soon as it is in sd.conns
+	c.gen = p.gen // the pending sends were given it
+	c.mu.Lock()   // the watchdog may see c as soon as it is in sd.conns
 	c.q = append(c.q, p.pending...)
 	c.mu.Unlock()
 	clear(p.pending)
 	p.pending = p.pending[:0]
 	sd.mu.Lock()
 	if sd.closed {
+		// The pending sends are lost: the dial ends with no connection,
+		// and dialLoop fails generation p.gen.
 		sd.mu.Unlock()
 		c.io.close()
 		return nil
 	}
+	p.gen++
 	sd.conns[c] = struct{}{}
 	sd.publishShmConnsLocked()
 	sd.mu.Unlock()
@@ -445,32 +449,37 @@ type peer struct {
 	dialDone chan struct{} // closed when the current dial ends
 	lastErr  error         // why the last dial failed
 	pending  []txItem      // sends waiting for a connection
+	// gen is the generation the pending sends go out on: the next
+	// connection adopted takes it, and a dial that ends without one
+	// fails it; either way the next pending send gets a new one.
+	gen uint64
 }
 
 // send queues a transmission of a jetty's slot of length bytes and returns
 // the connection to kick once j.mu is released (nil while a connection is
-// being dialed). Otherwise the status says why not: ACK_TIMEOUT, the peer
-// cannot be reached now; LOC_LEN, the message is longer than the connected
-// peer takes (found here, the failing send stops its jetty's queue before
-// anything behind it goes out). j.mu is held.
-func (p *peer) send(j *jetty, seq uint64, tx, length uint32) (*conn, urma.Status) {
+// being dialed) and the generation of the connection that carries it (see
+// jetty.peerDown). Otherwise the status says why not: ACK_TIMEOUT, the
+// peer cannot be reached now; LOC_LEN, the message is longer than the
+// connected peer takes (found here, the failing send stops its jetty's
+// queue before anything behind it goes out). j.mu is held.
+func (p *peer) send(j *jetty, seq uint64, tx, length uint32) (*conn, uint64, urma.Status) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.conn; c != nil {
 		switch {
 		case uint64(length) > c.peerMax:
-			return nil, urma.StatusLocLen
+			return nil, c.gen, urma.StatusLocLen
 		case c.enqueue(&txItem{j: j, seq: seq, tx: tx}) != nil:
-			return nil, urma.StatusAckTimeout
+			return nil, c.gen, urma.StatusAckTimeout
 		}
-		return c, urma.StatusSuccess
+		return c, c.gen, urma.StatusSuccess
 	}
 	if p.sd.ctx.Err() != nil {
-		return nil, urma.StatusAckTimeout
+		return nil, p.gen, urma.StatusAckTimeout
 	}
 	p.pending = append(p.pending, txItem{j: j, seq: seq, tx: tx})
 	p.startDialLocked()
-	return nil, urma.StatusSuccess
+	return nil, p.gen, urma.StatusSuccess
 }
 
 // cancel tells the peer to drop the RNR block of the send tagged
@@ -554,16 +563,18 @@ func (p *peer) dialLoop() {
 	p.mu.Lock()
 	p.dialing = false
 	failed := p.conn == nil
+	gen := p.gen
 	if failed {
 		p.lastErr = err
 		clear(p.pending)
 		p.pending = p.pending[:0]
+		p.gen++ // a send posted from now on waits for the next dial
 	}
 	close(p.dialDone)
 	p.mu.Unlock()
 	if failed {
 		sd.log().Info("cannot reach peer", "peer", p.eid.String(), "reason", fmt.Sprint(err))
-		sd.dev.forEachJetty(func(j *jetty) { j.peerDown(p) })
+		sd.dev.forEachJetty(func(j *jetty) { j.peerDown(p, gen) })
 	}
 }
 
