@@ -76,7 +76,9 @@ type sqSlot struct {
 // other behind it: the oldest error is the jetty's one. Only answers from
 // different targets of an RM jetty may come out of post order: a target
 // that waits for a receive (RNR) holds back only the sends to it, and
-// peers fail apart.
+// peers fail apart. A connection's death fails only the sends it carried;
+// those still out on a connection the peer replaced fail once a send goes
+// out on the new one, so that no answer there completes ahead of them.
 type jetty struct {
 	ctx       *devContext
 	dev       *device
@@ -107,6 +109,9 @@ type jetty struct {
 	writing          int          // slots the socket writer is reading now
 	written          *sync.Cond   // signalled when writing drops to zero
 	kickConn         *conn        // connection to write to once j.mu is released
+	// peerGen is the connection generation of the last transmission to
+	// each peer: a change says sends may be out on a replaced connection.
+	peerGen map[*peer]uint64
 }
 
 var _ urma.Jetty = (*jetty)(nil)
@@ -345,6 +350,15 @@ func (j *jetty) transmit(s *sqSlot) {
 		// so that completions keep post order.
 		j.failPeer(p, gen)
 		return
+	}
+	if last := j.peerGen[p]; last != gen {
+		if j.peerGen == nil {
+			j.peerGen = make(map[*peer]uint64)
+		}
+		j.peerGen[p] = gen
+		if last != 0 && j.failReplaced(p, gen, s.seq) {
+			return // s is flushed: its frame is skipped
+		}
 	}
 	switch {
 	case c == nil:
@@ -661,6 +675,23 @@ func (j *jetty) failPeer(p *peer, gen uint64) {
 			return
 		}
 	}
+}
+
+// failReplaced fails, as failPeer, the oldest send before seq still out
+// to p on an older connection than gen, now that the peer has a newer
+// one: that connection is replaced and dies without its answers, and a
+// send on the new one, answered first, would otherwise complete out of
+// post order. It reports whether it failed one; j.mu is held.
+func (j *jetty) failReplaced(p *peer, gen, seq uint64) bool {
+	for i := j.head; i < seq; i++ {
+		s := j.slot(i)
+		if s.state == slotInflight && s.target.peer == p && s.gen != 0 && s.gen != gen {
+			s.rnrBlock = false
+			j.result(s, urma.StatusAckTimeout, 0)
+			return true
+		}
+	}
+	return false
 }
 
 // addAwaited adds to m the peers that sends of this jetty wait on:

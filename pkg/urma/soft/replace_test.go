@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -93,4 +94,114 @@ func fakeDial(t *testing.T, addr string, src, dst urma.EID) (net.Conn, *bufio.Re
 		t.Fatalf("hello ack status %d", a.status)
 	}
 	return nc, br
+}
+
+// A send out on a replaced connection can get no answer any more: it
+// fails with ACK_TIMEOUT, and a send posted behind it, on the new
+// connection, is flushed after it, in post order, even though the peer
+// would answer that one at once.
+func TestReplacedConnectionFailsItsSendsFirst(t *testing.T) {
+	noLeaks(t)
+	opts := socketOpts()
+	opts.PeerTimeout = time.Minute // only the redial ends a connection
+	p := newProvider(t, opts)
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	aEID := a.jetty.ID().EID
+	fEID, err := SocketEID(netip.MustParseAddrPort("127.0.0.9:9")) // never dialed: the fake peer dials in
+	mustOK(t, err, "EID")
+	var peers sync.WaitGroup
+	t.Cleanup(peers.Wait) // registered before the provider's close: runs after it hung up
+	// The first connection answers the import and reads send 7, unanswered.
+	nc1, br1 := fakeDial(t, p.addr(), fEID, aEID)
+	defer nc1.Close()
+	read7 := make(chan error, 1)
+	peers.Add(1)
+	go func() {
+		defer peers.Done()
+		var ib [4 + importJettyLen]byte
+		if _, err := io.ReadFull(br1, ib[:]); err != nil {
+			read7 <- err
+			return
+		}
+		r, _ := decodeImportJetty(ib[4:])
+		var rb [4 + importRespLen]byte
+		if _, err := nc1.Write(encodeImportResp(rb[:], r.req, urma.CodeSuccess)); err != nil {
+			read7 <- err
+			return
+		}
+		_, err := readSend(br1)
+		read7 <- err
+		io.Copy(io.Discard, br1) // until the connection is closed
+	}()
+	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: fEID, ID: 5}, urma.RC, 9)
+	mustOK(t, err, "import from the fake peer")
+	defer target.Close()
+	mustOK(t, a.send(target, 7, 0, 64, 0), "send 7")
+	mustOK(t, <-read7, "the fake peer reads send 7")
+	conns := p.conns()
+	if len(conns) != 1 {
+		t.Fatalf("%d connections, want 1", len(conns))
+	}
+	old := conns[0]
+	// While the old connection dies, send 8 goes out; the hook reports the
+	// first completion that follows.
+	type outcome struct {
+		err   error
+		first urma.Completion
+	}
+	hooked := make(chan outcome, 1)
+	var once sync.Once
+	p.devices[0].sock.connDying = func(c *conn) {
+		if c != old {
+			return
+		}
+		once.Do(func() {
+			var o outcome
+			if o.err = a.send(target, 8, 64, 64, 0); o.err == nil {
+				var buf [1]urma.Completion
+				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+					if n, _ := a.sjfc.Poll(buf[:]); n == 1 {
+						o.first = buf[0]
+						break
+					}
+					time.Sleep(50 * time.Microsecond) // polling deadline: the answer comes from another goroutine
+				}
+			}
+			hooked <- o
+		})
+	}
+	p.conns() // orders the hook before the accept that runs it (see above)
+	_ = old.deathCause()
+	// The fake peer dials again; on the new connection it answers every
+	// send at once.
+	nc2, br2 := fakeDial(t, p.addr(), fEID, aEID)
+	defer nc2.Close()
+	peers.Add(1)
+	go func() {
+		defer peers.Done()
+		for {
+			h, err := readSend(br2)
+			if err != nil {
+				return
+			}
+			var b [4 + ackLen]byte
+			if _, err := nc2.Write(encodeAck(b[:], &ackFrame{status: urma.StatusSuccess, src: h.src, dst: h.dst, tag: h.tag})); err != nil {
+				return
+			}
+		}
+	}()
+	var o outcome
+	select {
+	case o = <-hooked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the replaced connection did not die")
+	}
+	mustOK(t, o.err, "send 8 while the replaced connection dies")
+	got := append([]urma.Completion{o.first}, pollN(t, a.sjfc, 1, 10*time.Second)...)
+	want := []urma.Completion{{UserCtx: 7, Status: urma.StatusAckTimeout}, {UserCtx: 8, Status: urma.StatusWRFlushErr}}
+	for i, w := range want {
+		if got[i].UserCtx != w.UserCtx || got[i].Status != w.Status {
+			t.Fatalf("completions %+v, want (ctx, status) %+v", got, want)
+		}
+	}
 }
