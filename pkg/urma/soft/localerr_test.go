@@ -113,23 +113,16 @@ func TestPeerLengthFoundAtWriteKeepsPostOrder(t *testing.T) {
 	// Q reads send 7 and answers it when told.
 	q := newFakePeer(t)
 	answerQ := make(chan struct{})
-	go func() {
-		defer close(qDone)
-		nc, br := q.accept()
-		if nc == nil {
-			return
-		}
-		defer nc.Close()
+	q.serve(qDone, func(nc net.Conn, br *bufio.Reader) {
 		h, err := readSend(br)
 		if err != nil {
 			return
 		}
 		if _, told := <-answerQ; told {
-			var b [4 + ackLen]byte
-			nc.Write(encodeAck(b[:], &ackFrame{status: urma.StatusSuccess, src: h.src, dst: h.dst, tag: h.tag}))
+			ackSend(nc, h)
 		}
 		io.Copy(io.Discard, br) // until the provider hangs up
-	}()
+	})
 	defer close(answerQ)
 	// P answers the import on a first connection, which the test breaks,
 	// and takes the redial announcing a smaller message limit; no SEND may

@@ -125,6 +125,27 @@ func (f *fakePeer) accept() (net.Conn, *bufio.Reader) {
 	return nc, br
 }
 
+// serve runs fn on the fake peer's first connection (see accept) on a
+// goroutine of its own, closes the connection when fn returns and then
+// done; fn is not called when the provider never dials.
+func (f *fakePeer) serve(done chan<- struct{}, fn func(nc net.Conn, br *bufio.Reader)) {
+	go func() {
+		defer close(done)
+		nc, br := f.accept()
+		if nc == nil {
+			return
+		}
+		defer nc.Close()
+		fn(nc, br)
+	}()
+}
+
+// ackSend answers the SEND h with SUCCESS.
+func ackSend(nc net.Conn, h sendHeader) {
+	var b [4 + ackLen]byte
+	nc.Write(encodeAck(b[:], &ackFrame{status: urma.StatusSuccess, src: h.src, dst: h.dst, tag: h.tag}))
+}
+
 // acceptHello takes one connection, answers its HELLO and reads one
 // IMPORT_JETTY, which it leaves unanswered.
 func (f *fakePeer) acceptHello() (net.Conn, *bufio.Reader, importJettyReq) {
@@ -230,13 +251,7 @@ func TestBadPeerFailsOutstandingSends(t *testing.T) {
 			a := newSide(t, p, urma.JettyConfig{RNRRetry: 7}, 64)
 			f := newFakePeer(t)
 			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				nc, br := f.accept()
-				if nc == nil {
-					return
-				}
-				defer nc.Close()
+			f.serve(done, func(nc net.Conn, br *bufio.Reader) {
 				// Both sends are outstanding before the peer misbehaves.
 				h, err := readSend(br)
 				if err == nil {
@@ -247,7 +262,7 @@ func TestBadPeerFailsOutstandingSends(t *testing.T) {
 				}
 				c.respond(nc, h)
 				io.Copy(io.Discard, br) // read until the provider hangs up
-			}()
+			})
 			target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
 			mustOK(t, err, "import from the fake peer")
 			defer target.Close()
@@ -468,43 +483,26 @@ func TestPeerDownFailsOnlyItsOutstandingSends(t *testing.T) {
 			// second, answers it or not, and drops its connection when told.
 			x, y := newFakePeer(t), newFakePeer(t)
 			answerX, dropY := make(chan struct{}), make(chan struct{})
-			var peers sync.WaitGroup
-			defer peers.Wait()
+			xDone, yDone := make(chan struct{}), make(chan struct{})
+			defer func() { <-xDone; <-yDone }()
 			defer close(answerX)
-			peers.Add(2)
-			answer := func(nc net.Conn, h sendHeader) {
-				var b [4 + ackLen]byte
-				nc.Write(encodeAck(b[:], &ackFrame{status: urma.StatusSuccess, src: h.src, dst: h.dst, tag: h.tag}))
-			}
-			go func() {
-				defer peers.Done()
-				nc, br := x.accept()
-				if nc == nil {
-					return
-				}
-				defer nc.Close()
+			x.serve(xDone, func(nc net.Conn, br *bufio.Reader) {
 				h, err := readSend(br)
 				if err != nil {
 					return
 				}
 				if _, told := <-answerX; told {
-					answer(nc, h)
+					ackSend(nc, h)
 				}
-			}()
-			go func() {
-				defer peers.Done()
-				nc, br := y.accept()
-				if nc == nil {
-					return
-				}
-				defer nc.Close()
+			})
+			y.serve(yDone, func(nc net.Conn, br *bufio.Reader) {
 				h, err := readSend(br)
 				if err != nil || !c.yAnswers {
 					return
 				}
-				answer(nc, h)
+				ackSend(nc, h)
 				<-dropY
-			}()
+			})
 			tx, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: x.eid, ID: 5}, urma.RM, 9)
 			mustOK(t, err, "import from X")
 			defer tx.Close()
@@ -560,15 +558,9 @@ func TestSendMeetingDyingConnectionKeepsPostOrder(t *testing.T) {
 	p := newProvider(t, opts)
 	a := newSide(t, p, urma.JettyConfig{RNRRetry: 7}, 64)
 	f := newFakePeer(t)
-	go func() {
-		defer close(peerDone)
-		nc, br := f.accept()
-		if nc == nil {
-			return
-		}
-		defer nc.Close()
+	f.serve(peerDone, func(_ net.Conn, br *bufio.Reader) {
 		io.Copy(io.Discard, br) // answers nothing, so the first send stays outstanding
-	}()
+	})
 	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
 	mustOK(t, err, "import from the fake peer")
 	defer target.Close()
