@@ -80,11 +80,7 @@ func TestLocalErrorKeepsPostOrder(t *testing.T) {
 					{UserCtx: 8, Status: k.want},
 					{UserCtx: 9, Status: urma.StatusWRFlushErr},
 				}
-				for i, w := range want {
-					if got[i].UserCtx != w.UserCtx || got[i].Status != w.Status {
-						t.Fatalf("completions %+v, want (ctx, status) %+v", got, want)
-					}
-				}
+				wantInOrder(t, got, want)
 				if st := a.jetty.State(); st != urma.JettyError {
 					t.Fatalf("jetty state %v after send 8 failed, want ERROR", st)
 				}
@@ -183,11 +179,7 @@ func TestPeerLengthFoundAtWriteKeepsPostOrder(t *testing.T) {
 		{UserCtx: 8, Status: urma.StatusLocLen},
 		{UserCtx: 9, Status: urma.StatusWRFlushErr},
 	}
-	for i, w := range want {
-		if got[i].UserCtx != w.UserCtx || got[i].Status != w.Status {
-			t.Fatalf("completions %+v, want (ctx, status) %+v", got, want)
-		}
-	}
+	wantInOrder(t, got, want)
 }
 
 // readFrameType reads one whole frame and returns its type.
@@ -286,11 +278,7 @@ func TestHeldLocalErrorFlushedBehindOlderFailure(t *testing.T) {
 			}
 			c.fail(t, a, s7.nc, s7.h)
 			got := pollN(t, a.sjfc, len(c.want), 10*time.Second)
-			for i, w := range c.want {
-				if got[i].UserCtx != w.UserCtx || got[i].Status != w.Status {
-					t.Fatalf("completions %+v, want (ctx, status) %+v", got, c.want)
-				}
-			}
+			wantInOrder(t, got, c.want)
 		})
 	}
 }

@@ -199,9 +199,5 @@ func TestReplacedConnectionFailsItsSendsFirst(t *testing.T) {
 	mustOK(t, o.err, "send 8 while the replaced connection dies")
 	got := append([]urma.Completion{o.first}, pollN(t, a.sjfc, 1, 10*time.Second)...)
 	want := []urma.Completion{{UserCtx: 7, Status: urma.StatusAckTimeout}, {UserCtx: 8, Status: urma.StatusWRFlushErr}}
-	for i, w := range want {
-		if got[i].UserCtx != w.UserCtx || got[i].Status != w.Status {
-			t.Fatalf("completions %+v, want (ctx, status) %+v", got, want)
-		}
-	}
+	wantInOrder(t, got, want)
 }

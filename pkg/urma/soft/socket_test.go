@@ -140,6 +140,17 @@ func (f *fakePeer) serve(done chan<- struct{}, fn func(nc net.Conn, br *bufio.Re
 	}()
 }
 
+// wantInOrder fails the test unless got starts with want's user contexts
+// and statuses, in order: a jetty's completions in post order.
+func wantInOrder(t testing.TB, got, want []urma.Completion) {
+	t.Helper()
+	for i, w := range want {
+		if i >= len(got) || got[i].UserCtx != w.UserCtx || got[i].Status != w.Status {
+			t.Fatalf("completions %+v, want (ctx, status) %+v", got, want)
+		}
+	}
+}
+
 // ackSend answers the SEND h with SUCCESS.
 func ackSend(nc net.Conn, h sendHeader) {
 	var b [4 + ackLen]byte
@@ -533,11 +544,7 @@ func TestPeerDownFailsOnlyItsOutstandingSends(t *testing.T) {
 				defer close(dropY)
 			}
 			got = append(got, pollN(t, a.sjfc, len(c.want)-len(got), 10*time.Second)...)
-			for i, w := range c.want {
-				if got[i].UserCtx != w.UserCtx || got[i].Status != w.Status {
-					t.Fatalf("completions %+v, want (ctx, status) %+v", got, c.want)
-				}
-			}
+			wantInOrder(t, got, c.want)
 		})
 	}
 }
@@ -586,11 +593,7 @@ func TestSendMeetingDyingConnectionKeepsPostOrder(t *testing.T) {
 	mustOK(t, postErr, "send 8 while the connection dies")
 	got := pollN(t, a.sjfc, 2, 10*time.Second)
 	want := []urma.Completion{{UserCtx: 7, Status: urma.StatusAckTimeout}, {UserCtx: 8, Status: urma.StatusWRFlushErr}}
-	for i, w := range want {
-		if got[i].UserCtx != w.UserCtx || got[i].Status != w.Status {
-			t.Fatalf("completions %+v, want (ctx, status) %+v", got, want)
-		}
-	}
+	wantInOrder(t, got, want)
 }
 
 // An import waits for the peer's answer only as long as its context: once
