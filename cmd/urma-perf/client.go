@@ -245,9 +245,12 @@ func buildReport(r measurement, respSize int, elapsed float64, workers []*worker
 		if w.err != nil {
 			cr.Error = w.err.Error()
 		}
-		if cr.Mode == transport.ModeURMA.String() {
+		switch cr.Mode {
+		case transport.ModeURMA.String():
 			rep.URMAConns++
-		} else {
+		case "unix":
+			rep.UnixConns++
+		default:
 			rep.TCPConns++
 		}
 		rep.Conns = append(rep.Conns, cr)
@@ -405,7 +408,11 @@ func printReport(w io.Writer, r *Report) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "connections: %d urma, %d tcp\n", r.URMAConns, r.TCPConns)
+	fmt.Fprintf(w, "connections: %d urma, %d tcp", r.URMAConns, r.TCPConns)
+	if r.UnixConns > 0 {
+		fmt.Fprintf(w, ", %d unix", r.UnixConns)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "requests: %d  qps: %.1f\n", r.Requests, r.QPS)
 	fmt.Fprintf(w, "throughput: sent %.2f MB/s, received %.2f MB/s\n", r.SentBytesPerSec/1e6, r.ReceivedBytesPerSec/1e6)
 	l := r.LatencyMicros

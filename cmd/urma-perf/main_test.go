@@ -199,7 +199,7 @@ func TestUnixBaseline(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("client exit %d: %s", code, stderr)
 		}
-		if len(r.Conns) != 1 || r.Conns[0].Mode != "unix" || r.Conns[0].Fabric != "" || r.Requests == 0 || r.URMAConns != 0 {
+		if len(r.Conns) != 1 || r.Conns[0].Mode != "unix" || r.Conns[0].Fabric != "" || r.Requests == 0 || r.URMAConns != 0 || r.TCPConns != 0 || r.UnixConns != 1 {
 			t.Fatalf("unix run %+v", r)
 		}
 		select {

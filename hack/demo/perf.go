@@ -56,8 +56,8 @@ func parsePerfReport(b []byte) (perfReport, error) {
 	switch {
 	case len(r.Conns) == 0:
 		return r, errors.New("the report lists no connection")
-	case r.URMAConns+r.TCPConns != len(r.Conns):
-		return r, fmt.Errorf("the report counts %d urma and %d tcp connections but lists %d", r.URMAConns, r.TCPConns, len(r.Conns))
+	case r.URMAConns+r.TCPConns+r.UnixConns != len(r.Conns):
+		return r, fmt.Errorf("the report counts %d urma, %d tcp and %d unix connections but lists %d", r.URMAConns, r.TCPConns, r.UnixConns, len(r.Conns))
 	case r.Requests == 0 || r.DurationSeconds <= 0:
 		return r, fmt.Errorf("no request completed (%d requests in %.2fs)", r.Requests, r.DurationSeconds)
 	}

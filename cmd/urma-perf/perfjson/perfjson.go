@@ -53,7 +53,8 @@ type Report struct {
 	ReceivedBytesPerSec float64      `json:"receivedBytesPerSec"`
 	LatencyMicros       Latency      `json:"latencyMicros"`
 	URMAConns           int          `json:"urmaConns"`
-	TCPConns            int          `json:"tcpConns"`
+	TCPConns            int          `json:"tcpConns"`  // transport connections that fell back to TCP, or --mode tcp
+	UnixConns           int          `json:"unixConns"` // --mode unix: plain Unix domain sockets, not the transport
 	Conns               []ConnReport `json:"conns"`
 }
 
