@@ -493,6 +493,26 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
+		// interval: null leaves the scrape interval to Prometheus' global
+		// one, which the chart does not know: nothing to compare with.
+		name:   "scrape interval left to Prometheus",
+		values: []string{"--set", "metrics.serviceMonitor.enabled=true", "-a", "monitoring.coreos.com/v1", "--set", "metrics.serviceMonitor.interval=null"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			monitors := ofKind(objs, "ServiceMonitor")
+			if len(monitors) == 0 {
+				t.Fatalf("no ServiceMonitor in %v", names(objs))
+			}
+			for _, sm := range monitors {
+				eps, _ := field(t, sm, "spec", "endpoints").([]any)
+				for _, ep := range eps {
+					m, _ := ep.(map[string]any)
+					if m["interval"] != nil || m["scrapeTimeout"] != "10s" {
+						t.Errorf("%s endpoint %v, want no interval and scrapeTimeout 10s", sm.GetName(), m)
+					}
+				}
+			}
+		},
+	}, {
 		name:   "CRDs managed elsewhere",
 		values: []string{"--set", "crds.install=false"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {

@@ -254,7 +254,11 @@ fail the render with a message that names the values.
 {{- end }}
 {{- end }}
 {{- $sm := .Values.metrics.serviceMonitor }}
-{{- if $sm.enabled }}
+{{- /*
+A null interval or scrapeTimeout leaves it to Prometheus' global setting, which
+the chart does not know (and Prometheus caps a global timeout at the interval).
+*/}}
+{{- if and $sm.enabled $sm.interval $sm.scrapeTimeout }}
 {{- $timeout := include "urma-k8s.promDurationMs" (toString $sm.scrapeTimeout) | int64 }}
 {{- $interval := include "urma-k8s.promDurationMs" (toString $sm.interval) | int64 }}
 {{- if gt $timeout $interval }}
