@@ -664,17 +664,24 @@ func (j *jetty) peerDown(p *peer, gen uint64) {
 // the connection. The sends from a held failure on are not out: they fail
 // whatever the peer does.
 func (j *jetty) failPeer(p *peer, gen uint64) {
-	for seq := j.head; seq < j.sendable(); seq++ {
-		s := j.slot(seq)
-		if (s.state == slotQueued || s.state == slotInflight) && s.target.peer == p && s.gen == gen {
+	j.failOldest(j.sendable(), func(s *sqSlot) bool {
+		return (s.state == slotQueued || s.state == slotInflight) && s.target.peer == p && s.gen == gen
+	})
+}
+
+// failOldest fails the oldest send before end that lost its connection
+// (match) with ACK_TIMEOUT, which flushes the rest, and reports whether
+// there was one; j.mu is held.
+func (j *jetty) failOldest(end uint64, match func(*sqSlot) bool) bool {
+	for seq := j.head; seq < end; seq++ {
+		if s := j.slot(seq); match(s) {
 			s.rnrBlock = false // the connection that held the block is gone
-			if s.state == slotQueued {
-				s.state = slotInflight
-			}
+			s.state = slotInflight
 			j.result(s, urma.StatusAckTimeout, 0)
-			return
+			return true
 		}
 	}
+	return false
 }
 
 // failReplaced fails, as failPeer, the oldest send before seq still out
@@ -683,15 +690,9 @@ func (j *jetty) failPeer(p *peer, gen uint64) {
 // send on the new one, answered first, would otherwise complete out of
 // post order. It reports whether it failed one; j.mu is held.
 func (j *jetty) failReplaced(p *peer, gen, seq uint64) bool {
-	for i := j.head; i < seq; i++ {
-		s := j.slot(i)
-		if s.state == slotInflight && s.target.peer == p && s.gen != 0 && s.gen != gen {
-			s.rnrBlock = false
-			j.result(s, urma.StatusAckTimeout, 0)
-			return true
-		}
-	}
-	return false
+	return j.failOldest(seq, func(s *sqSlot) bool {
+		return s.state == slotInflight && s.target.peer == p && s.gen != 0 && s.gen != gen
+	})
 }
 
 // addAwaited adds to m the peers that sends of this jetty wait on:

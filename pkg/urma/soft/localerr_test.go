@@ -110,13 +110,7 @@ func TestPeerLengthFoundAtWriteKeepsPostOrder(t *testing.T) {
 	q := newFakePeer(t)
 	answerQ := make(chan struct{})
 	q.serve(qDone, func(nc net.Conn, br *bufio.Reader) {
-		h, err := readSend(br)
-		if err != nil {
-			return
-		}
-		if _, told := <-answerQ; told {
-			ackSend(nc, h)
-		}
+		ackWhenTold(nc, br, answerQ)
 		io.Copy(io.Discard, br) // until the provider hangs up
 	})
 	defer close(answerQ)

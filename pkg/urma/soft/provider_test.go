@@ -100,21 +100,31 @@ func (s *side) send(target urma.RemoteJetty, ctx uint64, off, n int, flags urma.
 
 func pollN(t testing.TB, q urma.JFC, n int, timeout time.Duration) []urma.Completion {
 	t.Helper()
+	out, err := pollFor(q, n, timeout)
+	mustOK(t, err, "poll")
+	return out
+}
+
+// pollFor polls q until it has n completions, or fails once timeout
+// passes without them; unlike pollN it may run off the test's goroutine.
+func pollFor(q urma.JFC, n int, timeout time.Duration) ([]urma.Completion, error) {
 	var out []urma.Completion
 	buf := make([]urma.Completion, 16)
 	deadline := time.Now().Add(timeout)
 	for len(out) < n {
 		k, err := q.Poll(buf[:min(16, n-len(out))])
-		mustOK(t, err, "poll")
+		if err != nil {
+			return out, err
+		}
 		out = append(out, buf[:k]...)
 		if k == 0 {
 			if time.Now().After(deadline) {
-				t.Fatalf("got %d of %d completions in %v: %+v", len(out), n, timeout, out)
+				return out, fmt.Errorf("got %d of %d completions in %v: %+v", len(out), n, timeout, out)
 			}
 			time.Sleep(50 * time.Microsecond) // polling deadline: completions arrive from other goroutines
 		}
 	}
-	return out
+	return out, nil
 }
 
 func TestDefaultDevice(t *testing.T) {

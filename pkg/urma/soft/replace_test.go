@@ -158,13 +158,9 @@ func TestReplacedConnectionFailsItsSendsFirst(t *testing.T) {
 		once.Do(func() {
 			var o outcome
 			if o.err = a.send(target, 8, 64, 64, 0); o.err == nil {
-				var buf [1]urma.Completion
-				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-					if n, _ := a.sjfc.Poll(buf[:]); n == 1 {
-						o.first = buf[0]
-						break
-					}
-					time.Sleep(50 * time.Microsecond) // polling deadline: the answer comes from another goroutine
+				var cs []urma.Completion // the answer comes from another goroutine
+				if cs, o.err = pollFor(a.sjfc, 1, 10*time.Second); o.err == nil {
+					o.first = cs[0]
 				}
 			}
 			hooked <- o
@@ -196,7 +192,7 @@ func TestReplacedConnectionFailsItsSendsFirst(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the replaced connection did not die")
 	}
-	mustOK(t, o.err, "send 8 while the replaced connection dies")
+	mustOK(t, o.err, "send 8 while the replaced connection dies, and poll its jetty")
 	got := append([]urma.Completion{o.first}, pollN(t, a.sjfc, 1, 10*time.Second)...)
 	want := []urma.Completion{{UserCtx: 7, Status: urma.StatusAckTimeout}, {UserCtx: 8, Status: urma.StatusWRFlushErr}}
 	wantInOrder(t, got, want)

@@ -151,6 +151,18 @@ func wantInOrder(t testing.TB, got, want []urma.Completion) {
 	}
 }
 
+// ackWhenTold reads one SEND and answers it with SUCCESS once told
+// receives a value; a closed told leaves it unanswered.
+func ackWhenTold(nc net.Conn, br *bufio.Reader, told <-chan struct{}) {
+	h, err := readSend(br)
+	if err != nil {
+		return
+	}
+	if _, ok := <-told; ok {
+		ackSend(nc, h)
+	}
+}
+
 // ackSend answers the SEND h with SUCCESS.
 func ackSend(nc net.Conn, h sendHeader) {
 	var b [4 + ackLen]byte
@@ -497,15 +509,7 @@ func TestPeerDownFailsOnlyItsOutstandingSends(t *testing.T) {
 			xDone, yDone := make(chan struct{}), make(chan struct{})
 			defer func() { <-xDone; <-yDone }()
 			defer close(answerX)
-			x.serve(xDone, func(nc net.Conn, br *bufio.Reader) {
-				h, err := readSend(br)
-				if err != nil {
-					return
-				}
-				if _, told := <-answerX; told {
-					ackSend(nc, h)
-				}
-			})
+			x.serve(xDone, func(nc net.Conn, br *bufio.Reader) { ackWhenTold(nc, br, answerX) })
 			y.serve(yDone, func(nc net.Conn, br *bufio.Reader) {
 				h, err := readSend(br)
 				if err != nil || !c.yAnswers {
