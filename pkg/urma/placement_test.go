@@ -1,0 +1,122 @@
+package urma
+
+import (
+	"bytes"
+	"testing"
+)
+
+// The placement's stages, as a reader and a provider drive them.
+func TestPlacement(t *testing.T) {
+	msg := []byte("a message")
+	tests := []struct {
+		name       string
+		dst        int
+		bindCtx    uint64 // the receive the message takes (armed for 1)
+		length     int
+		withdraw   bool // the reader takes the offer back before the provider acts
+		fail       bool // the copy breaks off
+		wantClaim  bool
+		wantPlaced bool
+	}{
+		{name: "placed", dst: 16, bindCtx: 1, length: len(msg), wantClaim: true, wantPlaced: true},
+		{name: "exactly fits", dst: len(msg), bindCtx: 1, length: len(msg), wantClaim: true, wantPlaced: true},
+		{name: "too long", dst: len(msg) - 1, bindCtx: 1, length: len(msg)},
+		{name: "empty", dst: 16, bindCtx: 1, length: 0},
+		{name: "another receive", dst: 16, bindCtx: 2, length: len(msg)},
+		{name: "withdrawn", dst: 16, bindCtx: 1, length: len(msg), withdraw: true},
+		{name: "copy broke off", dst: 16, bindCtx: 1, length: len(msg), fail: true, wantClaim: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewPlacement()
+			dst := make([]byte, tc.dst)
+			p.Arm(dst, 1)
+			if !p.Armed() {
+				t.Fatal("not armed after Arm")
+			}
+			tk := p.Bind(tc.bindCtx)
+			if tc.withdraw {
+				if !p.Withdraw() {
+					t.Fatal("Withdraw of an unclaimed offer failed")
+				}
+				if _, ok := tk.Claim(tc.length); ok {
+					t.Fatal("claimed a withdrawn offer")
+				}
+				return
+			}
+			into, claimed := tk.Claim(tc.length)
+			if claimed != tc.wantClaim {
+				t.Fatalf("claimed %v, want %v", claimed, tc.wantClaim)
+			}
+			if p.Armed() {
+				t.Fatal("still armed once a message was bound to it")
+			}
+			if claimed {
+				if len(into) != tc.length {
+					t.Fatalf("claim gave %d bytes to copy into, want %d", len(into), tc.length)
+				}
+				copy(into, msg)
+				tk.Settle(tc.length, !tc.fail)
+			}
+			tk.Miss() // what the provider does when the receive completes: no effect after a claim
+			if p.Withdraw() {
+				t.Fatal("withdrew an offer a message was bound to")
+			}
+			if p.Placed() != tc.wantPlaced {
+				t.Fatalf("Placed() = %v, want %v", p.Placed(), tc.wantPlaced)
+			}
+			n, placed := p.Wait()
+			if placed != tc.wantPlaced || (placed && (n != len(msg) || !bytes.Equal(dst[:n], msg))) {
+				t.Fatalf("Wait = %d, %v; want placed %v", n, placed, tc.wantPlaced)
+			}
+			if p.Placed() != tc.wantPlaced || p.Armed() || p.Withdraw() {
+				t.Fatal("Wait changed the outcome, or left the placement offered")
+			}
+			p.Arm(dst, 2)
+			if p.Placed() || !p.Armed() {
+				t.Fatal("a new arming kept the old outcome")
+			}
+		})
+	}
+}
+
+// A provider holding the ticket of an old arming cannot claim, or miss, a
+// later one: the reader withdrew and armed again for another message.
+func TestPlacementStaleTicket(t *testing.T) {
+	p := NewPlacement()
+	p.Arm(make([]byte, 8), 1)
+	old := p.Bind(1)
+	if !p.Withdraw() {
+		t.Fatal("withdraw failed")
+	}
+	p.Arm(make([]byte, 8), 1)
+	old.Miss()
+	if !p.Armed() {
+		t.Fatal("an old ticket's Miss passed the new offer by")
+	}
+	if _, ok := old.Claim(4); ok {
+		t.Fatal("an old ticket claimed the new offer")
+	}
+	if _, ok := p.Bind(1).Claim(4); !ok {
+		t.Fatal("the new offer could not be claimed")
+	}
+}
+
+// Binding an offer that is not armed (idle, or already bound) gives a
+// ticket that claims nothing.
+func TestPlacementBindUnarmed(t *testing.T) {
+	p := NewPlacement()
+	if _, ok := p.Bind(0).Claim(1); ok {
+		t.Fatal("claimed an idle placement")
+	}
+	p.Arm(make([]byte, 8), 3)
+	p.Bind(4) // passed by
+	if _, ok := p.Bind(3).Claim(1); ok {
+		t.Fatal("claimed a placement another message passed by")
+	}
+	var zero PlacementTicket
+	zero.Miss() // the zero ticket is inert
+	if _, ok := zero.Claim(1); ok {
+		t.Fatal("the zero ticket claimed")
+	}
+}
