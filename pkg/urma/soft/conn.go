@@ -779,6 +779,18 @@ func (c *conn) place(h *sendHeader, p payload, refused bool) error {
 		tj.jfr.finish(t, urma.StatusLocLen, 0, &meta)
 		return c.answer(h, urma.StatusRemOperation, 0)
 	}
+	if dst, ok := t.place.Claim(int(h.length)); ok {
+		// A reader waits for this message with room for it: copy it
+		// there, not into the receive buffer it would copy it out of.
+		err := p.read(dst)
+		t.place.Settle(int(h.length), err == nil)
+		if err != nil {
+			tj.jfr.putBack(t)
+			return err
+		}
+		tj.jfr.finish(t, urma.StatusSuccess, h.length, &meta)
+		return c.answer(h, urma.StatusSuccess, 0)
+	}
 	left := h.length
 	for i := 0; i < t.nsge && left > 0; i++ {
 		b := t.sges[i].buf

@@ -20,6 +20,7 @@ type recvTicket struct {
 	size    uint64
 	nsge    int
 	sges    [MaxSGE]sgeRef
+	place   urma.PlacementTicket // a waiting reader's memory, if offered
 }
 
 // takeResult says what a message found at a JFR.
@@ -51,8 +52,9 @@ type jfr struct {
 	head, n    int
 	inProgress int
 	closed     bool
-	users      int        // jetties sharing this JFR
-	drained    *sync.Cond // signalled when inProgress drops to zero
+	users      int             // jetties sharing this JFR
+	drained    *sync.Cond      // signalled when inProgress drops to zero
+	placement  *urma.Placement // offered for the next message taken
 }
 
 var _ urma.JFR = (*jfr)(nil)
@@ -138,6 +140,19 @@ func (r *jfr) PostRecv(wr *urma.RecvWR) error {
 	return nil
 }
 
+// OfferPlacement offers a waiting reader's memory to the next message this
+// JFR takes (urma.Placement); false when the JFR is closed. It replaces an
+// offer no message took yet.
+func (r *jfr) OfferPlacement(p *urma.Placement) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.placement = p
+	return true
+}
+
 // accepts reports whether a message carrying token may use this JFR. The
 // target checks the token on every packet (URMA User Guide §9.1.2, "URMA
 // User Guide.md":2293); under TokenNone no token value travels and nothing
@@ -158,6 +173,11 @@ func (r *jfr) take(t *recvTicket) (takeResult, uint8) {
 	}
 	slot := &r.ring[r.head]
 	t.userCtx, t.size, t.nsge = slot.userCtx, slot.size, len(slot.sges)
+	t.place = urma.PlacementTicket{}
+	if r.placement != nil {
+		t.place = r.placement.Bind(slot.userCtx)
+		r.placement = nil
+	}
 	copy(t.sges[:], slot.sges)
 	clear(slot.sges)
 	*slot = recvSlot{}
@@ -179,6 +199,7 @@ type recvMeta struct {
 // finish completes a taken receive with status and length, and drops its
 // references.
 func (r *jfr) finish(t *recvTicket, status urma.Status, length uint32, m *recvMeta) {
+	t.place.Miss()
 	releaseSGEs(t.sges[:t.nsge])
 	r.mu.Lock()
 	if r.inProgress--; r.inProgress == 0 {
@@ -211,6 +232,7 @@ func (r *jfr) finish(t *recvTicket, status urma.Status, length uint32, m *recvMe
 // putBack returns a taken receive to the head of the queue: its message
 // broke off before arriving whole.
 func (r *jfr) putBack(t *recvTicket) {
+	t.place.Miss()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.inProgress--; r.inProgress == 0 {
@@ -259,6 +281,7 @@ func (r *jfr) destroy() {
 		return
 	}
 	r.closed = true
+	r.placement = nil // its reader withdraws it
 	for i := 0; i < r.n; i++ {
 		slot := &r.ring[(r.head+i)%len(r.ring)]
 		releaseSGEs(slot.sges)

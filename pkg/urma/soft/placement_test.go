@@ -1,0 +1,153 @@
+package soft
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// A placement offered to a JFR takes the next message straight into the
+// reader's memory when the message lands in the receive it was armed for
+// and fits; otherwise the message lands in the receive buffer as always.
+// The receive completes the same way in both cases. Both cross-process
+// fabrics, and on shm both a SEND by copy (through the ring) and one by
+// reference (pulled from the sender's memory).
+func TestPlacement(t *testing.T) {
+	const size = 48 << 10
+	tests := []struct {
+		name       string
+		dst        int    // the reader's slice
+		msg        int    // bytes sent
+		armFor     uint64 // the receive the placement names (the head is 1)
+		withdraw   bool   // the reader takes the offer back before the message
+		wantPlaced bool
+	}{
+		{name: "fits", dst: size, msg: size, armFor: 1, wantPlaced: true},
+		{name: "room to spare", dst: 2 * size, msg: size, armFor: 1, wantPlaced: true},
+		{name: "too large for the slice", dst: size - 1, msg: size, armFor: 1},
+		{name: "another receive", dst: size, msg: size, armFor: 2},
+		{name: "withdrawn", dst: size, msg: size, armFor: 1, withdraw: true},
+		{name: "empty message", dst: size, msg: 0, armFor: 1},
+	}
+	fabrics := []struct {
+		name      string
+		opts      func(t *testing.T) Options
+		shareable bool // send from memory the peer maps (SEND_REF)
+	}{
+		{name: "socket", opts: func(*testing.T) Options { return socketOpts() }},
+		{name: "shm by copy", opts: func(t *testing.T) Options { return shmOpts(t) }},
+		{name: "shm by reference", opts: func(t *testing.T) Options { return shmOpts(t) }, shareable: true},
+	}
+	for _, fb := range fabrics {
+		t.Run(fb.name, func(t *testing.T) {
+			noLeaks(t)
+			opts := fb.opts(t)
+			pa, pb := newProvider(t, opts), newProvider(t, opts)
+			a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+			b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+			target := a.importJetty(b)
+			seg, mem := a.seg, a.mem
+			if fb.shareable {
+				seg, mem = shareableSegment(t, a, urma.AccessRead|urma.AccessWrite)
+			}
+			place := urma.NewPlacement()
+			for i, tc := range tests {
+				t.Run(tc.name, func(t *testing.T) {
+					src := mem.Bytes()[:tc.msg]
+					for k := range src {
+						src[k] = byte(i*31 + k*7 + 1)
+					}
+					recvBuf := b.mem.Bytes()[:2*size]
+					clear(recvBuf)
+					b.postRecv(1, 0, size)
+					b.postRecv(2, size, size)
+					dst := make([]byte, tc.dst)
+					place.Arm(dst, tc.armFor)
+					if !b.jfr.(*jfr).OfferPlacement(place) {
+						t.Fatal("the JFR refused the offer")
+					}
+					if tc.withdraw && !place.Withdraw() {
+						t.Fatal("withdraw failed before any message")
+					}
+					mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: 1,
+						SGEs: []urma.SGE{{Segment: seg, Len: uint32(tc.msg)}}}), "send")
+					if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+						t.Fatalf("send: %+v", c)
+					}
+					c := pollN(t, b.rjfc, 1, 10*time.Second)[0]
+					if c.Status != urma.StatusSuccess || c.UserCtx != 1 || c.CompletionLen != uint32(tc.msg) {
+						t.Fatalf("receive completion %+v, want SUCCESS for receive 1 with %d bytes", c, tc.msg)
+					}
+					var n int
+					var placed bool
+					if !tc.withdraw && !place.Withdraw() {
+						n, placed = waitPlacement(t, place)
+					}
+					if placed != tc.wantPlaced {
+						t.Fatalf("placed %v, want %v", placed, tc.wantPlaced)
+					}
+					landed, untouched := recvBuf[:tc.msg], dst[:min(tc.msg, len(dst))]
+					if placed {
+						if n != tc.msg {
+							t.Fatalf("placed %d bytes, want %d", n, tc.msg)
+						}
+						landed, untouched = dst[:tc.msg], recvBuf[:tc.msg]
+					}
+					if !bytes.Equal(landed, src) {
+						t.Fatal("the message is not where it should have landed")
+					}
+					if tc.msg > 0 && bytes.Equal(untouched, src[:len(untouched)]) {
+						t.Fatal("the message landed in both places")
+					}
+					// Receive 2 is still posted, and takes the next message
+					// into its buffer: the offer was used up.
+					mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: 2,
+						SGEs: []urma.SGE{{Segment: seg, Len: 16}}}), "second send")
+					pollN(t, a.sjfc, 1, 10*time.Second)
+					if c := pollN(t, b.rjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess || c.UserCtx != 2 || c.CompletionLen != 16 {
+						t.Fatalf("second receive %+v, want SUCCESS for receive 2 with 16 bytes", c)
+					}
+					if !bytes.Equal(recvBuf[size:size+16], mem.Bytes()[:16]) {
+						t.Fatal("the second message is not in receive 2's buffer")
+					}
+				})
+			}
+		})
+	}
+}
+
+// waitPlacement is p.Wait, bounded: a claim the provider never settles
+// fails the test instead of hanging it.
+func waitPlacement(t *testing.T, p *urma.Placement) (int, bool) {
+	t.Helper()
+	type result struct {
+		n  int
+		ok bool
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, ok := p.Wait()
+		done <- result{n, ok}
+	}()
+	select {
+	case r := <-done:
+		return r.n, r.ok
+	case <-time.After(10 * time.Second):
+		t.Fatal("the provider claimed the placement and never settled it")
+		return 0, false
+	}
+}
+
+// A closed JFR takes no offer: the reader must not wait for a message that
+// cannot come through it.
+func TestPlacementClosedJFR(t *testing.T) {
+	p := newProvider(t, socketOpts())
+	s := newSide(t, p, urma.JettyConfig{}, 16)
+	r := s.jfr.(*jfr)
+	r.destroy()
+	if r.OfferPlacement(urma.NewPlacement()) {
+		t.Fatal("a destroyed JFR took a placement")
+	}
+}
