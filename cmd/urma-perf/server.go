@@ -59,6 +59,9 @@ func (p *printer) event(e serverEvent) {
 		fmt.Fprintln(p.w)
 	case "closed":
 		fmt.Fprintf(p.w, "conn from %s closed protocol=%s in=%d out=%d", e.Remote, e.Protocol, e.BytesIn, e.BytesOut)
+		if e.MessagesIn > 0 {
+			fmt.Fprintf(p.w, " messages_in=%d direct_reads=%d", e.MessagesIn, e.DirectReads)
+		}
 		if e.Error != "" {
 			fmt.Fprintf(p.w, " error=%q", e.Error)
 		}
@@ -206,6 +209,10 @@ func serveConn(conn net.Conn, echo bool, out *printer) {
 	c := &countingConn{Conn: conn}
 	protocol, inPlace, err := serve(c, echo)
 	closed := serverEvent{Event: "closed", Remote: conn.RemoteAddr().String(), Protocol: protocol, RecvZeroCopy: inPlace, BytesIn: c.in.Load(), BytesOut: c.out.Load()}
+	if tc, ok := conn.(transport.Conn); ok {
+		dbg := tc.Debug()
+		closed.MessagesIn, closed.DirectReads = dbg.MessagesReceived, dbg.DirectReads
+	}
 	if err != nil {
 		closed.Error = err.Error()
 	}

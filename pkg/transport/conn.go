@@ -61,6 +61,7 @@ type urmaConn struct {
 	creditWRs      int // of the reserved credit WRs, free
 	pendingCredits int // receives reposted, not yet returned to the peer
 	creditWR       urma.SendWR
+	direct         directPlacement // conn_place.go
 	recvWR         urma.RecvWR
 	recvSGE        [1]urma.SGE
 
@@ -137,6 +138,7 @@ func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaCon
 	for i, b := range rx {
 		b.recv, b.slot = c, int32(i)
 	}
+	c.direct = newDirectPlacement(res.jfr, e.s.flags.ReadDirect, e.s.flags.ZerocopyMinSize, rq)
 	if e.wantsSendBuffers() {
 		sb, err := e.newConnSendBuffers(spec.sq)
 		if err != nil {
@@ -321,6 +323,7 @@ func (c *urmaConn) Debug() DebugInfo {
 		BytesSent:      c.bytesSent.Load(), BytesReceived: c.bytesReceived.Load(),
 		MessagesSent: c.msgsSent.Load(), MessagesReceived: c.msgsReceived.Load(),
 		WindowStalls: c.stalls.Load(), SpinReads: c.spinReads.Load(), SpinMisses: c.spinMisses.Load(),
+		DirectReads: c.direct.placedReads,
 	}
 	if c.res != nil {
 		d.LocalJetty = c.res.jetty.ID()

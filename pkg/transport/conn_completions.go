@@ -177,6 +177,7 @@ func (c *urmaConn) handleLocked(cr *urma.Completion) (readable, writable bool, e
 	if slot < 0 || slot >= len(c.rx) || c.rxState[slot] != rxPosted {
 		return false, false, fmt.Errorf("receive completion names slot %d, not a posted receive", slot)
 	}
+	c.noteCompletedLocked(int32(slot))
 	if cr.Opcode == urma.CROpSendWithImm && cr.Imm == closeMarkerImm && c.peerMarks {
 		return c.handleCloseMarkerLocked(cr, slot)
 	}
@@ -199,6 +200,9 @@ func (c *urmaConn) handleLocked(cr *urma.Completion) (readable, writable bool, e
 			return false, writable, fmt.Errorf("repost receive: %w", err)
 		}
 		return false, writable, nil
+	}
+	if placed, err := c.placedLocked(int32(slot)); placed || err != nil {
+		return err == nil, writable, err
 	}
 	b := c.rx[slot]
 	b.off, b.n = 0, int(cr.CompletionLen)

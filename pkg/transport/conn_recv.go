@@ -33,6 +33,7 @@ func (c *urmaConn) postRecvLocked(slot int32) error {
 		return err
 	}
 	c.rxState[slot] = rxPosted
+	c.notePostedLocked(slot)
 	return nil
 }
 
@@ -108,6 +109,14 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 	defer c.readMu.Unlock()
 	spun := false
 	for {
+		if c.direct.armed {
+			// Whatever woke us, the provider must be done with p first;
+			// a message it placed there is read, deadline or not.
+			if n, ok := c.settlePlacement(); ok {
+				c.countReceived(n)
+				return n, nil
+			}
+		}
 		if c.isClosed() {
 			return 0, c.opErr("read", errConnClosed)
 		}
@@ -117,6 +126,9 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 		c.mu.Lock()
 		if c.rxLen == 0 {
 			err := c.readErrLocked()
+			if err == nil {
+				c.offerLocked(p)
+			}
 			c.mu.Unlock()
 			if errors.Is(err, io.EOF) {
 				return 0, io.EOF
@@ -270,7 +282,7 @@ func (c *urmaConn) spinRead() bool {
 	for i := 0; ; i++ {
 		c.tryPoll()
 		c.mu.Lock()
-		found := c.rxLen > 0 || c.readErrLocked() != nil // closing included
+		found := c.rxLen > 0 || c.readErrLocked() != nil || c.placementLanded() // closing included
 		c.mu.Unlock()
 		if found {
 			return true

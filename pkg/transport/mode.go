@@ -141,6 +141,9 @@ type DebugInfo struct {
 	// that gave up and slept until the completion event.
 	SpinReads  uint64 `json:",omitempty"`
 	SpinMisses uint64 `json:",omitempty"`
+	// DirectReads counts the Reads a message was placed in directly
+	// (urma_read_direct), with no copy of their own.
+	DirectReads uint64 `json:",omitempty"`
 }
 
 // String formats the snapshot on one line, key=value.
@@ -160,7 +163,7 @@ func (d DebugInfo) String() string {
 	}
 	fmt.Fprintf(&b, " bytes_sent=%d bytes_received=%d", d.BytesSent, d.BytesReceived)
 	if d.Mode == ModeURMA {
-		fmt.Fprintf(&b, " msgs_sent=%d msgs_received=%d window_stalls=%d spin_reads=%d spin_misses=%d", d.MessagesSent, d.MessagesReceived, d.WindowStalls, d.SpinReads, d.SpinMisses)
+		fmt.Fprintf(&b, " msgs_sent=%d msgs_received=%d window_stalls=%d spin_reads=%d spin_misses=%d direct_reads=%d", d.MessagesSent, d.MessagesReceived, d.WindowStalls, d.SpinReads, d.SpinMisses, d.DirectReads)
 	}
 	return b.String()
 }

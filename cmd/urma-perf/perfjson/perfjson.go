@@ -76,5 +76,10 @@ type ServerEvent struct {
 	RecvZeroCopy bool   `json:"recvZeroCopy,omitempty"`
 	BytesIn      uint64 `json:"bytesIn,omitempty"`
 	BytesOut     uint64 `json:"bytesOut,omitempty"`
-	Error        string `json:"error,omitempty"`
+	// MessagesIn and DirectReads are a transport connection's messages
+	// received, and of them those placed straight into a Read's slice
+	// (urma_read_direct).
+	MessagesIn  uint64 `json:"messagesIn,omitempty"`
+	DirectReads uint64 `json:"directReads,omitempty"`
+	Error       string `json:"error,omitempty"`
 }

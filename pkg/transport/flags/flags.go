@@ -123,6 +123,11 @@ type Flags struct {
 	// alone, so that large SENDs cross by reference without showing the
 	// peer anything sent to another.
 	ShmSendBuffers bool
+	// ReadDirect is urma_read_direct: a Read of urma_zerocopy_min_size
+	// bytes or more that waits for a message offers its slice to the
+	// provider, which copies the next message straight into it (software
+	// provider only), so Read makes no copy of its own.
+	ReadDirect bool
 }
 
 // field binds a Spec to the Flags field it sets.
@@ -187,6 +192,10 @@ func table() []field {
 			Name: "urma_shm_send_buffers", Kind: Bool, Default: "true", TransportOnly: true,
 			Help: "shm fabric: each connection sends from urma_sq_size buffers of its own (urma_buffer_size each, touched as used), shared read-only with its peer alone, so a SEND of 4 KiB or more crosses by reference, one copy instead of two; false sends from the pool through the ring",
 		}, b: func(f *Flags) *bool { return &f.ShmSendBuffers }},
+		{spec: Spec{
+			Name: "urma_read_direct", Kind: Bool, Default: "true", TransportOnly: true,
+			Help: "a Read of urma_zerocopy_min_size bytes or more that waits for a message lets the software provider copy the next message straight into the reader's slice, not into a receive buffer for Read to copy out again; no effect on liburma",
+		}, b: func(f *Flags) *bool { return &f.ReadDirect }},
 	}
 }
 

@@ -1,0 +1,242 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/flags"
+)
+
+// directPair connects a client and a server on the default software
+// provider, forced onto fabric, with urma_read_direct as given.
+func directPair(t *testing.T, fabric string, direct bool) (client Conn, server *urmaConn) {
+	t.Helper()
+	f := flags.Defaults()
+	f.BufferCount = 1024
+	f.RQSize, f.SQSize = 16, 16
+	f.ReadDirect = direct
+	cfg := Config{Flags: &f, LookupEnv: noEnv, SoftFabric: fabric}
+	p := connect(t, cfg, cfg)
+	if p.server.Mode() != ModeURMA {
+		t.Fatalf("server fell back: %s", p.server.FallbackReason())
+	}
+	return p.client, p.server.(*urmaConn)
+}
+
+// offered reports whether c's reader has offered its slice to the provider.
+func (c *urmaConn) offered() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.direct.armed
+}
+
+type readResult struct {
+	n   int
+	err error
+}
+
+// readAsync starts a Read of p on c and returns where its result comes.
+func readAsync(c Conn, p []byte) <-chan readResult {
+	done := make(chan readResult, 1)
+	go func() {
+		n, err := c.Read(p)
+		done <- readResult{n, err}
+	}()
+	return done
+}
+
+func await(t *testing.T, ch <-chan readResult) readResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("the read did not return")
+		return readResult{}
+	}
+}
+
+// A Read that waits for a message with room for it gets the message
+// copied straight into its slice (Debug counts it), on both cross-process
+// fabrics; more messages than the receive queue holds, so a placed
+// receive that were not reposted would stall the writer. With
+// urma_read_direct off, nothing is placed and the bytes are the same.
+func TestDirectRead(t *testing.T) {
+	checkNoLeaks(t)
+	tests := []struct {
+		fabric string
+		direct bool
+	}{
+		{FabricSocket, true}, {FabricShm, true}, {FabricSocket, false}, {FabricShm, false},
+	}
+	for _, tc := range tests {
+		name := tc.fabric + map[bool]string{true: " direct", false: " copied"}[tc.direct]
+		t.Run(name, func(t *testing.T) {
+			client, server := directPair(t, tc.fabric, tc.direct)
+			const msgs = 40 // past the 16-deep receive queue, twice
+			rng := rand.New(rand.NewPCG(1, 2))
+			buf := make([]byte, 8192)
+			for i := 0; i < msgs; i++ {
+				msg := make([]byte, 600+rng.IntN(7000))
+				for k := range msg {
+					msg[k] = byte(rng.Uint32())
+				}
+				res := readAsync(server, buf)
+				if tc.direct {
+					waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+				}
+				if _, err := client.Write(msg); err != nil {
+					t.Fatalf("write %d: %v", i, err)
+				}
+				r := await(t, res)
+				if r.err != nil || !bytes.Equal(buf[:r.n], msg) {
+					t.Fatalf("read %d: %d bytes, %v; want the %d bytes written", i, r.n, r.err, len(msg))
+				}
+			}
+			want := uint64(0)
+			if tc.direct {
+				want = msgs
+			}
+			if d := server.Debug(); d.DirectReads != want || d.MessagesReceived != msgs {
+				t.Fatalf("%d of %d messages read directly, want %d of %d", d.DirectReads, d.MessagesReceived, want, msgs)
+			}
+		})
+	}
+}
+
+// An offer the reader takes back loses nothing: the message it was for
+// lands in the receive buffer and the next Read takes it. The reader takes
+// it back when its deadline passes, and when the message does not fit its
+// slice; a reader whose connection closes returns at once.
+func TestDirectReadTakenBack(t *testing.T) {
+	checkNoLeaks(t)
+	for _, fabric := range []string{FabricSocket, FabricShm} {
+		t.Run(fabric, func(t *testing.T) {
+			client, server := directPair(t, fabric, true)
+			msg := bytes.Repeat([]byte("0123456789abcdef"), 256) // 4 KiB
+
+			// The deadline passes while the slice is offered.
+			if err := server.SetReadDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 8192)
+			if n, err := server.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("read past its deadline: %d bytes, %v", n, err)
+			}
+			if err := server.SetReadDeadline(time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("after the deadline: %v, bytes equal %v", err, bytes.Equal(got, msg))
+			}
+
+			// Too large for the slice offered: the slice gets the first part.
+			before := server.Debug().DirectReads
+			small := make([]byte, 1024)
+			res := readAsync(server, small)
+			waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+			if _, err := client.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			r := await(t, res)
+			if r.err != nil || r.n != len(small) || !bytes.Equal(small, msg[:len(small)]) {
+				t.Fatalf("read into a smaller slice: %d bytes, %v", r.n, r.err)
+			}
+			if _, err := io.ReadFull(server, got[:len(msg)-len(small)]); err != nil || !bytes.Equal(got[:len(msg)-len(small)], msg[len(small):]) {
+				t.Fatalf("the rest of the message: %v", err)
+			}
+			if d := server.Debug(); d.DirectReads != before {
+				t.Fatalf("%d messages read directly, want none", d.DirectReads-before)
+			}
+
+			// Close while the slice is offered.
+			res = readAsync(server, buf)
+			waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+			if err := server.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if r := await(t, res); r.err == nil {
+				t.Fatalf("read on a closed connection returned %d bytes and no error", r.n)
+			}
+		})
+	}
+}
+
+// The completion of a placed message may be handled in the moment between
+// the reader's Wait and its bookkeeping: the handler must still take the
+// receive as read (and repost it), not queue the message a second time.
+// The test holds the completion handlers off (pollMu) until the reader
+// has waited, then handles the completion in that moment.
+func TestDirectReadCompletionBetweenWaitAndLock(t *testing.T) {
+	checkNoLeaks(t)
+	for _, fabric := range []string{FabricSocket, FabricShm} {
+		t.Run(fabric, func(t *testing.T) {
+			f := flags.Defaults()
+			f.BufferCount = 1024
+			f.RQSize, f.SQSize = 16, 16
+			f.EventSpin = 10 * time.Millisecond // the reader sees the placement by spinning, not by an event
+			cfg := Config{Flags: &f, LookupEnv: noEnv, SoftFabric: fabric}
+			p := connect(t, cfg, cfg)
+			client, server := p.client, p.server.(*urmaConn)
+			exercised := 0
+			buf := make([]byte, 4096)
+			for i := 0; i < 3; i++ {
+				var once sync.Once
+				hookRan := make(chan struct{})
+				release := func() { once.Do(server.pollMu.Unlock) }
+				server.pollMu.Lock()
+				server.direct.afterWait = func() {
+					close(hookRan)
+					server.mu.Lock()
+					if !server.direct.handled {
+						exercised++
+					}
+					server.mu.Unlock()
+					release()
+					waitFor(t, "the placed message's completion", 10*time.Second, func() bool {
+						server.poll()
+						server.mu.Lock()
+						defer server.mu.Unlock()
+						return server.direct.handled
+					})
+				}
+				// Never hold the handlers off for good: a reader that slept
+				// instead of spinning needs the event loop.
+				go func() {
+					select {
+					case <-hookRan:
+					case <-time.After(5 * time.Second):
+						release()
+					}
+				}()
+				msg := bytes.Repeat([]byte{byte('a' + i)}, 1000)
+				res := readAsync(server, buf)
+				waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+				if _, err := client.Write(msg); err != nil {
+					t.Fatal(err)
+				}
+				r := await(t, res)
+				release()
+				if r.err != nil || !bytes.Equal(buf[:r.n], msg) {
+					t.Fatalf("message %d: %q, %v", i, buf[:r.n], r.err)
+				}
+			}
+			if exercised == 0 {
+				t.Fatal("the completion never came between the reader's Wait and its lock; the test did not test")
+			}
+			if d := server.Debug(); d.DirectReads != 3 || d.BufferedMessages != 0 {
+				t.Fatalf("%d direct reads, %d messages queued; want 3 and none (a placed message queued again)", d.DirectReads, d.BufferedMessages)
+			}
+		})
+	}
+}
