@@ -516,7 +516,8 @@ const pollerReadBudget = 20 * time.Microsecond
 // drive is Poll taking what the connection's rings hold, in the polling
 // goroutine, unless the reader goroutine is reading: every frame there is,
 // a frame that is not yet whole included (its writer is copying the rest;
-// a writer that stops for PeerTimeout fails the connection, see waitRest).
+// a writer that stops for PeerTimeout, or trickles the rest past its
+// frameBound, fails the connection, see waitRest).
 // It also writes what waits to be written, which the writer goroutine may
 // be slow to get to: a poller busy on every processor starves the wake-ups
 // of goroutines that sleep in Go's poller.
@@ -557,6 +558,7 @@ func (c *conn) drive() {
 // the peer sends.
 func (c *conn) readFrame() error {
 	hdr := &c.hdr
+	c.src.beginFrame()
 	if err := c.src.readFull(hdr[:5]); err != nil {
 		return err
 	}
@@ -577,7 +579,11 @@ func (c *conn) readFrame() error {
 	if err := c.src.readFull(hdr[5 : 4+fl]); err != nil {
 		return unexpected(err)
 	}
-	return c.handle(typ, hdr[4:4+fl], bodyLen)
+	if err := c.handle(typ, hdr[4:4+fl], bodyLen); err != nil {
+		return err
+	}
+	c.src.endFrame()
+	return nil
 }
 
 // cancelBlock asks the peer to drop the RNR block the SEND tagged tag, from

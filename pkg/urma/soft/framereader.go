@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -23,6 +24,33 @@ type frameSource interface {
 	discard(n int) error
 	// buffered is how many bytes can be read without waiting.
 	buffered() int
+	// beginFrame says that the reader starts a frame, endFrame that it
+	// read the whole of it: the bound on how long the peer may take over
+	// the frame's rest (frameBound) starts again with each frame.
+	beginFrame()
+	endFrame()
+}
+
+// frameGrace is how much of a frame that arrived earns its reader another
+// PeerTimeout of waiting for the rest (frameBound).
+const frameGrace = 1 << 20
+
+// frameBound is how long, in all, a reader may wait for the rest of a
+// frame that it has started and of which arrived bytes came so far:
+// PeerTimeout, plus PeerTimeout for every MiB (frameGrace) that came. A
+// peer that stops for PeerTimeout in a frame is failed at once (shm:
+// waitRest; socket: the watchdog's silence), but one that trickles it, a
+// byte just under every PeerTimeout, would hold the frame, and whoever
+// reads it, for good: the bound is per frame, not per gap. It grows with
+// what arrived, so that a large frame from a slow but healthy peer (a
+// busy machine, a CPU-throttled container, a slow link) is never failed:
+// such a peer delivers far more than a MiB per PeerTimeout (a ring's copy
+// runs at GB/s), while a trickler earns next to nothing and is failed
+// about PeerTimeout after it started the frame's rest. A hostile peer that
+// keeps to a MiB per PeerTimeout is still bounded: a frame is at most
+// MaxMsgSize long.
+func frameBound(peerTO time.Duration, arrived uint64) time.Duration {
+	return peerTO + time.Duration(float64(peerTO)*float64(arrived)/frameGrace)
 }
 
 // directReadMin is the payload remainder from which sockReader reads into
@@ -46,6 +74,9 @@ func newSockReader(fd int, src io.Reader, n *atomic.Uint64) *sockReader {
 }
 
 func (s *sockReader) buffered() int { return s.w - s.r }
+
+func (s *sockReader) beginFrame() {}
+func (s *sockReader) endFrame()   {}
 
 // fill reads at least one more byte into the buffer.
 func (s *sockReader) fill() error {

@@ -236,3 +236,273 @@ func TestShmStalledPeerFailsOutstandingSends(t *testing.T) {
 		})
 	}
 }
+
+// trickle writes p into f's ring a byte at a time, one every gap, until it
+// is all written or f is shut down: a peer that never stops for as long as
+// the stall bound, yet takes for ever over a frame. put writes one piece
+// (nil: f.write, which wakes a reader that sleeps).
+func trickle(f *shmIO, p []byte, gap time.Duration, put func([]byte) error) error {
+	if put == nil {
+		put = f.write
+	}
+	for i := range p {
+		time.Sleep(gap) // the trickle under test, not a synchronisation
+		if err := put(p[i : i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// trickledFrames is a SEND to jetty dst of a 4 KiB payload, and where in it
+// a trickling peer stops writing at once and starts trickling: inside the
+// header, or inside the payload.
+func trickledFrames(dst, token uint32) (frame []byte, starts []struct {
+	name string
+	n    int
+}) {
+	hdr := encodeSendHeader(make([]byte, 4+sendHdrLen), &sendHeader{
+		opcode: urma.OpSend, src: 5, dst: dst, token: token, tag: 1, length: 4096})
+	return append(hdr, make([]byte, 4096)...), []struct {
+		name string
+		n    int
+	}{
+		{"trickled from inside the header", 2},
+		{"trickled from inside the payload", len(hdr) + 100},
+	}
+}
+
+// A live peer that trickles a frame, a byte at a time with gaps well under
+// the stall bound (so that no single wait times out), must not hold the
+// connection's reader for good either: the waits for the frame's rest add
+// up, and once they pass the frame's bound (frameBound: the stall bound
+// and next to nothing for the few bytes that came) the reader, a Poll or
+// the reader goroutine, fails with an error that says the peer stalled
+// mid-frame, wherever in the frame the trickle starts.
+func TestShmTricklingPeerFailsReader(t *testing.T) {
+	const (
+		stall = 200 * time.Millisecond
+		gap   = stall / 10
+	)
+	p := newProvider(t, shmOpts(t))
+	sd := p.devices[0].sock
+	frame, starts := trickledFrames(999, 0)
+	for _, at := range starts {
+		for _, poller := range []bool{true, false} {
+			who := "reader goroutine"
+			if poller {
+				who = "poller"
+			}
+			t.Run(at.name+", "+who, func(t *testing.T) {
+				local, remote := shmPair(t, MinShmRing, -1)
+				local.stall = stall
+				eid, err := ShmEID()
+				mustOK(t, err, "EID")
+				pr, err := sd.peer(eid)
+				mustOK(t, err, "peer")
+				c := newConn(sd, pr, local, hello{session: 1, src: eid, maxMsg: 1 << 20}, false, "test", "test")
+				mustOK(t, remote.write(frame[:at.n]), "write the start of the frame")
+				start := time.Now()
+				goFake(t, remote, func() error { return trickle(remote, frame[at.n:], gap, nil) })
+				done := make(chan error, 1)
+				go func() {
+					if poller {
+						c.drive()
+						done <- c.deathCause()
+					} else {
+						done <- c.readFrames()
+					}
+				}()
+				var got error
+				select {
+				case got = <-done:
+				case <-time.After(stall + 10*time.Second): // a hang, not a measurement
+					local.shutdown() // out of the wait before the rings are unmapped
+					<-done
+					t.Fatalf("the %s still waits for the rest of the trickled frame", who)
+				}
+				elapsed := time.Since(start)
+				if !errors.Is(got, errPeerStalled) || !strings.Contains(got.Error(), "peer stalled mid-frame: waited") {
+					t.Fatalf("the %s gave up with %v, want the peer stalled mid-frame, past the frame's bound", who, got)
+				}
+				if elapsed < stall {
+					t.Errorf("the %s gave up after %v, before the bound %v", who, elapsed, stall)
+				}
+				if poller {
+					select {
+					case <-c.done:
+					default:
+						t.Error("the poller gave up but left the connection up")
+					}
+				}
+			})
+		}
+	}
+}
+
+// A peer process that trickles a frame it writes to a device, never
+// stopping for PeerTimeout, fails the connection as one that stops does,
+// once the frame's bound passes: the sends outstanding to it complete with
+// ACK_TIMEOUT, whether the device's reader goroutine reads the frame (the
+// peer wakes it) or an application's Poll does (the peer leaves it to the
+// pollers), and the log says why.
+func TestShmTricklingPeerFailsOutstandingSends(t *testing.T) {
+	const (
+		peerTO = 200 * time.Millisecond
+		gap    = peerTO / 10
+	)
+	cases := []struct {
+		name string
+		// poll: the peer leaves the frame to a Poll, which the application
+		// runs all along; else it wakes the reader goroutine, and the
+		// application Polls once the connection is dead.
+		poll bool
+	}{
+		{"the peer wakes the reader goroutine", false},
+		{"the peer leaves the frame to a Poll", true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			noLeaks(t)
+			opts := shmOpts(t)
+			opts.PeerTimeout = peerTO
+			ft := newFakeTarget(t, opts, urma.JettyConfig{})
+			f := ft.f
+			mustOK(t, ft.a.send(ft.target, 1, 0, 64, 0), "send") // never answered
+			ft.a.postRecv(2, 0, 4096)
+			frame, starts := trickledFrames(ft.a.jetty.ID().ID, 7)
+			first := starts[1].n // inside the payload, being copied into the receive
+			put := f.write
+			if c.poll {
+				waitUntil(t, "the device's reader to sleep", func() bool { return f.remote.word(offReaderWait).Load()&1 == 1 })
+				put = func(p []byte) error {
+					if f.closed.Load() {
+						return errConnDead
+					}
+					writeUnannounced(f, p)
+					return nil
+				}
+			}
+			start := time.Now()
+			mustOK(t, put(frame[:first]), "write the start of the frame")
+			goFake(t, f, func() error { return trickle(f, frame[first:], gap, put) })
+			completed := make(chan urma.Completion, 1)
+			go func() {
+				if !c.poll {
+					<-ft.conn.done
+				}
+				cs := make([]urma.Completion, 1)
+				for {
+					if n, err := ft.a.sjfc.Poll(cs); err != nil || n == 1 {
+						completed <- cs[0]
+						return
+					}
+				}
+			}()
+			var got urma.Completion
+			select {
+			case got = <-completed:
+			case <-time.After(peerTO + 10*time.Second): // a hang, not a measurement
+				ft.conn.fail(errors.New("the test gave up"))
+				<-completed
+				t.Fatal("the send to the trickling peer never completed")
+			}
+			elapsed := time.Since(start)
+			if got.Status != urma.StatusAckTimeout || got.UserCtx != 1 {
+				t.Errorf("send to the trickling peer: %+v, want ACK_TIMEOUT", got)
+			}
+			if elapsed < peerTO {
+				t.Errorf("the connection failed %v after the peer started trickling, before PeerTimeout %v", elapsed, peerTO)
+			}
+			if err := ft.conn.deathCause(); !errors.Is(err, errPeerStalled) {
+				t.Errorf("the connection died of %v, want the peer stalled mid-frame", err)
+			}
+			waitUntil(t, "the device to log why it closed the connection", func() bool {
+				return ft.sink.has("peer stalled mid-frame: waited")
+			})
+		})
+	}
+}
+
+// A slow but healthy peer writing a large frame, in pieces with pauses
+// between them, takes longer in all than the stall bound, and its reader
+// waits longer in all than the stall bound too: the frame's bound grows
+// with what arrives (frameBound), so the frame is read whole and the
+// connection stays up, whether a Poll or the reader goroutine reads it.
+func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
+	const (
+		stall  = 100 * time.Millisecond
+		gap    = stall / 8
+		piece  = 256 << 10 // earns stall/4 of waiting, twice the gap
+		pieces = 16
+	)
+	p := newProvider(t, shmOpts(t))
+	sd := p.devices[0].sock
+	hdr := encodeSendHeader(make([]byte, 4+sendHdrLen), &sendHeader{opcode: urma.OpSend, dst: 999, length: piece * pieces})
+	frame := append(hdr, make([]byte, piece*pieces)...)
+	for _, poller := range []bool{true, false} {
+		who := "reader goroutine"
+		if poller {
+			who = "poller"
+		}
+		t.Run(who, func(t *testing.T) {
+			local, remote := shmPair(t, 1<<20, -1)
+			local.stall = stall
+			eid, err := ShmEID()
+			mustOK(t, err, "EID")
+			pr, err := sd.peer(eid)
+			mustOK(t, err, "peer")
+			c := newConn(sd, pr, local, hello{session: 1, src: eid, maxMsg: 1 << 20}, false, "test", "test")
+			mustOK(t, remote.write(hdr), "write the frame's header")
+			start := time.Now()
+			goFake(t, remote, func() error {
+				for i := 0; i < pieces; i++ {
+					time.Sleep(gap) // the slow peer under test, not a synchronisation
+					off := len(hdr) + i*piece
+					if err := remote.write(frame[off : off+piece]); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			done := make(chan error, 1)
+			go func() {
+				if poller {
+					c.drive()
+					done <- c.deathCause()
+				} else {
+					done <- c.readFrames()
+				}
+			}()
+			if poller {
+				// A Poll returns once it has read the frame.
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Fatalf("the poller failed the connection: %v", err)
+					}
+				case <-time.After(20 * time.Second): // a hang, not a measurement
+					local.shutdown()
+					<-done
+					t.Fatal("the poller still reads the frame")
+				}
+			} else {
+				// The reader goroutine reads on: shut it down once it has
+				// read the frame, or see why it stopped before.
+				waitUntil(t, "the reader goroutine to read the frame", func() bool {
+					return local.rx.Load() == uint64(len(frame)) || len(done) > 0
+				})
+				local.shutdown()
+				if err := <-done; !errors.Is(err, errConnDead) {
+					t.Fatalf("the reader goroutine gave up with %v, want it to read the frame whole", err)
+				}
+			}
+			if elapsed := time.Since(start); elapsed <= stall {
+				t.Fatalf("the frame took %v, no longer than the stall bound %v: nothing tested", elapsed, stall)
+			}
+			if got := local.rx.Load(); got != uint64(len(frame)) {
+				t.Errorf("read %d bytes of the %d-byte frame", got, len(frame))
+			}
+		})
+	}
+}

@@ -341,6 +341,12 @@ type shmIO struct {
 	// meanwhile, for the watchdog to leave that stall to this bound.
 	stall  time.Duration
 	inRest atomic.Bool
+	// frameWaited is how long the token's holder has waited, in all, for
+	// the frame it reads, and frameRx the bytes it had read when the frame
+	// began: waitRest bounds the one by frameBound of the bytes read since
+	// (beginFrame).
+	frameWaited time.Duration
+	frameRx     uint64
 	// Writer side: bytes written into this side's ring, and the peer
 	// reader's sleep that was last woken.
 	tail     uint64
@@ -557,12 +563,25 @@ var (
 // of copying: well within it.
 const restSpin = pollPark
 
+// beginFrame starts the count of the time waited for a frame's rest.
+func (s *shmIO) beginFrame() {
+	s.frameWaited = 0
+	s.frameRx = s.rx.Load()
+}
+
+func (s *shmIO) endFrame() {}
+
 // waitRest waits for the rest of a frame whose start was read: the writer
 // is copying it (readFrame starts a frame only when the ring holds some of
 // it). A dead writer's process closes the socket and so the ring, but a
 // live one that stops (stopped by SIGSTOP or a debugger, buggy, hostile)
 // would hold the reader, or the application's Poll, for good: after
-// s.stall without a byte the wait fails, and with it the connection.
+// s.stall without a byte the wait fails, and with it the connection. So
+// would one that trickles the frame, a byte just under every s.stall: the
+// waits for one frame's rest add up, and once they pass frameBound of the
+// bytes of it read so far, the wait fails too. Only the time spent waiting
+// counts: a frame that takes long because this side copies it slowly is
+// not the peer's stall.
 //
 // The reader goroutine waits as for any data (a short spin, then an
 // announced sleep, timed). A poller must not sleep on the data eventfd:
@@ -574,7 +593,14 @@ func (s *shmIO) waitRest() error {
 	s.inRest.Store(true)
 	defer s.inRest.Store(false)
 	start := time.Now()
-	deadline := start.Add(s.stall)
+	// The wait ends at the gap's bound or the frame's, whichever comes
+	// first.
+	bound := frameBound(s.stall, s.rx.Load()-s.frameRx)
+	wait, whole := s.stall, false
+	if left := bound - s.frameWaited; left < wait {
+		wait, whole = max(left, 0), true
+	}
+	deadline := start.Add(wait)
 	if !s.pollerReads {
 		if !s.spinWait(true) {
 			if err := s.sleep(true, deadline); err != nil {
@@ -596,7 +622,12 @@ func (s *shmIO) waitRest() error {
 			time.Sleep(min(left, pollPark))
 		}
 	}
+	s.frameWaited += time.Since(start)
 	if !s.ready(true) {
+		if whole {
+			return fmt.Errorf("%w: waited %v in all for the rest of a frame, past its bound %v",
+				errPeerStalled, s.frameWaited.Round(time.Millisecond), bound.Round(time.Millisecond))
+		}
 		return fmt.Errorf("%w for %v", errPeerStalled, s.stall)
 	}
 	return s.closedErr()
