@@ -121,6 +121,11 @@ type conn struct {
 	peerTail, peerHead, peerPulled uint64
 	idleTicks                      int
 	quietSince                     time.Time
+	// Socket: the frame the reader was in at a tick (sockReader.frame),
+	// when a tick first saw it, and the bytes read then (watchFrame).
+	frameSeen  uint64
+	frameSince time.Time
+	frameRx    uint64
 }
 
 // newConn wraps an established stream.

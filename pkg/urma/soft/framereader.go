@@ -2,6 +2,7 @@ package soft
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"sync/atomic"
 	"time"
@@ -41,7 +42,8 @@ const frameGrace = 1 << 20
 // peer that stops for PeerTimeout in a frame is failed at once (shm:
 // waitRest; socket: the watchdog's silence), but one that trickles it, a
 // byte just under every PeerTimeout, would hold the frame, and whoever
-// reads it, for good: the bound is per frame, not per gap. It grows with
+// reads it (a Poll, the reader goroutine, a receive being written and so
+// a JFR.Close), for good: the bound is per frame, not per gap. It grows with
 // what arrived, so that a large frame from a slow but healthy peer (a
 // busy machine, a CPU-throttled container, a slow link) is never failed:
 // such a peer delivers far more than a MiB per PeerTimeout (a ring's copy
@@ -51,6 +53,13 @@ const frameGrace = 1 << 20
 // MaxMsgSize long.
 func frameBound(peerTO time.Duration, arrived uint64) time.Duration {
 	return peerTO + time.Duration(float64(peerTO)*float64(arrived)/frameGrace)
+}
+
+// frameOverdue is the error of a peer that took longer than bound over
+// the rest of a frame, for which this side waited waited.
+func frameOverdue(waited, bound time.Duration) error {
+	return fmt.Errorf("%w: waited %v in all for the rest of a frame, past its bound %v",
+		errPeerStalled, waited.Round(time.Millisecond), bound.Round(time.Millisecond))
 }
 
 // directReadMin is the payload remainder from which sockReader reads into
@@ -67,6 +76,13 @@ type sockReader struct {
 	n    *atomic.Uint64
 	buf  []byte
 	r, w int
+	// frame counts the frames read, twice each: it is odd from a frame's
+	// first byte to its end, for the watchdog to time the frame
+	// (sockDevice.watchFrame). frameNext says that a frame began before
+	// its first byte came: fill counts it when it does, so that a reader
+	// waiting between frames for an idle peer is not in a frame.
+	frame     atomic.Uint64
+	frameNext bool
 }
 
 func newSockReader(fd int, src io.Reader, n *atomic.Uint64) *sockReader {
@@ -75,8 +91,15 @@ func newSockReader(fd int, src io.Reader, n *atomic.Uint64) *sockReader {
 
 func (s *sockReader) buffered() int { return s.w - s.r }
 
-func (s *sockReader) beginFrame() {}
-func (s *sockReader) endFrame()   {}
+func (s *sockReader) beginFrame() {
+	if s.r < s.w {
+		s.frame.Add(1)
+	} else {
+		s.frameNext = true
+	}
+}
+
+func (s *sockReader) endFrame() { s.frame.Add(1) }
 
 // fill reads at least one more byte into the buffer.
 func (s *sockReader) fill() error {
@@ -86,6 +109,10 @@ func (s *sockReader) fill() error {
 	}
 	n, err := s.read(s.buf[s.w:], nil)
 	s.w += n
+	if n > 0 && s.frameNext {
+		s.frameNext = false
+		s.frame.Add(1)
+	}
 	return err
 }
 

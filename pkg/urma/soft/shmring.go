@@ -625,8 +625,7 @@ func (s *shmIO) waitRest() error {
 	s.frameWaited += time.Since(start)
 	if !s.ready(true) {
 		if whole {
-			return fmt.Errorf("%w: waited %v in all for the rest of a frame, past its bound %v",
-				errPeerStalled, s.frameWaited.Round(time.Millisecond), bound.Round(time.Millisecond))
+			return frameOverdue(s.frameWaited, bound)
 		}
 		return fmt.Errorf("%w for %v", errPeerStalled, s.stall)
 	}

@@ -349,8 +349,9 @@ func (sd *sockDevice) adoptLocked(p *peer, c *conn) *conn {
 
 // watchdog declares silent connections dead and keeps idle ones alive: every
 // PeerTimeout/4 it sends a PING on connections that wrote nothing, and fails
-// those that read nothing for four ticks. On the shm fabric it fails
-// connections whose live peer stopped (watchShm) instead.
+// those that read nothing for four ticks, or took too long over a frame
+// (watchFrame). On the shm fabric it fails connections whose live peer
+// stopped (watchShm) instead.
 func (sd *sockDevice) watchdog() {
 	tick := max(sd.peerTO/4, time.Millisecond)
 	t := time.NewTicker(tick)
@@ -380,10 +381,14 @@ func (sd *sockDevice) watchdog() {
 				sd.watchShm(c, s, awaitedPeers)
 				continue
 			}
-			if rx := c.rx.Load(); rx != c.lastRx {
+			rx := c.rx.Load()
+			if rx != c.lastRx {
 				c.lastRx, c.idleTicks = rx, 0
 			} else if c.idleTicks++; c.idleTicks >= 4 {
 				c.fail(fmt.Errorf("peer silent for %v", sd.peerTO))
+				continue
+			}
+			if s, ok := c.io.(*sockIO); ok && sd.watchFrame(c, s, rx) {
 				continue
 			}
 			if tx := c.tx.Load(); tx == c.lastTx {
@@ -401,6 +406,33 @@ func (sd *sockDevice) watchdog() {
 			(*f)()
 		}
 	}
+}
+
+// watchFrame fails a socket connection whose peer takes too long over a
+// frame, and reports whether it did. A peer that trickles a frame, a byte
+// now and then, is never silent for PeerTimeout, yet holds the reader
+// goroutine, the sends waiting for answers behind the frame and a receive
+// being written (and so JFR.Close) for as long as it likes. The reader
+// marks a frame from its first byte to its end (sockReader.frame); the
+// frame is timed from the tick that first saw it, so it is failed no
+// earlier than frameBound of the bytes read since (the socket's bytes, as
+// near to the frame's as the watchdog can tell) and at most a tick later.
+func (sd *sockDevice) watchFrame(c *conn, s *sockIO, rx uint64) bool {
+	f := s.frame.Load()
+	if f&1 == 0 {
+		return false // between frames
+	}
+	now := time.Now()
+	if f != c.frameSeen {
+		c.frameSeen, c.frameSince, c.frameRx = f, now, rx
+		return false
+	}
+	waited, bound := now.Sub(c.frameSince), frameBound(sd.peerTO, rx-c.frameRx)
+	if waited <= bound {
+		return false
+	}
+	c.fail(frameOverdue(waited, bound))
+	return true
 }
 
 // watchShm fails an shm connection whose peer process lives but stopped

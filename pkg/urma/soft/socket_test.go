@@ -247,9 +247,13 @@ func (l *logSink) has(s string) bool {
 // A peer that breaks the protocol loses its connection, with the reason
 // logged, and the sends outstanding to it complete with ACK_TIMEOUT; a peer
 // that goes silent is declared dead with the same result, and the log names
-// the configured PeerTimeout (not the default) as the silence it waited out.
+// the configured PeerTimeout (not the default) as the silence it waited out;
+// so is a peer that trickles a frame, never silent for PeerTimeout, once the
+// frame's bound (frameBound) passes.
 // No wall-clock bound: on a loaded machine the watchdog's ticks come late.
 func TestBadPeerFailsOutstandingSends(t *testing.T) {
+	trickled := append(encodeSendHeader(make([]byte, 4+sendHdrLen), &sendHeader{opcode: urma.OpSend, dst: 999, length: 4096}),
+		make([]byte, 4096)...)
 	cases := []struct {
 		name    string
 		respond func(nc net.Conn, h sendHeader)
@@ -263,6 +267,14 @@ func TestBadPeerFailsOutstandingSends(t *testing.T) {
 		{"unknown frame", func(nc net.Conn, h sendHeader) { nc.Write([]byte{0, 0, 0, 4, 200, 0, 0, 0}) }, "unknown frame type"},
 		{"oversize SEND", func(nc net.Conn, h sendHeader) { nc.Write([]byte{0xff, 0xff, 0xff, 0xff, frameSend}) }, "payload outside"},
 		{"silent", func(nc net.Conn, h sendHeader) {}, fmt.Sprintf("peer silent for %v", socketOpts().PeerTimeout)},
+		{"trickling a frame", func(nc net.Conn, h sendHeader) {
+			for i := range trickled {
+				if _, err := nc.Write(trickled[i : i+1]); err != nil {
+					return // the provider hung up
+				}
+				time.Sleep(socketOpts().PeerTimeout / 10) // the trickle under test, not a synchronisation
+			}
+		}, "peer stalled mid-frame: waited"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -300,6 +312,54 @@ func TestBadPeerFailsOutstandingSends(t *testing.T) {
 				t.Errorf("no log line says %q: %q", c.log, sink.lines)
 			}
 		})
+	}
+}
+
+// A slow but healthy socket peer that writes a large frame in pieces, with
+// pauses between them, takes longer over it than PeerTimeout: the frame's
+// bound grows with what arrives (frameBound), so the connection stays up
+// and the answer the peer writes after the frame comes through.
+func TestSocketSlowLargeFrameIsNotFailed(t *testing.T) {
+	const piece, pieces = 256 << 10, 16 // a piece earns PeerTimeout/4, twice the pause
+	opts := socketOpts()
+	p, sink := loggedProvider(t, opts)
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	f := newFakePeer(t)
+	done, release := make(chan struct{}), make(chan struct{})
+	defer func() { close(release); <-done }()
+	took := make(chan time.Duration, 1)
+	f.serve(done, func(nc net.Conn, br *bufio.Reader) {
+		h, err := readSend(br)
+		if err != nil {
+			return
+		}
+		start := time.Now()
+		if _, err := nc.Write(encodeSendHeader(make([]byte, 4+sendHdrLen), &sendHeader{opcode: urma.OpSend, dst: 999, length: piece * pieces})); err != nil {
+			return
+		}
+		payload := make([]byte, piece)
+		for range pieces {
+			time.Sleep(opts.PeerTimeout / 8) // the slow peer under test, not a synchronisation
+			if _, err := nc.Write(payload); err != nil {
+				return
+			}
+		}
+		took <- time.Since(start)
+		ackSend(nc, h)
+		<-release // hanging up now could reset the connection before the answer is read
+	})
+	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+	mustOK(t, err, "import from the fake peer")
+	defer target.Close()
+	mustOK(t, a.send(target, 1, 0, 100, 0), "send")
+	cs := pollN(t, a.sjfc, 1, 20*time.Second) // a hang, not a measurement
+	if cs[0].Status != urma.StatusSuccess {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		t.Fatalf("the send answered after the large frame completed with %v, want SUCCESS; log: %q", cs[0].Status, sink.lines)
+	}
+	if d := <-took; d <= opts.PeerTimeout {
+		t.Errorf("the peer took %v over the frame, no longer than PeerTimeout %v: nothing tested", d, opts.PeerTimeout)
 	}
 }
 
