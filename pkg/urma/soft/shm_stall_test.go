@@ -439,7 +439,7 @@ func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 	p := newProvider(t, shmOpts(t))
 	sd := p.devices[0].sock
 	hdr := encodeSendHeader(make([]byte, 4+sendHdrLen), &sendHeader{opcode: urma.OpSend, dst: 999, length: piece * pieces})
-	frame := append(hdr, make([]byte, piece*pieces)...)
+	frameLen := uint64(len(hdr) + piece*pieces)
 	for _, poller := range []bool{true, false} {
 		who := "reader goroutine"
 		if poller {
@@ -456,10 +456,10 @@ func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 			mustOK(t, remote.write(hdr), "write the frame's header")
 			start := time.Now()
 			goFake(t, remote, func() error {
-				for i := 0; i < pieces; i++ {
+				payload := make([]byte, piece)
+				for range pieces {
 					time.Sleep(gap) // the slow peer under test, not a synchronisation
-					off := len(hdr) + i*piece
-					if err := remote.write(frame[off : off+piece]); err != nil {
+					if err := remote.write(payload); err != nil {
 						return err
 					}
 				}
@@ -490,7 +490,7 @@ func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 				// The reader goroutine reads on: shut it down once it has
 				// read the frame, or see why it stopped before.
 				waitUntil(t, "the reader goroutine to read the frame", func() bool {
-					return local.rx.Load() == uint64(len(frame)) || len(done) > 0
+					return local.rx.Load() == frameLen || len(done) > 0
 				})
 				local.shutdown()
 				if err := <-done; !errors.Is(err, errConnDead) {
@@ -500,8 +500,8 @@ func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 			if elapsed := time.Since(start); elapsed <= stall {
 				t.Fatalf("the frame took %v, no longer than the stall bound %v: nothing tested", elapsed, stall)
 			}
-			if got := local.rx.Load(); got != uint64(len(frame)) {
-				t.Errorf("read %d bytes of the %d-byte frame", got, len(frame))
+			if got := local.rx.Load(); got != frameLen {
+				t.Errorf("read %d bytes of the %d-byte frame", got, frameLen)
 			}
 		})
 	}
