@@ -71,8 +71,10 @@ type Options struct {
 	// middle of a frame it writes (and so how long a Poll reading that
 	// frame can take), and how long it may stop reading or answering
 	// while something of this side waits on it (a full ring, sends or
-	// imports to answer); an idle shm peer is never timed out. Zero means
-	// 3s.
+	// imports to answer); an idle shm peer is never timed out. On both
+	// fabrics a peer may take over one frame, in all, no longer than
+	// PeerTimeout plus PeerTimeout for every MiB of it that arrived: one
+	// that trickles a frame fails as one that stops. Zero means 3s.
 	PeerTimeout time.Duration
 	// DialTimeout bounds connecting and handshaking with a peer device.
 	// Zero means 3s.

@@ -46,7 +46,8 @@ type shmNet struct {
 	// taking what a Poll leaves.
 	pollerBudget time.Duration
 	// peerTO is Options.PeerTimeout: how long a peer may stop writing in
-	// the middle of a frame (shmIO.stall).
+	// the middle of a frame, and with frameBound how long it may take
+	// over one (shmIO.stall).
 	peerTO time.Duration
 }
 
