@@ -39,18 +39,18 @@ const frameGrace = 1 << 20
 // frameBound is how long, in all, a reader may wait for the rest of a
 // frame that it has started and of which arrived bytes came so far:
 // PeerTimeout, plus PeerTimeout for every MiB (frameGrace) that came. A
-// peer that stops for PeerTimeout in a frame is failed at once (shm:
-// waitRest; socket: the watchdog's silence), but one that trickles it, a
-// byte just under every PeerTimeout, would hold the frame, and whoever
-// reads it (a Poll, the reader goroutine, a receive being written and so
-// a JFR.Close), for good: the bound is per frame, not per gap. It grows with
-// what arrived, so that a large frame from a slow but healthy peer (a
-// busy machine, a CPU-throttled container, a slow link) is never failed:
-// such a peer delivers far more than a MiB per PeerTimeout (a ring's copy
-// runs at GB/s), while a trickler earns next to nothing and is failed
-// about PeerTimeout after it started the frame's rest. A hostile peer that
-// keeps to a MiB per PeerTimeout is still bounded: a frame is at most
-// MaxMsgSize long.
+// peer that stops in a frame is failed once PeerTimeout passes without a
+// byte (shm: waitRest; socket: the watchdog's silence), but one that
+// trickles it, a byte just under every PeerTimeout, would hold the frame,
+// and whoever reads it (a Poll, the reader goroutine, a receive being
+// written and so a JFR.Close), for good: the bound is per frame, not per
+// gap. It grows with what arrived, so that a large frame from a slow but
+// healthy peer (a busy machine, a CPU-throttled container, a slow link)
+// is never failed: such a peer delivers far more than a MiB per
+// PeerTimeout (a ring's copy runs at GB/s), while a trickler earns next to
+// nothing and is failed about PeerTimeout after it started the frame's
+// rest. A hostile peer that keeps to a MiB per PeerTimeout is still
+// bounded: a frame is at most MaxMsgSize long.
 func frameBound(peerTO time.Duration, arrived uint64) time.Duration {
 	return peerTO + time.Duration(float64(peerTO)*float64(arrived)/frameGrace)
 }
