@@ -493,6 +493,18 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
+		// With nothing to scrape no ServiceMonitor is rendered, and its
+		// settings cannot be wrong.
+		name: "scrape settings without a component to scrape",
+		values: []string{"--set", "metrics.serviceMonitor.enabled=true", "-a", "monitoring.coreos.com/v1",
+			"--set", "metrics.serviceMonitor.interval=1m", "--set", "metrics.serviceMonitor.scrapeTimeout=2m",
+			"--set", "operator.enabled=false", "--set", "webhook.enabled=false", "--set", "devicePlugin.enabled=false"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if found := ofKind(objs, "ServiceMonitor"); len(found) != 0 {
+				t.Errorf("ServiceMonitors %v rendered with no component to scrape", names(found))
+			}
+		},
+	}, {
 		// interval: null leaves the scrape interval to Prometheus' global
 		// one, which the chart does not know: nothing to compare with.
 		name:   "scrape interval left to Prometheus",

@@ -257,8 +257,11 @@ fail the render with a message that names the values.
 {{- /*
 A null interval or scrapeTimeout leaves it to Prometheus' global setting, which
 the chart does not know (and Prometheus caps a global timeout at the interval).
+Only a ServiceMonitor the chart renders is checked (servicemonitor.yaml: the
+operator's, and the device plugin's when it is the node agent).
 */}}
-{{- if and $sm.enabled $sm.interval $sm.scrapeTimeout }}
+{{- $monitored := or .Values.operator.enabled (and .Values.devicePlugin.enabled (eq .Values.driver "devicePlugin")) }}
+{{- if and $sm.enabled $monitored $sm.interval $sm.scrapeTimeout }}
 {{- $timeout := include "urma-k8s.promDurationMs" (toString $sm.scrapeTimeout) | int64 }}
 {{- $interval := include "urma-k8s.promDurationMs" (toString $sm.interval) | int64 }}
 {{- if gt $timeout $interval }}
