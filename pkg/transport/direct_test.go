@@ -240,3 +240,67 @@ func TestDirectReadCompletionBetweenWaitAndLock(t *testing.T) {
 		})
 	}
 }
+
+// A receive whose placed message was handled is reposted while the reader
+// is still settling; a peer that sends past its credits can fill it again
+// before the reader looks. That second message is an ordinary one: the
+// handler queues it instead of taking it for the placed message again.
+func TestDirectReadReusedReceiveIsQueued(t *testing.T) {
+	checkNoLeaks(t)
+	client, server := directPair(t, FabricShm, true)
+	cl := client.(*urmaConn)
+	rq := len(server.rx)
+	msgs := make([][]byte, rq+1)
+	for i := range msgs {
+		msgs[i] = bytes.Repeat([]byte{byte('A' + i)}, 700)
+	}
+	server.direct.afterWait = func() {
+		// The placed message's completion, handled: its receive is
+		// posted again, last.
+		waitFor(t, "the placed message's completion", 10*time.Second, func() bool {
+			server.poll()
+			server.mu.Lock()
+			defer server.mu.Unlock()
+			return server.direct.handled
+		})
+		// The peer sends rq more, ignoring its window, so that the last
+		// one fills that receive again; the window is put back after,
+		// so that the credits the reads return balance it.
+		cl.mu.Lock()
+		extra := rq - cl.remoteRQWindow
+		cl.remoteRQWindow += extra
+		cl.mu.Unlock()
+		for _, m := range msgs[1:] {
+			if _, err := client.Write(m); err != nil {
+				t.Errorf("write: %v", err)
+				return
+			}
+		}
+		cl.mu.Lock()
+		cl.remoteRQWindow -= extra
+		cl.mu.Unlock()
+		waitFor(t, "every message to be handled", 10*time.Second, func() bool {
+			server.poll()
+			return server.Debug().MessagesReceived == uint64(len(msgs))
+		})
+	}
+	buf := make([]byte, 4096)
+	res := readAsync(server, buf)
+	waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+	if _, err := client.Write(msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if r := await(t, res); r.err != nil || !bytes.Equal(buf[:r.n], msgs[0]) {
+		t.Fatalf("placed message: %q, %v", buf[:r.n], r.err)
+	}
+	server.direct.afterWait = nil
+	for i, m := range msgs[1:] {
+		got := make([]byte, len(m))
+		if err := server.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, m) {
+			t.Fatalf("message %d (of %q): %v, bytes equal %v", i+1, m[:1], err, bytes.Equal(got, m))
+		}
+	}
+}
