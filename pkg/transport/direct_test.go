@@ -173,71 +173,77 @@ func TestDirectReadTakenBack(t *testing.T) {
 }
 
 // The completion of a placed message may be handled in the moment between
-// the reader's Wait and its bookkeeping: the handler must still take the
-// receive as read (and repost it), not queue the message a second time.
-// The test holds the completion handlers off (pollMu) until the reader
-// has waited, then handles the completion in that moment.
-func TestDirectReadCompletionBetweenWaitAndLock(t *testing.T) {
+// the reader's Wait and its bookkeeping ("between"), or only after the
+// reader returned ("after"): either way the handler takes the receive as
+// read and reposts it, never queues the message a second time, and the
+// next Read offers its slice again. The test holds the completion
+// handlers off (pollMu) until the reader has waited, then lets them in at
+// that moment or once the read returned.
+func TestDirectReadCompletionOrder(t *testing.T) {
 	checkNoLeaks(t)
 	for _, fabric := range []string{FabricSocket, FabricShm} {
-		t.Run(fabric, func(t *testing.T) {
-			f := flags.Defaults()
-			f.BufferCount = 1024
-			f.RQSize, f.SQSize = 16, 16
-			f.EventSpin = 10 * time.Millisecond // the reader sees the placement by spinning, not by an event
-			cfg := Config{Flags: &f, LookupEnv: noEnv, SoftFabric: fabric}
-			p := connect(t, cfg, cfg)
-			client, server := p.client, p.server.(*urmaConn)
-			exercised := 0
-			buf := make([]byte, 4096)
-			for i := 0; i < 3; i++ {
-				var once sync.Once
-				hookRan := make(chan struct{})
-				release := func() { once.Do(server.pollMu.Unlock) }
-				server.pollMu.Lock()
-				server.direct.afterWait = func() {
-					close(hookRan)
+		for _, between := range []bool{true, false} {
+			name := fabric + map[bool]string{true: " between", false: " after"}[between]
+			t.Run(name, func(t *testing.T) {
+				f := flags.Defaults()
+				f.BufferCount = 1024
+				f.RQSize, f.SQSize = 16, 16
+				f.EventSpin = 10 * time.Millisecond // the reader sees the placement by spinning, not by an event
+				cfg := Config{Flags: &f, LookupEnv: noEnv, SoftFabric: fabric}
+				p := connect(t, cfg, cfg)
+				client, server := p.client, p.server.(*urmaConn)
+				handled := func() bool {
+					server.poll()
 					server.mu.Lock()
-					if !server.direct.handled {
-						exercised++
-					}
-					server.mu.Unlock()
-					release()
-					waitFor(t, "the placed message's completion", 10*time.Second, func() bool {
-						server.poll()
+					defer server.mu.Unlock()
+					return server.direct.slot < 0 || server.direct.handled
+				}
+				exercised := 0
+				buf := make([]byte, 4096)
+				for i := 0; i < 3; i++ {
+					var once sync.Once
+					release := func() { once.Do(server.pollMu.Unlock) }
+					server.pollMu.Lock()
+					server.direct.afterWait = func() {
 						server.mu.Lock()
-						defer server.mu.Unlock()
-						return server.direct.handled
-					})
-				}
-				// Never hold the handlers off for good: a reader that slept
-				// instead of spinning needs the event loop.
-				go func() {
-					select {
-					case <-hookRan:
-					case <-time.After(5 * time.Second):
-						release()
+						if !server.direct.handled {
+							exercised++
+						}
+						server.mu.Unlock()
+						if between {
+							release()
+							waitFor(t, "the placed message's completion", 10*time.Second, handled)
+						}
 					}
-				}()
-				msg := bytes.Repeat([]byte{byte('a' + i)}, 1000)
-				res := readAsync(server, buf)
-				waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
-				if _, err := client.Write(msg); err != nil {
-					t.Fatal(err)
+					msg := bytes.Repeat([]byte{byte('a' + i)}, 1000)
+					res := readAsync(server, buf)
+					waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+					if _, err := client.Write(msg); err != nil {
+						t.Fatal(err)
+					}
+					var r readResult
+					select {
+					case r = <-res:
+					case <-time.After(5 * time.Second):
+						// Never hold the handlers off for good: a reader that
+						// slept instead of spinning needs the event loop.
+						release()
+						r = await(t, res)
+					}
+					release()
+					if r.err != nil || !bytes.Equal(buf[:r.n], msg) {
+						t.Fatalf("message %d: %q, %v", i, buf[:r.n], r.err)
+					}
+					waitFor(t, "the placed message's completion", 10*time.Second, handled)
 				}
-				r := await(t, res)
-				release()
-				if r.err != nil || !bytes.Equal(buf[:r.n], msg) {
-					t.Fatalf("message %d: %q, %v", i, buf[:r.n], r.err)
+				if exercised == 0 {
+					t.Fatal("the reader never settled before the completion was handled; the test did not test")
 				}
-			}
-			if exercised == 0 {
-				t.Fatal("the completion never came between the reader's Wait and its lock; the test did not test")
-			}
-			if d := server.Debug(); d.DirectReads != 3 || d.BufferedMessages != 0 {
-				t.Fatalf("%d direct reads, %d messages queued; want 3 and none (a placed message queued again)", d.DirectReads, d.BufferedMessages)
-			}
-		})
+				if d := server.Debug(); d.DirectReads != 3 || d.BufferedMessages != 0 {
+					t.Fatalf("%d direct reads, %d messages queued; want 3 and none (a placed message queued again)", d.DirectReads, d.BufferedMessages)
+				}
+			})
+		}
 	}
 }
 
