@@ -56,33 +56,8 @@ func TestShmMidFrameStallFailsReader(t *testing.T) {
 				who = "poller"
 			}
 			t.Run(frame.name+", "+who, func(t *testing.T) {
-				local, remote := shmPair(t, MinShmRing, -1)
-				local.stall = stall
-				eid, err := ShmEID()
-				mustOK(t, err, "EID")
-				pr, err := sd.peer(eid)
-				mustOK(t, err, "peer")
-				c := newConn(sd, pr, local, hello{session: 1, src: eid, maxMsg: 1 << 20}, false, "test", "test")
-				mustOK(t, remote.write(frame.bytes), "write the start of the frame")
-				start, cpu := time.Now(), cpuTime(t)
-				done := make(chan error, 1)
-				go func() {
-					if poller {
-						c.drive()
-						done <- c.deathCause()
-					} else {
-						done <- c.readFrames()
-					}
-				}()
-				var got error
-				select {
-				case got = <-done:
-				case <-time.After(stall + 20*time.Second): // a hang, not a measurement
-					local.shutdown() // out of the wait before the rings are unmapped
-					<-done
-					t.Fatalf("the %s still waits for the rest of the frame", who)
-				}
-				elapsed, used := time.Since(start), cpuTime(t)-cpu
+				r := readStalledFrame(t, sd, stall, frame.bytes, nil, poller)
+				got, elapsed, used := r.err, r.elapsed, r.cpu
 				if !errors.Is(got, errPeerStalled) || !strings.Contains(got.Error(), fmt.Sprintf("peer stalled mid-frame for %v", stall)) {
 					t.Fatalf("the %s gave up with %v, want the peer stalled mid-frame for %v", who, got, stall)
 				}
@@ -95,15 +70,118 @@ func TestShmMidFrameStallFailsReader(t *testing.T) {
 				if used > elapsed/3 {
 					t.Errorf("the %s used %v of processor time in %v of waiting: it spins", who, used, elapsed)
 				}
-				if poller {
-					select {
-					case <-c.done:
-					default:
-						t.Error("the poller gave up but left the connection up")
-					}
-				}
+				r.checkPollerFailed(t)
 			})
 		}
+	}
+}
+
+// firstCompletion polls q until it yields a record and returns it: at
+// once and all along if poll (an application whose Polls read the frames),
+// else only once c died. A record still missing after bound (a hang, not
+// a measurement) fails c, then the test, saying what never completed.
+func firstCompletion(t *testing.T, q urma.JFC, c *conn, poll bool, bound time.Duration, what string) urma.Completion {
+	t.Helper()
+	completed := make(chan urma.Completion, 1)
+	go func() {
+		if !poll {
+			<-c.done
+		}
+		cs := make([]urma.Completion, 1)
+		for {
+			if n, err := q.Poll(cs); err != nil || n == 1 {
+				completed <- cs[0]
+				return
+			}
+		}
+	}()
+	select {
+	case got := <-completed:
+		return got
+	case <-time.After(bound):
+		c.fail(errors.New("the test gave up"))
+		<-completed
+		t.Fatalf("%s never completed", what)
+		return urma.Completion{}
+	}
+}
+
+// stalledRead is how a read of a frame its peer stalled in ended.
+type stalledRead struct {
+	c       *conn
+	poller  bool
+	err     error         // the reader's error (a poller's: the connection's death cause)
+	elapsed time.Duration // from the frame's first bytes
+	cpu     time.Duration // processor time this process used meanwhile
+}
+
+// stallConn is a connection of sd over a fresh ring pair of ringSize, as
+// the peer process's side of which the test writes into remote; local
+// gives up on a frame's rest after stall without a byte.
+func stallConn(t *testing.T, sd *sockDevice, ringSize int, stall time.Duration) (c *conn, local, remote *shmIO) {
+	t.Helper()
+	local, remote = shmPair(t, ringSize, -1)
+	local.stall = stall
+	eid, err := ShmEID()
+	mustOK(t, err, "EID")
+	pr, err := sd.peer(eid)
+	mustOK(t, err, "peer")
+	return newConn(sd, pr, local, hello{session: 1, src: eid, maxMsg: 1 << 20}, false, "test", "test"), local, remote
+}
+
+// goReadFrames reads c's frames as a Poll does (conn.drive, which returns
+// once it read what there was, or gave up) or as the reader goroutine does
+// (readFrames, until the connection ends), and sends how that ended: a
+// poller's error is the connection's death cause.
+func goReadFrames(c *conn, poller bool) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		if poller {
+			c.drive()
+			done <- c.deathCause()
+		} else {
+			done <- c.readFrames()
+		}
+	}()
+	return done
+}
+
+// readStalledFrame writes start, the first bytes of a frame, into a fresh
+// shm connection's ring (and, if feed is set, starts it as the fake peer
+// that writes more), then reads the frame with a Poll (conn.drive) or the
+// reader goroutine (readFrames) until that gives up. A read still waiting
+// 20 s past stall fails the test: a hang, not a measurement.
+func readStalledFrame(t *testing.T, sd *sockDevice, stall time.Duration, start []byte, feed func(remote *shmIO) error, poller bool) stalledRead {
+	t.Helper()
+	c, local, remote := stallConn(t, sd, MinShmRing, stall)
+	mustOK(t, remote.write(start), "write the start of the frame")
+	began, cpu := time.Now(), cpuTime(t)
+	if feed != nil {
+		goFake(t, remote, func() error { return feed(remote) })
+	}
+	done := goReadFrames(c, poller)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(stall + 20*time.Second):
+		local.shutdown() // out of the wait before the rings are unmapped
+		<-done
+		t.Fatalf("the read still waits for the rest of the frame (poller %v)", poller)
+	}
+	return stalledRead{c: c, poller: poller, err: err, elapsed: time.Since(began), cpu: cpuTime(t) - cpu}
+}
+
+// checkPollerFailed fails the test if a poller gave up on the frame but
+// left its connection up.
+func (r stalledRead) checkPollerFailed(t *testing.T) {
+	t.Helper()
+	if !r.poller {
+		return
+	}
+	select {
+	case <-r.c.done:
+	default:
+		t.Error("the poller gave up but left the connection up")
 	}
 }
 
@@ -200,27 +278,7 @@ func TestShmStalledPeerFailsOutstandingSends(t *testing.T) {
 				opcode: urma.OpSend, src: 5, dst: a.jetty.ID().ID, token: 7, tag: 1, length: 4096})
 			start := time.Now()
 			c.write(t, f, append(frame, make([]byte, 100)...))
-			completed := make(chan urma.Completion, 1)
-			go func() {
-				if !c.poll {
-					<-conn.done
-				}
-				cs := make([]urma.Completion, 1)
-				for {
-					if n, err := a.sjfc.Poll(cs); err != nil || n == 1 {
-						completed <- cs[0]
-						return
-					}
-				}
-			}()
-			var got urma.Completion
-			select {
-			case got = <-completed:
-			case <-time.After(peerTO + 20*time.Second): // a hang, not a measurement
-				conn.fail(errors.New("the test gave up"))
-				<-completed
-				t.Fatal("the send to the stalled peer never completed")
-			}
+			got := firstCompletion(t, a.sjfc, conn, c.poll, peerTO+20*time.Second, "the send to the stalled peer")
 			elapsed := time.Since(start)
 			if got.Status != urma.StatusAckTimeout || got.UserCtx != 1 {
 				t.Errorf("send to the stalled peer: %+v, want ACK_TIMEOUT", got)
@@ -294,47 +352,15 @@ func TestShmTricklingPeerFailsReader(t *testing.T) {
 				who = "poller"
 			}
 			t.Run(at.name+", "+who, func(t *testing.T) {
-				local, remote := shmPair(t, MinShmRing, -1)
-				local.stall = stall
-				eid, err := ShmEID()
-				mustOK(t, err, "EID")
-				pr, err := sd.peer(eid)
-				mustOK(t, err, "peer")
-				c := newConn(sd, pr, local, hello{session: 1, src: eid, maxMsg: 1 << 20}, false, "test", "test")
-				mustOK(t, remote.write(frame[:at.n]), "write the start of the frame")
-				start := time.Now()
-				goFake(t, remote, func() error { return trickle(remote, frame[at.n:], gap, nil) })
-				done := make(chan error, 1)
-				go func() {
-					if poller {
-						c.drive()
-						done <- c.deathCause()
-					} else {
-						done <- c.readFrames()
-					}
-				}()
-				var got error
-				select {
-				case got = <-done:
-				case <-time.After(stall + 10*time.Second): // a hang, not a measurement
-					local.shutdown() // out of the wait before the rings are unmapped
-					<-done
-					t.Fatalf("the %s still waits for the rest of the trickled frame", who)
-				}
-				elapsed := time.Since(start)
+				r := readStalledFrame(t, sd, stall, frame[:at.n], func(remote *shmIO) error { return trickle(remote, frame[at.n:], gap, nil) }, poller)
+				got, elapsed := r.err, r.elapsed
 				if !errors.Is(got, errPeerStalled) || !strings.Contains(got.Error(), "peer stalled mid-frame: waited") {
 					t.Fatalf("the %s gave up with %v, want the peer stalled mid-frame, past the frame's bound", who, got)
 				}
 				if elapsed < stall {
 					t.Errorf("the %s gave up after %v, before the bound %v", who, elapsed, stall)
 				}
-				if poller {
-					select {
-					case <-c.done:
-					default:
-						t.Error("the poller gave up but left the connection up")
-					}
-				}
+				r.checkPollerFailed(t)
 			})
 		}
 	}
@@ -386,27 +412,7 @@ func TestShmTricklingPeerFailsOutstandingSends(t *testing.T) {
 			start := time.Now()
 			mustOK(t, put(frame[:first]), "write the start of the frame")
 			goFake(t, f, func() error { return trickle(f, frame[first:], gap, put) })
-			completed := make(chan urma.Completion, 1)
-			go func() {
-				if !c.poll {
-					<-ft.conn.done
-				}
-				cs := make([]urma.Completion, 1)
-				for {
-					if n, err := ft.a.sjfc.Poll(cs); err != nil || n == 1 {
-						completed <- cs[0]
-						return
-					}
-				}
-			}()
-			var got urma.Completion
-			select {
-			case got = <-completed:
-			case <-time.After(peerTO + 10*time.Second): // a hang, not a measurement
-				ft.conn.fail(errors.New("the test gave up"))
-				<-completed
-				t.Fatal("the send to the trickling peer never completed")
-			}
+			got := firstCompletion(t, ft.a.sjfc, ft.conn, c.poll, peerTO+10*time.Second, "the send to the trickling peer")
 			elapsed := time.Since(start)
 			if got.Status != urma.StatusAckTimeout || got.UserCtx != 1 {
 				t.Errorf("send to the trickling peer: %+v, want ACK_TIMEOUT", got)
@@ -446,13 +452,7 @@ func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 			who = "poller"
 		}
 		t.Run(who, func(t *testing.T) {
-			local, remote := shmPair(t, 1<<20, -1)
-			local.stall = stall
-			eid, err := ShmEID()
-			mustOK(t, err, "EID")
-			pr, err := sd.peer(eid)
-			mustOK(t, err, "peer")
-			c := newConn(sd, pr, local, hello{session: 1, src: eid, maxMsg: 1 << 20}, false, "test", "test")
+			c, local, remote := stallConn(t, sd, 1<<20, stall)
 			mustOK(t, remote.write(hdr), "write the frame's header")
 			start := time.Now()
 			goFake(t, remote, func() error {
@@ -465,15 +465,7 @@ func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 				}
 				return nil
 			})
-			done := make(chan error, 1)
-			go func() {
-				if poller {
-					c.drive()
-					done <- c.deathCause()
-				} else {
-					done <- c.readFrames()
-				}
-			}()
+			done := goReadFrames(c, poller)
 			if poller {
 				// A Poll returns once it has read the frame.
 				select {
