@@ -138,6 +138,9 @@ type PlacementTicket struct {
 	size int
 }
 
+// Offered reports whether the ticket holds an offer, claimed or not.
+func (t PlacementTicket) Offered() bool { return t.p != nil }
+
 // Claim takes the placement for a message of length bytes and returns
 // where to copy it; the caller must Settle. It misses, and returns false,
 // when the message is empty or does not fit, or the reader withdrew.

@@ -2,6 +2,8 @@ package soft
 
 import (
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -55,6 +57,13 @@ type jfr struct {
 	users      int             // jetties sharing this JFR
 	drained    *sync.Cond      // signalled when inProgress drops to zero
 	placement  *urma.Placement // offered for the next message taken
+	// lastOffer is when a reader last offered a placement (UnixNano), and
+	// offered wakes a message waiting for the next offer (awaitOffer),
+	// for up to offerWait.
+	lastOffer atomic.Int64
+	offered   chan struct{}
+	offerWait time.Duration
+	onAwait   func() // tests: a message starts waiting for an offer
 }
 
 var _ urma.JFR = (*jfr)(nil)
@@ -76,6 +85,7 @@ func newJFR(c *devContext, cfg urma.JFRConfig) (*jfr, error) {
 		flat: make([]sgeRef, int(cfg.Depth)*int(maxSGE)),
 	}
 	r.drained = sync.NewCond(&r.mu)
+	r.offered, r.offerWait = make(chan struct{}, 1), offerWait
 	if err := q.attach(op); err != nil {
 		return nil, err
 	}
@@ -150,7 +160,62 @@ func (r *jfr) OfferPlacement(p *urma.Placement) bool {
 		return false
 	}
 	r.placement = p
+	r.lastOffer.Store(time.Now().UnixNano())
+	select {
+	case r.offered <- struct{}{}:
+	default: // a wake-up is pending already
+	}
 	return true
+}
+
+// offerWait is how long a large message taken without an offer waits for
+// one (awaitOffer): more than a reader that keeps up takes between two
+// messages (copying one out, its caller's work, the next Read), little
+// beside the copy of the messages it is for.
+const offerWait = time.Millisecond
+
+// awaitOffer waits up to offerWait for a reader's offer for the receive
+// posted with userCtx, which a message took without one, if a reader
+// offered within the last offerWait: that reader keeps up with its sender
+// and is about to offer again. Read into the receive buffer instead, the
+// message would cost that reader a copy of its own, and so would the ones
+// behind it: the reader would find them queued and not offer. The bytes
+// stay where they are meanwhile (in the sender's memory), as a TCP
+// receiver leaves them in the kernel until its reader asks. tm is the
+// caller's stopped timer, reused so that a wait does not allocate.
+func (r *jfr) awaitOffer(userCtx uint64, tm *time.Timer) urma.PlacementTicket {
+	if time.Now().UnixNano()-r.lastOffer.Load() > int64(r.offerWait) {
+		return urma.PlacementTicket{}
+	}
+	if r.onAwait != nil {
+		r.onAwait()
+	}
+	tm.Reset(r.offerWait)
+	defer tm.Stop()
+	for {
+		if tk, ok := r.takeOffer(userCtx); ok {
+			return tk
+		}
+		select {
+		case <-r.offered: // maybe a wake-up for an offer already taken: look
+		case <-tm.C:
+			tk, _ := r.takeOffer(userCtx)
+			return tk
+		}
+	}
+}
+
+// takeOffer binds the offer there is, if any, to the message that took
+// the receive posted with userCtx.
+func (r *jfr) takeOffer(userCtx uint64) (urma.PlacementTicket, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.placement
+	if p == nil {
+		return urma.PlacementTicket{}, false
+	}
+	r.placement = nil
+	return p.Bind(userCtx), true
 }
 
 // accepts reports whether a message carrying token may use this JFR. The

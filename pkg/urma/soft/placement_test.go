@@ -151,3 +151,110 @@ func TestPlacementClosedJFR(t *testing.T) {
 		t.Fatal("a destroyed JFR took a placement")
 	}
 }
+
+// A large message on shm that takes its receive without an offer waits a
+// moment for one when its reader offered lately: a reader that keeps up is
+// about to offer again, and the message then lands in its memory. Without
+// a recent offer, or on the socket fabric (where waiting gains nothing),
+// it does not wait; a wait with no offer ends, and the message lands in
+// the receive buffer.
+func TestPlacementAwaitsOffer(t *testing.T) {
+	const size = awaitOfferMin
+	tests := []struct {
+		name       string
+		socket     bool
+		recent     bool          // the reader offered lately
+		wait       time.Duration // the JFR's offerWait
+		offer      bool          // the reader offers while the message waits
+		wantWait   bool
+		wantPlaced bool
+	}{
+		{name: "offer comes", recent: true, wait: 5 * time.Second, offer: true, wantWait: true, wantPlaced: true},
+		{name: "no offer in time", recent: true, wait: 20 * time.Millisecond, wantWait: true},
+		{name: "no recent offer", wait: 5 * time.Second},
+		{name: "socket fabric", socket: true, recent: true, wait: 5 * time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			noLeaks(t)
+			opts := shmOpts(t)
+			if tc.socket {
+				opts = socketOpts()
+			}
+			pa, pb := newProvider(t, opts), newProvider(t, opts)
+			a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+			b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+			target := a.importJetty(b)
+			seg, mem := a.seg, a.mem
+			if !tc.socket {
+				seg, mem = shareableSegment(t, a, urma.AccessRead|urma.AccessWrite)
+			}
+			src := mem.Bytes()[:size]
+			for k := range src {
+				src[k] = byte(k*13 + 5)
+			}
+			r := b.jfr.(*jfr)
+			waiting := make(chan struct{}, 1)
+			r.mu.Lock()
+			r.offerWait = tc.wait
+			r.onAwait = func() { waiting <- struct{}{} }
+			r.mu.Unlock()
+			if tc.recent {
+				// An offer the next message passes by (withdrawn), which
+				// leaves the time of the last offer recent.
+				old := urma.NewPlacement()
+				old.Arm(make([]byte, 1), 42)
+				if !r.OfferPlacement(old) || !old.Withdraw() {
+					t.Fatal("could not offer and withdraw")
+				}
+			}
+			b.postRecv(1, 0, size)
+			mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: 1,
+				SGEs: []urma.SGE{{Segment: seg, Len: size}}}), "send")
+			waited := false
+			if tc.wantWait {
+				select {
+				case <-waiting:
+					waited = true
+				case <-time.After(10 * time.Second):
+					t.Fatal("the message never waited for an offer")
+				}
+			}
+			place := urma.NewPlacement()
+			dst := make([]byte, size)
+			if tc.offer {
+				place.Arm(dst, 1)
+				if !r.OfferPlacement(place) {
+					t.Fatal("offer refused")
+				}
+			}
+			c := pollN(t, b.rjfc, 1, 10*time.Second)[0]
+			if c.Status != urma.StatusSuccess || c.CompletionLen != size {
+				t.Fatalf("receive %+v", c)
+			}
+			pollN(t, a.sjfc, 1, 10*time.Second)
+			select {
+			case <-waiting:
+				waited = true
+			default:
+			}
+			if waited != tc.wantWait {
+				t.Fatalf("the message waited for an offer: %v, want %v", waited, tc.wantWait)
+			}
+			placed := false
+			if tc.offer && !place.Withdraw() {
+				_, placed = waitPlacement(t, place)
+			}
+			if placed != tc.wantPlaced {
+				t.Fatalf("placed %v, want %v", placed, tc.wantPlaced)
+			}
+			landed := b.mem.Bytes()[:size]
+			if placed {
+				landed = dst
+			}
+			if !bytes.Equal(landed, src) {
+				t.Fatal("the message is not where it should have landed")
+			}
+		})
+	}
+}
