@@ -61,9 +61,14 @@ type jfr struct {
 	// offered wakes a message waiting for the next offer (awaitOffer),
 	// for up to offerWait.
 	lastOffer atomic.Int64
-	offered   chan struct{}
-	offerWait time.Duration
-	onAwait   func() // tests: a message starts waiting for an offer
+	// offerMissed says a message passed the last offer by (it was for
+	// another receive, or the message was empty or did not fit): its
+	// reader does not offer again until it has found that message, so the
+	// next one must not wait for it.
+	offerMissed atomic.Bool
+	offered     chan struct{}
+	offerWait   time.Duration
+	onAwait     func() // tests: a message starts waiting for an offer
 }
 
 var _ urma.JFR = (*jfr)(nil)
@@ -161,6 +166,7 @@ func (r *jfr) OfferPlacement(p *urma.Placement) bool {
 	}
 	r.placement = p
 	r.lastOffer.Store(time.Now().UnixNano())
+	r.offerMissed.Store(false)
 	select {
 	case r.offered <- struct{}{}:
 	default: // a wake-up is pending already
@@ -176,15 +182,15 @@ const offerWait = time.Millisecond
 
 // awaitOffer waits up to offerWait for a reader's offer for the receive
 // posted with userCtx, which a message took without one, if a reader
-// offered within the last offerWait: that reader keeps up with its sender
-// and is about to offer again. Read into the receive buffer instead, the
+// offered within the last offerWait and no message passed that offer by:
+// that reader keeps up with its sender and is about to offer again. Read into the receive buffer instead, the
 // message would cost that reader a copy of its own, and so would the ones
 // behind it: the reader would find them queued and not offer. The bytes
 // stay where they are meanwhile (in the sender's memory), as a TCP
 // receiver leaves them in the kernel until its reader asks. tm is the
 // caller's stopped timer, reused so that a wait does not allocate.
 func (r *jfr) awaitOffer(userCtx uint64, tm *time.Timer) urma.PlacementTicket {
-	if time.Now().UnixNano()-r.lastOffer.Load() > int64(r.offerWait) {
+	if r.offerMissed.Load() || time.Now().UnixNano()-r.lastOffer.Load() > int64(r.offerWait) {
 		return urma.PlacementTicket{}
 	}
 	if r.onAwait != nil {
@@ -242,6 +248,9 @@ func (r *jfr) take(t *recvTicket) (takeResult, uint8) {
 	if r.placement != nil {
 		t.place = r.placement.Bind(slot.userCtx)
 		r.placement = nil
+		if !t.place.Offered() {
+			r.offerMissed.Store(true) // for another receive, or taken back
+		}
 	}
 	copy(t.sges[:], slot.sges)
 	clear(slot.sges)

@@ -200,13 +200,8 @@ func TestPlacementAwaitsOffer(t *testing.T) {
 			r.onAwait = func() { waiting <- struct{}{} }
 			r.mu.Unlock()
 			if tc.recent {
-				// An offer the next message passes by (withdrawn), which
-				// leaves the time of the last offer recent.
-				old := urma.NewPlacement()
-				old.Arm(make([]byte, 1), 42)
-				if !r.OfferPlacement(old) || !old.Withdraw() {
-					t.Fatal("could not offer and withdraw")
-				}
+				// The reader's last offer was taken by the message before.
+				r.lastOffer.Store(time.Now().UnixNano())
 			}
 			b.postRecv(1, 0, size)
 			mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: 1,
@@ -228,11 +223,14 @@ func TestPlacementAwaitsOffer(t *testing.T) {
 					t.Fatal("offer refused")
 				}
 			}
+			// The sender's completion first: until then no Poll of the
+			// receiver reads the frame (a Poll does not wait for offers),
+			// its reader goroutine does.
+			pollN(t, a.sjfc, 1, 10*time.Second)
 			c := pollN(t, b.rjfc, 1, 10*time.Second)[0]
 			if c.Status != urma.StatusSuccess || c.CompletionLen != size {
 				t.Fatalf("receive %+v", c)
 			}
-			pollN(t, a.sjfc, 1, 10*time.Second)
 			select {
 			case <-waiting:
 				waited = true
@@ -256,5 +254,50 @@ func TestPlacementAwaitsOffer(t *testing.T) {
 				t.Fatal("the message is not where it should have landed")
 			}
 		})
+	}
+}
+
+// A message that passes its reader's offer by (here an empty one, as the
+// transport's credit messages are) leaves the reader without an offer
+// until it has found that message: the large message behind it must not
+// wait for an offer that cannot come before its wait ends.
+func TestPlacementPassedByOfferIsNotAwaited(t *testing.T) {
+	noLeaks(t)
+	opts := shmOpts(t)
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
+	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
+	target := a.importJetty(b)
+	seg, _ := shareableSegment(t, a, urma.AccessRead|urma.AccessWrite)
+	r := b.jfr.(*jfr)
+	waited := make(chan struct{}, 2)
+	r.mu.Lock()
+	r.offerWait = 5 * time.Second
+	r.onAwait = func() { waited <- struct{}{} }
+	r.mu.Unlock()
+	b.postRecv(1, 0, 64)
+	b.postRecv(2, 64, awaitOfferMin)
+	offer := urma.NewPlacement()
+	offer.Arm(make([]byte, awaitOfferMin), 1)
+	if !r.OfferPlacement(offer) {
+		t.Fatal("offer refused")
+	}
+	for i, n := range []uint32{0, awaitOfferMin} {
+		mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: uint64(i + 1),
+			SGEs: []urma.SGE{{Segment: seg, Len: n}}}), "send")
+	}
+	start := time.Now()
+	pollN(t, a.sjfc, 2, 10*time.Second) // first: the receiver's reader goroutine reads the frames, no Poll
+	cs := pollN(t, b.rjfc, 2, 10*time.Second)
+	if cs[0].UserCtx != 1 || cs[0].CompletionLen != 0 || cs[1].UserCtx != 2 || cs[1].CompletionLen != awaitOfferMin {
+		t.Fatalf("receives %+v", cs)
+	}
+	if _, placed := waitPlacement(t, offer); placed {
+		t.Fatal("the empty message was placed")
+	}
+	select {
+	case <-waited:
+		t.Fatalf("the large message waited for an offer after the last one was passed by (%v)", time.Since(start))
+	default:
 	}
 }
