@@ -2,6 +2,7 @@ package soft
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -776,5 +777,64 @@ func TestJFRReceiveBeingFilled(t *testing.T) {
 			})
 			c.check(t, b, p.conns()[0])
 		})
+	}
+}
+
+// A receive whose message broke off (its sender's connection died in the
+// middle of the payload) goes back to the head of the queue, in its place:
+// the next message, from another sender, lands in it, and the one after
+// in the receive posted after it.
+func TestJFRReceivePutBackInPlace(t *testing.T) {
+	noLeaks(t)
+	p := newProvider(t, socketOpts())
+	b := newSide(t, p, urma.JettyConfig{}, 64)
+	b.postRecv(1, 0, 4096)
+	b.postRecv(2, 4096, 4096)
+	f := newFakePeer(t)
+	peerDone := make(chan struct{})
+	go func() {
+		defer close(peerDone)
+		nc, _ := f.accept()
+		if nc == nil {
+			return
+		}
+		frame := sendFrame(sendHeader{opcode: urma.OpSend, dst: b.jetty.ID().ID, token: 7}, make([]byte, 4096))
+		nc.Write(frame[:len(frame)-100])
+		nc.Close() // dies in the middle of the payload
+	}()
+	target, err := b.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+	mustOK(t, err, "import from the fake peer")
+	defer target.Close()
+	<-peerDone
+	r := b.jfr.(*jfr)
+	waitUntil(t, "the broken message's receive to be put back", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.inProgress == 0 && r.n == 2 && r.ring[r.head].userCtx == 1
+	})
+	a := newSide(t, newProvider(t, socketOpts()), urma.JettyConfig{RNRRetry: 7}, 64)
+	toB := a.importJetty(b)
+	for i := range 2 {
+		mem := a.mem.Bytes()[i*4096 : (i+1)*4096]
+		for k := range mem {
+			mem[k] = byte(i + 1)
+		}
+		mustOK(t, a.send(toB, uint64(i), i*4096, 4096, 0), "send")
+	}
+	pollN(t, a.sjfc, 2, 10*time.Second)
+	cs := pollN(t, b.rjfc, 2, 10*time.Second)
+	for i, c := range cs {
+		if c.Status != urma.StatusSuccess || c.UserCtx != uint64(i+1) || c.CompletionLen != 4096 {
+			t.Fatalf("receive %d: %+v, want SUCCESS in receive %d", i, c, i+1)
+		}
+		got := b.mem.Bytes()[i*4096 : (i+1)*4096]
+		if !bytes.Equal(got, bytes.Repeat([]byte{byte(i + 1)}, 4096)) {
+			t.Fatalf("receive %d holds the wrong bytes", i+1)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n != 0 || r.inProgress != 0 {
+		t.Fatalf("%d receives still posted, %d in progress, want none", r.n, r.inProgress)
 	}
 }
