@@ -44,10 +44,7 @@ func TestPlacement(t *testing.T) {
 		t.Run(fb.name, func(t *testing.T) {
 			noLeaks(t)
 			opts := fb.opts(t)
-			pa, pb := newProvider(t, opts), newProvider(t, opts)
-			a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
-			b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
-			target := a.importJetty(b)
+			a, b, target := senderReceiver(t, opts)
 			seg, mem := a.seg, a.mem
 			if fb.shareable {
 				seg, mem = shareableSegment(t, a, urma.AccessRead|urma.AccessWrite)
@@ -118,6 +115,15 @@ func TestPlacement(t *testing.T) {
 	}
 }
 
+// senderReceiver is a side on each of two providers made with opts, and
+// the sender a's import of the receiver b's jetty.
+func senderReceiver(t *testing.T, opts Options) (a, b *side, target urma.RemoteJetty) {
+	t.Helper()
+	a = newSide(t, newProvider(t, opts), urma.JettyConfig{RNRRetry: 7}, 64)
+	b = newSide(t, newProvider(t, opts), urma.JettyConfig{RNRRetry: 7}, 64)
+	return a, b, a.importJetty(b)
+}
+
 // waitPlacement is p.Wait, bounded: a claim the provider never settles
 // fails the test instead of hanging it.
 func waitPlacement(t *testing.T, p *urma.Placement) (int, bool) {
@@ -181,10 +187,7 @@ func TestPlacementAwaitsOffer(t *testing.T) {
 			if tc.socket {
 				opts = socketOpts()
 			}
-			pa, pb := newProvider(t, opts), newProvider(t, opts)
-			a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
-			b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
-			target := a.importJetty(b)
+			a, b, target := senderReceiver(t, opts)
 			seg, mem := a.seg, a.mem
 			if !tc.socket {
 				seg, mem = shareableSegment(t, a, urma.AccessRead|urma.AccessWrite)
@@ -264,10 +267,7 @@ func TestPlacementAwaitsOffer(t *testing.T) {
 func TestPlacementPassedByOfferIsNotAwaited(t *testing.T) {
 	noLeaks(t)
 	opts := shmOpts(t)
-	pa, pb := newProvider(t, opts), newProvider(t, opts)
-	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
-	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
-	target := a.importJetty(b)
+	a, b, target := senderReceiver(t, opts)
 	seg, _ := shareableSegment(t, a, urma.AccessRead|urma.AccessWrite)
 	r := b.jfr.(*jfr)
 	waited := make(chan struct{}, 2)
