@@ -110,6 +110,15 @@ func (p *Placement) Settled() bool {
 	return st == placePlaced || st == placeFailed
 }
 
+// Pending reports whether p may yet take a message: armed (to be
+// offered, or offered), or claimed by one, or placed and not yet armed
+// again. A p a message passed by, or its reader took back, is not: its
+// reader offers again only once it found that message elsewhere.
+func (p *Placement) Pending() bool {
+	st := p.stage()
+	return st == placeArmed || st == placeClaimed || st == placePlaced
+}
+
 // Placed reports whether a message was placed in p's current arming: the
 // consumer's completion handler takes its receive as read by the reader.
 func (p *Placement) Placed() bool { return p.stage() == placePlaced }

@@ -31,13 +31,13 @@ func TestPlacement(t *testing.T) {
 			p := NewPlacement()
 			dst := make([]byte, tc.dst)
 			p.Arm(dst, 1)
-			if !p.Armed() {
-				t.Fatal("not armed after Arm")
+			if !p.Armed() || !p.Pending() {
+				t.Fatal("not armed, or not pending, after Arm")
 			}
 			tk := p.Bind(tc.bindCtx)
 			if tc.withdraw {
-				if !p.Withdraw() {
-					t.Fatal("Withdraw of an unclaimed offer failed")
+				if !p.Withdraw() || p.Pending() {
+					t.Fatal("Withdraw of an unclaimed offer failed, or left it pending")
 				}
 				if _, ok := tk.Claim(tc.length); ok {
 					t.Fatal("claimed a withdrawn offer")
@@ -69,7 +69,7 @@ func TestPlacement(t *testing.T) {
 			if placed != tc.wantPlaced || (placed && (n != len(msg) || !bytes.Equal(dst[:n], msg))) {
 				t.Fatalf("Wait = %d, %v; want placed %v", n, placed, tc.wantPlaced)
 			}
-			if p.Placed() != tc.wantPlaced || p.Armed() || p.Withdraw() {
+			if p.Placed() != tc.wantPlaced || p.Pending() != tc.wantPlaced || p.Armed() || p.Withdraw() {
 				t.Fatal("Wait changed the outcome, or left the placement offered")
 			}
 			p.Arm(dst, 2)

@@ -815,9 +815,6 @@ func (c *conn) place(h *sendHeader, p payload, refused bool) error {
 		tj.jfr.finish(t, urma.StatusSuccess, h.length, &meta)
 		return c.answer(h, urma.StatusSuccess, 0)
 	}
-	if t.place.Offered() {
-		tj.jfr.offerMissed.Store(true) // empty, or too long for the reader
-	}
 	left := h.length
 	for i := 0; i < t.nsge && left > 0; i++ {
 		b := t.sges[i].buf

@@ -58,14 +58,10 @@ type jfr struct {
 	drained    *sync.Cond      // signalled when inProgress drops to zero
 	placement  *urma.Placement // offered for the next message taken
 	// lastOffer is when a reader last offered a placement (UnixNano), and
-	// offered wakes a message waiting for the next offer (awaitOffer),
-	// for up to offerWait.
-	lastOffer atomic.Int64
-	// offerMissed says a message passed the last offer by (it was for
-	// another receive, or the message was empty or did not fit): its
-	// reader does not offer again until it has found that message, so the
-	// next one must not wait for it.
-	offerMissed atomic.Bool
+	// lastOffered that placement; offered wakes a message waiting for the
+	// next offer (awaitOffer), for up to offerWait.
+	lastOffer   atomic.Int64
+	lastOffered atomic.Pointer[urma.Placement]
 	offered     chan struct{}
 	offerWait   time.Duration
 	onAwait     func() // tests: a message starts waiting for an offer
@@ -166,7 +162,7 @@ func (r *jfr) OfferPlacement(p *urma.Placement) bool {
 	}
 	r.placement = p
 	r.lastOffer.Store(time.Now().UnixNano())
-	r.offerMissed.Store(false)
+	r.lastOffered.Store(p)
 	select {
 	case r.offered <- struct{}{}:
 	default: // a wake-up is pending already
@@ -182,15 +178,19 @@ const offerWait = time.Millisecond
 
 // awaitOffer waits up to offerWait for a reader's offer for the receive
 // posted with userCtx, which a message took without one, if a reader
-// offered within the last offerWait and no message passed that offer by:
-// that reader keeps up with its sender and is about to offer again. Read into the receive buffer instead, the
+// offered within the last offerWait and that offer is still pending (a
+// message it took, or none yet): that reader keeps up with its sender and
+// is about to offer again. After an offer a message passed by (it was for
+// another receive, or empty, or too long) or its reader took back, the
+// reader offers again only once it found that message: no wait. Read into
+// the receive buffer instead, the
 // message would cost that reader a copy of its own, and so would the ones
 // behind it: the reader would find them queued and not offer. The bytes
 // stay where they are meanwhile (in the sender's memory), as a TCP
 // receiver leaves them in the kernel until its reader asks. tm is the
 // caller's stopped timer, reused so that a wait does not allocate.
 func (r *jfr) awaitOffer(userCtx uint64, tm *time.Timer) urma.PlacementTicket {
-	if r.offerMissed.Load() || time.Now().UnixNano()-r.lastOffer.Load() > int64(r.offerWait) {
+	if last := r.lastOffered.Load(); last == nil || !last.Pending() || time.Now().UnixNano()-r.lastOffer.Load() > int64(r.offerWait) {
 		return urma.PlacementTicket{}
 	}
 	if r.onAwait != nil {
@@ -248,9 +248,6 @@ func (r *jfr) take(t *recvTicket) (takeResult, uint8) {
 	if r.placement != nil {
 		t.place = r.placement.Bind(slot.userCtx)
 		r.placement = nil
-		if !t.place.Offered() {
-			r.offerMissed.Store(true) // for another receive, or taken back
-		}
 	}
 	copy(t.sges[:], slot.sges)
 	clear(slot.sges)

@@ -203,7 +203,15 @@ func TestPlacementAwaitsOffer(t *testing.T) {
 			r.onAwait = func() { waiting <- struct{}{} }
 			r.mu.Unlock()
 			if tc.recent {
-				// The reader's last offer was taken by the message before.
+				// The reader's last offer took the message before.
+				last := urma.NewPlacement()
+				last.Arm(make([]byte, 1), 42)
+				tk := last.Bind(42)
+				if _, ok := tk.Claim(1); !ok {
+					t.Fatal("could not claim the last offer")
+				}
+				tk.Settle(1, true)
+				r.lastOffered.Store(last)
 				r.lastOffer.Store(time.Now().UnixNano())
 			}
 			b.postRecv(1, 0, size)
