@@ -163,13 +163,17 @@ func TestClientServer(t *testing.T) {
 			}
 			// Every request reached the server whole: the 16-byte perf
 			// header and size bytes per request, per connection.
-			var in uint64
+			var in, direct uint64
 			for closed := 0; closed < tc.wantURMA+tc.wantTCP; {
 				select {
 				case e := <-events:
 					if e.Event == "closed" {
 						closed++
 						in += e.BytesIn
+						direct += e.DirectReads
+						if (e.MessagesIn > 0) != (tc.wantURMA > 0) || e.DirectReads > e.MessagesIn {
+							t.Errorf("server counted %d messages, %d read directly, on a connection of a run with %d URMA connections", e.MessagesIn, e.DirectReads, tc.wantURMA)
+						}
 						if want := strings.Contains(tc.name, "zero-copy receive"); e.RecvZeroCopy != want {
 							t.Errorf("server took requests in place: %v, want %v", e.RecvZeroCopy, want)
 						}
@@ -183,6 +187,12 @@ func TestClientServer(t *testing.T) {
 			}
 			if want := uint64(16*(tc.wantURMA+tc.wantTCP)) + r.Requests*uint64(r.Size); in != want {
 				t.Errorf("server read %d bytes, want %d (%d requests of %d)", in, want, r.Requests, r.Size)
+			}
+			// A server Read waits for each request with room for it: over
+			// URMA, from urma_zerocopy_min_size (512) on, the request lands
+			// in its slice (urma_read_direct); never with ReadBuffer.
+			if want := tc.wantURMA > 0 && !strings.Contains(tc.name, "zero-copy receive") && r.Size >= 512; (direct > 0) != want {
+				t.Errorf("server read %d requests directly; want some: %v", direct, want)
 			}
 		})
 	}
