@@ -342,16 +342,10 @@ func TestJettyCloseWaitsForFrameBeingWritten(t *testing.T) {
 	f.maxMsg = size
 	stop := make(chan struct{})
 	peerDone := make(chan struct{})
-	go func() {
-		defer close(peerDone)
-		nc, _ := f.accept()
-		if nc == nil {
-			return
-		}
-		defer nc.Close()
+	f.serve(peerDone, func(nc net.Conn, _ *bufio.Reader) {
 		_ = nc.(*net.TCPConn).SetReadBuffer(4096)
 		<-stop // read nothing more
-	}()
+	})
 	defer func() { close(stop); <-peerDone }()
 	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
 	mustOK(t, err, "import from the fake peer")

@@ -749,13 +749,7 @@ func TestJFRReceiveBeingFilled(t *testing.T) {
 			}
 			f := newFakePeer(t)
 			stop, peerDone := make(chan struct{}), make(chan struct{})
-			go func() {
-				defer close(peerDone)
-				nc, _ := f.accept()
-				if nc == nil {
-					return
-				}
-				defer nc.Close()
+			f.serve(peerDone, func(nc net.Conn, _ *bufio.Reader) {
 				frame := sendFrame(sendHeader{opcode: urma.OpSend, dst: b.jetty.ID().ID, token: 7}, make([]byte, 4096))
 				nc.Write(frame[:len(frame)-100]) // the rest comes only when told
 				select {
@@ -764,7 +758,7 @@ func TestJFRReceiveBeingFilled(t *testing.T) {
 					<-stop
 				case <-stop:
 				}
-			}()
+			})
 			defer func() { close(stop); <-peerDone }()
 			target, err := b.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
 			mustOK(t, err, "import from the fake peer")
@@ -792,16 +786,10 @@ func TestJFRReceivePutBackInPlace(t *testing.T) {
 	b.postRecv(2, 4096, 4096)
 	f := newFakePeer(t)
 	peerDone := make(chan struct{})
-	go func() {
-		defer close(peerDone)
-		nc, _ := f.accept()
-		if nc == nil {
-			return
-		}
+	f.serve(peerDone, func(nc net.Conn, _ *bufio.Reader) {
 		frame := sendFrame(sendHeader{opcode: urma.OpSend, dst: b.jetty.ID().ID, token: 7}, make([]byte, 4096))
-		nc.Write(frame[:len(frame)-100])
-		nc.Close() // dies in the middle of the payload
-	}()
+		nc.Write(frame[:len(frame)-100]) // and dies in the middle of the payload
+	})
 	target, err := b.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
 	mustOK(t, err, "import from the fake peer")
 	defer target.Close()
