@@ -87,7 +87,17 @@ func (c *urmaConn) noteCompletedLocked(slot int32) {
 // nothing is queued to read.
 func (c *urmaConn) offerLocked(p []byte) {
 	d := &c.direct
-	if d.jfr == nil || d.broken || d.armed || d.slot >= 0 || len(p) < d.min || d.postedLen == 0 {
+	if d.jfr == nil || d.armed {
+		return
+	}
+	if d.broken || len(p) < d.min {
+		// This reader waits without an offer: say so, or the provider,
+		// which saw its last offer taken, holds the next large message
+		// for one (up to a millisecond).
+		d.p.Idle()
+		return
+	}
+	if d.slot >= 0 || d.postedLen == 0 {
 		return
 	}
 	slot := d.posted[d.postedHead]

@@ -119,6 +119,19 @@ func (p *Placement) Pending() bool {
 	return st == placeArmed || st == placeClaimed || st == placePlaced
 }
 
+// Idle tells the provider that p's reader waits without an offer (its
+// slice is too small to offer, say): p is no longer Pending, so no message
+// waits for an offer from it. Only an outcome is dropped; a p that is
+// offered or claimed is left as it is, and reports false.
+func (p *Placement) Idle() bool {
+	s := p.state.Load()
+	switch s & 0xff {
+	case placePlaced, placeFailed, placeMissed:
+		return p.state.CompareAndSwap(s, s&^0xff)
+	}
+	return false
+}
+
 // Placed reports whether a message was placed in p's current arming: the
 // consumer's completion handler takes its receive as read by the reader.
 func (p *Placement) Placed() bool { return p.stage() == placePlaced }

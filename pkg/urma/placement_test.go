@@ -120,3 +120,64 @@ func TestPlacementBindUnarmed(t *testing.T) {
 		t.Fatal("the zero ticket claimed")
 	}
 }
+
+// A reader that waits without offering idles its placement: a placed (or
+// passed by) outcome stops counting as pending, so a provider waits for no
+// offer from it. An offer out, or claimed, is the provider's and stays.
+func TestPlacementIdle(t *testing.T) {
+	tests := []struct {
+		name     string
+		drive    func(p *Placement) PlacementTicket
+		wantIdle bool
+	}{
+		{name: "placed", wantIdle: true, drive: func(p *Placement) PlacementTicket {
+			tk := p.Bind(1)
+			if _, ok := tk.Claim(4); !ok {
+				panic("claim")
+			}
+			tk.Settle(4, true)
+			return tk
+		}},
+		{name: "copy broke off", wantIdle: true, drive: func(p *Placement) PlacementTicket {
+			tk := p.Bind(1)
+			if _, ok := tk.Claim(4); !ok {
+				panic("claim")
+			}
+			tk.Settle(0, false)
+			return tk
+		}},
+		{name: "passed by", wantIdle: true, drive: func(p *Placement) PlacementTicket { return p.Bind(2) }},
+		{name: "armed", drive: func(*Placement) PlacementTicket { return PlacementTicket{} }},
+		{name: "claimed", drive: func(p *Placement) PlacementTicket {
+			tk := p.Bind(1)
+			if _, ok := tk.Claim(4); !ok {
+				panic("claim")
+			}
+			return tk
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewPlacement()
+			p.Arm(make([]byte, 8), 1)
+			tc.drive(p)
+			armed, claimed := p.Armed(), p.stage() == placeClaimed
+			if got := p.Idle(); got != tc.wantIdle {
+				t.Fatalf("Idle() = %v, want %v", got, tc.wantIdle)
+			}
+			if tc.wantIdle {
+				if p.Pending() || p.Placed() || p.Settled() || p.Armed() {
+					t.Fatal("an idled placement still reports an outcome or an offer")
+				}
+				p.Arm(make([]byte, 8), 3)
+				if _, ok := p.Bind(3).Claim(4); !ok {
+					t.Fatal("an idled placement could not be armed and claimed again")
+				}
+				return
+			}
+			if p.Armed() != armed || (p.stage() == placeClaimed) != claimed || !p.Pending() {
+				t.Fatal("Idle changed an offer that was out")
+			}
+		})
+	}
+}
