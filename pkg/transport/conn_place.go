@@ -91,10 +91,7 @@ func (c *urmaConn) offerLocked(p []byte) {
 		return
 	}
 	if d.broken || len(p) < d.min {
-		// This reader waits without an offer: say so, or the provider,
-		// which saw its last offer taken, holds the next large message
-		// for one (up to a millisecond).
-		d.p.Idle()
+		c.waitUnofferedLocked()
 		return
 	}
 	if d.slot >= 0 || d.postedLen == 0 {
@@ -107,6 +104,16 @@ func (c *urmaConn) offerLocked(p []byte) {
 		return
 	}
 	d.slot, d.armed = slot, true
+}
+
+// waitUnofferedLocked tells the provider that the reader waits without an
+// offer; c.mu is held. Otherwise the provider, which saw the last offer
+// taken and expects the next, holds a large message up to a millisecond
+// for it.
+func (c *urmaConn) waitUnofferedLocked() {
+	if d := &c.direct; d.jfr != nil && !d.armed {
+		d.p.Idle()
+	}
 }
 
 // settlePlacement takes the offer back from the provider before the read

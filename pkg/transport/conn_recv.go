@@ -197,6 +197,7 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 			break // with c.mu held
 		}
 		err := c.readErrLocked()
+		c.waitUnofferedLocked() // a buffer is read in place, not offered
 		c.mu.Unlock()
 		if errors.Is(err, io.EOF) {
 			return nil, io.EOF

@@ -311,36 +311,70 @@ func TestDirectReadReusedReceiveIsQueued(t *testing.T) {
 	}
 }
 
-// A Read too small to offer its slice, after a message was placed, idles
-// the placement: otherwise the provider, whose last offer was taken, would
-// hold the next large message for an offer that does not come. A length
-// prefix read on its own is such a Read.
-func TestDirectReadSmallReadIdlesPlacement(t *testing.T) {
+// A reader that waits without offering, after a message was placed,
+// idles the placement: otherwise the provider, whose last offer was taken,
+// would hold the next large message for an offer that does not come. A
+// length prefix read on its own is such a Read, and ReadBuffer (read in
+// place) never offers.
+func TestDirectReadUnofferedWaitIdlesPlacement(t *testing.T) {
 	checkNoLeaks(t)
-	client, server := directPair(t, FabricShm, true)
-	msg := bytes.Repeat([]byte("direct"), 1000)
-	buf := make([]byte, 8192)
-	res := readAsync(server, buf)
-	waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
-	if _, err := client.Write(msg); err != nil {
-		t.Fatalf("write: %v", err)
+	tests := []struct {
+		name string
+		read func(c *urmaConn, want []byte) error // waits for want, unoffered
+	}{
+		{name: "small Read", read: func(c *urmaConn, want []byte) error {
+			small := make([]byte, c.direct.min-1)
+			n, err := c.Read(small)
+			if err == nil && !bytes.Equal(small[:n], want[:len(small)]) {
+				err = errors.New("read other bytes than written")
+			}
+			return err
+		}},
+		{name: "ReadBuffer", read: func(c *urmaConn, want []byte) error {
+			b, err := c.ReadBuffer()
+			if err != nil {
+				return err
+			}
+			defer b.Release()
+			if !bytes.Equal(b.Bytes(), want) {
+				return errors.New("read other bytes than written")
+			}
+			return nil
+		}},
 	}
-	if r := await(t, res); r.err != nil || !bytes.Equal(buf[:r.n], msg) {
-		t.Fatalf("read: %d bytes, %v", r.n, r.err)
-	}
-	if !server.direct.p.Pending() {
-		t.Fatal("the placed message's placement is not pending: the test shows nothing")
-	}
-	small := make([]byte, server.direct.min-1)
-	res = readAsync(server, small)
-	waitFor(t, "the small read to idle the placement", 10*time.Second, func() bool { return !server.direct.p.Pending() })
-	if server.offered() {
-		t.Fatal("the small read offered its slice")
-	}
-	if _, err := client.Write(msg); err != nil {
-		t.Fatalf("write: %v", err)
-	}
-	if r := await(t, res); r.err != nil || !bytes.Equal(small[:r.n], msg[:len(small)]) {
-		t.Fatalf("small read: %d bytes, %v", r.n, r.err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			client, server := directPair(t, FabricShm, true)
+			msg := bytes.Repeat([]byte("direct"), 1000)
+			buf := make([]byte, 8192)
+			res := readAsync(server, buf)
+			waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+			if _, err := client.Write(msg); err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			if r := await(t, res); r.err != nil || !bytes.Equal(buf[:r.n], msg) {
+				t.Fatalf("read: %d bytes, %v", r.n, r.err)
+			}
+			if !server.direct.p.Pending() {
+				t.Fatal("the placed message's placement is not pending: the test shows nothing")
+			}
+			done := make(chan error, 1)
+			go func() { done <- tc.read(server, msg) }()
+			waitFor(t, "the unoffered wait to idle the placement", 10*time.Second, func() bool { return !server.direct.p.Pending() })
+			if server.offered() {
+				t.Fatal("the reader offered")
+			}
+			if _, err := client.Write(msg); err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("unoffered read: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the unoffered read did not return")
+			}
+		})
 	}
 }
