@@ -541,6 +541,9 @@ func (c *conn) drive() {
 			s.pollerReads = true
 			start := time.Now()
 			for s.buffered() > 0 {
+				if c.nextAwaitsOffer(s) {
+					break
+				}
 				if err = c.readFrame(); err != nil {
 					break
 				}
@@ -559,6 +562,50 @@ func (c *conn) drive() {
 	if c.hasQueued() {
 		c.kick()
 	}
+}
+
+// nextAwaitsOffer reports whether the next frame in the ring is a SEND of
+// awaitOfferMin bytes or more for a JFR whose reader is about to offer
+// (jfr.offerDue): a Poll leaves it where it is, and ends. A Poll cannot
+// wait for the offer as the reader goroutine does (awaitOffer): the
+// completions it has taken reach the transport only when it returns, and
+// the reader to offer may be waiting for one of them. Read now instead,
+// the message would land in its receive buffer and cost the reader a copy,
+// and so would every one behind it: the reader would find them queued and
+// not offer. Left, it is read by the next Poll that finds the offer made,
+// or once the reader is no longer about to offer (offerWait), or by the
+// reader goroutine. The frame is only looked at: a frame that breaks the
+// protocol is readFrame's to report.
+func (c *conn) nextAwaitsOffer(s *shmIO) bool {
+	b := c.hdr[:]
+	if !s.peek(b[:4+sendHdrLen]) {
+		return false
+	}
+	bodyLen, typ := be.Uint32(b[:4]), b[4]
+	if checkFrame(typ, bodyLen, c.sd.dev.caps.MaxMsgSize) != nil {
+		return false
+	}
+	var h sendHeader
+	switch typ {
+	case frameSend:
+		if decodeSendHeader(b[4:4+sendHdrLen], bodyLen, &h) != nil {
+			return false
+		}
+	case frameSendRef:
+		if !s.peek(b[:4+bodyLen]) {
+			return false
+		}
+		if _, err := decodeSendRef(b[4:4+bodyLen], c.sd.dev.caps.MaxMsgSize, &h, &c.refs); err != nil {
+			return false
+		}
+	default:
+		return false
+	}
+	if h.length < awaitOfferMin {
+		return false
+	}
+	tj := c.sd.dev.jetty(h.dst)
+	return tj != nil && tj.jfr.offerDue()
 }
 
 // readFrame reads and handles one frame. Lengths are checked before

@@ -190,7 +190,7 @@ const offerWait = time.Millisecond
 // receiver leaves them in the kernel until its reader asks. tm is the
 // caller's stopped timer, reused so that a wait does not allocate.
 func (r *jfr) awaitOffer(userCtx uint64, tm *time.Timer) urma.PlacementTicket {
-	if last := r.lastOffered.Load(); last == nil || !last.Pending() || time.Now().UnixNano()-r.lastOffer.Load() > int64(r.offerWait) {
+	if !r.readerKeepsUp() {
 		return urma.PlacementTicket{}
 	}
 	if r.onAwait != nil {
@@ -209,6 +209,26 @@ func (r *jfr) awaitOffer(userCtx uint64, tm *time.Timer) urma.PlacementTicket {
 			return tk
 		}
 	}
+}
+
+// readerKeepsUp reports whether a reader offered within the last offerWait
+// and that offer is still pending (urma.Placement.Pending): the reader is
+// about to offer again.
+func (r *jfr) readerKeepsUp() bool {
+	last := r.lastOffered.Load()
+	return last != nil && last.Pending() && time.Now().UnixNano()-r.lastOffer.Load() <= int64(r.offerWait)
+}
+
+// offerDue reports whether a reader keeps up (readerKeepsUp) and has no
+// offer out: the next message is worth leaving unread until it offers
+// (conn.nextAwaitsOffer).
+func (r *jfr) offerDue() bool {
+	if !r.readerKeepsUp() {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.placement == nil
 }
 
 // takeOffer binds the offer there is, if any, to the message that took

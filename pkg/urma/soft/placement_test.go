@@ -309,3 +309,122 @@ func TestPlacementPassedByOfferIsNotAwaited(t *testing.T) {
 	default:
 	}
 }
+
+// A Poll that finds a large SEND for a JFR whose reader is about to offer
+// (its last offer took a message and it has offered none since) leaves
+// the frame in the ring: read then, the message would land in the receive
+// buffer and cost the reader a copy. Once the reader offers, the next
+// Poll places it. A small message, a reader that offered too long ago, or
+// one whose offer is out already does not hold the frame.
+func TestPollLeavesMessageForOffer(t *testing.T) {
+	tests := []struct {
+		name     string
+		size     int
+		recent   bool // the reader's last offer took a message lately
+		offerOut bool // the reader's next offer is out already
+		byRef    bool // a SEND_REF (whose reference names nothing: the frame is only looked at)
+		wantHeld bool
+	}{
+		{name: "reader about to offer", size: awaitOfferMin, recent: true, wantHeld: true},
+		{name: "reader about to offer, by reference", size: awaitOfferMin, recent: true, byRef: true, wantHeld: true},
+		{name: "small message by reference", size: awaitOfferMin - 1, recent: true, byRef: true},
+		{name: "small message", size: awaitOfferMin - 1, recent: true},
+		{name: "no recent offer", size: awaitOfferMin},
+		{name: "offer out", size: awaitOfferMin, recent: true, offerOut: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			noLeaks(t)
+			p := newProvider(t, shmOpts(t))
+			b := newSide(t, p, urma.JettyConfig{}, 64)
+			sd := p.devices[0].sock
+			local, remote := shmPair(t, 1<<20, -1)
+			eid, err := ShmEID()
+			mustOK(t, err, "EID")
+			pr, err := sd.peer(eid)
+			mustOK(t, err, "peer")
+			c := newConn(sd, pr, local, hello{session: 1, src: eid, maxMsg: 1 << 20}, false, "test", "test")
+
+			r := b.jfr.(*jfr)
+			r.mu.Lock()
+			r.offerWait = 5 * time.Second
+			r.mu.Unlock()
+			if tc.recent {
+				last := urma.NewPlacement()
+				last.Arm(make([]byte, 1), 42)
+				tk := last.Bind(42)
+				if _, ok := tk.Claim(1); !ok {
+					t.Fatal("could not claim the last offer")
+				}
+				tk.Settle(1, true)
+				r.lastOffered.Store(last)
+				r.lastOffer.Store(time.Now().UnixNano())
+			}
+			b.postRecv(1, 0, tc.size)
+			payload := make([]byte, tc.size)
+			for k := range payload {
+				payload[k] = byte(k*11 + 3)
+			}
+			h := sendHeader{opcode: urma.OpSend, src: 1, dst: b.jetty.ID().ID, token: 7, tag: 1<<32 | 1, length: uint32(tc.size)}
+			var hdr [maxFrameHdr]byte
+			frame := append(encodeSendHeader(hdr[:], &h), payload...)
+			if tc.byRef {
+				frame = encodeSendRef(hdr[:], &h, []payloadRef{{handle: 1, length: uint32(tc.size)}})
+			}
+			mustOK(t, remote.write(frame), "write the SEND")
+			if tc.byRef {
+				if held := func() bool { c.drive(); return local.buffered() == len(frame) }(); held != tc.wantHeld {
+					t.Fatalf("the Poll left the SEND_REF in the ring: %v, want %v", held, tc.wantHeld)
+				}
+				return
+			}
+
+			place, dst := urma.NewPlacement(), make([]byte, tc.size)
+			offer := func() {
+				place.Arm(dst, 1)
+				if !r.OfferPlacement(place) {
+					t.Fatal("offer refused")
+				}
+			}
+			if tc.offerOut {
+				offer()
+			}
+			c.drive()
+			if held := local.buffered() == len(frame); held != tc.wantHeld {
+				t.Fatalf("the Poll left the frame in the ring: %v, want %v (%d of %d bytes left)", held, tc.wantHeld, local.buffered(), len(frame))
+			}
+			if tc.wantHeld {
+				cs := make([]urma.Completion, 1)
+				n, err := b.rjfc.Poll(cs)
+				mustOK(t, err, "poll")
+				if n != 0 {
+					t.Fatalf("a receive completed while its frame was left: %+v", cs[0])
+				}
+				offer()
+				c.drive()
+				if n := local.buffered(); n != 0 {
+					t.Fatalf("the Poll after the offer left %d bytes in the ring", n)
+				}
+			}
+			cp := pollN(t, b.rjfc, 1, 10*time.Second)[0]
+			if cp.Status != urma.StatusSuccess || cp.CompletionLen != uint32(tc.size) {
+				t.Fatalf("receive %+v", cp)
+			}
+			placed := false
+			if !place.Withdraw() {
+				_, placed = waitPlacement(t, place)
+			}
+			wantPlaced := tc.wantHeld || tc.offerOut
+			if placed != wantPlaced {
+				t.Fatalf("placed %v, want %v", placed, wantPlaced)
+			}
+			landed := b.mem.Bytes()[:tc.size]
+			if placed {
+				landed = dst
+			}
+			if !bytes.Equal(landed, payload) {
+				t.Fatal("the message is not where it should have landed")
+			}
+		})
+	}
+}

@@ -813,6 +813,19 @@ func (s *shmIO) take(p []byte, skip int) error {
 	return nil
 }
 
+// peek copies the next len(p) bytes of the peer's ring into p without
+// reading them, and reports whether the ring holds that many.
+func (s *shmIO) peek(p []byte) bool {
+	n, err := s.available()
+	if err != nil || n < uint64(len(p)) {
+		return false
+	}
+	off := s.head() & s.rmask
+	k := copy(p, s.remote.ring[off:])
+	copy(p[k:], s.remote.ring)
+	return true
+}
+
 func (s *shmIO) readFull(p []byte) error    { return s.take(p, 0) }
 func (s *shmIO) readPayload(p []byte) error { return s.take(p, 0) }
 func (s *shmIO) discard(n int) error        { return s.take(nil, n) }
