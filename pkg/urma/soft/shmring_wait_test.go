@@ -339,3 +339,32 @@ func TestShmCloseClosesOnlyItsOwnDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// peek shows the next bytes of the ring without reading them, across the
+// ring's end as well, and only when the ring holds all of them.
+func TestShmPeek(t *testing.T) {
+	for _, start := range []int{0, MinShmRing - 3} { // the second wraps
+		a, b := shmPair(t, MinShmRing, -1)
+		if start > 0 {
+			mustOK(t, b.write(make([]byte, start)), "fill")
+			mustOK(t, a.discard(start), "read the fill")
+		}
+		want := []byte("peeked bytes")
+		mustOK(t, b.write(want), "write")
+		got := make([]byte, len(want))
+		if !a.peek(got) || !bytes.Equal(got, want) {
+			t.Fatalf("start %d: peek gave %q, want %q", start, got, want)
+		}
+		if a.peek(make([]byte, len(want)+1)) {
+			t.Fatalf("start %d: peeked more bytes than the ring holds", start)
+		}
+		if n := a.buffered(); n != len(want) {
+			t.Fatalf("start %d: %d bytes left to read after peeks, want %d", start, n, len(want))
+		}
+		read := make([]byte, len(want))
+		mustOK(t, a.readFull(read), "read")
+		if !bytes.Equal(read, want) {
+			t.Fatalf("start %d: read %q after the peek, want %q", start, read, want)
+		}
+	}
+}
