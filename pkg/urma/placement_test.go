@@ -115,6 +115,13 @@ func TestPlacementBindUnarmed(t *testing.T) {
 		t.Fatal("claimed a placement another message passed by")
 	}
 	var zero PlacementTicket
+	if zero.Offered() {
+		t.Fatal("the zero ticket holds an offer")
+	}
+	p.Arm(make([]byte, 8), 5)
+	if !p.Bind(5).Offered() {
+		t.Fatal("a ticket bound to an armed offer holds none")
+	}
 	zero.Miss() // the zero ticket is inert
 	if _, ok := zero.Claim(1); ok {
 		t.Fatal("the zero ticket claimed")
