@@ -358,8 +358,8 @@ func TestDirectReadUnofferedWaitIdlesPlacement(t *testing.T) {
 			if !server.direct.p.Pending() {
 				t.Fatal("the placed message's placement is not pending: the test shows nothing")
 			}
-			done := make(chan error, 1)
-			go func() { done <- tc.read(server, msg) }()
+			done := make(chan readResult, 1)
+			go func() { done <- readResult{err: tc.read(server, msg)} }()
 			waitFor(t, "the unoffered wait to idle the placement", 10*time.Second, func() bool { return !server.direct.p.Pending() })
 			if server.offered() {
 				t.Fatal("the reader offered")
@@ -367,13 +367,8 @@ func TestDirectReadUnofferedWaitIdlesPlacement(t *testing.T) {
 			if _, err := client.Write(msg); err != nil {
 				t.Fatalf("write: %v", err)
 			}
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("unoffered read: %v", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the unoffered read did not return")
+			if r := await(t, done); r.err != nil {
+				t.Fatalf("unoffered read: %v", r.err)
 			}
 		})
 	}

@@ -134,40 +134,33 @@ func TestPlacementBindUnarmed(t *testing.T) {
 func TestPlacementIdle(t *testing.T) {
 	tests := []struct {
 		name     string
-		drive    func(p *Placement) PlacementTicket
+		bindCtx  uint64 // the receive a message takes (armed for 1); 0: none yet
+		claim    bool   // the message claims the placement
+		settle   bool   // and its copy ends
+		placed   bool   // whole
 		wantIdle bool
 	}{
-		{name: "placed", wantIdle: true, drive: func(p *Placement) PlacementTicket {
-			tk := p.Bind(1)
-			if _, ok := tk.Claim(4); !ok {
-				panic("claim")
-			}
-			tk.Settle(4, true)
-			return tk
-		}},
-		{name: "copy broke off", wantIdle: true, drive: func(p *Placement) PlacementTicket {
-			tk := p.Bind(1)
-			if _, ok := tk.Claim(4); !ok {
-				panic("claim")
-			}
-			tk.Settle(0, false)
-			return tk
-		}},
-		{name: "passed by", wantIdle: true, drive: func(p *Placement) PlacementTicket { return p.Bind(2) }},
-		{name: "armed", drive: func(*Placement) PlacementTicket { return PlacementTicket{} }},
-		{name: "claimed", drive: func(p *Placement) PlacementTicket {
-			tk := p.Bind(1)
-			if _, ok := tk.Claim(4); !ok {
-				panic("claim")
-			}
-			return tk
-		}},
+		{name: "placed", bindCtx: 1, claim: true, settle: true, placed: true, wantIdle: true},
+		{name: "copy broke off", bindCtx: 1, claim: true, settle: true, wantIdle: true},
+		{name: "passed by", bindCtx: 2, wantIdle: true},
+		{name: "armed"},
+		{name: "claimed", bindCtx: 1, claim: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := NewPlacement()
 			p.Arm(make([]byte, 8), 1)
-			tc.drive(p)
+			if tc.bindCtx != 0 {
+				tk := p.Bind(tc.bindCtx)
+				if tc.claim {
+					if _, ok := tk.Claim(4); !ok {
+						t.Fatal("claim failed")
+					}
+				}
+				if tc.settle {
+					tk.Settle(4, tc.placed)
+				}
+			}
 			armed, claimed := p.Armed(), p.stage() == placeClaimed
 			if got := p.Idle(); got != tc.wantIdle {
 				t.Fatalf("Idle() = %v, want %v", got, tc.wantIdle)

@@ -124,6 +124,21 @@ func senderReceiver(t *testing.T, opts Options) (a, b *side, target urma.RemoteJ
 	return a, b, a.importJetty(b)
 }
 
+// lastOfferPlaced makes r's reader one that keeps up: its last offer,
+// just now, took a message, and it has not offered again.
+func lastOfferPlaced(t *testing.T, r *jfr) {
+	t.Helper()
+	last := urma.NewPlacement()
+	last.Arm(make([]byte, 1), 42)
+	tk := last.Bind(42)
+	if _, ok := tk.Claim(1); !ok {
+		t.Fatal("could not claim the last offer")
+	}
+	tk.Settle(1, true)
+	r.lastOffered.Store(last)
+	r.lastOffer.Store(time.Now().UnixNano())
+}
+
 // waitPlacement is p.Wait, bounded: a claim the provider never settles
 // fails the test instead of hanging it.
 func waitPlacement(t *testing.T, p *urma.Placement) (int, bool) {
@@ -203,16 +218,7 @@ func TestPlacementAwaitsOffer(t *testing.T) {
 			r.onAwait = func() { waiting <- struct{}{} }
 			r.mu.Unlock()
 			if tc.recent {
-				// The reader's last offer took the message before.
-				last := urma.NewPlacement()
-				last.Arm(make([]byte, 1), 42)
-				tk := last.Bind(42)
-				if _, ok := tk.Claim(1); !ok {
-					t.Fatal("could not claim the last offer")
-				}
-				tk.Settle(1, true)
-				r.lastOffered.Store(last)
-				r.lastOffer.Store(time.Now().UnixNano())
+				lastOfferPlaced(t, r)
 			}
 			b.postRecv(1, 0, size)
 			mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: 1,
@@ -350,15 +356,7 @@ func TestPollLeavesMessageForOffer(t *testing.T) {
 			r.offerWait = 5 * time.Second
 			r.mu.Unlock()
 			if tc.recent {
-				last := urma.NewPlacement()
-				last.Arm(make([]byte, 1), 42)
-				tk := last.Bind(42)
-				if _, ok := tk.Claim(1); !ok {
-					t.Fatal("could not claim the last offer")
-				}
-				tk.Settle(1, true)
-				r.lastOffered.Store(last)
-				r.lastOffer.Store(time.Now().UnixNano())
+				lastOfferPlaced(t, r)
 			}
 			b.postRecv(1, 0, tc.size)
 			payload := make([]byte, tc.size)
