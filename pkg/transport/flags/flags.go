@@ -145,7 +145,7 @@ func table() []field {
 	return []field{
 		{spec: Spec{Name: "urma_use_polling", Kind: Bool, Default: "false", Help: "poll completion queues instead of waiting on completion events"}, b: func(f *Flags) *bool { return &f.UsePolling }},
 		{spec: Spec{Name: "urma_poller_num", Kind: Int, Default: "1", Min: 1, Max: 64, Help: "number of poller goroutines in polling mode"}, i: func(f *Flags) *int { return &f.PollerNum }},
-		{spec: Spec{Name: "urma_poller_yield", Kind: Bool, Default: "false", Help: "pollers yield the processor when a poll finds nothing"}, b: func(f *Flags) *bool { return &f.PollerYield }},
+		{spec: Spec{Name: "urma_poller_yield", Kind: Bool, Default: "false", Help: "pollers yield the processor when a poll finds nothing, and their thread (sched_yield) after 50us of nothing"}, b: func(f *Flags) *bool { return &f.PollerYield }},
 		{spec: Spec{Name: "urma_disable_bthread", Kind: Bool, Default: "false", Help: "brpc only: run pollers on pthreads; accepted and ignored by pkg/transport"}, b: func(f *Flags) *bool { return &f.DisableBthread }},
 		{spec: Spec{Name: "urma_sq_size", Kind: Int, Default: "128", Min: 16, Max: 4096, Help: "send queue depth per connection; 3 entries are reserved for credit messages"}, i: func(f *Flags) *int { return &f.SQSize }},
 		{spec: Spec{Name: "urma_rq_size", Kind: Int, Default: "128", Min: 16, Max: 4096, Help: "receive queue depth per connection; 3 entries are reserved for credit messages"}, i: func(f *Flags) *int { return &f.RQSize }},
