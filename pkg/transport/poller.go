@@ -162,10 +162,9 @@ func (b *pollerBackoff) idle(now func() time.Time) (goroutines, thread bool) {
 	if !b.yield {
 		return b.empty%spinYieldRounds == 0, false
 	}
-	switch {
-	case b.empty == 1:
+	if b.empty == 1 {
 		b.emptySince = now()
-	case b.empty%threadYieldRounds == 0:
+	} else if b.empty%threadYieldRounds == 0 {
 		thread = now().Sub(b.emptySince) >= b.threadAfter
 	}
 	return true, thread
