@@ -701,15 +701,35 @@ func (p *peer) ask(ctx context.Context, op string, encode func([]byte, uint32) [
 	if c.enqueue(&it) == nil {
 		c.kick()
 	}
-	select {
-	case code := <-ch:
+	code, answered, broke := awaitAnswer(ctx, ch, c.done)
+	switch {
+	case answered:
 		return code, nil
-	case <-c.done:
+	case broke:
 		return 0, urma.Errorf(op, urma.CodeConnRefused, "connection to %s broke: %v", p.eid, c.deathCause())
+	}
+	c.mu.Lock()
+	delete(c.imports, req)
+	c.mu.Unlock()
+	return 0, urma.Errorf(op, urma.CodeTimeout, "no answer from %s: %v", p.eid, ctx.Err())
+}
+
+// awaitAnswer waits for the answer to a request on a connection that may
+// die (done) or be given up on (ctx). An answer that came before the
+// connection died wins: the reader delivers it before it reads on and
+// meets the end, but a select with both ready would pick either.
+func awaitAnswer(ctx context.Context, ch <-chan urma.Code, done <-chan struct{}) (code urma.Code, answered, broke bool) {
+	select {
+	case code = <-ch:
+		return code, true, false
+	case <-done:
+		select {
+		case code = <-ch:
+			return code, true, false
+		default:
+			return 0, false, true
+		}
 	case <-ctx.Done():
-		c.mu.Lock()
-		delete(c.imports, req)
-		c.mu.Unlock()
-		return 0, urma.Errorf(op, urma.CodeTimeout, "no answer from %s: %v", p.eid, ctx.Err())
+		return 0, false, false
 	}
 }

@@ -826,3 +826,43 @@ func TestJFRReceivePutBackInPlace(t *testing.T) {
 		t.Fatalf("%d receives still posted, %d in progress, want none", r.n, r.inProgress)
 	}
 }
+
+// An answer that arrived before its connection died is the request's
+// result, not the death: a peer that answers an import and then hangs up
+// has answered. (With both ready, a bare select picks either; a hundred
+// tries leave that a 2^-100 chance of passing.)
+func TestAnswerBeforeDeathWins(t *testing.T) {
+	tests := []struct {
+		name         string
+		answer, dead bool
+		wantAnswered bool
+		wantBroke    bool
+	}{
+		{name: "answered, then died", answer: true, dead: true, wantAnswered: true},
+		{name: "answered", answer: true, wantAnswered: true},
+		{name: "died unanswered", dead: true, wantBroke: true},
+		{name: "given up", wantAnswered: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 100 {
+				ch, done := make(chan urma.Code, 1), make(chan struct{})
+				if tc.answer {
+					ch <- urma.CodeExist
+				}
+				if tc.dead {
+					close(done)
+				}
+				ctx, cancel := context.WithCancel(t.Context())
+				if !tc.answer && !tc.dead {
+					cancel()
+				}
+				code, answered, broke := awaitAnswer(ctx, ch, done)
+				cancel()
+				if answered != tc.wantAnswered || broke != tc.wantBroke || (answered && code != urma.CodeExist) {
+					t.Fatalf("awaitAnswer = %v, answered %v, broke %v; want answered %v, broke %v", code, answered, broke, tc.wantAnswered, tc.wantBroke)
+				}
+			}
+		})
+	}
+}
