@@ -577,8 +577,10 @@ func (c *conn) drive() {
 // reader goroutine. The frame is only looked at: a frame that breaks the
 // protocol is readFrame's to report.
 func (c *conn) nextAwaitsOffer(s *shmIO) bool {
+	// Every frame a Poll reads is looked at first: the type and length
+	// settle it for all but a large SEND.
 	b := c.hdr[:]
-	if !s.peek(b[:4+sendHdrLen]) {
+	if !s.peek(b[:5]) {
 		return false
 	}
 	bodyLen, typ := be.Uint32(b[:4]), b[4]
@@ -588,7 +590,7 @@ func (c *conn) nextAwaitsOffer(s *shmIO) bool {
 	var h sendHeader
 	switch typ {
 	case frameSend:
-		if decodeSendHeader(b[4:4+sendHdrLen], bodyLen, &h) != nil {
+		if bodyLen-sendHdrLen < awaitOfferMin || !s.peek(b[:4+sendHdrLen]) || decodeSendHeader(b[4:4+sendHdrLen], bodyLen, &h) != nil {
 			return false
 		}
 	case frameSendRef:

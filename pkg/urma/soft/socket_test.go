@@ -833,15 +833,15 @@ func TestJFRReceivePutBackInPlace(t *testing.T) {
 // tries leave that a 2^-100 chance of passing.)
 func TestAnswerBeforeDeathWins(t *testing.T) {
 	tests := []struct {
-		name         string
-		answer, dead bool
-		wantAnswered bool
-		wantBroke    bool
+		name                  string
+		answer, dead, givenUp bool
+		wantAnswered          bool
+		wantBroke             bool
 	}{
 		{name: "answered, then died", answer: true, dead: true, wantAnswered: true},
 		{name: "answered", answer: true, wantAnswered: true},
 		{name: "died unanswered", dead: true, wantBroke: true},
-		{name: "given up", wantAnswered: false},
+		{name: "given up", givenUp: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -854,7 +854,7 @@ func TestAnswerBeforeDeathWins(t *testing.T) {
 					close(done)
 				}
 				ctx, cancel := context.WithCancel(t.Context())
-				if !tc.answer && !tc.dead {
+				if tc.givenUp {
 					cancel()
 				}
 				code, answered, broke := awaitAnswer(ctx, ch, done)
