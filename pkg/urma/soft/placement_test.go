@@ -173,12 +173,11 @@ func TestPlacementClosedJFR(t *testing.T) {
 	}
 }
 
-// A large message on shm that takes its receive without an offer waits a
-// moment for one when its reader offered lately: a reader that keeps up is
-// about to offer again, and the message then lands in its memory. Without
-// a recent offer, or on the socket fabric (where waiting gains nothing),
-// it does not wait; a wait with no offer ends, and the message lands in
-// the receive buffer.
+// A large message that takes its receive without an offer waits a moment
+// for one when its reader offered lately, on shm and on the socket fabric:
+// a reader that keeps up is about to offer again, and the message then
+// lands in its memory. Without a recent offer it does not wait; a wait
+// with no offer ends, and the message lands in the receive buffer.
 func TestPlacementAwaitsOffer(t *testing.T) {
 	const size = awaitOfferMin
 	tests := []struct {
@@ -193,7 +192,9 @@ func TestPlacementAwaitsOffer(t *testing.T) {
 		{name: "offer comes", recent: true, wait: 5 * time.Second, offer: true, wantWait: true, wantPlaced: true},
 		{name: "no offer in time", recent: true, wait: 20 * time.Millisecond, wantWait: true},
 		{name: "no recent offer", wait: 5 * time.Second},
-		{name: "socket fabric", socket: true, recent: true, wait: 5 * time.Second},
+		{name: "socket fabric, offer comes", socket: true, recent: true, wait: 5 * time.Second, offer: true, wantWait: true, wantPlaced: true},
+		{name: "socket fabric, no offer in time", socket: true, recent: true, wait: 20 * time.Millisecond, wantWait: true},
+		{name: "socket fabric, no recent offer", socket: true, wait: 5 * time.Second},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
