@@ -5,8 +5,10 @@
 // throughput (a pipelined one-way stream, MB/s) and round-trip latency
 // (request/response of the same size, p50 and p99), and prints urma/tcp as
 // a ratio; beside it the throughput of urma-1copy, the transport copying
-// each byte as often as TCP does (see urma1Copy). `make bench` runs it; see
-// docs/transport.md.
+// each byte as often as TCP does (see urma1Copy). A second table holds the
+// socket fabric's throughput (urma_soft_fabric=socket on both sides, which
+// emulates two UB hosts) beside TCP's of the same run. `make bench` runs
+// it; see docs/transport.md.
 //
 //	perfcompare -urma-perf bin/urma-perf [-duration 1s] [-rounds 1] [-sizes 64,4096,65536,1048576]
 package main
@@ -45,12 +47,50 @@ var modes = []string{"tcp", "unix", "urma", urma1Copy}
 // throughput is measured: a round trip of the copying API is urma's.
 const urma1Copy = "urma-1copy"
 
+// socketModes are what the socket fabric's table measures: TCP, and the
+// transport on the socket fabric with the copying API (urmaSocket) and
+// reading in place (urmaSocket1Copy, the server's flags as urma1Copy's).
+var socketModes = []string{"tcp", urmaSocket, urmaSocket1Copy}
+
+const (
+	urmaSocket      = "urma-socket"
+	urmaSocket1Copy = "urma-socket-1copy"
+)
+
+// socketFabric is the flag that puts a server or client on the socket
+// fabric.
+const socketFabric = "--urma_soft_fabric=socket"
+
 // modeArgs are the client flags of a mode.
 func modeArgs(m string) []string {
-	if m == urma1Copy {
+	switch m {
+	case urma1Copy:
 		return []string{"--mode", "urma", "--recv-zerocopy"}
+	case urmaSocket:
+		return []string{"--mode", "urma", socketFabric}
+	case urmaSocket1Copy:
+		return []string{"--mode", "urma", socketFabric, "--recv-zerocopy"}
 	}
 	return []string{"--mode", m}
+}
+
+// wantFabric is the fabric a connection in mode m must report: the mode
+// measures nothing else ("" for the baselines, which have none).
+func wantFabric(m string) string {
+	switch m {
+	case "urma", urma1Copy:
+		return "shm"
+	case urmaSocket, urmaSocket1Copy:
+		return "socket"
+	}
+	return ""
+}
+
+// throughputOnly reports whether only m's throughput is measured: a round
+// trip of urma1Copy is urma's, and the socket fabric's target is its
+// throughput.
+func throughputOnly(m string) bool {
+	return m == urma1Copy || m == urmaSocket || m == urmaSocket1Copy
 }
 
 func main() {
@@ -173,6 +213,9 @@ func run(ctx context.Context, w io.Writer, bin string, sizes []int, d measuremen
 		}
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := measureSocketFabric(ctx, w, bin, sizes, d); err != nil {
 		return err
 	}
 	event, err := measureGRPC(ctx, bin, false, d, modesOf(grpcModes, false))
@@ -325,13 +368,33 @@ func (s *server) target(m string) string {
 	return s.addr
 }
 
-// measureSize starts a server for one size and completion mode and
-// measures each of ms against it.
-func measureSize(ctx context.Context, bin string, size int, polling bool, d measurement, ms []string) (_ figures, err error) {
+// measureSocketFabric prints the socket fabric's table: for each size, the
+// throughput of socketModes in event mode, from a server on the socket
+// fabric.
+func measureSocketFabric(ctx context.Context, w io.Writer, bin string, sizes []int, d measurement) error {
+	fmt.Fprintln(w, "the socket fabric (urma_soft_fabric=socket on both sides; emulates two UB hosts over TCP), event mode, MB/s: urma = the copying API; 1-copy = the server reads in place; tcp = the loopback baseline of the same run")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "size	MB/s tcp	urma	urma/tcp	1-copy	1-copy/tcp	")
+	for _, size := range sizes {
+		f, err := measureSize(ctx, bin, size, false, d, socketModes, socketFabric)
+		if err != nil {
+			return errors.Join(fmt.Errorf("socket fabric, size %d: %w", size, err), tw.Flush())
+		}
+		fmt.Fprintf(os.Stderr, "measured %s on the socket fabric\n", sizeName(size))
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s\t%.0f\t%s\t\n", sizeName(size), f.mbps["tcp"],
+			f.mbps[urmaSocket], ratio(f.mbps[urmaSocket], f.mbps["tcp"]),
+			f.mbps[urmaSocket1Copy], ratio(f.mbps[urmaSocket1Copy], f.mbps["tcp"]))
+	}
+	return tw.Flush()
+}
+
+// measureSize starts a server for one size and completion mode, with
+// serverArgs besides, and measures each of ms against it.
+func measureSize(ctx context.Context, bin string, size int, polling bool, d measurement, ms []string, serverArgs ...string) (_ figures, err error) {
 	s := newSamples()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	srv, err := startServer(ctx, bin, append([]string{"--echo"}, urmaFlags(size, polling)...)...)
+	srv, err := startServer(ctx, bin, append(append([]string{"--echo"}, urmaFlags(size, polling)...), serverArgs...)...)
 	if err != nil {
 		return figures{}, err
 	}
@@ -345,7 +408,7 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d meas
 				return figures{}, fmt.Errorf("%s throughput: %w", m, err)
 			}
 			s.mbps[m] = append(s.mbps[m], tput.SentBytesPerSec/1e6)
-			if m == urma1Copy {
+			if throughputOnly(m) {
 				continue
 			}
 			rtt, err := client(ctx, bin, m, args...)
@@ -415,7 +478,7 @@ func tail(s string, n int) string {
 }
 
 // client runs one urma-perf client in mode and checks that its connection
-// ran as the mode says (urma: on the shm fabric, not a fallback).
+// ran as the mode says (urma: on the mode's fabric, not a fallback).
 func client(ctx context.Context, bin, mode string, args ...string) (*perfjson.Report, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	var stderr bytes.Buffer
@@ -428,9 +491,11 @@ func client(ctx context.Context, bin, mode string, args ...string) (*perfjson.Re
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("client output %q: %w", b, err)
 	}
-	for _, c := range r.Conns {
-		if (mode == "urma" || mode == urma1Copy) && (c.Mode != "urma" || c.Fabric != "shm") {
-			return nil, fmt.Errorf("the connection runs mode=%s fabric=%s (%s), not urma over shm", c.Mode, c.Fabric, c.FallbackReason)
+	if fabric := wantFabric(mode); fabric != "" {
+		for _, c := range r.Conns {
+			if c.Mode != "urma" || c.Fabric != fabric {
+				return nil, fmt.Errorf("the connection runs mode=%s fabric=%s (%s), not urma over %s", c.Mode, c.Fabric, c.FallbackReason, fabric)
+			}
 		}
 	}
 	return &r, nil

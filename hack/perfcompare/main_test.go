@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,10 +18,14 @@ import (
 )
 
 // envFake makes the test binary play urma-perf (fakeURMAPerf); envFailSize
-// is the --size its client then fails on.
+// is the --size its client then fails on; envFabric, when set, is the
+// fabric its urma connections report; envArgsLog is a file each run of it
+// appends its arguments to, one line per run.
 const (
 	envFake     = "PERFCOMPARE_TEST_FAKE_URMA_PERF"
 	envFailSize = "PERFCOMPARE_TEST_FAIL_SIZE"
+	envFabric   = "PERFCOMPARE_TEST_FABRIC"
+	envArgsLog  = "PERFCOMPARE_TEST_ARGS_LOG"
 )
 
 func TestMain(m *testing.M) {
@@ -32,10 +37,22 @@ func TestMain(m *testing.M) {
 
 // fakeURMAPerf answers as urma-perf would, in no time: a server that says
 // it listens and waits for its signal; a client that prints a report of
-// its --mode, or fails on the --size envFailSize names.
+// its --mode, or fails on the --size envFailSize names. Its throughput
+// tells the socket fabric's modes apart: 100 MB/s, 80 on the socket
+// fabric, 90 there reading in place.
 func fakeURMAPerf(args []string) int {
 	if len(args) == 0 {
 		return 2
+	}
+	if log := os.Getenv(envArgsLog); log != "" {
+		f, err := os.OpenFile(log, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			return 3
+		}
+		_, err = fmt.Fprintln(f, strings.Join(args, " "))
+		if f.Close() != nil || err != nil {
+			return 3
+		}
 	}
 	switch args[0] {
 	case "server":
@@ -59,10 +76,21 @@ func fakeURMAPerf(args []string) int {
 			return 1
 		}
 		c := perfjson.ConnReport{Mode: mode}
+		tput := 100e6
 		if mode == "urma" {
 			c.Fabric = "shm"
+			if slices.Contains(args, socketFabric) {
+				c.Fabric = "socket"
+				tput = 80e6
+				if slices.Contains(args, "--recv-zerocopy") {
+					tput = 90e6
+				}
+			}
+			if f := os.Getenv(envFabric); f != "" {
+				c.Fabric = f
+			}
 		}
-		b, _ := json.Marshal(perfjson.Report{Size: size, Requests: 1000, QPS: 1000, SentBytesPerSec: 100e6,
+		b, _ := json.Marshal(perfjson.Report{Size: size, Requests: 1000, QPS: 1000, SentBytesPerSec: tput,
 			LatencyMicros: perfjson.Latency{P50: 10, P99: 20}, Conns: []perfjson.ConnReport{c}})
 		fmt.Println(string(b))
 		return 0
@@ -256,5 +284,83 @@ func TestSamplesMedians(t *testing.T) {
 	}
 	if _, ok := f.p50["urma"]; ok {
 		t.Errorf("a figure without samples got a median: %v", f.p50)
+	}
+}
+
+// TestSocketFabricTable: the socket fabric's table measures each size from
+// a server on the socket fabric, and puts the copying API's and the
+// in-place reader's throughput beside TCP's as ratios.
+func TestSocketFabricTable(t *testing.T) {
+	t.Setenv(envFake, "1")
+	log := filepath.Join(t.TempDir(), "args")
+	t.Setenv(envArgsLog, log)
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := measureSocketFabric(context.Background(), &out, bin, []int{65536, 1 << 20}, measurement{duration: time.Millisecond, rounds: 1}); err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && (f[0] == "64KiB" || f[0] == "1MiB") {
+			rows[f[0]] = f
+		}
+	}
+	want := []string{"100", "80", "0.80x", "90", "0.90x"}
+	for _, size := range []string{"64KiB", "1MiB"} {
+		if got := rows[size]; len(got) != 6 || !slices.Equal(got[1:], want) {
+			t.Errorf("row %s = %v, want %v; output:\n%s", size, got, want, out.String())
+		}
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "server ") {
+			servers++
+			if !strings.Contains(l, socketFabric) {
+				t.Errorf("server run without %s: %s", socketFabric, l)
+			}
+		}
+	}
+	if servers != 2 {
+		t.Errorf("%d servers started, want one per size:\n%s", servers, b)
+	}
+}
+
+// TestClientChecksFabric: a connection that is not on its mode's fabric
+// fails the figure, which would otherwise measure something else.
+func TestClientChecksFabric(t *testing.T) {
+	t.Setenv(envFake, "1")
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		mode, fabric string // fabric: what the connection reports; "" as the fake does
+		ok           bool
+	}{
+		{mode: "urma", ok: true},
+		{mode: "urma", fabric: "socket"},
+		{mode: urma1Copy, fabric: "socket"},
+		{mode: urmaSocket, ok: true},
+		{mode: urmaSocket1Copy, ok: true},
+		{mode: urmaSocket, fabric: "shm"},
+		{mode: urmaSocket1Copy, fabric: "shm"},
+		{mode: "tcp", fabric: "socket", ok: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.mode+"/"+tc.fabric, func(t *testing.T) {
+			t.Setenv(envFabric, tc.fabric)
+			args := append([]string{"client", "--size", "64"}, modeArgs(tc.mode)...)
+			_, err := client(context.Background(), bin, tc.mode, args...)
+			if (err == nil) != tc.ok {
+				t.Fatalf("client error %v, want ok=%v", err, tc.ok)
+			}
+		})
 	}
 }
