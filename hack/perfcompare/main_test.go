@@ -364,3 +364,29 @@ func TestClientChecksFabric(t *testing.T) {
 		})
 	}
 }
+
+// TestRunPrintsEveryTable: a run that succeeds prints the shm table, the
+// socket fabric's and the gRPC table, in that order.
+func TestRunPrintsEveryTable(t *testing.T) {
+	t.Setenv(envFake, "1")
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := run(context.Background(), &out, bin, []int{64}, measurement{duration: time.Millisecond, rounds: 1}); err != nil {
+		t.Fatal(err)
+	}
+	o := out.String()
+	at := -1
+	for _, title := range []string{"urma-perf, two processes", "the socket fabric", "gRPC unary"} {
+		i := strings.Index(o, title)
+		if i <= at {
+			t.Fatalf("%q missing or out of order in:\n%s", title, o)
+		}
+		at = i
+	}
+	if !strings.Contains(o[strings.Index(o, "the socket fabric"):], "0.80x") {
+		t.Errorf("the socket fabric's table has no row for 64B:\n%s", o)
+	}
+}
