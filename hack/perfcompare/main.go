@@ -374,7 +374,7 @@ func (s *server) target(m string) string {
 func measureSocketFabric(ctx context.Context, w io.Writer, bin string, sizes []int, d measurement) error {
 	fmt.Fprintln(w, "the socket fabric (urma_soft_fabric=socket on both sides; emulates two UB hosts over TCP), event mode, MB/s: urma = the copying API; 1-copy = the server reads in place; tcp = the loopback baseline of the same run")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "size	MB/s tcp	urma	urma/tcp	1-copy	1-copy/tcp	")
+	fmt.Fprintln(tw, "size\tMB/s tcp\turma\turma/tcp\t1-copy\t1-copy/tcp\t")
 	for _, size := range sizes {
 		f, err := measureSize(ctx, bin, size, false, d, socketModes, socketFabric)
 		if err != nil {

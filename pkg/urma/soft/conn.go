@@ -889,8 +889,9 @@ const awaitOfferMin = 512 << 10
 // shm has Polls that read frames; the socket fabric's frames are always
 // read by its reader goroutine, which may wait. There, waiting saves the
 // receiver's copy out of the receive buffer for half of 1 MiB messages
-// (from an eighth), and the copying API went from 0.57-0.70x TCP to
-// 0.79-0.85x in three alternating runs.
+// (from an eighth): the copying API went from 0.57-0.70x TCP to
+// 0.79-0.85x in alternating runs while the receiver was the bottleneck,
+// and did not move while the sender was.
 func (c *conn) mayAwaitOffer() bool {
 	if s, ok := c.io.(*shmIO); ok {
 		return !s.pollerReads
