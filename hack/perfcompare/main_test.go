@@ -386,7 +386,7 @@ func TestRunPrintsEveryTable(t *testing.T) {
 		}
 		at = i
 	}
-	if !strings.Contains(o[strings.Index(o, "the socket fabric"):], "0.80x") {
+	if _, socketTable, _ := strings.Cut(o, "the socket fabric"); !strings.Contains(socketTable, "0.80x") {
 		t.Errorf("the socket fabric's table has no row for 64B:\n%s", o)
 	}
 }
