@@ -255,11 +255,27 @@ func TestRunWaitsForFirstScanAndSkipsRepeats(t *testing.T) {
 	if n := patches(c); n != 1 {
 		t.Fatalf("%d patches, want 1", n)
 	}
-	// Same facts, new generation (a health flip): no new patch. A change
-	// of facts: one more.
+	// Same facts, new generation (an unhealthy device appeared: facts
+	// count healthy devices only): no new patch, once Run has looked at
+	// it. A change of facts (a healthy device gone): one more.
 	s2 := twoDevices()
-	s2.Devices[0].Healthy = false
-	inv.Publish(*s2)
+	s2.Devices = append(s2.Devices, hwDevice("udma2", 64, 64, 64, 64, 16))
+	s2.Devices[2].Healthy = false
+	if !inv.Publish(*s2) {
+		t.Fatal("the snapshot with an unhealthy device was not published")
+	}
+	cur, _ := inv.Current()
+	s2gen := cur.Generation
+	for gen := uint64(0); gen < s2gen; {
+		select {
+		case gen = <-looked:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Run never looked at generation %d", s2gen)
+		}
+	}
+	if n := patches(c); n != 1 {
+		t.Fatalf("%d patches, want 1 (the unhealthy device changes no fact)", n)
+	}
 	s3 := twoDevices()
 	s3.Devices = s3.Devices[:1]
 	inv.Publish(*s3)
@@ -272,7 +288,7 @@ func TestRunWaitsForFirstScanAndSkipsRepeats(t *testing.T) {
 		t.Fatal("change not published")
 	}
 	if n := patches(c); n != 2 {
-		t.Fatalf("%d patches, want 2 (the health flip changes no fact)", n)
+		t.Fatalf("%d patches, want 2", n)
 	}
 }
 
