@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -49,6 +50,7 @@ type host struct {
 	devRoot string
 	inv     *inventory.Inventory
 	kube    *fake.Clientset
+	claims  int // claims made, which name the next
 }
 
 func newHost(t *testing.T, devs ...sysfstest.Device) *host {
@@ -117,14 +119,13 @@ func (h *host) start() *driver {
 
 func (d *driver) stop() { d.helper.Stop() }
 
-var seq int
-
 // claim creates an allocated claim in the API: one share per device name,
 // each consuming jetties.
 func (h *host) claim(jetties int64, devices ...string) *resourceapi.ResourceClaim {
 	h.t.Helper()
-	seq++
-	name := "claim-" + string(rune('a'+seq))
+	h.claims++
+	// Names and UIDs go into CDI device names, which allow [a-zA-Z0-9_.-].
+	name := "claim-" + strconv.Itoa(h.claims)
 	c := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
 		Status:     resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{}},
