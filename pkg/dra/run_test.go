@@ -119,10 +119,13 @@ func tainted(d resourceapi.Device, key string) bool {
 func TestSlicesPublishedAndFollowHealth(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	const node = "dra-node-1"
-	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+	// Generated names let the package run again on the same API server
+	// (go test -count=N), which keeps what the last run created.
+	n, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{GenerateName: "dra-node-"}}, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
+	node := n.Name
 	tree := sysfstest.New(t)
 	tree.Add(t, sysfstest.DefaultDevice("udma0"))
 	small := sysfstest.DefaultDevice("udma1")
@@ -208,14 +211,17 @@ func TestDeviceClassMapsTheExtendedResource(t *testing.T) {
 	if err != nil {
 		t.Fatalf("creating the DeviceClass: %v", err)
 	}
+	t.Cleanup(func() {
+		// Its name is the driver's, so it goes for the next run (-count=N).
+		if err := kube.ResourceV1().DeviceClasses().Delete(context.Background(), dc.Name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("deleting the DeviceClass: %v", err)
+		}
+	})
 	// A dropped field would mean DRAExtendedResource is off.
 	if dc.Spec.ExtendedResourceName == nil || *dc.Spec.ExtendedResourceName != "urma.openeuler.org/jetty" {
 		t.Fatalf("stored DeviceClass lost its extendedResourceName: %+v", dc.Spec)
 	}
-	const ns = "jetty-pods"
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := testNamespace(ctx, t, "jetty-pods-")
 	if _, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -243,10 +249,7 @@ func TestDeviceClassMapsTheExtendedResource(t *testing.T) {
 func TestExampleClaimTemplates(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	const ns = "dra-examples"
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := testNamespace(ctx, t, "dra-examples-")
 	files, err := filepath.Glob(filepath.Join("..", "..", "examples", "dra", "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no examples in examples/dra: %v", err)
@@ -278,4 +281,16 @@ func TestExampleClaimTemplates(t *testing.T) {
 	if n == 0 {
 		t.Fatal("the examples hold no ResourceClaimTemplate")
 	}
+}
+
+// testNamespace creates a namespace named prefix and a generated suffix:
+// envtest has no namespace controller, so a deleted namespace never goes,
+// and a fixed name would fail the next run (go test -count=N).
+func testNamespace(ctx context.Context, t *testing.T, prefix string) string {
+	t.Helper()
+	ns, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
 }
