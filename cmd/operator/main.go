@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -54,6 +55,10 @@ type options struct {
 	defaultJettiesPerUnit   int64
 	driver                  plan.Driver
 	zap                     zap.Options
+	// repeatControllers lets run start its controllers again in this
+	// process: controller-runtime refuses a controller name it has seen,
+	// and tests run the operator once per go test -count.
+	repeatControllers bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -152,6 +157,9 @@ func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) erro
 		LeaderElectionNamespace: o.leaderElectionNamespace,
 		// Let a new leader take over at once when this one stops cleanly.
 		LeaderElectionReleaseOnCancel: true,
+	}
+	if o.repeatControllers {
+		mopts.Controller.SkipNameValidation = ptr.To(true)
 	}
 	if o.enableWebhooks {
 		mopts.WebhookServer = ctrlwebhook.NewServer(ctrlwebhook.Options{Port: o.webhookPort, CertDir: o.certDir})

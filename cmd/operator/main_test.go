@@ -172,11 +172,17 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	o.repeatControllers = true // go test -count=N runs this again
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, cfg, o, testr.New(t)) }()
 
 	// The operator's CA replaced envtest's in the webhook configuration.
 	poll(t, "caBundle set from the operator's Secret", func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("run returned before it served: %v", err)
+		default:
+		}
 		var s corev1.Secret
 		if err := c.Get(ctx, client.ObjectKey{Namespace: "urma-system", Name: o.certSecret}, &s); err != nil {
 			return err
