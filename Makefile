@@ -77,7 +77,7 @@ bench: ## run the benchmarks; each figure is printed beside its same-run baselin
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/urma/liburma/ | tee bin/bench-liburma.txt | $(GO) run ./hack/benchreport -baseline soft=BenchmarkMessage/path=soft/ -baseline cgo=BenchmarkMessage/path=cgo-nop/
 	@echo "==> transport vs raw provider vs TCP loopback vs memcpy"
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./pkg/transport/ | tee bin/bench-transport.txt | $(GO) run ./hack/benchreport $(TRANSPORT_BASELINES)
-	@echo "==> urma-perf as two processes: the transport on shared memory vs TCP and Unix socket loopback"
+	@echo "==> urma-perf as two processes: the transport on shared memory, then on the socket fabric, vs TCP and Unix socket loopback"
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && $(GO) build -o "$$tmp/urma-perf" ./cmd/urma-perf && \
 		$(GO) run ./hack/perfcompare -urma-perf "$$tmp/urma-perf" -duration $(PERFTIME) -rounds $(PERFROUNDS) | tee bin/bench-perfcompare.txt
 
