@@ -61,36 +61,23 @@ const (
 // fabric.
 const socketFabric = "--urma_soft_fabric=socket"
 
-// modeArgs are the client flags of a mode.
-func modeArgs(m string) []string {
-	switch m {
-	case urma1Copy:
-		return []string{"--mode", "urma", "--recv-zerocopy"}
-	case urmaSocket:
-		return []string{"--mode", "urma", socketFabric}
-	case urmaSocket1Copy:
-		return []string{"--mode", "urma", socketFabric, "--recv-zerocopy"}
-	}
-	return []string{"--mode", m}
+// modeSpec is how a mode's client runs and what its connections must show.
+type modeSpec struct {
+	args           []string // the client's flags
+	fabric         string   // the fabric its connections must report; "" for the baselines, which have none
+	throughputOnly bool     // its round trip is not measured
 }
 
-// wantFabric is the fabric a connection in mode m must report: the mode
-// measures nothing else ("" for the baselines, which have none).
-func wantFabric(m string) string {
-	switch m {
-	case "urma", urma1Copy:
-		return "shm"
-	case urmaSocket, urmaSocket1Copy:
-		return "socket"
-	}
-	return ""
-}
-
-// throughputOnly reports whether only m's throughput is measured: a round
-// trip of urma1Copy is urma's, and the socket fabric's target is its
-// throughput.
-func throughputOnly(m string) bool {
-	return m == urma1Copy || m == urmaSocket || m == urmaSocket1Copy
+// modeSpecs hold every mode a table measures. Only the throughput of the
+// 1-copy modes is measured, since their round trip is the copying API's,
+// and only that of the socket fabric, whose target is its throughput.
+var modeSpecs = map[string]modeSpec{
+	"tcp":           {args: []string{"--mode", "tcp"}},
+	"unix":          {args: []string{"--mode", "unix"}},
+	"urma":          {args: []string{"--mode", "urma"}, fabric: "shm"},
+	urma1Copy:       {args: []string{"--mode", "urma", "--recv-zerocopy"}, fabric: "shm", throughputOnly: true},
+	urmaSocket:      {args: []string{"--mode", "urma", socketFabric}, fabric: "socket", throughputOnly: true},
+	urmaSocket1Copy: {args: []string{"--mode", "urma", socketFabric, "--recv-zerocopy"}, fabric: "socket", throughputOnly: true},
 }
 
 func main() {
@@ -402,13 +389,13 @@ func measureSize(ctx context.Context, bin string, size int, polling bool, d meas
 	for range d.rounds {
 		for _, m := range ms {
 			server := srv.target(m)
-			args := append(append([]string{"client", "--server", server, "--size", strconv.Itoa(size), "--duration", d.duration.String(), "--json"}, modeArgs(m)...), urmaFlags(size, polling)...)
+			args := append(append([]string{"client", "--server", server, "--size", strconv.Itoa(size), "--duration", d.duration.String(), "--json"}, modeSpecs[m].args...), urmaFlags(size, polling)...)
 			tput, err := client(ctx, bin, m, append(args, "--ack", "--pipeline", strconv.Itoa(pipeline(size)))...)
 			if err != nil {
 				return figures{}, fmt.Errorf("%s throughput: %w", m, err)
 			}
 			s.mbps[m] = append(s.mbps[m], tput.SentBytesPerSec/1e6)
-			if throughputOnly(m) {
+			if modeSpecs[m].throughputOnly {
 				continue
 			}
 			rtt, err := client(ctx, bin, m, args...)
@@ -440,7 +427,7 @@ func measureGRPC(ctx context.Context, bin string, polling bool, d measurement, m
 	defer func() { err = srv.stop(err) }()
 	for range d.rounds {
 		for _, m := range ms {
-			args := append(append([]string{"client", "--grpc", "--server", srv.target(m), "--duration", d.duration.String(), "--json"}, modeArgs(m)...), flags...)
+			args := append(append([]string{"client", "--grpc", "--server", srv.target(m), "--duration", d.duration.String(), "--json"}, modeSpecs[m].args...), flags...)
 			r, err := client(ctx, bin, m, args...)
 			if err != nil {
 				return figures{}, fmt.Errorf("gRPC over %s: %w", m, err)
@@ -491,7 +478,7 @@ func client(ctx context.Context, bin, mode string, args ...string) (*perfjson.Re
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("client output %q: %w", b, err)
 	}
-	if fabric := wantFabric(mode); fabric != "" {
+	if fabric := modeSpecs[mode].fabric; fabric != "" {
 		for _, c := range r.Conns {
 			if c.Mode != "urma" || c.Fabric != fabric {
 				return nil, fmt.Errorf("the connection runs mode=%s fabric=%s (%s), not urma over %s", c.Mode, c.Fabric, c.FallbackReason, fabric)

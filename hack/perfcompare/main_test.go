@@ -356,7 +356,7 @@ func TestClientChecksFabric(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.mode+"/"+tc.fabric, func(t *testing.T) {
 			t.Setenv(envFabric, tc.fabric)
-			args := append([]string{"client", "--size", "64"}, modeArgs(tc.mode)...)
+			args := append([]string{"client", "--size", "64"}, modeSpecs[tc.mode].args...)
 			_, err := client(context.Background(), bin, tc.mode, args...)
 			if (err == nil) != tc.ok {
 				t.Fatalf("client error %v, want ok=%v", err, tc.ok)
@@ -388,5 +388,16 @@ func TestRunPrintsEveryTable(t *testing.T) {
 	}
 	if _, socketTable, _ := strings.Cut(o, "the socket fabric"); !strings.Contains(socketTable, "0.80x") {
 		t.Errorf("the socket fabric's table has no row for 64B:\n%s", o)
+	}
+}
+
+// Every mode a table measures has its client flags.
+func TestEveryModeHasASpec(t *testing.T) {
+	for _, list := range [][]string{modes, socketModes, grpcModes} {
+		for _, m := range list {
+			if len(modeSpecs[m].args) == 0 {
+				t.Errorf("mode %q has no client flags", m)
+			}
+		}
 	}
 }
