@@ -266,11 +266,12 @@ func (c *urmaConn) awaitMessage(spun *bool) {
 // the goroutines it waits for (the peer's answer may need this process's
 // writer) share the same few processors. It reports whether it found
 // something to read, or a reason not to wait. Polling mode has pollers for
-// this, and spins nowhere else. At most the engine's spinLimit readers spin
+// this, and spins nowhere else; nor does the socket fabric (readerSpin).
+// At most the engine's spinLimit readers spin
 // at once; the others sleep at once, as without the spin.
 func (c *urmaConn) spinRead() bool {
-	spin := c.e.s.flags.EventSpin
-	if spin <= 0 || c.e.s.flags.UsePolling {
+	spin := c.e.readerSpin()
+	if spin <= 0 {
 		return false
 	}
 	if c.e.spinners.Add(1) > c.e.spinLimit {

@@ -188,7 +188,10 @@ func TestDirectReadCompletionOrder(t *testing.T) {
 				f := flags.Defaults()
 				f.BufferCount = 1024
 				f.RQSize, f.SQSize = 16, 16
-				f.EventSpin = 10 * time.Millisecond // the reader sees the placement by spinning, not by an event
+				// On shm the reader sees the placement by spinning, not by
+				// an event; on the socket fabric, where readers do not spin
+				// (readerSpin), the read deadline wakes it.
+				f.EventSpin = 10 * time.Millisecond
 				cfg := Config{Flags: &f, LookupEnv: noEnv, SoftFabric: fabric}
 				p := connect(t, cfg, cfg)
 				client, server := p.client, p.server.(*urmaConn)
@@ -221,6 +224,14 @@ func TestDirectReadCompletionOrder(t *testing.T) {
 					if _, err := client.Write(msg); err != nil {
 						t.Fatal(err)
 					}
+					if fabric == FabricSocket {
+						waitFor(t, "the message to land in the offered slice", 10*time.Second, func() bool {
+							server.mu.Lock()
+							defer server.mu.Unlock()
+							return server.placementLanded()
+						})
+						_ = server.SetReadDeadline(time.Now()) // a message placed is read, deadline or not
+					}
 					var r readResult
 					select {
 					case r = <-res:
@@ -231,6 +242,7 @@ func TestDirectReadCompletionOrder(t *testing.T) {
 						r = await(t, res)
 					}
 					release()
+					_ = server.SetReadDeadline(time.Time{})
 					if r.err != nil || !bytes.Equal(buf[:r.n], msg) {
 						t.Fatalf("message %d: %q, %v", i, buf[:r.n], r.err)
 					}

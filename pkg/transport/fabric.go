@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
@@ -164,4 +165,20 @@ func (e *engine) fabricName() string {
 		return e.prov.Name()
 	}
 	return ""
+}
+
+// readerSpin is how long a reader with nothing to read polls for its
+// message itself (spinRead): urma_event_spin in event mode, except on the
+// socket fabric. There the poll cannot deliver anything: a message arrives
+// through the provider's reader goroutine, back from a read system call,
+// and that goroutine needs a processor the spinner holds. On this 2-core
+// VM the spin doubled the socket fabric's 64 B round trip (270-290 µs
+// against 115-135 µs) and cost its 1 MiB stream about a tenth
+// (docs/transport.md). On shm the poll takes the message from the peer's
+// ring, and hardware writes its completion queue itself.
+func (e *engine) readerSpin() time.Duration {
+	if e.s.flags.UsePolling || e.fabric.name == FabricSocket {
+		return 0
+	}
+	return e.s.flags.EventSpin
 }

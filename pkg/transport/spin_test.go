@@ -188,3 +188,33 @@ func TestEventSpinLimit(t *testing.T) {
 		t.Fatalf("s2 did not spin with no one else spinning")
 	}
 }
+
+// TestEventSpinByFabric: readers on the shm fabric spin; readers on the
+// socket fabric never do, whatever urma_event_spin says, since their poll
+// cannot deliver a message (readerSpin).
+func TestEventSpinByFabric(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		fabric    string
+		wantSpins uint64
+	}{
+		{fabric: FabricShm, wantSpins: 1},
+		{fabric: FabricSocket, wantSpins: 0},
+	} {
+		t.Run(tc.fabric, func(t *testing.T) {
+			cfg := fabricCfg(tc.fabric, dir, nil)
+			cfg.Flags.EventSpin = time.Millisecond
+			p := connect(t, cfg, fabricCfg(tc.fabric, dir, nil))
+			if got := p.server.Debug().Fabric; got != tc.fabric {
+				t.Fatalf("fabric %q, want %q", got, tc.fabric)
+			}
+			_ = p.server.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			if _, err := p.server.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("read from a silent peer: %v, want the deadline", err)
+			}
+			if d := p.server.Debug(); d.SpinReads != tc.wantSpins || d.SpinMisses != tc.wantSpins {
+				t.Fatalf("SpinReads=%d SpinMisses=%d, want %d and %d", d.SpinReads, d.SpinMisses, tc.wantSpins, tc.wantSpins)
+			}
+		})
+	}
+}
