@@ -266,9 +266,9 @@ func (c *urmaConn) awaitMessage(spun *bool) {
 // the goroutines it waits for (the peer's answer may need this process's
 // writer) share the same few processors. It reports whether it found
 // something to read, or a reason not to wait. Polling mode has pollers for
-// this, and spins nowhere else; nor does the socket fabric (readerSpin).
-// At most the engine's spinLimit readers spin
-// at once; the others sleep at once, as without the spin.
+// this, and spins nowhere else; the socket fabric does not spin at all
+// (readerSpin). At most the engine's spinLimit readers spin at once; the
+// others sleep at once, as without the spin.
 func (c *urmaConn) spinRead() bool {
 	spin := c.e.readerSpin()
 	if spin <= 0 {
