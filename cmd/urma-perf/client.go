@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -33,6 +34,7 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	pipeline := fs.Int("pipeline", 1, "requests outstanding per connection: 1 times each round trip, more measures throughput")
 	ack := fs.Bool("ack", false, "ask for 8-byte answers even from an echo server: bytes go one way")
 	recvZeroCopy := fs.Bool("recv-zerocopy", false, "ask the server to take requests in place, with the transport's zero-copy API (ReadBuffer), where its connection has it")
+	sendZeroCopy := fs.Bool("send-zerocopy", false, "build each request in place, in the transport's own buffers (zero-copy API: AllocBuffer, WriteBuffer), instead of writing it from the client's slice; the client writes only an 8-byte sequence number into each")
 	duration := fs.Duration("duration", 5*time.Second, "how long to send requests")
 	mode := fs.String("mode", "auto", "auto: whatever each connection negotiates; urma: fail (exit 3) if any connection falls back; tcp: TCP only; unix: plain Unix domain socket to the server's --unix path (--server is that path)")
 	useGRPC := fs.Bool("grpc", false, "make gRPC unary health checks, one at a time per connection, on a server started with --grpc, instead of urma-perf requests")
@@ -54,8 +56,10 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageError{fmt.Errorf("--duration %s must be positive", *duration)}
 	case *mode != "auto" && *mode != "urma" && *mode != "tcp" && *mode != "unix":
 		return usageError{fmt.Errorf("--mode %q: want auto, urma, tcp or unix", *mode)}
-	case *useGRPC && (isSet(fs, "size") || *pipeline != 1 || *ack || *recvZeroCopy):
+	case *useGRPC && (isSet(fs, "size") || *pipeline != 1 || *ack || *recvZeroCopy || *sendZeroCopy):
 		return usageError{errGRPCFlags}
+	case *sendZeroCopy && *mode == "unix":
+		return usageError{errors.New("--send-zerocopy builds requests in the transport's buffers: it needs a transport connection, not --mode unix")}
 	}
 	cfg, err := c.config(fs, stderr)
 	if err != nil {
@@ -82,7 +86,8 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *ack {
 		flags |= flagAck
 	}
-	m := measurement{server: *server, size: *size, concurrency: *concurrency, pipeline: *pipeline, flags: flags, duration: *duration}
+	m := measurement{server: *server, size: *size, concurrency: *concurrency, pipeline: *pipeline, flags: flags,
+		sendInPlace: *sendZeroCopy, duration: *duration}
 	var rep *Report
 	if *useGRPC {
 		m.size = 0
@@ -127,6 +132,7 @@ type measurement struct {
 	concurrency int
 	pipeline    int
 	flags       uint32
+	sendInPlace bool // requests are built in the transport's buffers (--send-zerocopy)
 	duration    time.Duration
 }
 
@@ -169,10 +175,15 @@ func measure(ctx context.Context, dial func(context.Context) (net.Conn, error), 
 
 	end := time.Now().Add(r.duration)
 	elapsed := runTimed(len(workers), func(i int) {
-		if r.pipeline == 1 {
-			workers[i].run(ctx, end, r.size, respSize)
-		} else {
-			workers[i].runPipelined(ctx, end, r.size, respSize, r.pipeline)
+		w := workers[i]
+		snd, err := newRequestSender(w.conn, r.size, r.sendInPlace)
+		switch {
+		case err != nil:
+			w.err = err
+		case r.pipeline == 1:
+			w.run(ctx, end, snd, r.size, respSize)
+		default:
+			w.runPipelined(ctx, end, snd, respSize, r.pipeline)
 		}
 	})
 	return buildReport(r, respSize, elapsed, workers), nil
@@ -228,7 +239,7 @@ func runTimed(n int, loop func(i int)) float64 {
 // seconds.
 func buildReport(r measurement, respSize int, elapsed float64, workers []*worker) *Report {
 	rep := &Report{Server: r.server, Size: r.size, ResponseSize: respSize, Concurrency: r.concurrency,
-		Pipeline: r.pipeline, Ack: r.flags&flagAck != 0, DurationSeconds: elapsed}
+		Pipeline: r.pipeline, Ack: r.flags&flagAck != 0, SendZeroCopy: r.sendInPlace, DurationSeconds: elapsed}
 	var all histogram
 	for _, w := range workers {
 		all.merge(&w.hist)
@@ -266,6 +277,91 @@ func buildReport(r measurement, respSize int, elapsed float64, workers []*worker
 	return rep
 }
 
+// requestSender sends one connection's requests.
+type requestSender interface {
+	// send sends request number seq (counting from 1).
+	send(seq uint64) error
+	// echoes reports whether echo is what an echo server returns for
+	// request seq.
+	echoes(echo []byte, seq uint64) bool
+}
+
+// newRequestSender sends requests of size bytes on conn: from one slice,
+// or with inPlace built in the transport's own buffers.
+func newRequestSender(conn net.Conn, size int, inPlace bool) (requestSender, error) {
+	if !inPlace {
+		return sliceSender{conn: conn, req: newRequest(size)}, nil
+	}
+	zc, ok := conn.(transport.ZeroCopyConn)
+	if !ok {
+		return nil, fmt.Errorf("--send-zerocopy: a %T has no zero-copy API", conn)
+	}
+	return inPlaceSender{conn: zc, size: size}, nil
+}
+
+// sliceSender writes every request from the same slice, as the TCP
+// baseline does: the slice stays in the cache.
+type sliceSender struct {
+	conn net.Conn
+	req  []byte
+}
+
+func (s sliceSender) send(uint64) error {
+	_, err := s.conn.Write(s.req)
+	return err
+}
+
+func (s sliceSender) echoes(echo []byte, _ uint64) bool { return bytes.Equal(echo, s.req) }
+
+// inPlaceSender builds each request in buffers of the transport's pool
+// (AllocBuffer) and sends them as they are (WriteBuffer): the bytes go to
+// the provider with no copy out of a slice of the client's. An
+// application that produces its messages in place writes them there and
+// nowhere else; this client writes only the request's sequence number
+// into its first bytes and sends the rest as the buffer holds it, as the
+// TCP baseline sends the same bytes every time. A request longer than a
+// buffer takes several.
+type inPlaceSender struct {
+	conn transport.ZeroCopyConn
+	size int
+}
+
+func (s inPlaceSender) send(seq uint64) error {
+	stamp := seqStamp(seq)
+	for left := s.size; left > 0; {
+		b, err := s.conn.AllocBuffer()
+		if err != nil {
+			return err
+		}
+		n := min(left, len(b.Data()), s.conn.MaxMessage())
+		if left == s.size {
+			copy(b.Data()[:n], stamp[:])
+		}
+		if err := s.conn.WriteBuffer(b, n); err != nil {
+			return err
+		}
+		left -= n
+	}
+	return nil
+}
+
+// echoes checks the length and the sequence number: the rest of a
+// request built in place is whatever its buffers held.
+func (s inPlaceSender) echoes(echo []byte, seq uint64) bool {
+	stamp := seqStamp(seq)
+	n := min(len(echo), len(stamp))
+	return len(echo) == s.size && bytes.Equal(echo[:n], stamp[:n])
+}
+
+// seqStamp is what starts request seq built in place: its number, least
+// significant byte first, so that even a 1-byte request differs from the
+// one before it.
+func seqStamp(seq uint64) [8]byte {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], seq)
+	return b
+}
+
 // newRequest is a request of size bytes, a recognisable pattern.
 func newRequest(size int) []byte {
 	req := make([]byte, size)
@@ -285,15 +381,15 @@ func (w *worker) fail(ctx context.Context, err error) {
 }
 
 // run sends requests until end (or ctx ends) and times each round trip.
-func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
-	req := newRequest(size)
+func (w *worker) run(ctx context.Context, end time.Time, snd requestSender, size, respSize int) {
 	resp := make([]byte, respSize)
 	for ctx.Err() == nil {
 		t0 := time.Now()
 		if !t0.Before(end) {
 			return
 		}
-		if _, err := w.conn.Write(req); err != nil {
+		seq := w.requests + 1
+		if err := snd.send(seq); err != nil {
 			w.fail(ctx, fmt.Errorf("write: %w", err))
 			return
 		}
@@ -302,7 +398,7 @@ func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
 			return
 		}
 		rtt := time.Since(t0)
-		if respSize == size && !bytes.Equal(resp, req) {
+		if respSize == size && !snd.echoes(resp, seq) {
 			w.err = errors.New("the echo differs from the request")
 			return
 		}
@@ -314,7 +410,7 @@ func (w *worker) run(ctx context.Context, end time.Time, size, respSize int) {
 // runPipelined keeps depth requests outstanding until end: a writer sends
 // while fewer are unanswered, this goroutine reads the answers (in order)
 // and times each from its send.
-func (w *worker) runPipelined(ctx context.Context, end time.Time, size, respSize, depth int) {
+func (w *worker) runPipelined(ctx context.Context, end time.Time, snd requestSender, respSize, depth int) {
 	// slots holds one token per request sent and not yet answered: the
 	// writer takes one before it sends, the reader gives it back once the
 	// answer is in. sent carries each request's send time to the reader;
@@ -327,8 +423,7 @@ func (w *worker) runPipelined(ctx context.Context, end time.Time, size, respSize
 	werr := make(chan error, 1)
 	go func() {
 		defer close(sent)
-		req := newRequest(size)
-		for {
+		for seq := uint64(1); ; seq++ {
 			select {
 			case slots <- struct{}{}: // waits while depth requests are unanswered
 			case <-quit:
@@ -341,7 +436,7 @@ func (w *worker) runPipelined(ctx context.Context, end time.Time, size, respSize
 				return
 			}
 			sent <- t0
-			if _, err := w.conn.Write(req); err != nil {
+			if err := snd.send(seq); err != nil {
 				werr <- fmt.Errorf("write: %w", err)
 				return
 			}
@@ -385,8 +480,12 @@ func printReport(w io.Writer, r *Report) {
 	if r.Protocol == protocolGRPC {
 		fmt.Fprintf(w, "urma-perf client: server=%s gRPC health checks concurrency=%d duration=%.2fs\n", r.Server, r.Concurrency, r.DurationSeconds)
 	} else {
-		fmt.Fprintf(w, "urma-perf client: server=%s size=%d response=%d concurrency=%d pipeline=%d duration=%.2fs\n",
-			r.Server, r.Size, r.ResponseSize, r.Concurrency, r.Pipeline, r.DurationSeconds)
+		send := "from a slice"
+		if r.SendZeroCopy {
+			send = "in place"
+		}
+		fmt.Fprintf(w, "urma-perf client: server=%s size=%d response=%d concurrency=%d pipeline=%d send=%q duration=%.2fs\n",
+			r.Server, r.Size, r.ResponseSize, r.Concurrency, r.Pipeline, send, r.DurationSeconds)
 	}
 	for i, c := range r.Conns {
 		fmt.Fprintf(w, "  conn %d %s mode=%s", i, c.Local, c.Mode)

@@ -146,4 +146,4 @@ func (w *grpcWorker) run(ctx context.Context, end time.Time, req *healthpb.Healt
 }
 
 // errGRPCFlags is a client flag that has no meaning for gRPC calls.
-var errGRPCFlags = errors.New("--grpc makes unary health checks one at a time, without payload: --size, --pipeline, --ack and --recv-zerocopy do not apply")
+var errGRPCFlags = errors.New("--grpc makes unary health checks one at a time, without payload: --size, --pipeline, --ack, --recv-zerocopy and --send-zerocopy do not apply")

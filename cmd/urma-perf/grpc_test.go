@@ -76,6 +76,7 @@ func TestGRPCUsage(t *testing.T) {
 		{"--pipeline", "2"},
 		{"--ack"},
 		{"--recv-zerocopy"},
+		{"--send-zerocopy"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			var errb strings.Builder

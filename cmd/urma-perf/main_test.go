@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,6 +107,13 @@ func TestClientServer(t *testing.T) {
 		{name: "zero-copy receive, 8-byte requests, acks of a non-echo server", clientArgs: []string{"--size", "8", "--recv-zerocopy"}, wantURMA: 1, wantResp: ackSize},
 		{name: "zero-copy receive, pipelined acks over tcp", serverArgs: []string{"--echo"}, clientArgs: []string{"--mode", "tcp", "--size", "3000", "--pipeline", "8", "--ack", "--recv-zerocopy"}, wantTCP: 1, wantResp: ackSize},
 		{name: "socket fabric", serverArgs: []string{"--echo", "--urma_soft_fabric=socket"}, clientArgs: []string{"--urma_soft_fabric=socket"}, wantURMA: 1, wantResp: 4096},
+		// Echoes of requests built in place are checked for their
+		// sequence numbers: a client that sent from its slice fails.
+		{name: "zero-copy send, echo over urma", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "3000", "--send-zerocopy"}, wantURMA: 1, wantResp: 3000},
+		{name: "zero-copy send of requests longer than a buffer, echo over urma", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "16384", "--send-zerocopy", "--concurrency", "2"}, wantURMA: 2, wantResp: 16384},
+		{name: "zero-copy send of 1-byte requests, echo over urma", serverArgs: []string{"--echo"}, clientArgs: []string{"--size", "1", "--send-zerocopy"}, wantURMA: 1, wantResp: 1},
+		{name: "zero-copy send, echo over tcp", serverArgs: []string{"--echo"}, clientArgs: []string{"--mode", "tcp", "--size", "20000", "--send-zerocopy"}, wantTCP: 1, wantResp: 20000},
+		{name: "zero-copy send, zero-copy receive, pipelined acks on the socket fabric", serverArgs: []string{"--echo", "--urma_soft_fabric=socket"}, clientArgs: []string{"--urma_soft_fabric=socket", "--size", "20000", "--pipeline", "8", "--ack", "--send-zerocopy", "--recv-zerocopy"}, wantURMA: 1, wantResp: ackSize},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -122,6 +130,9 @@ func TestClientServer(t *testing.T) {
 			}
 			if want := strings.Contains(strings.Join(tc.clientArgs, " "), "--pipeline 8"); want != (r.Pipeline == 8) || want != r.Ack {
 				t.Errorf("pipeline %d ack %v in the report", r.Pipeline, r.Ack)
+			}
+			if want := slices.Contains(tc.clientArgs, "--send-zerocopy"); r.SendZeroCopy != want {
+				t.Errorf("report says requests built in place: %v, want %v", r.SendZeroCopy, want)
 			}
 			if r.Requests == 0 || r.QPS <= 0 || r.LatencyMicros.P50 <= 0 || r.LatencyMicros.P999 < r.LatencyMicros.P50 || r.LatencyMicros.Max < r.LatencyMicros.P999 {
 				t.Errorf("implausible results: %+v", r)
@@ -163,7 +174,7 @@ func TestClientServer(t *testing.T) {
 			}
 			// Every request reached the server whole: the 16-byte perf
 			// header and size bytes per request, per connection.
-			var in, direct uint64
+			var in, direct, messages uint64
 			for closed := 0; closed < tc.wantURMA+tc.wantTCP; {
 				select {
 				case e := <-events:
@@ -171,6 +182,7 @@ func TestClientServer(t *testing.T) {
 						closed++
 						in += e.BytesIn
 						direct += e.DirectReads
+						messages += e.MessagesIn
 						if (e.MessagesIn > 0) != (tc.wantURMA > 0) || e.DirectReads > e.MessagesIn {
 							t.Errorf("server counted %d messages, %d read directly, on a connection of a run with %d URMA connections", e.MessagesIn, e.DirectReads, tc.wantURMA)
 						}
@@ -187,6 +199,13 @@ func TestClientServer(t *testing.T) {
 			}
 			if want := uint64(16*(tc.wantURMA+tc.wantTCP)) + r.Requests*uint64(r.Size); in != want {
 				t.Errorf("server read %d bytes, want %d (%d requests of %d)", in, want, r.Requests, r.Size)
+			}
+			// Built in place, a request is one message per buffer (8 KiB),
+			// each filled: the perf header, then ceil(size/8 KiB) each.
+			if perBuf := uint64(8 << 10); r.SendZeroCopy && tc.wantURMA > 0 {
+				if want := uint64(tc.wantURMA) + r.Requests*((uint64(r.Size)+perBuf-1)/perBuf); messages != want {
+					t.Errorf("server took %d messages, want %d: %d requests of %d bytes built in buffers of %d", messages, want, r.Requests, r.Size, perBuf)
+				}
 			}
 			// A server Read waits for each request with room for it: over
 			// URMA, from urma_zerocopy_min_size (512) on, the request lands
@@ -299,6 +318,7 @@ func TestCommandLineErrors(t *testing.T) {
 		{"bad size", []string{"client", "--server", "x:1", "--size", "0"}, nil, 2, "--size 0 outside"},
 		{"bad mode", []string{"client", "--server", "x:1", "--mode", "rdma"}, nil, 2, `--mode "rdma"`},
 		{"bad pipeline", []string{"client", "--server", "x:1", "--pipeline", "0"}, nil, 2, "--pipeline 0 outside"},
+		{"in-place requests on a plain unix socket", []string{"client", "--server", "/tmp/x.sock", "--mode", "unix", "--send-zerocopy"}, nil, 2, "--send-zerocopy builds requests in the transport's buffers"},
 		{"unix socket missing", []string{"client", "--server", "/nonexistent/perf.sock", "--mode", "unix", "--duration", "10ms"}, nil, 1, "connection 0"},
 		{"bad urma flag", []string{"server", "--urma_sq_size=5"}, nil, 2, "urma_sq_size: 5 is out of range (want 16..4096)"},
 		{"unknown flag", []string{"server", "--urma_nope=1"}, nil, 2, "flag provided but not defined"},

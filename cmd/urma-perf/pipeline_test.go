@@ -68,7 +68,7 @@ func TestPipelineDepth(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				w.runPipelined(ctx, time.Now().Add(time.Hour), 64, ackSize, depth)
+				w.runPipelined(ctx, time.Now().Add(time.Hour), sliceSender{conn: c, req: newRequest(64)}, ackSize, depth)
 			}()
 			stop := func() { // as a signal does (measure)
 				cancel()

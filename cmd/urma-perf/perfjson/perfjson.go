@@ -40,12 +40,15 @@ type Report struct {
 	Server string `json:"server"`
 	// Protocol is "grpc" for gRPC health checks (client --grpc); empty
 	// for urma-perf's own requests.
-	Protocol            string       `json:"protocol,omitempty"`
-	Size                int          `json:"size"`
-	ResponseSize        int          `json:"responseSize"`
-	Concurrency         int          `json:"concurrency"`
-	Pipeline            int          `json:"pipeline"` // requests outstanding per connection
-	Ack                 bool         `json:"ack,omitempty"`
+	Protocol     string `json:"protocol,omitempty"`
+	Size         int    `json:"size"`
+	ResponseSize int    `json:"responseSize"`
+	Concurrency  int    `json:"concurrency"`
+	Pipeline     int    `json:"pipeline"` // requests outstanding per connection
+	Ack          bool   `json:"ack,omitempty"`
+	// SendZeroCopy: the client built its requests in the transport's
+	// buffers (--send-zerocopy) instead of writing them from a slice.
+	SendZeroCopy        bool         `json:"sendZeroCopy,omitempty"`
 	DurationSeconds     float64      `json:"durationSeconds"`
 	Requests            uint64       `json:"requests"`
 	QPS                 float64      `json:"qps"`
