@@ -7,7 +7,8 @@
 // a ratio; beside it the throughput of urma-1copy, the transport copying
 // each byte as often as TCP does (see urma1Copy). A second table holds the
 // socket fabric's throughput (urma_soft_fabric=socket on both sides, which
-// emulates two UB hosts) beside TCP's of the same run. `make bench` runs
+// emulates two UB hosts) beside TCP's of the same run, with the copying
+// API and with the zero-copy API (socketModes). `make bench` runs
 // it; see docs/transport.md.
 //
 //	perfcompare -urma-perf bin/urma-perf [-duration 1s] [-rounds 1] [-sizes 64,4096,65536,1048576]
@@ -48,13 +49,17 @@ var modes = []string{"tcp", "unix", "urma", urma1Copy}
 const urma1Copy = "urma-1copy"
 
 // socketModes are what the socket fabric's table measures: TCP, and the
-// transport on the socket fabric with the copying API (urmaSocket) and
-// reading in place (urmaSocket1Copy, the server's flags as urma1Copy's).
-var socketModes = []string{"tcp", urmaSocket, urmaSocket1Copy}
+// transport on the socket fabric with the copying API (urmaSocket),
+// reading in place (urmaSocket1Copy, the server's flags as urma1Copy's),
+// and with the zero-copy API on both sides (urmaSocket0Copy): the client
+// builds its requests in the transport's buffers (--send-zerocopy), so
+// the bytes are copied twice, by the kernel, as over TCP.
+var socketModes = []string{"tcp", urmaSocket, urmaSocket1Copy, urmaSocket0Copy}
 
 const (
 	urmaSocket      = "urma-socket"
 	urmaSocket1Copy = "urma-socket-1copy"
+	urmaSocket0Copy = "urma-socket-zerocopy"
 )
 
 // socketFabric is the flag that puts a server or client on the socket
@@ -78,6 +83,7 @@ var modeSpecs = map[string]modeSpec{
 	urma1Copy:       {args: []string{"--mode", "urma", "--recv-zerocopy"}, fabric: "shm", throughputOnly: true},
 	urmaSocket:      {args: []string{"--mode", "urma", socketFabric}, fabric: "socket", throughputOnly: true},
 	urmaSocket1Copy: {args: []string{"--mode", "urma", socketFabric, "--recv-zerocopy"}, fabric: "socket", throughputOnly: true},
+	urmaSocket0Copy: {args: []string{"--mode", "urma", socketFabric, "--recv-zerocopy", "--send-zerocopy"}, fabric: "socket", throughputOnly: true},
 }
 
 func main() {
@@ -359,18 +365,19 @@ func (s *server) target(m string) string {
 // throughput of socketModes in event mode, from a server on the socket
 // fabric.
 func measureSocketFabric(ctx context.Context, w io.Writer, bin string, sizes []int, d measurement) error {
-	fmt.Fprintln(w, "the socket fabric (urma_soft_fabric=socket on both sides; emulates two UB hosts over TCP), event mode, MB/s: urma = the copying API; 1-copy = the server reads in place; tcp = the loopback baseline of the same run")
+	fmt.Fprintln(w, "the socket fabric (urma_soft_fabric=socket on both sides; emulates two UB hosts over TCP), event mode, MB/s: urma = the copying API; 1-copy = the server reads in place; zero-copy = the client also builds its requests in place (the zero-copy API on both sides); tcp = the loopback baseline of the same run")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "size\tMB/s tcp\turma\turma/tcp\t1-copy\t1-copy/tcp\t")
+	fmt.Fprintln(tw, "size\tMB/s tcp\turma\turma/tcp\t1-copy\t1-copy/tcp\tzero-copy\tzero-copy/tcp\t")
 	for _, size := range sizes {
 		f, err := measureSize(ctx, bin, size, false, d, socketModes, socketFabric)
 		if err != nil {
 			return errors.Join(fmt.Errorf("socket fabric, size %d: %w", size, err), tw.Flush())
 		}
 		fmt.Fprintf(os.Stderr, "measured %s on the socket fabric\n", sizeName(size))
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s\t%.0f\t%s\t\n", sizeName(size), f.mbps["tcp"],
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s\t%.0f\t%s\t%.0f\t%s\t\n", sizeName(size), f.mbps["tcp"],
 			f.mbps[urmaSocket], ratio(f.mbps[urmaSocket], f.mbps["tcp"]),
-			f.mbps[urmaSocket1Copy], ratio(f.mbps[urmaSocket1Copy], f.mbps["tcp"]))
+			f.mbps[urmaSocket1Copy], ratio(f.mbps[urmaSocket1Copy], f.mbps["tcp"]),
+			f.mbps[urmaSocket0Copy], ratio(f.mbps[urmaSocket0Copy], f.mbps["tcp"]))
 	}
 	return tw.Flush()
 }

@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 // it listens and waits for its signal; a client that prints a report of
 // its --mode, or fails on the --size envFailSize names. Its throughput
 // tells the socket fabric's modes apart: 100 MB/s, 80 on the socket
-// fabric, 90 there reading in place.
+// fabric, 90 there reading in place, 95 with requests built in place too.
 func fakeURMAPerf(args []string) int {
 	if len(args) == 0 {
 		return 2
@@ -84,6 +84,9 @@ func fakeURMAPerf(args []string) int {
 				tput = 80e6
 				if slices.Contains(args, "--recv-zerocopy") {
 					tput = 90e6
+				}
+				if slices.Contains(args, "--send-zerocopy") {
+					tput = 95e6
 				}
 			}
 			if f := os.Getenv(envFabric); f != "" {
@@ -288,8 +291,8 @@ func TestSamplesMedians(t *testing.T) {
 }
 
 // TestSocketFabricTable: the socket fabric's table measures each size from
-// a server on the socket fabric, and puts the copying API's and the
-// in-place reader's throughput beside TCP's as ratios.
+// a server on the socket fabric, and puts the copying API's, the in-place
+// reader's and the zero-copy API's throughput beside TCP's as ratios.
 func TestSocketFabricTable(t *testing.T) {
 	t.Setenv(envFake, "1")
 	log := filepath.Join(t.TempDir(), "args")
@@ -308,9 +311,9 @@ func TestSocketFabricTable(t *testing.T) {
 			rows[f[0]] = f
 		}
 	}
-	want := []string{"100", "80", "0.80x", "90", "0.90x"}
+	want := []string{"100", "80", "0.80x", "90", "0.90x", "95", "0.95x"}
 	for _, size := range []string{"64KiB", "1MiB"} {
-		if got := rows[size]; len(got) != 6 || !slices.Equal(got[1:], want) {
+		if got := rows[size]; len(got) != 8 || !slices.Equal(got[1:], want) {
 			t.Errorf("row %s = %v, want %v; output:\n%s", size, got, want, out.String())
 		}
 	}
@@ -351,6 +354,8 @@ func TestClientChecksFabric(t *testing.T) {
 		{mode: urmaSocket1Copy, ok: true},
 		{mode: urmaSocket, fabric: "shm"},
 		{mode: urmaSocket1Copy, fabric: "shm"},
+		{mode: urmaSocket0Copy, ok: true},
+		{mode: urmaSocket0Copy, fabric: "shm"},
 		{mode: "tcp", fabric: "socket", ok: true},
 	}
 	for _, tc := range tests {
