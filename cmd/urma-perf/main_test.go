@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 )
 
 // isolate keeps the environment the tests run in out of the transport.
@@ -200,9 +202,10 @@ func TestClientServer(t *testing.T) {
 			if want := uint64(16*(tc.wantURMA+tc.wantTCP)) + r.Requests*uint64(r.Size); in != want {
 				t.Errorf("server read %d bytes, want %d (%d requests of %d)", in, want, r.Requests, r.Size)
 			}
-			// Built in place, a request is one message per buffer (8 KiB),
-			// each filled: the perf header, then ceil(size/8 KiB) each.
-			if perBuf := uint64(8 << 10); r.SendZeroCopy && tc.wantURMA > 0 {
+			// Built in place, a request is one message per buffer (the
+			// default urma_buffer_size), each filled: the perf header, then
+			// ceil(size/buffer) each.
+			if perBuf := uint64(flags.Defaults().BufferSize); r.SendZeroCopy && tc.wantURMA > 0 {
 				if want := uint64(tc.wantURMA) + r.Requests*((uint64(r.Size)+perBuf-1)/perBuf); messages != want {
 					t.Errorf("server took %d messages, want %d: %d requests of %d bytes built in buffers of %d", messages, want, r.Requests, r.Size, perBuf)
 				}

@@ -374,10 +374,11 @@ func measureSocketFabric(ctx context.Context, w io.Writer, bin string, sizes []i
 			return errors.Join(fmt.Errorf("socket fabric, size %d: %w", size, err), tw.Flush())
 		}
 		fmt.Fprintf(os.Stderr, "measured %s on the socket fabric\n", sizeName(size))
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s\t%.0f\t%s\t%.0f\t%s\t\n", sizeName(size), f.mbps["tcp"],
-			f.mbps[urmaSocket], ratio(f.mbps[urmaSocket], f.mbps["tcp"]),
-			f.mbps[urmaSocket1Copy], ratio(f.mbps[urmaSocket1Copy], f.mbps["tcp"]),
-			f.mbps[urmaSocket0Copy], ratio(f.mbps[urmaSocket0Copy], f.mbps["tcp"]))
+		row := fmt.Sprintf("%s\t%.0f\t", sizeName(size), f.mbps["tcp"])
+		for _, m := range socketModes[1:] { // each beside TCP, the first
+			row += fmt.Sprintf("%.0f\t%s\t", f.mbps[m], ratio(f.mbps[m], f.mbps["tcp"]))
+		}
+		fmt.Fprintln(tw, row)
 	}
 	return tw.Flush()
 }
