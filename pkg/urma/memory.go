@@ -3,6 +3,10 @@ package urma
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -11,15 +15,17 @@ import (
 // outside the Go heap, so the garbage collector never moves or frees it
 // while a device may be reading it.
 //
-// The region is a shared mapping of a sealed memfd, so a provider can hand
-// the file to a peer on the same host (the software provider's shm fabric
-// lets a receiver copy a message straight out of the sender's memory). The
-// seals forbid shrinking and growing the file, so no mapping of it can ever
-// fault past its end. Where memfd_create is unavailable the region is
-// private anonymous memory and Fd is -1.
+// AllocMemory's region is a shared mapping of a sealed memfd, so a provider
+// can hand the file to a peer on the same host (the software provider's shm
+// fabric lets a receiver copy a message straight out of the sender's
+// memory). The seals forbid shrinking and growing the file, so no mapping of
+// it can ever fault past its end. AllocPrivateMemory's region is private
+// anonymous memory, which no peer can map (Fd is -1) but the kernel can back
+// with huge pages.
 type Memory struct {
-	buf []byte
-	fd  int
+	buf     []byte
+	mapping []byte // the whole mmap'd range buf lies in, for Free
+	fd      int
 }
 
 // memfdSeals are the seals every Memory file carries: its size is fixed for
@@ -38,11 +44,7 @@ func AllocMemory(size int) (*Memory, error) {
 	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
 		// No memfd (an old kernel, a seccomp profile): memory that cannot
 		// be shared, which every provider can still register.
-		b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-		if err != nil {
-			return nil, fmt.Errorf("alloc registered memory: mmap %d bytes: %w", size, err)
-		}
-		return &Memory{buf: b, fd: -1}, nil
+		return allocPrivate(size, 0)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("alloc registered memory: memfd_create: %w", err)
@@ -60,7 +62,78 @@ func AllocMemory(size int) (*Memory, error) {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("alloc registered memory: mmap %d bytes: %w", size, err)
 	}
-	return &Memory{buf: b, fd: fd}, nil
+	return &Memory{buf: b, mapping: b, fd: fd}, nil
+}
+
+// AllocPrivateMemory maps size bytes of zeroed anonymous memory that only
+// this process maps, for a provider that never hands its memory to a peer:
+// hardware through liburma, or the software provider's socket fabric.
+//
+// A region of at least one transparent huge page starts on a huge page
+// boundary and is advised MADV_HUGEPAGE, so that a kernel that grants huge
+// pages on request (transparent_hugepage "madvise" or "always") backs it
+// with them: copying a 1 MiB message into or out of a pool that cycles
+// through many megabytes then walks one or two page-table entries instead of
+// 256. AllocMemory's memfd cannot have that where shared memory stays on
+// small pages (shmem_enabled "never", the kernel's default). The advice is
+// only advice: without huge pages the region works the same on small ones.
+func AllocPrivateMemory(size int) (*Memory, error) {
+	return allocPrivate(size, hugePageSize(thpSizeFile))
+}
+
+// allocPrivate maps private anonymous memory aligned to hugePage and
+// advised for huge pages when it spans one; hugePage 0 maps it plainly.
+func allocPrivate(size, hugePage int) (*Memory, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("alloc registered memory: size %d must be positive", size)
+	}
+	huge := hugePage > 0 && size >= hugePage
+	span := size
+	if huge {
+		// The kernel puts huge pages only on aligned ranges: map one huge
+		// page more and start at the first boundary inside.
+		span += hugePage
+	}
+	whole, err := unix.Mmap(-1, 0, span, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("alloc registered memory: mmap %d bytes: %w", span, err)
+	}
+	if !huge {
+		return &Memory{buf: whole, mapping: whole, fd: -1}, nil
+	}
+	off := 0
+	if rem := int(uintptr(unsafe.Pointer(unsafe.SliceData(whole))) % uintptr(hugePage)); rem != 0 {
+		off = hugePage - rem
+	}
+	b := whole[off : off+size : off+size]
+	// A kernel built without transparent huge pages refuses the advice
+	// (EINVAL); the memory is as good on small pages, so that is no error.
+	_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
+	return &Memory{buf: b, mapping: whole, fd: -1}, nil
+}
+
+// thpSizeFile is where the kernel says how large a transparent huge page is.
+const thpSizeFile = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
+
+// maxHugePage is the largest huge page AllocPrivateMemory asks for. A pool
+// is charged to the pod a whole huge page at a time as it is touched: 2 MiB
+// (x86-64, arm64 with 4 KiB pages) is a few buffers, but arm64's 512 MiB
+// with 64 KiB pages would be the whole default pool at the first message.
+const maxHugePage = 2 << 20
+
+// hugePageSize reads the transparent huge page size from path: 0, so that
+// memory is mapped plainly, when the kernel has none or the file does not
+// hold a power of two from 64 KiB to maxHugePage.
+func hugePageSize(path string) int {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || n < 64<<10 || n > maxHugePage || n&(n-1) != 0 {
+		return 0
+	}
+	return n
 }
 
 // OpenMemory maps a whole memfd that another process allocated with
@@ -92,7 +165,7 @@ func OpenMemory(fd int) (*Memory, error) {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("open shared memory: mmap %d bytes: %w", st.Size, err)
 	}
-	return &Memory{buf: b, fd: fd}, nil
+	return &Memory{buf: b, mapping: b, fd: fd}, nil
 }
 
 // Bytes is the mapped region.
@@ -114,8 +187,8 @@ func (m *Memory) Free() error {
 	if m.buf == nil {
 		return nil
 	}
-	err := unix.Munmap(m.buf)
-	m.buf = nil
+	err := unix.Munmap(m.mapping)
+	m.buf, m.mapping = nil, nil
 	if m.fd >= 0 {
 		err = errors.Join(err, unix.Close(m.fd))
 		m.fd = -1

@@ -2,6 +2,11 @@ package urma
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -210,5 +215,173 @@ func TestOpenMemoryRefuses(t *testing.T) {
 				t.Fatalf("fd %d left open after a refused OpenMemory", fd)
 			}
 		})
+	}
+}
+
+// Private memory is zeroed and writable end to end, never shareable, and
+// starts on a huge page boundary once it spans a huge page; Free unmaps the
+// whole range mapped for it, alignment slack included.
+func TestAllocPrivateMemory(t *testing.T) {
+	const huge = 64 << 10
+	cases := []struct {
+		name      string
+		size      int
+		hugePage  int
+		wantAlign uintptr
+	}{
+		{"no huge pages", 3 * huge, 0, 4096},
+		{"smaller than a huge page", huge - 1, huge, 4096},
+		{"one huge page", huge, huge, huge},
+		{"several and a bit", 5*huge + 100, huge, huge},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := allocPrivate(c.size, c.hugePage)
+			if err != nil {
+				t.Fatalf("allocPrivate(%d, %d): %v", c.size, c.hugePage, err)
+			}
+			b := m.Bytes()
+			if len(b) != c.size || cap(b) != c.size {
+				t.Fatalf("len %d cap %d, want %d", len(b), cap(b), c.size)
+			}
+			if addr := uintptrOf(b); addr%c.wantAlign != 0 {
+				t.Fatalf("region at %#x is not aligned to %d", addr, c.wantAlign)
+			}
+			if m.Fd() != -1 {
+				t.Fatalf("Fd = %d, want -1: private memory cannot be handed to a peer", m.Fd())
+			}
+			for i, v := range b {
+				if v != 0 {
+					t.Fatalf("byte %d is %#x, want zeroed memory", i, v)
+				}
+				b[i] = byte(i % 251)
+			}
+			for i, v := range b {
+				if v != byte(i%251) {
+					t.Fatalf("byte %d reads %#x after writing %#x", i, v, byte(i%251))
+				}
+			}
+			whole := m.mapping
+			if !mapped(whole) {
+				t.Fatal("the mapping is not mapped before Free")
+			}
+			if err := m.Free(); err != nil {
+				t.Fatalf("Free: %v", err)
+			}
+			if mapped(whole[:1]) || mapped(whole[len(whole)-1:]) {
+				t.Fatalf("Free left part of the %d bytes mapped for %d", len(whole), c.size)
+			}
+			if err := m.Free(); err != nil {
+				t.Fatalf("second Free: %v, want nil (idempotent)", err)
+			}
+		})
+	}
+	if _, err := allocPrivate(0, huge); err == nil || !strings.Contains(err.Error(), "must be positive") {
+		t.Fatalf("allocPrivate(0) = %v, want a 'must be positive' error", err)
+	}
+}
+
+// mapped reports whether every page of b is mapped: msync fails with
+// ENOMEM on a range with a hole.
+func mapped(b []byte) bool {
+	back := int(uintptrOf(b) % 4096) // msync wants a page-aligned start
+	start := unsafe.Add(unsafe.Pointer(unsafe.SliceData(b)), -back)
+	return unix.Msync(unsafe.Slice((*byte)(start), back+len(b)), unix.MS_ASYNC) == nil
+}
+
+// On this kernel AllocPrivateMemory asks for transparent huge pages: the
+// region carries the madvise flag ("hg" in /proc/self/smaps) and starts on
+// the kernel's huge page boundary.
+func TestAllocPrivateMemoryAdvisesHugePages(t *testing.T) {
+	huge := hugePageSize(thpSizeFile)
+	if huge == 0 {
+		t.Skipf("%s: no transparent huge pages of at most 2 MiB on this kernel", thpSizeFile)
+	}
+	m, err := AllocPrivateMemory(2 * huge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Free(); err != nil {
+			t.Error(err)
+		}
+	})
+	addr := uintptrOf(m.Bytes())
+	if addr%uintptr(huge) != 0 {
+		t.Fatalf("region at %#x is not aligned to the %d-byte huge page", addr, huge)
+	}
+	flags, err := vmFlags(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(flags, "hg") {
+		t.Fatalf("VmFlags of the region = %v, want hg (MADV_HUGEPAGE)", flags)
+	}
+	// Plain private memory carries no such flag: the check above tells
+	// advised memory from unadvised.
+	plain, err := allocPrivate(2*huge, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = plain.Free() })
+	if flags, err := vmFlags(uintptrOf(plain.Bytes())); err != nil || slices.Contains(flags, "hg") {
+		t.Fatalf("VmFlags of unadvised memory = %v, %v; want no hg", flags, err)
+	}
+}
+
+// vmFlags reads the VmFlags of the mapping that holds addr from
+// /proc/self/smaps.
+func vmFlags(addr uintptr) ([]string, error) {
+	raw, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		return nil, err
+	}
+	inside := false
+	for _, line := range strings.Split(string(raw), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(fields[0], "-"); ok && !strings.HasSuffix(fields[0], ":") {
+			start, err1 := strconv.ParseUint(lo, 16, 64)
+			end, err2 := strconv.ParseUint(hi, 16, 64)
+			inside = err1 == nil && err2 == nil && uint64(addr) >= start && uint64(addr) < end
+			continue
+		}
+		if inside && fields[0] == "VmFlags:" {
+			return fields[1:], nil
+		}
+	}
+	return nil, fmt.Errorf("no mapping in /proc/self/smaps holds %#x", addr)
+}
+
+func TestHugePageSize(t *testing.T) {
+	cases := []struct {
+		name, content string
+		want          int
+	}{
+		{"x86-64", "2097152\n", 2 << 20},
+		{"smallest", "65536", 64 << 10},
+		{"64 KiB base pages", "536870912\n", 0},
+		{"base page", "4096\n", 0},
+		{"not a power of two", "3000000\n", 0},
+		{"negative", "-2097152\n", 0},
+		{"garbage", "huge\n", 0},
+		{"empty", "", 0},
+	}
+	dir := t.TempDir()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "_"))
+			if err := os.WriteFile(path, []byte(c.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if got := hugePageSize(path); got != c.want {
+				t.Fatalf("hugePageSize(%q) = %d, want %d", c.content, got, c.want)
+			}
+		})
+	}
+	if got := hugePageSize(filepath.Join(dir, "missing")); got != 0 {
+		t.Fatalf("hugePageSize of a missing file = %d, want 0", got)
 	}
 }
