@@ -205,3 +205,64 @@ found:
 		})
 	}
 }
+
+// TestPoolMemoryByProvider: the engine pool is a memfd wherever a peer may
+// map it (the shm fabric, or a provider given in Config.Provider, whose
+// fabric the engine cannot see), and private memory, which the kernel may
+// put on huge pages, where none can (liburma, the socket fabric), unless
+// urma_pool_huge_pages is off. Bytes flow over the socket fabric's private
+// pool.
+func TestPoolMemoryByProvider(t *testing.T) {
+	checkNoLeaks(t)
+	dir := t.TempDir()
+	liburmaStub := func(string, logr.Logger) (urma.Provider, error) {
+		p, err := soft.New(soft.Options{Fabric: soft.NewFabric(), Devices: []soft.DeviceSpec{{Name: "udma0", Ports: []urma.Port{{Index: 1, State: urma.PortActive}}}}})
+		if err != nil {
+			return nil, err
+		}
+		return &stubLiburma{Provider: p, library: "liburma.so.0"}, nil
+	}
+	tests := []struct {
+		name        string
+		cfg         func() Config
+		wantPrivate bool
+	}{
+		{name: "shm fabric", cfg: func() Config { return fabricCfg(FabricShm, dir, nil) }},
+		{name: "socket fabric", cfg: func() Config { return fabricCfg(FabricSocket, dir, nil) }, wantPrivate: true},
+		{name: "socket fabric, huge pages off", cfg: func() Config {
+			c := fabricCfg(FabricSocket, dir, nil)
+			c.Flags.PoolHugePages = false
+			return c
+		}},
+		{name: "liburma", cfg: func() Config {
+			f := smallFlags()
+			return Config{ProviderName: ProviderLiburma, Flags: &f, LookupEnv: noEnv, Logger: logr.Discard(), openLiburma: liburmaStub}
+		}, wantPrivate: true},
+		{name: "given provider", cfg: func() Config { return cfgWith(isolatedProvider(t), smallFlags()) }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := ListenTransport("tcp", "127.0.0.1:0", tc.cfg())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ln.Close() })
+			if fb := ln.e.unavailable(); fb != nil {
+				t.Fatalf("URMA unavailable: %s: %s", fb.reason, fb.detail)
+			}
+			if private := ln.e.pool.mem.Fd() < 0; private != tc.wantPrivate {
+				t.Fatalf("pool memory private: %v (fd %d), want %v", private, ln.e.pool.mem.Fd(), tc.wantPrivate)
+			}
+		})
+	}
+	t.Run("bytes flow on the private pool", func(t *testing.T) {
+		p := connect(t, fabricCfg(FabricSocket, dir, nil), fabricCfg(FabricSocket, dir, nil))
+		if p.client.Mode() != ModeURMA {
+			t.Fatalf("client %s (%s), want URMA on the socket fabric", p.client.Mode(), p.client.FallbackReason())
+		}
+		if fd := p.client.(*urmaConn).e.pool.mem.Fd(); fd >= 0 {
+			t.Fatalf("client pool is memfd %d, want private memory", fd)
+		}
+		exchange(t, p.client, p.server, "bytes over private pool memory")
+	})
+}

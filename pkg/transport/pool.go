@@ -82,10 +82,10 @@ func newRegisteredPool(mem *urma.Memory, seg urma.Segment, size, count int) *buf
 	return p
 }
 
-// allocPool maps count buffers of size bytes and registers them with
-// register; nothing stays mapped when it fails.
-func allocPool(size, count int, register func(*urma.Memory) (urma.Segment, error)) (*bufferPool, error) {
-	mem, err := urma.AllocMemory(size * count)
+// allocPool maps count buffers of size bytes with alloc and registers them
+// with register; nothing stays mapped when it fails.
+func allocPool(size, count int, alloc func(int) (*urma.Memory, error), register func(*urma.Memory) (urma.Segment, error)) (*bufferPool, error) {
+	mem, err := alloc(size * count)
 	if err != nil {
 		return nil, fmt.Errorf("allocate %d x %d bytes: %w", count, size, err)
 	}

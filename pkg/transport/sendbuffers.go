@@ -26,7 +26,7 @@ func (e *engine) wantsSendBuffers() bool {
 
 // newConnSendBuffers maps and registers count buffers of the engine's size.
 func (e *engine) newConnSendBuffers(count int) (*bufferPool, error) {
-	pool, err := allocPool(e.bufSize, count, func(mem *urma.Memory) (urma.Segment, error) {
+	pool, err := allocPool(e.bufSize, count, urma.AllocMemory, func(mem *urma.Memory) (urma.Segment, error) {
 		// A token of its own, never sent in a hello: no peer can import
 		// the segment for a READ; only the fabric's SEND by reference
 		// reaches it.

@@ -128,6 +128,10 @@ type Flags struct {
 	// provider, which copies the next message straight into it (software
 	// provider only), so Read makes no copy of its own.
 	ReadDirect bool
+	// PoolHugePages is urma_pool_huge_pages: where no peer maps the buffer
+	// pool (liburma, the socket fabric), map it as private memory that the
+	// kernel may back with transparent huge pages.
+	PoolHugePages bool
 }
 
 // field binds a Spec to the Flags field it sets.
@@ -196,6 +200,10 @@ func table() []field {
 			Name: "urma_read_direct", Kind: Bool, Default: "true", TransportOnly: true,
 			Help: "a Read of urma_zerocopy_min_size bytes or more that waits for a message lets the software provider copy the next message straight into the reader's slice, not into a receive buffer for Read to copy out again; no effect on liburma",
 		}, b: func(f *Flags) *bool { return &f.ReadDirect }},
+		{spec: Spec{
+			Name: "urma_pool_huge_pages", Kind: Bool, Default: "true", TransportOnly: true,
+			Help: "where no peer maps the buffer pool (liburma, the socket fabric), map it as private memory advised for transparent huge pages, so that copying large messages walks few pages; the pod is then charged a huge page (2 MiB) at a time as the pool is touched; false keeps small pages (the shm fabric always does)",
+		}, b: func(f *Flags) *bool { return &f.PoolHugePages }},
 	}
 }
 
