@@ -10,9 +10,10 @@
 // cgo provider over liburma can be added without touching them.
 //
 // Object order mirrors liburma: Provider -> Context -> JFCE -> JFC -> JFR ->
-// Jetty. Registered memory is always mmap'd (see AllocMemory), never the Go heap,
-// because hardware reads it asynchronously and the Go garbage collector may move
-// or free heap memory.
+// Jetty. Registered memory is always mmap'd (see AllocMemory, and
+// AllocPrivateMemory for memory no peer maps), never the Go heap, because
+// hardware reads it asynchronously and the Go garbage collector may move or
+// free heap memory.
 //
 // This package knows nothing of Kubernetes or of any transport built on it.
 package urma

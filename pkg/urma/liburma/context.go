@@ -95,7 +95,8 @@ func (c *devContext) CreateJFR(cfg urma.JFRConfig) (urma.JFR, error) { return ne
 // CreateJetty creates a jetty on a shared JFR.
 func (c *devContext) CreateJetty(cfg urma.JettyConfig) (urma.Jetty, error) { return newJetty(c, cfg) }
 
-// RegisterSegment registers memory from urma.AllocMemory.
+// RegisterSegment registers memory from urma.AllocMemory or
+// urma.AllocPrivateMemory.
 func (c *devContext) RegisterSegment(mem *urma.Memory, cfg urma.SegmentConfig) (urma.Segment, error) {
 	return registerSegment(c, mem, cfg)
 }
