@@ -275,7 +275,28 @@ func percent(v float64, ok bool) string {
 	return fmt.Sprintf("%.1f%%", v)
 }
 
-func report(w io.Writer, pkgs []packageReport, equivalents []*equivalent, goal float64, measured map[string]bool) bool {
+// judged says which entries of the equivalent list a run can call stale:
+// those of the files it mutated, and those of its packages' files that no
+// longer exist. A run over the files changed since a commit
+// (MUTATION_SINCE) leaves the rest of a package unmutated, and their
+// entries unjudged.
+type judged struct {
+	files, pkgs map[string]bool
+	root        string
+}
+
+func (j judged) canJudge(file string) bool {
+	if j.files[file] {
+		return true
+	}
+	if !j.pkgs[path.Dir(file)] {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(j.root, filepath.FromSlash(file)))
+	return errors.Is(err, os.ErrNotExist)
+}
+
+func report(w io.Writer, pkgs []packageReport, equivalents []*equivalent, goal float64, measured judged) bool {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "package\tkilled\tlived\tequivalent\ttimed out\tnot covered\tefficacy\t(gremlins)\tmutator coverage\tgoal\tverdict\n")
 	allMet := true
@@ -320,10 +341,9 @@ func report(w io.Writer, pkgs []packageReport, equivalents []*equivalent, goal f
 		}
 	}
 
-	// Only entries of packages measured in this run can be judged stale.
 	var stale []*equivalent
 	for _, e := range equivalents {
-		if !e.used && measured[path.Dir(e.file)] {
+		if !e.used && measured.canJudge(e.file) {
 			stale = append(stale, e)
 		}
 	}
@@ -364,7 +384,7 @@ func run(args []string, stdout io.Writer) (bool, error) {
 		}
 	}
 	src := sourceLines{}
-	measured := map[string]bool{}
+	measured := judged{files: map[string]bool{}, pkgs: map[string]bool{}, root: *root}
 	var pkgs []packageReport
 	for _, arg := range fs.Args() {
 		dir, file, ok := strings.Cut(arg, "=")
@@ -384,7 +404,10 @@ func run(args []string, stdout io.Writer) (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("%s: %w", dir, err)
 		}
-		measured[dir] = true
+		measured.pkgs[dir] = true
+		for _, f := range res.Files {
+			measured.files[path.Join(dir, filepath.ToSlash(f.Filename))] = true
+		}
 		pkgs = append(pkgs, p)
 	}
 	return report(stdout, pkgs, equivalents, *goal, measured), nil

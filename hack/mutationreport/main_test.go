@@ -199,6 +199,37 @@ func TestEquivalentNamesTheNthMutantOfALine(t *testing.T) {
 	}
 }
 
+// A run over the files changed since a commit mutates only some files of a
+// package: the entries of its other files are not stale, but those of a
+// file that is gone are.
+func TestStaleOnlyForMutatedOrMissingFiles(t *testing.T) {
+	result := `{"files":[{"file_name":"a.go","mutations":[{"type":"CONDITIONALS_BOUNDARY","status":"KILLED","line":4,"column":7}]}]}`
+	root, res := writeModule(t, source, result)
+	if err := os.WriteFile(filepath.Join(root, "pkg", "a", "other.go"), []byte("package a\n\nvar x = 1 + 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	list := filepath.Join(t.TempDir(), "equivalent.txt")
+	entries := "pkg/a/a.go ARITHMETIC_BASE return n + 1\n\tmutated, no survivor\n" +
+		"pkg/a/other.go ARITHMETIC_BASE var x = 1 + 2\n\tnot mutated this run\n" +
+		"pkg/a/gone.go ARITHMETIC_BASE x + y\n\tthe file was deleted\n"
+	if err := os.WriteFile(list, []byte(entries), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if _, err := run([]string{"-root", root, "-equivalent", list, "pkg/a=" + res}, &out); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	for _, want := range []string{"pkg/a/a.go ARITHMETIC_BASE", "pkg/a/gone.go ARITHMETIC_BASE"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report does not call %q stale:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "pkg/a/other.go") {
+		t.Errorf("an entry of a file this run did not mutate was called stale:\n%s", got)
+	}
+}
+
 func TestRunPackageWithoutMutants(t *testing.T) {
 	root, res := writeModule(t, "package a\n", `{"files":[]}`)
 	var out strings.Builder

@@ -228,11 +228,12 @@ func TestAllocPrivateMemory(t *testing.T) {
 		size      int
 		hugePage  int
 		wantAlign uintptr
+		wantSlack int // mapped beyond size, to find the boundary in
 	}{
-		{"no huge pages", 3 * huge, 0, 4096},
-		{"smaller than a huge page", huge - 1, huge, 4096},
-		{"one huge page", huge, huge, huge},
-		{"several and a bit", 5*huge + 100, huge, huge},
+		{"no huge pages", 3 * huge, 0, 4096, 0},
+		{"smaller than a huge page", huge - 1, huge, 4096, 0},
+		{"one huge page", huge, huge, huge, huge},
+		{"several and a bit", 5*huge + 100, huge, huge, huge},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -262,6 +263,9 @@ func TestAllocPrivateMemory(t *testing.T) {
 				}
 			}
 			whole := m.mapping
+			if len(whole) != c.size+c.wantSlack {
+				t.Fatalf("mapped %d bytes for %d, want %d more", len(whole), c.size, c.wantSlack)
+			}
 			if !mapped(whole) {
 				t.Fatal("the mapping is not mapped before Free")
 			}
