@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -104,6 +105,105 @@ func TestInjectClaimsBesideOtherDevices(t *testing.T) {
 			if wantAdded := strings.Contains(tc.want, "urma-app"); added != wantAdded {
 				t.Errorf("pod claim urma-app added: %v, want %v", added, wantAdded)
 			}
+		})
+	}
+}
+
+// An init container that is not a sidecar runs alone, before the app
+// containers, so it shares a jetty claim instead of holding one of its own
+// for the pod's whole life; a sidecar runs beside them and gets its own.
+func TestInjectClaimsForInitContainers(t *testing.T) {
+	always := corev1.ContainerRestartPolicyAlways
+	cases := []struct {
+		name  string
+		pod   func(p *corev1.Pod)
+		names []string          // the endpoint's containers; none: all
+		urma  map[string]bool   // JettyClaims
+		want  map[string]string // each container's claims after Inject
+		added []string          // the pod claims Inject adds
+	}{
+		{
+			name:  "shares the first app container's claim",
+			want:  map[string]string{"init": "urma-app", "app": "urma-app", "side": "urma-side"},
+			added: []string{"urma-app", "urma-side"},
+		},
+		{
+			name: "init containers in turn share one",
+			pod: func(p *corev1.Pod) {
+				p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: "migrate"})
+			},
+			want:  map[string]string{"init": "urma-app", "migrate": "urma-app", "app": "urma-app", "side": "urma-side"},
+			added: []string{"urma-app", "urma-side"},
+		},
+		{
+			name: "a sidecar gets its own",
+			pod: func(p *corev1.Pod) {
+				p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: "proxy", RestartPolicy: &always})
+			},
+			want:  map[string]string{"init": "urma-app", "proxy": "urma-proxy", "app": "urma-app", "side": "urma-side"},
+			added: []string{"urma-app", "urma-side", "urma-proxy"},
+		},
+		{
+			name: "shares an app container's own URMA claim",
+			pod: func(p *corev1.Pod) {
+				p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}, {Name: "jetties"}}
+			},
+			urma:  map[string]bool{"jetties": true},
+			want:  map[string]string{"init": "jetties", "app": "gpu,jetties", "side": "urma-side"},
+			added: []string{"urma-side"},
+		},
+		{
+			name: "only init containers use URMA: the first one's claim",
+			pod: func(p *corev1.Pod) {
+				p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: "migrate"})
+			},
+			names: []string{"init", "migrate"},
+			want:  map[string]string{"init": "urma-init", "migrate": "urma-init", "app": "", "side": ""},
+			added: []string{"urma-init"},
+		},
+		{
+			name: "app containers on units: its own",
+			pod: func(p *corev1.Pod) {
+				p.Spec.Containers = p.Spec.Containers[:1]
+				p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{nodefacts.ResourceName: resource.MustParse("2")}
+			},
+			want:  map[string]string{"init": "urma-init", "app": ""},
+			added: []string{"urma-init"},
+		},
+		{
+			name: "an init container's own claim stays",
+			pod: func(p *corev1.Pod) {
+				p.Spec.InitContainers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "urma-mine"}}
+			},
+			want:  map[string]string{"init": "urma-mine", "app": "urma-app", "side": "urma-side"},
+			added: []string{"urma-app", "urma-side"},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := basePod()
+			if tc.pod != nil {
+				tc.pod(p)
+			}
+			in := Injection{Endpoint: "ep", ClaimTemplate: "ep-urma-jetties", Containers: tc.names, JettyClaims: tc.urma}
+			Inject(p, in)
+			check := func(pass string) {
+				for _, c := range allContainers(p) {
+					if got := strings.Join(containerClaims(c), ","); got != tc.want[c.Name] {
+						t.Errorf("%s: %s lists claims %q, want %q", pass, c.Name, got, tc.want[c.Name])
+					}
+				}
+				var added []string
+				for _, rc := range p.Spec.ResourceClaims {
+					added = append(added, rc.Name)
+				}
+				if !slices.Equal(added, tc.added) {
+					t.Errorf("%s: pod claims %v, want %v", pass, added, tc.added)
+				}
+			}
+			check("first Inject")
+			Inject(p, in)
+			check("second Inject")
 		})
 	}
 }
@@ -234,8 +334,11 @@ func TestPodInjectorDRAMode(t *testing.T) {
 	h := &PodInjector{Reader: cl, APIReader: cl, Decoder: admission.NewDecoder(s), Driver: plan.DriverDRA}
 	got := admitted(t, h, basePod())
 	want := v1alpha1.ClaimTemplateName("ep")
-	if c := podClaims(got); len(c) != 3 || c["urma-app"] != want || c["urma-side"] != want || c["urma-init"] != want {
-		t.Fatalf("pod claims %v, want one per container from %s", c, want)
+	if c := podClaims(got); len(c) != 2 || c["urma-app"] != want || c["urma-side"] != want {
+		t.Fatalf("pod claims %v, want one per app container from %s", c, want)
+	}
+	if c := containerClaims(got.Spec.InitContainers[0]); len(c) != 1 || c[0] != "urma-app" {
+		t.Errorf("init container lists claims %v, want the first app container's urma-app", c)
 	}
 	for _, c := range allContainers(got) {
 		if q, _ := jettyRequest(c); q != "" {

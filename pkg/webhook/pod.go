@@ -159,7 +159,8 @@ type Injection struct {
 	Containers []string
 	// ClaimTemplate, when set (DRA driver), replaces JettyUnits: each URMA
 	// container gets its own pod claim from this ResourceClaimTemplate,
-	// which asks for the endpoint's jettyBudget jetties.
+	// which asks for the endpoint's jettyBudget jetties, except init
+	// containers that are not sidecars, which share one (shareClaim).
 	ClaimTemplate string
 	// JettyClaims names the pod's spec.resourceClaims entries that already
 	// claim URMA jetties (see PodInjector.jettyClaims). A container listing
@@ -180,7 +181,8 @@ type Injection struct {
 //     with a ClaimTemplate (DRA driver) instead a pod claim of its own from
 //     that template, listed in the container's resources.claims, unless
 //     the container already asks for units or lists a URMA claim
-//     (JettyClaims);
+//     (JettyClaims); an init container that is not a sidecar lists the
+//     first app container's URMA claim instead (shareClaim);
 //   - the flags-hash annotation, when the hash is known.
 //
 // It returns the names in in.Containers that the pod does not have.
@@ -195,9 +197,15 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 	}
 	flagsFile := path.Join(v1alpha1.FlagsMountPath, v1alpha1.ConfigMapKeyFlags)
 	found := map[string]bool{}
-	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for i := range list {
-			c := &list[i]
+	// The app containers come first, so that the init containers that run
+	// alone know the claim they share (DRA).
+	shared := ""
+	for _, group := range []struct {
+		list []corev1.Container
+		init bool
+	}{{pod.Spec.Containers, false}, {pod.Spec.InitContainers, true}} {
+		for i := range group.list {
+			c := &group.list[i]
 			if len(in.Containers) > 0 && !slices.Contains(in.Containers, c.Name) {
 				continue
 			}
@@ -211,7 +219,15 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 				c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: flagsFile})
 			}
 			if in.ClaimTemplate != "" {
-				claimJetties(pod, c, in.ClaimTemplate, in.JettyClaims)
+				sidecar := group.init && isSidecar(c)
+				if group.init && !sidecar && shared != "" {
+					shareClaim(c, shared, in.JettyClaims)
+				} else {
+					claimJetties(pod, c, in.ClaimTemplate, in.JettyClaims)
+					if shared == "" && !sidecar {
+						shared = jettyClaim(c, in.JettyClaims)
+					}
+				}
 			} else if !requestsJetties(c) {
 				q := *resource.NewQuantity(in.JettyUnits, resource.DecimalSI)
 				if c.Resources.Requests == nil {
@@ -277,9 +293,7 @@ func requestsJetties(c *corev1.Container) bool {
 // user's own placement wins, as with units). Claims for other devices do
 // not count: a GPU and URMA container is the common case.
 func claimJetties(pod *corev1.Pod, c *corev1.Container, template string, jettyClaims map[string]bool) {
-	if requestsJetties(c) || slices.ContainsFunc(c.Resources.Claims, func(rc corev1.ResourceClaim) bool {
-		return strings.HasPrefix(rc.Name, "urma-") || jettyClaims[rc.Name]
-	}) {
+	if requestsJetties(c) || jettyClaim(c, jettyClaims) != "" {
 		return
 	}
 	name := ClaimName(c.Name)
@@ -289,6 +303,38 @@ func claimJetties(pod *corev1.Pod, c *corev1.Container, template string, jettyCl
 		})
 	}
 	c.Resources.Claims = append(c.Resources.Claims, corev1.ResourceClaim{Name: name})
+}
+
+// shareClaim lists claim in init container c, unless c already asks for
+// units or lists a URMA claim. An init container that is not a sidecar
+// runs alone, before the app containers start: a claim of its own would
+// hold its jetties for the pod's whole life (DRA allocates a pod's claims
+// until it ends), where kubelet hands a device plugin's init units on to
+// the app containers. So it shares the first app container's jetty claim,
+// or, in a pod whose app containers have none, the first such init
+// container's.
+func shareClaim(c *corev1.Container, claim string, jettyClaims map[string]bool) {
+	if requestsJetties(c) || jettyClaim(c, jettyClaims) != "" {
+		return
+	}
+	c.Resources.Claims = append(c.Resources.Claims, corev1.ResourceClaim{Name: claim})
+}
+
+// jettyClaim is the first URMA claim container c lists: one named urma-*,
+// or one of jettyClaims; "" when none.
+func jettyClaim(c *corev1.Container, jettyClaims map[string]bool) string {
+	for _, rc := range c.Resources.Claims {
+		if strings.HasPrefix(rc.Name, "urma-") || jettyClaims[rc.Name] {
+			return rc.Name
+		}
+	}
+	return ""
+}
+
+// isSidecar reports whether init container c is a sidecar (restartPolicy
+// Always): it runs beside the app containers, so its jetties add up.
+func isSidecar(c *corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
 }
 
 // jettyClaims finds the pod's claims that already ask for URMA jetties:
