@@ -65,3 +65,85 @@ func TestBuildBrokenParentLinkKeepsHealthyDevicesAdvertised(t *testing.T) {
 		})
 	}
 }
+
+// A bonding device that fails one read, or is gone for a while (its driver
+// reloading), must not have its members advertised beside the jetties it
+// still holds: that would count the same hardware two or three times, and
+// the members, new to the plugin, would be committed healthy at once.
+// They stay hidden until the bonding device is forgotten for good.
+func TestBuildBondingGlitchKeepsMembersHidden(t *testing.T) {
+	tr := sysfstest.New(t)
+	bond := sysfstest.DefaultDevice("bonding_dev_0")
+	bond.Bonding = true
+	tr.Add(t, bond)
+	tr.Add(t, sysfstest.DefaultDevice("udma0"))
+	tr.Add(t, sysfstest.DefaultDevice("udma1"))
+	b := inventory.NewBuilder(inventory.Config{
+		Budget:    budget.Default(),
+		Selection: selection.Policy{Bonding: selection.BondingAuto},
+		Debounce:  health.Debounce{Observations: 2, Hold: 3 * time.Second},
+	})
+	start := time.Now()
+	// scan builds a snapshot at start+at and reports the names it
+	// advertises and its healthy units.
+	scan := func(at time.Duration) ([]string, uint32, []selection.Decision) {
+		t.Helper()
+		devs, err := sysfs.Discover(tr.Options())
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap, decisions, _ := b.Build(inventory.Scan{Devices: devs}, start.Add(at))
+		var names []string
+		var units uint32
+		for _, d := range snap.Devices {
+			names = append(names, d.Name)
+			if d.Healthy {
+				units += d.Budget.Units
+			}
+		}
+		return names, units, decisions
+	}
+	names, clean, _ := scan(0)
+	if strings.Join(names, ",") != "bonding_dev_0" || clean == 0 {
+		t.Fatalf("clean scan advertises %v with %d healthy units, want only bonding_dev_0", names, clean)
+	}
+	wantOnlyBond := func(what string, at time.Duration) {
+		t.Helper()
+		names, units, decisions := scan(at)
+		if strings.Join(names, ",") != "bonding_dev_0" {
+			t.Errorf("%s: advertises %v, want only bonding_dev_0", what, names)
+		}
+		if units > clean {
+			t.Errorf("%s: %d healthy units, more than the %d of the clean scan", what, units, clean)
+		}
+		for _, d := range decisions {
+			if d.Name != "bonding_dev_0" && (d.Selected || !strings.Contains(d.Why, "bonding")) {
+				t.Errorf("%s: member %s selected %v (%q), want hidden for the bonding device", what, d.Name, d.Selected, d.Why)
+			}
+		}
+	}
+
+	orig, err := os.ReadFile(filepath.Join(tr.ClassPath(sysfs.ClassUbcore, "bonding_dev_0"), "max_jfc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.WriteFile(t, "bonding_dev_0", "max_jfc", "garbage\n")
+	wantOnlyBond("bonding device unreadable", time.Second)
+	tr.WriteFile(t, "bonding_dev_0", "max_jfc", string(orig))
+	wantOnlyBond("bonding device readable again", 2*time.Second)
+
+	tr.Remove(t, "bonding_dev_0")
+	wantOnlyBond("bonding device gone", 3*time.Second)
+	tr.Add(t, bond)
+	wantOnlyBond("bonding device back", 4*time.Second)
+
+	// Gone for good: once its absence is committed (two scans, 3 s) the
+	// bonding device is forgotten, and the members are advertised.
+	tr.Remove(t, "bonding_dev_0")
+	wantOnlyBond("bonding device gone again", 5*time.Second)
+	_, _, _ = scan(9 * time.Second) // absence committed: forgotten
+	names, _, _ = scan(10 * time.Second)
+	if strings.Join(names, ",") != "udma0,udma1" {
+		t.Errorf("bonding device gone for good: advertises %v, want its members udma0,udma1", names)
+	}
+}

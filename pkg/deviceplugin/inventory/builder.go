@@ -60,6 +60,12 @@ type Builder struct {
 	health   *health.Tracker
 	presence *health.Tracker
 	known    map[string]Device
+	// bonding names the bonding devices selected from a clean read (no
+	// Problems), until they are forgotten: while one of them is missing
+	// or unreadable, its members stay hidden (selection.SelectRemembering).
+	// A device classed as bonding only in an unreadable scan is not
+	// remembered, as a broken device link looks like bonding.
+	bonding map[string]bool
 }
 
 // NewBuilder returns a builder with no history.
@@ -69,6 +75,7 @@ func NewBuilder(cfg Config) *Builder {
 		health:   health.NewTracker(cfg.Debounce),
 		presence: health.NewTracker(cfg.Debounce),
 		known:    map[string]Device{},
+		bonding:  map[string]bool{},
 	}
 }
 
@@ -79,7 +86,9 @@ const reasonVanished = "device no longer discovered (removed, or driver reloadin
 // selection decision on every discovered device, and, when a health change
 // is pending, the time at which another scan could commit it (zero if none).
 func (b *Builder) Build(scan Scan, now time.Time) (Snapshot, []selection.Decision, time.Time) {
-	decisions := b.cfg.Selection.Select(Candidates(scan.Devices))
+	cands := Candidates(scan.Devices)
+	decisions := b.cfg.Selection.SelectRemembering(cands, b.bondingAway(cands))
+	b.rememberBonding(cands, decisions)
 	var recheck time.Time
 	earliest := func(t time.Time) {
 		if !t.IsZero() && (recheck.IsZero() || t.Before(recheck)) {
@@ -118,6 +127,7 @@ func (b *Builder) Build(scan Scan, now time.Time) (Snapshot, []selection.Decisio
 			b.presence.Forget(name)
 			b.health.Forget(name)
 			delete(b.known, name)
+			delete(b.bonding, name)
 			continue
 		}
 		v, r := b.health.Observe(name, health.Verdict{Reason: reasonVanished}, now)
@@ -139,6 +149,34 @@ func (b *Builder) Build(scan Scan, now time.Time) (Snapshot, []selection.Decisio
 		Missing:        slices.Clone(scan.Missing),
 		Scanned:        true,
 	}, decisions, recheck
+}
+
+// bondingAway reports whether a remembered bonding device is missing from
+// cands or unreadable in them.
+func (b *Builder) bondingAway(cands []selection.Candidate) bool {
+	for name := range b.bonding {
+		i := slices.IndexFunc(cands, func(c selection.Candidate) bool { return c.Name == name })
+		if i < 0 || cands[i].Broken {
+			return true
+		}
+	}
+	return false
+}
+
+// rememberBonding records the bonding devices this scan selected from a
+// clean read, and drops a remembered one that a clean read shows is not
+// bonding (any more) or not selected.
+func (b *Builder) rememberBonding(cands []selection.Candidate, decisions []selection.Decision) {
+	for i, c := range cands {
+		if c.Broken {
+			continue
+		}
+		if c.Bonding && decisions[i].Selected {
+			b.bonding[c.Name] = true
+		} else {
+			delete(b.bonding, c.Name)
+		}
+	}
 }
 
 // Candidates extracts what selection looks at from discovered devices.

@@ -94,6 +94,17 @@ type Decision struct {
 // Select decides for every candidate, in the order given. Patterns are
 // assumed valid (see Validate); a malformed pattern matches nothing.
 func (p Policy) Select(cands []Candidate) []Decision {
+	return p.SelectRemembering(cands, false)
+}
+
+// SelectRemembering is Select for a caller with history: bondingAway says
+// that a bonding device selected before is missing from cands or Broken
+// now. Under BondingAuto its members stay hidden meanwhile: a bonding
+// device that fails one read, or is gone for a moment while its driver
+// reloads, must not have its members advertised beside the jetties it
+// still holds, which would count them twice. The caller forgets the
+// bonding device once it is gone for good.
+func (p Policy) SelectRemembering(cands []Candidate, bondingAway bool) []Decision {
 	out := make([]Decision, len(cands))
 	anyBonding := false
 	for i, c := range cands {
@@ -117,8 +128,12 @@ func (p Policy) Select(cands []Candidate) []Decision {
 			}
 		case BondingAll:
 		default:
-			if anyBonding && !c.Bonding {
+			switch {
+			case c.Bonding:
+			case anyBonding:
 				out[i].Why = "a bonding device exists; members are not advertised to avoid counting them twice (bonding policy auto)"
+			case bondingAway:
+				out[i].Why = "a bonding device advertised before is missing or unreadable now; members are not advertised until it is gone for good (bonding policy auto)"
 			}
 		}
 		out[i].Selected = out[i].Why == ""

@@ -72,6 +72,42 @@ func TestSelect(t *testing.T) {
 	}
 }
 
+// A bonding device selected before that is missing or unreadable now keeps
+// its members hidden under auto; the other policies do not look at it.
+func TestSelectRememberingBondingAway(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy Policy
+		cands  []Candidate
+		away   bool
+		want   []string
+		why    string // the first member's reason, when it is hidden
+	}{
+		{"auto, bonding away: members hidden", Policy{}, []Candidate{udma0, udma1}, true, nil, "missing or unreadable"},
+		{"auto, bonding away and broken: broken one kept", Policy{}, []Candidate{udma0, broken, udma1}, true, []string{"udma2"}, "missing or unreadable"},
+		{"auto, nothing away: members", Policy{}, []Candidate{udma0, udma1}, false, []string{"udma0", "udma1"}, ""},
+		{"auto, another bonding device present", Policy{}, []Candidate{udma0, bond0}, true, []string{"bonding_dev_0"}, "a bonding device exists"},
+		{"all ignores it", Policy{Bonding: BondingAll}, []Candidate{udma0, udma1}, true, []string{"udma0", "udma1"}, ""},
+		{"never ignores it", Policy{Bonding: BondingNever}, []Candidate{udma0, udma1}, true, []string{"udma0", "udma1"}, ""},
+		{"filters still apply", Policy{Exclude: []string{"udma1"}}, []Candidate{udma1}, true, nil, "exclude pattern"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ds := tt.policy.SelectRemembering(tt.cands, tt.away)
+			if got := selectedNames(ds); strings.Join(got, ",") != strings.Join(tt.want, ",") {
+				t.Errorf("selected %v, want %v", got, tt.want)
+			}
+			if tt.why != "" && !strings.Contains(ds[0].Why, tt.why) {
+				t.Errorf("%s: reason %q, want it to say %q", ds[0].Name, ds[0].Why, tt.why)
+			}
+			// Select is SelectRemembering with nothing away.
+			if got, want := selectedNames(tt.policy.Select(tt.cands)), selectedNames(tt.policy.SelectRemembering(tt.cands, false)); strings.Join(got, ",") != strings.Join(want, ",") {
+				t.Errorf("Select %v, SelectRemembering(false) %v", got, want)
+			}
+		})
+	}
+}
+
 func TestWhyNamesTheRule(t *testing.T) {
 	ds := Policy{Exclude: []string{"udma1"}}.Select([]Candidate{udma1, udma0, bond0})
 	if !strings.Contains(ds[0].Why, `exclude pattern "udma1"`) {
