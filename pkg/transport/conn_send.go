@@ -68,14 +68,10 @@ func (c *urmaConn) unreserveWindow() {
 }
 
 // takeBuffer takes a buffer for a send: one of the connection's own while
-// any is free, else one of the engine pool.
+// any is free, else one of the engine pool; while both are dry it waits
+// for either.
 func (c *urmaConn) takeBuffer() (*Buffer, error) {
-	if c.ownSend != nil {
-		if b := c.ownSend.tryGet(); b != nil {
-			return b, nil
-		}
-	}
-	b, err := c.pool.get(c.stopCh, c.wdl.done(), c.e.s.failWhenPoolDry)
+	b, err := c.pool.getPreferring(c.ownSend, c.stopCh, c.wdl.done(), c.e.s.failWhenPoolDry)
 	if err == nil {
 		return b, nil
 	}

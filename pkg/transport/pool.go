@@ -142,7 +142,20 @@ func (p *bufferPool) sge(b *Buffer, n int) urma.SGE {
 // (os.ErrDeadlineExceeded). With failFast it returns ErrPoolExhausted at
 // once instead of waiting.
 func (p *bufferPool) get(cancel, expired <-chan struct{}, failFast bool) (*Buffer, error) {
+	return p.getPreferring(nil, cancel, expired, failFast)
+}
+
+// getPreferring is get, but takes a buffer of first (when not nil) while
+// any is free, and while both pools are dry waits for a buffer to come
+// back to either: a writer whose own send buffers come back must not sleep
+// on an engine pool that other connections keep dry.
+func (p *bufferPool) getPreferring(first *bufferPool, cancel, expired <-chan struct{}, failFast bool) (*Buffer, error) {
 	for {
+		if first != nil {
+			if b := first.tryGet(); b != nil {
+				return b, nil
+			}
+		}
 		p.mu.Lock()
 		if p.retired {
 			p.mu.Unlock()
@@ -162,27 +175,55 @@ func (p *bufferPool) get(cancel, expired <-chan struct{}, failFast bool) (*Buffe
 			p.mu.Unlock()
 			return nil, fmt.Errorf("%w: all %d buffers of %d bytes are in use", ErrPoolExhausted, len(p.bufs), p.size)
 		}
-		if p.waitCh == nil {
-			p.waitCh = make(chan struct{})
-		}
-		ch := p.waitCh
-		p.waiting++
+		ch := p.awaitLocked()
 		p.mu.Unlock()
+		var firstCh <-chan struct{} // nil without first: never ready
+		if first != nil {
+			first.mu.Lock()
+			firstCh = first.awaitLocked()
+			first.mu.Unlock()
+			// A buffer put back to first before it was waited on closed
+			// no channel: look again now that a put would.
+			if b := first.tryGet(); b != nil {
+				first.endWait()
+				p.endWait()
+				return b, nil
+			}
+		}
 		var err error
 		select {
 		case <-ch:
+		case <-firstCh:
 		case <-cancel:
 			err = errConnClosed
 		case <-expired:
 			err = os.ErrDeadlineExceeded
 		}
-		p.mu.Lock()
-		p.waiting--
-		p.mu.Unlock()
+		if first != nil {
+			first.endWait()
+		}
+		p.endWait()
 		if err != nil {
 			return nil, err
 		}
 	}
+}
+
+// awaitLocked registers a waiter and returns the channel that the next
+// put closes; p.mu is held. The waiter calls endWait when it stops.
+func (p *bufferPool) awaitLocked() <-chan struct{} {
+	if p.waitCh == nil {
+		p.waitCh = make(chan struct{})
+	}
+	p.waiting++
+	return p.waitCh
+}
+
+// endWait ends a wait that awaitLocked registered.
+func (p *bufferPool) endWait() {
+	p.mu.Lock()
+	p.waiting--
+	p.mu.Unlock()
 }
 
 // waiters is how many callers wait for a buffer.

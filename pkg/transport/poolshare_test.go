@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -256,6 +257,71 @@ func TestShmSendBuffersRunDry(t *testing.T) {
 		_, inUse := uc.e.pool.stats()
 		return free == own && inUse == 2*uc.e.rqSize
 	})
+}
+
+// TestTakeBufferWakesForEitherPool: a writer whose own send buffers and
+// the engine pool are both dry waits for a buffer to come back to either.
+// It used to wait on the engine pool alone, which other connections' receive
+// queues can keep dry for good, and slept on although its own send buffers
+// came back.
+func TestTakeBufferWakesForEitherPool(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		giveBack func(own, pool *Buffer)
+		want     func(own, pool *Buffer) *Buffer
+	}{
+		{"own buffer back", func(own, _ *Buffer) { own.Release() }, func(own, _ *Buffer) *Buffer { return own }},
+		{"engine buffer back", func(_, pool *Buffer) { pool.Release() }, func(_, pool *Buffer) *Buffer { return pool }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkNoLeaks(t)
+			pool, own := newHeapPool(1024, 1), newHeapPool(1024, 1)
+			heldPool, heldOwn := pool.tryGet(), own.tryGet()
+			if heldPool == nil || heldOwn == nil {
+				t.Fatal("fresh pools gave no buffer")
+			}
+			stop := make(chan struct{})
+			type taken struct {
+				b   *Buffer
+				err error
+			}
+			got := make(chan taken, 1)
+			go func() {
+				b, err := pool.getPreferring(own, stop, nil, false)
+				got <- taken{b, err}
+			}()
+			// Give the buffer back only once the writer waits on both
+			// pools, so that the put must wake it.
+			waitFor(t, "the writer to wait on both pools", 10*time.Second, func() bool {
+				return pool.waiters() == 1 && own.waiters() == 1
+			})
+			tc.giveBack(heldOwn, heldPool)
+			select {
+			case r := <-got:
+				if r.err != nil || r.b != tc.want(heldOwn, heldPool) {
+					t.Fatalf("took %p (err %v), want %p", r.b, r.err, tc.want(heldOwn, heldPool))
+				}
+			case <-time.After(10 * time.Second):
+				close(stop)
+				<-got
+				t.Fatal("the writer still waits 10s after a buffer came back")
+			}
+			if pool.waiters() != 0 || own.waiters() != 0 {
+				t.Fatalf("waiters left behind: engine pool %d, own %d", pool.waiters(), own.waiters())
+			}
+		})
+	}
+	// Both dry and failing fast: ErrPoolExhausted at once, no waiter left.
+	pool, own := newHeapPool(1024, 1), newHeapPool(1024, 1)
+	_, _ = pool.tryGet(), own.tryGet()
+	if _, err := pool.getPreferring(own, nil, nil, true); !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("both pools dry, failing fast: %v, want ErrPoolExhausted", err)
+	}
+	// Own buffers free: taken first, though the engine pool has some too.
+	pool, own = newHeapPool(1024, 1), newHeapPool(1024, 1)
+	if b, err := pool.getPreferring(own, nil, nil, false); err != nil || b.pool != own {
+		t.Fatalf("took %v (err %v), want a buffer of the own pool first", b, err)
+	}
 }
 
 // TestSentBuffer: a send completion's user context names a buffer of the
