@@ -23,17 +23,19 @@ func (c *urmaConn) writeErrLocked() error {
 }
 
 // reserveWindow takes one slot of both windows, waiting within the write
-// deadline while either is empty.
+// deadline while either is empty. A closed or broken connection says so
+// before a passed deadline does, as Read and Go's own connections do.
 func (c *urmaConn) reserveWindow() error {
 	stalled := false
 	for {
-		if c.wdl.passed() {
-			return os.ErrDeadlineExceeded
-		}
 		c.mu.Lock()
 		if err := c.writeErrLocked(); err != nil {
 			c.mu.Unlock()
 			return err
+		}
+		if c.wdl.passed() { // the deadline's lock is taken under c.mu, never around it
+			c.mu.Unlock()
+			return os.ErrDeadlineExceeded
 		}
 		if c.sqWindow > 0 && c.remoteRQWindow > 0 {
 			c.sqWindow--

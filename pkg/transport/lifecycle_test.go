@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -168,6 +169,30 @@ func TestBufferOutlivesTransport(t *testing.T) {
 	received.Release() // a second release after close is a no-op too
 	if serverMem.Bytes() != nil {
 		t.Error("the server's pool is still mapped after its last buffer was released")
+	}
+}
+
+// TestWriteAfterCloseSaysClosed: a write on a closed connection reports
+// net.ErrClosed even when its write deadline has passed too, as Read does
+// and as Go's own connections do; with the connection open the deadline
+// is what it reports.
+func TestWriteAfterCloseSaysClosed(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	p := connect(t, cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags()))
+	if p.client.Mode() != ModeURMA {
+		t.Fatalf("client in %s mode (%s), want URMA", p.client.Mode(), p.client.FallbackReason())
+	}
+	if err := p.client.SetWriteDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.client.Write([]byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("write past its deadline on an open connection: %v, want os.ErrDeadlineExceeded", err)
+	}
+	_ = p.client.Close()
+	_ = p.server.Close()
+	if _, err := p.client.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Write after Close, past its deadline: %v, want net.ErrClosed", err)
 	}
 }
 
