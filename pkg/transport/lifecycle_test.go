@@ -196,6 +196,60 @@ func TestWriteAfterCloseSaysClosed(t *testing.T) {
 	}
 }
 
+// TestWriteDuringCloseFailsAtOnce: Close waits for the sends posted
+// before it, holding the write lock, up to CloseTimeout; a Write or
+// WriteBuffer that starts meanwhile fails with net.ErrClosed at once
+// instead of waiting for Close to give the lock up.
+func TestWriteDuringCloseFailsAtOnce(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	fp := newFaultProvider(pb)
+	ccfg := cfgWith(fp, smallFlags())
+	ccfg.CloseTimeout = 20 * time.Second // Close holds on until the test lets it go
+	p := connect(t, cfgWith(pa, smallFlags()), ccfg)
+	if p.client.Mode() != ModeURMA {
+		t.Fatalf("client in %s mode (%s), want URMA", p.client.Mode(), p.client.FallbackReason())
+	}
+	buf, err := p.client.(ZeroCopyConn).AllocBuffer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The client's completions are no longer taken: its next send stays
+	// outstanding, and Close waits for it until CloseTimeout.
+	fp.f.set(func(c *faultConfig) { c.muteEvents = true })
+	if _, err := p.client.Write([]byte("outstanding")); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = p.client.Close()
+	}()
+	waitFor(t, "Close to begin", 10*time.Second, func() bool { return p.client.Debug().State == stateClosing.String() })
+	_, werr := p.client.Write([]byte("late"))
+	bwerr := p.client.(ZeroCopyConn).WriteBuffer(buf, 1)
+	uc := p.client.(*urmaConn)
+	if uc.writeMu.TryLock() {
+		uc.writeMu.Unlock()
+		t.Error("the writes returned only once Close gave up the write lock")
+	}
+	if !errors.Is(werr, net.ErrClosed) || !errors.Is(bwerr, net.ErrClosed) {
+		t.Errorf("Write and WriteBuffer during Close: %v and %v, want net.ErrClosed", werr, bwerr)
+	}
+	// Let Close go: take the completions the muted events held back.
+	fp.f.set(func(c *faultConfig) { c.muteEvents = false })
+	waitFor(t, "Close to return", 10*time.Second, func() bool {
+		uc.poll()
+		select {
+		case <-closed:
+			return true
+		default:
+			return false
+		}
+	})
+	_ = p.server.Close()
+}
+
 // TestFailureIsNotEOF: when one side's data plane fails (its completion
 // queue, or a post), it aborts the TCP connection, and the other side's
 // pending Read ends with an error that says the peer aborted, never io.EOF
