@@ -75,6 +75,9 @@ type Writer struct {
 	last  string // rendering of the last spec written, "" = none/removed
 	// covered maps each device in the spec on disk to its host device node.
 	covered map[string]string
+	// synced says a Sync wrote or removed the spec: until then a file on
+	// disk is a previous process's, not known to match anything.
+	synced bool
 }
 
 // New returns a writer for cfg.
@@ -134,18 +137,23 @@ func (w *Writer) Build(snap *inventory.Snapshot) (spec *specs.Spec, ok bool) {
 
 // Sync writes the spec for a snapshot if it differs from the last one
 // written or the file is gone (someone cleaned the CDI directory), or
-// removes the file when there is nothing to inject.
+// removes the file when there is nothing to inject, a spec that a previous
+// run of the plugin left included: it would name device nodes that are
+// gone.
 func (w *Writer) Sync(snap *inventory.Snapshot) error {
 	spec, ok := w.Build(snap)
 	if !ok {
-		if w.last == "" {
+		if w.last == "" && w.synced {
 			return nil
 		}
+		_, statErr := os.Stat(w.path())
 		if err := w.cache.RemoveSpec(w.name + ".yaml"); err != nil {
 			return fmt.Errorf("remove CDI spec %s: %w", w.name, err)
 		}
-		w.last, w.covered = "", nil
-		w.log.Info("removed the CDI spec: no hardware device to inject", "dir", w.cfg.Dir)
+		w.last, w.covered, w.synced = "", nil, true
+		if statErr == nil {
+			w.log.Info("removed the CDI spec: no hardware device to inject", "dir", w.cfg.Dir)
+		}
 		return nil
 	}
 	key := render(spec)
@@ -164,7 +172,7 @@ func (w *Writer) Sync(snap *inventory.Snapshot) error {
 	if err := w.cache.WriteSpec(spec, w.name+".yaml"); err != nil {
 		return fmt.Errorf("write CDI spec %s into %s: %w", w.name, w.cfg.Dir, err)
 	}
-	w.last = key
+	w.last, w.synced = key, true
 	w.covered = map[string]string{}
 	for _, d := range spec.Devices {
 		w.covered[d.Name] = d.ContainerEdits.DeviceNodes[0].HostPath

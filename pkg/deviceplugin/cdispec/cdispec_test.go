@@ -129,6 +129,48 @@ func TestSyncWritesAReadableSpecAndRemovesIt(t *testing.T) {
 	}
 }
 
+// A plugin that starts on a node without hardware devices removes the spec
+// a previous run left: it names device nodes that are gone. It removes it
+// once, not at every scan.
+func TestSyncRemovesASpecLeftByAPreviousRun(t *testing.T) {
+	root := devRoot(t, "ummu/tid")
+	dir := t.TempDir()
+	before, err := New(Config{Dir: dir, Kind: DefaultKind, DevRoot: root}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := before.Sync(snap(root)); err != nil {
+		t.Fatal(err)
+	}
+	path := before.path()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the first run wrote no spec: %v", err)
+	}
+
+	// The next run finds only a software device.
+	w, err := New(Config{Dir: dir, Kind: DefaultKind, DevRoot: root}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	noHardware := &inventory.Snapshot{Devices: snap(root).Devices[:1]}
+	if err := w.Sync(noHardware); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("the previous run's spec is still there (%v)", err)
+	}
+	// Removed once: a file put there later by someone else is left alone.
+	if err := os.WriteFile(path, []byte("# someone else's\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(noHardware); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("a later sync with nothing to inject touched the directory again: %v", err)
+	}
+}
+
 // The spec file is what makes the CDI names Allocate answers with
 // resolvable. Deleted while the plugin runs (the CDI directory cleaned), it
 // must be written again on the next sync even though the devices did not
