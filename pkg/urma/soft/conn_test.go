@@ -131,6 +131,53 @@ func TestAckRunCompletesSends(t *testing.T) {
 	}
 }
 
+// An ACK_RUN costs the sends in flight, not its count: one that starts
+// before them and runs to maxAckRun completes exactly them, in order, and
+// one beside them completes nothing.
+func TestAckRunClippedToSendsInFlight(t *testing.T) {
+	noLeaks(t)
+	p := newProvider(t, socketOpts())
+	a := newSide(t, p, urma.JettyConfig{RNRRetry: 7}, 64)
+	f := newFakePeer(t)
+	const sends = 5
+	done := make(chan struct{})
+	f.serve(done, func(nc net.Conn, br *bufio.Reader) {
+		var first sendHeader
+		for i := 0; i < sends; i++ {
+			h, err := readSend(br)
+			if err != nil {
+				return
+			}
+			if i == 0 {
+				first = h
+			}
+		}
+		run := func(from uint32, count uint32) {
+			var b [4 + ackRunLen]byte
+			nc.Write(encodeAckRun(b[:], &ackRunFrame{src: first.src, dst: first.dst, tag: first.tag&^0xffffffff | uint64(from), count: count}))
+		}
+		run(uint32(first.tag)+1000, 10)     // beside them: nothing
+		run(uint32(first.tag)-3, maxAckRun) // from before them: all five
+		io.Copy(io.Discard, br)             // read until the provider hangs up
+	})
+	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+	mustOK(t, err, "import from the fake peer")
+	defer target.Close()
+	var want []urma.Completion
+	for i := 0; i < sends; i++ {
+		mustOK(t, a.send(target, uint64(i), 0, 100, 0), "send")
+		want = append(want, urma.Completion{UserCtx: uint64(i), Status: urma.StatusSuccess})
+	}
+	wantInOrder(t, pollN(t, a.sjfc, sends, 5*time.Second), want)
+	extra := make([]urma.Completion, 4)
+	if n, _ := a.sjfc.Poll(extra); n != 0 {
+		t.Fatalf("more completions than sends: %+v", extra[:n])
+	}
+	target.Close()
+	p.Close()
+	<-done
+}
+
 // A peer that keeps sending without ever reading the answers loses its
 // connection once this side owes it more than the bound; the reader never
 // blocks on it.

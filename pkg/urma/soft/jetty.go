@@ -722,8 +722,16 @@ func (j *jetty) onAnswer(tag uint64, st urma.Status, rnrTimer uint8) bool {
 func (j *jetty) onSuccessRun(tag uint64, count uint32) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for k := uint32(0); k < count; k++ {
-		j.answered(tag&^0xffffffff|uint64(uint32(tag)+k), urma.StatusSuccess, 0)
+	// Only the sends in flight, at most the queue's depth of them, can take
+	// an answer: walk those, in post order, not the run's count of
+	// sequence numbers, which a peer may set as high as maxAckRun to keep
+	// this lock busy. The unsigned difference places a send in the run
+	// across the wrap of the 32-bit sequence number.
+	first := uint32(tag)
+	for seq, end := j.head, j.tail; seq < end; seq++ {
+		if uint32(seq)-first < count {
+			j.answered(tag&^0xffffffff|uint64(uint32(seq)), urma.StatusSuccess, 0)
+		}
 	}
 }
 
