@@ -19,6 +19,12 @@ const (
 	// reading them. Answers to one sender jetty's stream coalesce into one
 	// ACK_RUN, so an honest peer stays far below it whatever it sends.
 	maxAnswers = 1 << 20
+	// maxCancels bounds the CANCELs queued and not yet taken by the
+	// writer. This side cancels a block only for an RNR answer no send
+	// waits for, and the peer holds at most maxBlocked blocks, so an
+	// honest peer stays within it; one that sends such answers without
+	// reading would otherwise grow the queue without end.
+	maxCancels = 2 * maxBlocked
 )
 
 // txItem is one frame waiting for the writer: a jetty's send, named by slot
@@ -77,6 +83,7 @@ type conn struct {
 
 	mu       sync.Mutex
 	q, spare []txItem
+	cancels  int // CANCELs in q (maxCancels)
 	answers  answerQueue
 	dead     bool
 	err      error
@@ -343,6 +350,7 @@ func (c *conn) drain(wait bool) (stuck bool, err error) {
 			return false, nil
 		}
 		c.batch, c.q, c.spare = c.q, c.spare[:0], nil
+		c.cancels = 0
 		c.mu.Unlock()
 	}
 }
@@ -644,13 +652,27 @@ func (c *conn) readFrame() error {
 }
 
 // cancelBlock asks the peer to drop the RNR block the SEND tagged tag, from
-// jetty src to its jetty dst, left there.
-func (c *conn) cancelBlock(src, dst uint32, tag uint64) {
+// jetty src to its jetty dst, left there. With bounded (the peer's RNR
+// answer asked for it), a peer that makes this side queue more than
+// maxCancels of them breaks the protocol; this side's own cancels, one per
+// send of its own at most, are always queued.
+func (c *conn) cancelBlock(src, dst uint32, tag uint64, bounded bool) error {
 	var it txItem
 	it.n = uint8(len(encodeCancel(it.ctl[:], &cancelFrame{src: src, dst: dst, tag: tag})))
-	if c.enqueue(&it) == nil {
-		c.ring()
+	c.mu.Lock()
+	switch {
+	case c.dead:
+		c.mu.Unlock()
+		return nil
+	case bounded && c.cancels >= c.sd.maxCancels:
+		c.mu.Unlock()
+		return protocolError{fmt.Errorf("peer sent more than %d RNR answers that no send waits for without reading the cancels", c.sd.maxCancels)}
 	}
+	c.q = append(c.q, it)
+	c.cancels++
+	c.mu.Unlock()
+	c.ring()
+	return nil
 }
 
 func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
@@ -671,7 +693,7 @@ func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
 			// answer came: no retry will resume the block, so the receiver
 			// must forget it or it holds it (and counts it towards
 			// maxBlocked) for the connection's life.
-			c.cancelBlock(a.src, a.dst, a.tag)
+			return c.cancelBlock(a.src, a.dst, a.tag, true)
 		}
 	case frameAckRun:
 		a, err := decodeAckRun(body)

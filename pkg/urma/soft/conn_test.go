@@ -226,6 +226,55 @@ func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
 	}
 }
 
+// A peer that sends RNR answers no send waits for, each of which this side
+// answers with a CANCEL, and never reads the cancels loses its connection
+// once more than the bound of them is queued; the queue does not grow
+// without end.
+func TestPeerThatNeverReadsCancelsIsCutOff(t *testing.T) {
+	var sink logSink
+	opts := socketOpts()
+	opts.Logger = sink.logger()
+	p := newProvider(t, opts)
+	a := newSide(t, p, urma.JettyConfig{}, 64)
+	p.devices[0].sock.maxCancels = 100
+	f := newFakePeer(t)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		nc, _ := f.accept()
+		if nc == nil {
+			return
+		}
+		defer nc.Close()
+		_ = nc.(*net.TCPConn).SetReadBuffer(4096)
+		// RNR answers for a jetty this side does not have, and never a
+		// read: the cancels fill the socket, then pile up.
+		var b [4 + ackLen]byte
+		frame := encodeAck(b[:], &ackFrame{status: statusRNR, src: 4242, dst: 5, tag: 4242 << 32})
+		buf := bytes.Repeat(frame, 4096)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := nc.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+	mustOK(t, err, "import from the fake peer")
+	defer target.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for !sink.has("RNR answers that no send waits for") {
+		if time.Now().After(deadline) {
+			t.Fatalf("connection not cut off: %q", sink.lines)
+		}
+		time.Sleep(time.Millisecond) // polling deadline: the reader logs as it fails the connection
+	}
+}
+
 // The socket reader hands every byte over once and in order, whether a
 // payload is copied through its buffer or read straight into place with
 // readv, however the sender's writes split the stream.

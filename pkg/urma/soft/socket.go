@@ -34,8 +34,8 @@ type sockDevice struct {
 	dialTO   time.Duration
 	ctx      context.Context // cancelled by close: stops dials
 	cancel   context.CancelFunc
-	// maxAnswers is maxAnswers; tests lower it.
-	maxAnswers int
+	// maxAnswers and maxCancels are the constants; tests lower them.
+	maxAnswers, maxCancels int
 	// connDying, set by tests, runs in conn.fail between the connection's
 	// death and the failing of its peer's sends: a send posted there meets
 	// the dead connection before peerDown does.
@@ -60,7 +60,7 @@ type sockDevice struct {
 func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
 	sd := &sockDevice{
 		dev: d, prov: d.prov, session: rand.Uint64(), resolver: opts.Resolver,
-		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout, maxAnswers: maxAnswers,
+		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout, maxAnswers: maxAnswers, maxCancels: maxCancels,
 		peers: make(map[urma.EID]*peer), conns: make(map[*conn]struct{}),
 		handshaking: make(map[net.Conn]struct{}),
 	}
@@ -523,7 +523,7 @@ func (p *peer) cancel(j *jetty, seq uint64, dst uint32) {
 	if c == nil {
 		return // no connection, no block
 	}
-	c.cancelBlock(j.id.ID, dst, uint64(j.instance)<<32|uint64(uint32(seq)))
+	_ = c.cancelBlock(j.id.ID, dst, uint64(j.instance)<<32|uint64(uint32(seq)), false) // never refused
 }
 
 func (p *peer) startDialLocked() {
