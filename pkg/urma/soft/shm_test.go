@@ -1327,6 +1327,36 @@ func TestShmPollerNeverSleepsOnDataEventfd(t *testing.T) {
 	}
 }
 
+// The peer shares this side's own eventfds too, and can make them blocking.
+// A sleep on one must still end at its deadline: a read(2) of a zero
+// counter on a blocking eventfd would hold the thread for good, past the
+// stall bound that fails a stopped peer.
+func TestEventWaiterSleepsOnABlockingEventfd(t *testing.T) {
+	fd, err := newEventfd()
+	mustOK(t, err, "eventfd")
+	w, err := newEventWaiter(fd, "data")
+	mustOK(t, err, "waiter")
+	defer w.f.Close()
+	mustOK(t, unix.SetNonblock(fd, false), "clear O_NONBLOCK as the peer may")
+	for _, signalled := range []bool{false, true} {
+		if signalled {
+			mustOK(t, addOne(fd), "signal")
+		}
+		done := make(chan error, 1)
+		go func() { done <- w.sleep(time.Now().Add(20 * time.Millisecond)) }()
+		select {
+		case err := <-done:
+			mustOK(t, err, "sleep")
+		case <-time.After(10 * time.Second):
+			t.Fatalf("signalled %v: the sleep on a blocking eventfd did not end at its deadline", signalled)
+		}
+	}
+	// The signal was taken: the counter is zero again.
+	if err := w.reset(uintptr(fd)); !errors.Is(err, unix.EAGAIN) {
+		t.Fatalf("reset after the signalled sleep: %v, want EAGAIN (a zero counter)", err)
+	}
+}
+
 // The peer creates the eventfds it passes, and their flags belong to an
 // open file description it shares: it can make its data eventfd blocking,
 // at the handshake or later, and fill its counter (0xfffffffffffffffe).

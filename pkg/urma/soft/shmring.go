@@ -251,7 +251,11 @@ type eventWaiter struct {
 	raw   syscall.RawConn
 	drain func(fd uintptr) bool // made once: a closure per sleep would allocate
 	buf   [8]byte
-	timed bool // a deadline is set
+	iov   unix.Iovec // over buf, for preadv2
+	timed bool       // a deadline is set
+	// noNowait says this kernel refused RWF_NOWAIT on an eventfd: plain
+	// read(2), which blocks if the peer cleared O_NONBLOCK.
+	noNowait bool
 }
 
 func newEventWaiter(fd int, name string) (*eventWaiter, error) {
@@ -262,11 +266,34 @@ func newEventWaiter(fd int, name string) (*eventWaiter, error) {
 		return nil, fmt.Errorf("poll %s: %w", name, err)
 	}
 	w := &eventWaiter{f: f, raw: raw}
+	w.iov.Base = &w.buf[0]
+	w.iov.SetLen(len(w.buf))
 	w.drain = func(fd uintptr) bool {
-		_, err := unix.Read(int(fd), w.buf[:])
-		return !errors.Is(err, unix.EAGAIN)
+		return !errors.Is(w.reset(fd), unix.EAGAIN)
 	}
 	return w, nil
+}
+
+// reset reads the eventfd's counter back to zero; EAGAIN when it is zero
+// already. It never blocks: the peer shares the descriptor and may clear
+// O_NONBLOCK, and a read(2) of a zero counter would then hold the thread
+// past any deadline (a stalled peer would never be failed). preadv2 with
+// RWF_NOWAIT does not wait whatever the flag says (Linux 5.12 and later;
+// an older kernel refuses it, and gets read(2)).
+func (w *eventWaiter) reset(fd uintptr) error {
+	if !w.noNowait {
+		// Offset -1: the file's own position, as eventfds have no other.
+		_, _, e := unix.Syscall6(unix.SYS_PREADV2, fd, uintptr(unsafe.Pointer(&w.iov)), 1, ^uintptr(0), 0, unix.RWF_NOWAIT)
+		if e != unix.EOPNOTSUPP && e != unix.EINVAL && e != unix.ENOSYS {
+			if e != 0 {
+				return e
+			}
+			return nil
+		}
+		w.noNowait = true
+	}
+	_, err := unix.Read(int(fd), w.buf[:])
+	return err
 }
 
 // sleep waits until the eventfd is signalled (and resets it) or deadline
