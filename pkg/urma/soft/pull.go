@@ -24,6 +24,12 @@ import (
 //
 // Sharing hands the peer a read-only view of the whole segment: register
 // with remote access only memory that every peer you send from it may read.
+// The view is read-only by its descriptor only: the segment's memfd
+// (urma.AllocMemory, which may be opened read-write on purpose, see
+// urma.OpenMemory) cannot be sealed against writers, so a hostile peer can
+// reopen it writable through /proc/self/fd. Share only memory whose
+// contents that peer may also change: the transport's connections share
+// their own send buffers, which hold only what goes to that one peer.
 // Local-only segments (the transport's buffer pool, by default) always
 // cross the ring as copies.
 

@@ -1327,6 +1327,44 @@ func TestShmPollerNeverSleepsOnDataEventfd(t *testing.T) {
 	}
 }
 
+// The peer gets a read-only descriptor of this side's ring region, but
+// could reopen the file read-write through /proc/self/fd: the region is
+// sealed so that no new writable mapping or write(2) succeeds, while the
+// owner's own mapping stays writable.
+func TestShmRegionSealedAgainstPeerWrites(t *testing.T) {
+	probe, err := unix.MemfdCreate("probe", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	mustOK(t, err, "memfd")
+	_, err = unix.FcntlInt(uintptr(probe), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE)
+	_ = unix.Close(probe)
+	if errors.Is(err, unix.EINVAL) {
+		t.Skip("kernel without F_SEAL_FUTURE_WRITE (before 5.1)")
+	}
+	r, ro, err := newShmRegion(4096)
+	mustOK(t, err, "region")
+	defer r.unmap()
+	defer unix.Close(ro)
+	seals, err := unix.FcntlInt(uintptr(ro), unix.F_GET_SEALS, 0)
+	mustOK(t, err, "get seals")
+	if want := unix.F_SEAL_FUTURE_WRITE | unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW; seals&want != want {
+		t.Fatalf("region seals %#x, want %#x among them", seals, want)
+	}
+	rw, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", ro), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err == nil {
+		defer unix.Close(rw)
+		if m, err := unix.Mmap(rw, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+			_ = unix.Munmap(m)
+			t.Error("a reopened descriptor mapped the region writable")
+		}
+		if _, err := unix.Pwrite(rw, []byte("x"), int64(shmCtlSize)); err == nil {
+			t.Error("a reopened descriptor wrote into the region")
+		}
+	}
+	r.ring[0] = 0x5a // the owner still writes its ring
+	if r.ring[0] != 0x5a {
+		t.Fatal("the owner's mapping lost its write")
+	}
+}
+
 // The peer shares this side's own eventfds too, and can make them blocking.
 // A sleep on one must still end at its deadline: a read(2) of a zero
 // counter on a blocking eventfd would hold the thread for good, past the

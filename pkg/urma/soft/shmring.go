@@ -23,9 +23,12 @@ import (
 // Shared memory of the shm fabric. Each side of a connection owns one
 // region, a sealed memfd: a control page, then the ring it writes its frames
 // into, a byte stream like a socket's. The peer maps it read-only. Every
-// word a side writes lives in its own region, so neither side can write the
-// other's memory, and whatever the peer's region says is checked before it
-// is used.
+// word a side writes lives in its own region, and whatever the peer's region
+// says is checked before it is used. The peer gets a read-only descriptor,
+// and the region is sealed against new writable mappings and write(2)
+// (F_SEAL_FUTURE_WRITE) once its owner mapped it, since a read-only
+// descriptor alone does not stop the peer from reopening the file
+// read-write through /proc/self/fd.
 //
 // Control page words (8 bytes, each on its own cache line):
 //
@@ -106,12 +109,16 @@ func newShmRegion(ringSize int) (*shmRegion, int, error) {
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		return nil, -1, fmt.Errorf("size ring memfd to %d bytes: %w", size, err)
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
 		return nil, -1, fmt.Errorf("seal ring memfd: %w", err)
 	}
 	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, -1, fmt.Errorf("map %d bytes of ring: %w", size, err)
+	}
+	if err := sealAgainstWriters(fd); err != nil {
+		_ = unix.Munmap(mem)
+		return nil, -1, err
 	}
 	copy(mem, shmMagic)
 	binary.LittleEndian.PutUint32(mem[offVersion:], shmVersion)
@@ -122,6 +129,23 @@ func newShmRegion(ringSize int) (*shmRegion, int, error) {
 		return nil, -1, err
 	}
 	return &shmRegion{mem: mem, ring: mem[shmCtlSize:]}, ro, nil
+}
+
+// sealAgainstWriters seals the memfd fd, which its owner has mapped
+// writable already, against every later writable mapping and write(2)
+// (F_SEAL_FUTURE_WRITE: the owner's mapping keeps working), and against
+// further seals. A kernel before 5.1 does not know the write seal: the
+// file is then only sealed, and the peer's view read-only by its
+// descriptor alone.
+func sealAgainstWriters(fd int) error {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE|unix.F_SEAL_SEAL)
+	if errors.Is(err, unix.EINVAL) {
+		_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SEAL)
+	}
+	if err != nil {
+		return fmt.Errorf("seal ring memfd against writers: %w", err)
+	}
+	return nil
 }
 
 // reopenReadOnly opens a second, read-only descriptor of a memfd, so that
