@@ -147,3 +147,44 @@ func TestBuildBondingGlitchKeepsMembersHidden(t *testing.T) {
 		t.Errorf("bonding device gone for good: advertises %v, want its members udma0,udma1", names)
 	}
 }
+
+// A remembered bonding device that reads cleanly as an ordinary device now
+// (one classed bonding for having no parent, re-created with one) is no
+// bonding device any more: every device is advertised at once, not after a
+// debounce.
+func TestBuildBondingDeviceNoLongerBonding(t *testing.T) {
+	tr := sysfstest.New(t)
+	bond := sysfstest.DefaultDevice("ubagg0") // no parent link: bonding
+	bond.Bonding = true
+	tr.Add(t, bond)
+	tr.Add(t, sysfstest.DefaultDevice("udma0"))
+	b := inventory.NewBuilder(inventory.Config{
+		Budget:    budget.Default(),
+		Selection: selection.Policy{Bonding: selection.BondingAuto},
+		Debounce:  health.Debounce{Observations: 2, Hold: 3 * time.Second},
+	})
+	start := time.Now()
+	selected := func(at time.Duration) []string {
+		t.Helper()
+		devs, err := sysfs.Discover(tr.Options())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, decisions, _ := b.Build(inventory.Scan{Devices: devs}, start.Add(at))
+		var out []string
+		for _, d := range decisions {
+			if d.Selected {
+				out = append(out, d.Name)
+			}
+		}
+		return out
+	}
+	if got := selected(0); strings.Join(got, ",") != "ubagg0" {
+		t.Fatalf("with the bonding device: selected %v, want only it", got)
+	}
+	tr.Remove(t, "ubagg0")
+	tr.Add(t, sysfstest.DefaultDevice("ubagg0")) // a parent now: not bonding
+	if got := selected(time.Second); strings.Join(got, ",") != "ubagg0,udma0" {
+		t.Errorf("once it is no bonding device: selected %v, want every device", got)
+	}
+}
