@@ -66,33 +66,56 @@ func TestBuildBrokenParentLinkKeepsHealthyDevicesAdvertised(t *testing.T) {
 	}
 }
 
+// bondingNode is a sysfs tree with one bonding device (no parent link)
+// and its members, scanned by a builder of the default bonding policy
+// whose debounce takes two scans and 3 s.
+type bondingNode struct {
+	t     *testing.T
+	tr    *sysfstest.Tree
+	bond  sysfstest.Device
+	b     *inventory.Builder
+	start time.Time
+}
+
+func newBondingNode(t *testing.T, bond string, members ...string) *bondingNode {
+	n := &bondingNode{t: t, tr: sysfstest.New(t), bond: sysfstest.DefaultDevice(bond), start: time.Now()}
+	n.bond.Bonding = true
+	n.tr.Add(t, n.bond)
+	for _, m := range members {
+		n.tr.Add(t, sysfstest.DefaultDevice(m))
+	}
+	n.b = inventory.NewBuilder(inventory.Config{
+		Budget:    budget.Default(),
+		Selection: selection.Policy{Bonding: selection.BondingAuto},
+		Debounce:  health.Debounce{Observations: 2, Hold: 3 * time.Second},
+	})
+	return n
+}
+
+// scan builds the snapshot of the tree at start+at, with the selection
+// decisions.
+func (n *bondingNode) scan(at time.Duration) (inventory.Snapshot, []selection.Decision) {
+	n.t.Helper()
+	devs, err := sysfs.Discover(n.tr.Options())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	snap, decisions, _ := n.b.Build(inventory.Scan{Devices: devs}, n.start.Add(at))
+	return snap, decisions
+}
+
 // A bonding device that fails one read, or is gone for a while (its driver
 // reloading), must not have its members advertised beside the jetties it
 // still holds: that would count the same hardware two or three times, and
 // the members, new to the plugin, would be committed healthy at once.
 // They stay hidden until the bonding device is forgotten for good.
 func TestBuildBondingGlitchKeepsMembersHidden(t *testing.T) {
-	tr := sysfstest.New(t)
-	bond := sysfstest.DefaultDevice("bonding_dev_0")
-	bond.Bonding = true
-	tr.Add(t, bond)
-	tr.Add(t, sysfstest.DefaultDevice("udma0"))
-	tr.Add(t, sysfstest.DefaultDevice("udma1"))
-	b := inventory.NewBuilder(inventory.Config{
-		Budget:    budget.Default(),
-		Selection: selection.Policy{Bonding: selection.BondingAuto},
-		Debounce:  health.Debounce{Observations: 2, Hold: 3 * time.Second},
-	})
-	start := time.Now()
-	// scan builds a snapshot at start+at and reports the names it
-	// advertises and its healthy units.
-	scan := func(at time.Duration) ([]string, uint32, []selection.Decision) {
+	n := newBondingNode(t, "bonding_dev_0", "udma0", "udma1")
+	// advertised is the names a scan at start+at advertises, its healthy
+	// units and its decisions.
+	advertised := func(at time.Duration) ([]string, uint32, []selection.Decision) {
 		t.Helper()
-		devs, err := sysfs.Discover(tr.Options())
-		if err != nil {
-			t.Fatal(err)
-		}
-		snap, decisions, _ := b.Build(inventory.Scan{Devices: devs}, start.Add(at))
+		snap, decisions := n.scan(at)
 		var names []string
 		var units uint32
 		for _, d := range snap.Devices {
@@ -103,13 +126,13 @@ func TestBuildBondingGlitchKeepsMembersHidden(t *testing.T) {
 		}
 		return names, units, decisions
 	}
-	names, clean, _ := scan(0)
+	names, clean, _ := advertised(0)
 	if strings.Join(names, ",") != "bonding_dev_0" || clean == 0 {
 		t.Fatalf("clean scan advertises %v with %d healthy units, want only bonding_dev_0", names, clean)
 	}
 	wantOnlyBond := func(what string, at time.Duration) {
 		t.Helper()
-		names, units, decisions := scan(at)
+		names, units, decisions := advertised(at)
 		if strings.Join(names, ",") != "bonding_dev_0" {
 			t.Errorf("%s: advertises %v, want only bonding_dev_0", what, names)
 		}
@@ -123,26 +146,26 @@ func TestBuildBondingGlitchKeepsMembersHidden(t *testing.T) {
 		}
 	}
 
-	orig, err := os.ReadFile(filepath.Join(tr.ClassPath(sysfs.ClassUbcore, "bonding_dev_0"), "max_jfc"))
+	orig, err := os.ReadFile(filepath.Join(n.tr.ClassPath(sysfs.ClassUbcore, "bonding_dev_0"), "max_jfc"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr.WriteFile(t, "bonding_dev_0", "max_jfc", "garbage\n")
+	n.tr.WriteFile(t, "bonding_dev_0", "max_jfc", "garbage\n")
 	wantOnlyBond("bonding device unreadable", time.Second)
-	tr.WriteFile(t, "bonding_dev_0", "max_jfc", string(orig))
+	n.tr.WriteFile(t, "bonding_dev_0", "max_jfc", string(orig))
 	wantOnlyBond("bonding device readable again", 2*time.Second)
 
-	tr.Remove(t, "bonding_dev_0")
+	n.tr.Remove(t, "bonding_dev_0")
 	wantOnlyBond("bonding device gone", 3*time.Second)
-	tr.Add(t, bond)
+	n.tr.Add(t, n.bond)
 	wantOnlyBond("bonding device back", 4*time.Second)
 
 	// Gone for good: once its absence is committed (two scans, 3 s) the
 	// bonding device is forgotten, and the members are advertised.
-	tr.Remove(t, "bonding_dev_0")
+	n.tr.Remove(t, "bonding_dev_0")
 	wantOnlyBond("bonding device gone again", 5*time.Second)
-	_, _, _ = scan(9 * time.Second) // absence committed: forgotten
-	names, _, _ = scan(10 * time.Second)
+	_, _, _ = advertised(9 * time.Second) // absence committed: forgotten
+	names, _, _ = advertised(10 * time.Second)
 	if strings.Join(names, ",") != "udma0,udma1" {
 		t.Errorf("bonding device gone for good: advertises %v, want its members udma0,udma1", names)
 	}
@@ -153,38 +176,24 @@ func TestBuildBondingGlitchKeepsMembersHidden(t *testing.T) {
 // bonding device any more: every device is advertised at once, not after a
 // debounce.
 func TestBuildBondingDeviceNoLongerBonding(t *testing.T) {
-	tr := sysfstest.New(t)
-	bond := sysfstest.DefaultDevice("ubagg0") // no parent link: bonding
-	bond.Bonding = true
-	tr.Add(t, bond)
-	tr.Add(t, sysfstest.DefaultDevice("udma0"))
-	b := inventory.NewBuilder(inventory.Config{
-		Budget:    budget.Default(),
-		Selection: selection.Policy{Bonding: selection.BondingAuto},
-		Debounce:  health.Debounce{Observations: 2, Hold: 3 * time.Second},
-	})
-	start := time.Now()
-	selected := func(at time.Duration) []string {
+	n := newBondingNode(t, "ubagg0", "udma0") // bonding for its missing parent link
+	selected := func(at time.Duration) string {
 		t.Helper()
-		devs, err := sysfs.Discover(tr.Options())
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, decisions, _ := b.Build(inventory.Scan{Devices: devs}, start.Add(at))
+		_, decisions := n.scan(at)
 		var out []string
 		for _, d := range decisions {
 			if d.Selected {
 				out = append(out, d.Name)
 			}
 		}
-		return out
+		return strings.Join(out, ",")
 	}
-	if got := selected(0); strings.Join(got, ",") != "ubagg0" {
+	if got := selected(0); got != "ubagg0" {
 		t.Fatalf("with the bonding device: selected %v, want only it", got)
 	}
-	tr.Remove(t, "ubagg0")
-	tr.Add(t, sysfstest.DefaultDevice("ubagg0")) // a parent now: not bonding
-	if got := selected(time.Second); strings.Join(got, ",") != "ubagg0,udma0" {
+	n.tr.Remove(t, "ubagg0")
+	n.tr.Add(t, sysfstest.DefaultDevice("ubagg0")) // a parent now: not bonding
+	if got := selected(time.Second); got != "ubagg0,udma0" {
 		t.Errorf("once it is no bonding device: selected %v, want every device", got)
 	}
 }

@@ -178,100 +178,81 @@ func TestAckRunClippedToSendsInFlight(t *testing.T) {
 	<-done
 }
 
-// A peer that keeps sending without ever reading the answers loses its
-// connection once this side owes it more than the bound; the reader never
-// blocks on it.
-func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
-	var sink logSink
-	opts := socketOpts()
-	opts.Logger = sink.logger()
-	p := newProvider(t, opts)
-	a := newSide(t, p, urma.JettyConfig{}, 64)
-	p.devices[0].sock.maxAnswers = 100
-	f := newFakePeer(t)
-	j := a.jetty.(*jetty)
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		nc, _ := f.accept()
-		if nc == nil {
-			return
-		}
-		defer nc.Close()
-		_ = nc.(*net.TCPConn).SetReadBuffer(4096)
-		// Sends with a wrong token, each owed its own answer, and never a
-		// read: the answers fill the socket, then pile up.
-		frame := sendFrame(sendHeader{opcode: urma.OpSend, dst: j.id.ID, token: 99}, []byte("x"))
-		buf := bytes.Repeat(frame, 4096)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if _, err := nc.Write(buf); err != nil {
-				return
-			}
-		}
-	}()
-	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
-	mustOK(t, err, "import from the fake peer")
-	defer target.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for !sink.has("without reading the answers") {
-		if time.Now().After(deadline) {
-			t.Fatalf("connection not cut off: %q", sink.lines)
-		}
-		time.Sleep(time.Millisecond) // polling deadline: the reader logs as it fails the connection
-	}
-}
-
-// A peer that sends RNR answers no send waits for, each of which this side
-// answers with a CANCEL, and never reads the cancels loses its connection
-// once more than the bound of them is queued; the queue does not grow
+// A peer that keeps sending frames this side must answer, and never reads
+// the answers, loses its connection once more than the bound of them waits
+// to be written; the reader never blocks on it and the queue does not grow
 // without end.
-func TestPeerThatNeverReadsCancelsIsCutOff(t *testing.T) {
-	var sink logSink
-	opts := socketOpts()
-	opts.Logger = sink.logger()
-	p := newProvider(t, opts)
-	a := newSide(t, p, urma.JettyConfig{}, 64)
-	p.devices[0].sock.maxCancels = 100
-	f := newFakePeer(t)
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		nc, _ := f.accept()
-		if nc == nil {
-			return
-		}
-		defer nc.Close()
-		_ = nc.(*net.TCPConn).SetReadBuffer(4096)
-		// RNR answers for a jetty this side does not have, and never a
-		// read: the cancels fill the socket, then pile up.
-		var b [4 + ackLen]byte
-		frame := encodeAck(b[:], &ackFrame{status: statusRNR, src: 4242, dst: 5, tag: 4242 << 32})
-		buf := bytes.Repeat(frame, 4096)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
+func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
+	cases := []struct {
+		name  string
+		bound func(sd *sockDevice)
+		frame func(j *jetty) []byte // what the peer sends, again and again
+		log   string
+	}{
+		{
+			// Sends with a wrong token, each owed its own answer.
+			name:  "answers owed",
+			bound: func(sd *sockDevice) { sd.maxAnswers = 100 },
+			frame: func(j *jetty) []byte {
+				return sendFrame(sendHeader{opcode: urma.OpSend, dst: j.id.ID, token: 99}, []byte("x"))
+			},
+			log: "without reading the answers",
+		},
+		{
+			// RNR answers for a jetty this side does not have, each
+			// answered with a CANCEL.
+			name:  "cancels owed",
+			bound: func(sd *sockDevice) { sd.maxCancels = 100 },
+			frame: func(*jetty) []byte {
+				var b [4 + ackLen]byte
+				return encodeAck(b[:], &ackFrame{status: statusRNR, src: 4242, dst: 5, tag: 4242 << 32})
+			},
+			log: "RNR answers that no send waits for",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var sink logSink
+			opts := socketOpts()
+			opts.Logger = sink.logger()
+			p := newProvider(t, opts)
+			a := newSide(t, p, urma.JettyConfig{}, 64)
+			tc.bound(p.devices[0].sock)
+			f := newFakePeer(t)
+			buf := bytes.Repeat(tc.frame(a.jetty.(*jetty)), 4096)
+			stop := make(chan struct{})
+			defer close(stop)
+			go func() {
+				nc, _ := f.accept()
+				if nc == nil {
+					return
+				}
+				defer nc.Close()
+				// Never a read: what this side writes fills the socket,
+				// then piles up.
+				_ = nc.(*net.TCPConn).SetReadBuffer(4096)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if _, err := nc.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+			target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+			mustOK(t, err, "import from the fake peer")
+			defer target.Close()
+			deadline := time.Now().Add(5 * time.Second)
+			for !sink.has(tc.log) {
+				if time.Now().After(deadline) {
+					t.Fatalf("connection not cut off: %q", sink.lines)
+				}
+				time.Sleep(time.Millisecond) // polling deadline: the reader logs as it fails the connection
 			}
-			if _, err := nc.Write(buf); err != nil {
-				return
-			}
-		}
-	}()
-	target, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
-	mustOK(t, err, "import from the fake peer")
-	defer target.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for !sink.has("RNR answers that no send waits for") {
-		if time.Now().After(deadline) {
-			t.Fatalf("connection not cut off: %q", sink.lines)
-		}
-		time.Sleep(time.Millisecond) // polling deadline: the reader logs as it fails the connection
+		})
 	}
 }
 
