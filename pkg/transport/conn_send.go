@@ -22,19 +22,6 @@ func (c *urmaConn) writeErrLocked() error {
 	return nil
 }
 
-// closeBegun is net.ErrClosed once Close has begun, checked before a write
-// takes writeMu: Close holds that lock while it waits for the sends posted
-// before it (up to twice CloseTimeout), and a write that starts meanwhile
-// must fail at once, not wait with it.
-func (c *urmaConn) closeBegun() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if st := c.stateNow(); st == stateClosing || st == stateReleased {
-		return errConnClosed
-	}
-	return nil
-}
-
 // reserveWindow takes one slot of both windows, waiting within the write
 // deadline while either is empty. A closed or broken connection says so
 // before a passed deadline does, as Read and Go's own connections do.
@@ -130,8 +117,11 @@ func (c *urmaConn) postData(b *Buffer, n int) error {
 // Write sends p as messages of at most one buffer each, waiting within the
 // write deadline while a window or the pool is empty.
 func (c *urmaConn) Write(p []byte) (int, error) {
-	if err := c.closeBegun(); err != nil {
-		return 0, c.opErr("write", err)
+	// Close holds writeMu while it waits for the sends posted before it
+	// (up to twice CloseTimeout): a write that starts meanwhile fails at
+	// once instead of waiting with it.
+	if c.isClosed() {
+		return 0, c.opErr("write", errConnClosed)
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
@@ -211,8 +201,8 @@ func (c *urmaConn) WriteBuffer(b *Buffer, n int) error {
 		b.pool.put(b)
 		return nil
 	}
-	if err := c.closeBegun(); err != nil {
-		return giveBack(err)
+	if c.isClosed() { // not to wait for writeMu with Close, as Write
+		return giveBack(errConnClosed)
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
