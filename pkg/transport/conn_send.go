@@ -28,14 +28,19 @@ func (c *urmaConn) writeErrLocked() error {
 func (c *urmaConn) reserveWindow() error {
 	stalled := false
 	for {
+		if c.wdl.passed() {
+			c.mu.Lock()
+			err := c.writeErrLocked()
+			c.mu.Unlock()
+			if err == nil {
+				err = os.ErrDeadlineExceeded
+			}
+			return err
+		}
 		c.mu.Lock()
 		if err := c.writeErrLocked(); err != nil {
 			c.mu.Unlock()
 			return err
-		}
-		if c.wdl.passed() { // the deadline's lock is taken under c.mu, never around it
-			c.mu.Unlock()
-			return os.ErrDeadlineExceeded
 		}
 		if c.sqWindow > 0 && c.remoteRQWindow > 0 {
 			c.sqWindow--

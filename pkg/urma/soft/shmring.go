@@ -308,13 +308,14 @@ func (w *eventWaiter) reset(fd uintptr) error {
 	if !w.noNowait {
 		// Offset -1: the file's own position, as eventfds have no other.
 		_, _, e := unix.Syscall6(unix.SYS_PREADV2, fd, uintptr(unsafe.Pointer(&w.iov)), 1, ^uintptr(0), 0, unix.RWF_NOWAIT)
-		if e != unix.EOPNOTSUPP && e != unix.EINVAL && e != unix.ENOSYS {
-			if e != 0 {
-				return e
-			}
+		switch e {
+		case 0:
 			return nil
+		case unix.EOPNOTSUPP, unix.EINVAL, unix.ENOSYS:
+			w.noNowait = true
+		default:
+			return e
 		}
-		w.noNowait = true
 	}
 	_, err := unix.Read(int(fd), w.buf[:])
 	return err
