@@ -157,6 +157,7 @@ type jetty struct {
 	mode      urma.TransportMode
 	maxSGE    uint32
 	maxInline uint32
+	sqDepth   uint32
 	sendJFC   *jfc
 	jfr       *jfr
 	state     atomic.Uint32 // urma.JettyState
@@ -196,7 +197,7 @@ func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 		q.detach()
 		return nil, err
 	}
-	j := &jetty{ctx: c, mode: cfg.Mode, maxSGE: max(cfg.MaxSGE, 1), maxInline: cfg.MaxInline, sendJFC: q, jfr: r}
+	j := &jetty{ctx: c, mode: cfg.Mode, maxSGE: max(cfg.MaxSGE, 1), maxInline: cfg.MaxInline, sqDepth: cfg.SQDepth, sendJFC: q, jfr: r}
 	in := C.shim_jetty_cfg{
 		depth: C.uint32_t(cfg.SQDepth), mode: C.uint32_t(modeBits(cfg.Mode)), priority: C.uint32_t(cfg.Priority),
 		max_sge: C.uint32_t(j.maxSGE), max_inline: C.uint32_t(cfg.MaxInline),

@@ -379,15 +379,24 @@ func (q *jfc) toError(j *jetty) {
 }
 
 // flush collects the requests liburma never handled, as WR_FLUSH_ERR.
+// urma_flush_jetty fails with EINVAL when asked for more records than the
+// jetty's SQ depth (core/urma_cp_api.c), so each call asks for at most that.
 func (q *jfc) flush(j *jetty, out []urma.Completion, n int) int {
+	want := int(min(j.sqDepth, crBatch))
 	for {
-		k := int(C.shim_flush_jetty(q.ctx.lib.c, j.c, crBatch, &q.crs[0]))
+		k := int(C.shim_flush_jetty(q.ctx.lib.c, j.c, C.int(want), &q.crs[0]))
+		if k < 0 {
+			// liburma returns -status here.
+			q.ctx.prov.log.Error(statusErr("flush_jetty", C.int(-k), "flush jetty %d", j.id.ID),
+				"sends the jetty never started get no completion")
+			return n
+		}
 		for i := range k {
 			c := completion(&q.crs[i])
 			c.Status = urma.StatusWRFlushErr // WR_UNHANDLED: never started
 			n = q.emit(c, out, n)
 		}
-		if k < crBatch {
+		if k < want {
 			return n
 		}
 	}

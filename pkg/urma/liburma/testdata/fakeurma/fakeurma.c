@@ -19,7 +19,8 @@
  *    target JFR's (REM_ACCESS_ABORT; nothing checked under TOKEN_NONE);
  *  - a send error leaves the jetty in ERROR with the rest of its queue
  *    unhandled; moving it to ERROR yields FLUSH_ERR_DONE, and only then
- *    does urma_flush_jetty return the unhandled requests (WR_UNHANDLED);
+ *    does urma_flush_jetty return the unhandled requests (WR_UNHANDLED),
+ *    at most the SQ depth per call (EINVAL beyond, as liburma checks);
  *  - an RC jetty sends to its bound target only, and a bound RC target
  *    cannot be unimported;
  *  - send completions carry no opcode (garbage, as in liburma);
@@ -1047,6 +1048,10 @@ urma_status_t urma_modify_jetty(urma_jetty_t *jetty, urma_jetty_attr_t *attr)
 int urma_flush_jetty(urma_jetty_t *jetty, int cr_cnt, urma_cr_t *cr)
 {
     fjetty_t *j = (fjetty_t *)jetty;
+    /* core/urma_cp_api.c urma_flush_jetty: at most the SQ depth per call */
+    if (cr == NULL || cr_cnt <= 0 || (uint32_t)cr_cnt > j->base.jetty_cfg.jfs_cfg.depth) {
+        return -URMA_EINVAL;
+    }
     pthread_mutex_lock(&mu);
     int k = 0;
     while (j->flushable && k < cr_cnt && j->head < j->tail) {

@@ -1,0 +1,115 @@
+//go:build linux && cgo
+
+package liburma
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// SetError on a jetty whose send queue is shallower than one poll batch
+// still reports every outstanding send as WR_FLUSH_ERR, in order, before
+// WR_FLUSH_ERR_DONE. urma_flush_jetty refuses to return more records per
+// call than the jetty's SQ depth (core/urma_cp_api.c: EINVAL), so a
+// provider that asks for a whole batch gets none, and the sends the device
+// never started vanish without a completion.
+func TestFlushShallowJetty(t *testing.T) {
+	for _, depth := range []uint32{2, 4, 16, 31} {
+		t.Run(fmt.Sprintf("sq=%d", depth), func(t *testing.T) {
+			p := newTestProvider(t)
+			a, b := openFlushPeer(t, p, "udma0", depth), openFlushPeer(t, p, "udma1", 4)
+			target, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { closeAll(t, target) })
+			// B posts no receive: the first send waits for one (RNR, retried
+			// forever) and the rest queue behind it, never started.
+			for i := range depth {
+				wr := &urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: uint64(i + 1)}
+				if err := a.jetty.PostSend(wr); err != nil {
+					t.Fatalf("post send %d: %v", i+1, err)
+				}
+			}
+			if err := a.jetty.SetError(); err != nil {
+				t.Fatal(err)
+			}
+			got := pollUntilFlushDone(t, a.jfc)
+			if len(got) != int(depth)+1 {
+				t.Fatalf("%d records after SetError, want %d WR_FLUSH_ERR and WR_FLUSH_ERR_DONE: %+v", len(got), depth, got)
+			}
+			for i, c := range got[:depth] {
+				if c.Status != urma.StatusWRFlushErr || c.UserCtx != uint64(i+1) || c.Recv {
+					t.Errorf("record %d: %+v, want WR_FLUSH_ERR of send %d", i, c, i+1)
+				}
+			}
+		})
+	}
+}
+
+// flushPeer is one side of a flush test: a polling JFC, an RM JFR without
+// a token, and a jetty of the given SQ depth.
+type flushPeer struct {
+	ctx   urma.Context
+	jfc   urma.JFC
+	jfr   urma.JFR
+	jetty urma.Jetty
+}
+
+func openFlushPeer(t *testing.T, p *Provider, dev string, sqDepth uint32) *flushPeer {
+	t.Helper()
+	c, err := p.Open(dev, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &flushPeer{ctx: c}
+	t.Cleanup(func() { closeAll(t, e.jetty, e.jfr, e.jfc, e.ctx) })
+	if e.jfc, err = c.CreateJFC(urma.JFCConfig{Depth: 256}); err != nil {
+		t.Fatal(err)
+	}
+	if e.jfr, err = c.CreateJFR(urma.JFRConfig{Mode: urma.RM, Depth: 4, JFC: e.jfc, MinRNRTimer: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if e.jetty, err = c.CreateJetty(urma.JettyConfig{Mode: urma.RM, SQDepth: sqDepth, SendJFC: e.jfc, JFR: e.jfr, RNRRetry: urma.RNRRetryForever}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// closeAll closes objects in order, skipping those never created.
+func closeAll(t *testing.T, objs ...interface{ Close() error }) {
+	t.Helper()
+	for _, o := range objs {
+		if o == nil {
+			continue
+		}
+		if err := o.Close(); err != nil {
+			t.Errorf("close %T: %v", o, err)
+		}
+	}
+}
+
+// pollUntilFlushDone polls q until a WR_FLUSH_ERR_DONE record, which it
+// returns last; it fails the test when none comes.
+func pollUntilFlushDone(t *testing.T, q urma.JFC) []urma.Completion {
+	t.Helper()
+	var got []urma.Completion
+	buf := make([]urma.Completion, 8)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		n, err := q.Poll(buf)
+		if err != nil {
+			t.Fatalf("poll: %v", err)
+		}
+		for _, c := range buf[:n] {
+			got = append(got, c)
+			if c.Status == urma.StatusWRFlushErrDone {
+				return got
+			}
+		}
+	}
+	t.Fatalf("no WR_FLUSH_ERR_DONE; records so far: %+v", got)
+	return nil
+}
