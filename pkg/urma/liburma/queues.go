@@ -239,8 +239,10 @@ type jfc struct {
 	ackMu     sync.Mutex // guards the event counts and the C pointer for Ack
 	events    uint64     // events JFCE.Wait returned for this JFC
 	acked     uint64
+	forced    bool // Provider.Close: acknowledge every event as it is reported
 	destroyed bool
-	attached  bool // counted as a user of jfce
+	attached  bool          // counted as a user of jfce
+	gone      chan struct{} // closed once urma_delete_jfc returned
 }
 
 var _ urma.JFC = (*jfc)(nil)
@@ -260,7 +262,7 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 	if err := c.open(op); err != nil {
 		return nil, err
 	}
-	q := &jfc{ctx: c, jfce: e, jetties: make(map[uint32]*jetty)}
+	q := &jfc{ctx: c, jfce: e, jetties: make(map[uint32]*jetty), gone: make(chan struct{})}
 	ce := (*C.struct_urma_jfce)(nil)
 	if e != nil {
 		ce = e.c
@@ -288,7 +290,7 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 		q.attached = true
 	}
 	if err := c.adopt(q, op); err != nil {
-		_ = q.destroy(false) // the adoption error is the one to report
+		_ = q.destroy() // the adoption error is the one to report
 		return nil, err
 	}
 	return q, nil
@@ -446,10 +448,16 @@ func (q *jfc) Rearm(solicitedOnly bool) error {
 	return nil
 }
 
-// reported counts an event JFCE.Wait returned for this JFC.
+// reported counts an event JFCE.Wait returned for this JFC. Once
+// Provider.Close is deleting the JFC, nobody will acknowledge it, so it is
+// acknowledged here: urma_delete_jfc waits for that.
 func (q *jfc) reported() {
 	q.ackMu.Lock()
 	q.events++
+	if q.forced && !q.destroyed {
+		q.acked = q.events
+		C.shim_ack(q.ctx.lib.c, q.c, 1)
+	}
 	q.ackMu.Unlock()
 }
 
@@ -481,14 +489,29 @@ func (q *jfc) Close() error {
 		return urma.Errorf("delete_jfc", urma.CodeBusy, "%d JFRs or jetties still use JFC %d", n, q.id)
 	}
 	q.mu.Unlock()
-	return q.destroy(true)
+	return q.destroy()
 }
 
-// forceClose acknowledges what is outstanding first: Provider.Close tears
-// down whoever would have.
-func (q *jfc) ForceClose() { _ = q.destroy(false) }
+// ForceClose acknowledges what is outstanding first, and every event
+// reported from now on: Provider.Close tears down whoever would have. That
+// also lets a Close already waiting in urma_delete_jfc return; ForceClose
+// waits for whichever delete runs, so that the JFCE and the context go
+// only after the JFC.
+func (q *jfc) ForceClose() {
+	q.ackMu.Lock()
+	q.forced = true
+	if left := q.events - q.acked; left > 0 && !q.destroyed {
+		q.acked = q.events
+		C.shim_ack(q.ctx.lib.c, q.c, C.uint32_t(left))
+	}
+	q.ackMu.Unlock()
+	_ = q.destroy()
+	<-q.gone
+}
 
-func (q *jfc) destroy(waitAcks bool) error {
+// destroy deletes the JFC once; urma_delete_jfc waits for the events
+// reported to be acknowledged.
+func (q *jfc) destroy() error {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -497,14 +520,6 @@ func (q *jfc) destroy(waitAcks bool) error {
 	q.closed = true
 	q.pending = nil
 	q.mu.Unlock()
-	if !waitAcks {
-		q.ackMu.Lock()
-		if left := q.events - q.acked; left > 0 {
-			q.acked = q.events
-			C.shim_ack(q.ctx.lib.c, q.c, C.uint32_t(left))
-		}
-		q.ackMu.Unlock()
-	}
 	err := q.deleteC()
 	q.ctx.release(q)
 	return err
@@ -521,6 +536,7 @@ func (q *jfc) deleteC() error {
 		q.jfce.detach(q)
 	}
 	q.deleteHidden()
+	close(q.gone)
 	if st != 0 {
 		return statusErr("delete_jfc", st, "delete JFC %d", q.id)
 	}
