@@ -178,6 +178,12 @@ func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReq
 	if d == nil {
 		return checkpoint.Device{}, fmt.Errorf("%s: no such device on this node (removed since it was allocated?)", where)
 	}
+	// Listed, and healthy, until its absence is debounced; but its device
+	// node is gone, and a spec naming it would fail the container. Kubelet
+	// retries a refusal, which succeeds if the device comes back.
+	if d.Vanished {
+		return checkpoint.Device{}, fmt.Errorf("%s: device %s was not found by the last device scan (removed, or its driver reloading)", where, d.Name)
+	}
 	if !d.Healthy && !tolerated(r.Tolerations) {
 		return checkpoint.Device{}, fmt.Errorf("%s: device %s is unhealthy: %s", where, d.Name, d.Reason)
 	}

@@ -29,6 +29,7 @@ import (
 	"k8s.io/utils/ptr"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
 	"github.com/openeuler/urma-k8s/pkg/dra/checkpoint"
 	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
@@ -36,6 +37,7 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/dra/plugin"
 	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 
@@ -655,5 +657,44 @@ func TestDefaultHealthResend(t *testing.T) {
 	go func() { _ = p.WatchHealthStatus(ctx, reports) }()
 	if got := (<-reports).Devices[0].HealthCheckTimeout; got != 3*plugin.DefaultHealthResend {
 		t.Fatalf("health check timeout %s with the default resend, want %s", got, 3*plugin.DefaultHealthResend)
+	}
+}
+
+// A device the last scan did not find, whose absence the debounce has not
+// confirmed yet, is still listed healthy (a driver reload must not
+// flap the slices); but its device node is gone, so a claim on it is not
+// prepared: a CDI spec naming a missing node fails the container, while a
+// refusal is retried by kubelet and succeeds once the device is back.
+func TestPrepareRefusesAVanishedDevice(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	tree.AddDevNode(t, sysfstest.UMMUNode)
+	found, err := sysfs.Discover(tree.Options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := dratest.Config(0)
+	cfg.Debounce = health.Debounce{Observations: 2, Hold: time.Hour}
+	b := inventory.NewBuilder(cfg)
+	now := time.Now()
+	seen, _, _ := b.Build(inventory.Scan{Devices: found, UMMUNode: sysfs.UMMUNode(tree.Options())}, now)
+	gone, _, _ := b.Build(inventory.Scan{UMMUNode: sysfs.UMMUNode(tree.Options())}, now.Add(time.Second))
+	if d, ok := gone.Lookup("udma0"); !ok || !d.Vanished || !d.Healthy {
+		t.Fatalf("fixture: want udma0 listed, vanished and still healthy, got %+v", d)
+	}
+	h.inv.Publish(gone)
+	d := h.start()
+	c := h.claim(16, "udma0")
+	if r := d.prepare(t, c).Claims[string(c.UID)]; r == nil || !strings.Contains(r.Error, "not found by the last device scan") || !strings.Contains(r.Error, c.Name) {
+		t.Fatalf("prepare on a vanished device = %+v, want an error naming the claim and saying the device was not found", r)
+	}
+	if entries, _ := os.ReadDir(h.cdiDir); len(entries) != 0 {
+		t.Fatalf("a refused claim left %d CDI specs", len(entries))
+	}
+	// Back before its absence was confirmed: kubelet's retry prepares it.
+	h.inv.Publish(seen)
+	if r := d.prepare(t, c).Claims[string(c.UID)]; r == nil || r.Error != "" {
+		t.Fatalf("prepare once the device is back = %+v", r)
 	}
 }
