@@ -245,7 +245,7 @@ func (s *Server) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 	snap, _ := s.inv.Current()
 	devs := make(map[string]preferred.Device, len(snap.Devices))
 	for _, d := range snap.Devices {
-		devs[d.Name] = preferred.Device{NUMANode: d.NUMANode, Healthy: d.Healthy}
+		devs[d.Name] = preferred.Device{NUMANode: d.NUMANode, Healthy: d.Healthy && !d.Vanished}
 	}
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
@@ -298,7 +298,8 @@ func (sh Share) Jetties(jettiesPerUnit uint32) uint64 {
 // Group checks unit IDs against a snapshot and groups them by device, most
 // units first (ties by name). Repeated IDs count once. Unknown IDs
 // (malformed, no such device, index beyond the budget) and IDs of unhealthy
-// devices make an error that names every one of them.
+// devices, or of devices the last scan did not find, make an error that
+// names every one of them.
 func Group(snap *inventory.Snapshot, ids []string) ([]Share, error) {
 	var unknown, unhealthy []string
 	reasons := map[string]string{}
@@ -319,9 +320,14 @@ func Group(snap *inventory.Snapshot, ids []string) ([]Share, error) {
 			unknown = append(unknown, id)
 			continue
 		}
-		if !d.Healthy {
+		if !d.Healthy || d.Vanished {
 			unhealthy = append(unhealthy, id)
 			reasons[name] = d.Reason
+			if d.Vanished {
+				// Still listed until its absence is debounced, but its
+				// device node is gone: the container could not start.
+				reasons[name] = "not found by the last device scan (removed, or its driver reloading)"
+			}
 			continue
 		}
 		counts[name]++

@@ -510,3 +510,35 @@ func TestParseCDIStrategies(t *testing.T) {
 		}
 	}
 }
+
+// A device the last scan did not find stays listed, healthy, until its
+// absence is debounced (a driver reload must not flap kubelet's count), but
+// its device node is gone: Allocate refuses its units rather than hand a
+// container a node the runtime cannot find, and no preferred allocation
+// picks them while a present device can hold the container.
+func TestVanishedDeviceIsNotAllocated(t *testing.T) {
+	f := newFixture(t, Config{})
+	snap := snapshot(f.root)
+	for i := range snap.Devices {
+		if snap.Devices[i].Name == "udma1" {
+			snap.Devices[i].Vanished = true
+		}
+	}
+	f.inv.Publish(snap)
+	_, err := f.client.Allocate(ctx(t), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+		{DevicesIds: []string{"udma1-0"}},
+	}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "udma1-0") ||
+		!strings.Contains(status.Convert(err).Message(), "not found by the last device scan") {
+		t.Fatalf("Allocate of a vanished device's unit = %v, want InvalidArgument naming the unit and why", err)
+	}
+	resp, err := f.client.GetPreferredAllocation(ctx(t), &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
+		{AvailableDeviceIDs: []string{"udma1-0", "udma1-1", "udma0-0", "udma0-1", "udma0-2"}, AllocationSize: 2},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.ContainerResponses[0].DeviceIDs; !slices.Equal(got, []string{"udma0-0", "udma0-1"}) {
+		t.Fatalf("preferred allocation %v, want udma0's units", got)
+	}
+}
