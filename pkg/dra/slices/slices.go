@@ -118,8 +118,9 @@ func (p RequestPolicy) fits(capacity int64) bool {
 }
 
 // Device turns one inventory device into a DRA device. Its name is
-// DeviceName(d.Name). Unhealthy devices and devices without room for one
-// default request are tainted (NoSchedule) rather than left out, so that
+// DeviceName(d.Name). Unhealthy devices, devices the last scan did not find
+// and devices without room for one default request are tainted
+// (NoSchedule) rather than left out, so that
 // the claims already allocated on them stay consistent and the reason is
 // visible in the slice.
 func Device(d *inventory.Device, policy RequestPolicy) resourceapi.Device {
@@ -149,7 +150,9 @@ func Device(d *inventory.Device, policy RequestPolicy) resourceapi.Device {
 			Effect: resourceapi.DeviceTaintEffectNoSchedule,
 		})
 	}
-	if !d.Healthy {
+	// A vanished device keeps its healthy verdict until its absence is
+	// debounced, but its node is gone: no new claims meanwhile.
+	if !d.Healthy || d.Vanished {
 		out.Taints = append(out.Taints, resourceapi.DeviceTaint{
 			Key:    TaintUnhealthy,
 			Value:  ReasonCode(d),

@@ -424,3 +424,21 @@ func TestEIDsAttributeOrderAndEdge(t *testing.T) {
 		t.Fatalf("eids %q, want only %q (65 bytes do not fit)", got, long)
 	}
 }
+
+// A device the last scan did not find is published until its absence is
+// debounced, still healthy by the debounced verdict; it is tainted at once,
+// so that the scheduler puts no new claim on a device whose node is gone
+// (the driver would refuse to prepare it), while claims already on it stay
+// consistent and untouched (NoSchedule).
+func TestVanishedDeviceIsTainted(t *testing.T) {
+	d := dratest.Snapshot(t, dratest.Config(0), sysfstest.DefaultDevice("udma0")).Devices[0]
+	d.Vanished = true
+	if !d.Healthy {
+		t.Fatalf("fixture: want a healthy device, got %+v", d)
+	}
+	got := slices.Device(&d, slices.DefaultRequestPolicy())
+	tn, ok := taint(got, slices.TaintUnhealthy)
+	if !ok || tn.Value != slices.ReasonVanished || tn.Effect != resourceapi.DeviceTaintEffectNoSchedule {
+		t.Fatalf("vanished device: taints %+v, want %s=%s NoSchedule", got.Taints, slices.TaintUnhealthy, slices.ReasonVanished)
+	}
+}
