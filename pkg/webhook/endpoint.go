@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -42,9 +43,18 @@ func (v *EndpointValidator) ValidateCreate(ctx context.Context, ep *v1alpha1.Urm
 	return v.validate(ctx, ep)
 }
 
-// ValidateUpdate checks a changed endpoint.
-func (v *EndpointValidator) ValidateUpdate(ctx context.Context, _, ep *v1alpha1.UrmaEndpoint) (admission.Warnings, error) {
-	return v.validate(ctx, ep)
+// ValidateUpdate checks a changed endpoint. An update that leaves the spec
+// as stored is never refused, only warned about: a spec accepted while this
+// webhook was down (failure policy Ignore) or before an upgrade narrowed a
+// range would otherwise block every metadata update, among them the garbage
+// collector removing its foregroundDeletion or orphan finalizer, and the
+// endpoint would never finish deleting.
+func (v *EndpointValidator) ValidateUpdate(ctx context.Context, old, ep *v1alpha1.UrmaEndpoint) (admission.Warnings, error) {
+	w, err := v.validate(ctx, ep)
+	if err != nil && equality.Semantic.DeepEqual(old.Spec, ep.Spec) {
+		return append(w, short("the spec is invalid (allowed because this update does not change it): "+err.Error())), nil
+	}
+	return w, err
 }
 
 // ValidateDelete allows every deletion.

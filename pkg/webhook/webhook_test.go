@@ -430,3 +430,52 @@ func TestShortKeepsWarningsUpToTheLimit(t *testing.T) {
 		}
 	}
 }
+
+// An endpoint whose stored spec the validator would refuse (accepted while
+// the webhook was down, its failure policy being Ignore, or before an
+// upgrade narrowed a range) must still take updates that leave the spec as
+// it is: the garbage collector removing the foregroundDeletion or orphan
+// finalizer, a label. Refusing them leaves the endpoint stuck terminating.
+// An update that changes the spec is still checked.
+func TestEndpointValidatorAllowsUpdatesThatKeepAnInvalidSpec(t *testing.T) {
+	invalid := endpoint()
+	invalid.Spec.Overrides = map[string]v1alpha1.FlagValue{"urma_poller_num": "100"}
+	deleting := invalid.DeepCopy()
+	now := metav1.Now()
+	deleting.DeletionTimestamp = &now
+	deleting.Finalizers = []string{metav1.FinalizerDeleteDependents}
+	finalizerRemoved := deleting.DeepCopy()
+	finalizerRemoved.Finalizers = nil
+	relabelled := invalid.DeepCopy()
+	relabelled.Labels = map[string]string{"team": "storage"}
+	stillInvalid := invalid.DeepCopy()
+	stillInvalid.Spec.Overrides["urma_poller_num"] = "200"
+
+	for _, c := range []struct {
+		name     string
+		old, new *v1alpha1.UrmaEndpoint
+		wantErr  string
+	}{
+		{name: "garbage collector removes the foreground finalizer", old: deleting, new: finalizerRemoved},
+		{name: "label added", old: invalid, new: relabelled},
+		{name: "spec changed and still invalid", old: invalid, new: stillInvalid, wantErr: "urma_poller_num: 200 is out of range"},
+		{name: "valid spec made invalid", old: endpoint(), new: invalid, wantErr: "urma_poller_num: 100 is out of range"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			v := &EndpointValidator{Reader: fake.NewClientBuilder().WithScheme(scheme(t)).Build()}
+			w, err := v.ValidateUpdate(context.Background(), c.old, c.new)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("update that keeps the stored spec refused: %v", err)
+			}
+			if !slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, "urma_poller_num") }) {
+				t.Errorf("warnings %q do not say the spec is invalid", w)
+			}
+		})
+	}
+}
