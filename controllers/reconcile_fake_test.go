@@ -313,3 +313,92 @@ func TestConfigMapNotYetInCache(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleConfigMapConflictIsRetriedQuietly: a reconcile that runs before
+// the cache has seen the ConfigMap update of the previous one (a pod event
+// queued meanwhile) reads the older copy and its update conflicts. That is
+// the cache being behind, not a failure: the endpoint must not flip to
+// Ready=False ApplyFailed with a Warning event, only look again shortly.
+func TestStaleConfigMapConflictIsRetriedQuietly(t *testing.T) {
+	ep := newEndpoint("ns", "ep", "g")
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"urma-test/group": "g"},
+		Annotations: hw(1024, 4096, 8192).Annotations()}}
+	base := fake.NewClientBuilder().WithScheme(env.scheme).WithObjects(ep, node).
+		WithStatusSubresource(&v1alpha1.UrmaEndpoint{}).Build()
+	cmKey := client.ObjectKey{Namespace: "ns", Name: v1alpha1.ConfigMapName("ep")}
+	// stale, when set, is what the next ConfigMap Get answers, once.
+	var stale *corev1.ConfigMap
+	cl := interceptor.NewClient(base, interceptor.Funcs{Get: func(ctx context.Context, w client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if cm, ok := obj.(*corev1.ConfigMap); ok && stale != nil {
+			stale.DeepCopyInto(cm)
+			stale = nil
+			return nil
+		}
+		return w.Get(ctx, key, obj, opts...)
+	}})
+	rec := events.NewFakeRecorder(20)
+	r := &controllers.UrmaEndpointReconciler{Client: cl, Scheme: env.scheme, Recorder: rec}
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "ep"}}
+	if _, err := r.Reconcile(ctx(), req); err != nil {
+		t.Fatal(err)
+	}
+	var first corev1.ConfigMap
+	if err := base.Get(ctx(), cmKey, &first); err != nil {
+		t.Fatalf("first render: %v", err)
+	}
+	var cur v1alpha1.UrmaEndpoint
+	if err := base.Get(ctx(), req.NamespacedName, &cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Profile.Objective = v1alpha1.ObjectiveThroughput
+	cur.Generation++
+	if err := base.Update(ctx(), &cur); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx(), req); err != nil {
+		t.Fatal(err)
+	}
+	var settled v1alpha1.UrmaEndpoint
+	if err := base.Get(ctx(), req.NamespacedName, &settled); err != nil {
+		t.Fatal(err)
+	}
+	if settled.Status.FlagsHash == first.Data[v1alpha1.ConfigMapKeyHash] {
+		t.Fatal("the spec change did not change the flags")
+	}
+	for len(rec.Events) > 0 {
+		<-rec.Events
+	}
+
+	stale = &first // the cache has not seen the update yet
+	res, err := r.Reconcile(ctx(), req)
+	if err != nil {
+		t.Errorf("Reconcile with a stale ConfigMap: %v", err)
+	}
+	if res.RequeueAfter <= 0 {
+		t.Errorf("result %+v, want a requeue", res)
+	}
+	var got v1alpha1.UrmaEndpoint
+	if err := base.Get(ctx(), req.NamespacedName, &got); err != nil {
+		t.Fatal(err)
+	}
+	if ready := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady); got.ResourceVersion != settled.ResourceVersion ||
+		ready == nil || ready.Status != metav1.ConditionTrue {
+		t.Errorf("status rewritten (resourceVersion %s -> %s), Ready %+v; want unchanged, True", settled.ResourceVersion, got.ResourceVersion, ready)
+	}
+	for len(rec.Events) > 0 {
+		if e := <-rec.Events; strings.HasPrefix(e, corev1.EventTypeWarning+" ") {
+			t.Errorf("event %q for a stale cache", e)
+		}
+	}
+
+	// With the cache caught up, nothing is left to do.
+	if res, err := r.Reconcile(ctx(), req); err != nil || res.RequeueAfter != 0 {
+		t.Errorf("settled reconcile: %+v, %v", res, err)
+	}
+	if err := base.Get(ctx(), req.NamespacedName, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.ResourceVersion != settled.ResourceVersion {
+		t.Errorf("settled reconcile wrote status")
+	}
+}

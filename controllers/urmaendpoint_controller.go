@@ -115,6 +115,13 @@ func (r *UrmaEndpointReconciler) reconcile(ctx context.Context, req ctrl.Request
 	}
 	obs.Input.FallbackJettiesPerUnit = r.FallbackJettiesPerUnit
 	status, result, applyErr := r.render(ctx, &ep, obs)
+	if apierrors.IsConflict(applyErr) {
+		// The cached ConfigMap is older than the stored one (the previous
+		// reconcile's update not seen yet): the cache is behind, nothing
+		// failed. Report nothing and look again once it has caught up.
+		log.FromContext(ctx).V(1).Info("ConfigMap conflict; retrying", "error", applyErr.Error())
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
 	if err := r.writeStatus(ctx, &ep, status); err != nil {
 		if apierrors.IsConflict(err) {
 			// The cache was behind our own last write; the newer version's
@@ -284,6 +291,9 @@ func (r *UrmaEndpointReconciler) applyConfigMap(ctx context.Context, ep *v1alpha
 		return nil
 	}
 	if err := r.Client.Update(ctx, desired); err != nil {
+		if apierrors.IsConflict(err) {
+			return fmt.Errorf("update ConfigMap %s: %w", name, err) // the cache is behind; reconcile retries quietly
+		}
 		r.Recorder.Eventf(ep, desired, corev1.EventTypeWarning, EventApplyFailed, "Render", "update ConfigMap %s: %v", name, err)
 		return fmt.Errorf("update ConfigMap %s: %w", name, err)
 	}
