@@ -32,6 +32,8 @@ func TestBadValuesRejected(t *testing.T) {
 		{"crds.install not a boolean", []string{"--set-string", "crds.install=yes"}, []string{"'/crds/install'", "want boolean"}},
 		// Combinations the schema cannot express, checked by the templates.
 		{"replicas without leader election", []string{"--set", "operator.replicas=2", "--set", "operator.leaderElection.enabled=false"}, []string{"operator.replicas", "operator.leaderElection.enabled"}},
+		{"operator metrics and webhook on one port", []string{"--set", "webhook.port=8443"}, []string{"operator.metrics.port=8443 and webhook.port=8443", "address already in use"}},
+		{"operator probes and metrics on one port", []string{"--set", "operator.healthProbePort=8443"}, []string{"operator.metrics.port=8443 and operator.healthProbePort=8443"}},
 		{"webhook without operator", []string{"--set", "operator.enabled=false"}, []string{"webhook.enabled", "operator.enabled"}},
 		{"no operator pods behind a failing webhook", []string{"--set", "operator.replicas=0"}, []string{"operator.replicas=0", "webhook.failurePolicy"}},
 		{"scrape timeout above the interval", []string{"--set", "metrics.serviceMonitor.enabled=true", "-a", "monitoring.coreos.com/v1", "--set", "metrics.serviceMonitor.interval=1m", "--set", "metrics.serviceMonitor.scrapeTimeout=1m500ms"}, []string{"metrics.serviceMonitor.scrapeTimeout=1m500ms exceeds metrics.serviceMonitor.interval=1m"}},

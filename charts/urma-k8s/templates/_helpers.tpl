@@ -243,6 +243,20 @@ fail the render with a message that names the values.
 {{- if and .Values.operator.enabled (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) }}
 {{- fail "operator.replicas > 1 needs operator.leaderElection.enabled=true: replicas would reconcile the same UrmaEndpoints at once" }}
 {{- end }}
+{{- if .Values.operator.enabled }}
+{{- /* The operator listens on each port; two alike crash-loop it (address already in use). */}}
+{{- $ports := list (list "operator.metrics.port" .Values.operator.metrics.port) (list "operator.healthProbePort" .Values.operator.healthProbePort) }}
+{{- if .Values.webhook.enabled }}
+{{- $ports = append $ports (list "webhook.port" .Values.webhook.port) }}
+{{- end }}
+{{- range $i, $a := $ports }}
+{{- range $b := slice $ports (add1 $i) }}
+{{- if eq (int (index $a 1)) (int (index $b 1)) }}
+{{- fail (printf "%s=%v and %s=%v: the operator listens on both, so it could not start (address already in use); give them different ports" (index $a 0) (index $a 1) (index $b 0) (index $b 1)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and .Values.webhook.enabled (not .Values.operator.enabled) }}
 {{- fail "webhook.enabled=true needs operator.enabled=true: the operator serves the webhook, and a webhook without a server blocks labelled pods" }}
 {{- end }}
