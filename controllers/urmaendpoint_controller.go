@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -158,7 +159,7 @@ func (r *UrmaEndpointReconciler) render(ctx context.Context, ep *v1alpha1.UrmaEn
 	if err != nil {
 		msg := err.Error() + "; the ConfigMap keeps the last valid flags"
 		if setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonInvalidSpec, msg) {
-			r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventInvalidSpec, "Tune", "%s", msg)
+			r.event(ep, nil, corev1.EventTypeWarning, EventInvalidSpec, "Tune", "%s", msg)
 		}
 		countPods(&st, obs.Pods)
 		return st, ctrl.Result{}, nil // retrying cannot fix the spec; the next edit will
@@ -241,7 +242,7 @@ func (r *UrmaEndpointReconciler) applyUncached(ctx context.Context, ep *v1alpha1
 func (r *UrmaEndpointReconciler) applyConfigMap(ctx context.Context, ep *v1alpha1.UrmaEndpoint, current *corev1.ConfigMap, pl plan.Plan) error {
 	name := v1alpha1.ConfigMapName(ep.Name)
 	if current != nil && !metav1.IsControlledBy(current, ep) {
-		r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventConflict, "Render",
+		r.event(ep, nil, corev1.EventTypeWarning, EventConflict, "Render",
 			"ConfigMap %s is not controlled by this endpoint; not touching it", name)
 		return apierrors.NewAlreadyExists(corev1.Resource("configmaps"), name)
 	}
@@ -283,10 +284,10 @@ func (r *UrmaEndpointReconciler) applyConfigMap(ctx context.Context, ep *v1alpha
 				// caller looks (applyUncached) before reporting anything.
 				return err
 			}
-			r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventApplyFailed, "Render", "create ConfigMap %s: %v", name, err)
+			r.event(ep, nil, corev1.EventTypeWarning, EventApplyFailed, "Render", "create ConfigMap %s: %v", name, err)
 			return fmt.Errorf("create ConfigMap %s: %w", name, err)
 		}
-		r.Recorder.Eventf(ep, desired, corev1.EventTypeNormal, EventFlagsRendered, "Render",
+		r.event(ep, desired, corev1.EventTypeNormal, EventFlagsRendered, "Render",
 			"created ConfigMap %s with flags %s", name, pl.Hash)
 		return nil
 	}
@@ -294,11 +295,11 @@ func (r *UrmaEndpointReconciler) applyConfigMap(ctx context.Context, ep *v1alpha
 		if apierrors.IsConflict(err) {
 			return fmt.Errorf("update ConfigMap %s: %w", name, err) // the cache is behind; reconcile retries quietly
 		}
-		r.Recorder.Eventf(ep, desired, corev1.EventTypeWarning, EventApplyFailed, "Render", "update ConfigMap %s: %v", name, err)
+		r.event(ep, desired, corev1.EventTypeWarning, EventApplyFailed, "Render", "update ConfigMap %s: %v", name, err)
 		return fmt.Errorf("update ConfigMap %s: %w", name, err)
 	}
 	if oldHash != pl.Hash {
-		r.Recorder.Eventf(ep, desired, corev1.EventTypeNormal, EventFlagsRendered, "Render",
+		r.event(ep, desired, corev1.EventTypeNormal, EventFlagsRendered, "Render",
 			"flags changed %s -> %s; pods started earlier keep the old flags until restarted", oldHash, pl.Hash)
 	}
 	return nil
@@ -315,7 +316,7 @@ func (r *UrmaEndpointReconciler) setClamped(st *v1alpha1.UrmaEndpointStatus, ep 
 	}
 	msg := strings.Join(parts, "; ")
 	if changed := setCondition(st, ep, v1alpha1.ConditionClamped, true, v1alpha1.ReasonValuesClamped, msg); changed {
-		r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventClamped, "Tune", "%s", msg)
+		r.event(ep, nil, corev1.EventTypeWarning, EventClamped, "Tune", "%s", msg)
 	}
 }
 
@@ -330,8 +331,28 @@ func (r *UrmaEndpointReconciler) setDegraded(st *v1alpha1.UrmaEndpointStatus, ep
 	}
 	msg := strings.Join(msgs, "; ")
 	if changed := setCondition(st, ep, v1alpha1.ConditionDegraded, true, pl.Problems[0].Reason, msg); changed {
-		r.Recorder.Eventf(ep, nil, corev1.EventTypeWarning, EventDegraded, "Tune", "%s", msg)
+		r.event(ep, nil, corev1.EventTypeWarning, EventDegraded, "Tune", "%s", msg)
 	}
+}
+
+// MaxEventNote is the longest note the events.k8s.io API accepts; it
+// refuses the whole event when the note is longer.
+const MaxEventNote = 1024
+
+// event records an event whose note is cut to MaxEventNote bytes: long
+// clamp and degradation lists would otherwise lose the event altogether
+// (the condition keeps the full message).
+func (r *UrmaEndpointReconciler) event(regarding, related runtime.Object, eventtype, reason, action, format string, args ...any) {
+	note := fmt.Sprintf(format, args...)
+	if len(note) > MaxEventNote {
+		const more = " ... (see the endpoint's conditions)"
+		cut := MaxEventNote - len(more)
+		for cut > 0 && !utf8.RuneStart(note[cut]) {
+			cut--
+		}
+		note = note[:cut] + more
+	}
+	r.Recorder.Eventf(regarding, related, eventtype, reason, action, "%s", note)
 }
 
 // setCondition sets one condition and reports whether its status, reason or
