@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,7 +61,13 @@ func (r *UrmaEndpointReconciler) applyClaimTemplate(ctx context.Context, ep *v1a
 	case equality.Semantic.DeepEqual(cur.Spec.Spec, want.Spec):
 		return nil
 	default:
-		if err := r.Client.Delete(ctx, &cur, client.Preconditions{UID: &cur.UID}); client.IgnoreNotFound(err) != nil {
+		err := r.Client.Delete(ctx, &cur, client.Preconditions{UID: &cur.UID})
+		if apierrors.IsConflict(err) {
+			// The UID is not the stored one: the cache still has a template
+			// the previous reconcile replaced.
+			return fmt.Errorf("replace ResourceClaimTemplate %s: %w: %w", name, errCacheBehind, err)
+		}
+		if client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("replace ResourceClaimTemplate %s: %w", name, err)
 		}
 	}
@@ -74,7 +81,17 @@ func (r *UrmaEndpointReconciler) applyClaimTemplate(ctx context.Context, ep *v1a
 		return fmt.Errorf("own ResourceClaimTemplate %s: %w", name, err)
 	}
 	if err := r.Client.Create(ctx, tmpl); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			// The cache has not seen the template the previous reconcile
+			// created yet (someone else's would have been in it, and is
+			// reported above once the cache has it).
+			return fmt.Errorf("create ResourceClaimTemplate %s: %w: %w", name, errCacheBehind, err)
+		}
 		return fmt.Errorf("create ResourceClaimTemplate %s: %w", name, err)
 	}
 	return nil
 }
+
+// errCacheBehind marks a write that failed only because the cache had not
+// seen the previous reconcile's write yet: retried shortly, not reported.
+var errCacheBehind = errors.New("the cache is behind")

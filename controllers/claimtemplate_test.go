@@ -1,9 +1,12 @@
 package controllers_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -12,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
@@ -97,4 +101,91 @@ func getFake(t *testing.T, c client.Client) *v1alpha1.UrmaEndpoint {
 		t.Fatal(err)
 	}
 	return &ep
+}
+
+// TestClaimTemplateCacheBehindIsRetriedQuietly: right after the reconciler
+// creates or replaces the endpoint's ResourceClaimTemplate, the next
+// reconcile may run before the cache has seen it: it finds no template (and
+// its create finds the name taken) or the replaced one (and its delete
+// fails the UID precondition). That is the cache behind, not an error to
+// log and count: the reconcile looks again shortly.
+func TestClaimTemplateCacheBehindIsRetriedQuietly(t *testing.T) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKey{Namespace: "ns", Name: v1alpha1.ClaimTemplateName("ep")}
+	for _, c := range []struct {
+		name string
+		// stale is what the cache answers for the template once, given the
+		// stored one after the first reconcile; nil means NotFound.
+		stale func(stored *resourceapi.ResourceClaimTemplate) *resourceapi.ResourceClaimTemplate
+	}{
+		{name: "template not in the cache yet", stale: func(*resourceapi.ResourceClaimTemplate) *resourceapi.ResourceClaimTemplate { return nil }},
+		{name: "replaced template still in the cache", stale: func(stored *resourceapi.ResourceClaimTemplate) *resourceapi.ResourceClaimTemplate {
+			old := stored.DeepCopy()
+			old.UID = "replaced"
+			old.Spec.Spec.Devices.Requests[0].Exactly.Count = 2 // differs from what is wanted
+			return old
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			base := fake.NewClientBuilder().WithScheme(s).WithObjects(newEndpoint("ns", "ep", "g")).
+				WithStatusSubresource(&v1alpha1.UrmaEndpoint{}).Build()
+			var stale func() error
+			cl := interceptor.NewClient(base, interceptor.Funcs{Get: func(ctx context.Context, w client.WithWatch, k client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				if tmpl, ok := obj.(*resourceapi.ResourceClaimTemplate); ok && stale != nil {
+					defer func() { stale = nil }()
+					var stored resourceapi.ResourceClaimTemplate
+					if err := w.Get(ctx, k, &stored); err != nil {
+						return err
+					}
+					old := c.stale(&stored)
+					if old == nil {
+						return apierrors.NewNotFound(resourceapi.Resource("resourceclaimtemplates"), k.Name)
+					}
+					old.DeepCopyInto(tmpl)
+					return nil
+				}
+				return w.Get(ctx, k, obj, opts...)
+			}, Delete: func(ctx context.Context, w client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+				// The fake client ignores a UID precondition; the API server
+				// refuses the delete with a conflict.
+				do := &client.DeleteOptions{}
+				do.ApplyOptions(opts)
+				if do.Preconditions != nil && do.Preconditions.UID != nil {
+					var stored resourceapi.ResourceClaimTemplate
+					if err := w.Get(ctx, client.ObjectKeyFromObject(obj), &stored); err == nil && stored.UID != *do.Preconditions.UID {
+						return apierrors.NewConflict(resourceapi.Resource("resourceclaimtemplates"), obj.GetName(),
+							fmt.Errorf("precondition failed: UID in precondition: %s, UID in object meta: %s", *do.Preconditions.UID, stored.UID))
+					}
+				}
+				return w.Delete(ctx, obj, opts...)
+			}})
+			r := &controllers.UrmaEndpointReconciler{Client: cl, Scheme: s, Recorder: events.NewFakeRecorder(20), Driver: plan.DriverDRA}
+			req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "ep"}}
+			if _, err := r.Reconcile(ctx(), req); err != nil {
+				t.Fatal(err)
+			}
+			var first resourceapi.ResourceClaimTemplate
+			if err := base.Get(ctx(), key, &first); err != nil {
+				t.Fatal(err)
+			}
+			stale = func() error { return nil }
+			res, err := r.Reconcile(ctx(), req)
+			if err != nil || res.RequeueAfter <= 0 {
+				t.Errorf("reconcile with the cache behind: %+v, %v; want a quiet requeue", res, err)
+			}
+			var after resourceapi.ResourceClaimTemplate
+			if err := base.Get(ctx(), key, &after); err != nil || after.UID != first.UID {
+				t.Errorf("template replaced or gone (%v): uid %s -> %s", err, first.UID, after.UID)
+			}
+			if res, err := r.Reconcile(ctx(), req); err != nil || res.RequeueAfter != 0 {
+				t.Errorf("reconcile with the cache caught up: %+v, %v", res, err)
+			}
+		})
+	}
 }

@@ -5,6 +5,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -136,7 +137,10 @@ func (r *UrmaEndpointReconciler) reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, applyErr)
 	}
 	if r.Driver == plan.DriverDRA {
-		if err := r.applyClaimTemplate(ctx, &ep); err != nil {
+		if err := r.applyClaimTemplate(ctx, &ep); errors.Is(err, errCacheBehind) {
+			log.FromContext(ctx).V(1).Info("ResourceClaimTemplate not in the cache yet; retrying", "error", err.Error())
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		} else if err != nil {
 			return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, err)
 		}
 	}
