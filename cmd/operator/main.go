@@ -198,6 +198,9 @@ func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) erro
 		if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
 			return fmt.Errorf("add webhook readiness check: %w", err)
 		}
+		if err := mgr.AddReadyzCheck("informers", webhook.CacheSynced(mgr.GetCache())); err != nil {
+			return fmt.Errorf("add informer readiness check: %w", err)
+		}
 	} else {
 		log.Info("webhooks disabled: pods get no flags injected; mount the ConfigMap yourself")
 	}

@@ -218,6 +218,19 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 		}
 		return nil
 	})
+	// Served only by replicas whose informers have synced (the webhooks
+	// read them): checked on its own, as it is wired only with webhooks.
+	poll(t, "readyz/informers", func() error {
+		resp, err := http.Get("http://" + probe + "/readyz/informers")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
 	poll(t, "leader Lease", func() error {
 		return c.Get(ctx, client.ObjectKey{Namespace: "urma-system", Name: "urma-operator.urma.openeuler.org"}, &coordinationv1.Lease{})
 	})

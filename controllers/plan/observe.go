@@ -60,6 +60,19 @@ func NodeList() *metav1.PartialObjectMetadataList {
 	return l
 }
 
+// ObservedTypes are the kinds Observe reads for driver, as the objects a
+// cache keeps them in (nodes as metadata only): a caller that serves Observe
+// from a cache starts these informers up front.
+func ObservedTypes(driver Driver) []client.Object {
+	node := &metav1.PartialObjectMetadata{}
+	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	objs := []client.Object{&corev1.Pod{}, node, &corev1.ConfigMap{}}
+	if driver == DriverDRA {
+		objs = append(objs, &resourceapi.ResourceSlice{})
+	}
+	return objs
+}
+
 // Observe reads the pods, nodes (with their facts as driver publishes
 // them) and ConfigMap that Make needs.
 func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint, driver Driver) (Observation, error) {
