@@ -124,6 +124,11 @@ func (p *Provider) eids(dev string) ([]urma.EIDEntry, error) {
 	return out, nil
 }
 
+// postable is how many of a device's SGEs a work request can carry: at most
+// SHIM_MAX_SGE (the shim's arrays; urma_jfs_cfg_t.max_sge is a uint8_t, so
+// a device may report up to 255). More would overrun them in PostSend.
+func postable(sges C.uint32_t) uint32 { return min(uint32(sges), C.SHIM_MAX_SGE) }
+
 func deviceInfo(d *C.shim_dev_info) urma.DeviceInfo {
 	info := urma.DeviceInfo{
 		Name:          C.GoString(&d.name[0]),
@@ -141,9 +146,9 @@ func deviceInfo(d *C.shim_dev_info) urma.DeviceInfo {
 			MaxJFSDepth:      uint32(d.max_jfs_depth),
 			MaxJFRDepth:      uint32(d.max_jfr_depth),
 			MaxJFSInlineSize: uint32(d.max_jfs_inline_len),
-			MaxJFSSge:        uint32(d.max_jfs_sge),
-			MaxJFSRsge:       uint32(d.max_jfs_rsge),
-			MaxJFRSge:        uint32(d.max_jfr_sge),
+			MaxJFSSge:        postable(d.max_jfs_sge),
+			MaxJFSRsge:       postable(d.max_jfs_rsge),
+			MaxJFRSge:        postable(d.max_jfr_sge),
 			MaxMsgSize:       uint64(d.max_msg_size),
 			TransMode:        urma.TransMode(d.trans_mode),
 			PortCount:        uint32(d.port_cnt),

@@ -294,3 +294,56 @@ func TestJFCEFdInGoPoller(t *testing.T) {
 		t.Fatalf("waiting on the JFCE fd: %v, want the deadline", err)
 	}
 }
+
+// A device may report more SGEs than a work request through the shim can
+// carry (urma_jfs_cfg_t.max_sge is a uint8_t; the shim's arrays hold
+// SHIM_MAX_SGE): the provider offers no more than it can post, so a jetty
+// or JFR asking for more is refused at creation, not overrun in PostSend.
+func TestDeviceSGEsClampedToWhatCanBePosted(t *testing.T) {
+	lib, err := buildFake(t.TempDir(), "libmanysge.so", filepath.Join("testdata", "fakeurma", "fakeurma.c"), "-DFAKE_DEVICE_SGE=200")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newProvider(Options{Library: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	devs, err := p.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const postable = 64 // SHIM_MAX_SGE
+	caps := devs[0].Caps
+	if caps.MaxJFSSge != postable || caps.MaxJFSRsge != postable || caps.MaxJFRSge != postable {
+		t.Fatalf("a device reporting 200 SGEs is offered %d/%d/%d (JFS/JFS read/JFR), want %d",
+			caps.MaxJFSSge, caps.MaxJFSRsge, caps.MaxJFRSge, postable)
+	}
+	c, err := p.Open("udma0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	jfc, err := c.CreateJFC(urma.JFCConfig{Depth: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer jfc.Close()
+	if r, err := c.CreateJFR(urma.JFRConfig{Mode: urma.RM, Depth: 4, JFC: jfc, MaxSGE: postable + 1}); err == nil {
+		r.Close()
+		t.Errorf("a JFR of %d SGEs was created", postable+1)
+	} else if !strings.Contains(err.Error(), "max SGE 65 above the device's 64") {
+		t.Errorf("JFR of 65 SGEs: %v, want it refused naming the limit", err)
+	}
+	r, err := c.CreateJFR(urma.JFRConfig{Mode: urma.RM, Depth: 4, JFC: jfc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if j, err := c.CreateJetty(urma.JettyConfig{Mode: urma.RM, SQDepth: 4, SendJFC: jfc, JFR: r, MaxSGE: postable + 1}); err == nil {
+		j.Close()
+		t.Errorf("a jetty of %d SGEs was created", postable+1)
+	} else if !strings.Contains(err.Error(), "max SGE 65 above the device's 64") {
+		t.Errorf("jetty of 65 SGEs: %v, want it refused naming the limit", err)
+	}
+}

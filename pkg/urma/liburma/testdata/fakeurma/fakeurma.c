@@ -52,6 +52,12 @@
 #define NDEV      2
 #define MAX_IDS   1024 /* jetties and JFRs per device */
 #define MAX_SGE   16
+#ifndef FAKE_DEVICE_SGE
+/* the SGEs query_device reports; a test builds the fake with more than the
+ * provider can post (-DFAKE_DEVICE_SGE=200: urma_jfs_cfg_t.max_sge is a
+ * uint8_t, so a device may report up to 255) */
+#define FAKE_DEVICE_SGE MAX_SGE
+#endif
 #define MAX_INL   256
 #define MAX_MSG   (16u << 20)
 #define RNR_INF   7
@@ -317,7 +323,7 @@ urma_status_t urma_query_device(urma_device_t *dev, urma_device_attr_t *a)
     c->max_jfc_depth = 1 << 16;
     c->max_jfs_depth = c->max_jfr_depth = 4096;
     c->max_jfs_inline_len = MAX_INL;
-    c->max_jfs_sge = c->max_jfs_rsge = c->max_jfr_sge = MAX_SGE;
+    c->max_jfs_sge = c->max_jfs_rsge = c->max_jfr_sge = FAKE_DEVICE_SGE;
     c->max_msg_size = MAX_MSG;
     c->trans_mode = URMA_TM_RM | URMA_TM_RC;
     c->max_eid_cnt = 1;
