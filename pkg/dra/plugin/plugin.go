@@ -188,8 +188,16 @@ func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReq
 		return checkpoint.Device{}, fmt.Errorf("%s: device %s is unhealthy: %s", where, d.Name, d.Reason)
 	}
 	q, ok := r.ConsumedCapacity[draslices.CapacityJetties]
-	if !ok || q.Value() <= 0 {
-		return checkpoint.Device{}, fmt.Errorf("%s: the allocation consumed no jetties (capacity %q missing from the result)", where, draslices.CapacityJetties)
+	if !ok {
+		// An API server or scheduler without consumable capacity drops the
+		// slices' capacity fields and allocates whole devices: every claim
+		// ends here, and this is the one place a user sees why.
+		return checkpoint.Device{}, fmt.Errorf("%s: the allocation consumed no jetties: capacity %q is missing from the result, "+
+			"so the cluster allocated the device without consumable capacity (is the DRAConsumableCapacity feature gate off on the API server or the scheduler?)",
+			where, draslices.CapacityJetties)
+	}
+	if q.Value() <= 0 {
+		return checkpoint.Device{}, fmt.Errorf("%s: the allocation consumed no jetties (%s of capacity %q)", where, q.String(), draslices.CapacityJetties)
 	}
 	jetties := q.Value()
 	// The last line of defense against over-allocation: the scheduler

@@ -468,9 +468,9 @@ func TestPrepareRefuses(t *testing.T) {
 		{"unknown device", h.claim(16, "udma7"), "no such device on this node"},
 		{"unhealthy device", h.claim(16, "udma1"), "unhealthy: no usable port"},
 		{"over the budget", h.claim(1009, "udma0"), "1009 jetties requested, 0 of 1008"},
-		{"zero jetties", h.claim(0, "udma0"), "consumed no jetties"},
+		{"zero jetties", h.claim(0, "udma0"), `consumed no jetties (0 of capacity "jetties")`},
 		{"other pool", otherPool, `pool "node-2"`},
-		{"no consumed capacity", noCapacity, "consumed no jetties"},
+		{"no consumed capacity", noCapacity, "without consumable capacity (is the DRAConsumableCapacity feature gate off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := d.prepare(t, tc.claim).Claims[string(tc.claim.UID)]
