@@ -336,7 +336,8 @@ func (q *jfc) emit(c urma.Completion, out []urma.Completion, n int) int {
 	return n
 }
 
-// take applies one record from liburma; q.mu is held.
+// take applies one record from liburma; q.mu is held. It takes a jetty's
+// mu inside it; PostSend never takes q.mu under j.mu.
 func (q *jfc) take(cr *C.shim_cr, out []urma.Completion, n int) int {
 	c := completion(cr)
 	if c.Recv || cr.jetty == 0 {
@@ -362,7 +363,13 @@ func (q *jfc) take(cr *C.shim_cr, out []urma.Completion, n int) int {
 	// so every outstanding send completes, as the Go API promises.
 	n = q.emit(c, out, n)
 	if j != nil {
+		// Under j.mu, as SetError does: a PostSend past its state check
+		// posts first, and the flush below collects that send; later ones
+		// see ERROR. udma takes a post on a jetty in ERROR, and one made
+		// after the flush would never complete.
+		j.mu.Lock()
 		j.state.Store(uint32(urma.JettyError))
+		j.mu.Unlock()
 		q.toError(j)
 	}
 	return n

@@ -968,7 +968,10 @@ urma_status_t urma_post_jetty_send_wr(urma_jetty_t *jetty, urma_jfs_wr_t *wr, ur
          * (hw/udma/udma_u_jfs.c) */
         ftjetty_t *t = cfg->trans_mode == URMA_TM_RC ? j->bound : (ftjetty_t *)wr->tjetty;
         uint32_t n = wr->send.src.num_sge;
-        int bad = j->error || t == NULL || (wr->opcode != URMA_OPC_SEND && wr->opcode != URMA_OPC_SEND_IMM) ||
+        /* no check of j->error: udma_u_post_sq_wr takes a post on a jetty
+         * in ERROR, which stays queued (flushed if a flush is still to come,
+         * otherwise never completed) */
+        int bad = t == NULL || (wr->opcode != URMA_OPC_SEND && wr->opcode != URMA_OPC_SEND_IMM) ||
                   (n > cfg->max_sge && n > 1) || n > MAX_SGE;
         if (bad) {
             *bad_wr = wr;
