@@ -552,6 +552,14 @@ func TestHealthReports(t *testing.T) {
 	if r.Devices[0].Health != kubeletplugin.HealthStatusUnhealthy || !strings.Contains(r.Devices[0].Message, "no usable port") {
 		t.Fatalf("report after the port went down: %+v", r)
 	}
+	// Missed by a scan, its absence not yet confirmed: listed, but its node
+	// is gone, and kubelet hears so.
+	_, gone := vanishing(t)
+	h.inv.Publish(gone)
+	r = <-reports
+	if r.Devices[0].Health != kubeletplugin.HealthStatusUnhealthy || !strings.Contains(r.Devices[0].Message, "not found by the last device scan") {
+		t.Fatalf("report after the device vanished: %+v", r)
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("WatchHealthStatus returned %v", err)
@@ -667,22 +675,7 @@ func TestDefaultHealthResend(t *testing.T) {
 // refusal is retried by kubelet and succeeds once the device is back.
 func TestPrepareRefusesAVanishedDevice(t *testing.T) {
 	h := newHost(t, sysfstest.DefaultDevice("udma0"))
-	tree := sysfstest.New(t)
-	tree.Add(t, sysfstest.DefaultDevice("udma0"))
-	tree.AddDevNode(t, sysfstest.UMMUNode)
-	found, err := sysfs.Discover(tree.Options())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := dratest.Config(0)
-	cfg.Debounce = health.Debounce{Observations: 2, Hold: time.Hour}
-	b := inventory.NewBuilder(cfg)
-	now := time.Now()
-	seen, _, _ := b.Build(inventory.Scan{Devices: found, UMMUNode: sysfs.UMMUNode(tree.Options())}, now)
-	gone, _, _ := b.Build(inventory.Scan{UMMUNode: sysfs.UMMUNode(tree.Options())}, now.Add(time.Second))
-	if d, ok := gone.Lookup("udma0"); !ok || !d.Vanished || !d.Healthy {
-		t.Fatalf("fixture: want udma0 listed, vanished and still healthy, got %+v", d)
-	}
+	seen, gone := vanishing(t)
 	h.inv.Publish(gone)
 	d := h.start()
 	c := h.claim(16, "udma0")
@@ -697,4 +690,27 @@ func TestPrepareRefusesAVanishedDevice(t *testing.T) {
 	if r := d.prepare(t, c).Claims[string(c.UID)]; r == nil || r.Error != "" {
 		t.Fatalf("prepare once the device is back = %+v", r)
 	}
+}
+
+// vanishing gives two snapshots of udma0: found by a scan, then missed by
+// the next, its absence not yet confirmed (listed, healthy, Vanished).
+func vanishing(t *testing.T) (seen, gone inventory.Snapshot) {
+	t.Helper()
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	tree.AddDevNode(t, sysfstest.UMMUNode)
+	found, err := sysfs.Discover(tree.Options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := dratest.Config(0)
+	cfg.Debounce = health.Debounce{Observations: 2, Hold: time.Hour}
+	b := inventory.NewBuilder(cfg)
+	now := time.Now()
+	seen, _, _ = b.Build(inventory.Scan{Devices: found, UMMUNode: sysfs.UMMUNode(tree.Options())}, now)
+	gone, _, _ = b.Build(inventory.Scan{UMMUNode: sysfs.UMMUNode(tree.Options())}, now.Add(time.Second))
+	if d, ok := gone.Lookup("udma0"); !ok || !d.Vanished || !d.Healthy {
+		t.Fatalf("fixture: want udma0 listed, vanished and still healthy, got %+v", d)
+	}
+	return seen, gone
 }
