@@ -153,7 +153,9 @@ type syncCache struct {
 
 func (c syncCache) WaitForCacheSync(ctx context.Context) bool {
 	if c.synced {
-		return true
+		// As controller-runtime's: a context already done may lose the race
+		// with the started signal and report not synced.
+		return ctx.Err() == nil
 	}
 	<-ctx.Done()
 	return false
