@@ -246,7 +246,9 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 			missing = append(missing, name)
 		}
 	}
-	if in.Hash != "" {
+	// The hash says the pod runs on these flags (the endpoint's
+	// podsOnCurrentFlags counts it): not when no container got them.
+	if in.Hash != "" && len(found) > 0 {
 		if pod.Annotations == nil {
 			pod.Annotations = map[string]string{}
 		}

@@ -79,6 +79,15 @@ func TestInject(t *testing.T) {
 			want:    map[string]string{"init": "", "app": "", "side": "3"},
 			flags:   map[string]bool{"init": false, "app": false, "side": true},
 			missing: []string{"ghost", "spirit"}},
+		{name: "no container named is in the pod: no hash, so not counted on the flags", hash: "abc", containers: []string{"ghost"},
+			want:    map[string]string{"init": "", "app": "", "side": ""},
+			flags:   map[string]bool{"init": false, "app": false, "side": false},
+			missing: []string{"ghost"},
+			check: func(t *testing.T, p *corev1.Pod) {
+				if _, ok := p.Annotations[v1alpha1.AnnotationFlagsHash]; ok {
+					t.Errorf("flags hash stamped on a pod none of whose containers got the flags: %v", p.Annotations)
+				}
+			}},
 		{name: "unknown hash: no annotation", hash: "",
 			want:  map[string]string{"init": "3", "app": "3", "side": "3"},
 			flags: map[string]bool{"init": true, "app": true, "side": true},
