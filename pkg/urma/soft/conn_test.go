@@ -256,6 +256,28 @@ func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
 	}
 }
 
+// The cancels a peer can make this side owe stop at exactly maxCancels:
+// the one past it breaks the protocol, while this side's own cancels are
+// queued whatever the count.
+func TestCancelBlockStopsAtTheBound(t *testing.T) {
+	c := &conn{sd: &sockDevice{maxCancels: 3}}
+	for i := range 3 {
+		if err := c.cancelBlock(1, 2, uint64(i), true); err != nil {
+			t.Fatalf("cancel %d of 3 refused: %v", i+1, err)
+		}
+	}
+	var pe protocolError
+	if err := c.cancelBlock(1, 2, 3, true); !errors.As(err, &pe) || !strings.Contains(err.Error(), "more than 3 RNR answers") {
+		t.Fatalf("cancel 4 of a bound of 3: %v, want a protocol error naming the bound", err)
+	}
+	if err := c.cancelBlock(1, 2, 4, false); err != nil {
+		t.Fatalf("this side's own cancel refused past the bound: %v", err)
+	}
+	if len(c.q) != 4 || c.cancels != 4 {
+		t.Errorf("%d frames queued, %d cancels counted; want 4 and 4", len(c.q), c.cancels)
+	}
+}
+
 // The socket reader hands every byte over once and in order, whether a
 // payload is copied through its buffer or read straight into place with
 // readv, however the sender's writes split the stream.
