@@ -11,10 +11,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
@@ -228,6 +231,9 @@ type group struct {
 // spec is wrong on its face, e.g. an override out of range that the CRD's
 // rules do not cover.
 func Make(in Input) (Plan, error) {
+	if err := ValidateNodeSelector(in.Spec.NodeSelector); err != nil {
+		return Plan{}, fmt.Errorf("%w: %w", tuning.ErrInvalid, err)
+	}
 	groups, invalid := selectNodes(in)
 	var pl Plan
 	switch {
@@ -363,6 +369,25 @@ func jettyUnits(budget int64, groups []group, nodes []Node, fallback int64) int6
 		smallest = fallback
 	}
 	return max(1, (budget+smallest-1)/smallest)
+}
+
+// ValidateNodeSelector checks spec.nodeSelector as labels: a key or value
+// no label can have would silently match no node (the CRD only says it is a
+// map of strings).
+func ValidateNodeSelector(sel map[string]string) error {
+	var bad []string
+	for _, k := range slices.Sorted(maps.Keys(sel)) {
+		for _, e := range validation.IsQualifiedName(k) {
+			bad = append(bad, fmt.Sprintf("key %q: %s", k, e))
+		}
+		for _, e := range validation.IsValidLabelValue(sel[k]) {
+			bad = append(bad, fmt.Sprintf("value %q of key %q: %s", sel[k], k, e))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("nodeSelector: %s", strings.Join(bad, "; "))
+	}
+	return nil
 }
 
 // selectNodes returns the groups of relevant nodes (those with facts that

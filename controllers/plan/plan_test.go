@@ -359,6 +359,39 @@ func TestMakeRejectsInvalidOverrides(t *testing.T) {
 	}
 }
 
+// A nodeSelector that no label can match is refused, naming each bad key
+// and value, rather than silently matching no node.
+func TestMakeRejectsInvalidNodeSelector(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sel  map[string]string
+		want []string // each in the error
+	}{
+		{"space in a key", map[string]string{"zone a": "x"}, []string{`nodeSelector: key "zone a": name part must consist of`}},
+		{"slash in a value", map[string]string{"zone": "a/b"}, []string{`nodeSelector: value "a/b" of key "zone": a valid label must be`}},
+		{"every problem named", map[string]string{"-k": "v", "ok": "-v"}, []string{`key "-k": `, `; value "-v" of key "ok": `}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := spec()
+			s.NodeSelector = tc.sel
+			pl, err := Make(Input{Spec: s})
+			if !errors.Is(err, tuning.ErrInvalid) {
+				t.Fatalf("error %v (rendered %q), want an ErrInvalid", err, pl.Rendered)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+	s := spec()
+	s.NodeSelector = map[string]string{"urma.openeuler.org/group": "a", "zone": ""}
+	if _, err := Make(Input{Spec: s}); err != nil {
+		t.Errorf("a valid nodeSelector refused: %v", err)
+	}
+}
+
 func TestLimitsEncoding(t *testing.T) {
 	l := tuning.Limits{MaxJFSDepth: 1, MaxJFRDepth: 2, MaxJFCDepth: 3, MaxMsgSize: 4, JettiesPerDevice: 5, DeviceCount: 6}
 	got, err := DecodeLimits(EncodeLimits(l))

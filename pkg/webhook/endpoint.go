@@ -69,6 +69,9 @@ func (v *EndpointValidator) validate(ctx context.Context, ep *v1alpha1.UrmaEndpo
 	if err := tuning.ValidateProfile(plan.Profile(ep.Spec)); err != nil {
 		return nil, fmt.Errorf("spec.%w", err)
 	}
+	if err := plan.ValidateNodeSelector(ep.Spec.NodeSelector); err != nil {
+		return nil, fmt.Errorf("spec.%w", err)
+	}
 	obs, err := plan.Observe(ctx, v.Reader, ep, v.Driver)
 	if err != nil {
 		// Warnings are a courtesy; never refuse an endpoint because a read failed.

@@ -381,6 +381,9 @@ func TestEndpointValidator(t *testing.T) {
 		{name: "unknown override", mutate: func(ep *v1alpha1.UrmaEndpoint) {
 			ep.Spec.Overrides = map[string]v1alpha1.FlagValue{"urma_nope": "1"}
 		}, wantErr: `spec.overrides: unknown flag "urma_nope"`},
+		{name: "bad nodeSelector", mutate: func(ep *v1alpha1.UrmaEndpoint) {
+			ep.Spec.NodeSelector = map[string]string{"zone a": "x"}
+		}, wantErr: `spec.nodeSelector: key "zone a": name part must consist of`},
 		{name: "bad profile", mutate: func(ep *v1alpha1.UrmaEndpoint) {
 			m := resource.MustParse("1Ki")
 			ep.Spec.Profile.MaxMessageSize = &m
