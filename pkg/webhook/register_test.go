@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"slices"
@@ -163,7 +164,7 @@ func (c syncCache) WaitForCacheSync(ctx context.Context) bool {
 
 func TestCacheSyncedIsReadyOnlyOnceSynced(t *testing.T) {
 	for _, synced := range []bool{false, true} {
-		err := CacheSynced(syncCache{synced: synced})(httptest.NewRequest("GET", "/readyz", nil))
+		err := CacheSynced(syncCache{synced: synced})(httptest.NewRequest(http.MethodGet, "/readyz", nil))
 		if (err == nil) != synced {
 			t.Errorf("synced %v: readiness error %v", synced, err)
 		}
