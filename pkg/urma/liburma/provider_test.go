@@ -230,16 +230,7 @@ func TestDevicesListFails(t *testing.T) {
 		{"no-errno", 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lib, err := buildFake(t.TempDir(), "liblistfail.so", filepath.Join("testdata", "listfail", "listfail.c"),
-				fmt.Sprintf("-DLIST_ERRNO=%d", int(tc.errno)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := newProvider(Options{Library: lib})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
+			p := providerOfFake(t, "listfail", fmt.Sprintf("-DLIST_ERRNO=%d", int(tc.errno)))
 			devs, err := p.Devices()
 			if !tc.wantErr {
 				if err != nil || len(devs) != 0 {
@@ -300,15 +291,7 @@ func TestJFCEFdInGoPoller(t *testing.T) {
 // SHIM_MAX_SGE): the provider offers no more than it can post, so a jetty
 // or JFR asking for more is refused at creation, not overrun in PostSend.
 func TestDeviceSGEsClampedToWhatCanBePosted(t *testing.T) {
-	lib, err := buildFake(t.TempDir(), "libmanysge.so", filepath.Join("testdata", "fakeurma", "fakeurma.c"), "-DFAKE_DEVICE_SGE=200")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := newProvider(Options{Library: lib})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := providerOfFake(t, "fakeurma", "-DFAKE_DEVICE_SGE=200")
 	devs, err := p.Devices()
 	if err != nil {
 		t.Fatal(err)
@@ -346,4 +329,20 @@ func TestDeviceSGEsClampedToWhatCanBePosted(t *testing.T) {
 	} else if !strings.Contains(err.Error(), "max SGE 65 above the device's 64") {
 		t.Errorf("jetty of 65 SGEs: %v, want it refused naming the limit", err)
 	}
+}
+
+// providerOfFake loads testdata/<name>/<name>.c built with flags into a
+// provider of its own, closed when the test ends.
+func providerOfFake(t *testing.T, name string, flags ...string) *Provider {
+	t.Helper()
+	lib, err := buildFake(t.TempDir(), "lib"+name+".so", filepath.Join("testdata", name, name+".c"), flags...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newProvider(Options{Library: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
