@@ -79,8 +79,8 @@ func NewBuilder(cfg Config) *Builder {
 	}
 }
 
-// reasonVanished is the health reason of a device the last scan did not see.
-const reasonVanished = "device no longer discovered (removed, or driver reloading)"
+// ReasonVanished is the health reason of a device the last scan did not see.
+const ReasonVanished = "device no longer discovered (removed, or driver reloading)"
 
 // Build returns the snapshot for a scan (Generation left zero), the
 // selection decision on every discovered device, and, when a health change
@@ -121,7 +121,7 @@ func (b *Builder) Build(scan Scan, now time.Time) (Snapshot, []selection.Decisio
 		if seen[name] {
 			continue
 		}
-		present, r := b.presence.Observe(name, health.Verdict{Reason: reasonVanished}, now)
+		present, r := b.presence.Observe(name, health.Verdict{Reason: ReasonVanished}, now)
 		earliest(r)
 		if !present.Healthy {
 			b.presence.Forget(name)
@@ -130,7 +130,7 @@ func (b *Builder) Build(scan Scan, now time.Time) (Snapshot, []selection.Decisio
 			delete(b.bonding, name)
 			continue
 		}
-		v, r := b.health.Observe(name, health.Verdict{Reason: reasonVanished}, now)
+		v, r := b.health.Observe(name, health.Verdict{Reason: ReasonVanished}, now)
 		earliest(r)
 		d.Healthy, d.Reason, d.Vanished = v.Healthy, v.Reason, true
 		out = append(out, d)

@@ -36,13 +36,28 @@ type Device struct {
 	// EID is the device's lowest-index EID in text form, "" when none.
 	EID string
 	// Vanished reports that the last scan did not see the device; it stays
-	// listed (unhealthy) until its absence is debounced.
+	// listed, with its debounced health, until its absence is debounced
+	// too, so that a driver reload does not make the counts jump. Its node
+	// is gone meanwhile: see Usable.
 	Vanished bool
 	// VendorID and DeviceID are the PCI ids (e.g. "0x19e5"), "" when the
 	// device has none (bonding and software devices). Bonding marks a
 	// bonding (aggregate) device. The DRA driver publishes them as attributes.
 	VendorID, DeviceID string
 	Bonding            bool
+}
+
+// Usable reports whether new work may go to the device, and if not why:
+// it is unhealthy, or the last scan did not see it (whatever its health
+// still says, its node is gone).
+func (d *Device) Usable() (ok bool, why string) {
+	switch {
+	case d.Vanished:
+		return false, ReasonVanished
+	case !d.Healthy:
+		return false, d.Reason
+	}
+	return true, ""
 }
 
 // Snapshot is one version of the advertised set. It is immutable once

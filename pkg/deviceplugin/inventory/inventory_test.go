@@ -432,3 +432,25 @@ func TestWaitScanned(t *testing.T) {
 		t.Fatalf("WaitScanned = %+v, %v; want the empty first scan", s, ok)
 	}
 }
+
+// New work goes only to a device that is healthy and that the last scan
+// saw; a vanished device says so whatever its health says.
+func TestDeviceUsable(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		d       Device
+		ok      bool
+		wantWhy string
+	}{
+		{"healthy", Device{Healthy: true}, true, ""},
+		{"unhealthy", Device{Reason: "no usable port"}, false, "no usable port"},
+		{"vanished, still healthy", Device{Healthy: true, Vanished: true}, false, ReasonVanished},
+		{"vanished and unhealthy", Device{Reason: "no usable port", Vanished: true}, false, ReasonVanished},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if ok, why := c.d.Usable(); ok != c.ok || why != c.wantWhy {
+				t.Errorf("Usable() = %v, %q; want %v, %q", ok, why, c.ok, c.wantWhy)
+			}
+		})
+	}
+}

@@ -245,7 +245,8 @@ func (s *Server) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 	snap, _ := s.inv.Current()
 	devs := make(map[string]preferred.Device, len(snap.Devices))
 	for _, d := range snap.Devices {
-		devs[d.Name] = preferred.Device{NUMANode: d.NUMANode, Healthy: d.Healthy && !d.Vanished}
+		usable, _ := d.Usable()
+		devs[d.Name] = preferred.Device{NUMANode: d.NUMANode, Healthy: usable}
 	}
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
@@ -320,14 +321,9 @@ func Group(snap *inventory.Snapshot, ids []string) ([]Share, error) {
 			unknown = append(unknown, id)
 			continue
 		}
-		if !d.Healthy || d.Vanished {
+		if ok, why := d.Usable(); !ok {
 			unhealthy = append(unhealthy, id)
-			reasons[name] = d.Reason
-			if d.Vanished {
-				// Still listed until its absence is debounced, but its
-				// device node is gone: the container could not start.
-				reasons[name] = "not found by the last device scan (removed, or its driver reloading)"
-			}
+			reasons[name] = why
 			continue
 		}
 		counts[name]++

@@ -529,7 +529,7 @@ func TestVanishedDeviceIsNotAllocated(t *testing.T) {
 		{DevicesIds: []string{"udma1-0"}},
 	}})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "udma1-0") ||
-		!strings.Contains(status.Convert(err).Message(), "not found by the last device scan") {
+		!strings.Contains(status.Convert(err).Message(), inventory.ReasonVanished) {
 		t.Fatalf("Allocate of a vanished device's unit = %v, want InvalidArgument naming the unit and why", err)
 	}
 	resp, err := f.client.GetPreferredAllocation(ctx(t), &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{

@@ -168,9 +168,6 @@ func (p *Plugin) prepare(claim *resourceapi.ResourceClaim, snap *inventory.Snaps
 	return resultOf(shares), nil
 }
 
-// vanishedReason says why a device the last scan did not find is refused.
-const vanishedReason = "was not found by the last device scan (removed, or its driver reloading)"
-
 // share checks one allocation result against the node's devices.
 func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult, snap *inventory.Snapshot, inUse map[string]int64) (checkpoint.Device, error) {
 	where := fmt.Sprintf("claim %s/%s request %s: device %s/%s", claim.Namespace, claim.Name, r.Request, r.Pool, r.Device)
@@ -185,7 +182,7 @@ func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReq
 	// node is gone, and a spec naming it would fail the container. Kubelet
 	// retries a refusal, which succeeds if the device comes back.
 	if d.Vanished {
-		return checkpoint.Device{}, fmt.Errorf("%s: device %s %s", where, d.Name, vanishedReason)
+		return checkpoint.Device{}, fmt.Errorf("%s: device %s: %s", where, d.Name, inventory.ReasonVanished)
 	}
 	if !d.Healthy && !tolerated(r.Tolerations) {
 		return checkpoint.Device{}, fmt.Errorf("%s: device %s is unhealthy: %s", where, d.Name, d.Reason)
@@ -369,14 +366,10 @@ func (p *Plugin) healthReport(snap *inventory.Snapshot, now time.Time) kubeletpl
 			PoolName: p.cfg.NodeName, DeviceName: draslices.DeviceName(d.Name),
 			Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now, HealthCheckTimeout: 3 * p.cfg.HealthResend,
 		}
-		switch {
-		case !d.Healthy:
-			h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, d.Reason
-		case d.Vanished:
-			// Healthy until its absence is debounced, as for the slices'
-			// counts, but its node is gone: what Prepare refuses and the
-			// slices taint, kubelet hears too.
-			h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, vanishedReason
+		// A device the last scan missed too: what Prepare refuses and the
+		// slices taint, kubelet hears.
+		if ok, why := d.Usable(); !ok {
+			h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, why
 		}
 		r.Devices = append(r.Devices, h)
 	}

@@ -557,7 +557,7 @@ func TestHealthReports(t *testing.T) {
 	_, gone := vanishing(t)
 	h.inv.Publish(gone)
 	r = <-reports
-	if r.Devices[0].Health != kubeletplugin.HealthStatusUnhealthy || !strings.Contains(r.Devices[0].Message, "not found by the last device scan") {
+	if r.Devices[0].Health != kubeletplugin.HealthStatusUnhealthy || !strings.Contains(r.Devices[0].Message, inventory.ReasonVanished) {
 		t.Fatalf("report after the device vanished: %+v", r)
 	}
 	cancel()
@@ -679,7 +679,7 @@ func TestPrepareRefusesAVanishedDevice(t *testing.T) {
 	h.inv.Publish(gone)
 	d := h.start()
 	c := h.claim(16, "udma0")
-	if r := d.prepare(t, c).Claims[string(c.UID)]; r == nil || !strings.Contains(r.Error, "not found by the last device scan") || !strings.Contains(r.Error, c.Name) {
+	if r := d.prepare(t, c).Claims[string(c.UID)]; r == nil || !strings.Contains(r.Error, inventory.ReasonVanished) || !strings.Contains(r.Error, c.Name) {
 		t.Fatalf("prepare on a vanished device = %+v, want an error naming the claim and saying the device was not found", r)
 	}
 	if entries, _ := os.ReadDir(h.cdiDir); len(entries) != 0 {

@@ -150,9 +150,7 @@ func Device(d *inventory.Device, policy RequestPolicy) resourceapi.Device {
 			Effect: resourceapi.DeviceTaintEffectNoSchedule,
 		})
 	}
-	// A vanished device keeps its healthy verdict until its absence is
-	// debounced, but its node is gone: no new claims meanwhile.
-	if !d.Healthy || d.Vanished {
+	if ok, _ := d.Usable(); !ok {
 		out.Taints = append(out.Taints, resourceapi.DeviceTaint{
 			Key:    TaintUnhealthy,
 			Value:  ReasonCode(d),
