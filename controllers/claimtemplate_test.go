@@ -8,9 +8,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -27,13 +25,7 @@ import (
 // endpoint asking for its jettyBudget, replaces it when the budget changes
 // and leaves a template it does not own alone.
 func TestClaimTemplateUnderTheDRADriver(t *testing.T) {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
+	s := env.scheme
 	ep := newEndpoint("ns", "ep", "g")
 	c := fake.NewClientBuilder().WithScheme(s).WithObjects(ep).WithStatusSubresource(ep).Build()
 	r := &controllers.UrmaEndpointReconciler{Client: c, Scheme: s, Recorder: events.NewFakeRecorder(20), Driver: plan.DriverDRA}
@@ -110,13 +102,7 @@ func getFake(t *testing.T, c client.Client) *v1alpha1.UrmaEndpoint {
 // fails the UID precondition). That is the cache behind, not an error to
 // log and count: the reconcile looks again shortly.
 func TestClaimTemplateCacheBehindIsRetriedQuietly(t *testing.T) {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
+	s := env.scheme
 	key := client.ObjectKey{Namespace: "ns", Name: v1alpha1.ClaimTemplateName("ep")}
 	for _, c := range []struct {
 		name string
