@@ -23,6 +23,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/devpath"
@@ -184,7 +185,7 @@ func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReq
 	if d.Vanished {
 		return checkpoint.Device{}, fmt.Errorf("%s: device %s: %s", where, d.Name, inventory.ReasonVanished)
 	}
-	if !d.Healthy && !tolerated(r.Tolerations) {
+	if !d.Healthy && !tolerated(r.Tolerations, draslices.UnhealthyTaint(d)) {
 		return checkpoint.Device{}, fmt.Errorf("%s: device %s is unhealthy: %s", where, d.Name, d.Reason)
 	}
 	q, ok := r.ConsumedCapacity[draslices.CapacityJetties]
@@ -215,10 +216,12 @@ func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReq
 	return share, nil
 }
 
-func tolerated(ts []resourceapi.DeviceToleration) bool {
+// tolerated reports whether one of the tolerations tolerates the taint, by
+// Kubernetes' rules (the scheduler's own): operator Equal (or empty) must
+// match the value too, Exists matches any value, an empty effect any effect.
+func tolerated(ts []resourceapi.DeviceToleration, taint resourceapi.DeviceTaint) bool {
 	return slices.ContainsFunc(ts, func(t resourceapi.DeviceToleration) bool {
-		return (t.Key == draslices.TaintUnhealthy || (t.Key == "" && t.Operator == resourceapi.DeviceTolerationOpExists)) &&
-			(t.Effect == "" || t.Effect == resourceapi.DeviceTaintEffectNoSchedule)
+		return resourceclaim.ToleratesTaint(t, taint)
 	})
 }
 

@@ -495,6 +495,13 @@ func TestPrepareRefuses(t *testing.T) {
 		{"the unhealthy taint, NoExecute only", resourceapi.DeviceToleration{Key: draslices.TaintUnhealthy, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoExecute}, false},
 		{"another taint", resourceapi.DeviceToleration{Key: "example.com/other", Operator: resourceapi.DeviceTolerationOpExists}, false},
 		{"an empty key that is not Exists", resourceapi.DeviceToleration{Operator: resourceapi.DeviceTolerationOpEqual}, false},
+		// Operator Equal (the default when empty) matches the value too,
+		// as the scheduler's allocator does: the taint is port-down.
+		{"the unhealthy taint's value", resourceapi.DeviceToleration{Key: draslices.TaintUnhealthy, Operator: resourceapi.DeviceTolerationOpEqual, Value: draslices.ReasonPortDown}, true},
+		{"the unhealthy taint's value, no operator", resourceapi.DeviceToleration{Key: draslices.TaintUnhealthy, Value: draslices.ReasonPortDown, Effect: resourceapi.DeviceTaintEffectNoSchedule}, true},
+		{"the unhealthy taint with another value", resourceapi.DeviceToleration{Key: draslices.TaintUnhealthy, Operator: resourceapi.DeviceTolerationOpEqual, Value: draslices.ReasonNoEID}, false},
+		{"the unhealthy taint with another value, NoSchedule", resourceapi.DeviceToleration{Key: draslices.TaintUnhealthy, Operator: resourceapi.DeviceTolerationOpEqual, Value: draslices.ReasonNoEID, Effect: resourceapi.DeviceTaintEffectNoSchedule}, false},
+		{"the unhealthy taint with no value and no operator", resourceapi.DeviceToleration{Key: draslices.TaintUnhealthy}, false},
 	} {
 		t.Run("tolerating "+tc.name, func(t *testing.T) {
 			c := h.claim(1, "udma1")

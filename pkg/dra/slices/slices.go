@@ -151,13 +151,19 @@ func Device(d *inventory.Device, policy RequestPolicy) resourceapi.Device {
 		})
 	}
 	if ok, _ := d.Usable(); !ok {
-		out.Taints = append(out.Taints, resourceapi.DeviceTaint{
-			Key:    TaintUnhealthy,
-			Value:  ReasonCode(d),
-			Effect: resourceapi.DeviceTaintEffectNoSchedule,
-		})
+		out.Taints = append(out.Taints, UnhealthyTaint(d))
 	}
 	return out
+}
+
+// UnhealthyTaint is the taint an unusable device carries in the slices;
+// Prepare checks a claim's tolerations against this same taint.
+func UnhealthyTaint(d *inventory.Device) resourceapi.DeviceTaint {
+	return resourceapi.DeviceTaint{
+		Key:    TaintUnhealthy,
+		Value:  ReasonCode(d),
+		Effect: resourceapi.DeviceTaintEffectNoSchedule,
+	}
 }
 
 func attributes(d *inventory.Device) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
