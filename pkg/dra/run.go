@@ -17,6 +17,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
@@ -61,6 +63,9 @@ type Config struct {
 	RegistrarDir  string
 	// HealthResend is how often device health is re-sent to kubelet.
 	HealthResend time.Duration
+	// StaleClaimCheck is how often prepared claims are checked against the
+	// API server for ones kubelet will never unprepare.
+	StaleClaimCheck time.Duration
 }
 
 // Default returns the defaults.
@@ -75,12 +80,13 @@ func Default() Config {
 			Debounce:    health.Debounce{Observations: DefaultDebounceScans, Hold: DefaultDebounceHold},
 			SoftJetties: DefaultSoftJetties,
 		},
-		Watch:         watch.Config{PollInterval: watch.DefaultPollInterval, Settle: watch.DefaultSettle},
-		Policy:        slices.DefaultRequestPolicy(),
-		CDI:           claimspec.Config{Dir: claimspec.DefaultDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir},
-		PluginDataDir: filepath.Join(kubeletplugin.KubeletPluginsDir, slices.DriverName),
-		RegistrarDir:  kubeletplugin.KubeletRegistryDir,
-		HealthResend:  plugin.DefaultHealthResend,
+		Watch:           watch.Config{PollInterval: watch.DefaultPollInterval, Settle: watch.DefaultSettle},
+		Policy:          slices.DefaultRequestPolicy(),
+		CDI:             claimspec.Config{Dir: claimspec.DefaultDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir},
+		PluginDataDir:   filepath.Join(kubeletplugin.KubeletPluginsDir, slices.DriverName),
+		RegistrarDir:    kubeletplugin.KubeletRegistryDir,
+		HealthResend:    plugin.DefaultHealthResend,
+		StaleClaimCheck: plugin.DefaultStaleClaimCheck,
 	}
 }
 
@@ -102,6 +108,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PluginDataDir, "plugin-data-dir", c.PluginDataDir, "directory for dra.sock and the checkpoint; same path on the host")
 	fs.StringVar(&c.RegistrarDir, "registrar-dir", c.RegistrarDir, "kubelet's plugin registration directory; same path on the host")
 	fs.DurationVar(&c.HealthResend, "health-resend-interval", c.HealthResend, "resend device health to kubelet this often without a change")
+	fs.DurationVar(&c.StaleClaimCheck, "stale-claim-check-interval", c.StaleClaimCheck, "check prepared claims this often (and at start) against the API server, and forget those deleted or deallocated that kubelet will never unprepare")
 }
 
 // Validate checks the whole configuration and names every problem.
@@ -162,7 +169,7 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	defer fail(nil)
 	plug, err := plugin.New(plugin.Config{
 		NodeName: cfg.NodeName, DataDir: cfg.PluginDataDir, DevRoot: cfg.Sysfs.DevRoot,
-		Policy: cfg.Policy, HealthResend: cfg.HealthResend,
+		Policy: cfg.Policy, HealthResend: cfg.HealthResend, StaleClaimCheck: cfg.StaleClaimCheck,
 	}, inv, specs, log.WithName("plugin"), fail)
 	if err != nil {
 		return err
@@ -185,10 +192,22 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return watcher.Run(gctx) })
 	g.Go(func() error { return plug.Publish(gctx, helper) })
+	g.Go(func() error {
+		plug.CleanStaleClaims(gctx, claimGetter{client})
+		return nil
+	})
 	err = g.Wait()
 	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}
 	log.Info("urma-dra-driver stopped")
 	return err
+}
+
+// claimGetter reads claims straight from the API server (no cache: a claim
+// prepared a moment ago must be found).
+type claimGetter struct{ client kubernetes.Interface }
+
+func (g claimGetter) GetClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+	return g.client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
@@ -32,6 +33,10 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
 	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
 )
+
+// DefaultStaleClaimCheck is how often prepared claims are checked against
+// the API server for ones kubelet will never unprepare.
+const DefaultStaleClaimCheck = 10 * time.Minute
 
 // DefaultHealthResend is how often the device health is re-sent to kubelet
 // without a change; kubelet treats a device as Unknown after
@@ -51,6 +56,16 @@ type Config struct {
 	// HealthResend is how often health is re-sent unchanged; 0 means
 	// DefaultHealthResend.
 	HealthResend time.Duration
+	// StaleClaimCheck is how often DropStaleClaims runs in
+	// CleanStaleClaims; 0 means DefaultStaleClaimCheck.
+	StaleClaimCheck time.Duration
+}
+
+// ClaimGetter reads a ResourceClaim from the API server (a client's
+// ResourceV1().ResourceClaims(namespace).Get); a claim that does not exist
+// is an error for which apierrors.IsNotFound holds.
+type ClaimGetter interface {
+	GetClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error)
 }
 
 // Publisher publishes ResourceSlices (the kubeletplugin helper).
@@ -83,6 +98,9 @@ func New(cfg Config, inv *inventory.Inventory, specs *claimspec.Writer, log logr
 	}
 	if cfg.HealthResend <= 0 {
 		cfg.HealthResend = DefaultHealthResend
+	}
+	if cfg.StaleClaimCheck <= 0 {
+		cfg.StaleClaimCheck = DefaultStaleClaimCheck
 	}
 	prepared, err := checkpoint.Load(filepath.Join(cfg.DataDir, checkpoint.FileName))
 	if err != nil {
@@ -320,6 +338,123 @@ func (p *Plugin) unprepare(c kubeletplugin.NamespacedObject) error {
 	p.prepared = next
 	p.log.Info("claim unprepared", "claim", c.Namespace+"/"+c.Name, "uid", uid)
 	return nil
+}
+
+// CleanStaleClaims runs DropStaleClaims now and every StaleClaimCheck until
+// ctx ends. Failures are logged and retried at the next round.
+func (p *Plugin) CleanStaleClaims(ctx context.Context, claims ClaimGetter) {
+	t := time.NewTicker(p.cfg.StaleClaimCheck)
+	defer t.Stop()
+	for {
+		if _, err := p.DropStaleClaims(ctx, claims); err != nil && ctx.Err() == nil {
+			p.log.Error(err, "checking prepared claims against the API server")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// DropStaleClaims forgets the prepared claims that kubelet will never
+// unprepare because no pod can use them any more: kubelet unprepares only
+// the claims it remembers, so one whose own state was wiped leaves entries
+// here that would count against the jetty budget forever. A claim is stale
+// when the API server says it does not exist, exists under another UID (a
+// new claim of the same name), or no longer holds the allocation prepared
+// here (deallocated, or allocated again: share IDs are new per allocation).
+// A claim that still holds that allocation is kept whatever else, and so is
+// every claim whose lookup fails otherwise. Its CDI spec goes with it.
+// It returns the UIDs it dropped.
+func (p *Plugin) DropStaleClaims(ctx context.Context, claims ClaimGetter) ([]string, error) {
+	p.mu.Lock()
+	prepared := p.prepared
+	p.mu.Unlock()
+	// The API server is asked without holding mu, so that kubelet's calls
+	// are not held up; p.prepared is replaced, never modified, so reading
+	// this copy is safe.
+	var stale []string
+	var errs []error
+	for uid, c := range prepared {
+		why, err := p.staleness(ctx, claims, uid, c)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if why != "" {
+			p.log.Info("dropping a prepared claim kubelet will not unprepare", "claim", c.Namespace+"/"+c.Name, "uid", uid, "reason", why)
+			stale = append(stale, uid)
+		}
+	}
+	if len(stale) == 0 {
+		return nil, errors.Join(errs...)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	next := maps.Clone(p.prepared)
+	var dropped []string
+	for _, uid := range stale {
+		// Unprepared (and perhaps prepared again for a new allocation)
+		// meanwhile: not the entry that was judged.
+		if c, ok := next[uid]; !ok || !sameClaim(c, prepared[uid]) {
+			continue
+		}
+		if err := p.specs.Remove(uid); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(next, uid)
+		dropped = append(dropped, uid)
+	}
+	if len(dropped) == 0 {
+		return nil, errors.Join(errs...)
+	}
+	if err := checkpoint.Save(p.checkpointPath(), next); err != nil {
+		return nil, errors.Join(append(errs, fmt.Errorf("drop stale claims from the checkpoint: %w", err))...)
+	}
+	p.prepared = next
+	return dropped, errors.Join(errs...)
+}
+
+// staleness says why a prepared claim is stale, or "" if it is not.
+func (p *Plugin) staleness(ctx context.Context, claims ClaimGetter, uid string, c checkpoint.Claim) (string, error) {
+	claim, err := claims.GetClaim(ctx, c.Namespace, c.Name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return "the claim no longer exists", nil
+	case err != nil:
+		return "", fmt.Errorf("get claim %s/%s (uid %s): %w", c.Namespace, c.Name, uid, err)
+	case string(claim.UID) != uid:
+		return fmt.Sprintf("the claim of this name is another one now (uid %s)", claim.UID), nil
+	case claim.Status.Allocation == nil:
+		return "the claim is no longer allocated", nil
+	}
+	for _, d := range c.Devices {
+		if !slices.ContainsFunc(claim.Status.Allocation.Devices.Results, func(r resourceapi.DeviceRequestAllocationResult) bool {
+			return holds(r, d)
+		}) {
+			return fmt.Sprintf("the claim's allocation no longer holds device %s/%s for request %v", d.Pool, d.Device, d.Requests), nil
+		}
+	}
+	return "", nil
+}
+
+// holds reports whether an allocation result is the one a share was
+// prepared for.
+func holds(r resourceapi.DeviceRequestAllocationResult, d checkpoint.Device) bool {
+	share := ""
+	if r.ShareID != nil {
+		share = string(*r.ShareID)
+	}
+	return r.Driver == draslices.DriverName && r.Pool == d.Pool && r.Device == d.Device &&
+		share == d.ShareID && slices.Contains(d.Requests, r.Request)
+}
+
+func sameClaim(a, b checkpoint.Claim) bool {
+	return a.Namespace == b.Namespace && a.Name == b.Name && slices.EqualFunc(a.Devices, b.Devices, func(x, y checkpoint.Device) bool {
+		return x.Pool == y.Pool && x.Device == y.Device && x.ShareID == y.ShareID && x.Jetties == y.Jetties && slices.Equal(x.Requests, y.Requests)
+	})
 }
 
 // HandleError implements kubeletplugin.DRAPlugin: errors the helper meets in

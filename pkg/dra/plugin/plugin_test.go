@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -720,4 +721,132 @@ func vanishing(t *testing.T) (seen, gone inventory.Snapshot) {
 		t.Fatalf("fixture: want udma0 listed, vanished and still healthy, got %+v", d)
 	}
 	return seen, gone
+}
+
+// claimGetter is a ClaimGetter over a map by namespace/name; a missing
+// claim is NotFound, one in errs fails with that error.
+type claimGetter struct {
+	claims map[string]*resourceapi.ResourceClaim
+	errs   map[string]error
+}
+
+func (g claimGetter) GetClaim(_ context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+	key := namespace + "/" + name
+	if err := g.errs[key]; err != nil {
+		return nil, err
+	}
+	c, ok := g.claims[key]
+	if !ok {
+		return nil, apierrors.NewNotFound(resourceapi.Resource("resourceclaims"), name)
+	}
+	return c, nil
+}
+
+// Claims whose kubelet state was wiped are never unprepared; the driver
+// forgets those the API server no longer has allocated as prepared, so
+// their jetties are free again, and keeps every other.
+func TestDropStaleClaims(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"), sysfstest.DefaultDevice("udma1"))
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, DevRoot: h.devRoot, Policy: draslices.DefaultRequestPolicy()}, h.inv, specs, testr.New(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, deleted, replaced, deallocated, reallocated, unreadable :=
+		h.claim(100, "udma1"), h.claim(1000, "udma0"), h.claim(1, "udma1"), h.claim(1, "udma1"), h.claim(1, "udma1"), h.claim(1, "udma1")
+	all := []*resourceapi.ResourceClaim{live, deleted, replaced, deallocated, reallocated, unreadable}
+	res, err := p.PrepareResourceClaims(context.Background(), all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range all {
+		if res[c.UID].Err != nil {
+			t.Fatalf("prepare %s: %v", c.Name, res[c.UID].Err)
+		}
+	}
+
+	// What the API server says now.
+	key := func(c *resourceapi.ResourceClaim) string { return c.Namespace + "/" + c.Name }
+	api := claimGetter{claims: map[string]*resourceapi.ResourceClaim{}, errs: map[string]error{key(unreadable): errors.New("connection refused")}}
+	for _, c := range []*resourceapi.ResourceClaim{live, replaced, deallocated, reallocated, unreadable} {
+		api.claims[key(c)] = c.DeepCopy()
+	}
+	api.claims[key(replaced)].UID = "uid-a-new-claim-of-that-name"
+	api.claims[key(deallocated)].Status.Allocation = nil
+	api.claims[key(reallocated)].Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("share-of-a-later-allocation"))
+
+	dropped, err := p.DropStaleClaims(context.Background(), api)
+	if err == nil || !strings.Contains(err.Error(), "connection refused") || !strings.Contains(err.Error(), key(unreadable)) {
+		t.Errorf("DropStaleClaims error %v, want the failed lookup of %s", err, key(unreadable))
+	}
+	slices.Sort(dropped)
+	want := []string{string(deallocated.UID), string(deleted.UID), string(reallocated.UID), string(replaced.UID)}
+	slices.Sort(want)
+	if !slices.Equal(dropped, want) {
+		t.Fatalf("dropped %v, want %v", dropped, want)
+	}
+	saved, err := checkpoint.Load(filepath.Join(h.dataDir, checkpoint.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range all {
+		_, inCheckpoint := saved[string(c.UID)]
+		_, err := os.Stat(filepath.Join(h.cdiDir, specs.FileName(string(c.UID))))
+		kept := !slices.Contains(want, string(c.UID))
+		if inCheckpoint != kept || (err == nil) != kept {
+			t.Errorf("%s: in the checkpoint %v, spec present %v; want both %v", c.Name, inCheckpoint, err == nil, kept)
+		}
+	}
+	// The deleted claim's 1000 jetties of udma0 are free again.
+	next := h.claim(1008, "udma0")
+	if r, err := p.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{next}); err != nil || r[next.UID].Err != nil {
+		t.Fatalf("the whole budget of udma0 after its stale claim was dropped: %v, %v", err, r[next.UID].Err)
+	}
+}
+
+// CleanStaleClaims checks at once, then every StaleClaimCheck, and stops
+// with its context.
+func TestCleanStaleClaimsRunsUntilCanceled(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, DevRoot: h.devRoot, Policy: draslices.DefaultRequestPolicy(), StaleClaimCheck: time.Millisecond}, h.inv, specs, logr.Discard(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := make(chan string)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	c := h.claim(16, "udma0")
+	if r, err := p.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{c}); err != nil || r[c.UID].Err != nil {
+		t.Fatalf("prepare: %v %+v", err, r)
+	}
+	go func() {
+		defer close(done)
+		p.CleanStaleClaims(ctx, getterFunc(func(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+			select {
+			case asked <- name:
+			case <-ctx.Done():
+			}
+			return c, nil
+		}))
+	}()
+	for range 3 { // the first round and two more
+		if got := <-asked; got != c.Name {
+			t.Fatalf("asked for %s, want %s", got, c.Name)
+		}
+	}
+	cancel()
+	<-done
+}
+
+type getterFunc func(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error)
+
+func (f getterFunc) GetClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+	return f(ctx, namespace, name)
 }
