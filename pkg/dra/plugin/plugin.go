@@ -461,6 +461,14 @@ func sameClaim(a, b checkpoint.Claim) bool {
 // the background are logged; those that are not recoverable stop the
 // driver, so that its pod restarts and says why.
 func (p *Plugin) HandleError(ctx context.Context, err error, msg string) {
+	// The API server stored the slices without fields of features that are
+	// off: retrying cannot fix that, nor can restarting, but the admin must
+	// hear which gate and what it breaks before claims start failing.
+	var dropped *resourceslice.DroppedFieldsError
+	if errors.As(err, &dropped) {
+		p.log.Error(err, droppedFieldsMessage(dropped.DisabledFeatures()), "pool", dropped.PoolName, "slice", dropped.SliceIndex)
+		return
+	}
 	if errors.Is(err, kubeletplugin.ErrRecoverable) {
 		p.log.Error(err, msg)
 		return
@@ -469,6 +477,27 @@ func (p *Plugin) HandleError(ctx context.Context, err error, msg string) {
 	if p.fatal != nil {
 		p.fatal(fmt.Errorf("%s: %w", msg, err))
 	}
+}
+
+// droppedFieldsMessage says what the features the API server does not
+// serve mean for this driver.
+func droppedFieldsMessage(features []string) string {
+	var why []string
+	for _, f := range features {
+		switch f {
+		case "DRAConsumableCapacity":
+			why = append(why, "the API server dropped the devices' consumable capacity (allowMultipleAllocations, the jetties request policy): "+
+				"the DRAConsumableCapacity feature gate is off on the API server; each device is then allocated whole to a single claim "+
+				"and every claim is refused at prepare for consuming no jetties, until the gate is on (on the API server and the scheduler)")
+		case "DRADeviceTaints":
+			why = append(why, "the API server dropped the devices' taints: the DRADeviceTaints feature gate is off on the API server; "+
+				"the scheduler then allocates unhealthy devices (prepare still refuses them)")
+		}
+	}
+	if len(why) == 0 {
+		return "the API server dropped fields of the published ResourceSlices (features off: " + strings.Join(features, ", ") + ")"
+	}
+	return strings.Join(why, "; ")
 }
 
 // WatchHealthStatus implements kubeletplugin.DRAPlugin: every device's

@@ -17,12 +17,15 @@ import (
 	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -849,4 +852,85 @@ type getterFunc func(ctx context.Context, namespace, name string) (*resourceapi.
 
 func (f getterFunc) GetClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
 	return f(ctx, namespace, name)
+}
+
+// stripConsumableCapacity makes h's fake API server store ResourceSlices as
+// one with DRAConsumableCapacity off does: without allowMultipleAllocations
+// and the capacities' request policies.
+func stripConsumableCapacity(h *host) {
+	gvr := resourceapi.SchemeGroupVersion.WithResource("resourceslices")
+	store := func(verb string) k8stesting.ReactionFunc {
+		return func(action k8stesting.Action) (bool, runtime.Object, error) {
+			obj := action.(interface{ GetObject() runtime.Object }).GetObject().(*resourceapi.ResourceSlice).DeepCopy()
+			for i := range obj.Spec.Devices {
+				d := &obj.Spec.Devices[i]
+				d.AllowMultipleAllocations = nil
+				for name, c := range d.Capacity {
+					c.RequestPolicy = nil
+					d.Capacity[name] = c
+				}
+			}
+			if verb == "create" {
+				if obj.Name == "" { // the fake does not generate names
+					obj.Name = obj.GenerateName + "fake"
+				}
+				return true, obj, h.kube.Tracker().Create(gvr, obj, "")
+			}
+			return true, obj, h.kube.Tracker().Update(gvr, obj, "")
+		}
+	}
+	for _, verb := range []string{"create", "update"} {
+		h.kube.PrependReactor(verb, "resourceslices", store(verb))
+	}
+}
+
+// A cluster without consumable capacity stores the slices without it; the
+// driver says so when it publishes, naming the feature gate, rather than
+// only later when every claim is refused at prepare.
+func TestPublishReportsAClusterWithoutConsumableCapacity(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	if _, err := h.kube.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	stripConsumableCapacity(h)
+	said := make(chan string, 10)
+	log := funcr.New(func(_, args string) {
+		if strings.Contains(args, "DRAConsumableCapacity") {
+			select {
+			case said <- args:
+			default:
+			}
+		}
+	}, funcr.Options{})
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fatal := make(chan error, 1)
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, DevRoot: h.devRoot, Policy: draslices.DefaultRequestPolicy()},
+		h.inv, specs, log, func(err error) { fatal <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), testr.New(t)))
+	defer cancel()
+	helper, err := kubeletplugin.Start(ctx, p,
+		kubeletplugin.DriverName(draslices.DriverName), kubeletplugin.KubeClient(h.kube), kubeletplugin.NodeName(node),
+		kubeletplugin.PluginDataDirectoryPath(h.dataDir), kubeletplugin.RegistrarDirectoryPath(h.regDir),
+		kubeletplugin.GRPCVerbosity(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer helper.Stop()
+	go func() { _ = p.Publish(ctx, helper) }()
+	select {
+	case msg := <-said:
+		if !strings.Contains(msg, "feature gate is off") || !strings.Contains(msg, "refused at prepare") {
+			t.Fatalf("logged %s; want the gate named and what it breaks", msg)
+		}
+	case err := <-fatal:
+		t.Fatalf("the driver stopped: %v", err)
+	case <-time.After(time.Minute): // a deadline, not synchronisation
+		t.Fatal("nothing said about DRAConsumableCapacity within a minute of publishing")
+	}
 }
