@@ -137,7 +137,16 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 func (p *Plugin) prepare(claim *resourceapi.ResourceClaim, snap *inventory.Snapshot) ([]kubeletplugin.Device, error) {
 	uid := string(claim.UID)
-	if saved, ok := p.prepared[uid]; ok {
+	saved, ok := p.prepared[uid]
+	if ok && claim.Status.Allocation != nil && missingShare(claim.Status.Allocation, saved) != nil {
+		// Prepared for an allocation the claim no longer holds: kubelet
+		// never unprepared it (its state was wiped) and the claim was
+		// allocated anew. Prepare the new allocation; the old entry is
+		// not counted and is replaced below.
+		p.log.Info("claim prepared before for another allocation; preparing its new one", "claim", claim.Namespace+"/"+claim.Name, "uid", uid)
+		ok = false
+	}
+	if ok {
 		// Prepared before (perhaps by an earlier process): the same answer.
 		if !p.specs.Exists(uid) {
 			if err := p.writeSpec(uid, saved.Devices, snap); err != nil {
@@ -150,7 +159,7 @@ func (p *Plugin) prepare(claim *resourceapi.ResourceClaim, snap *inventory.Snaps
 		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
 	var shares []checkpoint.Device
-	inUse := p.jettiesInUse()
+	inUse := p.jettiesInUse(uid)
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != draslices.DriverName {
 			continue
@@ -286,10 +295,14 @@ func resultOf(shares []checkpoint.Device) []kubeletplugin.Device {
 	return out
 }
 
-// jettiesInUse sums the prepared jetties per URMA device.
-func (p *Plugin) jettiesInUse() map[string]int64 {
+// jettiesInUse sums the prepared jetties per URMA device, but for the
+// claim except (which is being prepared anew).
+func (p *Plugin) jettiesInUse(except string) map[string]int64 {
 	out := map[string]int64{}
-	for _, c := range p.prepared {
+	for uid, c := range p.prepared {
+		if uid == except {
+			continue
+		}
 		for _, d := range c.Devices {
 			out[d.URMADevice] += d.Jetties
 		}
@@ -430,14 +443,23 @@ func (p *Plugin) staleness(ctx context.Context, claims ClaimGetter, uid string, 
 	case claim.Status.Allocation == nil:
 		return "the claim is no longer allocated", nil
 	}
-	for _, d := range c.Devices {
-		if !slices.ContainsFunc(claim.Status.Allocation.Devices.Results, func(r resourceapi.DeviceRequestAllocationResult) bool {
-			return holds(r, d)
-		}) {
-			return fmt.Sprintf("the claim's allocation no longer holds device %s/%s for request %v", d.Pool, d.Device, d.Requests), nil
-		}
+	if d := missingShare(claim.Status.Allocation, c); d != nil {
+		return fmt.Sprintf("the claim's allocation no longer holds device %s/%s for request %v", d.Pool, d.Device, d.Requests), nil
 	}
 	return "", nil
+}
+
+// missingShare returns a share of a prepared claim that the allocation does
+// not hold, nil if it holds them all.
+func missingShare(alloc *resourceapi.AllocationResult, c checkpoint.Claim) *checkpoint.Device {
+	for i := range c.Devices {
+		if !slices.ContainsFunc(alloc.Devices.Results, func(r resourceapi.DeviceRequestAllocationResult) bool {
+			return holds(r, c.Devices[i])
+		}) {
+			return &c.Devices[i]
+		}
+	}
+	return nil
 }
 
 // holds reports whether an allocation result is the one a share was

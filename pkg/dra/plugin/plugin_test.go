@@ -934,3 +934,36 @@ func TestPublishReportsAClusterWithoutConsumableCapacity(t *testing.T) {
 		t.Fatal("nothing said about DRAConsumableCapacity within a minute of publishing")
 	}
 }
+
+// A claim prepared here, then deallocated and allocated again without
+// kubelet unpreparing it (its state wiped), is prepared for its new
+// allocation: the earlier answer would hand the container the old device
+// and keep counting the old jetties.
+func TestPrepareFollowsANewAllocationOfAPreparedClaim(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"), sysfstest.DefaultDevice("udma1"))
+	d := h.start()
+	c := h.claim(1000, "udma0")
+	if r := d.prepare(t, c).Claims[string(c.UID)]; r.Error != "" || r.Devices[0].DeviceName != "udma0" {
+		t.Fatalf("first prepare: %+v", r)
+	}
+	// Allocated anew: another device, a new share.
+	res := &c.Status.Allocation.Devices.Results[0]
+	res.Device, res.ShareID = "udma1", ptr.To(types.UID("share-of-the-new-allocation"))
+	res.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{draslices.CapacityJetties: *resource.NewQuantity(100, resource.DecimalSI)}
+	c, err := h.kube.ResourceV1().ResourceClaims("default").UpdateStatus(context.Background(), c, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := d.prepare(t, c).Claims[string(c.UID)]
+	if r.Error != "" || len(r.Devices) != 1 || r.Devices[0].DeviceName != "udma1" || r.Devices[0].GetShareId() != "share-of-the-new-allocation" {
+		t.Fatalf("prepare after a new allocation: %+v, want udma1 with the new share", r)
+	}
+	if env, _, _ := h.cdiEdits(t, r.Devices[0].CdiDeviceIds[0]); !slices.Contains(env, "URMA_DEVICE=udma1") || !slices.Contains(env, "URMA_JETTY_BUDGET=100") {
+		t.Fatalf("CDI env %v, want udma1's 100 jetties", env)
+	}
+	// The old allocation's 1000 jetties of udma0 are no longer counted.
+	whole := h.claim(1008, "udma0")
+	if r := d.prepare(t, whole).Claims[string(whole.UID)]; r.Error != "" {
+		t.Fatalf("udma0's whole budget after the claim moved off it: %s", r.Error)
+	}
+}
