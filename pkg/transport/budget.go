@@ -1,6 +1,9 @@
 package transport
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // JettyBudget counts jetties against a limit: the pod's share of the
 // device, as the device plugin allocated it (URMA_JETTY_BUDGET). It is an
@@ -11,6 +14,9 @@ type JettyBudget struct {
 	mu    sync.Mutex
 	limit int // 0: unlimited
 	used  int
+	// pools hold prepared jetties counted here, which a connection may
+	// reclaim (reclaim).
+	pools []*jettyPool
 }
 
 // NewJettyBudget returns a budget of limit jetties; 0 means unlimited.
@@ -47,4 +53,35 @@ func (b *JettyBudget) give() {
 	b.mu.Lock()
 	b.used--
 	b.mu.Unlock()
+}
+
+// addPool and removePool register the jetty pools whose prepared jetties
+// count against the budget.
+func (b *JettyBudget) addPool(p *jettyPool) {
+	b.mu.Lock()
+	b.pools = append(b.pools, p)
+	b.mu.Unlock()
+}
+
+func (b *JettyBudget) removePool(p *jettyPool) {
+	b.mu.Lock()
+	b.pools = slices.DeleteFunc(b.pools, func(x *jettyPool) bool { return x == p })
+	b.mu.Unlock()
+}
+
+// reclaim destroys one prepared jetty of any pool counted here, to give its
+// place to a connection: prepared jetties are a head start, not a claim on
+// the budget, and a spent budget must not turn away a connection that none
+// of them fits (a brpc peer's, another Listener's or Dialer's). It reports
+// whether it freed a place. It takes no pool's lock while holding b.mu.
+func (b *JettyBudget) reclaim() bool {
+	b.mu.Lock()
+	pools := slices.Clone(b.pools)
+	b.mu.Unlock()
+	for _, p := range pools {
+		if p.dropPrepared() {
+			return true
+		}
+	}
+	return false
 }

@@ -124,6 +124,8 @@ type jettyPool struct {
 	ready     *sync.Cond // signaled when the filler finishes one
 	live      int        // counted against the budget by this pool
 	kick      chan struct{}
+	drained   bool           // the engine is going: nothing is prepared any more
+	dropping  sync.WaitGroup // prepared jetties being reclaimed (dropPrepared)
 }
 
 func newJettyPool(e *engine) *jettyPool {
@@ -139,6 +141,7 @@ func newJettyPool(e *engine) *jettyPool {
 	}
 	p := &jettyPool{e: e, budget: e.s.budget, target: target, kick: make(chan struct{}, 1)}
 	p.ready = sync.NewCond(&p.mu)
+	p.budget.addPool(p)
 	return p
 }
 
@@ -161,11 +164,17 @@ func (p *jettyPool) acquire(spec jettySpec) (*jettyRes, *fallback) {
 			p.live++
 			break
 		}
-		if p.preparing == 0 {
-			p.mu.Unlock()
+		if p.preparing > 0 {
+			p.ready.Wait()
+			continue
+		}
+		// Spent, maybe on prepared jetties this connection cannot use:
+		// take the place of one.
+		p.mu.Unlock()
+		if !p.budget.reclaim() {
 			return nil, fallbackf(ReasonBudgetExhausted, "all %d jetties of the budget are in use (%s)", p.budget.Limit(), EnvJettyBudget)
 		}
-		p.ready.Wait()
+		p.mu.Lock()
 	}
 	p.mu.Unlock()
 	r, err := p.e.createJetty(spec)
@@ -232,13 +241,38 @@ func (p *jettyPool) fill(done <-chan struct{}) {
 	}
 }
 
+// dropPrepared destroys one prepared jetty and gives its place in the
+// budget back (JettyBudget.reclaim); it reports whether there was one.
+func (p *jettyPool) dropPrepared() bool {
+	p.mu.Lock()
+	n := len(p.prepared)
+	if n == 0 || p.drained {
+		p.mu.Unlock()
+		return false
+	}
+	r := p.prepared[n-1]
+	p.prepared = p.prepared[:n-1]
+	p.live--
+	p.dropping.Add(1) // drain waits: the engine's context outlives r
+	p.mu.Unlock()
+	defer p.dropping.Done()
+	if err := r.destroy(); err != nil {
+		p.e.log.Error(err, "destroying a prepared jetty for a connection's")
+	}
+	p.budget.give()
+	return true
+}
+
 // drain destroys the prepared jetties (engine shutdown).
 func (p *jettyPool) drain() {
+	p.budget.removePool(p)
 	p.mu.Lock()
 	rs := p.prepared
 	p.prepared = nil
+	p.drained = true
 	p.live -= len(rs)
 	p.mu.Unlock()
+	p.dropping.Wait()
 	for _, r := range rs {
 		if err := r.destroy(); err != nil {
 			p.e.log.Error(err, "destroying a prepared jetty")

@@ -1,0 +1,70 @@
+package transport
+
+import (
+	"testing"
+	"time"
+)
+
+// TestPreparedJettiesYieldToConnections: jetties prepared ahead of
+// connections count against the jetty budget, but they are a speed-up, not
+// a claim: a connection that needs a jetty the prepared ones do not fit (a
+// brpc client's tokenless one) or another Listener or Dialer sharing the
+// budget (Config.Budget) gets one in their place instead of falling back
+// with jetty_budget_exhausted while no connection uses the budget at all.
+func TestPreparedJettiesYieldToConnections(t *testing.T) {
+	checkNoLeaks(t)
+	waitPrepared := func(t *testing.T, ln *Listener, want int) {
+		t.Helper()
+		waitFor(t, "the listener to prepare its jetties", 10*time.Second, func() bool {
+			prepared, _ := ln.e.jetties.stats()
+			return prepared == want
+		})
+	}
+	t.Run("brpc client on a listener's own budget", func(t *testing.T) {
+		pa, pb := fabricPair(t)
+		cfg := cfgWith(pa, smallFlags()) // one prepared jetty
+		cfg.JettyBudget = 1
+		ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		waitPrepared(t, ln, 1)
+		b := newBrpcPeer(t, pb, 16, 16)
+		negotiated, err := b.dial(ln.Addr().String())
+		if err != nil {
+			t.Fatalf("brpc client handshake: %v", err)
+		}
+		if !negotiated {
+			_, _ = b.tcp.Write([]byte("PRPC"))
+		}
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if !negotiated || c.(Conn).Mode() != ModeURMA {
+			t.Fatalf("brpc client negotiated %v, server mode %s (%s); want URMA: the budget holds only a prepared jetty", negotiated, c.(Conn).Mode(), c.(Conn).FallbackReason())
+		}
+		streamBoth(t, b, c, 4*13*1024)
+	})
+	t.Run("dialer sharing the budget with a listener", func(t *testing.T) {
+		pa, pb := fabricPair(t)
+		budget := NewJettyBudget(2)
+		f := smallFlags()
+		f.PreparedJettyCnt = 2
+		scfg, ccfg := cfgWith(pa, f), cfgWith(pb, f)
+		scfg.Budget, ccfg.Budget = budget, budget
+		ln, d := listenAndDialer(t, scfg, ccfg)
+		waitPrepared(t, ln, 2) // the whole budget
+		p := dialAccept(t, ln, d)
+		if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
+			t.Fatalf("client %s (%s), server %s (%s); want URMA on both: the budget holds only prepared jetties",
+				p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
+		}
+		exchange(t, p.client, p.server, "over URMA")
+		if used := budget.InUse(); used > budget.Limit() {
+			t.Fatalf("%d jetties counted against a budget of %d", used, budget.Limit())
+		}
+	})
+}
