@@ -315,7 +315,7 @@ func (c *urmaConn) Debug() DebugInfo {
 	d := DebugInfo{
 		Mode: ModeURMA, Role: c.role, State: state, HandshakeVersion: c.version,
 		LocalAddr: c.tcp.LocalAddr().String(), RemoteAddr: c.tcp.RemoteAddr().String(),
-		Provider: c.e.prov.Name(), Device: c.e.dev.Name, Fabric: c.e.fabricName(), RemoteJetty: c.remoteID,
+		Provider: c.e.provName, Device: c.e.dev.Name, Fabric: c.e.fabricName(), RemoteJetty: c.remoteID,
 		SQWindow: c.sqWindow, RemoteRQWindow: c.remoteRQWindow, WindowCapacity: c.windowCap,
 		CreditThreshold: c.threshold, PendingCredits: c.pendingCredits, CreditWRsFree: c.creditWRs,
 		BufferedMessages: c.rxLen, RemoteBufferSize: c.peerBufSize,

@@ -42,8 +42,9 @@ type engine struct {
 	unusable  atomic.Pointer[fallback] // why URMA cannot be used; nil when ready
 
 	prov     urma.Provider
-	ownsProv bool // created from urma_provider: Close closes it
-	softProv bool // that provider is the software one
+	provName string // prov.Name(), kept: Debug outlives the teardown that drops prov
+	ownsProv bool   // created from urma_provider: Close closes it
+	softProv bool   // that provider is the software one
 	fabric   fabricState
 	uctx     urma.Context
 	dev      urma.DeviceInfo
@@ -104,6 +105,7 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 	if fb := e.openProvider(local); fb != nil {
 		return fb
 	}
+	e.provName = e.prov.Name()
 	devs, err := e.prov.Devices()
 	if err != nil {
 		return fallbackf(ReasonProviderUnavailable, "list devices of provider %s: %v", e.prov.Name(), err)

@@ -161,10 +161,7 @@ func (e *engine) fabricName() string {
 	if e.fabric.name != "" {
 		return e.fabric.name
 	}
-	if e.prov != nil {
-		return e.prov.Name()
-	}
-	return ""
+	return e.provName
 }
 
 // readerSpin is how long a reader with nothing to read polls for its
