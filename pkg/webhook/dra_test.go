@@ -289,7 +289,7 @@ func TestPodInjectorDRAModeReadsClaimTemplates(t *testing.T) {
 
 	broken := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-			if _, ok := obj.(*resourceapi.ResourceClaimTemplate); ok {
+			if _, ok := obj.(*resourceapi.ResourceClaimTemplate); ok && key.Name == "gpu-template" {
 				return errors.New("etcd is down")
 			}
 			return c.Get(ctx, key, obj, opts...)
@@ -344,5 +344,69 @@ func TestPodInjectorDRAMode(t *testing.T) {
 		if q, _ := jettyRequest(c); q != "" {
 			t.Errorf("%s asks for %s units in DRA mode", c.Name, q)
 		}
+	}
+}
+
+// A ResourceClaimTemplate of the endpoint's name that the endpoint does not
+// control is someone else's (it may ask for any device): the pod claims
+// nothing from it, asks for no units either, and the warning names the
+// conflict. One controlled by the endpoint, or by an earlier endpoint of
+// its name (the garbage collector's to delete), is claimed from as usual.
+func TestPodInjectorDRAModeForeignClaimTemplate(t *testing.T) {
+	s := scheme(t)
+	ep := endpoint()
+	name := v1alpha1.ClaimTemplateName("ep")
+	owned := func(owner *v1alpha1.UrmaEndpoint) *resourceapi.ResourceClaimTemplate {
+		tmpl := claimTemplate(name, draslices.DriverName)
+		tmpl.OwnerReferences = ownedConfigMap(owner, "").OwnerReferences
+		return tmpl
+	}
+	for _, c := range []struct {
+		name        string
+		tmpl        *resourceapi.ResourceClaimTemplate
+		wantClaims  bool
+		wantWarning string
+	}{
+		{name: "someone else's template", tmpl: claimTemplate(name, "gpu.example.com"),
+			wantWarning: "ResourceClaimTemplate ns/ep-urma-jetties is not controlled by UrmaEndpoint ns/ep: the pod claims no URMA jetties"},
+		{name: "the endpoint's template", tmpl: owned(ep), wantClaims: true},
+		{name: "an earlier endpoint's template", tmpl: owned(predecessor(ep)), wantClaims: true},
+		{name: "no template yet", wantClaims: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			objs := []client.Object{ep, ownedConfigMap(ep, "h1")}
+			if c.tmpl != nil {
+				objs = append(objs, c.tmpl)
+			}
+			cl := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
+			h := &PodInjector{Reader: cl, APIReader: cl, Decoder: admission.NewDecoder(s), Driver: plan.DriverDRA}
+			p := basePod()
+			resp := h.Handle(context.Background(), podRequest(t, p))
+			if !resp.Allowed {
+				t.Fatalf("refused: %+v", resp.Result)
+			}
+			warnings := strings.Join(resp.Warnings, "\n")
+			if c.wantWarning != "" && !strings.Contains(warnings, c.wantWarning) {
+				t.Errorf("warnings %q, want one containing %q", resp.Warnings, c.wantWarning)
+			}
+			if c.wantWarning == "" && warnings != "" {
+				t.Errorf("unexpected warnings %q", resp.Warnings)
+			}
+			got := applyPatch(t, p, resp)
+			if claimed := len(got.Spec.ResourceClaims) > 0; claimed != c.wantClaims {
+				t.Errorf("pod claims %v, want claims: %v", podClaims(got), c.wantClaims)
+			}
+			for _, ctr := range allContainers(got) {
+				if q, _ := jettyRequest(ctr); q != "" {
+					t.Errorf("%s asks for %s units in DRA mode", ctr.Name, q)
+				}
+				if claims := containerClaims(ctr); (len(claims) > 0) != c.wantClaims {
+					t.Errorf("%s lists claims %v, want claims: %v", ctr.Name, claims, c.wantClaims)
+				}
+				if !hasEnv(&ctr, v1alpha1.EnvFlagsFile) {
+					t.Errorf("%s lost its flags", ctr.Name)
+				}
+			}
+		})
 	}
 }

@@ -69,7 +69,9 @@ type PodInjector struct {
 }
 
 // Handle injects the endpoint's flags into a pod. An unknown endpoint is
-// allowed with a warning: blocking the pod would not make it work.
+// allowed with a warning: blocking the pod would not make it work. So is a
+// ConfigMap or ResourceClaimTemplate of the endpoint's name that someone
+// else controls: the pod is not given it, and the warning says why.
 func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admission.Response {
 	var pod corev1.Pod
 	if err := p.Decoder.Decode(req, &pod); err != nil {
@@ -97,18 +99,48 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	obs.Input.FallbackJettiesPerUnit = p.FallbackJettiesPerUnit
 	var warnings []string
-	hash := ""
-	if cm := obs.ConfigMap; cm != nil && metav1.IsControlledBy(cm, ep) {
-		hash = cm.Data[v1alpha1.ConfigMapKeyHash]
-	} else {
+	in := Injection{Endpoint: ep.Name, Containers: ep.Spec.Containers}
+	// The cache holds only the ConfigMaps this operator manages: one of the
+	// endpoint's name it lacks may be someone else's, so look it up.
+	cm, cmFound := obs.ConfigMap, obs.ConfigMap != nil
+	if !cmFound {
+		cm = &corev1.ConfigMap{}
+		if cmFound, err = p.uncached(ctx, "ConfigMap", client.ObjectKey{Namespace: ns, Name: v1alpha1.ConfigMapName(name)}, cm); err != nil {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
+	}
+	switch ownership(cm, cmFound, ep) {
+	case controlled:
+		in.Hash = cm.Data[v1alpha1.ConfigMapKeyHash]
+	case foreign:
+		// Its data are not this endpoint's flags: the pod mounts nothing
+		// rather than run on them (the endpoint reports ConfigMapConflict).
+		in.NoFlags = true
+		warnings = append(warnings, short(fmt.Sprintf(
+			"ConfigMap %s/%s is not controlled by UrmaEndpoint %s/%s (ConfigMapConflict): the pod does not mount it and gets no URMA flags; delete or rename it, then restart the pod",
+			ns, v1alpha1.ConfigMapName(name), ns, name)))
+	default:
 		warnings = append(warnings, fmt.Sprintf(
 			"the flags of UrmaEndpoint %s/%s are not rendered yet: the pod waits for ConfigMap %s and is not counted as on the current flags",
 			ns, name, v1alpha1.ConfigMapName(name)))
 	}
 	mutated := pod.DeepCopy()
-	in := Injection{Endpoint: ep.Name, Hash: hash, Containers: ep.Spec.Containers}
 	if p.Driver == plan.DriverDRA {
-		in.ClaimTemplate = v1alpha1.ClaimTemplateName(ep.Name)
+		tmplName := v1alpha1.ClaimTemplateName(ep.Name)
+		var tmpl resourceapi.ResourceClaimTemplate
+		tmplFound, err := p.cachedOrUncached(ctx, "ResourceClaimTemplate", client.ObjectKey{Namespace: ns, Name: tmplName}, &tmpl)
+		if err != nil {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
+		if ownership(&tmpl, tmplFound, ep) == foreign {
+			// Someone else's template may ask for any device: the pod
+			// claims nothing from it (and so gets no URMA device).
+			warnings = append(warnings, short(fmt.Sprintf(
+				"ResourceClaimTemplate %s/%s is not controlled by UrmaEndpoint %s/%s: the pod claims no URMA jetties from it; delete or rename it, then restart the pod",
+				ns, tmplName, ns, name)))
+		} else {
+			in.ClaimTemplate = tmplName
+		}
 		if in.JettyClaims, err = p.jettyClaims(ctx, ns, &pod, in.ClaimTemplate); err != nil {
 			return admission.Errored(http.StatusInternalServerError, err)
 		}
@@ -124,7 +156,7 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode pod: %w", err))
 	}
-	log.FromContext(ctx).V(1).Info("injected URMA flags", "endpoint", name, "hash", hash)
+	log.FromContext(ctx).V(1).Info("injected URMA flags", "endpoint", name, "hash", in.Hash)
 	return admission.PatchResponseFromRaw(req.Object.Raw, raw).WithWarnings(warnings...)
 }
 
@@ -147,13 +179,79 @@ func (p *PodInjector) endpoint(ctx context.Context, key client.ObjectKey) (*v1al
 	return &ep, nil
 }
 
+// Ownership of an object named after an endpoint, as the reconciler sees it.
+type objectOwnership int
+
+const (
+	// absent: not there (yet); the reconciler creates it.
+	absent objectOwnership = iota
+	// controlled by the endpoint: what the reconciler rendered.
+	controlled
+	// foreign: someone else's; the reconciler never touches it.
+	foreign
+)
+
+// ownership says whose obj is (found false: absent). The reconciler only
+// writes objects the endpoint controls (metav1.IsControlledBy: the
+// controller ownerReference carries the endpoint's UID). One controlled by
+// an earlier UrmaEndpoint of the same name (deleted and created again)
+// counts as absent: the garbage collector deletes it, and the reconciler,
+// woken by that deletion, renders the endpoint's own.
+func ownership(obj client.Object, found bool, ep *v1alpha1.UrmaEndpoint) objectOwnership {
+	switch {
+	case !found:
+		return absent
+	case metav1.IsControlledBy(obj, ep):
+		return controlled
+	}
+	if ref := metav1.GetControllerOfNoCopy(obj); ref != nil && ref.Kind == "UrmaEndpoint" && ref.Name == ep.Name &&
+		strings.HasPrefix(ref.APIVersion, v1alpha1.GroupVersion.Group+"/") {
+		return absent
+	}
+	return foreign
+}
+
+// cachedOrUncached reads key into obj from the cache and, when the cache
+// does not have it, from the API server (APIReader, when set). It reports
+// whether either had it.
+func (p *PodInjector) cachedOrUncached(ctx context.Context, kind string, key client.ObjectKey, obj client.Object) (bool, error) {
+	err := p.Reader.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) {
+		return p.uncached(ctx, kind, key, obj)
+	}
+	if err != nil {
+		return false, fmt.Errorf("get %s %s: %w", kind, key, err)
+	}
+	return true, nil
+}
+
+// uncached reads key into obj from the API server (APIReader, when set)
+// and reports whether it is there.
+func (p *PodInjector) uncached(ctx context.Context, kind string, key client.ObjectKey, obj client.Object) (bool, error) {
+	if p.APIReader == nil {
+		return false, nil
+	}
+	err := p.APIReader.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get %s %s from the API server: %w", kind, key, err)
+	}
+	return true, nil
+}
+
 // Injection is what Inject gives a pod.
 type Injection struct {
 	// Endpoint names the UrmaEndpoint (and so its ConfigMap).
 	Endpoint string
 	// Hash is the flags hash, "" when not rendered yet.
 	Hash string
-	// JettyUnits is each URMA container's urma.openeuler.org/jetty request.
+	// NoFlags leaves the endpoint's ConfigMap out (no volume, mount or
+	// URMA_FLAGS_FILE): a ConfigMap of its name is someone else's.
+	NoFlags bool
+	// JettyUnits is each URMA container's urma.openeuler.org/jetty request;
+	// 0 (with no ClaimTemplate) asks for none.
 	JettyUnits int64
 	// Containers names the URMA containers; empty means all of them.
 	Containers []string
@@ -171,10 +269,11 @@ type Injection struct {
 
 // Inject gives a pod what it needs to run an endpoint's flags; it keeps
 // anything the pod already set and is idempotent:
-//   - volume VolumeName from the endpoint's ConfigMap;
+//   - volume VolumeName from the endpoint's ConfigMap (not with NoFlags);
 //   - in each URMA container (the named ones, init containers included, or
 //     every container when none are named): the volume mounted read-only
-//     at /etc/urma, URMA_FLAGS_FILE=/etc/urma/urma.flags, and JettyUnits of
+//     at /etc/urma and URMA_FLAGS_FILE=/etc/urma/urma.flags (not with
+//     NoFlags), and JettyUnits of
 //     urma.openeuler.org/jetty (request = limit, as extended resources
 //     require) unless the container already asks for some. Kubelet
 //     allocates devices per container, so each needs its own request;
@@ -187,7 +286,7 @@ type Injection struct {
 //
 // It returns the names in in.Containers that the pod does not have.
 func Inject(pod *corev1.Pod, in Injection) (missing []string) {
-	if !hasVolume(pod, VolumeName) {
+	if !in.NoFlags && !hasVolume(pod, VolumeName) {
 		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{
 			Name: VolumeName,
 			VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
@@ -210,12 +309,12 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 				continue
 			}
 			found[c.Name] = true
-			if !hasMount(c) {
+			if !in.NoFlags && !hasMount(c) {
 				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{
 					Name: VolumeName, MountPath: v1alpha1.FlagsMountPath, ReadOnly: true,
 				})
 			}
-			if !hasEnv(c, v1alpha1.EnvFlagsFile) {
+			if !in.NoFlags && !hasEnv(c, v1alpha1.EnvFlagsFile) {
 				c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: flagsFile})
 			}
 			if in.ClaimTemplate != "" {
@@ -228,7 +327,7 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 						shared = jettyClaim(c, in.JettyClaims)
 					}
 				}
-			} else if !requestsJetties(c) {
+			} else if in.JettyUnits > 0 && !requestsJetties(c) {
 				q := *resource.NewQuantity(in.JettyUnits, resource.DecimalSI)
 				if c.Resources.Requests == nil {
 					c.Resources.Requests = corev1.ResourceList{}

@@ -222,6 +222,25 @@ func ownedConfigMap(ep *v1alpha1.UrmaEndpoint, hash string) *corev1.ConfigMap {
 	}
 }
 
+// foreignConfigMap is a ConfigMap of the endpoint's name that the
+// endpoint does not control; managed says whether it carries the label
+// that puts it in the operator's cache.
+func foreignConfigMap(managed bool) *corev1.ConfigMap {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ep-urma-flags"},
+		Data: map[string]string{v1alpha1.ConfigMapKeyFlags: "--urma_sq_size=16\n", v1alpha1.ConfigMapKeyHash: "theirs"}}
+	if managed {
+		cm.Labels = map[string]string{"app.kubernetes.io/managed-by": "urma-operator"}
+	}
+	return cm
+}
+
+// predecessor is an endpoint of ep's name deleted before ep was created.
+func predecessor(ep *v1alpha1.UrmaEndpoint) *v1alpha1.UrmaEndpoint {
+	old := ep.DeepCopy()
+	old.UID = "uid-earlier"
+	return old
+}
+
 func podRequest(t *testing.T, p *corev1.Pod) admission.Request {
 	t.Helper()
 	raw, err := json.Marshal(p)
@@ -277,14 +296,28 @@ func TestPodInjectorHandle(t *testing.T) {
 		fallbackUnit int64
 		// reqNamespace, when set, is the request's namespace (else the pod's).
 		reqNamespace string
+		// noFlags: the pod must get neither the flags volume nor the
+		// flags file's variable.
+		noFlags bool
 	}{
 		{name: "rendered endpoint", objs: []client.Object{ep, ownedConfigMap(ep, "h1"), hwNode("n1", 4096)}, pod: basePod,
 			allowed: true, mutated: true, hash: "h1", units: "3"},
 		{name: "not rendered yet", objs: []client.Object{ep, hwNode("n1", 4096)}, pod: basePod,
 			allowed: true, mutated: true, units: "3", warning: "not rendered yet"},
-		{name: "ConfigMap owned by someone else; no node facts yet: the plugin's default unit",
-			objs: []client.Object{ep, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ep-urma-flags"}}},
+		{name: "ConfigMap of someone else's the cache has (managed-by label); no node facts yet: the plugin's default unit",
+			objs: []client.Object{ep, foreignConfigMap(true)},
+			pod:  basePod, allowed: true, mutated: true, units: "3", noFlags: true,
+			warning: "ConfigMap ns/ep-urma-flags is not controlled by UrmaEndpoint ns/ep (ConfigMapConflict): the pod does not mount it"},
+		{name: "ConfigMap of someone else's only the API server has (the cache holds managed ones only)",
+			objs: []client.Object{ep, hwNode("n1", 4096)}, api: []client.Object{foreignConfigMap(false)},
+			pod: basePod, allowed: true, mutated: true, units: "3", noFlags: true,
+			warning: "ConfigMap ns/ep-urma-flags is not controlled by UrmaEndpoint ns/ep (ConfigMapConflict)"},
+		{name: "ConfigMap of an earlier endpoint of this name, the garbage collector's to delete: not rendered yet",
+			objs: []client.Object{ep, hwNode("n1", 4096), ownedConfigMap(predecessor(ep), "old")},
 			pod:  basePod, allowed: true, mutated: true, units: "3", warning: "not rendered yet"},
+		{name: "own ConfigMap the cache has not seen yet: read from the API server",
+			objs: []client.Object{ep, hwNode("n1", 4096)}, api: []client.Object{ownedConfigMap(ep, "h1")},
+			pod: basePod, allowed: true, mutated: true, hash: "h1", units: "3"},
 		{name: "no node facts yet, the plugin runs 32 jetties per unit", objs: []client.Object{ep}, fallbackUnit: 32,
 			pod: basePod, allowed: true, mutated: true, units: "2", warning: "not rendered yet"},
 		{name: "endpoint not in the cache yet: read from the API server", objs: []client.Object{hwNode("n1", 4096)}, api: []client.Object{ep},
@@ -328,6 +361,9 @@ func TestPodInjectorHandle(t *testing.T) {
 				return
 			}
 			got := applyPatch(t, p, resp)
+			if hasVolume(got, VolumeName) == c.noFlags {
+				t.Errorf("flags volume %v, want %v (volumes %+v)", hasVolume(got, VolumeName), !c.noFlags, got.Spec.Volumes)
+			}
 			if got.Annotations[v1alpha1.AnnotationFlagsHash] != c.hash {
 				t.Errorf("hash annotation %q, want %q", got.Annotations[v1alpha1.AnnotationFlagsHash], c.hash)
 			}
@@ -342,6 +378,9 @@ func TestPodInjectorHandle(t *testing.T) {
 				urma := len(ep.Spec.Containers) == 0 || slices.Contains(ep.Spec.Containers, ctr.Name)
 				if q, _ := jettyRequest(ctr); (q == c.units) != urma {
 					t.Errorf("%s: jetty request %q; URMA container %v", ctr.Name, q, urma)
+				}
+				if flags := urma && !c.noFlags; hasEnv(&ctr, v1alpha1.EnvFlagsFile) != flags || hasMount(&ctr) != flags {
+					t.Errorf("%s: flags file variable %v, mount %v; want %v", ctr.Name, hasEnv(&ctr, v1alpha1.EnvFlagsFile), hasMount(&ctr), flags)
 				}
 			}
 		})
