@@ -522,6 +522,10 @@ func TestInvalidEndpointsRejectedByAPIServer(t *testing.T) {
 		{"zero message", func(ep *v1alpha1.UrmaEndpoint) { ep.Spec.Profile.MessageSize = q("0") }, "spec.profile.messageSize must be positive"},
 		{"message above 1Ti", func(ep *v1alpha1.UrmaEndpoint) { ep.Spec.Profile.MessageSize = q("2Ti") }, "spec.profile.messageSize must be at most 1Ti"},
 		{"tiny memory budget", func(ep *v1alpha1.UrmaEndpoint) { m := q("1Ki"); ep.Spec.Profile.MemoryBudget = &m }, "spec.profile.memoryBudget must be at least 16Ki"},
+		// Past int64 a quantity has no int64 value: it would read as no cap.
+		{"memory budget past int64", func(ep *v1alpha1.UrmaEndpoint) { m := q("100E"); ep.Spec.Profile.MemoryBudget = &m }, "spec.profile.memoryBudget must be at most 1Ei"},
+		{"memory budget above 1Ei", func(ep *v1alpha1.UrmaEndpoint) { m := q("1025Pi"); ep.Spec.Profile.MemoryBudget = &m }, "spec.profile.memoryBudget must be at most 1Ei"},
+		{"memory budget at 1Ei", func(ep *v1alpha1.UrmaEndpoint) { m := q("1Ei"); ep.Spec.Profile.MemoryBudget = &m }, ""},
 		{"unknown objective", func(ep *v1alpha1.UrmaEndpoint) { ep.Spec.Profile.Objective = "Fast" }, `spec.profile.objective: Unsupported value: "Fast"`},
 		{"unknown completion", func(ep *v1alpha1.UrmaEndpoint) { ep.Spec.Completion = "Busy" }, `spec.completion: Unsupported value: "Busy"`},
 		{"unknown bonding mode", func(ep *v1alpha1.UrmaEndpoint) { ep.Spec.Bonding = &v1alpha1.Bonding{Mode: "Wild"} }, `spec.bonding.mode: Unsupported value: "Wild"`},

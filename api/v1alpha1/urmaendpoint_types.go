@@ -93,6 +93,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.maxMessageSize) || quantity(string(self.maxMessageSize)).compareTo(quantity('1Ti')) <= 0",message="spec.profile.maxMessageSize must be at most 1Ti"
 // +kubebuilder:validation:XValidation:rule="!has(self.maxMessageSize) || quantity(string(self.messageSize)).compareTo(quantity(string(self.maxMessageSize))) <= 0",message="spec.profile.messageSize must not exceed spec.profile.maxMessageSize"
 // +kubebuilder:validation:XValidation:rule="!has(self.memoryBudget) || quantity(string(self.memoryBudget)).compareTo(quantity('16Ki')) >= 0",message="spec.profile.memoryBudget must be at least 16Ki (16 buffers of 1Ki)"
+// +kubebuilder:validation:XValidation:rule="!has(self.memoryBudget) || quantity(string(self.memoryBudget)).compareTo(quantity('1Ei')) <= 0",message="spec.profile.memoryBudget must be at most 1Ei"
 type TrafficProfile struct {
 	// MessageSize is the typical message, in bytes ("4Ki"). Buffers are
 	// sized so that one holds such a message.
@@ -118,8 +119,8 @@ type TrafficProfile struct {
 	// +kubebuilder:default=Balanced
 	// +optional
 	Objective Objective `json:"objective,omitempty"`
-	// MemoryBudget caps the registered (and locked) buffer pool per pod.
-	// Without it the pool is as large as the queues need.
+	// MemoryBudget caps the registered (and locked) buffer pool per pod:
+	// 16Ki to 1Ei. Without it the pool is as large as the queues need.
 	// +optional
 	MemoryBudget *resource.Quantity `json:"memoryBudget,omitempty"`
 }

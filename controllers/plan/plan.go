@@ -12,10 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -129,7 +131,7 @@ type Plan struct {
 // Profile converts the spec's traffic description to tuning's.
 func Profile(spec v1alpha1.UrmaEndpointSpec) tuning.Profile {
 	p := tuning.Profile{
-		MessageSize:           spec.Profile.MessageSize.Value(),
+		MessageSize:           bytes(spec.Profile.MessageSize),
 		ConnectionsPerPod:     int64(spec.Profile.ConnectionsPerPod),
 		InflightPerConnection: int64(spec.Profile.InflightPerConnection),
 		Objective:             tuning.Objective(spec.Profile.Objective),
@@ -146,10 +148,10 @@ func Profile(spec v1alpha1.UrmaEndpointSpec) tuning.Profile {
 		p.InflightPerConnection = 32
 	}
 	if spec.Profile.MaxMessageSize != nil {
-		p.MaxMessageSize = spec.Profile.MaxMessageSize.Value()
+		p.MaxMessageSize = bytes(*spec.Profile.MaxMessageSize)
 	}
 	if spec.Profile.MemoryBudget != nil {
-		p.MemoryBudget = spec.Profile.MemoryBudget.Value()
+		p.MemoryBudget = bytes(*spec.Profile.MemoryBudget)
 	}
 	if b := spec.Bonding; b != nil {
 		switch b.Mode {
@@ -163,6 +165,19 @@ func Profile(spec v1alpha1.UrmaEndpointSpec) tuning.Profile {
 		}
 	}
 	return p
+}
+
+// bytes is q in bytes, saturated to the int64 range: Quantity.Value of a
+// quantity past int64 is 0 or wraps (a 100E memoryBudget would read as no
+// cap), where a saturated value fails tuning.ValidateProfile's bounds.
+func bytes(q resource.Quantity) int64 {
+	switch {
+	case q.Cmp(*resource.NewQuantity(math.MaxInt64, resource.BinarySI)) > 0:
+		return math.MaxInt64
+	case q.Cmp(*resource.NewQuantity(math.MinInt64, resource.BinarySI)) < 0:
+		return math.MinInt64
+	}
+	return q.Value()
 }
 
 // Overrides converts the spec's overrides to plain strings.

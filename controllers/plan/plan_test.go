@@ -66,6 +66,45 @@ func TestProfile(t *testing.T) {
 	}
 }
 
+// A quantity past int64 has no int64 Value (0, or wrapped negative): a
+// memoryBudget of 100E read as no cap. Profile saturates it instead, so the
+// spec is refused as above the bound rather than tuned without one.
+func TestProfileQuantitiesPastInt64AreRefused(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		set     func(*v1alpha1.UrmaEndpointSpec, resource.Quantity)
+		value   string
+		wantErr string
+	}{
+		{"memoryBudget 100E", setMemoryBudget, "100E", "memoryBudget 9223372036854775807 is above 1152921504606846976 bytes (1Ei)"},
+		{"memoryBudget 2^63 bytes", setMemoryBudget, "9223372036854775808", "memoryBudget 9223372036854775807 is above"},
+		{"memoryBudget 9Ei", setMemoryBudget, "9Ei", "memoryBudget 9223372036854775807 is above"},
+		{"memoryBudget 1Ei and a byte", setMemoryBudget, "1152921504606846977", "memoryBudget 1152921504606846977 is above"},
+		{"memoryBudget -100E", setMemoryBudget, "-100E", "memoryBudget must not be negative"},
+		{"messageSize 100E", func(s *v1alpha1.UrmaEndpointSpec, q resource.Quantity) { s.Profile.MessageSize = q }, "100E",
+			"messageSize and maxMessageSize must be at most 1099511627776"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := spec()
+			c.set(&s, resource.MustParse(c.value))
+			_, err := Make(Input{Spec: s})
+			if !errors.Is(err, tuning.ErrInvalid) || !strings.Contains(err.Error(), c.wantErr) {
+				t.Fatalf("Make: %v; want ErrInvalid containing %q", err, c.wantErr)
+			}
+		})
+	}
+	s := spec()
+	setMemoryBudget(&s, resource.MustParse("1Ei"))
+	if got := Profile(s).MemoryBudget; got != tuning.MaxMemoryBudget {
+		t.Errorf("memoryBudget 1Ei -> %d, want %d", got, int64(tuning.MaxMemoryBudget))
+	}
+	if _, err := Make(Input{Spec: s}); err != nil {
+		t.Errorf("memoryBudget 1Ei: %v", err)
+	}
+}
+
+func setMemoryBudget(s *v1alpha1.UrmaEndpointSpec, q resource.Quantity) { s.Profile.MemoryBudget = &q }
+
 func TestNodeFromAnnotations(t *testing.T) {
 	f := facts(1024, 16)
 	n := node("a", nil, &f)

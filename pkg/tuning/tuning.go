@@ -86,6 +86,9 @@ const (
 	MaxInflight     = 4096 - CreditReserve
 	MaxConnections  = 1 << 16
 	MaxJettyBudget  = 1 << 20
+	// MaxMemoryBudget (1 EiB) keeps a budget well inside int64: past it a
+	// quantity has no int64 value and would read as no cap at all.
+	MaxMemoryBudget = 1 << 60
 )
 
 // Profile is what a workload's traffic looks like, in plain numbers.
@@ -251,6 +254,9 @@ func ValidateProfile(p Profile) error {
 	}
 	if p.MemoryBudget < 0 {
 		bad = append(bad, fmt.Sprintf("memoryBudget must not be negative, got %d", p.MemoryBudget))
+	}
+	if p.MemoryBudget > MaxMemoryBudget {
+		bad = append(bad, fmt.Sprintf("memoryBudget %d is above %d bytes (1Ei)", p.MemoryBudget, int64(MaxMemoryBudget)))
 	}
 	if p.MemoryBudget > 0 && p.MemoryBudget < MinBufferCount*MinBufferSize {
 		bad = append(bad, fmt.Sprintf("memoryBudget %d is below %d bytes (%d buffers of %d bytes)",

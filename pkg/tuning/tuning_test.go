@@ -374,6 +374,7 @@ func TestDeriveRejectsBadInput(t *testing.T) {
 		{name: "no budget", profile: func(p *Profile) { p.JettyBudget = 0 }, wantErr: "jettyBudget must be in 1..1048576"},
 		{name: "tiny memory", profile: func(p *Profile) { p.MemoryBudget = 1000 }, wantErr: "memoryBudget 1000 is below 16384"},
 		{name: "negative memory", profile: func(p *Profile) { p.MemoryBudget = -1 }, wantErr: "memoryBudget must not be negative"},
+		{name: "memory above 1Ei", profile: func(p *Profile) { p.MemoryBudget = MaxMemoryBudget + 1 }, wantErr: "memoryBudget 1152921504606846977 is above 1152921504606846976 bytes (1Ei)"},
 		{name: "bad objective", profile: func(p *Profile) { p.Objective = "Fast" }, wantErr: `objective "Fast" is not one of`},
 		{name: "bad completion", profile: func(p *Profile) { p.Completion = "Busy" }, wantErr: `completion "Busy" is not one of`},
 		{name: "unknown override", overrides: map[string]string{"urma_bogus": "1"}, wantErr: `unknown flag "urma_bogus"`},
@@ -422,6 +423,7 @@ func TestValidateProfileAcceptsItsLimits(t *testing.T) {
 		{"inflight at the maximum", func(p *Profile) { p.InflightPerConnection = MaxInflight }},
 		{"jetty budget at the maximum", func(p *Profile) { p.JettyBudget = MaxJettyBudget }},
 		{"memory budget at the minimum", func(p *Profile) { p.MemoryBudget = MinBufferCount * MinBufferSize }},
+		{"memory budget at the maximum", func(p *Profile) { p.MemoryBudget = MaxMemoryBudget }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
