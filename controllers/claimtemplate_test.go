@@ -3,10 +3,12 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -71,18 +73,63 @@ func TestClaimTemplateUnderTheDRADriver(t *testing.T) {
 	if n, _ := jetties(); n != 100 {
 		t.Fatalf("after the budget changed: %d jetties, want 100", n)
 	}
+}
 
-	// A template of that name someone else owns is not touched.
-	other := newEndpoint("ns", "other", "g")
-	foreign := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: v1alpha1.ClaimTemplateName("other")}}
-	c2 := fake.NewClientBuilder().WithScheme(s).WithObjects(other, foreign).WithStatusSubresource(other).Build()
-	r2 := &controllers.UrmaEndpointReconciler{Client: c2, Scheme: s, Recorder: events.NewFakeRecorder(20), Driver: plan.DriverDRA}
-	if _, err := r2.Reconcile(ctx(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "other"}}); err == nil {
-		t.Fatal("a foreign template was not reported")
+// A template of the endpoint's name that someone else owns is not touched.
+// It is a conflict like a foreign ConfigMap: reported in status
+// (Ready=False, ClaimTemplateConflict; the rendered flags still in status)
+// and looked at again every ConflictRetry, not returned as an error, which
+// retries within milliseconds, backs off to a quarter of an hour and says
+// nothing in status. A settled conflict writes no status; once the template
+// is gone the endpoint's own is created and it is Ready.
+func TestForeignClaimTemplateIsAConflictInStatus(t *testing.T) {
+	s := env.scheme
+	ep := newEndpoint("ns", "ep", "g")
+	foreign := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: v1alpha1.ClaimTemplateName("ep")}}
+	statusWrites := 0
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(ep, foreign).WithStatusSubresource(ep).
+		WithInterceptorFuncs(interceptor.Funcs{SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			statusWrites++
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		}}).Build()
+	r := &controllers.UrmaEndpointReconciler{Client: c, Scheme: s, Recorder: events.NewFakeRecorder(20), Driver: plan.DriverDRA}
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "ep"}}
+
+	for pass := 1; pass <= 2; pass++ {
+		res, err := r.Reconcile(ctx(), req)
+		if err != nil || res.RequeueAfter != controllers.ConflictRetry {
+			t.Fatalf("pass %d: %+v, %v; want no error and a retry after %v", pass, res, err, controllers.ConflictRetry)
+		}
+		got := getFake(t, c)
+		ready := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady)
+		if ready == nil || ready.Status != metav1.ConditionFalse || ready.Reason != v1alpha1.ReasonClaimTemplateConflict ||
+			!strings.Contains(ready.Message, "ResourceClaimTemplate ep-urma-jetties exists and is not managed by this endpoint") {
+			t.Fatalf("pass %d: Ready %+v, want False, ClaimTemplateConflict", pass, ready)
+		}
+		if got.Status.FlagsHash == "" {
+			t.Errorf("pass %d: the rendered flags are not in status", pass)
+		}
+	}
+	if statusWrites != 1 {
+		t.Errorf("%d status writes, want 1: a settled conflict must not write status", statusWrites)
 	}
 	var still resourceapi.ResourceClaimTemplate
-	if err := c2.Get(ctx(), client.ObjectKeyFromObject(foreign), &still); err != nil || len(still.Spec.Spec.Devices.Requests) != 0 {
-		t.Fatalf("the foreign template was changed: %+v, %v", still.Spec, err)
+	if err := c.Get(ctx(), client.ObjectKeyFromObject(foreign), &still); err != nil || len(still.Spec.Spec.Devices.Requests) != 0 || len(still.OwnerReferences) != 0 {
+		t.Fatalf("the foreign template was changed: %+v, %v", still, err)
+	}
+
+	if err := c.Delete(ctx(), &still); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := r.Reconcile(ctx(), req); err != nil || res.RequeueAfter != 0 {
+		t.Fatalf("after the foreign template is gone: %+v, %v", res, err)
+	}
+	if ready := meta.FindStatusCondition(getFake(t, c).Status.Conditions, v1alpha1.ConditionReady); ready == nil || ready.Reason != v1alpha1.ReasonRendered {
+		t.Errorf("Ready %+v, want Rendered", ready)
+	}
+	var own resourceapi.ResourceClaimTemplate
+	if err := c.Get(ctx(), client.ObjectKeyFromObject(foreign), &own); err != nil || !metav1.IsControlledBy(&own, getFake(t, c)) {
+		t.Errorf("the endpoint's own template: %+v, %v", own.OwnerReferences, err)
 	}
 }
 

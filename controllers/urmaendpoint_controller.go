@@ -116,7 +116,21 @@ func (r *UrmaEndpointReconciler) reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, err)
 	}
 	obs.Input.FallbackJettiesPerUnit = r.FallbackJettiesPerUnit
-	status, result, applyErr := r.render(ctx, &ep, obs)
+	var templateErr error
+	templateConflict := false
+	if r.Driver == plan.DriverDRA {
+		templateErr = r.applyClaimTemplate(ctx, &ep)
+		if apierrors.IsAlreadyExists(templateErr) {
+			// Someone else's template: like a foreign ConfigMap, reported in
+			// status and looked at again later (its deletion sends the
+			// endpoint no event), not retried as an error.
+			templateErr, templateConflict = nil, true
+		}
+	}
+	status, result, applyErr := r.render(ctx, &ep, obs, templateConflict)
+	if templateConflict && result.RequeueAfter == 0 {
+		result.RequeueAfter = ConflictRetry
+	}
 	if apierrors.IsConflict(applyErr) {
 		// The cached ConfigMap is older than the stored one (the previous
 		// reconcile's update not seen yet): the cache is behind, nothing
@@ -136,25 +150,26 @@ func (r *UrmaEndpointReconciler) reconcile(ctx context.Context, req ctrl.Request
 	if applyErr != nil {
 		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, applyErr)
 	}
-	if r.Driver == plan.DriverDRA {
-		if err := r.applyClaimTemplate(ctx, &ep); errors.Is(err, errCacheBehind) {
-			log.FromContext(ctx).V(1).Info("ResourceClaimTemplate not in the cache yet; retrying", "error", err.Error())
-			return ctrl.Result{RequeueAfter: time.Second}, nil
-		} else if err != nil {
-			return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, err)
-		}
+	if errors.Is(templateErr, errCacheBehind) {
+		log.FromContext(ctx).V(1).Info("ResourceClaimTemplate not in the cache yet; retrying", "error", templateErr.Error())
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	if templateErr != nil {
+		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, templateErr)
 	}
 	return result, nil
 }
 
-// ConflictRetry is how often an endpoint whose ConfigMap name is taken by
-// someone else looks again (that ConfigMap is outside the cache, so its
-// deletion sends no event).
+// ConflictRetry is how often an endpoint whose ConfigMap or
+// ResourceClaimTemplate name is taken by someone else looks again (a
+// foreign object's deletion sends the endpoint no event).
 const ConflictRetry = 2 * time.Minute
 
 // render applies the ConfigMap and returns the status that describes it.
 // Whatever goes wrong, the existing ConfigMap is left as it is.
-func (r *UrmaEndpointReconciler) render(ctx context.Context, ep *v1alpha1.UrmaEndpoint, obs plan.Observation) (v1alpha1.UrmaEndpointStatus, ctrl.Result, error) {
+// templateConflict (DRA driver) says the endpoint's ResourceClaimTemplate
+// name is taken by someone else's: rendered flags are then not Ready.
+func (r *UrmaEndpointReconciler) render(ctx context.Context, ep *v1alpha1.UrmaEndpoint, obs plan.Observation, templateConflict bool) (v1alpha1.UrmaEndpointStatus, ctrl.Result, error) {
 	st := *ep.Status.DeepCopy()
 	st.ObservedGeneration = ep.Generation
 	st.ConfigMapName = v1alpha1.ConfigMapName(ep.Name)
@@ -182,8 +197,13 @@ func (r *UrmaEndpointReconciler) render(ctx context.Context, ep *v1alpha1.UrmaEn
 	case applyErr != nil:
 		setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonApplyFailed, applyErr.Error())
 	default:
-		setCondition(&st, ep, v1alpha1.ConditionReady, true, v1alpha1.ReasonRendered,
-			fmt.Sprintf("ConfigMap %s holds flags %s", st.ConfigMapName, pl.Hash))
+		ready, reason, msg := true, v1alpha1.ReasonRendered, fmt.Sprintf("ConfigMap %s holds flags %s", st.ConfigMapName, pl.Hash)
+		if templateConflict {
+			ready, reason, msg = false, v1alpha1.ReasonClaimTemplateConflict, fmt.Sprintf(
+				"ResourceClaimTemplate %s exists and is not managed by this endpoint, so pods get no jetty claim; delete or rename it (%s)",
+				v1alpha1.ClaimTemplateName(ep.Name), msg)
+		}
+		setCondition(&st, ep, v1alpha1.ConditionReady, ready, reason, msg)
 		st.FlagsHash = pl.Hash
 		st.Effective = effective(pl)
 		st.DeviceLimits = plan.ToAPI(pl.Limits)

@@ -260,14 +260,17 @@ const (
 	ReasonRendered          = "Rendered"
 	ReasonInvalidSpec       = "InvalidSpec"
 	ReasonConfigMapConflict = "ConfigMapConflict"
-	ReasonApplyFailed       = "ApplyFailed"
-	ReasonValuesClamped     = "ValuesClamped"
-	ReasonNoClamps          = "NoClamps"
-	ReasonAsExpected        = "AsExpected"
-	ReasonNoNodeFacts       = "NoNodeFacts"
-	ReasonInvalidNodeFacts  = "InvalidNodeFacts"
-	ReasonNodeGroupsDiffer  = "NodeGroupsDiffer"
-	ReasonHardwareWarnings  = "HardwareWarnings"
+	// ReasonClaimTemplateConflict: the endpoint's ResourceClaimTemplate
+	// name (DRA driver) is taken by one it does not control.
+	ReasonClaimTemplateConflict = "ClaimTemplateConflict"
+	ReasonApplyFailed           = "ApplyFailed"
+	ReasonValuesClamped         = "ValuesClamped"
+	ReasonNoClamps              = "NoClamps"
+	ReasonAsExpected            = "AsExpected"
+	ReasonNoNodeFacts           = "NoNodeFacts"
+	ReasonInvalidNodeFacts      = "InvalidNodeFacts"
+	ReasonNodeGroupsDiffer      = "NodeGroupsDiffer"
+	ReasonHardwareWarnings      = "HardwareWarnings"
 )
 
 // UrmaEndpointStatus is what the operator rendered and how many pods run it.
