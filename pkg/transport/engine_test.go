@@ -3,12 +3,12 @@ package transport
 import (
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/tuning"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
@@ -191,16 +191,19 @@ found:
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv("POD_IP", "")
-			if tc.podIP == "-" {
-				if err := os.Unsetenv("POD_IP"); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				t.Setenv("POD_IP", tc.podIP)
+			env := map[string]string{}
+			if tc.podIP != "-" {
+				env[EnvPodIP] = tc.podIP
 			}
-			if got := advertiseAddr(netip.MustParseAddr(tc.local)); got != tc.want {
-				t.Errorf("advertiseAddr(%s) = %s, want %s", tc.local, got, tc.want)
+			// POD_IP is read through Config.LookupEnv, never the
+			// process environment.
+			t.Setenv(EnvPodIP, "10.7.7.7")
+			fs, err := resolveFabric("", func(k string) (string, bool) { v, ok := env[k]; return v, ok }, flags.Defaults())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := advertiseAddr(netip.MustParseAddr(tc.local), fs.podIP); got != tc.want {
+				t.Errorf("advertiseAddr(%s) with POD_IP %q = %s, want %s", tc.local, tc.podIP, got, tc.want)
 			}
 		})
 	}

@@ -40,6 +40,10 @@ const (
 	// device plugin mounts the host's /var/run/urma-k8s/shm there). Unset,
 	// it is urma-k8s-shm-<uid> in the temporary directory.
 	EnvShmDir = "URMA_SHM_DIR"
+	// EnvPodIP is the pod's address (the downward API's status.podIP): the
+	// socket fabric listens there when a connection's own address is
+	// unspecified.
+	EnvPodIP = "POD_IP"
 )
 
 // fabricSettings is urma_soft_fabric resolved.
@@ -47,6 +51,7 @@ type fabricSettings struct {
 	choice   string // auto, shm or socket
 	shmDir   string
 	ringSize int
+	podIP    string // EnvPodIP, "" when unset
 }
 
 // resolveFabric applies Config > URMA_SOFT_FABRIC > --urma_soft_fabric.
@@ -61,6 +66,9 @@ func resolveFabric(cfg string, env func(string) (string, bool), f flags.Flags) (
 		name, source = f.SoftFabric, "--urma_soft_fabric"
 	}
 	fs := fabricSettings{choice: strings.ToLower(strings.TrimSpace(name)), ringSize: f.ShmRingSize}
+	if v, ok := env(EnvPodIP); ok {
+		fs.podIP = strings.TrimSpace(v)
+	}
 	switch fs.choice {
 	case FabricAuto, FabricShm, FabricSocket:
 	case "":
@@ -97,7 +105,7 @@ func (e *engine) newSoftProvider(local netip.Addr) (*soft.Provider, error) {
 	}
 	fs := e.s.fabric
 	if fs.choice == FabricSocket {
-		opts.Listen = net.JoinHostPort(advertiseAddr(local).String(), "0")
+		opts.Listen = net.JoinHostPort(advertiseAddr(local, fs.podIP).String(), "0")
 		// The boot id still goes into hellos, so that a peer on shared
 		// memory can say why it declines.
 		boot, _ := soft.BootID()

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 
 	"github.com/go-logr/logr"
@@ -131,17 +130,16 @@ func deviceClause(name string) string {
 }
 
 // advertiseAddr picks the address the software fabric listens on: the
-// connection's own host address, or for an unspecified one POD_IP, the
-// first non-loopback IPv4 address of the host, or 127.0.0.1.
-func advertiseAddr(local netip.Addr) netip.Addr {
+// connection's own host address, or for an unspecified one podIP (POD_IP,
+// read through Config.LookupEnv), the first non-loopback IPv4 address of the
+// host, or 127.0.0.1.
+func advertiseAddr(local netip.Addr, podIP string) netip.Addr {
 	local = local.Unmap()
 	if local.IsValid() && !local.IsUnspecified() && local.Is4() {
 		return local
 	}
-	if v, ok := os.LookupEnv("POD_IP"); ok {
-		if a, err := netip.ParseAddr(strings.TrimSpace(v)); err == nil && a.Unmap().Is4() {
-			return a.Unmap()
-		}
+	if a, err := netip.ParseAddr(podIP); err == nil && a.Unmap().Is4() {
+		return a.Unmap()
 	}
 	if addrs, err := net.InterfaceAddrs(); err == nil {
 		for _, a := range addrs {
