@@ -68,6 +68,9 @@ func openLibrary(path string) (*library, error) {
 	case syscall.Errno(st) == syscall.EEXIST:
 		// Another user in this process initialised liburma already.
 	default:
+		// Nothing started: the table and our dlopen reference go, or every
+		// New on a node whose liburma has no provider leaks both.
+		C.shim_free(c)
 		return nil, statusErr("urma_init", st, "initialise %s", path)
 	}
 	libraries.m[h] = l

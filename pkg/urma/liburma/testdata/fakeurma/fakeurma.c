@@ -213,6 +213,12 @@ static void *timer_loop(void *arg);
 urma_status_t urma_init(urma_init_attr_t *conf)
 {
     (void)conf;
+#ifdef FAKE_INIT_STATUS
+    /* a test builds the fake with -DFAKE_INIT_STATUS=<status> to fail
+     * urma_init as liburma does when no provider registers
+     * (core/urma_main.c: URMA_FAIL) */
+    return FAKE_INIT_STATUS;
+#endif
     pthread_mutex_lock(&mu);
     if (initialised) {
         pthread_mutex_unlock(&mu);
