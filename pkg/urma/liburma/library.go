@@ -113,6 +113,19 @@ func initOutside(path string) (uninit func() error, err error) {
 	}, nil
 }
 
+// fakeHook calls the test hook name of the fake liburma with arg, C memory
+// or nil; real liburma has none, and it fails with ENOSYS. As
+// killContexts, no Provider calls it: tests make the fake do what hardware
+// does on its own.
+func (l *library) fakeHook(name string, arg unsafe.Pointer) error {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	if st := C.shim_fake_hook(l.c, cname, arg); st != 0 {
+		return statusErr(name, st, "call the fake's test hook %s", name)
+	}
+	return nil
+}
+
 // dlopen loads the library at path through the shim, which resolves the
 // liburma functions it calls.
 func dlopen(path string) (*C.shim_lib, error) {

@@ -351,6 +351,15 @@ func (q *jfc) take(cr *C.shim_cr, out []urma.Completion, n int) int {
 		if j == nil {
 			return n // its jetty is gone, and its flush with it
 		}
+		// The jetty is in ERROR in liburma: SetError, a send error or the
+		// device itself (a jetty error event, with no failed send before
+		// it) put it there. Mark it under j.mu before the flush, as a send
+		// error does: a PostSend past its state check posts first and is
+		// flushed, and later ones fail instead of waiting for good.
+		j.mu.Lock()
+		j.state.Store(uint32(urma.JettyError))
+		j.mu.Unlock()
+		j.modified = true // already in ERROR: SetError need not ask again
 		n = q.flush(j, out, n)
 		j.doneSeen = true
 		if j.wantDone && !j.doneGiven {

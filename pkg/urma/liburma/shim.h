@@ -156,4 +156,8 @@ int shim_nop(shim_lib *l);
  * not. Returns ENOSYS when the library lacks it. */
 int shim_kill_context(shim_lib *l, struct urma_context *c);
 
+/* Test hook: calls the fake liburma's int name(void *arg). Returns ENOSYS
+ * when the library has no such function (liburma has none). */
+int shim_fake_hook(shim_lib *l, const char *name, void *arg);
+
 #endif /* URMA_K8S_SHIM_H */

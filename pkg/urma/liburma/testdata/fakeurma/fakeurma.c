@@ -27,6 +27,8 @@
  *  - uninitialised (before urma_init, after urma_uninit) it lists no
  *    device: liburma matches sysfs devices to the providers urma_init
  *    loaded, and has none then (ENODEV);
+ *  - fakeurma_error_jetty errors a jetty as the device does on its own:
+ *    FLUSH_ERR_DONE with no failed send before it;
  *  - fakeurma_kill_context makes a context and the path to its device
  *    vanish, as a crashed node or a cut link would: sends to the device
  *    complete with ACK_TIMEOUT and imports from it fail with ETIMEDOUT,
@@ -1028,13 +1030,10 @@ urma_status_t urma_post_jetty_send_wr(urma_jetty_t *jetty, urma_jfs_wr_t *wr, ur
     return URMA_SUCCESS;
 }
 
-urma_status_t urma_modify_jetty(urma_jetty_t *jetty, urma_jetty_attr_t *attr)
+/* jetty_to_error moves a jetty to ERROR and reports FLUSH_ERR_DONE once;
+ * mu is held */
+static void jetty_to_error(fjetty_t *j)
 {
-    fjetty_t *j = (fjetty_t *)jetty;
-    if (!(attr->mask & JETTY_STATE) || attr->state != URMA_JETTY_STATE_ERROR) {
-        return URMA_EINVAL;
-    }
-    pthread_mutex_lock(&mu);
     j->error = 1;
     if (j->stalled) {
         /* a send between RNR retries was handled by the device: it
@@ -1056,8 +1055,28 @@ urma_status_t urma_modify_jetty(urma_jetty_t *jetty, urma_jetty_attr_t *attr)
         push(j->sjfc, &cr, 0);
         j->flushable = 1; /* hw/udma/udma_u_jfc.c sets flush_flag here */
     }
+}
+
+urma_status_t urma_modify_jetty(urma_jetty_t *jetty, urma_jetty_attr_t *attr)
+{
+    if (!(attr->mask & JETTY_STATE) || attr->state != URMA_JETTY_STATE_ERROR) {
+        return URMA_EINVAL;
+    }
+    pthread_mutex_lock(&mu);
+    jetty_to_error((fjetty_t *)jetty);
     pthread_mutex_unlock(&mu);
     return URMA_SUCCESS;
+}
+
+/* fakeurma_error_jetty errors a jetty as the device does on its own (a
+ * jetty error event): FLUSH_ERR_DONE arrives with no failed send before it.
+ * A test hook; liburma has no such call. */
+int fakeurma_error_jetty(void *jetty)
+{
+    pthread_mutex_lock(&mu);
+    jetty_to_error((fjetty_t *)jetty);
+    pthread_mutex_unlock(&mu);
+    return 0;
 }
 
 int urma_flush_jetty(urma_jetty_t *jetty, int cr_cnt, urma_cr_t *cr)
