@@ -69,15 +69,14 @@ func newProvider(opts Options) (*Provider, error) {
 // Name is "liburma".
 func (p *Provider) Name() string { return Name }
 
-func (p *Provider) isClosed() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.closed
-}
-
 // Devices lists liburma's devices with their capabilities, ports and EIDs.
 func (p *Provider) Devices() ([]urma.DeviceInfo, error) {
-	if p.isClosed() {
+	// Under p.mu throughout: the last Provider.Close uninitialises
+	// liburma, which frees the device list (and unloads the providers)
+	// a listing reads (core/urma_main.c urma_uninit).
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
 		return nil, urma.Errorf("get_device_list", urma.ErrClosed.Code, "provider is closed")
 	}
 	var raw [maxDevices]C.shim_dev_info
@@ -103,7 +102,7 @@ func (p *Provider) Devices() ([]urma.DeviceInfo, error) {
 	return out, nil
 }
 
-// eids lists a device's populated EID slots.
+// eids lists a device's populated EID slots; p.mu is held.
 func (p *Provider) eids(dev string) ([]urma.EIDEntry, error) {
 	name := C.CString(dev)
 	defer C.free(unsafe.Pointer(name))

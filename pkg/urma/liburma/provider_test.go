@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -345,4 +346,47 @@ func providerOfFake(t *testing.T, name string, flags ...string) *Provider {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	return p
+}
+
+// Devices holds the provider while it is in liburma: a last Provider.Close
+// that ran under it would uninitialise liburma, which frees the device list
+// (and unloads the providers) the listing reads. The fake's gate holds
+// urma_get_device_list in the middle; Close must wait for it.
+func TestDevicesHoldsOffClose(t *testing.T) {
+	p := providerOfFake(t, "fakeurma")
+	// Any non-NULL argument arms the gate.
+	if err := p.lib.fakeHook("fakeurma_gate_list", unsafe.Pointer(p.lib.c)); err != nil {
+		t.Fatal(err)
+	}
+	type listing struct {
+		devs []urma.DeviceInfo
+		err  error
+	}
+	listed := make(chan listing, 1)
+	go func() {
+		devs, err := p.Devices()
+		listed <- listing{devs, err}
+	}()
+	if err := p.lib.fakeHook("fakeurma_wait_list_gated", nil); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	var closeErr error
+	go func() {
+		defer close(closed)
+		closeErr = p.Close()
+	}()
+	if !waitBlockedIn(closed, "liburma.(*Provider).Close") {
+		t.Error("Provider.Close returned while Devices was in liburma")
+	}
+	if err := p.lib.fakeHook("fakeurma_gate_list", nil); err != nil {
+		t.Fatal(err)
+	}
+	if l := <-listed; l.err != nil || len(l.devs) != 2 {
+		t.Errorf("Devices: %d devices, %v; liburma was uninitialised under it", len(l.devs), l.err)
+	}
+	<-closed
+	if closeErr != nil {
+		t.Errorf("Close: %v", closeErr)
+	}
 }

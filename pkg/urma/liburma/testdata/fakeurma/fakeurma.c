@@ -29,6 +29,9 @@
  *    loaded, and has none then (ENODEV);
  *  - fakeurma_error_jetty errors a jetty as the device does on its own:
  *    FLUSH_ERR_DONE with no failed send before it;
+ *  - fakeurma_gate_list holds urma_get_device_list in the middle of its
+ *    work, and the listing fails with EFAULT when urma_uninit ran
+ *    meanwhile (liburma frees the list under it);
  *  - fakeurma_kill_context makes a context and the path to its device
  *    vanish, as a crashed node or a cut link would: sends to the device
  *    complete with ACK_TIMEOUT and imports from it fail with ETIMEDOUT,
@@ -176,6 +179,13 @@ static int initialised, stopping;
 static uint32_t next_uasid = 100;
 static fdev_t devs[NDEV];
 static int devs_ready;
+/* The device-list gate, a test hook: while armed, urma_get_device_list
+ * waits in the middle of its work (list_gated says one does). uninits
+ * counts urma_uninit calls, so a listing can tell that liburma was
+ * uninitialised under it. */
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_armed, list_gated;
+static uint64_t uninits;
 
 static void setup_devices(void)
 {
@@ -259,6 +269,7 @@ urma_status_t urma_uninit(void)
     pthread_join(timer_thread, NULL);
     pthread_mutex_lock(&mu);
     initialised = 0;
+    uninits++;
     pthread_mutex_unlock(&mu);
     return URMA_SUCCESS;
 }
@@ -273,6 +284,23 @@ urma_device_t **urma_get_device_list(int *num_devices)
         return NULL;
     }
     setup_devices();
+    if (gate_armed) {
+        uint64_t before = uninits;
+        list_gated = 1;
+        pthread_cond_broadcast(&gate_cv);
+        while (gate_armed) {
+            pthread_cond_wait(&gate_cv, &mu);
+        }
+        list_gated = 0;
+        if (uninits != before) {
+            /* liburma's urma_uninit frees the device list (and unloads the
+             * providers) this call is reading: a crash there, an error here */
+            pthread_mutex_unlock(&mu);
+            *num_devices = 0;
+            errno = EFAULT;
+            return NULL;
+        }
+    }
     pthread_mutex_unlock(&mu);
     urma_device_t **l = calloc(NDEV + 1, sizeof(*l));
     if (l == NULL) {
@@ -284,6 +312,30 @@ urma_device_t **urma_get_device_list(int *num_devices)
     }
     *num_devices = NDEV;
     return l;
+}
+
+/* fakeurma_gate_list arms the device-list gate (arg non-NULL) or opens it
+ * (NULL). A test hook. */
+int fakeurma_gate_list(void *arg)
+{
+    pthread_mutex_lock(&mu);
+    gate_armed = arg != NULL;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+/* fakeurma_wait_list_gated returns once a urma_get_device_list waits at
+ * the gate. A test hook. */
+int fakeurma_wait_list_gated(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&mu);
+    while (!list_gated) {
+        pthread_cond_wait(&gate_cv, &mu);
+    }
+    pthread_mutex_unlock(&mu);
+    return 0;
 }
 
 void urma_free_device_list(urma_device_t **device_list)
