@@ -430,18 +430,22 @@ int shim_jetty_to_error(shim_lib *l, struct urma_jetty *j)
     return l->urma_modify_jetty(j, &attr);
 }
 
+/* put_cr reads only what udma's poll writes (hw/udma/udma_u_jfc.c
+ * udma_u_parse_cqe_for_jfc): it never fills remote_id.uasid or the
+ * flush_err_done bit, which keep whatever the buffer held. The remote
+ * uasid stays 0, and FLUSH_ERR_DONE is known by its status. */
 static void put_cr(shim_cr *o, const urma_cr_t *c)
 {
     memset(o, 0, sizeof(*o));
     o->status = c->status;
     o->recv = c->flag.bs.s_r;
     o->jetty = c->flag.bs.jetty;
-    o->flush_err_done = c->flag.bs.flush_err_done;
     o->opcode = (uint32_t)c->opcode; /* meaningful for receives only: Go drops the rest */
     o->completion_len = c->completion_len;
     o->local_id = c->local_id;
-    put_id(&o->remote, &c->remote_id);
-    o->imm = c->imm_data;
+    memcpy(o->remote.eid, c->remote_id.eid.raw, 16);
+    o->remote.id = c->remote_id.id;
+    o->imm = c->imm_data; /* filled for receives with an immediate only: Go drops the rest */
     o->user_ctx = c->user_ctx;
 }
 

@@ -89,10 +89,11 @@ typedef struct shim_recv {
     shim_sge sges[SHIM_MAX_SGE];
 } shim_recv;
 
-/* A completion record with its flags and union taken apart. */
+/* A completion record with its flags and union taken apart: what udma
+ * fills (remote.uasid is 0; udma does not report it). */
 typedef struct shim_cr {
     uint32_t status, opcode;
-    uint8_t recv, jetty, flush_err_done, pad;
+    uint8_t recv, jetty, pad[2];
     uint32_t completion_len, local_id;
     shim_id remote;
     uint64_t imm, user_ctx;

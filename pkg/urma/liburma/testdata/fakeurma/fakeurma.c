@@ -23,7 +23,9 @@
  *    at most the SQ depth per call (EINVAL beyond, as liburma checks);
  *  - an RC jetty sends to its bound target only, and a bound RC target
  *    cannot be unimported;
- *  - send completions carry no opcode (garbage, as in liburma);
+ *  - send completions carry no opcode (garbage, as in liburma), and
+ *    urma_poll_jfc leaves garbage in every field udma does not fill (the
+ *    remote uasid, the flush_err_done bit, imm_data without an immediate);
  *  - uninitialised (before urma_init, after urma_uninit) it lists no
  *    device: liburma matches sysfs devices to the providers urma_init
  *    loaded, and has none then (ENODEV);
@@ -580,6 +582,23 @@ urma_status_t urma_delete_jfc(urma_jfc_t *jfc)
     return URMA_SUCCESS;
 }
 
+/* unfilled scribbles on the fields udma_u_poll_jfc never writes, so that
+ * they keep whatever the caller's buffer held (hw/udma/udma_u_jfc.c
+ * udma_u_parse_cqe_for_jfc): the remote uasid and the flush_err_done bit
+ * always, imm_data unless a receive carries one, and a FLUSH_ERR_DONE's
+ * user_ctx. A reader of them gets garbage, as on hardware. */
+static void unfilled(urma_cr_t *cr)
+{
+    cr->remote_id.uasid = 0xa5a5a5a5u;
+    cr->flag.bs.flush_err_done = cr->status != URMA_CR_WR_FLUSH_ERR_DONE;
+    if (!cr->flag.bs.s_r || (cr->opcode != URMA_CR_OPC_SEND_WITH_IMM && cr->opcode != URMA_CR_OPC_WRITE_WITH_IMM)) {
+        cr->imm_data = 0xa5a5a5a5a5a5a5a5ull;
+    }
+    if (cr->status == URMA_CR_WR_FLUSH_ERR_DONE) {
+        cr->user_ctx = 0xa5a5a5a5a5a5a5a5ull;
+    }
+}
+
 int urma_poll_jfc(urma_jfc_t *jfc, int cr_cnt, urma_cr_t *cr)
 {
     fjfc_t *q = (fjfc_t *)jfc;
@@ -590,7 +609,8 @@ int urma_poll_jfc(urma_jfc_t *jfc, int cr_cnt, urma_cr_t *cr)
     }
     int k = 0;
     while (k < cr_cnt && q->n > 0) {
-        cr[k++] = q->ring[q->head];
+        cr[k] = q->ring[q->head];
+        unfilled(&cr[k++]);
         q->head = (q->head + 1) % q->depth;
         q->n--;
     }
@@ -1101,8 +1121,7 @@ static void jetty_to_error(fjetty_t *j)
         cr.status = URMA_CR_WR_FLUSH_ERR_DONE;
         cr.user_ctx = 0xdeadbeef; /* invalid, as liburma says */
         cr.opcode = NO_OPCODE;
-        cr.flag.bs.jetty = 1;
-        cr.flag.bs.flush_err_done = 1;
+        cr.flag.bs.jetty = 1; /* udma sets no flush_err_done bit: the status says it */
         cr.local_id = j->base.jetty_id.id;
         push(j->sjfc, &cr, 0);
         j->flushable = 1; /* hw/udma/udma_u_jfc.c sets flush_flag here */
