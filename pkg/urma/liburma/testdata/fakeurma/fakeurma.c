@@ -21,8 +21,10 @@
  *    unhandled; moving it to ERROR yields FLUSH_ERR_DONE, and only then
  *    does urma_flush_jetty return the unhandled requests (WR_UNHANDLED),
  *    at most the SQ depth per call (EINVAL beyond, as liburma checks);
- *  - an RC jetty sends to its bound target only, and a bound RC target
- *    cannot be unimported;
+ *  - an RC jetty sends to its bound target only, a bound RC target
+ *    cannot be unimported, and a bound RC jetty cannot be deleted
+ *    (URMA_ENOPERM until urma_unbind_jetty);
+ *  - urma_delete_jetty drops the jetty's records from its JFCs;
  *  - send completions carry no opcode (garbage, as in liburma), and
  *    urma_poll_jfc leaves garbage in every field udma does not fill (the
  *    remote uasid, the flush_err_done bit, imm_data without an immediate);
@@ -832,12 +834,32 @@ urma_jetty_t *urma_create_jetty(urma_context_t *ctx, urma_jetty_cfg_t *cfg)
     return &j->base;
 }
 
+/* clean_jfc drops a deleted jetty's records from a JFC, as
+ * hw/udma/udma_u_jfc.c udma_u_clean_jfc does: every record whose local id
+ * is the jetty's, sends and receives alike; mu is held */
+static void clean_jfc(fjfc_t *q, uint32_t jetty_id)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < q->n; i++) {
+        urma_cr_t *cr = &q->ring[(q->head + i) % q->depth];
+        if (cr->local_id != jetty_id) {
+            q->ring[(q->head + k++) % q->depth] = *cr;
+        }
+    }
+    q->n = k;
+}
+
 urma_status_t urma_delete_jetty(urma_jetty_t *jetty)
 {
     fjetty_t *j = (fjetty_t *)jetty;
     pthread_mutex_lock(&mu);
-    if (j->bound != NULL) {
-        j->bound->bound_by--;
+    if (j->base.jetty_cfg.jfs_cfg.trans_mode == URMA_TM_RC && j->bound != NULL) {
+        pthread_mutex_unlock(&mu);
+        return EPERM; /* core/urma_cp_api.c: URMA_ENOPERM, "try unbind first" */
+    }
+    clean_jfc(j->sjfc, j->base.jetty_id.id);
+    if (j->jfr->jfc != j->sjfc) {
+        clean_jfc(j->jfr->jfc, j->base.jetty_id.id);
     }
     j->ctx->dev->jetties[j->base.jetty_id.id] = NULL;
     j->jfr->users--;

@@ -1,0 +1,40 @@
+//go:build linux && cgo
+
+package liburma
+
+import (
+	"testing"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// Closing a jetty drops its completions not yet polled: udma's
+// urma_delete_jetty removes every record of the jetty from its JFCs
+// (hw/udma/udma_u_jfc.c udma_u_clean_jfc), and the provider presents the
+// same whether a record is still in liburma or already with the provider.
+// Jetty ids are reused, so a record that outlived its jetty would be taken
+// for one of the next jetty with that id.
+func TestJettyCloseDropsItsCompletions(t *testing.T) {
+	t.Run("in-liburma", func(t *testing.T) {
+		p := newTestProvider(t)
+		a, b := openFlushPeer(t, p, "udma0", 4), openFlushPeer(t, p, "udma1", 4)
+		target, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { closeAll(t, target) })
+		if err := b.jfr.PostRecv(&urma.RecvWR{UserCtx: 9}); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.jetty.Close(); err != nil {
+			t.Fatal(err)
+		}
+		a.jetty = nil
+		if n, err := a.jfc.Poll(make([]urma.Completion, 4)); n != 0 || err != nil {
+			t.Errorf("poll after the jetty closed: %d records, %v; want its send completion dropped", n, err)
+		}
+	})
+}
