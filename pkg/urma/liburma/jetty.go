@@ -341,7 +341,8 @@ func (j *jetty) SetError() error {
 }
 
 // Close deletes the jetty, unbinding an RC target first. Outstanding sends
-// are dropped without completions.
+// are dropped without completions, and so are the jetty's records not yet
+// polled, as udma's urma_delete_jetty drops them from its JFCs.
 func (j *jetty) Close() error {
 	j.mu.Lock()
 	if j.closed {
@@ -355,6 +356,7 @@ func (j *jetty) Close() error {
 	q := j.sendJFC
 	q.mu.Lock()
 	delete(q.jetties, j.id.ID) // Poll no longer touches it
+	q.dropPending(j.id.ID)
 	q.mu.Unlock()
 	var err error
 	if bound != nil {

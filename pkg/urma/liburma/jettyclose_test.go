@@ -37,4 +37,35 @@ func TestJettyCloseDropsItsCompletions(t *testing.T) {
 			t.Errorf("poll after the jetty closed: %d records, %v; want its send completion dropped", n, err)
 		}
 	})
+	t.Run("held-by-the-provider", func(t *testing.T) {
+		p := newTestProvider(t)
+		a, b := openFlushPeer(t, p, "udma0", 4), openFlushPeer(t, p, "udma1", 4)
+		target, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { closeAll(t, target) })
+		// B posts no receive: send 1 waits (RNR, forever), 2 and 3 queue.
+		for i := range 3 {
+			if err := a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: uint64(i + 1)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := a.jetty.SetError(); err != nil {
+			t.Fatal(err)
+		}
+		// Two records fit: the provider keeps send 3's WR_FLUSH_ERR and
+		// the FLUSH_ERR_DONE for the next Poll.
+		if n, err := a.jfc.Poll(make([]urma.Completion, 2)); n != 2 || err != nil {
+			t.Fatalf("poll: %d, %v; want sends 1 and 2", n, err)
+		}
+		if err := a.jetty.Close(); err != nil {
+			t.Fatal(err)
+		}
+		a.jetty = nil
+		got := make([]urma.Completion, 4)
+		if n, err := a.jfc.Poll(got); n != 0 || err != nil {
+			t.Errorf("poll after the jetty closed: %+v, %v; want the records the provider held for it dropped", got[:n], err)
+		}
+	})
 }

@@ -336,6 +336,23 @@ func (q *jfc) emit(c urma.Completion, out []urma.Completion, n int) int {
 	return n
 }
 
+// dropPending forgets the records held for a jetty being deleted; q.mu is
+// held. urma_delete_jetty drops the rest from liburma's JFC, matching by
+// local id alone (hw/udma/udma_u_jfc.c udma_u_clean_jfc), and so does
+// this: ids are reused, and a record that outlived its jetty would be
+// taken for the next one's.
+func (q *jfc) dropPending(localID uint32) {
+	k := 0
+	for _, c := range q.pending {
+		if c.LocalID != localID {
+			q.pending[k] = c
+			k++
+		}
+	}
+	clear(q.pending[k:])
+	q.pending = q.pending[:k]
+}
+
 // take applies one record from liburma; q.mu is held. It takes a jetty's
 // mu inside it; PostSend never takes q.mu under j.mu.
 func (q *jfc) take(cr *C.shim_cr, out []urma.Completion, n int) int {
