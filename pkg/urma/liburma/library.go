@@ -126,6 +126,18 @@ func (l *library) fakeHook(name string, arg unsafe.Pointer) error {
 	return nil
 }
 
+// fakeGate arms the fake liburma's gate for the function call: the next
+// call to it waits in the middle of its work until fakeGate(""). A test
+// hook, as fakeHook.
+func (l *library) fakeGate(call string) error {
+	if call == "" {
+		return l.fakeHook("fakeurma_gate", nil)
+	}
+	ccall := C.CString(call)
+	defer C.free(unsafe.Pointer(ccall))
+	return l.fakeHook("fakeurma_gate", unsafe.Pointer(ccall))
+}
+
 // dlopen loads the library at path through the shim, which resolves the
 // liburma functions it calls.
 func dlopen(path string) (*C.shim_lib, error) {

@@ -75,7 +75,8 @@ func waitBlockedIn(done <-chan struct{}, fn string) bool {
 	buf := make([]byte, 1<<20)
 	for {
 		for _, g := range bytes.Split(buf[:runtime.Stack(buf, true)], []byte("\n\n")) {
-			if bytes.Contains(g, []byte("sync.(*Mutex).Lock")) && bytes.Contains(g, []byte(fn)) {
+			locking := bytes.Contains(g, []byte("sync.(*Mutex).Lock")) || bytes.Contains(g, []byte("sync.(*RWMutex).Lock"))
+			if locking && bytes.Contains(g, []byte(fn)) {
 				return true
 			}
 		}

@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -354,8 +353,7 @@ func providerOfFake(t *testing.T, name string, flags ...string) *Provider {
 // urma_get_device_list in the middle; Close must wait for it.
 func TestDevicesHoldsOffClose(t *testing.T) {
 	p := providerOfFake(t, "fakeurma")
-	// Any non-NULL argument arms the gate.
-	if err := p.lib.fakeHook("fakeurma_gate_list", unsafe.Pointer(p.lib.c)); err != nil {
+	if err := p.lib.fakeGate("urma_get_device_list"); err != nil {
 		t.Fatal(err)
 	}
 	type listing struct {
@@ -367,7 +365,7 @@ func TestDevicesHoldsOffClose(t *testing.T) {
 		devs, err := p.Devices()
 		listed <- listing{devs, err}
 	}()
-	if err := p.lib.fakeHook("fakeurma_wait_list_gated", nil); err != nil {
+	if err := p.lib.fakeHook("fakeurma_wait_gated", nil); err != nil {
 		t.Fatal(err)
 	}
 	closed := make(chan struct{})
@@ -379,7 +377,7 @@ func TestDevicesHoldsOffClose(t *testing.T) {
 	if !waitBlockedIn(closed, "liburma.(*Provider).Close") {
 		t.Error("Provider.Close returned while Devices was in liburma")
 	}
-	if err := p.lib.fakeHook("fakeurma_gate_list", nil); err != nil {
+	if err := p.lib.fakeGate(""); err != nil {
 		t.Fatal(err)
 	}
 	if l := <-listed; l.err != nil || len(l.devs) != 2 {

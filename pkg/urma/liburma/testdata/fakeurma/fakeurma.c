@@ -33,9 +33,10 @@
  *    loaded, and has none then (ENODEV);
  *  - fakeurma_error_jetty errors a jetty as the device does on its own:
  *    FLUSH_ERR_DONE with no failed send before it;
- *  - fakeurma_gate_list holds urma_get_device_list in the middle of its
- *    work, and the listing fails with EFAULT when urma_uninit ran
- *    meanwhile (liburma frees the list under it);
+ *  - fakeurma_gate holds a call (urma_get_device_list, urma_create_jfc) in
+ *    the middle of its work, and the call fails with EFAULT when
+ *    urma_uninit or urma_delete_context ran meanwhile (liburma frees what
+ *    it reads under it);
  *  - fakeurma_kill_context makes a context and the path to its device
  *    vanish, as a crashed node or a cut link would: sends to the device
  *    complete with ACK_TIMEOUT and imports from it fail with ETIMEDOUT,
@@ -183,13 +184,31 @@ static int initialised, stopping;
 static uint32_t next_uasid = 100;
 static fdev_t devs[NDEV];
 static int devs_ready;
-/* The device-list gate, a test hook: while armed, urma_get_device_list
- * waits in the middle of its work (list_gated says one does). uninits
- * counts urma_uninit calls, so a listing can tell that liburma was
- * uninitialised under it. */
+/* The gate, a test hook: while it is armed for a call, that call waits in
+ * the middle of its work (gated says one does). uninits and ctx_deletes
+ * count urma_uninit and urma_delete_context calls, so a gated call can
+ * tell that what it reads was freed under it. */
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
-static int gate_armed, list_gated;
-static uint64_t uninits;
+static char gate_call[64];
+static int gated;
+static uint64_t uninits, ctx_deletes;
+
+/* gate holds the calling function while the gate is armed for it, and says
+ * whether liburma or a context went meanwhile; mu is held */
+static int gate(const char *call)
+{
+    uint64_t u = uninits, d = ctx_deletes;
+    if (strcmp(gate_call, call) != 0) {
+        return 0;
+    }
+    gated = 1;
+    pthread_cond_broadcast(&gate_cv);
+    while (strcmp(gate_call, call) == 0) {
+        pthread_cond_wait(&gate_cv, &mu);
+    }
+    gated = 0;
+    return u != uninits || d != ctx_deletes;
+}
 
 static void setup_devices(void)
 {
@@ -288,22 +307,13 @@ urma_device_t **urma_get_device_list(int *num_devices)
         return NULL;
     }
     setup_devices();
-    if (gate_armed) {
-        uint64_t before = uninits;
-        list_gated = 1;
-        pthread_cond_broadcast(&gate_cv);
-        while (gate_armed) {
-            pthread_cond_wait(&gate_cv, &mu);
-        }
-        list_gated = 0;
-        if (uninits != before) {
-            /* liburma's urma_uninit frees the device list (and unloads the
-             * providers) this call is reading: a crash there, an error here */
-            pthread_mutex_unlock(&mu);
-            *num_devices = 0;
-            errno = EFAULT;
-            return NULL;
-        }
+    if (gate(__func__)) {
+        /* liburma's urma_uninit frees the device list (and unloads the
+         * providers) this call is reading: a crash there, an error here */
+        pthread_mutex_unlock(&mu);
+        *num_devices = 0;
+        errno = EFAULT;
+        return NULL;
     }
     pthread_mutex_unlock(&mu);
     urma_device_t **l = calloc(NDEV + 1, sizeof(*l));
@@ -318,24 +328,24 @@ urma_device_t **urma_get_device_list(int *num_devices)
     return l;
 }
 
-/* fakeurma_gate_list arms the device-list gate (arg non-NULL) or opens it
+/* fakeurma_gate arms the gate for the function call names, or opens it
  * (NULL). A test hook. */
-int fakeurma_gate_list(void *arg)
+int fakeurma_gate(void *call)
 {
     pthread_mutex_lock(&mu);
-    gate_armed = arg != NULL;
+    snprintf(gate_call, sizeof(gate_call), "%s", call != NULL ? (const char *)call : "");
     pthread_cond_broadcast(&gate_cv);
     pthread_mutex_unlock(&mu);
     return 0;
 }
 
-/* fakeurma_wait_list_gated returns once a urma_get_device_list waits at
- * the gate. A test hook. */
-int fakeurma_wait_list_gated(void *arg)
+/* fakeurma_wait_gated returns once a call waits at the gate. A test
+ * hook. */
+int fakeurma_wait_gated(void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&mu);
-    while (!list_gated) {
+    while (!gated) {
         pthread_cond_wait(&gate_cv, &mu);
     }
     pthread_mutex_unlock(&mu);
@@ -429,6 +439,7 @@ urma_status_t urma_delete_context(urma_context_t *ctx)
         pthread_mutex_unlock(&mu);
         return URMA_EAGAIN; /* objects still alive */
     }
+    ctx_deletes++;
     pthread_mutex_unlock(&mu);
     free(c);
     return URMA_SUCCESS;
@@ -540,6 +551,15 @@ urma_jfc_t *urma_create_jfc(urma_context_t *ctx, urma_jfc_cfg_t *cfg)
     }
     pthread_cond_init(&q->acked_cv, NULL);
     pthread_mutex_lock(&mu);
+    if (gate(__func__)) {
+        /* the context was deleted under the call */
+        pthread_mutex_unlock(&mu);
+        pthread_cond_destroy(&q->acked_cv);
+        free(q->ring);
+        free(q);
+        errno = EFAULT;
+        return NULL;
+    }
     q->ctx = (fctx_t *)ctx;
     q->jfce = (fjfce_t *)cfg->jfce;
     q->jfce->users++;
