@@ -113,3 +113,68 @@ func pollUntilFlushDone(t *testing.T, q urma.JFC) []urma.Completion {
 	t.Fatalf("no WR_FLUSH_ERR_DONE; records so far: %+v", got)
 	return nil
 }
+
+// Records that follow a FLUSH_ERR_DONE in one batch from urma_poll_jfc
+// survive the flush it sets off: urma_flush_jetty's records went into the
+// very buffer Poll was still reading the batch from, so a receive after
+// the FLUSH_ERR_DONE was lost and a flushed send reported twice (the
+// second time as a failed send, WR_UNHANDLED).
+func TestFlushKeepsTheRestOfTheBatch(t *testing.T) {
+	p := newTestProvider(t)
+	a, b := openFlushPeer(t, p, "udma0", 8), openFlushPeer(t, p, "udma1", 4)
+	// a2 shares a's JFC and JFR; b sends to it.
+	a2, err := a.ctx.CreateJetty(urma.JettyConfig{Mode: urma.RM, SQDepth: 4, SendJFC: a.jfc, JFR: a.jfr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeAll(t, a2) })
+	toB, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeAll(t, toB) })
+	toA2, err := b.ctx.ImportJetty(t.Context(), a2.ID(), urma.RM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeAll(t, toA2) })
+	// B posts no receive: send 1 waits (RNR, forever), 2..5 queue.
+	const sends = 5
+	for i := range sends {
+		if err := a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: toB, UserCtx: uint64(i + 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.jetty.SetError(); err != nil {
+		t.Fatal(err)
+	}
+	// After send 1's WR_FLUSH_ERR and the FLUSH_ERR_DONE, a receive on a2.
+	if err := a.jfr.PostRecv(&urma.RecvWR{UserCtx: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Target: toA2, UserCtx: 200}); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]urma.Completion, 16)
+	n, err := a.jfc.Poll(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:n]
+	var want []string
+	for i := range sends {
+		want = append(want, fmt.Sprintf("send %d WR_FLUSH_ERR", i+1))
+	}
+	want = append(want, "send 0 WR_FLUSH_ERR_DONE", "recv 100 SUCCESS")
+	var have []string
+	for _, c := range got {
+		kind := "send"
+		if c.Recv {
+			kind = "recv"
+		}
+		have = append(have, fmt.Sprintf("%s %d %v", kind, c.UserCtx, c.Status))
+	}
+	if fmt.Sprint(have) != fmt.Sprint(want) {
+		t.Errorf("poll:\n got %q\nwant %q", have, want)
+	}
+}

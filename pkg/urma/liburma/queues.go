@@ -232,9 +232,10 @@ type jfc struct {
 	mu      sync.Mutex
 	closed  bool
 	users   int
-	jetties map[uint32]*jetty // jetties sending into this JFC, by id
-	crs     [crBatch]C.shim_cr
-	pending []urma.Completion // records made by flushing, not yet polled
+	jetties map[uint32]*jetty  // jetties sending into this JFC, by id
+	crs     [crBatch]C.shim_cr // what urma_poll_jfc returned, being taken
+	flushed [crBatch]C.shim_cr // what urma_flush_jetty returned: not crs, which a flush interrupts
+	pending []urma.Completion  // records made by flushing, not yet polled
 
 	ackMu     sync.Mutex // guards the event counts and the C pointer for Ack
 	events    uint64     // events JFCE.Wait returned for this JFC
@@ -419,7 +420,7 @@ func (q *jfc) toError(j *jetty) {
 func (q *jfc) flush(j *jetty, out []urma.Completion, n int) int {
 	want := int(min(j.sqDepth, crBatch))
 	for {
-		k := int(C.shim_flush_jetty(q.ctx.lib.c, j.c, C.int(want), &q.crs[0]))
+		k := int(C.shim_flush_jetty(q.ctx.lib.c, j.c, C.int(want), &q.flushed[0]))
 		if k < 0 {
 			// liburma returns -status here.
 			q.ctx.prov.log.Error(statusErr("flush_jetty", C.int(-k), "flush jetty %d", j.id.ID),
@@ -427,7 +428,7 @@ func (q *jfc) flush(j *jetty, out []urma.Completion, n int) int {
 			return n
 		}
 		for i := range k {
-			c := completion(&q.crs[i])
+			c := completion(&q.flushed[i])
 			c.Status = urma.StatusWRFlushErr // WR_UNHANDLED: never started
 			n = q.emit(c, out, n)
 		}
