@@ -342,31 +342,43 @@ func (j *jetty) SetError() error {
 
 // Close deletes the jetty, unbinding an RC target first. Outstanding sends
 // are dropped without completions, and so are the jetty's records not yet
-// polled, as udma's urma_delete_jetty drops them from its JFCs.
-func (j *jetty) Close() error {
+// polled, as udma's urma_delete_jetty drops them from its JFCs. When the
+// unbind fails the jetty stays open and bound, and Close can be retried:
+// liburma refuses to delete a bound RC jetty (URMA_ENOPERM) and to
+// unimport its target.
+func (j *jetty) Close() error { return j.close(false) }
+
+// ForceClose closes the jetty also when its unbind fails: the provider is
+// closing, and nothing may reach liburma through the jetty after.
+func (j *jetty) ForceClose() { _ = j.close(true) }
+
+func (j *jetty) close(force bool) error {
 	j.mu.Lock()
 	if j.closed {
 		j.mu.Unlock()
 		return nil
 	}
+	var err error
+	if t := j.bound; t != nil {
+		if st := C.shim_unbind_jetty(j.ctx.lib.c, j.c); st != 0 {
+			err = statusErr("unbind_jetty", st, "unbind jetty %d from %s/%d", j.id.ID, t.id.EID, t.id.ID)
+			if !force {
+				j.mu.Unlock()
+				return err
+			}
+		}
+		t.mu.Lock() // under j.mu, as in PostSend
+		t.bound--
+		t.mu.Unlock()
+		j.bound = nil
+	}
 	j.closed = true
-	bound := j.bound
-	j.bound = nil
 	j.mu.Unlock()
 	q := j.sendJFC
 	q.mu.Lock()
 	delete(q.jetties, j.id.ID) // Poll no longer touches it
 	q.dropPending(j.id.ID)
 	q.mu.Unlock()
-	var err error
-	if bound != nil {
-		if st := C.shim_unbind_jetty(j.ctx.lib.c, j.c); st != 0 {
-			err = statusErr("unbind_jetty", st, "unbind jetty %d", j.id.ID)
-		}
-		bound.mu.Lock()
-		bound.bound--
-		bound.mu.Unlock()
-	}
 	if st := C.shim_delete_jetty(j.ctx.lib.c, j.c); st != 0 && err == nil {
 		err = statusErr("delete_jetty", st, "delete jetty %d", j.id.ID)
 	}
@@ -375,8 +387,6 @@ func (j *jetty) Close() error {
 	j.ctx.release(j)
 	return err
 }
-
-func (j *jetty) ForceClose() { _ = j.Close() }
 
 // remoteJetty is an imported jetty (urma_target_jetty_t).
 type remoteJetty struct {

@@ -3,6 +3,7 @@
 package liburma
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -68,4 +69,58 @@ func TestJettyCloseDropsItsCompletions(t *testing.T) {
 			t.Errorf("poll after the jetty closed: %+v, %v; want the records the provider held for it dropped", got[:n], err)
 		}
 	})
+}
+
+// An RC jetty whose unbind fails stays open and bound: liburma refuses to
+// delete a bound RC jetty (URMA_ENOPERM) and to unimport its target, so a
+// Close that went on forgot both while liburma kept them, and the target's
+// Close then failed in liburma with the import forgotten too. Close fails,
+// the target stays busy, and a second Close finishes the job. Provider.Close
+// closes the jetty all the same: nothing may reach liburma through it once
+// liburma is uninitialised.
+func TestJettyCloseUnbindFails(t *testing.T) {
+	t.Run("close", testJettyCloseUnbindFails)
+	t.Run("provider-close", func(t *testing.T) {
+		e := boundRCPair(t)
+		if err := e.ajetty.(*jetty).ctx.prov.Close(); err != nil {
+			t.Fatal(err)
+		}
+		err := e.ajetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Target: e.target, UserCtx: 3})
+		if !errors.Is(err, urma.ErrClosed) {
+			t.Errorf("post after Provider.Close: %v, want ErrClosed", err)
+		}
+	})
+}
+
+// boundRCPair is an RC pair whose jetty a is bound and whose next unbind
+// fails.
+func boundRCPair(t *testing.T) *pairEnds {
+	t.Helper()
+	e := newPairEnds(t, urma.RC)
+	if err := e.bjfr.PostRecv(&urma.RecvWR{UserCtx: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ajetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Target: e.target, UserCtx: 2}); err != nil {
+		t.Fatal(err) // binds
+	}
+	if err := e.ajetty.(*jetty).ctx.lib.fakeHook("fakeurma_fail_unbind", nil); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func testJettyCloseUnbindFails(t *testing.T) {
+	e := boundRCPair(t)
+	if err := e.ajetty.Close(); err == nil {
+		t.Fatal("jetty Close succeeded though its unbind failed")
+	}
+	if err := e.target.Close(); !errors.Is(err, urma.ErrBusy) {
+		t.Errorf("target Close while the jetty is still bound: %v, want ErrBusy", err)
+	}
+	if err := e.ajetty.Close(); err != nil {
+		t.Errorf("jetty Close again: %v", err)
+	}
+	if err := e.target.Close(); err != nil {
+		t.Errorf("target Close once the jetty is closed: %v", err)
+	}
 }

@@ -1286,6 +1286,20 @@ urma_status_t urma_bind_jetty(urma_jetty_t *jetty, urma_target_jetty_t *tjetty)
     return URMA_SUCCESS;
 }
 
+/* unbind_failures fails that many urma_unbind_jetty calls, as the unbind
+ * ioctl can (hw/udma/udma_u_jetty.c udma_u_unbind_jetty: URMA_FAIL) */
+static int unbind_failures;
+
+/* fakeurma_fail_unbind fails the next urma_unbind_jetty. A test hook. */
+int fakeurma_fail_unbind(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&mu);
+    unbind_failures++;
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
 urma_status_t urma_unbind_jetty(urma_jetty_t *jetty)
 {
     fjetty_t *j = (fjetty_t *)jetty;
@@ -1293,6 +1307,11 @@ urma_status_t urma_unbind_jetty(urma_jetty_t *jetty)
     if (j->bound == NULL) {
         pthread_mutex_unlock(&mu);
         return URMA_EINVAL;
+    }
+    if (unbind_failures > 0) {
+        unbind_failures--;
+        pthread_mutex_unlock(&mu);
+        return URMA_FAIL;
     }
     j->bound->bound_by--;
     j->bound = NULL;
