@@ -23,7 +23,7 @@ type library struct {
 	path   string  // the name it was first loaded by
 	handle uintptr // its dlopen handle, the key in libraries
 	c      *C.shim_lib
-	refs   int
+	refs   int // Providers using it; 0: liburma is uninitialised, the table stays
 	// ownsInit is set when our urma_init succeeded; when someone else in
 	// the process initialised liburma first (EEXIST), they uninitialise it.
 	ownsInit bool
@@ -33,10 +33,11 @@ type library struct {
 // liburma's urma_init and urma_uninit act on the whole process (a second
 // urma_init returns EEXIST, core/urma_main.c:216-219), so Providers share a
 // loaded library and count their references; the last Close uninitialises
-// it. The key is the handle, not the path: one file under two names (a
-// symlink, $URMA_LIBRARY beside liburma.so.0) is one library with one
-// initialisation, and counted by path the first name's last Close would
-// uninitialise it under the other's providers. This is the package's only
+// it, and the table stays for the next Provider. The key is the handle, not
+// the path: one file under two names (a symlink, $URMA_LIBRARY beside
+// liburma.so.0) is one library with one initialisation, and counted by path
+// the first name's last Close would uninitialise it under the other's
+// providers. This is the package's only
 // shared state, and it mirrors liburma's own.
 var libraries = struct {
 	sync.Mutex
@@ -54,38 +55,49 @@ func openLibrary(path string) (*library, error) {
 	}
 	// dlopen gives the handle it gave before for a file already loaded.
 	h := uintptr(C.shim_handle(c))
-	if l := libraries.m[h]; l != nil {
-		C.shim_free(c)
-		l.refs++
-		return l, nil
+	l := libraries.m[h]
+	if l != nil {
+		C.shim_free(c) // l's table holds the library
+		if l.refs > 0 {
+			l.refs++
+			return l, nil
+		}
+		// Every Provider closed and liburma was uninitialised: initialise
+		// it again with the table kept from before, not a new one.
+	} else {
+		l = &library{path: path, handle: h, c: c}
 	}
-	l := &library{path: path, handle: h, c: c, refs: 1}
 	// The handle stays open for the life of the process: liburma starts
 	// threads and registers providers that do not survive dlclose.
-	switch st := C.shim_init(c); {
+	switch st := C.shim_init(l.c); {
 	case st == 0:
 		l.ownsInit = true
 	case syscall.Errno(st) == syscall.EEXIST:
 		// Another user in this process initialised liburma already.
+		l.ownsInit = false
 	default:
-		// Nothing started: the table and our dlopen reference go, or every
-		// New on a node whose liburma has no provider leaks both.
-		C.shim_free(c)
+		if libraries.m[h] == nil {
+			// Nothing started: the table and our dlopen reference go, or
+			// every New on a node whose liburma has no provider leaks both.
+			C.shim_free(c)
+		}
 		return nil, statusErr("urma_init", st, "initialise %s", path)
 	}
+	l.refs = 1
 	libraries.m[h] = l
 	return l, nil
 }
 
-// release drops a reference; the last one uninitialises liburma.
+// release drops a reference; the last one uninitialises liburma. The
+// library stays in libraries, for the next openLibrary to initialise again.
 func (l *library) release() error {
 	libraries.Lock()
 	defer libraries.Unlock()
 	if l.refs--; l.refs > 0 {
 		return nil
 	}
-	delete(libraries.m, l.handle)
 	if l.ownsInit {
+		l.ownsInit = false
 		if st := C.shim_uninit(l.c); st != 0 {
 			return statusErr("urma_uninit", st, "uninitialise %s", l.path)
 		}
