@@ -192,15 +192,30 @@ func (e *jfce) destroy() error {
 	return nil
 }
 
-func (e *jfce) attach(q *jfc) error {
+// reserve counts a JFC about to be created on the JFCE as its user, so
+// that Close refuses while urma_create_jfc uses it.
+func (e *jfce) reserve() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return errClosed("create_jfc", "JFCE")
 	}
 	e.users++
-	e.jfcs[q.c] = q
 	return nil
+}
+
+// unreserve drops the count of a JFC whose creation failed.
+func (e *jfce) unreserve() {
+	e.mu.Lock()
+	e.users--
+	e.mu.Unlock()
+}
+
+// register maps a created JFC, reserved before, for Wait.
+func (e *jfce) register(q *jfc) {
+	e.mu.Lock()
+	e.jfcs[q.c] = q
+	e.mu.Unlock()
 }
 
 func (e *jfce) detach(q *jfc) {
@@ -266,6 +281,11 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 	q := &jfc{ctx: c, jfce: e, jetties: make(map[uint32]*jetty), gone: make(chan struct{})}
 	ce := (*C.struct_urma_jfce)(nil)
 	if e != nil {
+		// A user of e from now: JFCE.Close must not delete it under
+		// urma_create_jfc.
+		if err := e.reserve(); err != nil {
+			return nil, err
+		}
 		ce = e.c
 	} else {
 		// brpc (AllocateResources): "The SDK requires every JFC to
@@ -280,14 +300,14 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 	var cerr C.int
 	if q.c = C.shim_create_jfc(c.lib.c, c.c, C.uint32_t(cfg.Depth), ce, &id, &cerr); q.c == nil {
 		q.deleteHidden()
+		if e != nil {
+			e.unreserve()
+		}
 		return nil, statusErr(op, cerr, "create a JFC of depth %d", cfg.Depth)
 	}
 	q.id = uint32(id)
 	if e != nil {
-		if err := e.attach(q); err != nil {
-			_ = q.deleteC()
-			return nil, err
-		}
+		e.register(q)
 		q.attached = true
 	}
 	if err := c.adopt(q, op); err != nil {

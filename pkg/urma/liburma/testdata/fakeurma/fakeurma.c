@@ -35,8 +35,8 @@
  *    FLUSH_ERR_DONE with no failed send before it;
  *  - fakeurma_gate holds a call (urma_get_device_list, urma_create_jfc) in
  *    the middle of its work, and the call fails with EFAULT when
- *    urma_uninit or urma_delete_context ran meanwhile (liburma frees what
- *    it reads under it);
+ *    urma_uninit, urma_delete_context or urma_delete_jfce ran meanwhile
+ *    (liburma frees what it reads under it);
  *  - fakeurma_kill_context makes a context and the path to its device
  *    vanish, as a crashed node or a cut link would: sends to the device
  *    complete with ACK_TIMEOUT and imports from it fail with ETIMEDOUT,
@@ -185,19 +185,19 @@ static uint32_t next_uasid = 100;
 static fdev_t devs[NDEV];
 static int devs_ready;
 /* The gate, a test hook: while it is armed for a call, that call waits in
- * the middle of its work (gated says one does). uninits and ctx_deletes
- * count urma_uninit and urma_delete_context calls, so a gated call can
- * tell that what it reads was freed under it. */
+ * the middle of its work (gated says one does). uninits, ctx_deletes and
+ * jfce_deletes count urma_uninit, urma_delete_context and urma_delete_jfce
+ * calls, so a gated call can tell that what it reads was freed under it. */
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static char gate_call[64];
 static int gated;
-static uint64_t uninits, ctx_deletes;
+static uint64_t uninits, ctx_deletes, jfce_deletes;
 
 /* gate holds the calling function while the gate is armed for it, and says
  * whether liburma or a context went meanwhile; mu is held */
 static int gate(const char *call)
 {
-    uint64_t u = uninits, d = ctx_deletes;
+    uint64_t u = uninits, d = ctx_deletes, e = jfce_deletes;
     if (strcmp(gate_call, call) != 0) {
         return 0;
     }
@@ -207,7 +207,7 @@ static int gate(const char *call)
         pthread_cond_wait(&gate_cv, &mu);
     }
     gated = 0;
-    return u != uninits || d != ctx_deletes;
+    return u != uninits || d != ctx_deletes || e != jfce_deletes;
 }
 
 static void setup_devices(void)
@@ -490,6 +490,7 @@ urma_status_t urma_delete_jfce(urma_jfce_t *jfce)
         return URMA_FAIL;
     }
     e->ctx->children--;
+    jfce_deletes++;
     pthread_mutex_unlock(&mu);
     close(e->base.fd);
     free(e->events);
@@ -552,7 +553,7 @@ urma_jfc_t *urma_create_jfc(urma_context_t *ctx, urma_jfc_cfg_t *cfg)
     pthread_cond_init(&q->acked_cv, NULL);
     pthread_mutex_lock(&mu);
     if (gate(__func__)) {
-        /* the context was deleted under the call */
+        /* the context or the JFCE was deleted under the call */
         pthread_mutex_unlock(&mu);
         pthread_cond_destroy(&q->acked_cv);
         free(q->ring);
