@@ -55,7 +55,7 @@ func (r *UrmaEndpointReconciler) applyClaimTemplate(ctx context.Context, ep *v1a
 	case err != nil:
 		return fmt.Errorf("get ResourceClaimTemplate %s: %w", name, err)
 	case !metav1.IsControlledBy(&cur, ep):
-		r.event(ep, nil, corev1.EventTypeWarning, EventConflict, "Render",
+		r.event(ep, nil, corev1.EventTypeWarning, EventClaimTemplateConflict, "Render",
 			"ResourceClaimTemplate %s is not controlled by this endpoint; not touching it", name)
 		return apierrors.NewAlreadyExists(resourceapi.Resource("resourceclaimtemplates"), name)
 	case equality.Semantic.DeepEqual(cur.Spec.Spec, want.Spec):

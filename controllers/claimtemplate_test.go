@@ -92,7 +92,8 @@ func TestForeignClaimTemplateIsAConflictInStatus(t *testing.T) {
 			statusWrites++
 			return c.SubResource(sub).Update(ctx, obj, opts...)
 		}}).Build()
-	r := &controllers.UrmaEndpointReconciler{Client: c, Scheme: s, Recorder: events.NewFakeRecorder(20), Driver: plan.DriverDRA}
+	recorder := events.NewFakeRecorder(20)
+	r := &controllers.UrmaEndpointReconciler{Client: c, Scheme: s, Recorder: recorder, Driver: plan.DriverDRA}
 	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "ep"}}
 
 	for pass := 1; pass <= 2; pass++ {
@@ -112,6 +113,20 @@ func TestForeignClaimTemplateIsAConflictInStatus(t *testing.T) {
 	}
 	if statusWrites != 1 {
 		t.Errorf("%d status writes, want 1: a settled conflict must not write status", statusWrites)
+	}
+	// The event names the conflict as the condition does, not the ConfigMap's.
+	conflictEvents := 0
+	for len(recorder.Events) > 0 {
+		e := <-recorder.Events
+		if strings.Contains(e, controllers.EventConflict) {
+			t.Errorf("event %q names a ConfigMap conflict; the ConfigMap is the endpoint's", e)
+		}
+		if strings.HasPrefix(e, "Warning "+controllers.EventClaimTemplateConflict+" ") {
+			conflictEvents++
+		}
+	}
+	if conflictEvents == 0 {
+		t.Errorf("no %s warning event", controllers.EventClaimTemplateConflict)
 	}
 	var still resourceapi.ResourceClaimTemplate
 	if err := c.Get(ctx(), client.ObjectKeyFromObject(foreign), &still); err != nil || len(still.Spec.Spec.Devices.Requests) != 0 || len(still.OwnerReferences) != 0 {

@@ -48,7 +48,10 @@ const (
 	EventDegraded      = "Degraded"
 	EventInvalidSpec   = "InvalidSpec"
 	EventConflict      = "ConfigMapConflict"
-	EventApplyFailed   = "ApplyFailed"
+	// EventClaimTemplateConflict matches the Ready reason of a foreign
+	// ResourceClaimTemplate, so that events and status name the same object.
+	EventClaimTemplateConflict = "ClaimTemplateConflict"
+	EventApplyFailed           = "ApplyFailed"
 )
 
 // +kubebuilder:rbac:groups=urma.openeuler.org,resources=urmaendpoints,verbs=get;list;watch
