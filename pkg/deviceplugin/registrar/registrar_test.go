@@ -76,7 +76,7 @@ func startPluginWith(t *testing.T, dir string, mutate func(*Config), log logr.Lo
 	t.Helper()
 	inv := inventory.New(16)
 	inv.Publish(inventory.Snapshot{JettiesPerUnit: 16, Devices: []inventory.Device{
-		{Name: "udma0", Healthy: true, NUMANode: 0, Budget: budget.Budget{Units: 3, Jetties: 48}},
+		{Name: "udma0", Healthy: true, NUMANode: 0, Budget: budget.Budget{Units: 3, Jetties: 48}, DevNode: "/dev/uburma/udma0"},
 	}})
 	m := metrics.New()
 	cfg := Config{
@@ -181,7 +181,7 @@ func TestUpdatesReachKubelet(t *testing.T) {
 	listed(t, k, 1, 3)
 	p.inv.Publish(inventory.Snapshot{JettiesPerUnit: 16, Devices: []inventory.Device{
 		{Name: "udma0", Healthy: false, Reason: "no EID", NUMANode: 0, Budget: budget.Budget{Units: 3, Jetties: 48}},
-		{Name: "udma1", Healthy: true, NUMANode: 1, Budget: budget.Budget{Units: 2, Jetties: 32}},
+		{Name: "udma1", Healthy: true, NUMANode: 1, Budget: budget.Budget{Units: 2, Jetties: 32}, DevNode: "/dev/uburma/udma1"},
 	}})
 	s := listed(t, k, 1, 5)
 	for _, d := range s.Plugins[resource].Devices {

@@ -23,8 +23,11 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
 
 // fakeDev writes a device tree root with the given nodes (relative to it).
@@ -540,5 +543,55 @@ func TestVanishedDeviceIsNotAllocated(t *testing.T) {
 	}
 	if got := resp.ContainerResponses[0].DeviceIDs; !slices.Equal(got, []string{"udma0-0", "udma0-1"}) {
 		t.Fatalf("preferred allocation %v, want udma0's units", got)
+	}
+}
+
+// TestDeviceWhoseNodeIsGoneIsNotAllocated: when /dev/uburma/<dev> vanishes
+// while the sysfs entry stays (uburma unloaded, udev recreating the node),
+// the health debounce keeps the device Healthy for a while, but the scan
+// already reports no node. Allocate must refuse it rather than hand the
+// container URMA_DEVICE without the node (or, in CDI mode, a CDI name the
+// rewritten spec no longer has), and preferred allocations must avoid it.
+func TestDeviceWhoseNodeIsGoneIsNotAllocated(t *testing.T) {
+	for _, cfg := range []Config{{}, {CDIKind: "urma.openeuler.org/jetty"}} {
+		t.Run(fmt.Sprintf("cdi=%q", cfg.CDIKind), func(t *testing.T) {
+			f := newFixture(t, cfg)
+			b := inventory.NewBuilder(inventory.Config{Budget: budget.Default(), Debounce: health.Debounce{Observations: 2, Hold: time.Minute}})
+			dev := func(node string) sysfs.Device {
+				eid, _ := urma.ParseEID("::ffff:10.0.0.1")
+				return sysfs.Device{
+					DeviceInfo: urma.DeviceInfo{
+						Name: "udma0", Caps: urma.DeviceCaps{MaxJetty: 64},
+						Ports: []urma.Port{{Index: 0, State: urma.PortActive}},
+						EIDs:  []urma.EIDEntry{{Index: 0, EID: eid}},
+					},
+					NUMANode: 0, DevNode: node,
+				}
+			}
+			now := time.Now()
+			b.Build(inventory.Scan{Devices: []sysfs.Device{dev(filepath.Join(f.root, "uburma", "udma0"))}}, now)
+			snap, _, _ := b.Build(inventory.Scan{Devices: []sysfs.Device{dev("")}}, now.Add(time.Second))
+			if d, _ := snap.Lookup("udma0"); !d.Healthy || d.DevNode != "" {
+				t.Fatalf("precondition: want the debounced device still healthy without a node, got %+v", d)
+			}
+			f.inv.Publish(snap)
+
+			resp, err := f.client.Allocate(ctx(t), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+				{DevicesIds: []string{"udma0-0"}},
+			}})
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "udma0-0") ||
+				!strings.Contains(status.Convert(err).Message(), "device node") {
+				t.Fatalf("Allocate of a unit whose device node is gone = %v, %v; want InvalidArgument naming the unit and the node", resp, err)
+			}
+			pref, err := f.client.GetPreferredAllocation(ctx(t), &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
+				{AvailableDeviceIDs: []string{"udma0-0", "udma0-1"}, AllocationSize: 1},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := pref.ContainerResponses[0].DeviceIDs; len(got) != 0 {
+				t.Fatalf("preferred allocation %v, want none of the node-less device", got)
+			}
+		})
 	}
 }
