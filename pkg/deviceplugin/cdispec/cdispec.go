@@ -9,7 +9,9 @@
 // whichever devices a container gets. Software devices need no node and are
 // not in the spec. The file is rewritten when the set changes or when it
 // is found deleted (checked at every retry), and left in place on shutdown,
-// so containers created while the plugin restarts still start.
+// so containers created while the plugin restarts still start. A plugin
+// running with CDI off leaves it too: kubelet replays a pod's checkpointed
+// Allocate answer, CDI names included, at every container restart.
 package cdispec
 
 import (
