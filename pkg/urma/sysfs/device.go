@@ -151,15 +151,34 @@ func (r *reader) caps() {
 	}
 }
 
-// reserved reads reserved_jetty_id, which older kernels lack.
+// reserved reads reserved_jetty_id, which older kernels lack, or else the
+// pair reserved_jetty_id_min and reserved_jetty_id_max that some ubcore
+// revisions show instead.
 func (r *reader) reserved() {
-	t, ok := r.text("reserved_jetty_id", false)
-	if !ok {
-		return
-	}
-	rg, err := urma.ParseRange(t)
-	if err != nil {
-		r.problemf("reserved_jetty_id: %v", err)
+	var rg urma.Range
+	if r.exists("reserved_jetty_id") {
+		t, ok := r.text("reserved_jetty_id", false)
+		if !ok {
+			return
+		}
+		var err error
+		if rg, err = urma.ParseRange(t); err != nil {
+			r.problemf("reserved_jetty_id: %v", err)
+			return
+		}
+	} else if r.exists("reserved_jetty_id_min") || r.exists("reserved_jetty_id_max") {
+		// One of the pair without the other is a broken tree.
+		lo, okLo := r.uint("reserved_jetty_id_min", 32, true)
+		hi, okHi := r.uint("reserved_jetty_id_max", 32, true)
+		if !okLo || !okHi {
+			return
+		}
+		if lo > hi {
+			r.problemf("reserved_jetty_id_min: %d is greater than reserved_jetty_id_max %d", lo, hi)
+			return
+		}
+		rg = urma.Range{Min: uint32(lo), Max: uint32(hi)}
+	} else {
 		return
 	}
 	if rg.Min == math.MaxUint32 && rg.Max == math.MaxUint32 {
@@ -318,6 +337,13 @@ func (r *reader) devNode() {
 	default:
 		d.DevNode = d.devNodePath
 	}
+}
+
+// exists reports whether the attribute file is there at all (readable or
+// not).
+func (r *reader) exists(rel string) bool {
+	_, err := os.Lstat(filepath.Join(r.dir, rel))
+	return !isMissing(err)
 }
 
 // text reads an attribute and trims the surrounding whitespace. A missing

@@ -826,3 +826,52 @@ func TestDeviceJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestReservedJettySplitFiles: some openEuler ubcore revisions show the
+// reserved range as two files, reserved_jetty_id_min and _max (both "%u"),
+// instead of reserved_jetty_id. Ignoring them would advertise the reserved
+// jetties to pods as budget.
+func TestReservedJettySplitFiles(t *testing.T) {
+	tests := []struct {
+		name     string
+		combined string // reserved_jetty_id; "-" removes it
+		min, max string // "-" leaves the file out
+		want     urma.Range
+		has      bool
+		problem  string
+	}{
+		{name: "split files", combined: "-", min: "0\n", max: "15\n", want: urma.Range{Min: 0, Max: 15}, has: true},
+		{name: "split files, one id", combined: "-", min: "1023\n", max: "1023\n", want: urma.Range{Min: 1023, Max: 1023}, has: true},
+		{name: "split sentinel", combined: "-", min: "4294967295\n", max: "4294967295\n"},
+		{name: "neither form", combined: "-", min: "-", max: "-"},
+		{name: "combined file wins", combined: "0-7\n", min: "0\n", max: "15\n", want: urma.Range{Min: 0, Max: 7}, has: true},
+		{name: "half a pair", combined: "-", min: "0\n", max: "-", problem: "reserved_jetty_id_max: missing"},
+		{name: "split min above max", combined: "-", min: "16\n", max: "15\n", problem: "reserved_jetty_id_min: 16 is greater than reserved_jetty_id_max 15"},
+		{name: "split garbage", combined: "-", min: "x\n", max: "15\n", problem: "reserved_jetty_id_min: parse number"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := sysfstest.New(t)
+			tr.Add(t, sysfstest.DefaultDevice("udma0"))
+			if tc.combined == "-" {
+				tr.RemoveFile(t, "udma0", "reserved_jetty_id")
+			} else {
+				tr.WriteFile(t, "udma0", "reserved_jetty_id", tc.combined)
+			}
+			for file, text := range map[string]string{"reserved_jetty_id_min": tc.min, "reserved_jetty_id_max": tc.max} {
+				if text != "-" {
+					tr.WriteFile(t, "udma0", file, text)
+				}
+			}
+			d := discoverOne(t, tr, "udma0")
+			if d.ReservedJetty != tc.want || d.HasReservedJetty != tc.has {
+				t.Errorf("ReservedJetty = %+v has=%v, want %+v has=%v", d.ReservedJetty, d.HasReservedJetty, tc.want, tc.has)
+			}
+			if tc.problem == "" {
+				wantNoProblems(t, d)
+			} else {
+				wantProblem(t, d, tc.problem)
+			}
+		})
+	}
+}
