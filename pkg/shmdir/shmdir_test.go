@@ -1,6 +1,7 @@
 package shmdir_test
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,5 +57,64 @@ func TestCheck(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), "clean absolute path") {
 			t.Errorf("Check(%q) = %v: the error does not say what is wanted", tc.dir, err)
 		}
+	}
+}
+
+// TestPrepareRefusesADirectoryOfOtherUse: Prepare makes the directory
+// world-writable, so a mistyped --shm-dir (/etc, /var/run, /usr/lib64)
+// must not turn a system directory into one any pod user can create files
+// in. Only a directory that holds nothing but the shm fabric's sockets is
+// opened; one already world-writable and sticky is left as it is.
+func TestPrepareRefusesADirectoryOfOtherUse(t *testing.T) {
+	withFile := filepath.Join(t.TempDir(), "etc")
+	if err := os.Mkdir(withFile, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(withFile, "passwd"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := shmdir.Prepare(withFile)
+	if err == nil || !strings.Contains(err.Error(), "passwd") {
+		t.Fatalf("Prepare of a directory holding a regular file = %v, want an error naming the file", err)
+	}
+	if fi, _ := os.Stat(withFile); fi.Mode().Perm() != 0o755 || fi.Mode()&os.ModeSticky != 0 {
+		t.Fatalf("mode %s after a refusal, want it untouched (drwxr-xr-x)", fi.Mode())
+	}
+
+	withSubdir := filepath.Join(t.TempDir(), "run")
+	if err := os.MkdirAll(filepath.Join(withSubdir, "lock"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := shmdir.Prepare(withSubdir); err == nil {
+		t.Fatal("Prepare of a directory holding a subdirectory succeeded, want a refusal")
+	}
+
+	// A plugin restart finds the sockets of running pods: fine.
+	sockets := filepath.Join(t.TempDir(), "shm")
+	if err := os.Mkdir(sockets, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("unix", filepath.Join(sockets, "00ff.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	if err := shmdir.Prepare(sockets); err != nil {
+		t.Fatalf("Prepare of a directory holding only sockets = %v", err)
+	}
+
+	// Already open to all (a /tmp-like directory): nothing to change.
+	open := filepath.Join(t.TempDir(), "tmp")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(open, "x"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := shmdir.Prepare(open); err != nil {
+		t.Fatalf("Prepare of an already world-writable sticky directory = %v", err)
 	}
 }
