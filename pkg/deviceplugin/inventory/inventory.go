@@ -47,15 +47,24 @@ type Device struct {
 	Bonding            bool
 }
 
+// ReasonNoDevNode is why a hardware device whose node the last scan did not
+// find takes no new work while its health still says otherwise.
+const ReasonNoDevNode = "device node missing (the device turns unhealthy if that lasts beyond the health debounce)"
+
 // Usable reports whether new work may go to the device, and if not why:
-// it is unhealthy, or the last scan did not see it (whatever its health
-// still says, its node is gone).
+// it is unhealthy, the last scan did not see it, or (hardware) it has no
+// device node now. Whatever its health still says: the health debounce
+// keeps a device Healthy for a while after it or its node disappears, and a
+// container given it then would start without the node (or, with CDI, name
+// a device the rewritten spec no longer has).
 func (d *Device) Usable() (ok bool, why string) {
 	switch {
 	case d.Vanished:
 		return false, ReasonVanished
 	case !d.Healthy:
 		return false, d.Reason
+	case !d.Software && d.DevNode == "":
+		return false, ReasonNoDevNode
 	}
 	return true, ""
 }

@@ -433,18 +433,23 @@ func TestWaitScanned(t *testing.T) {
 	}
 }
 
-// New work goes only to a device that is healthy and that the last scan
-// saw; a vanished device says so whatever its health says.
+// New work goes only to a device that is healthy, that the last scan saw
+// and, for hardware, whose device node it saw; a vanished device says so
+// whatever its health says.
 func TestDeviceUsable(t *testing.T) {
+	const node = "/dev/uburma/udma0"
 	for _, c := range []struct {
 		name    string
 		d       Device
 		ok      bool
 		wantWhy string
 	}{
-		{"healthy", Device{Healthy: true}, true, ""},
-		{"unhealthy", Device{Reason: "no usable port"}, false, "no usable port"},
-		{"vanished, still healthy", Device{Healthy: true, Vanished: true}, false, ReasonVanished},
+		{"healthy", Device{Healthy: true, DevNode: node}, true, ""},
+		{"healthy software device, which has no node", Device{Healthy: true, Software: true}, true, ""},
+		{"healthy, its node gone", Device{Healthy: true}, false, ReasonNoDevNode},
+		{"unhealthy", Device{Reason: "no usable port", DevNode: node}, false, "no usable port"},
+		{"unhealthy, its node gone", Device{Reason: "device node missing"}, false, "device node missing"},
+		{"vanished, still healthy", Device{Healthy: true, Vanished: true, DevNode: node}, false, ReasonVanished},
 		{"vanished and unhealthy", Device{Reason: "no usable port", Vanished: true}, false, ReasonVanished},
 	} {
 		t.Run(c.name, func(t *testing.T) {

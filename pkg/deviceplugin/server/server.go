@@ -245,7 +245,7 @@ func (s *Server) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 	snap, _ := s.inv.Current()
 	devs := make(map[string]preferred.Device, len(snap.Devices))
 	for _, d := range snap.Devices {
-		usable, _ := allocatable(&d)
+		usable, _ := d.Usable()
 		devs[d.Name] = preferred.Device{NUMANode: d.NUMANode, Healthy: usable}
 	}
 	resp := &pluginapi.PreferredAllocationResponse{}
@@ -321,7 +321,7 @@ func Group(snap *inventory.Snapshot, ids []string) ([]Share, error) {
 			unknown = append(unknown, id)
 			continue
 		}
-		if ok, why := allocatable(d); !ok {
+		if ok, why := d.Usable(); !ok {
 			unhealthy = append(unhealthy, id)
 			reasons[name] = why
 			continue
@@ -357,25 +357,6 @@ func Group(snap *inventory.Snapshot, ids []string) ([]Share, error) {
 		return strings.Compare(a.Device.Name, b.Device.Name)
 	})
 	return out, nil
-}
-
-// ReasonNoDevNode is why a hardware device whose node the last scan did not
-// find is not allocated, while its health still says otherwise.
-const ReasonNoDevNode = "device node missing (the device turns unhealthy if that lasts beyond the health debounce)"
-
-// allocatable reports whether new containers may get the device. Besides
-// Usable, a hardware device needs its node now: the health debounce keeps
-// a device Healthy for a while after its node disappears, and a container
-// given such a device would start without the node (or, in CDI mode, with a
-// CDI name the rewritten spec no longer has).
-func allocatable(d *inventory.Device) (ok bool, why string) {
-	if ok, why := d.Usable(); !ok {
-		return false, why
-	}
-	if !d.Software && d.DevNode == "" {
-		return false, ReasonNoDevNode
-	}
-	return true, ""
 }
 
 func sortedKeys(m map[string]string) []string {

@@ -212,6 +212,10 @@ func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReq
 	if d.Vanished {
 		return checkpoint.Device{}, fmt.Errorf("%s: device %s: %s", where, d.Name, inventory.ReasonVanished)
 	}
+	// Likewise a hardware device whose node the last scan did not find.
+	if ok, why := d.Usable(); !ok && why == inventory.ReasonNoDevNode {
+		return checkpoint.Device{}, fmt.Errorf("%s: device %s: %s", where, d.Name, why)
+	}
 	if !d.Healthy && !tolerated(r.Tolerations, draslices.UnhealthyTaint(d)) {
 		return checkpoint.Device{}, fmt.Errorf("%s: device %s is unhealthy: %s", where, d.Name, d.Reason)
 	}

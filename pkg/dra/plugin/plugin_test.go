@@ -703,6 +703,55 @@ func TestPrepareRefusesAVanishedDevice(t *testing.T) {
 	}
 }
 
+func TestPrepareRefusesADeviceWhoseNodeIsGone(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	seen, nodeGone := losingItsNode(t)
+	h.inv.Publish(nodeGone)
+	d := h.start()
+	c := h.claim(16, "udma0")
+	// Tolerating the unhealthy taint does not help: a CDI spec naming the
+	// missing node would fail the container.
+	c.Status.Allocation.Devices.Results[0].Tolerations = []resourceapi.DeviceToleration{{Operator: resourceapi.DeviceTolerationOpExists}}
+	if r := d.prepare(t, c).Claims[string(c.UID)]; r == nil || !strings.Contains(r.Error, inventory.ReasonNoDevNode) || !strings.Contains(r.Error, c.Name) {
+		t.Fatalf("prepare on a device without its node = %+v, want an error naming the claim and the missing node", r)
+	}
+	if entries, _ := os.ReadDir(h.cdiDir); len(entries) != 0 {
+		t.Fatalf("a refused claim left %d CDI specs", len(entries))
+	}
+	h.inv.Publish(seen)
+	if r := d.prepare(t, c).Claims[string(c.UID)]; r == nil || r.Error != "" {
+		t.Fatalf("prepare once the node is back = %+v", r)
+	}
+}
+
+// losingItsNode gives two snapshots of udma0: with its device node, then
+// from a scan that found the device but not its node, the health verdict
+// not yet changed (listed, healthy, no node).
+func losingItsNode(t *testing.T) (seen, nodeGone inventory.Snapshot) {
+	t.Helper()
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	tree.AddDevNode(t, sysfstest.UMMUNode)
+	cfg := dratest.Config(0)
+	cfg.Debounce = health.Debounce{Observations: 2, Hold: time.Hour}
+	b := inventory.NewBuilder(cfg)
+	scan := func() inventory.Scan {
+		found, err := sysfs.Discover(tree.Options())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return inventory.Scan{Devices: found, UMMUNode: sysfs.UMMUNode(tree.Options())}
+	}
+	now := time.Now()
+	seen, _, _ = b.Build(scan(), now)
+	tree.RemoveDevNode(t, "uburma/udma0")
+	nodeGone, _, _ = b.Build(scan(), now.Add(time.Second))
+	if d, ok := nodeGone.Lookup("udma0"); !ok || !d.Healthy || d.DevNode != "" {
+		t.Fatalf("fixture: want udma0 listed, healthy and without its node, got %+v", d)
+	}
+	return seen, nodeGone
+}
+
 // vanishing gives two snapshots of udma0: found by a scan, then missed by
 // the next, its absence not yet confirmed (listed, healthy, Vanished).
 func vanishing(t *testing.T) (seen, gone inventory.Snapshot) {

@@ -248,6 +248,10 @@ func ReasonCode(d *inventory.Device) string {
 	if d.Vanished {
 		return ReasonVanished
 	}
+	if ok, why := d.Usable(); !ok && why == inventory.ReasonNoDevNode {
+		// Still healthy: its reason is empty.
+		return ReasonNoDeviceNode
+	}
 	found := map[string]bool{}
 	for _, part := range strings.Split(d.Reason, "; ") {
 		switch {

@@ -284,6 +284,14 @@ func TestUnhealthyDevicesAreTaintedWithReason(t *testing.T) {
 	if got := slices.ReasonCode(&vanished); got != slices.ReasonVanished {
 		t.Errorf("vanished device: reason code %q", got)
 	}
+	// A node that disappeared since the last health verdict: still Healthy
+	// during the debounce, but no new claim may land on it.
+	nodeGone := *only(t, snap, "udma5")
+	nodeGone.Healthy, nodeGone.Reason, nodeGone.DevNode = true, "", ""
+	d := slices.Device(&nodeGone, slices.DefaultRequestPolicy())
+	if tn, ok := taint(d, slices.TaintUnhealthy); !ok || tn.Value != slices.ReasonNoDeviceNode {
+		t.Errorf("healthy device without its node: taints %+v, want %s=%s", d.Taints, slices.TaintUnhealthy, slices.ReasonNoDeviceNode)
+	}
 }
 
 func TestDeviceName(t *testing.T) {
