@@ -23,13 +23,18 @@ type pairEnds struct {
 
 func newPairEnds(t testing.TB, mode urma.TransportMode) *pairEnds {
 	t.Helper()
+	return newPairEndsOn(t, newTestProvider(t), mode)
+}
+
+// newPairEndsOn is newPairEnds on p (providerOfFake: a fake of its own).
+func newPairEndsOn(t testing.TB, p *Provider, mode urma.TransportMode) *pairEnds {
+	t.Helper()
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	p := newTestProvider(t)
 	e := &pairEnds{}
 	side := func(dev string, ctx *urma.Context, ce *urma.JFCE, q *urma.JFC, r *urma.JFR, j *urma.Jetty, mem **urma.Memory, seg *urma.Segment) {
 		var err error

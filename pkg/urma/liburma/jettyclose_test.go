@@ -77,11 +77,13 @@ func TestJettyCloseDropsItsCompletions(t *testing.T) {
 // Close then failed in liburma with the import forgotten too. Close fails,
 // the target stays busy, and a second Close finishes the job. Provider.Close
 // closes the jetty all the same: nothing may reach liburma through it once
-// liburma is uninitialised.
+// liburma is uninitialised. liburma then keeps the bound jetty and its
+// context (it refuses to delete them), so that case runs on a fake of its
+// own: on the shared one they would be there for every later test.
 func TestJettyCloseUnbindFails(t *testing.T) {
-	t.Run("close", testJettyCloseUnbindFails)
+	t.Run("close", func(t *testing.T) { testJettyCloseUnbindFails(t, newTestProvider(t)) })
 	t.Run("provider-close", func(t *testing.T) {
-		e := boundRCPair(t)
+		e := boundRCPair(t, providerOfFake(t, "fakeurma"))
 		if err := e.ajetty.(*jetty).ctx.prov.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -94,9 +96,9 @@ func TestJettyCloseUnbindFails(t *testing.T) {
 
 // boundRCPair is an RC pair whose jetty a is bound and whose next unbind
 // fails.
-func boundRCPair(t *testing.T) *pairEnds {
+func boundRCPair(t *testing.T, p *Provider) *pairEnds {
 	t.Helper()
-	e := newPairEnds(t, urma.RC)
+	e := newPairEndsOn(t, p, urma.RC)
 	if err := e.bjfr.PostRecv(&urma.RecvWR{UserCtx: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -109,8 +111,8 @@ func boundRCPair(t *testing.T) *pairEnds {
 	return e
 }
 
-func testJettyCloseUnbindFails(t *testing.T) {
-	e := boundRCPair(t)
+func testJettyCloseUnbindFails(t *testing.T, p *Provider) {
+	e := boundRCPair(t, p)
 	if err := e.ajetty.Close(); err == nil {
 		t.Fatal("jetty Close succeeded though its unbind failed")
 	}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"unsafe"
 )
 
 // TestMain builds the fake liburma (testdata/fakeurma) into a shared object
@@ -33,7 +34,33 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "fakeurma:", err)
 		return 1
 	}
-	return m.Run()
+	code := m.Run()
+	if n, err := contextsLeftInFake(); err != nil {
+		fmt.Fprintln(os.Stderr, "fakeurma:", err)
+		return 1
+	} else if n > 0 {
+		// A test that breaks the fake (a failed delete, on purpose) runs
+		// on a fake of its own (providerOfFake): what it leaves here would
+		// be there for every later test.
+		fmt.Fprintf(os.Stderr, "fakeurma: the tests left %d contexts undeleted in the shared fake\n", n)
+		return 1
+	}
+	return code
+}
+
+// contextsLeftInFake is how many contexts the shared fake holds that
+// nobody deleted.
+func contextsLeftInFake() (int, error) {
+	p, err := newProvider(Options{})
+	if err != nil {
+		return 0, err
+	}
+	var n int32
+	err = p.lib.fakeHook("fakeurma_live_contexts", unsafe.Pointer(&n))
+	if cerr := p.Close(); err == nil {
+		err = cerr
+	}
+	return int(n), err
 }
 
 // buildFake compiles a fake liburma (src, with extra compiler flags) into

@@ -192,6 +192,9 @@ static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static char gate_call[64];
 static int gated;
 static uint64_t uninits, ctx_deletes, jfce_deletes;
+/* live_contexts counts contexts created and not deleted, in the whole
+ * process: a test that leaves one here leaves its objects too. */
+static int live_contexts;
 
 /* gate holds the calling function while the gate is armed for it, and says
  * whether liburma or a context went meanwhile; mu is held */
@@ -427,6 +430,7 @@ urma_context_t *urma_create_context(urma_device_t *dev, uint32_t eid_index)
     c->base.eid = c->dev->eid;
     c->base.eid_index = eid_index;
     c->base.uasid = next_uasid++;
+    live_contexts++;
     pthread_mutex_unlock(&mu);
     return &c->base;
 }
@@ -440,9 +444,20 @@ urma_status_t urma_delete_context(urma_context_t *ctx)
         return URMA_EAGAIN; /* objects still alive */
     }
     ctx_deletes++;
+    live_contexts--;
     pthread_mutex_unlock(&mu);
     free(c);
     return URMA_SUCCESS;
+}
+
+/* fakeurma_live_contexts stores in *(int *)out how many contexts were
+ * created and not deleted. A test hook. */
+int fakeurma_live_contexts(void *out)
+{
+    pthread_mutex_lock(&mu);
+    *(int *)out = live_contexts;
+    pthread_mutex_unlock(&mu);
+    return 0;
 }
 
 /* fakeurma_kill_context makes a context vanish, and its device with it:
