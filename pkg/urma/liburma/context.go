@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -34,13 +35,15 @@ type devContext struct {
 	// the context (or uninitialising liburma) under it frees what it uses.
 	creating sync.RWMutex
 
-	// deleteOnce guards urma_delete_context, which frees the context:
-	// Close and Provider.Close (forceClose, on a context it listed before
-	// Close forgot it) can both get there. Once also holds the second
-	// caller until the delete returns, so Provider.Close never releases
-	// liburma under it.
-	deleteOnce sync.Once
-	deleteErr  error
+	// deleted says urma_delete_context freed the context (or Provider.Close
+	// gave up on it); under creating, held for writing. Close and
+	// Provider.Close can both get there, and each holds creating for
+	// writing across the delete, so the second waits for the first and
+	// Provider.Close never releases liburma under it.
+	deleted bool
+	// forceErrs are the failures of Provider.Close's teardown of the
+	// children; under creating, held for writing by forceClose.
+	forceErrs []error
 }
 
 var _ urma.Context = (*devContext)(nil)
@@ -71,38 +74,56 @@ func (c *devContext) release(ch lifecycle.Child) { c.children.Release(ch) }
 func (c *devContext) open(op string) error { return c.children.Check(op) }
 
 // Close deletes the context; it fails with ErrBusy while objects created
-// from it are alive. Closing twice is a no-op.
+// from it are alive. When liburma fails to delete it, the context stays
+// open and Close can be called again. Closing twice is a no-op.
 func (c *devContext) Close() error {
 	c.creating.Lock() // a creation under way is a child: ErrBusy
+	defer c.creating.Unlock()
 	done, err := c.children.Close("delete_context")
-	c.creating.Unlock()
 	if !done {
 		return err
 	}
-	return c.delete()
+	if err := c.delete(false); err != nil {
+		c.children.Reopen() // liburma keeps it, and so do we
+		return err
+	}
+	return nil
 }
 
-// delete deletes the context in liburma once, however many callers; each
-// gets that one call's error.
-func (c *devContext) delete() error {
-	c.deleteOnce.Do(func() {
-		st := C.shim_delete_context(c.lib.c, c.c)
-		c.prov.forgetContext(c)
-		if st != 0 {
-			c.deleteErr = statusErr("delete_context", st, "delete the context")
-		}
-	})
-	return c.deleteErr
+// delete deletes the context in liburma unless deleted already; creating
+// is held for writing. A failed delete leaves the context to delete again,
+// unless forced: the provider is closing, and the context goes anyway.
+func (c *devContext) delete(force bool) error {
+	if c.deleted {
+		return nil
+	}
+	st := C.shim_delete_context(c.lib.c, c.c)
+	if st != 0 && !force {
+		return statusErr("delete_context", st, "delete the context")
+	}
+	c.deleted = true
+	c.prov.forgetContext(c)
+	if st != 0 {
+		return statusErr("delete_context", st, "delete the context")
+	}
+	return nil
 }
 
 // forceClose destroys every child in teardown order, then the context,
-// unless a Close deleted it already.
-func (c *devContext) forceClose() {
+// unless a Close deleted it already, and returns what failed.
+func (c *devContext) forceClose() error {
 	c.creating.Lock() // creations under way finish, and are destroyed
+	defer c.creating.Unlock()
+	c.forceErrs = nil
 	c.children.ForceClose()
-	c.creating.Unlock()
-	if err := c.delete(); err != nil {
-		c.prov.log.Error(err, "closing the provider")
+	return errors.Join(append(c.forceErrs, c.delete(true))...)
+}
+
+// forced records the failure of a child's ForceClose for forceClose, which
+// runs it.
+func (c *devContext) forced(err error) {
+	if err != nil {
+		c.forceErrs = append(c.forceErrs, err)
 	}
 }
 
@@ -172,26 +193,43 @@ func (c *devContext) ImportJetty(ctx context.Context, id urma.JettyID, mode urma
 	return importJetty(ctx, c, id, mode, token)
 }
 
-// closeOnce marks an object closed under its lock, and says whether this
-// call did: only that caller destroys it.
-func closeOnce(mu *sync.Mutex, closed *bool) bool {
-	mu.Lock()
-	defer mu.Unlock()
-	if *closed {
-		return false
-	}
-	*closed = true
-	return true
+// deletion is the state of an object's delete in liburma, under the
+// object's mutex. One delete runs at a time, and a Close that finds one
+// running waits for its outcome. A delete that fails leaves the object open,
+// so that Close returns the error and can be called again, unless it was
+// forced: the provider is closing, and nothing may reach liburma through
+// the object after.
+type deletion struct {
+	closed  bool          // no new work: a delete runs, or the object is gone
+	running chan struct{} // closed when the running delete returns
 }
 
-// released forgets a child whose liburma object the destroy call that
-// returned st has deleted, and reports that call's failure.
-func (c *devContext) released(ch lifecycle.Child, st C.int, op, format string, args ...any) error {
-	c.release(ch)
-	if st != 0 {
-		return statusErr(op, st, format, args...)
+// await waits for a running delete; mu is held, and released meanwhile.
+// It says whether the object is still there to delete.
+func (d *deletion) await(mu *sync.Mutex) bool {
+	for d.running != nil {
+		ch := d.running
+		mu.Unlock()
+		<-ch
+		mu.Lock()
 	}
-	return nil
+	return !d.closed
+}
+
+// start marks a delete running; mu is held.
+func (d *deletion) start() {
+	d.closed = true
+	d.running = make(chan struct{})
+}
+
+// end records the outcome of the running delete: the object is gone when
+// the delete succeeded or was forced, and open again otherwise.
+func (d *deletion) end(mu *sync.Mutex, gone bool) {
+	mu.Lock()
+	close(d.running)
+	d.running = nil
+	d.closed = gone
+	mu.Unlock()
 }
 
 // cEID is an EID as liburma's urma_eid_t raw bytes.

@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 
@@ -24,8 +25,8 @@ type jfr struct {
 	maxSGE uint32
 	jfc    *jfc
 
-	mu      sync.Mutex
-	closed  bool
+	mu sync.Mutex
+	deletion
 	users   int
 	scratch C.shim_recv // the work request being posted, under mu
 	pins    pins        // the segments scratch names, under mu
@@ -58,7 +59,7 @@ func newJFR(c *devContext, cfg urma.JFRConfig) (*jfr, error) {
 	}
 	r.id = jettyIDOf(&id)
 	if err := c.adopt(r, op); err != nil {
-		_ = r.destroy() // the adoption error is the one to report
+		_ = r.destroy(true) // the adoption error is the one to report
 		return nil, err
 	}
 	return r, nil
@@ -107,30 +108,34 @@ func (r *jfr) PostRecv(wr *urma.RecvWR) error {
 }
 
 // Close deletes the JFR; it fails with ErrBusy while jetties share it.
-func (r *jfr) Close() error {
+// When liburma fails to delete it, it stays open: call Close again.
+func (r *jfr) Close() error { return r.destroy(false) }
+
+func (r *jfr) ForceClose() { r.ctx.forced(r.destroy(true)) }
+
+func (r *jfr) destroy(force bool) error {
 	r.mu.Lock()
-	if r.closed {
+	if !r.await(&r.mu) {
 		r.mu.Unlock()
 		return nil
 	}
-	if r.users > 0 {
+	if r.users > 0 && !force {
 		n := r.users
 		r.mu.Unlock()
 		return urma.Errorf("delete_jfr", urma.CodeBusy, "%d jetties still use JFR %d", n, r.id.ID)
 	}
+	r.start()
 	r.mu.Unlock()
-	return r.destroy()
-}
-
-func (r *jfr) ForceClose() { _ = r.destroy() }
-
-func (r *jfr) destroy() error {
-	if !closeOnce(&r.mu, &r.closed) {
-		return nil
-	}
 	st := C.shim_delete_jfr(r.ctx.lib.c, r.c)
-	r.jfc.detach()
-	return r.ctx.released(r, st, "delete_jfr", "delete JFR %d", r.id.ID)
+	r.end(&r.mu, st == 0 || force)
+	if st == 0 || force {
+		r.jfc.detach()
+		r.ctx.release(r)
+	}
+	if st != 0 {
+		return statusErr("delete_jfr", st, "delete JFR %d", r.id.ID)
+	}
+	return nil
 }
 
 func (r *jfr) attach() error {
@@ -162,8 +167,8 @@ type jetty struct {
 	jfr       *jfr
 	state     atomic.Uint32 // urma.JettyState
 
-	mu      sync.Mutex // orders posts, the RC binding and Close
-	closed  bool
+	mu sync.Mutex // orders posts, the RC binding and Close
+	deletion
 	bound   *remoteJetty // RC: bound at the first send
 	scratch C.shim_send  // the work request being posted, under mu
 	pins    pins         // the segments scratch names, under mu
@@ -215,7 +220,7 @@ func newJetty(c *devContext, cfg urma.JettyConfig) (*jetty, error) {
 	q.jetties[j.id.ID] = j
 	q.mu.Unlock()
 	if err := c.adopt(j, op); err != nil {
-		_ = j.Close()
+		_ = j.close(true) // the adoption error is the one to report
 		return nil, err
 	}
 	return j, nil
@@ -345,16 +350,18 @@ func (j *jetty) SetError() error {
 // polled, as udma's urma_delete_jetty drops them from its JFCs. When the
 // unbind fails the jetty stays open and bound, and Close can be retried:
 // liburma refuses to delete a bound RC jetty (URMA_ENOPERM) and to
-// unimport its target.
+// unimport its target. When the delete fails the jetty stays open too
+// (unbound), and Close can be retried.
 func (j *jetty) Close() error { return j.close(false) }
 
-// ForceClose closes the jetty also when its unbind fails: the provider is
-// closing, and nothing may reach liburma through the jetty after.
-func (j *jetty) ForceClose() { _ = j.close(true) }
+// ForceClose closes the jetty also when its unbind or delete fails: the
+// provider is closing, and nothing may reach liburma through the jetty
+// after.
+func (j *jetty) ForceClose() { j.ctx.forced(j.close(true)) }
 
 func (j *jetty) close(force bool) error {
 	j.mu.Lock()
-	if j.closed {
+	if !j.await(&j.mu) {
 		j.mu.Unlock()
 		return nil
 	}
@@ -372,15 +379,25 @@ func (j *jetty) close(force bool) error {
 		t.mu.Unlock()
 		j.bound = nil
 	}
-	j.closed = true
+	j.start()
 	j.mu.Unlock()
 	q := j.sendJFC
 	q.mu.Lock()
 	delete(q.jetties, j.id.ID) // Poll no longer touches it
 	q.dropPending(j.id.ID)
 	q.mu.Unlock()
-	if st := C.shim_delete_jetty(j.ctx.lib.c, j.c); st != 0 && err == nil {
-		err = statusErr("delete_jetty", st, "delete jetty %d", j.id.ID)
+	st := C.shim_delete_jetty(j.ctx.lib.c, j.c)
+	if st != 0 && !force {
+		// liburma keeps the jetty: Poll flushes it again.
+		q.mu.Lock()
+		q.jetties[j.id.ID] = j
+		q.mu.Unlock()
+		j.end(&j.mu, false)
+		return statusErr("delete_jetty", st, "delete jetty %d", j.id.ID)
+	}
+	j.end(&j.mu, true)
+	if st != 0 {
+		err = errors.Join(err, statusErr("delete_jetty", st, "delete jetty %d", j.id.ID))
 	}
 	j.jfr.detach()
 	q.detach()
@@ -395,9 +412,9 @@ type remoteJetty struct {
 	id   urma.JettyID
 	mode urma.TransportMode
 
-	mu     sync.Mutex
-	closed bool
-	bound  int // RC jetties bound to it
+	mu sync.Mutex
+	deletion
+	bound int // RC jetties bound to it
 }
 
 var _ urma.RemoteJetty = (*remoteJetty)(nil)
@@ -423,7 +440,7 @@ func importJetty(ctx context.Context, c *devContext, id urma.JettyID, mode urma.
 	}
 	r := &remoteJetty{ctx: c, c: tc, id: id, mode: mode}
 	if err := c.adopt(r, op); err != nil {
-		r.ForceClose()
+		_ = r.unimport(true) // the adoption error is the one to report
 		return nil, err
 	}
 	return r, nil
@@ -434,29 +451,31 @@ func (r *remoteJetty) ID() urma.JettyID { return r.id }
 
 // Close unimports the jetty. A bound RC target cannot be unimported
 // (hw/udma/udma_u_jetty.c:459-463): ErrBusy until its jetty is closed.
-func (r *remoteJetty) Close() error {
+// When liburma fails to unimport it, it stays imported: call Close again.
+func (r *remoteJetty) Close() error { return r.unimport(false) }
+
+// ForceClose unimports regardless: Provider.Close deletes the jetties first.
+func (r *remoteJetty) ForceClose() { r.ctx.forced(r.unimport(true)) }
+
+func (r *remoteJetty) unimport(force bool) error {
 	r.mu.Lock()
-	if r.closed {
+	if !r.await(&r.mu) {
 		r.mu.Unlock()
 		return nil
 	}
-	if r.bound > 0 {
+	if r.bound > 0 && !force {
 		r.mu.Unlock()
 		return urma.Errorf("unimport_jetty", urma.CodeBusy, "RC target %s/%d is bound to a jetty; close the jetty first", r.id.EID, r.id.ID)
 	}
-	r.closed = true
+	r.start()
 	r.mu.Unlock()
-	return r.unimport()
-}
-
-func (r *remoteJetty) unimport() error {
 	st := C.shim_unimport_jetty(r.ctx.lib.c, r.c)
-	return r.ctx.released(r, st, "unimport_jetty", "unimport jetty %s/%d", r.id.EID, r.id.ID)
-}
-
-// ForceClose unimports regardless: Provider.Close deletes the jetties first.
-func (r *remoteJetty) ForceClose() {
-	if closeOnce(&r.mu, &r.closed) {
-		_ = r.unimport()
+	r.end(&r.mu, st == 0 || force)
+	if st == 0 || force {
+		r.ctx.release(r)
 	}
+	if st != 0 {
+		return statusErr("unimport_jetty", st, "unimport jetty %s/%d", r.id.EID, r.id.ID)
+	}
+	return nil
 }

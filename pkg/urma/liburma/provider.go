@@ -9,6 +9,7 @@ package liburma
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -225,7 +226,9 @@ func (p *Provider) forgetContext(c *devContext) {
 
 // Close destroys every context and object still open, then releases
 // liburma (the last Provider of the process uninitialises it). Outstanding
-// work requests are dropped without completions. Close is idempotent.
+// work requests are dropped without completions. A delete that fails in
+// liburma does not stop the teardown: Close goes on with the rest, and
+// returns every failure. Close is idempotent.
 func (p *Provider) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -238,10 +241,15 @@ func (p *Provider) Close() error {
 		ctxs = append(ctxs, c)
 	}
 	p.mu.Unlock()
+	var errs []error
 	for _, c := range ctxs {
-		c.forceClose()
+		errs = append(errs, c.forceClose())
 	}
-	return p.lib.release()
+	errs = append(errs, p.lib.release())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close the liburma provider: %w", err)
+	}
+	return nil
 }
 
 // killContexts makes every context of this provider vanish as a crashed

@@ -28,9 +28,9 @@ type jfce struct {
 	fd   int
 	wake int
 
-	mu      sync.Mutex
-	cond    *sync.Cond // signalled when a waiter leaves poll(2)
-	closed  bool
+	mu   sync.Mutex
+	cond *sync.Cond // signalled when a waiter leaves poll(2)
+	deletion
 	waiters int
 	users   int
 	jfcs    map[*C.struct_urma_jfc]*jfc // the JFCs whose events come here
@@ -65,11 +65,11 @@ func newJFCE(c *devContext) (*jfce, error) {
 	// udma_u_wait_jfc), which O_NONBLOCK does not change; UB users set the
 	// flag the same way before putting the fd into epoll.
 	if err := unix.SetNonblock(e.fd, true); err != nil {
-		_ = e.destroy()
+		_ = e.destroy(true)
 		return nil, urma.Errorf(op, urma.CodeFail, "make the JFCE fd non-blocking: %v", err)
 	}
 	if err := c.adopt(e, op); err != nil {
-		_ = e.destroy() // the adoption error is the one to report
+		_ = e.destroy(true) // the adoption error is the one to report
 		return nil, err
 	}
 	return e, nil
@@ -100,7 +100,8 @@ func (e *jfce) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
 	}
 	for {
 		e.mu.Lock()
-		if e.closed {
+		// A Close wakes the waiters; if its delete fails, they wait again.
+		if !e.await(&e.mu) {
 			e.mu.Unlock()
 			return 0, errClosed(op, "JFCE")
 		}
@@ -151,39 +152,41 @@ func (e *jfce) take(out []urma.JFC) (int, error) {
 }
 
 // Close deletes the JFCE; it fails with ErrBusy while JFCs use it. A Wait
-// blocked on it returns ErrClosed.
-func (e *jfce) Close() error {
+// blocked on it returns ErrClosed. When liburma fails to delete it, it
+// stays open (Wait waits on): call Close again.
+func (e *jfce) Close() error { return e.destroy(false) }
+
+func (e *jfce) ForceClose() { e.ctx.forced(e.destroy(true)) }
+
+// destroy wakes blocked waiters, waits for them to leave poll(2), and then
+// deletes the JFCE: its fd must not be closed under a poller.
+func (e *jfce) destroy(force bool) error {
 	e.mu.Lock()
-	if e.closed {
+	if !e.await(&e.mu) {
 		e.mu.Unlock()
 		return nil
 	}
-	if e.users > 0 {
+	if e.users > 0 && !force {
 		n := e.users
 		e.mu.Unlock()
 		return urma.Errorf("delete_jfce", urma.CodeBusy, "%d JFCs still use this JFCE", n)
 	}
-	e.mu.Unlock()
-	return e.destroy()
-}
-
-func (e *jfce) ForceClose() { _ = e.destroy() }
-
-// destroy wakes blocked waiters, waits for them to leave poll(2), and then
-// deletes the JFCE: its fd must not be closed under a poller.
-func (e *jfce) destroy() error {
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return nil
-	}
-	e.closed = true
+	e.start()
 	_, _ = unix.Write(e.wake, []byte{1, 0, 0, 0, 0, 0, 0, 0})
 	for e.waiters > 0 {
 		e.cond.Wait()
 	}
 	e.mu.Unlock()
 	st := C.shim_delete_jfce(e.ctx.lib.c, e.c)
+	if st != 0 && !force {
+		// The JFCE stays: empty the wake fd, or every poll(2) of a Wait
+		// would return at once.
+		var b [8]byte
+		_, _ = unix.Read(e.wake, b[:])
+		e.end(&e.mu, false)
+		return statusErr("delete_jfce", st, "delete the JFCE")
+	}
+	e.end(&e.mu, true)
 	_ = unix.Close(e.wake)
 	e.ctx.release(e)
 	if st != 0 {
@@ -244,8 +247,8 @@ type jfc struct {
 	jfce   *jfce               // the caller's; nil for a polling-only JFC
 	hidden *C.struct_urma_jfce // liburma wants a JFCE for every JFC
 
-	mu      sync.Mutex
-	closed  bool
+	mu sync.Mutex
+	deletion
 	users   int
 	jetties map[uint32]*jetty  // jetties sending into this JFC, by id
 	crs     [crBatch]C.shim_cr // what urma_poll_jfc returned, being taken
@@ -257,8 +260,7 @@ type jfc struct {
 	acked     uint64
 	forced    bool // Provider.Close: acknowledge every event as it is reported
 	destroyed bool
-	attached  bool          // counted as a user of jfce
-	gone      chan struct{} // closed once urma_delete_jfc returned
+	attached  bool // counted as a user of jfce
 }
 
 var _ urma.JFC = (*jfc)(nil)
@@ -278,7 +280,7 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 	if err := c.open(op); err != nil {
 		return nil, err
 	}
-	q := &jfc{ctx: c, jfce: e, jetties: make(map[uint32]*jetty), gone: make(chan struct{})}
+	q := &jfc{ctx: c, jfce: e, jetties: make(map[uint32]*jetty)}
 	ce := (*C.struct_urma_jfce)(nil)
 	if e != nil {
 		// A user of e from now: JFCE.Close must not delete it under
@@ -299,7 +301,7 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 	var id C.uint32_t
 	var cerr C.int
 	if q.c = C.shim_create_jfc(c.lib.c, c.c, C.uint32_t(cfg.Depth), ce, &id, &cerr); q.c == nil {
-		q.deleteHidden()
+		_ = q.deleteHidden() // the creation's error is the one to report
 		if e != nil {
 			e.unreserve()
 		}
@@ -311,7 +313,7 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 		q.attached = true
 	}
 	if err := c.adopt(q, op); err != nil {
-		_ = q.destroy() // the adoption error is the one to report
+		_ = q.destroy(true) // the adoption error is the one to report
 		return nil, err
 	}
 	return q, nil
@@ -530,27 +532,15 @@ func (q *jfc) Ack(n uint32) {
 
 // Close deletes the JFC; it fails with ErrBusy while JFRs or jetties use
 // it. Otherwise urma_delete_jfc blocks until every event was acknowledged
-// (core/urma_cmd.c:1174-1185), and so does Close.
-func (q *jfc) Close() error {
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return nil
-	}
-	if q.users > 0 {
-		n := q.users
-		q.mu.Unlock()
-		return urma.Errorf("delete_jfc", urma.CodeBusy, "%d JFRs or jetties still use JFC %d", n, q.id)
-	}
-	q.mu.Unlock()
-	return q.destroy()
-}
+// (core/urma_cmd.c:1174-1185), and so does Close. When liburma fails to
+// delete it, it stays open: call Close again.
+func (q *jfc) Close() error { return q.destroy(false) }
 
 // ForceClose acknowledges what is outstanding first, and every event
 // reported from now on: Provider.Close tears down whoever would have. That
 // also lets a Close already waiting in urma_delete_jfc return; ForceClose
-// waits for whichever delete runs, so that the JFCE and the context go
-// only after the JFC.
+// waits for whichever delete runs (and deletes the JFC itself when that
+// one failed), so that the JFCE and the context go only after the JFC.
 func (q *jfc) ForceClose() {
 	q.ackMu.Lock()
 	q.forced = true
@@ -559,49 +549,60 @@ func (q *jfc) ForceClose() {
 		C.shim_ack(q.ctx.lib.c, q.c, C.uint32_t(left))
 	}
 	q.ackMu.Unlock()
-	_ = q.destroy()
-	<-q.gone
+	q.ctx.forced(q.destroy(true))
 }
 
-// destroy deletes the JFC once; urma_delete_jfc waits for the events
-// reported to be acknowledged.
-func (q *jfc) destroy() error {
+// destroy deletes the JFC; urma_delete_jfc waits for the events reported
+// to be acknowledged. The JFCE mapping stays until the delete returns, so
+// events Wait takes meanwhile still count.
+func (q *jfc) destroy(force bool) error {
 	q.mu.Lock()
-	if q.closed {
+	if !q.await(&q.mu) {
 		q.mu.Unlock()
 		return nil
 	}
-	q.closed = true
-	q.pending = nil
+	if q.users > 0 && !force {
+		n := q.users
+		q.mu.Unlock()
+		return urma.Errorf("delete_jfc", urma.CodeBusy, "%d JFRs or jetties still use JFC %d", n, q.id)
+	}
+	q.start()
 	q.mu.Unlock()
-	err := q.deleteC()
-	q.ctx.release(q)
-	return err
-}
-
-// deleteC deletes the liburma objects; the JFCE mapping stays until the
-// delete returns, so events Wait takes meanwhile still count.
-func (q *jfc) deleteC() error {
 	st := C.shim_delete_jfc(q.ctx.lib.c, q.c)
+	if st != 0 && !force {
+		q.end(&q.mu, false)
+		return statusErr("delete_jfc", st, "delete JFC %d", q.id)
+	}
 	q.ackMu.Lock()
 	q.destroyed = true
 	q.ackMu.Unlock()
 	if q.attached {
 		q.jfce.detach(q)
 	}
-	q.deleteHidden()
-	close(q.gone)
+	err := q.deleteHidden()
+	q.mu.Lock()
+	q.pending = nil
+	q.mu.Unlock()
+	q.end(&q.mu, true)
+	q.ctx.release(q)
 	if st != 0 {
-		return statusErr("delete_jfc", st, "delete JFC %d", q.id)
+		err = errors.Join(statusErr("delete_jfc", st, "delete JFC %d", q.id), err)
 	}
-	return nil
+	return err
 }
 
-func (q *jfc) deleteHidden() {
-	if q.hidden != nil {
-		_ = C.shim_delete_jfce(q.ctx.lib.c, q.hidden)
-		q.hidden = nil
+// deleteHidden deletes the JFCE of a polling-only JFC, once the JFC is
+// gone.
+func (q *jfc) deleteHidden() error {
+	if q.hidden == nil {
+		return nil
 	}
+	st := C.shim_delete_jfce(q.ctx.lib.c, q.hidden)
+	q.hidden = nil
+	if st != 0 {
+		return statusErr("delete_jfce", st, "delete the JFCE of polling JFC %d", q.id)
+	}
+	return nil
 }
 
 // attach counts a JFR or jetty completing here.

@@ -22,9 +22,9 @@ type segment struct {
 	va  uint64
 	id  urma.SegmentID
 
-	mu     sync.Mutex
-	idle   sync.Cond // signalled when the last post naming it returns; L is &mu
-	closed bool
+	mu   sync.Mutex
+	idle sync.Cond // signalled when the last post naming it returns; L is &mu
+	deletion
 	// posting counts the posts inside liburma that name the segment: they
 	// pass s.c, which urma_unregister_seg frees, so Close waits for them.
 	posting int
@@ -63,7 +63,7 @@ func registerSegment(c *devContext, mem *urma.Memory, cfg urma.SegmentConfig) (*
 	s := &segment{ctx: c, c: sc, buf: buf, va: va, id: segmentIDOf(&id)}
 	s.idle.L = &s.mu
 	if err := c.adopt(s, op); err != nil {
-		s.ForceClose()
+		_ = s.unregister(true) // the adoption error is the one to report
 		return nil, err
 	}
 	return s, nil
@@ -94,23 +94,33 @@ func (s *segment) Bytes() []byte {
 // outstanding work requests name: wait for their completions first. A post
 // naming the segment that is inside liburma finishes first, since it reads
 // the urma_target_seg_t that urma_unregister_seg frees; posts after Close
-// fail with ErrClosed.
-func (s *segment) Close() error {
+// fail with ErrClosed. When liburma fails to unregister it, it stays
+// registered: call Close again.
+func (s *segment) Close() error { return s.unregister(false) }
+
+func (s *segment) ForceClose() { s.ctx.forced(s.unregister(true)) }
+
+func (s *segment) unregister(force bool) error {
 	s.mu.Lock()
-	if s.closed {
+	if !s.await(&s.mu) {
 		s.mu.Unlock()
 		return nil
 	}
-	s.closed = true
+	s.start()
 	for s.posting > 0 {
 		s.idle.Wait()
 	}
 	s.mu.Unlock()
 	st := C.shim_unregister_seg(s.ctx.lib.c, s.c)
-	return s.ctx.released(s, st, "unregister_seg", "unregister segment %d", s.id.TokenID)
+	s.end(&s.mu, st == 0 || force)
+	if st == 0 || force {
+		s.ctx.release(s)
+	}
+	if st != 0 {
+		return statusErr("unregister_seg", st, "unregister segment %d", s.id.TokenID)
+	}
+	return nil
 }
-
-func (s *segment) ForceClose() { _ = s.Close() }
 
 // pin holds the segment registered while a post that names it is in
 // liburma; false once it is unregistered.
@@ -177,8 +187,8 @@ type remoteSegment struct {
 	c   *C.struct_urma_target_seg
 	id  urma.SegmentID
 
-	mu     sync.Mutex
-	closed bool
+	mu sync.Mutex
+	deletion
 }
 
 var _ urma.RemoteSegment = (*remoteSegment)(nil)
@@ -196,7 +206,7 @@ func importSegment(c *devContext, id urma.SegmentID, token urma.Token) (*remoteS
 	}
 	r := &remoteSegment{ctx: c, c: sc, id: id}
 	if err := c.adopt(r, op); err != nil {
-		r.ForceClose()
+		_ = r.unimport(true) // the adoption error is the one to report
 		return nil, err
 	}
 	return r, nil
@@ -205,13 +215,27 @@ func importSegment(c *devContext, id urma.SegmentID, token urma.Token) (*remoteS
 func (r *remoteSegment) Kind() string       { return "remote segment" }
 func (r *remoteSegment) ID() urma.SegmentID { return r.id }
 
-// Close unimports the segment.
-func (r *remoteSegment) Close() error {
-	if !closeOnce(&r.mu, &r.closed) {
+// Close unimports the segment. When liburma fails to unimport it, it stays
+// imported: call Close again.
+func (r *remoteSegment) Close() error { return r.unimport(false) }
+
+func (r *remoteSegment) ForceClose() { r.ctx.forced(r.unimport(true)) }
+
+func (r *remoteSegment) unimport(force bool) error {
+	r.mu.Lock()
+	if !r.await(&r.mu) {
+		r.mu.Unlock()
 		return nil
 	}
+	r.start()
+	r.mu.Unlock()
 	st := C.shim_unimport_seg(r.ctx.lib.c, r.c)
-	return r.ctx.released(r, st, "unimport_seg", "unimport segment %d", r.id.TokenID)
+	r.end(&r.mu, st == 0 || force)
+	if st == 0 || force {
+		r.ctx.release(r)
+	}
+	if st != 0 {
+		return statusErr("unimport_seg", st, "unimport segment %d", r.id.TokenID)
+	}
+	return nil
 }
-
-func (r *remoteSegment) ForceClose() { _ = r.Close() }

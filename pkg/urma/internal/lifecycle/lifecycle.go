@@ -88,6 +88,14 @@ func (c *Children) Close(op string) (done bool, err error) {
 	return true, nil
 }
 
+// Reopen undoes a Close whose delete failed: the context is still there,
+// and adopts children again.
+func (c *Children) Reopen() {
+	c.mu.Lock()
+	c.closed = false
+	c.mu.Unlock()
+}
+
 // ForceClose marks the context closed and destroys every child, in
 // TeardownOrder.
 func (c *Children) ForceClose() {

@@ -40,7 +40,10 @@
  *  - fakeurma_kill_context makes a context and the path to its device
  *    vanish, as a crashed node or a cut link would: sends to the device
  *    complete with ACK_TIMEOUT and imports from it fail with ETIMEDOUT,
- *    until liburma is initialised again.
+ *    until liburma is initialised again;
+ *  - fakeurma_fail_delete fails the next call of one delete, unimport or
+ *    unregister function, which leaves its object alive;
+ *    fakeurma_live_contexts counts the contexts not deleted.
  *
  * One mutex guards everything; a send is delivered by the posting thread,
  * and a helper thread runs the retry timers.
@@ -211,6 +214,32 @@ static int gate(const char *call)
     }
     gated = 0;
     return u != uninits || d != ctx_deletes || e != jfce_deletes;
+}
+
+/* fail_call names the function whose next call fails with URMA_FAIL
+ * (fakeurma_fail_delete), as a delete's ioctl can on hardware */
+static char fail_call[64];
+
+/* failing says, mu held, whether this call of fn fails; the failure is
+ * used up */
+static int failing(const char *fn)
+{
+    if (strcmp(fail_call, fn) != 0) {
+        return 0;
+    }
+    fail_call[0] = '\0';
+    return 1;
+}
+
+/* fakeurma_fail_delete makes the next call of the delete, unimport or
+ * unregister function call names fail, leaving its object alive. A test
+ * hook. */
+int fakeurma_fail_delete(void *call)
+{
+    pthread_mutex_lock(&mu);
+    snprintf(fail_call, sizeof(fail_call), "%s", call != NULL ? (const char *)call : "");
+    pthread_mutex_unlock(&mu);
+    return 0;
 }
 
 static void setup_devices(void)
@@ -439,6 +468,10 @@ urma_status_t urma_delete_context(urma_context_t *ctx)
 {
     fctx_t *c = (fctx_t *)ctx;
     pthread_mutex_lock(&mu);
+    if (failing(__func__)) {
+        pthread_mutex_unlock(&mu);
+        return URMA_FAIL;
+    }
     if (c->children > 0) {
         pthread_mutex_unlock(&mu);
         return URMA_EAGAIN; /* objects still alive */
@@ -500,6 +533,10 @@ urma_status_t urma_delete_jfce(urma_jfce_t *jfce)
 {
     fjfce_t *e = (fjfce_t *)jfce;
     pthread_mutex_lock(&mu);
+    if (failing(__func__)) {
+        pthread_mutex_unlock(&mu);
+        return URMA_FAIL;
+    }
     if (e->users > 0) {
         pthread_mutex_unlock(&mu);
         return URMA_FAIL;
@@ -592,6 +629,10 @@ urma_status_t urma_delete_jfc(urma_jfc_t *jfc)
 {
     fjfc_t *q = (fjfc_t *)jfc;
     pthread_mutex_lock(&mu);
+    if (failing(__func__)) {
+        pthread_mutex_unlock(&mu);
+        return URMA_FAIL;
+    }
     if (q->users > 0) {
         pthread_mutex_unlock(&mu);
         return URMA_FAIL;
@@ -759,6 +800,10 @@ urma_status_t urma_delete_jfr(urma_jfr_t *jfr)
 {
     fjfr_t *r = (fjfr_t *)jfr;
     pthread_mutex_lock(&mu);
+    if (failing(__func__)) {
+        pthread_mutex_unlock(&mu);
+        return URMA_FAIL;
+    }
     if (r->users > 0) {
         pthread_mutex_unlock(&mu);
         return URMA_FAIL;
@@ -889,6 +934,10 @@ urma_status_t urma_delete_jetty(urma_jetty_t *jetty)
 {
     fjetty_t *j = (fjetty_t *)jetty;
     pthread_mutex_lock(&mu);
+    if (failing(__func__)) {
+        pthread_mutex_unlock(&mu);
+        return URMA_FAIL;
+    }
     if (j->base.jetty_cfg.jfs_cfg.trans_mode == URMA_TM_RC && j->bound != NULL) {
         pthread_mutex_unlock(&mu);
         return EPERM; /* core/urma_cp_api.c: URMA_ENOPERM, "try unbind first" */
@@ -1276,6 +1325,10 @@ urma_status_t urma_unimport_jetty(urma_target_jetty_t *tjetty)
 {
     ftjetty_t *t = (ftjetty_t *)tjetty;
     pthread_mutex_lock(&mu);
+    if (failing(__func__)) {
+        pthread_mutex_unlock(&mu);
+        return URMA_FAIL;
+    }
     if (t->base.trans_mode == URMA_TM_RC && t->bound_by > 0) {
         pthread_mutex_unlock(&mu);
         return URMA_FAIL; /* hw/udma/udma_u_jetty.c: RC target still in use */
@@ -1371,6 +1424,10 @@ urma_status_t urma_unregister_seg(urma_target_seg_t *target_seg)
 {
     fseg_t *g = (fseg_t *)target_seg;
     pthread_mutex_lock(&mu);
+    if (failing(__func__)) {
+        pthread_mutex_unlock(&mu);
+        return URMA_FAIL;
+    }
     g->ctx->children--;
     pthread_mutex_unlock(&mu);
     free(g);
@@ -1404,5 +1461,14 @@ urma_target_seg_t *urma_import_seg(urma_context_t *ctx, urma_seg_t *seg, urma_to
 
 urma_status_t urma_unimport_seg(urma_target_seg_t *tseg)
 {
-    return urma_unregister_seg(tseg);
+    fseg_t *g = (fseg_t *)tseg;
+    pthread_mutex_lock(&mu);
+    if (failing(__func__)) {
+        pthread_mutex_unlock(&mu);
+        return URMA_FAIL;
+    }
+    g->ctx->children--;
+    pthread_mutex_unlock(&mu);
+    free(g);
+    return URMA_SUCCESS;
 }
