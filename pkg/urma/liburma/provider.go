@@ -34,6 +34,10 @@ type Provider struct {
 	mu       sync.Mutex
 	closed   bool
 	contexts map[*devContext]struct{}
+	// torndown is closed when the first Close has finished its teardown,
+	// with closeErr its result: every Close waits for it and returns that.
+	torndown chan struct{}
+	closeErr error
 }
 
 var _ urma.Provider = (*Provider)(nil)
@@ -228,14 +232,19 @@ func (p *Provider) forgetContext(c *devContext) {
 // liburma (the last Provider of the process uninitialises it). Outstanding
 // work requests are dropped without completions. A delete that fails in
 // liburma does not stop the teardown: Close goes on with the rest, and
-// returns every failure. Close is idempotent.
+// returns every failure. Close is idempotent: a Close while another one
+// tears down waits for it, and every Close returns the first one's result.
 func (p *Provider) Close() error {
 	p.mu.Lock()
 	if p.closed {
+		torndown := p.torndown
 		p.mu.Unlock()
-		return nil
+		<-torndown
+		return p.closeErr
 	}
 	p.closed = true
+	p.torndown = make(chan struct{})
+	defer close(p.torndown) // after closeErr is set
 	ctxs := make([]*devContext, 0, len(p.contexts))
 	for c := range p.contexts {
 		ctxs = append(ctxs, c)
@@ -247,9 +256,9 @@ func (p *Provider) Close() error {
 	}
 	errs = append(errs, p.lib.release())
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("close the liburma provider: %w", err)
+		p.closeErr = fmt.Errorf("close the liburma provider: %w", err)
 	}
-	return nil
+	return p.closeErr
 }
 
 // killContexts makes every context of this provider vanish as a crashed
