@@ -33,6 +33,7 @@ import (
 	"k8s.io/utils/ptr"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
 	"github.com/openeuler/urma-k8s/pkg/dra/checkpoint"
@@ -895,6 +896,58 @@ func TestCleanStaleClaimsRunsUntilCanceled(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// A round that fails is logged, and the next one runs all the same; a
+// plugin left at the default interval does not tick at 0.
+func TestCleanStaleClaimsLogsAFailedRound(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines logtest.Lines
+	newPlugin := func(interval time.Duration) *plugin.Plugin {
+		p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, DevRoot: h.devRoot, Policy: draslices.DefaultRequestPolicy(), StaleClaimCheck: interval}, h.inv, specs, lines.Logger(t), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	p := newPlugin(time.Millisecond)
+	c := h.claim(16, "udma0")
+	if r, err := p.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{c}); err != nil || r[c.UID].Err != nil {
+		t.Fatalf("prepare: %v %+v", err, r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	second := make(chan struct{})
+	done := make(chan struct{})
+	var rounds int
+	go func() {
+		defer close(done)
+		p.CleanStaleClaims(ctx, getterFunc(func(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+			rounds++
+			if rounds == 1 {
+				return nil, errors.New("the API server is away")
+			}
+			if rounds == 2 {
+				close(second) // the first round's log line is written by now
+			}
+			return c, nil
+		}))
+	}()
+	<-second
+	cancel()
+	<-done
+	if n := lines.Count("the API server is away"); n != 1 {
+		t.Errorf("the failed round was logged %d times, want once:\n%s", n, lines.String())
+	}
+
+	// The default interval (StaleClaimCheck 0): one round, then the wait
+	// ends with ctx.
+	ended, stop := context.WithCancel(context.Background())
+	stop()
+	newPlugin(0).CleanStaleClaims(ended, getterFunc(func(context.Context, string, string) (*resourceapi.ResourceClaim, error) { return c, nil }))
 }
 
 type getterFunc func(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error)
