@@ -184,3 +184,31 @@ func liveContexts(t *testing.T, p *Provider) int {
 	}
 	return int(n)
 }
+
+// A urma_uninit that fails leaves liburma initialised and ours: the next
+// Provider meets EEXIST, and its last Close must uninitialise it, or
+// nobody ever does.
+func TestFailedUninitIsRetriedByTheNextLastClose(t *testing.T) {
+	p := providerOfFake(t, "fakeurma")
+	path := p.lib.path
+	failNextDelete(t, p, "urma_uninit")
+	if err := p.Close(); err == nil || !strings.Contains(err.Error(), "urma_uninit") {
+		t.Fatalf("Close with a failing urma_uninit = %v, want an error naming it", err)
+	}
+	again, err := newProvider(Options{Library: path})
+	if err != nil {
+		t.Fatalf("New after a failed uninit: %v", err)
+	}
+	if err := again.Close(); err != nil {
+		t.Fatalf("the next last Close: %v", err)
+	}
+	// Uninitialised now: a third Provider initialises liburma itself.
+	third, err := newProvider(Options{Library: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = third.Close() })
+	if !third.lib.ownsInit {
+		t.Error("liburma was still initialised: the failed uninit was never retried")
+	}
+}

@@ -73,8 +73,9 @@ func openLibrary(path string) (*library, error) {
 	case st == 0:
 		l.ownsInit = true
 	case syscall.Errno(st) == syscall.EEXIST:
-		// Another user in this process initialised liburma already.
-		l.ownsInit = false
+		// Another user in this process initialised liburma already, or our
+		// last urma_uninit failed: then ownsInit is still set, and the next
+		// last Close tries again.
 	default:
 		if libraries.m[h] == nil {
 			// Nothing started: the table and our dlopen reference go, or
@@ -97,10 +98,12 @@ func (l *library) release() error {
 		return nil
 	}
 	if l.ownsInit {
-		l.ownsInit = false
 		if st := C.shim_uninit(l.c); st != 0 {
+			// Still initialised, and still ours: had we let go, the next
+			// New would meet EEXIST and nobody would uninitialise it.
 			return statusErr("urma_uninit", st, "uninitialise %s", l.path)
 		}
+		l.ownsInit = false
 	}
 	return nil
 }

@@ -42,7 +42,8 @@
  *    complete with ACK_TIMEOUT and imports from it fail with ETIMEDOUT,
  *    until liburma is initialised again;
  *  - fakeurma_fail_delete fails the next call of one delete, unimport or
- *    unregister function, which leaves its object alive;
+ *    unregister function, which leaves its object alive, or of
+ *    urma_uninit, which leaves liburma initialised;
  *    fakeurma_live_contexts counts the contexts not deleted.
  *
  * One mutex guards everything; a send is delivered by the posting thread,
@@ -314,7 +315,7 @@ urma_status_t urma_init(urma_init_attr_t *conf)
 urma_status_t urma_uninit(void)
 {
     pthread_mutex_lock(&mu);
-    if (!initialised) {
+    if (!initialised || failing("urma_uninit")) {
         pthread_mutex_unlock(&mu);
         return URMA_FAIL;
     }
