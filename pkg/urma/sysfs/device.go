@@ -156,7 +156,8 @@ func (r *reader) caps() {
 // revisions show instead.
 func (r *reader) reserved() {
 	var rg urma.Range
-	if r.exists("reserved_jetty_id") {
+	switch {
+	case r.exists("reserved_jetty_id"):
 		t, ok := r.text("reserved_jetty_id", false)
 		if !ok {
 			return
@@ -166,7 +167,7 @@ func (r *reader) reserved() {
 			r.problemf("reserved_jetty_id: %v", err)
 			return
 		}
-	} else if r.exists("reserved_jetty_id_min") || r.exists("reserved_jetty_id_max") {
+	case r.exists("reserved_jetty_id_min") || r.exists("reserved_jetty_id_max"):
 		// One of the pair without the other is a broken tree.
 		lo, okLo := r.uint("reserved_jetty_id_min", 32, true)
 		hi, okHi := r.uint("reserved_jetty_id_max", 32, true)
@@ -178,7 +179,7 @@ func (r *reader) reserved() {
 			return
 		}
 		rg = urma.Range{Min: uint32(lo), Max: uint32(hi)}
-	} else {
+	default:
 		return
 	}
 	if rg.Min == math.MaxUint32 && rg.Max == math.MaxUint32 {
