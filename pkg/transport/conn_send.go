@@ -131,13 +131,7 @@ func (c *urmaConn) Write(p []byte) (int, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	if len(p) == 0 {
-		c.mu.Lock()
-		err := c.writeErrLocked()
-		c.mu.Unlock()
-		if err == nil && c.wdl.passed() {
-			err = os.ErrDeadlineExceeded
-		}
-		if err != nil {
+		if err := c.emptyWriteErr(); err != nil {
 			return 0, c.opErr("write", err)
 		}
 		return 0, nil
@@ -159,6 +153,19 @@ func (c *urmaConn) Write(p []byte) (int, error) {
 		n += k
 	}
 	return n, nil
+}
+
+// emptyWriteErr is what a write of nothing reports, as a socket's does:
+// why a write would fail now (closed, broken, past its deadline), else
+// nil; writeMu is held.
+func (c *urmaConn) emptyWriteErr() error {
+	c.mu.Lock()
+	err := c.writeErrLocked()
+	c.mu.Unlock()
+	if err == nil && c.wdl.passed() {
+		err = os.ErrDeadlineExceeded
+	}
+	return err
 }
 
 // fill copies the start of p into b. The peer process reads the
@@ -202,15 +209,21 @@ func (c *urmaConn) WriteBuffer(b *Buffer, n int) error {
 		return giveBack(errors.New("write buffer: the buffer is from another transport's pool or another connection's send buffers; take it with AllocBuffer on the connection that writes it"))
 	case n > c.chunk:
 		return giveBack(fmt.Errorf("write buffer: %d bytes exceed the largest message of %d (the peer's buffer size)", n, c.chunk))
-	case n == 0:
-		b.pool.put(b)
-		return nil
 	}
 	if c.isClosed() { // not to wait for writeMu with Close, as Write
 		return giveBack(errConnClosed)
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
+	if n == 0 {
+		// Nothing to send, but the same answer as Write(nil): a caller
+		// must not take a closed connection for a working one.
+		b.pool.put(b)
+		if err := c.emptyWriteErr(); err != nil {
+			return c.opErr("write", err)
+		}
+		return nil
+	}
 	if err := c.reserveWindow(); err != nil {
 		return giveBack(err)
 	}

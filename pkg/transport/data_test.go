@@ -268,3 +268,56 @@ func TestZeroLengthWrite(t *testing.T) {
 		t.Errorf("%d messages sent for empty writes", d.MessagesSent)
 	}
 }
+
+// TestZeroLengthWriteBuffer: WriteBuffer of 0 bytes sends nothing but, as
+// Write(nil) does, reports what a write would: nothing on an open
+// connection, a timeout once the write deadline passed, net.ErrClosed
+// after Close. It takes the buffer back in every case.
+func TestZeroLengthWriteBuffer(t *testing.T) {
+	checkNoLeaks(t)
+	cases := []struct {
+		name  string
+		setup func(Conn)
+		want  error // nil: no error
+	}{
+		{"open", func(Conn) {}, nil},
+		{"write deadline passed", func(c Conn) { _ = c.SetWriteDeadline(aLongTimeAgo) }, os.ErrDeadlineExceeded},
+		{"closed", func(c Conn) { _ = c.Close() }, net.ErrClosed},
+	}
+	for _, mode := range []Mode{ModeURMA, ModeTCP} {
+		for _, tc := range cases {
+			t.Run(fmt.Sprintf("%s/%s", mode, tc.name), func(t *testing.T) {
+				pa, pb := fabricPair(t)
+				scfg := cfgWith(pa, smallFlags())
+				scfg.DisableURMA = mode == ModeTCP
+				p := connect(t, scfg, cfgWith(pb, smallFlags()))
+				if p.client.Mode() != mode {
+					t.Fatalf("client in %s mode (%s), want %s", p.client.Mode(), p.client.FallbackReason(), mode)
+				}
+				zc := p.client.(ZeroCopyConn)
+				b, err := zc.AllocBuffer()
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc.setup(p.client)
+				err = zc.WriteBuffer(b, 0)
+				switch {
+				case tc.want == nil && err != nil:
+					t.Fatalf("WriteBuffer of 0 bytes: %v, want nil", err)
+				case tc.want != nil && !errors.Is(err, tc.want):
+					t.Fatalf("WriteBuffer of 0 bytes: %v, want %v (as Write(nil))", err, tc.want)
+				}
+				_, werr := p.client.Write(nil)
+				if !errors.Is(werr, tc.want) && (tc.want != nil || werr != nil) {
+					t.Errorf("Write(nil) in the same state: %v, want %v", werr, tc.want)
+				}
+				if b.held.Load() {
+					t.Error("WriteBuffer did not take the buffer back")
+				}
+				if d := p.client.Debug(); d.MessagesSent != 0 {
+					t.Errorf("%d messages sent for empty writes", d.MessagesSent)
+				}
+			})
+		}
+	}
+}

@@ -24,6 +24,7 @@ type ZeroCopyConn interface {
 	AllocBuffer() (*Buffer, error)
 	// WriteBuffer sends the first n bytes of b as one message and takes b
 	// back, whether it succeeds or not. n must not exceed MaxMessage().
+	// With n 0 it sends nothing and reports what Write(nil) would.
 	WriteBuffer(b *Buffer, n int) error
 	// ReadBuffer returns the next received message (or the rest of one),
 	// waiting within the read deadline; io.EOF after the peer closed.
