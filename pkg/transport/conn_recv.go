@@ -107,6 +107,15 @@ func (c *urmaConn) readErrLocked() error {
 func (c *urmaConn) Read(p []byte) (int, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
+	if len(p) == 0 {
+		// As a socket's (Go's poll.FD.Read): nothing happened, whatever
+		// the state but closed. io.EOF here would end a caller's stream
+		// on a probe, as a timeout would fail it.
+		if c.isClosed() {
+			return 0, c.opErr("read", errConnClosed)
+		}
+		return 0, nil
+	}
 	spun := false
 	for {
 		if c.direct.armed {
@@ -135,9 +144,6 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 			}
 			if err != nil {
 				return 0, c.opErr("read", err)
-			}
-			if len(p) == 0 {
-				return 0, nil
 			}
 			c.awaitMessage(&spun)
 			continue

@@ -56,10 +56,11 @@ func newTCPConn(c net.Conn, role string, why fallback, prefix []byte, version in
 func (c *tcpConn) Mode() Mode             { return ModeTCP }
 func (c *tcpConn) FallbackReason() string { return c.why.String() }
 
-// Read returns the kept handshake bytes first, then reads the socket.
+// Read returns the kept handshake bytes first, then reads the socket. A
+// zero-length read goes to the socket, which answers it whatever is kept.
 func (c *tcpConn) Read(p []byte) (int, error) {
 	c.readMu.Lock()
-	if len(c.prefix) > 0 {
+	if len(c.prefix) > 0 && len(p) > 0 {
 		// The socket would refuse these reads; the kept bytes must too.
 		if err := c.readErr(); err != nil {
 			c.readMu.Unlock()
