@@ -709,3 +709,101 @@ func TestTCPModeKeptBytesAfterCloseAndDeadline(t *testing.T) {
 		})
 	}
 }
+
+// TestDeclinedForeignClientShortThenClosed: a client without our
+// extension (brpc) that the server declines goes to TCP without an ACK,
+// so what it sends next is application data, however short. One that
+// sends fewer than four bytes (or none) and then ends its side is served
+// as TCP with those bytes and then io.EOF, as a plain client that does
+// the same is (readFirstBytes), and gets the server's answer; it used to
+// be dropped as a failed ACK read. Our own clients always send the ACK:
+// one whose ACK is cut short is still dropped.
+func TestDeclinedForeignClientShortThenClosed(t *testing.T) {
+	checkNoLeaks(t)
+	pa, _ := fabricPair(t)
+	cfg := cfgWith(pa, smallFlags())
+	cfg.DisableURMA = true
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ours := fakeHello()
+	ours.SQSize = 16 // our extension
+	for _, tc := range []struct {
+		name   string
+		hello  handshake.Hello
+		sent   string
+		served bool
+	}{
+		{"brpc client, nothing", fakeHello(), "", true},
+		{"brpc client, 1 byte", fakeHello(), "P", true},
+		{"brpc client, 2 bytes", fakeHello(), "PR", true},
+		{"brpc client, 3 bytes", fakeHello(), "PRP", true},
+		{"our client, 3 bytes of an ACK", ours, "\x00\x00\x00", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, reply, err := rawHello(t, ln.Addr().String(), handshake.AppendV2(nil, tc.hello))
+			if !errors.Is(err, handshake.ErrInvalidHello) || !handshake.IsFallback(reply) {
+				t.Fatalf("reply %+v, %v; want the fallback hello", reply, err)
+			}
+			if _, err := raw.Write([]byte(tc.sent)); err != nil {
+				t.Fatal(err)
+			}
+			if err := raw.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			// What the client reads until the server ends: nothing when the
+			// server drops it, the server's reply when it is served.
+			type answer struct {
+				got []byte
+				err error
+			}
+			answered := make(chan answer, 1)
+			go func() {
+				got, err := io.ReadAll(raw)
+				answered <- answer{got, err}
+			}()
+			if !tc.served {
+				if a := <-answered; len(a.got) != 0 {
+					t.Fatalf("client read %q; the server should have dropped our own client's cut ACK", a.got)
+				}
+				return
+			}
+			type accepted struct {
+				c   net.Conn
+				err error
+			}
+			acc := make(chan accepted, 1)
+			go func() {
+				c, err := ln.Accept()
+				acc <- accepted{c, err}
+			}()
+			var c net.Conn
+			select {
+			case a := <-acc:
+				if a.err != nil {
+					t.Fatal(a.err)
+				}
+				c = a.c
+			case a := <-answered:
+				t.Fatalf("the server dropped the client (it read %q, %v) instead of serving it as TCP", a.got, a.err)
+			}
+			defer c.Close()
+			if c.(Conn).Mode() != ModeTCP {
+				t.Fatalf("mode %s, want tcp", c.(Conn).Mode())
+			}
+			got, err := io.ReadAll(c)
+			if err != nil || string(got) != tc.sent {
+				t.Fatalf("server read %q, %v; want %q then io.EOF", got, err, tc.sent)
+			}
+			if _, err := c.Write([]byte("reply")); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.Close()
+			if a := <-answered; a.err != nil || string(a.got) != "reply" {
+				t.Fatalf("client read %q, %v; want the server's reply", a.got, a.err)
+			}
+		})
+	}
+}

@@ -358,12 +358,15 @@ func (s *serverSide) finish() (Conn, string, error) {
 	// A foreign client (no extension in its hello: brpc) that we decline
 	// may send no ACK at all: brpc's URMA client goes straight to TCP.
 	// Its first bytes then cannot pass for an ACK (reserved bits set), or
-	// it says nothing until the handshake timeout; either way it is served
-	// as TCP with nothing lost. Our own clients always send the ACK.
+	// it says nothing until the handshake timeout, or it sends fewer than
+	// four bytes and ends its side (an ACK is one 4-byte write, so those
+	// are application bytes, as readFirstBytes takes them); either way it
+	// is served as TCP with nothing lost. Our own clients always send the
+	// ACK.
 	lenient := s.conn == nil && !s.hello.HasExtension()
 	ack, raw, err := handshake.ReadAck(s.tcp)
 	switch {
-	case err != nil && lenient && isTimeout(err):
+	case err != nil && lenient && (isTimeout(err) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)):
 		return s.tcpMode(s.why, raw, int(s.version))
 	case err != nil:
 		return nil, metrics.ResultError, err
