@@ -248,7 +248,7 @@ func TestCloseWaitsForOutstandingSends(t *testing.T) {
 			var logs logLines
 			c.log = logs.logger()
 			c.e.s.closeTimeout = time.Nanosecond
-			c.waitSendsDone()
+			c.waitSendsDone(time.Now().Add(c.e.s.closeTimeout))
 			line := logs.find("closing with sends still outstanding")
 			switch {
 			case tc.wantOutstanding == 0 && line != "":

@@ -101,9 +101,10 @@ type Config struct {
 	// HandshakeTimeout bounds the TCP handshake; 0 means 10s. A server
 	// serves a client that sends nothing within it as plain TCP.
 	HandshakeTimeout time.Duration
-	// CloseTimeout bounds how long Close waits for sends already posted to
-	// complete, so that the peer reads every byte written before Close;
-	// 0 means 5s.
+	// CloseTimeout bounds how long Close waits, in all, for sends already
+	// posted to complete and then for its close marker, so that the peer
+	// reads every byte written before Close; 0 means 5s. The jetty's
+	// flush after it takes at most 2s more (at once on a working provider).
 	CloseTimeout time.Duration
 	// Logger receives fallbacks, warnings and errors; zero discards.
 	Logger logr.Logger

@@ -256,10 +256,13 @@ func (c *urmaConn) failSend(err error) {
 }
 
 // Close ends the connection gracefully: sends already posted complete (so
-// the peer reads every byte written before Close, within CloseTimeout), a
-// peer that understands it gets the close marker after them, then the TCP
-// connection closes, which is the peer's io.EOF. Blocked reads and writes
-// return at once.
+// the peer reads every byte written before Close), a peer that understands
+// it gets the close marker after them, then the TCP connection closes,
+// which is the peer's io.EOF. CloseTimeout bounds the two waits together.
+// The jetty's flush follows outside it (within flushTimeout, at once on a
+// working provider): the buffers of sends still posted come back only
+// through their flushed completions, so cutting it short would lose them
+// from the pool. Blocked reads and writes return at once.
 func (c *urmaConn) Close() error {
 	c.mu.Lock()
 	was := c.stateNow()
@@ -275,9 +278,12 @@ func (c *urmaConn) Close() error {
 	// the jetty, which release destroys.
 	c.writeMu.Lock()
 	if was == stateOpen {
-		c.waitSendsDone()
+		// One deadline for both waits: a peer that never answers holds
+		// Close up for CloseTimeout, not once per wait.
+		deadline := time.Now().Add(c.e.s.closeTimeout)
+		c.waitSendsDone(deadline)
 		if c.peerMarks && c.sendCloseMarker() {
-			c.waitSendsDone()
+			c.waitSendsDone(deadline)
 		}
 	}
 	c.writeMu.Unlock()
@@ -296,10 +302,10 @@ func (c *urmaConn) Close() error {
 }
 
 // waitSendsDone waits until every posted send, data or credit, completed or
-// CloseTimeout passed. A failed send completes too, so a broken peer does
-// not hold Close up.
-func (c *urmaConn) waitSendsDone() {
-	timer := time.NewTimer(c.e.s.closeTimeout)
+// Close's deadline passed. A failed send completes too, so a broken peer
+// does not hold Close up.
+func (c *urmaConn) waitSendsDone(deadline time.Time) {
+	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	for {
 		c.mu.Lock()
@@ -320,7 +326,8 @@ func (c *urmaConn) waitSendsDone() {
 // sendCloseMarker posts the close marker, on a reserved credit work
 // request; it reports whether it did. Without a free one (sends still
 // outstanding after CloseTimeout) the peer sees no marker, and rightly
-// an error: bytes may have been lost.
+// an error: bytes may have been lost. Posted after sends still
+// outstanding, it reaches the peer only if they do (RM keeps the order).
 func (c *urmaConn) sendCloseMarker() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -123,8 +123,8 @@ func (c *urmaConn) postData(b *Buffer, n int) error {
 // write deadline while a window or the pool is empty.
 func (c *urmaConn) Write(p []byte) (int, error) {
 	// Close holds writeMu while it waits for the sends posted before it
-	// (up to twice CloseTimeout): a write that starts meanwhile fails at
-	// once instead of waiting with it.
+	// (up to CloseTimeout): a write that starts meanwhile fails at once
+	// instead of waiting with it.
 	if c.isClosed() {
 		return 0, c.opErr("write", errConnClosed)
 	}

@@ -443,3 +443,67 @@ func TestWatcherStartsAfterTheHandshakeDeadline(t *testing.T) {
 		t.Fatal("the watcher read the TCP connection under the handshake's deadline")
 	}
 }
+
+// TestCloseBoundedByCloseTimeout: Close waits for the sends posted before
+// it, and for the close marker after them, within CloseTimeout in all,
+// not CloseTimeout per wait, even when the peer never takes a message
+// (no receive posted: RNR, retried forever). The send it gave up on still
+// comes back to the pool, through its flushed completion.
+func TestCloseBoundedByCloseTimeout(t *testing.T) {
+	checkNoLeaks(t)
+	// Long enough that the bound's slack (3/4 of it) dwarfs everything
+	// else Close does; the old behaviour, a wait per step, took twice it.
+	const closeTimeout = 2 * time.Second
+	const bound = closeTimeout * 7 / 4
+	for _, tc := range []struct {
+		name  string
+		marks bool // the peer expects the close marker: a second wait
+	}{
+		{"peer of ours, which expects the close marker", true},
+		{"brpc peer, no close marker", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			scfg := cfgWith(pa, smallFlags())
+			scfg.NoToken = true // the raw peer presents no token
+			scfg.CloseTimeout = closeTimeout
+			ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ln.Close() })
+			r := newRawQueuesPosting(t, pb, 0)
+			r.ours, r.marks = tc.marks, tc.marks
+			r.dial(ln.Addr().String())
+			nc, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, ok := nc.(*urmaConn)
+			if !ok {
+				t.Fatalf("mode %s (%s), want URMA", nc.(Conn).Mode(), nc.(Conn).FallbackReason())
+			}
+			if c.peerMarks != tc.marks {
+				t.Fatalf("the peer's close-marker flag is %v, want %v", c.peerMarks, tc.marks)
+			}
+			if _, err := c.Write([]byte("never taken")); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			_ = c.Close()
+			elapsed := time.Since(start)
+			if elapsed < closeTimeout {
+				t.Errorf("Close returned after %s, before CloseTimeout (%s): it did not wait for the outstanding send", elapsed, closeTimeout)
+			}
+			if elapsed >= bound {
+				t.Errorf("Close took %s with CloseTimeout %s; want it bounded by CloseTimeout (under %s)", elapsed, closeTimeout, bound)
+			}
+			if _, inUse := c.pool.stats(); inUse != 0 {
+				t.Errorf("%d pool buffers still out after Close; the unsent one must come back through its flushed completion", inUse)
+			}
+			if err := c.pool.check(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}

@@ -36,6 +36,9 @@ type rawPeer struct {
 	// server's token, as our own client would; without it the peer is a
 	// brpc client, which sees no token and presents none.
 	ours bool
+	// marks makes the peer's hello say it ends with a close marker, as
+	// ours does (with ours).
+	marks bool
 }
 
 const rawBuf = 4096
@@ -83,6 +86,13 @@ func newOurRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
 // memory, its 16 receives posted; no connection yet.
 func newRawQueues(t *testing.T, prov urma.Provider) *rawPeer {
 	t.Helper()
+	return newRawQueuesPosting(t, prov, 16)
+}
+
+// newRawQueuesPosting is newRawQueues with posted of the 16 receives
+// posted: a peer that posts none never takes a SEND (RNR, forever).
+func newRawQueuesPosting(t *testing.T, prov urma.Provider, posted int) *rawPeer {
+	t.Helper()
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -104,7 +114,7 @@ func newRawQueues(t *testing.T, prov urma.Provider) *rawPeer {
 	must(err)
 	r.seg, err = r.ctx.RegisterSegment(r.mem, urma.SegmentConfig{Access: urma.AccessRead | urma.AccessWrite})
 	must(err)
-	for i := 0; i < 16; i++ {
+	for i := 0; i < posted; i++ {
 		must(r.jfr.PostRecv(&urma.RecvWR{UserCtx: uint64(i), SGEs: []urma.SGE{{Segment: r.seg, Offset: uint64(i * rawBuf), Len: rawBuf}}}))
 	}
 	return r
@@ -119,6 +129,7 @@ func (r *rawPeer) hello() handshake.Hello {
 	}
 	if r.ours {
 		h.SQSize = 16
+		h.CloseMarker = r.marks
 	}
 	return h
 }
