@@ -507,3 +507,47 @@ func TestCloseBoundedByCloseTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestSecondCloseSaysClosed: a second Close fails with net.ErrClosed in
+// both modes, as *net.TCPConn's does (the first row, the reference).
+func TestSecondCloseSaysClosed(t *testing.T) {
+	checkNoLeaks(t)
+	for _, tc := range []struct {
+		name string
+		conn func(*testing.T) net.Conn
+	}{
+		{"plain TCP", func(t *testing.T) net.Conn {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		}},
+		{"urma", func(t *testing.T) net.Conn {
+			pa, pb := fabricPair(t)
+			return connect(t, cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags())).client
+		}},
+		{"tcp fallback", func(t *testing.T) net.Conn {
+			pa, pb := fabricPair(t)
+			scfg := cfgWith(pa, smallFlags())
+			scfg.DisableURMA = true
+			return connect(t, scfg, cfgWith(pb, smallFlags())).client
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.conn(t)
+			if err := c.Close(); err != nil {
+				t.Fatalf("first Close: %v", err)
+			}
+			if err := c.Close(); !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("second Close: %v, want net.ErrClosed", err)
+			}
+		})
+	}
+}

@@ -35,7 +35,6 @@ type tcpConn struct {
 
 	bytesSent, bytesReceived atomic.Uint64
 	closeOnce                sync.Once
-	closeErr                 error
 }
 
 var (
@@ -128,15 +127,18 @@ func (c *tcpConn) count(sent, received int) {
 	}
 }
 
+// Close closes the socket once; a later Close fails with net.ErrClosed,
+// as the socket's own would.
 func (c *tcpConn) Close() error {
+	err := c.opErr("close", net.ErrClosed)
 	c.closeOnce.Do(func() {
 		close(c.closed)
 		c.rdl.stop()
 		c.wdl.stop()
-		c.closeErr = c.Conn.Close()
+		err = c.Conn.Close()
 		c.metrics.ConnClosed(metrics.ModeTCP, c.role)
 	})
-	return c.closeErr
+	return err
 }
 
 // Debug reports the connection's state.
