@@ -688,7 +688,7 @@ func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
 			return protocolError{err}
 		}
 		j := d.jetty(a.src)
-		if (j == nil || !j.onAnswer(a.tag, a.status, a.rnrTimer)) && a.status == statusRNR {
+		if (j == nil || !j.onAnswer(c.p, a.tag, a.status, a.rnrTimer)) && a.status == statusRNR {
 			// The send's jetty closed or its slot completed before the
 			// answer came: no retry will resume the block, so the receiver
 			// must forget it or it holds it (and counts it towards
@@ -701,7 +701,7 @@ func (c *conn) handle(typ byte, body []byte, bodyLen uint32) error {
 			return protocolError{err}
 		}
 		if j := d.jetty(a.src); j != nil {
-			j.onSuccessRun(a.tag, a.count)
+			j.onSuccessRun(c.p, a.tag, a.count)
 		}
 	case frameCancel:
 		cf, err := decodeCancel(body)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -124,7 +125,7 @@ func TestAckRunCompletesSends(t *testing.T) {
 	// A run that names sends the jetty does not have outstanding changes
 	// nothing.
 	j := a.jetty.(*jetty)
-	j.onSuccessRun(uint64(j.instance)<<32, 100)
+	j.onSuccessRun(target.(*remoteJetty).peer, uint64(j.instance)<<32, 100)
 	empty := make([]urma.Completion, 4)
 	if n, _ := a.sjfc.Poll(empty); n != 0 {
 		t.Fatalf("a stale run completed %+v", empty[:n])
@@ -742,6 +743,80 @@ func TestOrphanRNRBlockIsCancelled(t *testing.T) {
 			if want := (cancelFrame{src: h.src, dst: h.dst, tag: h.tag}); cf != want {
 				t.Fatalf("CANCEL %+v, want %+v", cf, want)
 			}
+		})
+	}
+}
+
+// An answer counts only from the peer the send went to: a hostile or
+// buggy peer that learns the tags of an RM jetty (they are consecutive)
+// must not complete the jetty's sends to another peer, which has not
+// received them, with an ACK or an ACK_RUN of its own.
+func TestAnswerFromAnotherPeerIgnored(t *testing.T) {
+	forgeries := []struct {
+		name  string
+		forge func(nc net.Conn, victim, own sendHeader)
+	}{
+		{"ACK", func(nc net.Conn, victim, own sendHeader) {
+			var b [4 + ackLen]byte
+			nc.Write(encodeAck(b[:], &ackFrame{status: urma.StatusSuccess, src: victim.src, dst: victim.dst, tag: victim.tag}))
+			ackSend(nc, own)
+		}},
+		{"ACK_RUN", func(nc net.Conn, victim, own sendHeader) {
+			var b [4 + ackRunLen]byte
+			nc.Write(encodeAckRun(b[:], &ackRunFrame{src: victim.src, dst: victim.dst, tag: victim.tag, count: 2}))
+		}},
+	}
+	for _, c := range forgeries {
+		t.Run(c.name, func(t *testing.T) {
+			noLeaks(t)
+			p := newProvider(t, socketOpts())
+			a := newSide(t, p, urma.JettyConfig{Mode: urma.RM, RNRRetry: 7}, 64)
+			honest, hostile := newFakePeer(t), newFakePeer(t)
+			victim := make(chan sendHeader, 1)
+			release := make(chan struct{})
+			released := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(released)
+			honestDone, hostileDone := make(chan struct{}), make(chan struct{})
+			honest.serve(honestDone, func(nc net.Conn, br *bufio.Reader) {
+				h, err := readSend(br)
+				if err != nil {
+					return
+				}
+				victim <- h
+				<-release
+				ackSend(nc, h)
+				io.Copy(io.Discard, br) // read until the provider hangs up
+			})
+			hostile.serve(hostileDone, func(nc net.Conn, br *bufio.Reader) {
+				h, err := readSend(br)
+				if err != nil {
+					return
+				}
+				c.forge(nc, <-victim, h)
+				io.Copy(io.Discard, br)
+			})
+			toHonest, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: honest.eid, ID: 5}, urma.RM, 9)
+			mustOK(t, err, "import from the honest peer")
+			defer toHonest.Close()
+			toHostile, err := a.ctx.ImportJetty(t.Context(), urma.JettyID{EID: hostile.eid, ID: 6}, urma.RM, 9)
+			mustOK(t, err, "import from the hostile peer")
+			defer toHostile.Close()
+			mustOK(t, a.send(toHonest, 1, 0, 100, 0), "send to the honest peer")
+			mustOK(t, a.send(toHostile, 2, 0, 100, 0), "send to the hostile peer")
+			// The hostile peer's own send is answered after the forgery:
+			// once it completes, the forgery was read.
+			wantInOrder(t, pollN(t, a.sjfc, 1, 5*time.Second), []urma.Completion{{UserCtx: 2, Status: urma.StatusSuccess}})
+			released()
+			wantInOrder(t, pollN(t, a.sjfc, 1, 5*time.Second), []urma.Completion{{UserCtx: 1, Status: urma.StatusSuccess}})
+			extra := make([]urma.Completion, 4)
+			if n, _ := a.sjfc.Poll(extra); n != 0 {
+				t.Fatalf("more completions than sends: %+v", extra[:n])
+			}
+			toHonest.Close()
+			toHostile.Close()
+			p.Close()
+			<-honestDone
+			<-hostileDone
 		})
 	}
 }

@@ -709,17 +709,17 @@ func (j *jetty) addAwaited(m map[*peer]bool) {
 	}
 }
 
-// onAnswer applies a peer's answer for the send tagged tag; false when no
-// send of this jetty waits for it any more.
-func (j *jetty) onAnswer(tag uint64, st urma.Status, rnrTimer uint8) bool {
+// onAnswer applies the answer of peer from for the send tagged tag; false
+// when no send of this jetty to that peer waits for it any more.
+func (j *jetty) onAnswer(from *peer, tag uint64, st urma.Status, rnrTimer uint8) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.answered(tag, st, rnrTimer)
+	return j.answered(from, tag, st, rnrTimer)
 }
 
-// onSuccessRun applies the answer SUCCESS to count sends from the one
-// tagged tag on (sequence numbers wrap within the tag's low half).
-func (j *jetty) onSuccessRun(tag uint64, count uint32) {
+// onSuccessRun applies peer from's answer SUCCESS to count sends from the
+// one tagged tag on (sequence numbers wrap within the tag's low half).
+func (j *jetty) onSuccessRun(from *peer, tag uint64, count uint32) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	// Only the sends in flight, at most the queue's depth of them, can take
@@ -730,19 +730,21 @@ func (j *jetty) onSuccessRun(tag uint64, count uint32) {
 	first := uint32(tag)
 	for seq, end := j.head, j.tail; seq < end; seq++ {
 		if uint32(seq)-first < count {
-			j.answered(tag&^0xffffffff|uint64(uint32(seq)), urma.StatusSuccess, 0)
+			j.answered(from, tag&^0xffffffff|uint64(uint32(seq)), urma.StatusSuccess, 0)
 		}
 	}
 }
 
-// answered applies one answer, or defers it while the send's frame is
-// being written; false when no send waits for it; j.mu is held.
-func (j *jetty) answered(tag uint64, st urma.Status, rnrTimer uint8) bool {
+// answered applies one answer from peer from, or defers it while the
+// send's frame is being written; false when no send to that peer waits for
+// it; j.mu is held. Tags are consecutive, so any peer can name the sends
+// of an RM jetty to other peers: only the peer a send went to answers it.
+func (j *jetty) answered(from *peer, tag uint64, st urma.Status, rnrTimer uint8) bool {
 	if j.closed || j.state != urma.JettyReady || uint32(tag>>32) != j.instance {
 		return false
 	}
 	s := j.slot(uint64(uint32(tag)))
-	if s.state != slotInflight || uint32(s.seq) != uint32(tag) {
+	if s.state != slotInflight || uint32(s.seq) != uint32(tag) || s.target.peer != from {
 		return false
 	}
 	if s.writing {

@@ -765,7 +765,7 @@ func TestJettyNamedBeforePublished(t *testing.T) {
 				if j.id.ID != reused {
 					misnamed.Add(1)
 				}
-				j.onAnswer(0, urma.StatusSuccess, 0) // no such send: ignored
+				j.onAnswer(nil, 0, urma.StatusSuccess, 0) // no such send: ignored
 			}
 			runtime.Gosched()
 		}
