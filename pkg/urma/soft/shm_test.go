@@ -200,6 +200,20 @@ func TestShmHostileHandshakes(t *testing.T) {
 			e2, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 			return []int{fd, e1, e2}
 		}, "seals"},
+		// Sealed, but a page its owner punches out would SIGBUS our next
+		// read of it once the huge page pool is empty.
+		{"ring on hugetlbfs", func() []byte { return enc(good()) }, func(t *testing.T) []int {
+			fd, err := unix.MemfdCreate("x", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_HUGETLB)
+			if err != nil {
+				t.Skipf("no hugetlbfs memfd here: %v", err)
+			}
+			mustOK(t, unix.Ftruncate(fd, 2<<20), "truncate")
+			_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+			mustOK(t, err, "seal")
+			e1, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
+			e2, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
+			return []int{fd, e1, e2}
+		}, "hugetlbfs"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -199,6 +199,16 @@ func sealedSize(fd int) (int64, error) {
 	if seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
 		return 0, fmt.Errorf("memfd seals %#x do not forbid shrinking and growing", seals)
 	}
+	// On hugetlbfs a page the peer punches out (fallocate) is faulted in
+	// again from the huge page pool on our next read of it, and SIGBUS kills
+	// us when the pool is empty; on shmem it reads back as zeros.
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return 0, fmt.Errorf("statfs memfd: %w", err)
+	}
+	if fs.Type == unix.HUGETLBFS_MAGIC {
+		return 0, errors.New("memfd is on hugetlbfs: a page its owner punches out would crash this process (SIGBUS) on the next read; share plain memfds")
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return 0, fmt.Errorf("stat memfd: %w", err)
