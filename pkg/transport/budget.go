@@ -69,6 +69,20 @@ func (b *JettyBudget) removePool(p *jettyPool) {
 	b.mu.Unlock()
 }
 
+// wakeOthers kicks the fillers of the pools counted here but p, after p
+// gave places back: a pool sharing the budget may be short of prepared
+// jetties for want of them, and its filler waits for a kick.
+func (b *JettyBudget) wakeOthers(p *jettyPool) {
+	b.mu.Lock()
+	pools := slices.Clone(b.pools)
+	b.mu.Unlock()
+	for _, o := range pools {
+		if o != p {
+			o.wake()
+		}
+	}
+}
+
 // reclaim destroys one prepared jetty of any pool counted here, to give its
 // place to a connection: prepared jetties are a head start, not a claim on
 // the budget, and a spent budget must not turn away a connection that none

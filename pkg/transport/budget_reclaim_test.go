@@ -67,4 +67,33 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 			t.Fatalf("%d jetties counted against a budget of %d", used, budget.Limit())
 		}
 	})
+	t.Run("a closed dialer leaves the others' prepared jetties reclaimable", func(t *testing.T) {
+		pa, pb := fabricPair(t)
+		budget := NewJettyBudget(2)
+		f := smallFlags()
+		f.PreparedJettyCnt = 2
+		scfg, ccfg := cfgWith(pa, f), cfgWith(pb, f)
+		scfg.Budget, ccfg.Budget = budget, budget
+		ln, d := listenAndDialer(t, scfg, ccfg)
+		waitPrepared(t, ln, 2)
+		// Another dialer on the budget, used once (its engine, and pool,
+		// start with its first dial) and closed.
+		gone, err := NewDialer(ccfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := dialAccept(t, ln, gone)
+		exchange(t, first.client, first.server, "over the dialer that goes")
+		_ = first.client.Close()
+		_ = first.server.Close()
+		if err := gone.Close(); err != nil {
+			t.Fatal(err)
+		}
+		waitPrepared(t, ln, 2) // the whole budget again
+		p := dialAccept(t, ln, d)
+		if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
+			t.Fatalf("client %s (%s), server %s (%s); want URMA: closing another dialer must not hide the listener's prepared jetties",
+				p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
+		}
+	})
 }

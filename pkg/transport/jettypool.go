@@ -198,6 +198,7 @@ func (p *jettyPool) release(r *jettyRes) {
 	p.mu.Unlock()
 	p.budget.give()
 	p.wake()
+	p.budget.wakeOthers(p)
 }
 
 func (p *jettyPool) wake() {
@@ -279,6 +280,7 @@ func (p *jettyPool) drain() {
 		}
 		p.budget.give()
 	}
+	p.budget.wakeOthers(p)
 }
 
 // stats reports prepared jetties and all jetties this pool counts.
