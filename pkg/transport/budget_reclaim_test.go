@@ -47,6 +47,11 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 			t.Fatalf("brpc client negotiated %v, server mode %s (%s); want URMA: the budget holds only a prepared jetty", negotiated, c.(Conn).Mode(), c.(Conn).FallbackReason())
 		}
 		streamBoth(t, b, c, 4*13*1024)
+		// The prepared jetty went and the connection's came: the pool
+		// counts one, as the budget does.
+		if _, live := ln.e.jetties.stats(); live != ln.e.s.budget.InUse() || live < 1 {
+			t.Errorf("the pool counts %d jetties, the budget %d", live, ln.e.s.budget.InUse())
+		}
 	})
 	t.Run("dialer sharing the budget with a listener", func(t *testing.T) {
 		pa, pb := fabricPair(t)
