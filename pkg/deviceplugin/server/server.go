@@ -7,6 +7,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -345,10 +346,12 @@ func Group(snap *inventory.Snapshot, ids []string) ([]Share, error) {
 	if len(counts) == 0 {
 		return nil, fmt.Errorf("cannot allocate: no unit IDs requested")
 	}
+	// In name order before sorting, so that the result never depends on
+	// the map's order, even for a comparator that got it wrong.
 	out := make([]Share, 0, len(counts))
-	for name, n := range counts {
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
 		d, _ := snap.Lookup(name)
-		out = append(out, Share{Device: d, Units: n})
+		out = append(out, Share{Device: d, Units: counts[name]})
 	}
 	slices.SortFunc(out, func(a, b Share) int {
 		if a.Units != b.Units {
