@@ -156,11 +156,13 @@ func (s *shmIO) unshare(seg *segment) {
 }
 
 // onControl handles one control message after the handshake; it owns fds.
+// What the peer got wrong comes back as a protocolError; a failure to
+// answer it is the socket's, most often a peer that hung up meanwhile.
 func (s *shmIO) onControl(msg []byte, fds []int) error {
 	m, err := decodeShmSeg(msg)
 	if err != nil {
 		closeAll(fds)
-		return err
+		return protocolError{err}
 	}
 	want := 0
 	if m.typ == shmMsgSegMap {
@@ -168,7 +170,7 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 	}
 	if len(fds) != want {
 		closeAll(fds)
-		return fmt.Errorf("shm message type %d with %d descriptors, want %d", m.typ, len(fds), want)
+		return protocolError{fmt.Errorf("shm message type %d with %d descriptors, want %d", m.typ, len(fds), want)}
 	}
 	p := &s.pull
 	switch m.typ {
@@ -180,6 +182,9 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 		var b [shmSegMsgLen]byte
 		reply := encodeShmSeg(b[:], &shmSegMsg{typ: shmMsgSegMapped, status: status, handle: m.handle})
 		if err := unix.Sendmsg(s.ctlFd, reply, nil, nil, unix.MSG_NOSIGNAL); err != nil {
+			if errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) {
+				return fmt.Errorf("peer closed its shm socket before the answer to its SEG_MAP: %w", err)
+			}
 			return fmt.Errorf("answer SEG_MAP: %w", err)
 		}
 	case shmMsgSegMapped:
@@ -198,7 +203,7 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 		case ok:
 			_ = unix.Munmap(b)
 		case !retired:
-			return fmt.Errorf("SEG_UNMAP of handle %d, which the peer never shared", m.handle)
+			return protocolError{fmt.Errorf("SEG_UNMAP of handle %d, which the peer never shared", m.handle)}
 		}
 		// A handle this side refused (the peer unregistered the segment
 		// before the refusal reached it) or unmapped already: nothing to do.

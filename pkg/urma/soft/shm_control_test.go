@@ -1,9 +1,12 @@
 package soft
 
 import (
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
 // loggedShmDeviceAndFakePeer is an shm device whose log the test reads, and
@@ -62,5 +65,37 @@ func TestShmHostileControlMessages(t *testing.T) {
 			waitUntil(t, "the device to log why it closed the connection", func() bool { return sink.has(c.log) })
 			waitUntil(t, "the connection to close", func() bool { return len(p.conns()) == 0 })
 		})
+	}
+}
+
+// A peer that shares a segment and hangs up before the device answers has
+// closed the connection, not broken the protocol: the device logs a close.
+// The device's own mapMu, held by the test, keeps its answer back until
+// the peer has hung up.
+func TestShmPeerHangsUpBeforeSegMapped(t *testing.T) {
+	p, f, sink := loggedShmDeviceAndFakePeer(t)
+	waitUntil(t, "the device to adopt the connection", func() bool { return len(p.conns()) == 1 })
+	c := p.conns()[0]
+	dev := c.io.(*shmIO)
+	mem, err := urma.AllocMemory(4096)
+	mustOK(t, err, "alloc")
+	t.Cleanup(func() { _ = mem.Free() })
+	ro, err := reopenReadOnly(mem.Fd())
+	mustOK(t, err, "reopen")
+	defer unix.Close(ro)
+
+	dev.pull.mapMu.RLock() // the device cannot map, so cannot answer, until released
+	msg := encodeShmSeg(make([]byte, shmSegMsgLen), &shmSegMsg{typ: shmMsgSegMap, handle: 1, length: 4096})
+	mustOK(t, unix.Sendmsg(f.ctlFd, msg, unix.UnixRights(ro), nil, unix.MSG_NOSIGNAL), "send SEG_MAP")
+	mustOK(t, unix.Shutdown(f.ctlFd, unix.SHUT_RDWR), "hang up")
+	dev.pull.mapMu.RUnlock()
+
+	<-c.done
+	if err := c.deathCause(); err == nil || !strings.Contains(err.Error(), "SEG_MAP") {
+		t.Fatalf("the connection died of %v, not of the answer to SEG_MAP", err)
+	}
+	waitUntil(t, "the device to log the close", func() bool { return sink.has("connection closed") || sink.has("broke the protocol") })
+	if sink.has("broke the protocol") {
+		t.Fatalf("a peer that hung up is logged as a protocol violation: %q", sink.lines)
 	}
 }

@@ -1065,13 +1065,15 @@ func (s *shmIO) watch(c *conn) {
 		if perr == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
 			perr = errors.New("control message or its descriptors truncated")
 		}
-		if perr == nil {
-			perr = s.onControl(buf[:n], fds)
-		} else {
-			closeAll(fds)
-		}
 		if perr != nil {
+			closeAll(fds)
 			c.fail(protocolError{perr})
+			return
+		}
+		// onControl tells the peer's violations (protocolError) from a
+		// peer that hung up before its answer, which is no violation.
+		if err := s.onControl(buf[:n], fds); err != nil {
+			c.fail(err)
 			return
 		}
 	}
