@@ -56,6 +56,15 @@ type pullState struct {
 	byHandle   map[uint32]*share
 	nextHandle uint32
 	ctlClosed  bool // the unix socket is closed: send nothing on it
+	// unmaps are the handles whose SEG_UNMAP found the unix socket full,
+	// in order: sendUnmaps sends them, waiting for room, while unmapping
+	// is set (unmapper counts it). A lost SEG_UNMAP would leave the peer
+	// mapping memory this side unregistered, and counting it against
+	// maxPeerSegments, for the connection's life.
+	unmaps    []uint32
+	unmapping bool
+	unmapper  sync.WaitGroup
+	unmapErr  error // why sendUnmaps gave up on a live socket
 
 	// Receiving: the peer's segments this side mapped, by handle. Readers
 	// hold mapMu while they copy, so an unmap waits for them.
@@ -150,9 +159,63 @@ func (s *shmIO) unshare(seg *segment) {
 	if p.ctlClosed || sh.failed {
 		return // a dead peer needs no word
 	}
+	if !p.unmapping {
+		// Unregistering must not block on the peer: try now, and leave
+		// what does not fit to sendUnmaps.
+		err := sendUnmap(s.ctlFd, sh.handle, unix.MSG_DONTWAIT)
+		if err == nil || peerHungUp(err) {
+			return // sent, or the connection is going and the mapping with it
+		}
+		p.unmapping = true
+		p.unmapper.Add(1)
+		go s.sendUnmaps()
+	}
+	p.unmaps = append(p.unmaps, sh.handle)
+}
+
+// sendUnmaps sends the queued SEG_UNMAPs in order, each waiting for room in
+// the unix socket (a blocking send, as the answer to a SEG_MAP is), until
+// none is left or the socket breaks. shutdown wakes it; close waits for it.
+func (s *shmIO) sendUnmaps() {
+	p := &s.pull
+	defer p.unmapper.Done()
+	p.shareMu.Lock()
+	defer p.shareMu.Unlock()
+	for len(p.unmaps) > 0 && !p.ctlClosed {
+		handle := p.unmaps[0]
+		p.shareMu.Unlock()
+		err := sendUnmap(s.ctlFd, handle, 0)
+		p.shareMu.Lock()
+		if err != nil {
+			if !peerHungUp(err) {
+				// The peer would keep the mapping: end the connection,
+				// and with it the mapping (watch reports why).
+				p.unmapErr = fmt.Errorf("send SEG_UNMAP: %w", err)
+				_ = unix.Shutdown(s.ctlFd, unix.SHUT_RDWR)
+			}
+			break
+		}
+		p.unmaps = p.unmaps[1:]
+	}
+	p.unmaps, p.unmapping = nil, false
+}
+
+// sendUnmap sends one SEG_UNMAP of handle with flags (MSG_DONTWAIT or 0).
+func sendUnmap(fd int, handle uint32, flags int) error {
 	var b [shmSegMsgLen]byte
-	msg := encodeShmSeg(b[:], &shmSegMsg{typ: shmMsgSegUnmap, handle: sh.handle})
-	_ = unix.Sendmsg(s.ctlFd, msg, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+	msg := encodeShmSeg(b[:], &shmSegMsg{typ: shmMsgSegUnmap, handle: handle})
+	for {
+		err := unix.Sendmsg(fd, msg, nil, nil, flags|unix.MSG_NOSIGNAL)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+// peerHungUp reports whether a send on the unix socket failed because it
+// is closed, at either end.
+func peerHungUp(err error) bool {
+	return errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET)
 }
 
 // onControl handles one control message after the handshake; it owns fds.
@@ -182,7 +245,7 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 		var b [shmSegMsgLen]byte
 		reply := encodeShmSeg(b[:], &shmSegMsg{typ: shmMsgSegMapped, status: status, handle: m.handle})
 		if err := unix.Sendmsg(s.ctlFd, reply, nil, nil, unix.MSG_NOSIGNAL); err != nil {
-			if errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) {
+			if peerHungUp(err) {
 				return fmt.Errorf("peer closed its shm socket before the answer to its SEG_MAP: %w", err)
 			}
 			return fmt.Errorf("answer SEG_MAP: %w", err)

@@ -1,8 +1,10 @@
 package soft
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -97,5 +99,82 @@ func TestShmPeerHangsUpBeforeSegMapped(t *testing.T) {
 	waitUntil(t, "the device to log the close", func() bool { return sink.has("connection closed") || sink.has("broke the protocol") })
 	if sink.has("broke the protocol") {
 		t.Fatalf("a peer that hung up is logged as a protocol violation: %q", sink.lines)
+	}
+}
+
+// Unregistering a shared segment while the peer's unix socket is full
+// (its control reader busy) still unmaps it at the peer once the peer
+// reads on: a lost SEG_UNMAP would leave the peer mapping memory this side
+// unregistered, for the connection's life. A connection that closes while
+// the SEG_UNMAP waits for room closes at once, leaving nothing behind.
+func TestShmUnmapWaitsForRoom(t *testing.T) {
+	for _, closeFirst := range []bool{false, true} {
+		name := map[bool]string{false: "peer reads on", true: "connection closes"}[closeFirst]
+		t.Run(name, func(t *testing.T) {
+			noLeaks(t)
+			pa, pb, _, a, b, target := loggedShmPair(t)
+			seg, _ := shareableSegment(t, a, urma.AccessRead)
+			b.postRecv(1, 0, 64<<10)
+			mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target,
+				SGEs: []urma.SGE{{Segment: seg, Len: 64 << 10}}}), "send, sharing the segment")
+			if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+				t.Fatalf("send: %+v", c)
+			}
+			pollN(t, b.rjfc, 1, 10*time.Second)
+			waitUntil(t, "the share to be ready", func() bool { return pa.readyShares() == 1 })
+			sa, sb := pa.conns()[0].io.(*shmIO), pb.conns()[0].io.(*shmIO)
+			var handle uint32
+			sa.pull.shareMu.Lock()
+			for _, sh := range sa.pull.shared {
+				handle = sh.handle
+			}
+			sa.pull.shareMu.Unlock()
+			mappedAtB := func() bool {
+				sb.pull.mapMu.RLock()
+				defer sb.pull.mapMu.RUnlock()
+				_, ok := sb.pull.mapped[handle]
+				return ok
+			}
+			if !mappedAtB() {
+				t.Fatalf("the peer does not map handle %d", handle)
+			}
+
+			// Hold b's control reader in the SEG_MAP of another handle (it
+			// maps under mapMu), then fill a's socket to b with SEG_UNMAPs
+			// of a handle b refused, which b ignores, until it takes no more.
+			mem, err := urma.AllocMemory(4096)
+			mustOK(t, err, "alloc")
+			t.Cleanup(func() { _ = mem.Free() })
+			ro, err := reopenReadOnly(mem.Fd())
+			mustOK(t, err, "reopen")
+			defer unix.Close(ro)
+			const blocker, filler = 1000, 999
+			sb.pull.mapMu.RLock()
+			msg := encodeShmSeg(make([]byte, shmSegMsgLen), &shmSegMsg{typ: shmMsgSegMap, handle: blocker, length: 4096})
+			mustOK(t, unix.Sendmsg(sa.ctlFd, msg, unix.UnixRights(ro), nil, unix.MSG_NOSIGNAL), "send SEG_MAP")
+			fill := encodeShmSeg(make([]byte, shmSegMsgLen), &shmSegMsg{typ: shmMsgSegUnmap, handle: filler})
+			for n := 0; ; n++ {
+				err := unix.Sendmsg(sa.ctlFd, fill, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+				if errors.Is(err, unix.EAGAIN) {
+					break
+				}
+				if err != nil || n > 1<<20 {
+					sb.pull.mapMu.RUnlock()
+					t.Fatalf("filling the socket: %d messages, %v", n, err)
+				}
+			}
+			mustOK(t, seg.Close(), "unregister")
+			if closeFirst {
+				mustOK(t, pa.Close(), "close the sender") // must not wait for b
+				sb.pull.mapMu.RUnlock()
+				waitUntil(t, "the peer to see the connection close", func() bool { return len(pb.conns()) == 0 })
+				return
+			}
+			sb.pull.mapMu.RUnlock()
+
+			waitUntil(t, "the peer to unmap the unregistered segment", func() bool { return !mappedAtB() })
+			roundTrip(t, a, target, b)
+			alive(t, pb.conns()[0])
+		})
 	}
 }

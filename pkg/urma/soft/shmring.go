@@ -1018,6 +1018,10 @@ func (s *shmIO) close() {
 		s.pull.ctlClosed = true // unshare must not write to a closed, maybe reused, number
 		shared := slices.Collect(maps.Keys(s.pull.shared))
 		s.pull.shareMu.Unlock()
+		if s.ctlFd >= 0 {
+			_ = unix.Shutdown(s.ctlFd, unix.SHUT_RDWR) // wakes sendUnmaps, if shutdown did not
+		}
+		s.pull.unmapper.Wait()       // it writes to ctlFd, closed below
 		for _, seg := range shared { // outside shareMu: unshareAll locks the segment first
 			seg.removeSharer(s)
 		}
@@ -1056,6 +1060,11 @@ func (s *shmIO) watch(c *conn) {
 		}
 		if err == nil && n == 0 {
 			err = errors.New("peer closed its shm socket")
+			s.pull.shareMu.Lock()
+			if s.pull.unmapErr != nil {
+				err = s.pull.unmapErr // sendUnmaps shut the socket down
+			}
+			s.pull.shareMu.Unlock()
 		}
 		if err != nil {
 			c.fail(err)
