@@ -9,9 +9,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
@@ -48,9 +50,10 @@ type sockDevice struct {
 	shmConns atomic.Pointer[[]*conn]
 	pollers  pollStats
 
-	mu          sync.Mutex
-	closed      bool
-	peers       map[urma.EID]*peer
+	mu     sync.Mutex
+	closed bool
+	// peers holds the peer entries weakly: see peer.
+	peers       map[urma.EID]weak.Pointer[peer]
 	conns       map[*conn]struct{}
 	handshaking map[net.Conn]struct{} // accepted, HELLO not yet answered
 }
@@ -61,7 +64,7 @@ func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
 	sd := &sockDevice{
 		dev: d, prov: d.prov, session: rand.Uint64(), resolver: opts.Resolver,
 		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout, maxAnswers: maxAnswers, maxCancels: maxCancels,
-		peers: make(map[urma.EID]*peer), conns: make(map[*conn]struct{}),
+		peers: make(map[urma.EID]weak.Pointer[peer]), conns: make(map[*conn]struct{}),
 		handshaking: make(map[net.Conn]struct{}),
 	}
 	sd.ctx, sd.cancel = context.WithCancel(context.Background())
@@ -144,6 +147,16 @@ func (sd *sockDevice) log() logr.Logger {
 }
 
 // peer returns the peer entry for a remote device, creating it.
+//
+// The device holds its entries weakly: an entry lives exactly as long as
+// something can act on it or tell it from another (a connection, a dial,
+// an import, a send, a jetty's record of the connection a send went out
+// on), so an EID finds the same entry for as long as that matters (one
+// connection per device pair, crossing dials, generations), while a device
+// that many peers connected to over time (each process its own shm EID)
+// keeps no entry for those gone. An entry nothing uses is dropped once the
+// garbage collector frees it; the next contact makes a fresh one, which
+// nothing can tell from the old.
 func (sd *sockDevice) peer(eid urma.EID) (*peer, error) {
 	if eid.IsZero() {
 		return nil, errors.New("zero EID")
@@ -153,12 +166,35 @@ func (sd *sockDevice) peer(eid urma.EID) (*peer, error) {
 	if sd.closed {
 		return nil, errors.New("device closing")
 	}
-	p := sd.peers[eid]
-	if p == nil {
-		p = &peer{sd: sd, eid: eid, gen: 1}
-		sd.peers[eid] = p
+	if p := sd.peers[eid].Value(); p != nil {
+		return p, nil
 	}
+	p := &peer{sd: sd, eid: eid, gen: 1}
+	sd.peers[eid] = weak.Make(p)
+	// The cleanup holds the device weakly: a strong hold could reach p
+	// through it and keep both alive for good.
+	runtime.AddCleanup(p, forgetPeer, peerKey{sd: weak.Make(sd), eid: eid})
 	return p, nil
+}
+
+// peerKey names a peer entry for forgetPeer.
+type peerKey struct {
+	sd  weak.Pointer[sockDevice]
+	eid urma.EID
+}
+
+// forgetPeer drops the map entry of a freed peer, unless a new one took
+// its place.
+func forgetPeer(k peerKey) {
+	sd := k.sd.Value()
+	if sd == nil {
+		return
+	}
+	sd.mu.Lock()
+	defer sd.mu.Unlock()
+	if sd.peers[k.eid].Value() == nil {
+		delete(sd.peers, k.eid)
+	}
 }
 
 // resolve finds the address to dial for eid.

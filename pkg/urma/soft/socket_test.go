@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -865,4 +866,33 @@ func TestAnswerBeforeDeathWins(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A device keeps no entry for peers that came and went: a long-lived
+// server that clients in many processes (each its own EID) connected to
+// over time holds only what is still in use. Every connection here is
+// from another EID, and each is gone before the next.
+func TestPeerEntriesDoNotOutliveTheirConnections(t *testing.T) {
+	noLeaks(t)
+	p := newProvider(t, socketOpts())
+	sd := p.devices[0].sock
+	entries := func() int {
+		sd.mu.Lock()
+		defer sd.mu.Unlock()
+		return len(sd.peers)
+	}
+	const cycles = 64
+	for i := range cycles {
+		src, err := SocketEID(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.9"), uint16(1000+i)))
+		mustOK(t, err, "eid")
+		nc, _ := fakeDial(t, p.addr(), src, sd.eid)
+		waitUntil(t, "the device to adopt the connection", func() bool { return len(p.conns()) == 1 })
+		mustOK(t, nc.Close(), "hang up")
+		waitUntil(t, "the device to drop the connection", func() bool { return len(p.conns()) == 0 })
+	}
+	// Entries go with the garbage collector's freeing of them.
+	waitUntil(t, "the device to drop the entries of the peers gone", func() bool {
+		runtime.GC()
+		return entries() == 0
+	})
 }
