@@ -32,21 +32,7 @@ func TestCloseWaitsForACreation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := p.lib.fakeGate("urma_create_jfc"); err != nil {
-				t.Fatal(err)
-			}
-			type creation struct {
-				q   urma.JFC
-				err error
-			}
-			created := make(chan creation, 1)
-			go func() {
-				q, err := c.CreateJFC(urma.JFCConfig{Depth: 16})
-				created <- creation{q, err}
-			}()
-			if err := p.lib.fakeHook("fakeurma_wait_gated", nil); err != nil {
-				t.Fatal(err)
-			}
+			created := createJFCHeld(t, p, c, urma.JFCConfig{Depth: 16})
 			closed := make(chan struct{})
 			var closeErr error
 			go func() {
@@ -72,4 +58,29 @@ func TestCloseWaitsForACreation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// jfcCreation is what a CreateJFC run by createJFCHeld returned.
+type jfcCreation struct {
+	q   urma.JFC
+	err error
+}
+
+// createJFCHeld starts c.CreateJFC(cfg) and returns once the fake's gate
+// holds it in the middle of urma_create_jfc; opening the gate
+// (p.lib.fakeGate("")) lets it finish into the channel.
+func createJFCHeld(t *testing.T, p *Provider, c urma.Context, cfg urma.JFCConfig) <-chan jfcCreation {
+	t.Helper()
+	if err := p.lib.fakeGate("urma_create_jfc"); err != nil {
+		t.Fatal(err)
+	}
+	created := make(chan jfcCreation, 1)
+	go func() {
+		q, err := c.CreateJFC(cfg)
+		created <- jfcCreation{q, err}
+	}()
+	if err := p.lib.fakeHook("fakeurma_wait_gated", nil); err != nil {
+		t.Fatal(err)
+	}
+	return created
 }

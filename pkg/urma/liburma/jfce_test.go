@@ -25,21 +25,7 @@ func TestJFCECloseDuringJFCCreation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.lib.fakeGate("urma_create_jfc"); err != nil {
-		t.Fatal(err)
-	}
-	type creation struct {
-		q   urma.JFC
-		err error
-	}
-	created := make(chan creation, 1)
-	go func() {
-		q, err := c.CreateJFC(urma.JFCConfig{Depth: 16, JFCE: e})
-		created <- creation{q, err}
-	}()
-	if err := p.lib.fakeHook("fakeurma_wait_gated", nil); err != nil {
-		t.Fatal(err)
-	}
+	created := createJFCHeld(t, p, c, urma.JFCConfig{Depth: 16, JFCE: e})
 	closeErr := e.Close()
 	if err := p.lib.fakeGate(""); err != nil {
 		t.Fatal(err)

@@ -25,17 +25,7 @@ func TestProviderCloseTwiceWaitsForTheTeardown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.lib.fakeGate("urma_create_jfc"); err != nil {
-		t.Fatal(err)
-	}
-	created := make(chan error, 1)
-	go func() {
-		_, err := c.CreateJFC(urma.JFCConfig{Depth: 16})
-		created <- err
-	}()
-	if err := p.lib.fakeHook("fakeurma_wait_gated", nil); err != nil {
-		t.Fatal(err)
-	}
+	created := createJFCHeld(t, p, c, urma.JFCConfig{Depth: 16})
 	failNextDelete(t, p, "urma_delete_context")
 	var firstErr, secondErr error
 	first, second := make(chan struct{}), make(chan struct{})
@@ -50,8 +40,8 @@ func TestProviderCloseTwiceWaitsForTheTeardown(t *testing.T) {
 	if err := p.lib.fakeGate(""); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-created; err != nil {
-		t.Errorf("CreateJFC: %v", err)
+	if cr := <-created; cr.err != nil {
+		t.Errorf("CreateJFC: %v", cr.err)
 	}
 	<-first
 	<-second
