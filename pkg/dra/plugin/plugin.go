@@ -206,14 +206,11 @@ func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReq
 	if d == nil {
 		return checkpoint.Device{}, fmt.Errorf("%s: no such device on this node (removed since it was allocated?)", where)
 	}
-	// Listed, and healthy, until its absence is debounced; but its device
-	// node is gone, and a spec naming it would fail the container. Kubelet
+	// A device the last scan missed, or found without its node, may still
+	// say Healthy until the debounce ends; either way a spec naming its
+	// node would fail the container, whatever the claim tolerates. Kubelet
 	// retries a refusal, which succeeds if the device comes back.
-	if d.Vanished {
-		return checkpoint.Device{}, fmt.Errorf("%s: device %s: %s", where, d.Name, inventory.ReasonVanished)
-	}
-	// Likewise a hardware device whose node the last scan did not find.
-	if ok, why := d.Usable(); !ok && why == inventory.ReasonNoDevNode {
+	if ok, why := d.Usable(); !ok && (d.Vanished || d.Healthy) {
 		return checkpoint.Device{}, fmt.Errorf("%s: device %s: %s", where, d.Name, why)
 	}
 	if !d.Healthy && !tolerated(r.Tolerations, draslices.UnhealthyTaint(d)) {
