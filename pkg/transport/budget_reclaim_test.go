@@ -54,13 +54,7 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 		}
 	})
 	t.Run("dialer sharing the budget with a listener", func(t *testing.T) {
-		pa, pb := fabricPair(t)
-		budget := NewJettyBudget(2)
-		f := smallFlags()
-		f.PreparedJettyCnt = 2
-		scfg, ccfg := cfgWith(pa, f), cfgWith(pb, f)
-		scfg.Budget, ccfg.Budget = budget, budget
-		ln, d := listenAndDialer(t, scfg, ccfg)
+		ln, d, budget, _ := sharedBudget(t)
 		waitPrepared(t, ln, 2) // the whole budget
 		p := dialAccept(t, ln, d)
 		if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
@@ -73,13 +67,7 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 		}
 	})
 	t.Run("a closed dialer leaves the others' prepared jetties reclaimable", func(t *testing.T) {
-		pa, pb := fabricPair(t)
-		budget := NewJettyBudget(2)
-		f := smallFlags()
-		f.PreparedJettyCnt = 2
-		scfg, ccfg := cfgWith(pa, f), cfgWith(pb, f)
-		scfg.Budget, ccfg.Budget = budget, budget
-		ln, d := listenAndDialer(t, scfg, ccfg)
+		ln, d, _, ccfg := sharedBudget(t)
 		waitPrepared(t, ln, 2)
 		// Another dialer on the budget, used once (its engine, and pool,
 		// start with its first dial) and closed.
@@ -101,4 +89,18 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 				p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
 		}
 	})
+}
+
+// sharedBudget is a Listener and a Dialer sharing a budget of 2 jetties,
+// each preparing 2, and the Dialer's Config, for another one on it.
+func sharedBudget(t *testing.T) (*Listener, *Dialer, *JettyBudget, Config) {
+	t.Helper()
+	pa, pb := fabricPair(t)
+	budget := NewJettyBudget(2)
+	f := smallFlags()
+	f.PreparedJettyCnt = 2
+	scfg, ccfg := cfgWith(pa, f), cfgWith(pb, f)
+	scfg.Budget, ccfg.Budget = budget, budget
+	ln, d := listenAndDialer(t, scfg, ccfg)
+	return ln, d, budget, ccfg
 }

@@ -730,23 +730,7 @@ func TestPrepareRefusesADeviceWhoseNodeIsGone(t *testing.T) {
 // not yet changed (listed, healthy, no node).
 func losingItsNode(t *testing.T) (seen, nodeGone inventory.Snapshot) {
 	t.Helper()
-	tree := sysfstest.New(t)
-	tree.Add(t, sysfstest.DefaultDevice("udma0"))
-	tree.AddDevNode(t, sysfstest.UMMUNode)
-	cfg := dratest.Config(0)
-	cfg.Debounce = health.Debounce{Observations: 2, Hold: time.Hour}
-	b := inventory.NewBuilder(cfg)
-	scan := func() inventory.Scan {
-		found, err := sysfs.Discover(tree.Options())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return inventory.Scan{Devices: found, UMMUNode: sysfs.UMMUNode(tree.Options())}
-	}
-	now := time.Now()
-	seen, _, _ = b.Build(scan(), now)
-	tree.RemoveDevNode(t, "uburma/udma0")
-	nodeGone, _, _ = b.Build(scan(), now.Add(time.Second))
+	seen, nodeGone = scansAround(t, func(tree *sysfstest.Tree) { tree.RemoveDevNode(t, "uburma/udma0") })
 	if d, ok := nodeGone.Lookup("udma0"); !ok || !d.Healthy || d.DevNode != "" {
 		t.Fatalf("fixture: want udma0 listed, healthy and without its node, got %+v", d)
 	}
@@ -757,23 +741,36 @@ func losingItsNode(t *testing.T) (seen, nodeGone inventory.Snapshot) {
 // the next, its absence not yet confirmed (listed, healthy, Vanished).
 func vanishing(t *testing.T) (seen, gone inventory.Snapshot) {
 	t.Helper()
+	seen, gone = scansAround(t, func(tree *sysfstest.Tree) { tree.Remove(t, "udma0") })
+	if d, ok := gone.Lookup("udma0"); !ok || !d.Vanished || !d.Healthy {
+		t.Fatalf("fixture: want udma0 listed, vanished and still healthy, got %+v", d)
+	}
+	return seen, gone
+}
+
+// scansAround builds the snapshots of two scans of a node with udma0, one
+// second apart, before and after change; health changes hold for an hour,
+// so the second shows what the scan saw before any verdict changed.
+func scansAround(t *testing.T, change func(*sysfstest.Tree)) (before, after inventory.Snapshot) {
+	t.Helper()
 	tree := sysfstest.New(t)
 	tree.Add(t, sysfstest.DefaultDevice("udma0"))
 	tree.AddDevNode(t, sysfstest.UMMUNode)
-	found, err := sysfs.Discover(tree.Options())
-	if err != nil {
-		t.Fatal(err)
+	scan := func() inventory.Scan {
+		found, err := sysfs.Discover(tree.Options())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return inventory.Scan{Devices: found, UMMUNode: sysfs.UMMUNode(tree.Options())}
 	}
 	cfg := dratest.Config(0)
 	cfg.Debounce = health.Debounce{Observations: 2, Hold: time.Hour}
 	b := inventory.NewBuilder(cfg)
 	now := time.Now()
-	seen, _, _ = b.Build(inventory.Scan{Devices: found, UMMUNode: sysfs.UMMUNode(tree.Options())}, now)
-	gone, _, _ = b.Build(inventory.Scan{UMMUNode: sysfs.UMMUNode(tree.Options())}, now.Add(time.Second))
-	if d, ok := gone.Lookup("udma0"); !ok || !d.Vanished || !d.Healthy {
-		t.Fatalf("fixture: want udma0 listed, vanished and still healthy, got %+v", d)
-	}
-	return seen, gone
+	before, _, _ = b.Build(scan(), now)
+	change(tree)
+	after, _, _ = b.Build(scan(), now.Add(time.Second))
+	return before, after
 }
 
 // claimGetter is a ClaimGetter over a map by namespace/name; a missing

@@ -21,11 +21,7 @@ func TestFlushShallowJetty(t *testing.T) {
 		t.Run(fmt.Sprintf("sq=%d", depth), func(t *testing.T) {
 			p := newTestProvider(t)
 			a, b := openFlushPeer(t, p, "udma0", depth), openFlushPeer(t, p, "udma1", 4)
-			target, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { closeAll(t, target) })
+			target := importPeer(t, a, b)
 			// B posts no receive: the first send waits for one (RNR, retried
 			// forever) and the rest queue behind it, never started.
 			for i := range depth {
@@ -79,6 +75,17 @@ func openFlushPeer(t *testing.T, p *Provider, dev string, sqDepth uint32) *flush
 	return e
 }
 
+// importPeer imports to's jetty into from's context, closed at cleanup.
+func importPeer(t *testing.T, from, to *flushPeer) urma.RemoteJetty {
+	t.Helper()
+	target, err := from.ctx.ImportJetty(t.Context(), to.jetty.ID(), urma.RM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeAll(t, target) })
+	return target
+}
+
 // closeAll closes objects in order, skipping those never created.
 func closeAll(t *testing.T, objs ...interface{ Close() error }) {
 	t.Helper()
@@ -128,11 +135,7 @@ func TestFlushKeepsTheRestOfTheBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { closeAll(t, a2) })
-	toB, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeAll(t, toB) })
+	toB := importPeer(t, a, b)
 	toA2, err := b.ctx.ImportJetty(t.Context(), a2.ID(), urma.RM, 0)
 	if err != nil {
 		t.Fatal(err)

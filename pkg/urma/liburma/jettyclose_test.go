@@ -20,11 +20,7 @@ func TestJettyCloseDropsItsCompletions(t *testing.T) {
 	t.Run("in-liburma", func(t *testing.T) {
 		p := newTestProvider(t)
 		a, b := openFlushPeer(t, p, "udma0", 4), openFlushPeer(t, p, "udma1", 4)
-		target, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { closeAll(t, target) })
+		target := importPeer(t, a, b)
 		if err := b.jfr.PostRecv(&urma.RecvWR{UserCtx: 9}); err != nil {
 			t.Fatal(err)
 		}
@@ -42,11 +38,7 @@ func TestJettyCloseDropsItsCompletions(t *testing.T) {
 	t.Run("held-by-the-provider", func(t *testing.T) {
 		p := newTestProvider(t)
 		a, b := openFlushPeer(t, p, "udma0", 4), openFlushPeer(t, p, "udma1", 4)
-		target, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { closeAll(t, target) })
+		target := importPeer(t, a, b)
 		// B posts no receive: send 1 waits (RNR, forever), 2 and 3 queue.
 		for i := range 3 {
 			if err := a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: uint64(i + 1)}); err != nil {

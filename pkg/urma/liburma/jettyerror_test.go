@@ -19,11 +19,7 @@ import (
 func TestDeviceErroredJettyIsError(t *testing.T) {
 	p := newTestProvider(t)
 	a, b := openFlushPeer(t, p, "udma0", 4), openFlushPeer(t, p, "udma1", 4)
-	target, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeAll(t, target) })
+	target := importPeer(t, a, b)
 	// B posts no receive: send 1 waits for one (RNR, retried forever), and
 	// send 2 queues behind it.
 	for i := range 2 {

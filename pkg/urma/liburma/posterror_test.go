@@ -26,11 +26,7 @@ func TestSendErrorWaitsForAPostInProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { closeAll(t, j) })
-	target, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeAll(t, target) })
+	target := importPeer(t, a, b)
 	if err := j.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -1421,11 +1421,12 @@ urma_target_seg_t *urma_register_seg(urma_context_t *ctx, urma_seg_cfg_t *cfg)
     return &g->base;
 }
 
-urma_status_t urma_unregister_seg(urma_target_seg_t *target_seg)
+/* free_seg frees a registered or imported segment, unless fn is to fail
+ * (fakeurma_fail_delete) */
+static urma_status_t free_seg(fseg_t *g, const char *fn)
 {
-    fseg_t *g = (fseg_t *)target_seg;
     pthread_mutex_lock(&mu);
-    if (failing(__func__)) {
+    if (failing(fn)) {
         pthread_mutex_unlock(&mu);
         return URMA_FAIL;
     }
@@ -1433,6 +1434,11 @@ urma_status_t urma_unregister_seg(urma_target_seg_t *target_seg)
     pthread_mutex_unlock(&mu);
     free(g);
     return URMA_SUCCESS;
+}
+
+urma_status_t urma_unregister_seg(urma_target_seg_t *target_seg)
+{
+    return free_seg((fseg_t *)target_seg, __func__);
 }
 
 urma_target_seg_t *urma_import_seg(urma_context_t *ctx, urma_seg_t *seg, urma_token_t *token, uint64_t addr,
@@ -1462,14 +1468,5 @@ urma_target_seg_t *urma_import_seg(urma_context_t *ctx, urma_seg_t *seg, urma_to
 
 urma_status_t urma_unimport_seg(urma_target_seg_t *tseg)
 {
-    fseg_t *g = (fseg_t *)tseg;
-    pthread_mutex_lock(&mu);
-    if (failing(__func__)) {
-        pthread_mutex_unlock(&mu);
-        return URMA_FAIL;
-    }
-    g->ctx->children--;
-    pthread_mutex_unlock(&mu);
-    free(g);
-    return URMA_SUCCESS;
+    return free_seg((fseg_t *)tseg, __func__);
 }
