@@ -186,6 +186,21 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
+		// A plugin that labels nothing binds no role and mounts no token,
+		// so it may run as the namespace's default account.
+		name:   "plugin without node labels on the default ServiceAccount",
+		values: []string{"--set", "devicePlugin.nodeLabels.enabled=false", "--set", "devicePlugin.serviceAccount.create=false"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			spec := podSpec(t, ds)
+			if got := spec["serviceAccountName"]; got != "default" {
+				t.Errorf("serviceAccountName %v, want default", got)
+			}
+			if got := spec["automountServiceAccountToken"]; got != false {
+				t.Errorf("automountServiceAccountToken %v, want false", got)
+			}
+		},
+	}, {
 		name:   "operator budget that leaves a replica to evict",
 		values: []string{"--set", "operator.podDisruptionBudget.enabled=true", "--set", "operator.replicas=2"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {

@@ -257,6 +257,27 @@ fail the render with a message that names the values.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /*
+An existing ServiceAccount must be named: with create=false and no name the
+chart would bind the component's roles to the namespace's "default" account,
+which every other pod there runs as.
+*/}}
+{{- $accounts := list }}
+{{- if .Values.operator.enabled }}
+{{- $accounts = append $accounts (list "operator" .Values.operator.serviceAccount) }}
+{{- end }}
+{{- if and .Values.devicePlugin.enabled (eq .Values.driver "devicePlugin") .Values.devicePlugin.nodeLabels.enabled }}
+{{- $accounts = append $accounts (list "devicePlugin" .Values.devicePlugin.serviceAccount) }}
+{{- end }}
+{{- if eq .Values.driver "dra" }}
+{{- $accounts = append $accounts (list "draDriver" .Values.draDriver.serviceAccount) }}
+{{- end }}
+{{- range $accounts }}
+{{- $sa := index . 1 }}
+{{- if and (not $sa.create) (not $sa.name) }}
+{{- fail (printf "%s.serviceAccount.create=false needs %s.serviceAccount.name: without it the chart would grant the %s's permissions to the namespace's default ServiceAccount, which every other pod there runs as" (index . 0) (index . 0) (index . 0)) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.webhook.enabled (not .Values.operator.enabled) }}
 {{- fail "webhook.enabled=true needs operator.enabled=true: the operator serves the webhook, and a webhook without a server blocks labelled pods" }}
 {{- end }}
