@@ -98,6 +98,13 @@ type Config struct {
 	// for the server to speak first); 0 takes --urma_first_bytes_timeout
 	// (default 1s), negative waits the whole HandshakeTimeout.
 	FirstBytesTimeout time.Duration
+	// AckTimeout is how long a server that has set up a jetty for a client
+	// (its receive buffers posted, counted against the jetty budget) waits
+	// for the client's ACK before it drops the connection and gives them
+	// back, so that clients which never ACK cannot hold the budget for the
+	// whole HandshakeTimeout; 0 takes --urma_ack_timeout (default 3s),
+	// negative waits the whole HandshakeTimeout.
+	AckTimeout time.Duration
 	// HandshakeTimeout bounds the TCP handshake; 0 means 10s. A server
 	// serves a client that sends nothing within it as plain TCP.
 	HandshakeTimeout time.Duration
@@ -136,6 +143,7 @@ type settings struct {
 	noToken          bool
 	requireToken     bool
 	firstBytes       time.Duration // 0: the whole handshake timeout
+	ackTimeout       time.Duration // 0: the whole handshake timeout
 	handshakeTimeout time.Duration
 	closeTimeout     time.Duration
 	log              logr.Logger
@@ -275,6 +283,12 @@ func (c Config) resolve() (settings, error) {
 		s.firstBytes = c.FirstBytesTimeout
 	case c.FirstBytesTimeout == 0:
 		s.firstBytes = s.flags.FirstBytesTimeout
+	}
+	switch {
+	case c.AckTimeout > 0:
+		s.ackTimeout = c.AckTimeout
+	case c.AckTimeout == 0:
+		s.ackTimeout = s.flags.AckTimeout
 	}
 	return s, nil
 }

@@ -229,7 +229,7 @@ func serverExchange(ctx context.Context, e *engine, tcp net.Conn) (Conn, string,
 	if s.why != nil && s.why.reason == ReasonBudgetExhausted && e.s.failOnBudget {
 		return nil, metrics.ResultError, fmt.Errorf("%s (Config.FailWhenBudgetExhausted)", s.why)
 	}
-	conn, result, err := s.finish()
+	conn, result, err := s.finish(ctx)
 	if err != nil && s.conn != nil {
 		s.conn.release()
 	}
@@ -244,18 +244,12 @@ func serverExchange(ctx context.Context, e *engine, tcp net.Conn) (Conn, string,
 func (s *serverSide) readFirstBytes(ctx context.Context) ([]byte, *fallback, error) {
 	var magic [handshake.MagicLen]byte
 	wait := s.e.s.handshakeTimeout
-	if fbt := s.e.s.firstBytes; fbt > 0 && fbt < wait {
-		wait = fbt
-		d, _ := ctx.Deadline()
-		_ = s.tcp.SetReadDeadline(time.Now().Add(fbt))
-		defer func() {
-			_ = s.tcp.SetReadDeadline(d)
-			if ctx.Err() != nil {
-				_ = s.tcp.SetDeadline(aLongTimeAgo) // cancelled meanwhile: stay cancelled
-			}
-		}()
+	restore, limited := s.limitReads(ctx, s.e.s.firstBytes)
+	if limited {
+		wait = s.e.s.firstBytes
 	}
 	n, err := io.ReadFull(s.tcp, magic[:])
+	restore()
 	switch {
 	case err == nil:
 	case isTimeout(err):
@@ -271,6 +265,23 @@ func (s *serverSide) readFirstBytes(ctx context.Context) ([]byte, *fallback, err
 		return magic[:], fallbackf(ReasonPeerNotURMA, "the client's first bytes %q are not a hello", magic[:]), nil
 	}
 	return magic[:], nil, nil
+}
+
+// limitReads bounds the reads that follow to d from now, when d > 0 ends
+// before the handshake (ctx) does, and says whether it did; restore puts
+// the handshake's deadline back.
+func (s *serverSide) limitReads(ctx context.Context, d time.Duration) (restore func(), limited bool) {
+	end, _ := ctx.Deadline()
+	if d <= 0 || !time.Now().Add(d).Before(end) {
+		return func() {}, false
+	}
+	_ = s.tcp.SetReadDeadline(time.Now().Add(d))
+	return func() {
+		_ = s.tcp.SetReadDeadline(end)
+		if ctx.Err() != nil {
+			_ = s.tcp.SetDeadline(aLongTimeAgo) // cancelled meanwhile: stay cancelled
+		}
+	}, true
 }
 
 // decide chooses URMA (s.conn, the client's segment and jetty imported) or
@@ -345,7 +356,7 @@ const maxQueueDepth = 4096
 
 // finish sends our hello (or the fallback hello), reads the client's ACK
 // and makes the connection.
-func (s *serverSide) finish() (Conn, string, error) {
+func (s *serverSide) finish(ctx context.Context) (Conn, string, error) {
 	var reply []byte
 	if s.conn != nil {
 		reply = appendHello(nil, s.version, s.conn.localHello())
@@ -364,10 +375,23 @@ func (s *serverSide) finish() (Conn, string, error) {
 	// is served as TCP with nothing lost. Our own clients always send the
 	// ACK.
 	lenient := s.conn == nil && !s.hello.HasExtension()
+	// A client we set up a jetty for (its receive buffers posted, its place
+	// in the jetty budget taken) sends its ACK once it has read our hello
+	// and imported our jetty: wait for it within urma_ack_timeout, not the
+	// whole handshake timeout, so that clients which never send it cannot
+	// hold the budget and push honest ones to TCP. Without a jetty nothing
+	// is held, and a declined brpc client may take its time (above).
+	restore, ackBounded := func() {}, false
+	if s.conn != nil {
+		restore, ackBounded = s.limitReads(ctx, s.e.s.ackTimeout)
+	}
 	ack, raw, err := handshake.ReadAck(s.tcp)
+	restore()
 	switch {
 	case err != nil && lenient && (isTimeout(err) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)):
 		return s.tcpMode(s.why, raw, int(s.version))
+	case err != nil && ackBounded && isTimeout(err) && ctx.Err() == nil:
+		return nil, metrics.ResultError, fmt.Errorf("no ACK within %s (urma_ack_timeout) of our hello: dropping the connection gives back the jetty set up for it: %w", s.e.s.ackTimeout, err)
 	case err != nil:
 		return nil, metrics.ResultError, err
 	case lenient && ack.Reserved():

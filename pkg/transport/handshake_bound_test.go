@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
+	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
 // stallBound is how long a test waits for a handshake that should end at
@@ -196,5 +197,86 @@ func TestDialCancelledMidHandshake(t *testing.T) {
 	}
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("dial cancelled mid-handshake: %v; want an error wrapping context.Canceled", err)
+	}
+}
+
+// halfOpen is a client that sends a valid hello of ours, reads the
+// server's hello and never sends the ACK, on a TCP connection to addr: a
+// client that crashed or hangs between the two, or a hostile one.
+func halfOpen(t *testing.T, prov urma.Provider, addr string) net.Conn {
+	t.Helper()
+	r := newRawQueues(t, prov)
+	tcp, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tcp.Close() })
+	h := r.hello()
+	h.SQSize = 16
+	if _, err := tcp.Write(handshake.AppendV2(nil, h)); err != nil {
+		t.Fatal(err)
+	}
+	magic := make([]byte, handshake.MagicLen)
+	if _, err := io.ReadFull(tcp, magic); err != nil {
+		t.Fatalf("read the server's hello: %v", err)
+	}
+	sh, _, err := handshake.ReadHello(tcp, magic)
+	if err != nil || handshake.IsFallback(sh) {
+		t.Fatalf("the server answered %+v, %v; want a hello with its jetty", sh, err)
+	}
+	return tcp
+}
+
+// TestAckTimeoutGivesTheJettyBack: a client that sends its hello and never
+// its ACK holds the jetty the server set up for it (its receive buffers,
+// its place in the jetty budget) for urma_ack_timeout, not for the whole
+// HandshakeTimeout (here an hour; the bounds here leave an honest client
+// room to ACK on a loaded machine), so a few such clients cannot keep
+// honest ones on TCP (jetty_budget_exhausted) for long. Once it is
+// dropped, the budget's only jetty serves an honest client on URMA.
+func TestAckTimeoutGivesTheJettyBack(t *testing.T) {
+	checkNoLeaks(t)
+	f := smallFlags()
+	f.PreparedJettyCnt = 0 // the budget's one jetty is the handshake's
+	byFlag := f
+	byFlag.AckTimeout = 500 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		cfg  func(c *Config)
+	}{
+		{"default urma_ack_timeout", func(*Config) {}},
+		{"Config.AckTimeout", func(c *Config) { c.AckTimeout = 400 * time.Millisecond }},
+		{"--urma_ack_timeout", func(c *Config) { c.Flags = &byFlag }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			cfg := cfgWith(pa, f)
+			cfg.JettyBudget = 1
+			cfg.HandshakeTimeout = time.Hour
+			tc.cfg(&cfg)
+			ln, d := listenAndDialer(t, cfg, cfgWith(pb, smallFlags()))
+
+			tcp := halfOpen(t, pb, ln.Addr().String())
+			if n := ln.e.s.budget.InUse(); n != 1 {
+				t.Fatalf("%d jetties count against the budget while the client owes its ACK, want 1", n)
+			}
+			// The server drops the connection once it stops waiting; it
+			// gave everything back before.
+			_ = tcp.SetReadDeadline(time.Now().Add(stallBound))
+			if _, err := io.Copy(io.Discard, tcp); isTimeout(err) {
+				t.Fatalf("the server still holds the jetty of a client that owes its ACK %s later", stallBound)
+			}
+			if n := ln.e.s.budget.InUse(); n != 0 {
+				t.Errorf("%d jetties still count against the budget after the server dropped the client", n)
+			}
+			if _, inUse := ln.e.pool.stats(); inUse != 0 {
+				t.Errorf("%d receive buffers still out after the server dropped the client", inUse)
+			}
+			p := dialAccept(t, ln, d)
+			if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
+				t.Fatalf("an honest client after the drop: client %s (%s), server %s (%s); want URMA",
+					p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
+			}
+		})
 	}
 }

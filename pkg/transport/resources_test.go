@@ -264,7 +264,7 @@ func TestConfigResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 	strict := dir + "/strict"
-	if err := os.WriteFile(strict, []byte("--urma_require_token\n--urma_first_bytes_timeout=250ms\n"), 0o644); err != nil {
+	if err := os.WriteFile(strict, []byte("--urma_require_token\n--urma_first_bytes_timeout=250ms\n--urma_ack_timeout=300ms\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	bad := dir + "/bad"
@@ -376,6 +376,26 @@ func TestConfigResolve(t *testing.T) {
 			cfg:   Config{FirstBytesTimeout: 50 * time.Millisecond},
 			env:   map[string]string{EnvFlagsFile: strict},
 			check: func(s settings) string { return expect(s.firstBytes == 50*time.Millisecond, "first bytes within 50ms") },
+		},
+		{
+			name:  "ACK timeout default",
+			check: func(s settings) string { return expect(s.ackTimeout == 3*time.Second, "ACK within 3s") },
+		},
+		{
+			name:  "ACK timeout from the flags file",
+			env:   map[string]string{EnvFlagsFile: strict},
+			check: func(s settings) string { return expect(s.ackTimeout == 300*time.Millisecond, "ACK within 300ms") },
+		},
+		{
+			name:  "Config.AckTimeout beats the file",
+			cfg:   Config{AckTimeout: 50 * time.Millisecond},
+			env:   map[string]string{EnvFlagsFile: strict},
+			check: func(s settings) string { return expect(s.ackTimeout == 50*time.Millisecond, "ACK within 50ms") },
+		},
+		{
+			name:  "negative Config.AckTimeout waits the whole handshake",
+			cfg:   Config{AckTimeout: -1},
+			check: func(s settings) string { return expect(s.ackTimeout == 0, "no ACK timeout") },
 		},
 		{
 			name:  "negative Config.FirstBytesTimeout waits the whole handshake",

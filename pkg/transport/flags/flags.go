@@ -109,6 +109,11 @@ type Flags struct {
 	// waits for a client's first bytes before it serves a silent client as
 	// plain TCP; 0 waits the whole handshake timeout.
 	FirstBytesTimeout time.Duration
+	// AckTimeout is urma_ack_timeout: how long a server that has set up a
+	// jetty for a client waits for the client's ACK before it drops the
+	// connection and gives the jetty back; 0 waits the whole handshake
+	// timeout.
+	AckTimeout time.Duration
 	// EventSpin is urma_event_spin: how long, in event mode, a reader
 	// with nothing to read polls the completion queue itself before it
 	// sleeps until the completion event.
@@ -184,6 +189,10 @@ func table() []field {
 			Name: "urma_first_bytes_timeout", Kind: Duration, Default: "1s", Min: 0, Max: int64(time.Minute), TransportOnly: true,
 			Help: "how long a server waits for a client's first bytes before serving a client that waits for the server to speak first as plain TCP; 0 waits the whole handshake timeout",
 		}, d: func(f *Flags) *time.Duration { return &f.FirstBytesTimeout }},
+		{spec: Spec{
+			Name: "urma_ack_timeout", Kind: Duration, Default: "3s", Min: 0, Max: int64(time.Minute), TransportOnly: true,
+			Help: "how long a server that has set up a jetty for a client waits for the client's ACK before it drops the connection and gives the jetty back; 0 waits the whole handshake timeout",
+		}, d: func(f *Flags) *time.Duration { return &f.AckTimeout }},
 		{spec: Spec{
 			Name: "urma_event_spin", Kind: Duration, Default: "200µs", Min: 0, Max: int64(10 * time.Millisecond), TransportOnly: true,
 			Help: "event mode: how long a reader with nothing to read polls its completion queue itself before it sleeps until the completion event; 0 always sleeps",

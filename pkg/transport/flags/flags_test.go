@@ -298,7 +298,7 @@ func TestTransportOnlyFlags(t *testing.T) {
 		}
 		names = append(names, s.Name)
 	}
-	if want := []string{"urma_event_spin", "urma_first_bytes_timeout", "urma_pool_huge_pages", "urma_pool_remote_read", "urma_provider", "urma_read_direct", "urma_require_token", "urma_shm_ring_size", "urma_shm_send_buffers", "urma_soft_fabric"}; !slices.Equal(names, want) {
+	if want := []string{"urma_ack_timeout", "urma_event_spin", "urma_first_bytes_timeout", "urma_pool_huge_pages", "urma_pool_remote_read", "urma_provider", "urma_read_direct", "urma_require_token", "urma_shm_ring_size", "urma_shm_send_buffers", "urma_soft_fabric"}; !slices.Equal(names, want) {
 		t.Fatalf("TransportSpecs() = %v, want %v", names, want)
 	}
 	for _, n := range names {
