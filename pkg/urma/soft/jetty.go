@@ -111,6 +111,8 @@ type jetty struct {
 	kickConn         *conn        // connection to write to once j.mu is released
 	// peerGen is the connection generation of the last transmission to
 	// each peer: a change says sends may be out on a replaced connection.
+	// A peer's record goes once no send of this jetty is out to it and its
+	// connection ended (dropPeerGen), so that it holds no peer gone.
 	peerGen map[*peer]uint64
 }
 
@@ -574,6 +576,7 @@ func (j *jetty) enterError() {
 	j.state = urma.JettyError
 	j.stalled, j.failing = false, false
 	j.timer.Stop()
+	j.peerGen = nil // ERROR is final: nothing is transmitted any more
 	for seq := j.head; seq < j.tail; seq++ {
 		if s := j.slot(seq); s.outstanding() {
 			j.finish(s, urma.StatusWRFlushErr)
@@ -620,6 +623,7 @@ func (j *jetty) Close() error {
 	j.state = urma.JettyError
 	j.stalled, j.failing = false, false
 	j.timer.Stop()
+	j.peerGen = nil
 	for seq := j.head; seq < j.tail; seq++ {
 		if s := j.slot(seq); s.outstanding() {
 			j.dropBlock(s)
@@ -656,6 +660,28 @@ func (j *jetty) peerDown(p *peer, gen uint64) {
 		return
 	}
 	j.failPeer(p, gen)
+	j.dropPeerGen(p) // in ERROR there is none left
+}
+
+// dropPeerGen drops p's connection record when no send of this jetty is out
+// to p; j.mu is held. The record's one reader, failReplaced, fails only a
+// send out to p, and only transmit puts a send out: the next transmission
+// to p, which records its generation anew, then finds none out either way.
+// Called when one of p's connections ended, so that a jetty that talked to
+// many peers over time keeps no record, and no peer, of those gone.
+func (j *jetty) dropPeerGen(p *peer) {
+	if _, ok := j.peerGen[p]; !ok {
+		return
+	}
+	for seq := j.head; seq < j.tail; seq++ {
+		if s := j.slot(seq); s.state == slotInflight && s.target.peer == p {
+			return
+		}
+	}
+	delete(j.peerGen, p)
+	if len(j.peerGen) == 0 {
+		j.peerGen = nil // a map keeps the room of its deleted entries
+	}
 }
 
 // failPeer fails the oldest send outstanding that connection generation

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -196,4 +197,61 @@ func TestReplacedConnectionFailsItsSendsFirst(t *testing.T) {
 	got := append([]urma.Completion{o.first}, pollN(t, a.sjfc, 1, 10*time.Second)...)
 	want := []urma.Completion{{UserCtx: 7, Status: urma.StatusAckTimeout}, {UserCtx: 8, Status: urma.StatusWRFlushErr}}
 	wantInOrder(t, got, want)
+}
+
+// A long-lived jetty that talks to many short-lived peers, one after the
+// other, keeps no record of those gone: its per-peer connection
+// generations go with the peers' connections, and with them the last
+// hold on the device's peer entries, which the garbage collector then
+// frees. The jetty stays READY and reaches each new peer.
+func TestJettyForgetsPeersGone(t *testing.T) {
+	fabrics := []struct {
+		name string
+		opts func(t *testing.T) Options
+	}{
+		{"socket", func(*testing.T) Options { return socketOpts() }},
+		{"shm", func(t *testing.T) Options { return shmOpts(t) }},
+	}
+	for _, f := range fabrics {
+		t.Run(f.name, func(t *testing.T) {
+			noLeaks(t)
+			opts := f.opts(t)
+			opts.PeerTimeout = time.Minute // only a peer's close ends a connection
+			pa := newProvider(t, opts)
+			a := newSide(t, pa, urma.JettyConfig{Mode: urma.RM}, 64)
+			j := a.jetty.(*jetty)
+			sd := pa.devices[0].sock
+			const peers = 16
+			for i := range peers {
+				pb := newProvider(t, opts)
+				b := newSide(t, pb, urma.JettyConfig{Mode: urma.RM}, 64)
+				b.postRecv(1, 0, 64)
+				target, err := a.ctx.ImportJetty(t.Context(), b.jetty.ID(), urma.RM, 7)
+				mustOK(t, err, "import")
+				mustOK(t, a.send(target, uint64(i), 0, 64, 0), "send")
+				if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusSuccess {
+					t.Fatalf("send to peer %d completed with %+v", i, c)
+				}
+				mustOK(t, target.Close(), "unimport")
+				mustOK(t, pb.Close(), "close the peer")
+				// conn.fail told the jetties before it dropped the connection.
+				waitUntil(t, "the connection to the closed peer to go", func() bool { return len(pa.conns()) == 0 })
+			}
+			j.mu.Lock()
+			records := len(j.peerGen)
+			j.mu.Unlock()
+			if records != 0 {
+				t.Fatalf("the jetty keeps connection records of %d peers, all %d gone", records, peers)
+			}
+			if st := a.jetty.State(); st != urma.JettyReady {
+				t.Fatalf("jetty %v, want READY", st)
+			}
+			waitUntil(t, "the device to drop the entries of the peers gone", func() bool {
+				runtime.GC()
+				sd.mu.Lock()
+				defer sd.mu.Unlock()
+				return len(sd.peers) == 0
+			})
+		})
+	}
 }
