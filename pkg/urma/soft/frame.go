@@ -54,6 +54,9 @@ const (
 	helloOK        = 0
 	helloDuplicate = 1 // a connection dialed the other way wins; use that one
 	helloWrongEID  = 2 // the acceptor is not the device the dialer asked for
+	// helloConnLimit: the acceptor holds as many connections as it takes
+	// (Options.MaxConns); both fabrics, past the shm fabric's own (shmmsg.go).
+	helloConnLimit = 6
 )
 
 // SEND flags.
@@ -199,7 +202,7 @@ func decodeHelloAck(b []byte) (helloAck, error) {
 		return a, fmt.Errorf("answer to HELLO has type %d", body[0])
 	case string(body[4:8]) != protoMagic:
 		return a, fmt.Errorf("HELLO_ACK magic %q, want %q", body[4:8], protoMagic)
-	case body[1] > helloWrongEID:
+	case body[1] > helloWrongEID && body[1] != helloConnLimit:
 		return a, fmt.Errorf("HELLO_ACK status %d unknown", body[1])
 	case !zero(body[2:4]):
 		return a, fmt.Errorf("HELLO_ACK reserved bytes are not zero")

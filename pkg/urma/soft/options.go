@@ -23,6 +23,8 @@ const (
 	DefaultDevice = "soft0"
 	// Driver is the driver name soft devices report.
 	Driver = "soft"
+	// DefaultMaxConns is Options.MaxConns when left zero.
+	DefaultMaxConns = 1024
 )
 
 // Resolver maps a peer's EID to the TCP address ("host:port") to dial. It
@@ -79,6 +81,15 @@ type Options struct {
 	// DialTimeout bounds connecting and handshaking with a peer device.
 	// Zero means 3s.
 	DialTimeout time.Duration
+	// MaxConns bounds each device's connections (socket and shm fabrics),
+	// one per peer device, since each holds goroutines, descriptors and,
+	// on shm, a ring this side pays for. A peer device that dials in
+	// while the device holds MaxConns, counting those being accepted, is
+	// refused, and so is a dial in while MaxConns are in their handshake;
+	// a peer replacing its connection, or answering one this side dials,
+	// is not, and this side's own dials are never refused. Zero or
+	// negative means DefaultMaxConns.
+	MaxConns int
 	// Logger receives connection events and protocol errors; zero discards.
 	Logger logr.Logger
 }

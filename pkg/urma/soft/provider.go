@@ -43,6 +43,9 @@ func New(opts Options) (*Provider, error) {
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = defaultDialTimeout
 	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = DefaultMaxConns
+	}
 	if opts.Listen == "" {
 		opts.Listen = "127.0.0.1:0"
 	}

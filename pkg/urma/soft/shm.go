@@ -250,9 +250,6 @@ func parseRights(oob []byte) ([]int, error) {
 // handshakeInShm answers a dialer's HELLO on the shm socket; the rules for
 // duplicate connections are the socket fabric's (handshakeIn).
 func (sd *sockDevice) handshakeInShm(nc net.Conn) {
-	if !sd.beginHandshake(nc) {
-		return
-	}
 	defer sd.endHandshake(nc)
 	uc := nc.(*net.UnixConn)
 	_ = uc.SetDeadline(time.Now().Add(sd.dialTO))
@@ -301,6 +298,17 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 		refuse(helloResources, err.Error())
 		return
 	}
+	// Before the ring: a refused peer costs this side no shared memory.
+	reserved, err := sd.admit(p)
+	if err != nil {
+		refuse(helloConnLimit, err.Error())
+		return
+	}
+	defer func() {
+		if reserved {
+			sd.unreserve()
+		}
+	}()
 	ends, err := newShmEnds(sd.shm.ringSize)
 	if err != nil {
 		refuse(helloResources, err.Error())
@@ -336,7 +344,8 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 	}
 	sio.pollers = &sd.pollers
 	c := newConn(sd, p, sio, hello{session: h.session, src: h.src, maxMsg: h.maxMsg}, false, sd.shm.path, fmt.Sprintf("pid %d", h.pid))
-	old := sd.adoptLocked(p, c)
+	old := sd.adoptLocked(p, c, reserved)
+	reserved = false
 	p.mu.Unlock()
 	if old != nil {
 		old.fail(errors.New("replaced by a new connection from the peer"))
@@ -404,6 +413,8 @@ func (p *peer) dialOnceShm(ctx context.Context) error {
 		refused = fmt.Errorf("%s belongs to a process on another host (boot id differs)", path)
 	case a.status == helloRefused:
 		refused = fmt.Errorf("%s refused this process (credentials or descriptors)", path)
+	case a.status == helloConnLimit:
+		refused = fmt.Errorf("%s refused the connection: device %s holds as many connections as its Options.MaxConns allows", path, p.eid)
 	case a.status != helloOK:
 		refused = fmt.Errorf("%s could not set up its ring", path)
 	}
@@ -423,7 +434,7 @@ func (p *peer) dialOnceShm(ctx context.Context) error {
 	sio.pollers = &sd.pollers
 	c := newConn(sd, p, sio, hello{session: a.session, src: a.src, maxMsg: a.maxMsg}, true, sd.shm.path, fmt.Sprintf("pid %d", a.pid))
 	p.mu.Lock()
-	old := sd.adoptLocked(p, c)
+	old := sd.adoptLocked(p, c, false)
 	p.mu.Unlock()
 	if old != nil {
 		old.fail(errors.New("replaced by a new connection"))

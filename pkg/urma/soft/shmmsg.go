@@ -97,7 +97,7 @@ func decodeShmHello(b []byte) (shmHelloMsg, error) {
 		return h, fmt.Errorf("shm message type %d, want a hello", typ)
 	case len(b) != shmHelloLen:
 		return h, fmt.Errorf("shm hello of %d bytes, want %d", len(b), shmHelloLen)
-	case typ == shmMsgHello && status != 0, status > helloResources:
+	case typ == shmMsgHello && status != 0, status > helloConnLimit:
 		return h, fmt.Errorf("shm hello status %d not allowed", status)
 	}
 	p := b[shmMsgHdrLen:]

@@ -38,6 +38,7 @@ type sockDevice struct {
 	cancel   context.CancelFunc
 	// maxAnswers and maxCancels are the constants; tests lower them.
 	maxAnswers, maxCancels int
+	maxConns               int // Options.MaxConns
 	// connDying, set by tests, runs in conn.fail between the connection's
 	// death and the failing of its peer's sends: a send posted there meets
 	// the dead connection before peerDown does.
@@ -56,6 +57,9 @@ type sockDevice struct {
 	peers       map[urma.EID]weak.Pointer[peer]
 	conns       map[*conn]struct{}
 	handshaking map[net.Conn]struct{} // accepted, HELLO not yet answered
+	// reserved counts the connections dialed in that admit made room
+	// for and adoptLocked has not yet adopted.
+	reserved int
 }
 
 // listen opens the device's listener (TCP, or a unix socket for the shm
@@ -63,7 +67,7 @@ type sockDevice struct {
 func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
 	sd := &sockDevice{
 		dev: d, prov: d.prov, session: rand.Uint64(), resolver: opts.Resolver,
-		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout, maxAnswers: maxAnswers, maxCancels: maxCancels,
+		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout, maxAnswers: maxAnswers, maxCancels: maxCancels, maxConns: opts.MaxConns,
 		peers: make(map[urma.EID]weak.Pointer[peer]), conns: make(map[*conn]struct{}),
 		handshaking: make(map[net.Conn]struct{}),
 	}
@@ -227,6 +231,9 @@ func (sd *sockDevice) acceptLoop() {
 			}
 			continue
 		}
+		if !sd.beginHandshake(nc) {
+			continue
+		}
 		if sd.shm != nil {
 			sd.prov.goTracked(func() { sd.handshakeInShm(nc) })
 		} else {
@@ -243,9 +250,6 @@ func (sd *sockDevice) acceptLoop() {
 // with the smaller EID turns the other dial down (DUPLICATE) while its own
 // dial or dialed connection stands, and the dialer then waits for that one.
 func (sd *sockDevice) handshakeIn(nc net.Conn) {
-	if !sd.beginHandshake(nc) {
-		return
-	}
 	defer sd.endHandshake(nc)
 	_ = nc.SetDeadline(time.Now().Add(sd.dialTO))
 	var buf [4 + helloLen]byte
@@ -273,6 +277,19 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
+	reserved, err := sd.admit(p)
+	if err != nil {
+		ack.status = helloConnLimit
+		_, _ = nc.Write(encodeHelloAck(ackBuf[:], &ack))
+		sd.log().Info("refusing connection", "remote", nc.RemoteAddr().String(), "from", h.src.String(), "reason", err.Error())
+		_ = nc.Close()
+		return
+	}
+	defer func() {
+		if reserved {
+			sd.unreserve()
+		}
+	}()
 	fd, local, remote, err := detachFD(nc)
 	if err != nil {
 		sd.log().Error(err, "refusing connection")
@@ -294,7 +311,8 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 	var it txItem
 	it.n = uint8(len(encodeHelloAck(it.ctl[:], &ack)))
 	c.q = append(c.q, it)
-	old := sd.adoptLocked(p, c)
+	old := sd.adoptLocked(p, c, reserved)
+	reserved = false
 	p.mu.Unlock()
 	if old != nil {
 		old.fail(errors.New("replaced by a new connection from the peer"))
@@ -330,16 +348,53 @@ func (sd *sockDevice) drive(polling bool) {
 }
 
 // beginHandshake records an accepted connection that Close must break, so
-// that a silent dialer cannot hold Close up; false when the device closes.
+// that a silent dialer cannot hold Close up; false, the connection closed,
+// when the device closes or already has MaxConns handshakes under way,
+// each holding a goroutine and a descriptor for up to DialTimeout.
 func (sd *sockDevice) beginHandshake(nc net.Conn) bool {
 	sd.mu.Lock()
-	defer sd.mu.Unlock()
-	if sd.closed {
-		_ = nc.Close()
-		return false
+	closed, n := sd.closed, len(sd.handshaking)
+	if !closed && n < sd.maxConns {
+		sd.handshaking[nc] = struct{}{}
 	}
-	sd.handshaking[nc] = struct{}{}
-	return true
+	sd.mu.Unlock()
+	switch {
+	case closed:
+	case n >= sd.maxConns:
+		sd.log().Info("refusing connection", "remote", nc.RemoteAddr().String(),
+			"reason", fmt.Sprintf("%d handshakes under way, the most Options.MaxConns allows", n))
+	default:
+		return true
+	}
+	_ = nc.Close()
+	return false
+}
+
+// admit makes room for a connection that peer p dialed in, or refuses it
+// with an error naming the limit. p takes no new room when it replaces its
+// connection or crosses this side's dial to it (which would take the room
+// anyway); otherwise admit reserves one of the device's MaxConns, and
+// reports so: the caller hands it to adoptLocked or gives it back
+// (unreserve).
+func (sd *sockDevice) admit(p *peer) (reserved bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil || p.dialing {
+		return false, nil
+	}
+	sd.mu.Lock()
+	defer sd.mu.Unlock()
+	if n := len(sd.conns) + sd.reserved; n >= sd.maxConns {
+		return false, fmt.Errorf("%d connections open or being accepted, the most Options.MaxConns allows", n)
+	}
+	sd.reserved++
+	return true, nil
+}
+
+func (sd *sockDevice) unreserve() {
+	sd.mu.Lock()
+	sd.reserved--
+	sd.mu.Unlock()
 }
 
 func (sd *sockDevice) endHandshake(nc net.Conn) {
@@ -349,9 +404,10 @@ func (sd *sockDevice) endHandshake(nc net.Conn) {
 }
 
 // adoptLocked makes c the peer's connection, hands it the sends waiting for
-// one and starts it; p.mu is held. It returns the connection c replaces,
-// which the caller fails after unlocking.
-func (sd *sockDevice) adoptLocked(p *peer, c *conn) *conn {
+// one and starts it; p.mu is held. reserved says that admit made room for
+// c, which it now takes. It returns the connection c replaces, which the
+// caller fails after unlocking.
+func (sd *sockDevice) adoptLocked(p *peer, c *conn, reserved bool) *conn {
 	c.gen = p.gen // the pending sends were given it
 	c.mu.Lock()   // the watchdog may see c as soon as it is in sd.conns
 	c.q = append(c.q, p.pending...)
@@ -359,6 +415,9 @@ func (sd *sockDevice) adoptLocked(p *peer, c *conn) *conn {
 	clear(p.pending)
 	p.pending = p.pending[:0]
 	sd.mu.Lock()
+	if reserved {
+		sd.reserved--
+	}
 	if sd.closed {
 		// The pending sends are lost: the dial ends with no connection,
 		// and dialLoop fails generation p.gen.
@@ -685,6 +744,9 @@ func (p *peer) dialOnce(ctx context.Context) error {
 	case a.status == helloDuplicate:
 		_ = nc.Close()
 		return errDuplicate
+	case a.status == helloConnLimit:
+		_ = nc.Close()
+		return fmt.Errorf("%s refused the connection: device %s holds as many connections as its Options.MaxConns allows", addr, p.eid)
 	case a.status == helloWrongEID || a.eid != p.eid:
 		_ = nc.Close()
 		return fmt.Errorf("%s is device %s, not %s", addr, a.eid, p.eid)
@@ -695,7 +757,7 @@ func (p *peer) dialOnce(ctx context.Context) error {
 	}
 	c := newConn(sd, p, newSockIO(fd, nil), hello{session: a.session, src: a.eid, maxMsg: a.maxMsg}, true, local, remote)
 	p.mu.Lock()
-	old := sd.adoptLocked(p, c)
+	old := sd.adoptLocked(p, c, false)
 	p.mu.Unlock()
 	if old != nil {
 		old.fail(errors.New("replaced by a new connection"))
