@@ -47,6 +47,12 @@ func failedDeleteCases() map[string]failedDeleteCase {
 			q := must(c.CreateJFC(urma.JFCConfig{Depth: 16}))(t)
 			return q, func() error { _, err := q.Poll(make([]urma.Completion, 4)); return err }, nil
 		}},
+		// A polling-only JFC's hidden JFCE goes after the JFC: when its
+		// delete fails, the JFC is gone in liburma and refuses every verb
+		// (nothing to try), but Close must delete the JFCE again.
+		"polling-JFC-JFCE": {"urma_delete_jfce", func(t *testing.T, c urma.Context) (io.Closer, func() error, []io.Closer) {
+			return must(c.CreateJFC(urma.JFCConfig{Depth: 16}))(t), nil, nil
+		}},
 		"JFR": {"urma_delete_jfr", func(t *testing.T, c urma.Context) (io.Closer, func() error, []io.Closer) {
 			q := must(c.CreateJFC(urma.JFCConfig{Depth: 16}))(t)
 			r := must(c.CreateJFR(urma.JFRConfig{Mode: urma.RM, Depth: 4, JFC: q}))(t)

@@ -554,54 +554,67 @@ func (q *jfc) ForceClose() {
 
 // destroy deletes the JFC; urma_delete_jfc waits for the events reported
 // to be acknowledged. The JFCE mapping stays until the delete returns, so
-// events Wait takes meanwhile still count.
+// events Wait takes meanwhile still count. A polling-only JFC's hidden JFCE
+// goes after it; when that delete fails, the JFC stays closed to every verb
+// (liburma's is gone) but a child of its context, and the next destroy
+// deletes only the JFCE.
 func (q *jfc) destroy(force bool) error {
 	q.mu.Lock()
-	if !q.await(&q.mu) {
+	inLiburma := q.await(&q.mu)
+	if !inLiburma && q.hidden == nil {
 		q.mu.Unlock()
 		return nil
 	}
-	if q.users > 0 && !force {
+	if inLiburma && q.users > 0 && !force {
 		n := q.users
 		q.mu.Unlock()
 		return urma.Errorf("delete_jfc", urma.CodeBusy, "%d JFRs or jetties still use JFC %d", n, q.id)
 	}
 	q.start()
 	q.mu.Unlock()
-	st := C.shim_delete_jfc(q.ctx.lib.c, q.c)
-	if st != 0 && !force {
-		q.end(&q.mu, false)
-		return statusErr("delete_jfc", st, "delete JFC %d", q.id)
+	var err error
+	if inLiburma {
+		st := C.shim_delete_jfc(q.ctx.lib.c, q.c)
+		if st != 0 && !force {
+			q.end(&q.mu, false)
+			return statusErr("delete_jfc", st, "delete JFC %d", q.id)
+		}
+		if st != 0 {
+			err = statusErr("delete_jfc", st, "delete JFC %d", q.id)
+		}
+		q.ackMu.Lock()
+		q.destroyed = true
+		q.ackMu.Unlock()
+		if q.attached {
+			q.jfce.detach(q)
+		}
+		q.mu.Lock()
+		q.pending = nil
+		q.mu.Unlock()
 	}
-	q.ackMu.Lock()
-	q.destroyed = true
-	q.ackMu.Unlock()
-	if q.attached {
-		q.jfce.detach(q)
+	if herr := q.deleteHidden(); herr != nil {
+		err = errors.Join(err, herr)
+		if !force {
+			q.end(&q.mu, true) // closed for good: only the JFCE is left
+			return err
+		}
+		q.hidden = nil // the provider is closing: nothing reaches liburma after
 	}
-	err := q.deleteHidden()
-	q.mu.Lock()
-	q.pending = nil
-	q.mu.Unlock()
 	q.end(&q.mu, true)
 	q.ctx.release(q)
-	if st != 0 {
-		err = errors.Join(statusErr("delete_jfc", st, "delete JFC %d", q.id), err)
-	}
 	return err
 }
 
 // deleteHidden deletes the JFCE of a polling-only JFC, once the JFC is
-// gone.
+// gone. A JFCE liburma fails to delete is kept, to delete again.
 func (q *jfc) deleteHidden() error {
 	if q.hidden == nil {
 		return nil
 	}
-	st := C.shim_delete_jfce(q.ctx.lib.c, q.hidden)
-	q.hidden = nil
-	if st != 0 {
+	if st := C.shim_delete_jfce(q.ctx.lib.c, q.hidden); st != 0 {
 		return statusErr("delete_jfce", st, "delete the JFCE of polling JFC %d", q.id)
 	}
+	q.hidden = nil
 	return nil
 }
 
