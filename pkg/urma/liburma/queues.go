@@ -254,6 +254,8 @@ type jfc struct {
 	crs     [crBatch]C.shim_cr // what urma_poll_jfc returned, being taken
 	flushed [crBatch]C.shim_cr // what urma_flush_jetty returned: not crs, which a flush interrupts
 	pending []urma.Completion  // records made by flushing, not yet polled
+	pollErr error              // a failed poll's error, held for after the records taken before it
+	perr    C.int              // shim_poll's error out-parameter: a field, so it never escapes
 
 	ackMu     sync.Mutex // guards the event counts and the C pointer for Ack
 	events    uint64     // events JFCE.Wait returned for this JFC
@@ -324,7 +326,10 @@ func (q *jfc) Kind() string { return "JFC" }
 // ID is the queue's number within its device.
 func (q *jfc) ID() uint32 { return q.id }
 
-// Poll takes up to len(out) records, oldest first.
+// Poll takes up to len(out) records, oldest first. It returns records or
+// an error, never both: a caller that checks the error first would drop
+// the records. When urma_poll_jfc fails, the records taken before the
+// failure come first, and the error with the Poll after them.
 func (q *jfc) Poll(out []urma.Completion) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -333,14 +338,27 @@ func (q *jfc) Poll(out []urma.Completion) (int, error) {
 	}
 	n := copy(out, q.pending)
 	q.pending = q.pending[:copy(q.pending, q.pending[n:])]
+	if q.pollErr != nil {
+		if n > 0 {
+			return n, nil
+		}
+		err := q.pollErr
+		q.pollErr = nil
+		return 0, err
+	}
 	for n < len(out) {
 		want := min(len(out)-n, crBatch)
-		k := int(C.shim_poll(q.ctx.lib.c, q.c, C.int(want), &q.crs[0]))
-		if k < 0 {
-			return n, urma.Errorf("poll_jfc", urma.CodeFail, "urma_poll_jfc returned %d", k)
-		}
+		k := int(C.shim_poll(q.ctx.lib.c, q.c, C.int(want), &q.crs[0], &q.perr))
 		for i := range k {
 			n = q.take(&q.crs[i], out, n)
+		}
+		if q.perr != 0 {
+			err := urma.Errorf("poll_jfc", urma.CodeFail, "urma_poll_jfc returned %d (asked for %d records)", int(q.perr), want)
+			if n == 0 {
+				return 0, err
+			}
+			q.pollErr = err
+			return n, nil
 		}
 		if k < want {
 			break

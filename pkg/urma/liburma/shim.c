@@ -613,13 +613,36 @@ int shim_post_recv(shim_lib *l, struct urma_jfr *r, const shim_recv *in)
     return l->urma_post_jfr_wr(r, &wr, &bad);
 }
 
-int shim_poll(shim_lib *l, struct urma_jfc *q, int n, shim_cr *out)
+/* CR_UNWRITTEN is no urma_cr_status_t: a record still holding it was not
+ * parsed by the poll. */
+#define CR_UNWRITTEN ((urma_cr_status_t)0x7fffffff)
+
+int shim_poll(shim_lib *l, struct urma_jfc *q, int n, shim_cr *out, int *err)
 {
     urma_cr_t crs[CR_BATCH];
     if (n > CR_BATCH) {
         n = CR_BATCH;
     }
+    for (int i = 0; i < n; i++) {
+        crs[i].status = CR_UNWRITTEN;
+    }
+    *err = 0;
     int k = l->urma_poll_jfc(q, n, crs);
+    if (k > n) {
+        *err = k; /* a count beyond the array: none of it can be trusted */
+        return 0;
+    }
+    if (k < 0) {
+        /* udma_u_poll_jfc (hw/udma/udma_u_jfc.c:822-847) fails the whole
+         * call on a CQE it cannot parse, after consuming it and the records
+         * before it, which are in crs. It writes a record's status last and
+         * only when the parse succeeds (udma_u_get_cr_status, :546-556;
+         * udma_u_parse_cqe_for_recv/send, :699-706 and :719-727), so the
+         * records before the first unwritten status are whole. */
+        *err = k;
+        for (k = 0; k < n && crs[k].status != CR_UNWRITTEN; k++) {
+        }
+    }
     for (int i = 0; i < k; i++) {
         put_cr(&out[i], &crs[i]);
     }

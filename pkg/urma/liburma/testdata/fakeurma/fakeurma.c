@@ -41,6 +41,9 @@
  *    vanish, as a crashed node or a cut link would: sends to the device
  *    complete with ACK_TIMEOUT and imports from it fail with ETIMEDOUT,
  *    until liburma is initialised again;
+ *  - fakeurma_bad_cqe adds a CQE udma cannot parse: the urma_poll_jfc
+ *    that reaches it consumes it and the records before it in its batch,
+ *    and returns -1 (-UDMA_INTER_ERR) with those records in cr;
  *  - fakeurma_fail_delete fails the next call of one delete, unimport or
  *    unregister function, which leaves its object alive, or of
  *    urma_uninit, which leaves liburma initialised;
@@ -679,6 +682,23 @@ static void unfilled(urma_cr_t *cr)
     }
 }
 
+/* BAD_CQE is the status fakeurma_bad_cqe gives a record: a CQE udma cannot
+ * parse (its status is out of range, or its jetty was destroyed). */
+#define BAD_CQE ((urma_cr_status_t)0x7fffbad0)
+
+/* fakeurma_bad_cqe adds a CQE udma fails to parse to the JFC. A test
+ * hook. */
+int fakeurma_bad_cqe(void *jfc)
+{
+    urma_cr_t cr;
+    memset(&cr, 0, sizeof(cr));
+    cr.status = BAD_CQE;
+    pthread_mutex_lock(&mu);
+    push((fjfc_t *)jfc, &cr, 0);
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
 int urma_poll_jfc(urma_jfc_t *jfc, int cr_cnt, urma_cr_t *cr)
 {
     fjfc_t *q = (fjfc_t *)jfc;
@@ -689,10 +709,22 @@ int urma_poll_jfc(urma_jfc_t *jfc, int cr_cnt, urma_cr_t *cr)
     }
     int k = 0;
     while (k < cr_cnt && q->n > 0) {
-        cr[k] = q->ring[q->head];
-        unfilled(&cr[k++]);
+        urma_cr_t *r = &q->ring[q->head];
         q->head = (q->head + 1) % q->depth;
         q->n--;
+        if (r->status == BAD_CQE) {
+            /* udma_u_poll_jfc (hw/udma/udma_u_jfc.c:822-847): the bad CQE
+             * is consumed and the whole call returns -UDMA_INTER_ERR; the
+             * records parsed before it stay in cr, consumed too, and the
+             * bad one's status is never written. */
+            urma_cr_status_t unwritten = cr[k].status;
+            cr[k] = *r;
+            cr[k].status = unwritten;
+            pthread_mutex_unlock(&mu);
+            return -1;
+        }
+        cr[k] = *r;
+        unfilled(&cr[k++]);
     }
     pthread_mutex_unlock(&mu);
     return k;

@@ -1,0 +1,78 @@
+//go:build linux && cgo
+
+package liburma
+
+import (
+	"slices"
+	"testing"
+	"unsafe"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// udma's urma_poll_jfc that meets a CQE it cannot parse returns
+// -UDMA_INTER_ERR for the whole call, although the records it parsed before
+// that one are consumed and in the caller's array (hw/udma/udma_u_jfc.c
+// udma_u_poll_jfc). Poll must deliver them, and report the error without
+// records beside it: a caller that checks the error first (pkg/transport)
+// drops what comes with it. Every send but the bad CQE completes, in order,
+// and the error is seen once.
+func TestPollErrorKeepsRecordsBeforeIt(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		before, after int // sends completed before and after the bad CQE
+		outLen        int
+	}{
+		{"first in its batch", 0, 2, 8},
+		{"mid-batch", 3, 2, 8},
+		{"mid-batch, more than out holds", 3, 2, 2},
+		{"in a later batch of the same Poll", crBatch + 2, 1, 2 * crBatch},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newPairEnds(t, urma.RM)
+			send := func(ctx uint64) {
+				t.Helper()
+				if err := e.bjfr.PostRecv(&urma.RecvWR{UserCtx: ctx, SGEs: []urma.SGE{{Segment: e.bseg, Len: 8}}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.ajetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: e.target,
+					UserCtx: ctx, SGEs: []urma.SGE{{Segment: e.aseg, Len: 8}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var want []uint64
+			for i := range tc.before {
+				send(uint64(i + 1))
+				want = append(want, uint64(i+1))
+			}
+			if err := e.actx.(*devContext).lib.fakeHook("fakeurma_bad_cqe", unsafe.Pointer(e.ajfc.(*jfc).c)); err != nil {
+				t.Fatal(err)
+			}
+			for i := range tc.after {
+				send(uint64(100 + i))
+				want = append(want, uint64(100+i))
+			}
+			var got []uint64
+			errs := 0
+			out := make([]urma.Completion, tc.outLen)
+			for range 100 {
+				n, err := e.ajfc.Poll(out)
+				if err != nil {
+					errs++
+					if n != 0 {
+						t.Errorf("Poll returned %d records with its error %v: a caller checking the error drops them", n, err)
+					}
+				}
+				for _, c := range out[:n] {
+					got = append(got, c.UserCtx)
+				}
+				if n == 0 && err == nil {
+					break
+				}
+			}
+			if !slices.Equal(got, want) || errs != 1 {
+				t.Errorf("polled sends %v and %d errors; want %v and one error", got, errs, want)
+			}
+		})
+	}
+}
