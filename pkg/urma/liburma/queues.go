@@ -34,8 +34,12 @@ type jfce struct {
 	waiters int
 	users   int
 	jfcs    map[*C.struct_urma_jfc]*jfc // the JFCs whose events come here
-	fired   [64]*C.struct_urma_jfc
+	// fired is what urma_wait_jfc fills: no more than the ioctl's own
+	// array holds (MAX_JFCE_EVENT_CNT, core/include/urma_cmd.h:1204,1222),
+	// though liburma asks the kernel for as many as we do.
+	fired   [16]*C.struct_urma_jfc
 	cerr    C.int // take's error out-parameter: a field, so it never escapes
+	waitErr error // a bad event count's error, held for after the JFCs taken with it
 }
 
 var _ urma.JFCE = (*jfce)(nil)
@@ -105,6 +109,11 @@ func (e *jfce) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
 			e.mu.Unlock()
 			return 0, errClosed(op, "JFCE")
 		}
+		if err := e.waitErr; err != nil {
+			e.waitErr = nil
+			e.mu.Unlock()
+			return 0, err
+		}
 		n, err := e.take(out)
 		if n > 0 || err != nil || timeout == 0 {
 			e.mu.Unlock()
@@ -136,9 +145,19 @@ func (e *jfce) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
 // take collects fired JFCs without blocking; e.mu is held. Each event
 // counts against its JFC until acknowledged.
 func (e *jfce) take(out []urma.JFC) (int, error) {
-	k := C.shim_wait(e.ctx.lib.c, e.c, C.int(min(len(out), len(e.fired))), 0, &e.fired[0], &e.cerr)
+	asked := min(len(out), len(e.fired))
+	k := int(C.shim_wait(e.ctx.lib.c, e.c, C.int(asked), 0, &e.fired[0], &e.cerr))
 	if k < 0 {
-		return 0, statusErr("wait_jfc", e.cerr, "take events")
+		return 0, statusErr("wait_jfc", e.cerr, "take events (urma_wait_jfc returned %d)", k)
+	}
+	var bad error
+	if k > asked {
+		// liburma returns the kernel's count as it is, though it wrote at
+		// most the JFCs asked for (core/urma_cmd.c:2568-2571): what lies
+		// beyond is stale. The events past those are beyond recovery.
+		bad = urma.Errorf("wait_jfc", urma.CodeFail,
+			"urma_wait_jfc returned %d events for %d asked; the JFCs of the rest are unknown and their events cannot be acknowledged", k, asked)
+		k = asked
 	}
 	n := 0
 	for _, cq := range e.fired[:k] {
@@ -147,6 +166,12 @@ func (e *jfce) take(out []urma.JFC) (int, error) {
 			out[n] = q
 			n++
 		}
+	}
+	if bad != nil {
+		if n == 0 {
+			return 0, bad
+		}
+		e.waitErr = bad // after the JFCs taken, which must be acknowledged
 	}
 	return n, nil
 }

@@ -44,6 +44,8 @@
  *  - fakeurma_bad_cqe adds a CQE udma cannot parse: the urma_poll_jfc
  *    that reaches it consumes it and the records before it in its batch,
  *    and returns -1 (-UDMA_INTER_ERR) with those records in cr;
+ *  - fakeurma_overcount_wait makes the next urma_wait_jfc return more
+ *    events than it wrote, as liburma passes on the kernel's count;
  *  - fakeurma_fail_delete fails the next call of one delete, unimport or
  *    unregister function, which leaves its object alive, or of
  *    urma_uninit, which leaves liburma initialised;
@@ -740,6 +742,23 @@ urma_status_t urma_rearm_jfc(urma_jfc_t *jfc, bool solicited_only)
     return URMA_SUCCESS;
 }
 
+/* wait_overcount is added to the count the next urma_wait_jfc that takes
+ * events returns (fakeurma_overcount_wait); mu guards it. */
+static int wait_overcount;
+
+/* fakeurma_overcount_wait makes the next urma_wait_jfc that takes events
+ * return *(int *)extra more than it wrote: liburma returns the kernel's
+ * event count as it is, having copied at most jfc_cnt JFCs
+ * (core/urma_cmd.c:2568-2571). Faithful when that call fills jfc_cnt. A
+ * test hook. */
+int fakeurma_overcount_wait(void *extra)
+{
+    pthread_mutex_lock(&mu);
+    wait_overcount = *(int *)extra;
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
 int urma_wait_jfc(urma_jfce_t *jfce, uint32_t jfc_cnt, int time_out, urma_jfc_t *jfc[])
 {
     fjfce_t *e = (fjfce_t *)jfce;
@@ -757,8 +776,10 @@ int urma_wait_jfc(urma_jfce_t *jfce, uint32_t jfc_cnt, int time_out, urma_jfc_t 
             if (e->nev == 0) {
                 jfce_drain(e);
             }
+            int ret = k + wait_overcount;
+            wait_overcount = 0;
             pthread_mutex_unlock(&mu);
-            return k;
+            return ret;
         }
         pthread_mutex_unlock(&mu);
         if (time_out == 0) {
