@@ -41,6 +41,11 @@ type devContext struct {
 	// writing across the delete, so the second waits for the first and
 	// Provider.Close never releases liburma under it.
 	deleted bool
+	// orphans are hidden JFCEs of polling JFCs whose creation failed and
+	// whose delete failed after it: no JFC holds them, and liburma keeps
+	// the context alive while they live, so Close deletes them first.
+	orphanMu sync.Mutex
+	orphans  []*C.struct_urma_jfce
 	// forceErrs are the failures of Provider.Close's teardown of the
 	// children; under creating, held for writing by forceClose.
 	forceErrs []error
@@ -83,6 +88,10 @@ func (c *devContext) Close() error {
 	if !done {
 		return err
 	}
+	if err := c.deleteOrphans(false); err != nil {
+		c.children.Reopen()
+		return err
+	}
 	if err := c.delete(false); err != nil {
 		c.children.Reopen() // liburma keeps it, and so do we
 		return err
@@ -116,7 +125,36 @@ func (c *devContext) forceClose() error {
 	defer c.creating.Unlock()
 	c.forceErrs = nil
 	c.children.ForceClose()
+	c.forced(c.deleteOrphans(true))
 	return errors.Join(append(c.forceErrs, c.delete(true))...)
+}
+
+// keepOrphan hands the context a hidden JFCE that no JFC holds any more
+// and that liburma failed to delete, to delete again before the context.
+func (c *devContext) keepOrphan(e *C.struct_urma_jfce) {
+	c.orphanMu.Lock()
+	c.orphans = append(c.orphans, e)
+	c.orphanMu.Unlock()
+}
+
+// deleteOrphans deletes the orphaned JFCEs; those liburma fails to delete
+// stay for the next Close, unless forced: the provider is closing.
+func (c *devContext) deleteOrphans(force bool) error {
+	c.orphanMu.Lock()
+	defer c.orphanMu.Unlock()
+	var errs []error
+	kept := c.orphans[:0]
+	for _, e := range c.orphans {
+		if st := C.shim_delete_jfce(c.lib.c, e); st != 0 {
+			errs = append(errs, statusErr("delete_jfce", st, "delete the JFCE of a polling JFC whose creation failed"))
+			if !force {
+				kept = append(kept, e)
+			}
+		}
+	}
+	clear(c.orphans[len(kept):])
+	c.orphans = kept
+	return errors.Join(errs...)
 }
 
 // forced records the failure of a child's ForceClose for forceClose, which

@@ -218,3 +218,60 @@ func TestFailedUninitIsRetriedByTheNextLastClose(t *testing.T) {
 		t.Error("liburma was still initialised: the failed uninit was never retried")
 	}
 }
+
+// A polling JFC whose creation fails takes back the JFCE made for it; when
+// liburma fails that delete too, nothing holds the JFCE but liburma, which
+// keeps the context alive for it. The context deletes it before itself,
+// and again at the next Close when that delete fails once more.
+func TestFailedJFCCreationLeavesNoJFCE(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		jfceFailures int // failed deletes of the JFCE: at creation, then at Close
+	}{
+		{"deleted by the context's Close", 1},
+		{"deleted by the second Close", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := providerOfFake(t, "fakeurma")
+			c := must(p.Open("udma0", 0))(t)
+			failNextDelete(t, p, "urma_create_jfc")
+			for range tc.jfceFailures {
+				failNextDelete(t, p, "urma_delete_jfce")
+			}
+			if _, err := c.CreateJFC(urma.JFCConfig{Depth: 16}); err == nil || !strings.Contains(err.Error(), "create_jfc") {
+				t.Fatalf("CreateJFC when urma_create_jfc fails: %v, want its error", err)
+			}
+			for i := 1; i < tc.jfceFailures; i++ {
+				if err := c.Close(); err == nil || !strings.Contains(err.Error(), "delete_jfce") {
+					t.Fatalf("Close %d when the JFCE's delete fails: %v, want its error", i, err)
+				}
+				if n := liveContexts(t, p); n != 1 {
+					t.Fatalf("%d contexts in liburma after a failed Close, want it kept", n)
+				}
+			}
+			if err := c.Close(); err != nil {
+				t.Fatalf("Close: %v; liburma kept the JFCE", err)
+			}
+			if n := liveContexts(t, p); n != 0 {
+				t.Errorf("%d contexts left in liburma", n)
+			}
+		})
+	}
+}
+
+// Provider.Close deletes such a JFCE before its context as well.
+func TestProviderCloseDeletesOrphanedJFCE(t *testing.T) {
+	p := providerOfFake(t, "fakeurma")
+	c := must(p.Open("udma0", 0))(t)
+	failNextDelete(t, p, "urma_create_jfc")
+	failNextDelete(t, p, "urma_delete_jfce")
+	if _, err := c.CreateJFC(urma.JFCConfig{Depth: 16}); err == nil {
+		t.Fatal("CreateJFC succeeded although urma_create_jfc failed")
+	}
+	if n := liveContexts(t, p); n != 1 {
+		t.Fatalf("%d contexts in liburma, want 1", n)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("Provider.Close: %v; the context's orphaned JFCE was not deleted first", err)
+	}
+}

@@ -328,7 +328,11 @@ func newJFC(c *devContext, cfg urma.JFCConfig) (*jfc, error) {
 	var id C.uint32_t
 	var cerr C.int
 	if q.c = C.shim_create_jfc(c.lib.c, c.c, C.uint32_t(cfg.Depth), ce, &id, &cerr); q.c == nil {
-		_ = q.deleteHidden() // the creation's error is the one to report
+		if q.deleteHidden() != nil {
+			// The creation's error is the one to report; the context
+			// deletes the JFCE again before itself.
+			c.keepOrphan(q.hidden)
+		}
 		if e != nil {
 			e.unreserve()
 		}

@@ -47,8 +47,9 @@
  *  - fakeurma_overcount_wait makes the next urma_wait_jfc return more
  *    events than it wrote, as liburma passes on the kernel's count;
  *  - fakeurma_fail_delete fails the next call of one delete, unimport or
- *    unregister function, which leaves its object alive, or of
- *    urma_uninit, which leaves liburma initialised;
+ *    unregister function, which leaves its object alive, of
+ *    urma_uninit, which leaves liburma initialised, or of
+ *    urma_create_jfc (ENOMEM); calls add up;
  *    fakeurma_live_contexts counts the contexts not deleted.
  *
  * One mutex guards everything; a send is delivered by the posting thread,
@@ -222,30 +223,41 @@ static int gate(const char *call)
     return u != uninits || d != ctx_deletes || e != jfce_deletes;
 }
 
-/* fail_call names the function whose next call fails with URMA_FAIL
- * (fakeurma_fail_delete), as a delete's ioctl can on hardware */
-static char fail_call[64];
+/* fail_calls name the functions whose next calls fail
+ * (fakeurma_fail_delete), as a delete's ioctl can on hardware; a name
+ * given twice fails two calls */
+static char fail_calls[4][64];
 
 /* failing says, mu held, whether this call of fn fails; the failure is
  * used up */
 static int failing(const char *fn)
 {
-    if (strcmp(fail_call, fn) != 0) {
-        return 0;
+    for (int i = 0; i < 4; i++) {
+        if (fail_calls[i][0] != '\0' && strcmp(fail_calls[i], fn) == 0) {
+            fail_calls[i][0] = '\0';
+            return 1;
+        }
     }
-    fail_call[0] = '\0';
-    return 1;
+    return 0;
 }
 
-/* fakeurma_fail_delete makes the next call of the delete, unimport or
- * unregister function call names fail, leaving its object alive. A test
- * hook. */
+/* fakeurma_fail_delete makes the next call of the function call names
+ * fail: a delete, unimport or unregister function (its object stays
+ * alive), urma_uninit, or urma_create_jfc. Failures add up, four at most.
+ * A test hook. */
 int fakeurma_fail_delete(void *call)
 {
+    int st = -1;
     pthread_mutex_lock(&mu);
-    snprintf(fail_call, sizeof(fail_call), "%s", call != NULL ? (const char *)call : "");
+    for (int i = 0; i < 4; i++) {
+        if (fail_calls[i][0] == '\0') {
+            snprintf(fail_calls[i], sizeof(fail_calls[i]), "%s", call != NULL ? (const char *)call : "");
+            st = 0;
+            break;
+        }
+    }
     pthread_mutex_unlock(&mu);
-    return 0;
+    return st;
 }
 
 static void setup_devices(void)
@@ -617,6 +629,15 @@ urma_jfc_t *urma_create_jfc(urma_context_t *ctx, urma_jfc_cfg_t *cfg)
         free(q->ring);
         free(q);
         errno = EFAULT;
+        return NULL;
+    }
+    if (failing(__func__)) {
+        /* out of queue memory, as the kernel can be */
+        pthread_mutex_unlock(&mu);
+        pthread_cond_destroy(&q->acked_cv);
+        free(q->ring);
+        free(q);
+        errno = ENOMEM;
         return NULL;
     }
     q->ctx = (fctx_t *)ctx;
