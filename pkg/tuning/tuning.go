@@ -438,25 +438,35 @@ func (d *deriver) queueDepths() {
 	// queues plus flags.JFCSpare: the flush-done record its jetty posts
 	// when closing moves it to ERROR. Past maxJfcDepth - JFCSpare it
 	// refuses the device and every connection falls back to TCP.
-	budget := d.lim.MaxJFCDepth - flags.JFCSpare
-	if sq+rq > budget {
-		minDepth := spec(FlagSQSize).Min
-		if budget < 2*minDepth {
-			d.warnings = append(d.warnings, fmt.Sprintf("device maxJfcDepth %d cannot hold the minimum queues (%d + %d) and the transport's %d spare completion",
-				d.lim.MaxJFCDepth, minDepth, minDepth, flags.JFCSpare))
-		} else {
-			reason := fmt.Sprintf("device maxJfcDepth %d must hold sq + rq + %d", d.lim.MaxJFCDepth, flags.JFCSpare)
-			newSQ := max(minDepth, budget*sq/(sq+rq))
-			newRQ := max(minDepth, budget-newSQ)
-			// rq raised to its minimum takes its room from sq.
-			newSQ = budget - newRQ
-			_, sqOv := d.o[FlagSQSize]
-			_, rqOv := d.o[FlagRQSize]
-			sq = d.cap(FlagSQSize, sq, newSQ, sqOv, reason)
-			rq = d.cap(FlagRQSize, rq, newRQ, rqOv, reason)
-		}
-	}
 	d.f.SQSize, d.f.RQSize = int(sq), int(rq)
+	d.fitQueues(d.lim.MaxJFCDepth-flags.JFCSpare,
+		fmt.Sprintf("device maxJfcDepth %d must hold sq + rq + %d", d.lim.MaxJFCDepth, flags.JFCSpare),
+		fmt.Sprintf("device maxJfcDepth %d cannot hold the minimum queues (%%d + %%d) and the transport's %d spare completion", d.lim.MaxJFCDepth, flags.JFCSpare))
+}
+
+// fitQueues scales urma_sq_size and urma_rq_size down, in proportion, so
+// that together they take at most room entries, each at least the flag
+// minimum (a queue raised to it takes its room from the other). Where room
+// cannot hold two minimum queues it warns with tooSmall, a format for the
+// two minimums.
+func (d *deriver) fitQueues(room int64, reason, tooSmall string) {
+	sq, rq := int64(d.f.SQSize), int64(d.f.RQSize)
+	if sq+rq <= room {
+		return
+	}
+	minDepth := spec(FlagSQSize).Min
+	if room < 2*minDepth {
+		d.warnings = append(d.warnings, fmt.Sprintf(tooSmall, minDepth, minDepth))
+		return
+	}
+	newSQ := max(minDepth, room*sq/(sq+rq))
+	newRQ := max(minDepth, room-newSQ)
+	// rq raised to its minimum takes its room from sq.
+	newSQ = room - newRQ
+	_, sqOv := d.o[FlagSQSize]
+	_, rqOv := d.o[FlagRQSize]
+	d.f.SQSize = int(d.cap(FlagSQSize, sq, newSQ, sqOv, reason))
+	d.f.RQSize = int(d.cap(FlagRQSize, rq, newRQ, rqOv, reason))
 }
 
 func (d *deriver) depth(name string, want, device int64, what string) int64 {
@@ -485,10 +495,17 @@ func (d *deriver) bufferCount() {
 		v = d.cap(FlagBufferCount, v, d.p.MemoryBudget/buf, ov,
 			fmt.Sprintf("memoryBudget %d holds %d buffers of %d bytes", d.p.MemoryBudget, d.p.MemoryBudget/buf, buf))
 	}
-	if v < want && !ov {
-		d.warnings = append(d.warnings, fmt.Sprintf("the pool (%d buffers) is smaller than the queues need (%d): writers will wait for free buffers", v, want))
-	}
 	d.f.BufferCount = int(v)
+	// A connection takes urma_rq_size buffers from the pool when it is set
+	// up, or falls back to TCP, and its sends take more: a pool that cannot
+	// hold one connection's queues would carry no connection at all (or
+	// leave its writers waiting on themselves). The queues shrink to fit.
+	d.fitQueues(v,
+		fmt.Sprintf("a pool of %d buffers must hold one connection's sq + rq", v),
+		fmt.Sprintf("the pool (%d buffers) cannot hold one connection's minimum queues (%%d + %%d): connections fall back to TCP (resource_allocation_failed) or their writers wait; raise memoryBudget or urma_buffer_count", v))
+	if want := d.p.ConnectionsPerPod * int64(d.f.SQSize+d.f.RQSize); v < want && !ov {
+		d.warnings = append(d.warnings, fmt.Sprintf("the pool (%d buffers) is smaller than the queues need (%d): writers will wait for free buffers, and a connection that finds fewer than urma_rq_size free buffers falls back to TCP", v, want))
+	}
 }
 
 // preparedJetties: one per expected connection, never more than the budget.

@@ -173,7 +173,27 @@ func TestDeriveRules(t *testing.T) {
 				{Flag: FlagBufferSize, Wanted: 8192, Got: 4096, Reason: "memoryBudget 65536 must hold 16 buffers"},
 				{Flag: FlagBufferCount, Wanted: 280, Got: 16, Reason: "memoryBudget 65536 holds 16 buffers of 4096 bytes"},
 			},
-			warnings: []string{"the pool (16 buffers) is smaller than the queues need (280)"},
+			warnings: []string{"the pool (16 buffers) cannot hold one connection's minimum queues (16 + 16)", "the pool (16 buffers) is smaller than the queues need (280)"},
+		}},
+		// A connection takes urma_rq_size buffers when it is set up (or
+		// falls back to TCP) and its sends take more: a pool capped below
+		// one connection's queues shrinks them, else no connection could
+		// ever use URMA.
+		{name: "queues shrink to fit a pool capped by memoryBudget", profile: func(p *Profile) { p.MemoryBudget = 256 << 10 }, want: want{
+			bufferSize: i(8192), bufferCount: i(32), sq: i(16), rq: i(16), registered: i64(256 << 10),
+			clamps: []Clamp{
+				{Flag: FlagBufferCount, Wanted: 280, Got: 32, Reason: "memoryBudget 262144 holds 32 buffers of 8192 bytes"},
+				{Flag: FlagSQSize, Wanted: 35, Got: 16, Reason: "a pool of 32 buffers must hold one connection's sq + rq"},
+				{Flag: FlagRQSize, Wanted: 35, Got: 16, Reason: "a pool of 32 buffers must hold one connection's sq + rq"},
+			},
+			warnings: []string{"the pool (32 buffers) is smaller than the queues need (128)"},
+		}},
+		{name: "queues shrink to fit an overridden pool", overrides: map[string]string{FlagBufferCount: "50"}, want: want{
+			bufferCount: i(50), sq: i(25), rq: i(25),
+			clamps: []Clamp{
+				{Flag: FlagSQSize, Wanted: 35, Got: 25, Reason: "a pool of 50 buffers must hold one connection's sq + rq"},
+				{Flag: FlagRQSize, Wanted: 35, Got: 25, Reason: "a pool of 50 buffers must hold one connection's sq + rq"},
+			},
 		}},
 		{name: "memoryBudget large enough clamps nothing", profile: func(p *Profile) { p.MemoryBudget = 1 << 30 }, want: want{bufferSize: i(8192), bufferCount: i(280)}},
 		{name: "depth clamped by the flag maximum", profile: func(p *Profile) { p.MessageSize = 4 << 20; p.InflightPerConnection = 1024 }, limits: func(l *Limits) { l.MaxMsgSize = 1 << 20 }, want: want{
@@ -280,13 +300,13 @@ func TestDeriveRules(t *testing.T) {
 		{name: "override buffer size feeds the count", overrides: map[string]string{FlagBufferSize: "65536"}, profile: func(p *Profile) { p.MemoryBudget = 1 << 20 }, want: want{
 			bufferSize: i(65536), bufferCount: i(16),
 			clamps:   []Clamp{{Flag: FlagBufferCount, Wanted: 280, Got: 16, Reason: "memoryBudget 1048576 holds 16 buffers of 65536 bytes"}},
-			warnings: []string{"smaller than the queues need"},
+			warnings: []string{"cannot hold one connection's minimum queues", "smaller than the queues need"},
 		}},
 		{name: "override buffer size above maxMsgSize", overrides: map[string]string{FlagBufferSize: "65536"}, limits: func(l *Limits) { l.MaxMsgSize = 16384 }, want: want{
 			bufferSize: i(16384),
 			clamps:     []Clamp{{Flag: FlagBufferSize, Wanted: 65536, Got: 16384, Override: true, Reason: "device maxMsgSize 16384"}},
 		}},
-		{name: "override count within budget wins silently", overrides: map[string]string{FlagBufferCount: "64"}, want: want{bufferCount: i(64)}},
+		{name: "override count within budget wins silently", overrides: map[string]string{FlagBufferCount: "128"}, want: want{bufferCount: i(128)}},
 		{name: "override polling off on latency", overrides: map[string]string{FlagUsePolling: "false"}, profile: func(p *Profile) { p.Objective = Latency }, want: want{polling: b(false), pollers: i(1)}},
 		{name: "override prepared above budget", overrides: map[string]string{FlagPreparedJettyCnt: "16"}, want: want{
 			prepared: i(8),
@@ -563,6 +583,9 @@ func FuzzDerive(f *testing.F) {
 			}
 			if int64(r.Flags.BufferSize) > maxMsgSize {
 				t.Fatalf("buffer %d exceeds maxMsgSize %d without a warning", r.Flags.BufferSize, maxMsgSize)
+			}
+			if r.Flags.BufferCount < r.Flags.SQSize+r.Flags.RQSize {
+				t.Fatalf("pool of %d buffers cannot hold one connection's queues %d/%d without a warning", r.Flags.BufferCount, r.Flags.SQSize, r.Flags.RQSize)
 			}
 		}
 		if mem > 0 && r.RegisteredBytes > mem {
