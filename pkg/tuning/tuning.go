@@ -367,19 +367,19 @@ func (d *deriver) wanted(name string, derived int64) (int64, bool) {
 		d.used = map[string]bool{}
 	}
 	d.used[name] = true
-	if b, err := strconv.ParseBool(s); err == nil && !isInt(s) {
-		if b {
-			return 1, true
-		}
+	// Read the value as pkg/transport/flags does (gflags' forms: yes, 0x100,
+	// ...) and take its canonical text, so no form reads differently here.
+	var scratch flags.Flags
+	_ = scratch.Set(name, s)
+	canon, _ := scratch.Get(name)
+	switch canon {
+	case "true":
+		return 1, true
+	case "false":
 		return 0, true
 	}
-	v, _ := strconv.ParseInt(s, 10, 64)
+	v, _ := strconv.ParseInt(canon, 10, 64)
 	return v, true
-}
-
-func isInt(s string) bool {
-	_, err := strconv.ParseInt(s, 10, 64)
-	return err == nil
 }
 
 // cap lowers v to limit and records why; it returns the new value.

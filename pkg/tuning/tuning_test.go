@@ -307,6 +307,11 @@ func TestDeriveRules(t *testing.T) {
 			clamps:     []Clamp{{Flag: FlagBufferSize, Wanted: 65536, Got: 16384, Override: true, Reason: "device maxMsgSize 16384"}},
 		}},
 		{name: "override count within budget wins silently", overrides: map[string]string{FlagBufferCount: "128"}, want: want{bufferCount: i(128)}},
+		// Overrides in the other forms gflags (and so pkg/transport/flags)
+		// reads mean what they say.
+		{name: "override in gflags forms", overrides: map[string]string{FlagUsePolling: "yes", FlagPollerYield: "N", FlagSQSize: "0x40", FlagBufferCount: "0X1000"}, want: want{
+			polling: b(true), yield: b(false), sq: i(64), bufferCount: i(4096),
+		}},
 		{name: "override polling off on latency", overrides: map[string]string{FlagUsePolling: "false"}, profile: func(p *Profile) { p.Objective = Latency }, want: want{polling: b(false), pollers: i(1)}},
 		{name: "override prepared above budget", overrides: map[string]string{FlagPreparedJettyCnt: "16"}, want: want{
 			prepared: i(8),

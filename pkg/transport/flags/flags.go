@@ -259,13 +259,13 @@ func (fl field) set(f *Flags, value string) error {
 	s := fl.spec
 	switch s.Kind {
 	case Bool:
-		v, err := strconv.ParseBool(value)
-		if err != nil {
+		v, ok := parseBool(value)
+		if !ok {
 			return fmt.Errorf("flag %s: %q is not a boolean (want %s)", s.Name, value, s.Range())
 		}
 		*fl.b(f) = v
 	case Int:
-		v, err := strconv.ParseInt(value, 10, 64)
+		v, err := parseInt(value)
 		if err != nil {
 			return fmt.Errorf("flag %s: %q is not an integer (want %s)", s.Name, value, s.Range())
 		}
@@ -289,6 +289,31 @@ func (fl field) set(f *Flags, value string) error {
 		*fl.d(f) = v
 	}
 	return nil
+}
+
+// parseBool reads a boolean as brpc's gflags does (FlagValue::ParseFrom):
+// 1, t, true, y, yes or 0, f, false, n, no, in any case, so that a flags
+// file brpc accepts is one this package accepts too.
+func parseBool(v string) (value, ok bool) {
+	switch strings.ToLower(v) {
+	case "1", "t", "true", "y", "yes":
+		return true, true
+	case "0", "f", "false", "n", "no":
+		return false, true
+	}
+	return false, false
+}
+
+// parseInt reads an integer as brpc's gflags does: decimal, or hexadecimal
+// after a leading 0x or 0X (a leading 0 alone is still decimal).
+func parseInt(v string) (int64, error) {
+	if len(v) > 2 && v[0] == '0' && (v[1] == 'x' || v[1] == 'X') {
+		if v[2] == '+' || v[2] == '-' {
+			return 0, fmt.Errorf("sign after 0x in %q", v)
+		}
+		return strconv.ParseInt(v[2:], 16, 64)
+	}
+	return strconv.ParseInt(v, 10, 64)
 }
 
 func checkDuration(s Spec, v time.Duration) error {

@@ -143,6 +143,21 @@ func TestParse(t *testing.T) {
 		{name: "negated with a value", file: "--nourma_use_polling=true", wantErr: "line 1: flag --nourma_use_polling takes no value"},
 		{name: "unknown negated flag", file: "--nourma_turbo", wantErr: "line 1: unknown flag --nourma_turbo"},
 		{name: "other programs' dashed flags skipped", file: "--max-body-size=1000\n--nosome_bool\n--urma_poller_num=2", check: func(f Flags) bool { return f.PollerNum == 2 }},
+		// brpc's gflags reads booleans as 1/t/true/y/yes and 0/f/false/n/no
+		// in any case, and integers after 0x as hexadecimal: a file it
+		// accepts must not make every Go workload's Listen fail.
+		{name: "gflags yes", file: "--urma_use_polling=yes", check: func(f Flags) bool { return f.UsePolling }},
+		{name: "gflags Y", file: "--urma_use_polling=Y", check: func(f Flags) bool { return f.UsePolling }},
+		{name: "gflags No", file: "--urma_recv_zerocopy=No", check: func(f Flags) bool { return !f.RecvZerocopy }},
+		{name: "gflags n", file: "--urma_recv_zerocopy=n", check: func(f Flags) bool { return !f.RecvZerocopy }},
+		{name: "gflags mixed-case true", file: "--urma_use_polling=tRuE", check: func(f Flags) bool { return f.UsePolling }},
+		{name: "gflags hex int", file: "--urma_sq_size=0x100", check: func(f Flags) bool { return f.SQSize == 256 }},
+		{name: "gflags upper hex int", file: "--urma_buffer_size=0X4000", check: func(f Flags) bool { return f.BufferSize == 16384 }},
+		{name: "leading zero is decimal", file: "--urma_sq_size=010", wantErr: "urma_sq_size: 10 is out of range"},
+		{name: "hex range-checked", file: "--urma_sq_size=0x1001", wantErr: "urma_sq_size: 4097 is out of range"},
+		{name: "sign after 0x", file: "--urma_sq_size=0x+100", wantErr: `urma_sq_size: "0x+100" is not an integer`},
+		{name: "bare 0x", file: "--urma_sq_size=0x", wantErr: `urma_sq_size: "0x" is not an integer`},
+		{name: "yesno is no boolean", file: "--urma_use_polling=yesno", wantErr: `urma_use_polling: "yesno" is not a boolean`},
 		{name: "line too long", file: "--urma_device=" + strings.Repeat("x", 2<<20), wantErr: "read flags file"},
 	}
 	for _, tc := range tests {
