@@ -262,6 +262,15 @@ func ValidateProfile(p Profile) error {
 		bad = append(bad, fmt.Sprintf("memoryBudget %d is below %d bytes (%d buffers of %d bytes)",
 			p.MemoryBudget, MinBufferCount*MinBufferSize, MinBufferCount, MinBufferSize))
 	}
+	if p.HandshakeVersion != 0 && p.HandshakeVersion != 2 && p.HandshakeVersion != 3 {
+		bad = append(bad, fmt.Sprintf("handshakeVersion must be 2 or 3, got %d", p.HandshakeVersion))
+	}
+	if p.BondingMode < 0 || p.BondingMode > 2 {
+		bad = append(bad, fmt.Sprintf("bondingMode must be in 0..2, got %d", p.BondingMode))
+	}
+	if p.BondingLevel < 0 || p.BondingLevel > 1 {
+		bad = append(bad, fmt.Sprintf("bondingLevel must be in 0..1, got %d", p.BondingLevel))
+	}
 	switch p.Objective {
 	case "", Latency, Throughput, Balanced:
 	default:

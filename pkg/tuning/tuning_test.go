@@ -402,6 +402,11 @@ func TestDeriveRejectsBadInput(t *testing.T) {
 		{name: "memory above 1Ei", profile: func(p *Profile) { p.MemoryBudget = MaxMemoryBudget + 1 }, wantErr: "memoryBudget 1152921504606846977 is above 1152921504606846976 bytes (1Ei)"},
 		{name: "bad objective", profile: func(p *Profile) { p.Objective = "Fast" }, wantErr: `objective "Fast" is not one of`},
 		{name: "bad completion", profile: func(p *Profile) { p.Completion = "Busy" }, wantErr: `completion "Busy" is not one of`},
+		// Passed-through fields are inputs too: out of range they are the
+		// caller's mistake (ErrInvalid), not "a tuning bug".
+		{name: "bad handshake version", profile: func(p *Profile) { p.HandshakeVersion = 4 }, wantErr: "handshakeVersion must be 2 or 3, got 4"},
+		{name: "bad bonding mode", profile: func(p *Profile) { p.BondingMode = 3 }, wantErr: "bondingMode must be in 0..2, got 3"},
+		{name: "bad bonding level", profile: func(p *Profile) { p.BondingLevel = -1 }, wantErr: "bondingLevel must be in 0..1, got -1"},
 		{name: "unknown override", overrides: map[string]string{"urma_bogus": "1"}, wantErr: `unknown flag "urma_bogus"`},
 		{name: "override out of range", overrides: map[string]string{FlagSQSize: "8"}, wantErr: "flag urma_sq_size: 8 is out of range (want 16..4096)"},
 		{name: "override not power of two", overrides: map[string]string{FlagBufferSize: "3000"}, wantErr: "urma_buffer_size: 3000 is not a power of two"},
