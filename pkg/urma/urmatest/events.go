@@ -177,11 +177,23 @@ func testJFCEWait(t *testing.T, pr Pair) {
 		_, err := spare.Wait(make([]urma.JFC, 1), -1)
 		done <- err
 	}()
-	must(t, spare.Close(), "close JFCE")
+	// Close must wake a Wait already blocked, not only refuse a later one:
+	// give the Wait the time to block (it must not return meanwhile; an
+	// absence, so it can only wait a while) before closing under it.
+	select {
+	case err := <-done:
+		t.Fatalf("Wait with no timeout returned (%v) with nothing armed and the JFCE open", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	// Close waits for the waiter to leave: run it aside, so that a
+	// provider that does not wake the waiter fails here, not hangs.
+	closed := make(chan error, 1)
+	go func() { closed <- spare.Close() }()
 	select {
 	case err := <-done:
 		wantErr(t, err, urma.ErrClosed, "wait on a closed JFCE")
 	case <-time.After(waitTimeout):
 		t.Fatal("Wait did not return when its JFCE closed")
 	}
+	must(t, <-closed, "close JFCE")
 }
