@@ -48,6 +48,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"discover", "--transports=roce"}, 2, "transport type"},
 		{[]string{"discover", "extra"}, 2, "unexpected arguments"},
 		{[]string{"serve", "--socket-dir=relative"}, 1, "absolute"},
+		{[]string{"serve", "--resource-name=jetty"}, 1, "not an extended resource name"},
 		{[]string{"--include=udma["}, 1, "udma["},
 		{[]string{"help"}, 0, ""},
 	}

@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/validation"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
@@ -101,6 +103,24 @@ func (c Config) Validate() error {
 	}
 	if c.ResourceName == "" {
 		return errors.New("resource name is empty")
+	}
+	if err := checkExtendedResourceName(c.ResourceName); err != nil {
+		return err
+	}
+	return nil
+}
+
+// checkExtendedResourceName applies kubelet's test of a registration's
+// resource name (IsExtendedResourceName): kubelet refuses any other, and
+// the registrar would retry that refusal forever.
+func checkExtendedResourceName(name string) error {
+	const want = "want domain/name outside kubernetes.io, e.g. example.com/jetty"
+	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") || strings.HasPrefix(name, "requests.") {
+		return fmt.Errorf("resource name %q is not an extended resource name: %s", name, want)
+	}
+	// Kubelet checks the name as the quota name it would become.
+	if errs := validation.IsQualifiedName("requests." + name); len(errs) > 0 {
+		return fmt.Errorf("resource name %q is not an extended resource name: %s", name, strings.Join(errs, "; "))
 	}
 	return nil
 }

@@ -482,6 +482,18 @@ func TestValidate(t *testing.T) {
 		{"path at the limit", Config{SocketDir: "/" + strings.Repeat("d", 93), SocketName: "urma-12.sock", ResourceName: resource}, ""},
 		{"path one beyond", Config{SocketDir: "/" + strings.Repeat("d", 94), SocketName: "urma-12.sock", ResourceName: resource}, "is 108 bytes; unix sockets allow 107"},
 		{"no resource", Config{}, "resource name"},
+		// Kubelet refuses to register anything but an extended resource
+		// name; the plugin would retry that forever.
+		{"resource without domain", Config{ResourceName: "jetty"}, "not an extended resource name"},
+		{"resource in kubernetes.io", Config{ResourceName: "kubernetes.io/jetty"}, "not an extended resource name"},
+		{"resource in a kubernetes.io subdomain", Config{ResourceName: "node.kubernetes.io/jetty"}, "not an extended resource name"},
+		{"resource with requests. prefix", Config{ResourceName: "requests.example.com/jetty"}, "not an extended resource name"},
+		{"resource with a space", Config{ResourceName: "example.com/urma jetty"}, "not an extended resource name"},
+		{"resource with two slashes", Config{ResourceName: "example.com/a/b"}, "not an extended resource name"},
+		{"resource with an empty name", Config{ResourceName: "example.com/"}, "not an extended resource name"},
+		{"resource with a bad domain", Config{ResourceName: "Example_com/jetty"}, "not an extended resource name"},
+		{"resource in another domain", Config{ResourceName: "example.com/jetty"}, ""},
+		{"resource in a one-label domain", Config{ResourceName: "example/jetty"}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
