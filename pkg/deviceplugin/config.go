@@ -139,6 +139,14 @@ func (c *Config) Validate() error {
 	if err := c.Registrar.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	// The sub-packages read zero as "the default"; on the command line a
+	// zero or negative interval is a mistake, not a request for it.
+	if c.Registrar.CheckInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--kubelet-check-interval %s must be positive", c.Registrar.CheckInterval))
+	}
+	if c.Server.Resync <= 0 {
+		errs = append(errs, fmt.Errorf("--resync-interval %s must be positive", c.Server.Resync))
+	}
 	if c.CDIEnabled {
 		if err := c.CDI.Validate(); err != nil {
 			errs = append(errs, err)

@@ -123,3 +123,24 @@ func TestCDIStrategyNeedsCDIMode(t *testing.T) {
 		t.Fatalf("Validate = %v, want the kind refused as an annotation key (63 characters at most)", err)
 	}
 }
+
+// An interval flag of zero or less used to be replaced by its default
+// without a word; it must be refused like --poll-interval is.
+func TestIntervalFlagsMustBePositive(t *testing.T) {
+	for _, tt := range []struct{ arg, want string }{
+		{"--kubelet-check-interval=0s", "--kubelet-check-interval 0s must be positive"},
+		{"--kubelet-check-interval=-1s", "--kubelet-check-interval -1s must be positive"},
+		{"--resync-interval=0s", "--resync-interval 0s must be positive"},
+		{"--resync-interval=-5m", "--resync-interval -5m0s must be positive"},
+	} {
+		t.Run(tt.arg, func(t *testing.T) {
+			cfg, err := parse(t, tt.arg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Validate = %v, want it to say %q", err, tt.want)
+			}
+		})
+	}
+}
