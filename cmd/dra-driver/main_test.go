@@ -38,3 +38,38 @@ func TestRunRejectsBadInvocations(t *testing.T) {
 		})
 	}
 }
+
+// Bad values must be refused before the driver touches the host or the API
+// server; the directories point into a temporary one in case they are not.
+func TestRunRejectsBadValues(t *testing.T) {
+	withNode := func(k string) string {
+		if k == "NODE_NAME" {
+			return "node-1"
+		}
+		return ""
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		// Zero or negative used to become the default without a word.
+		{"zero health resend", []string{"--health-resend-interval=0s"}, "--health-resend-interval 0s must be positive"},
+		{"negative health resend", []string{"--health-resend-interval=-1s"}, "--health-resend-interval -1s must be positive"},
+		{"zero stale claim check", []string{"--stale-claim-check-interval=0s"}, "--stale-claim-check-interval 0s must be positive"},
+		{"negative stale claim check", []string{"--stale-claim-check-interval=-1m"}, "--stale-claim-check-interval -1m0s must be positive"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			args := append([]string{
+				"--plugin-data-dir=" + dir + "/plugin", "--registrar-dir=" + dir + "/registry", "--cdi-spec-dir=" + dir + "/cdi",
+				"--shm-dir=", "--sysfs-root=" + dir + "/sys", "--dev-root=" + dir + "/dev", "--kubeconfig=" + dir + "/no-kubeconfig",
+			}, tc.args...)
+			var stderr bytes.Buffer
+			code := run(context.Background(), args, withNode, &stderr)
+			if code != 1 || !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("exit %d, stderr %q; want 1 and %q", code, stderr.String(), tc.want)
+			}
+		})
+	}
+}

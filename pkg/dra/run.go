@@ -125,6 +125,14 @@ func (c *Config) Validate() error {
 	if c.PluginDataDir == "" || c.RegistrarDir == "" {
 		errs = append(errs, errors.New("plugin data and registrar directories must be set"))
 	}
+	// The plugin reads zero as "the default"; on the command line a zero
+	// or negative interval is a mistake, not a request for it.
+	if c.HealthResend <= 0 {
+		errs = append(errs, fmt.Errorf("--health-resend-interval %s must be positive", c.HealthResend))
+	}
+	if c.StaleClaimCheck <= 0 {
+		errs = append(errs, fmt.Errorf("--stale-claim-check-interval %s must be positive", c.StaleClaimCheck))
+	}
 	return errors.Join(errs...)
 }
 
