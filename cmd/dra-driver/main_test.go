@@ -58,6 +58,12 @@ func TestRunRejectsBadValues(t *testing.T) {
 		{"negative health resend", []string{"--health-resend-interval=-1s"}, "--health-resend-interval -1s must be positive"},
 		{"zero stale claim check", []string{"--stale-claim-check-interval=0s"}, "--stale-claim-check-interval 0s must be positive"},
 		{"negative stale claim check", []string{"--stale-claim-check-interval=-1m"}, "--stale-claim-check-interval -1m0s must be positive"},
+		// Kubelet and the container runtime know nothing of the driver's
+		// working directory: a relative path is never found. (The log is
+		// JSON, so the quotes around the path are escaped.)
+		{"relative plugin data dir", []string{"--plugin-data-dir=plugins/urma"}, `plugin data directory \"plugins/urma\" must be an absolute path`},
+		{"relative registrar dir", []string{"--registrar-dir=plugins_registry"}, `registrar directory \"plugins_registry\" must be an absolute path`},
+		{"relative CDI spec dir", []string{"--cdi-spec-dir=cdi"}, `CDI spec directory \"cdi\" must be an absolute path`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -144,3 +144,16 @@ func TestIntervalFlagsMustBePositive(t *testing.T) {
 		})
 	}
 }
+
+// The container runtime reads CDI specs from its own absolute directories:
+// one written relative to the plugin's working directory is never found.
+func TestRelativeCDISpecDirRefused(t *testing.T) {
+	cfg, err := parse(t, "--cdi", "--cdi-spec-dir=var/run/cdi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `CDI spec directory "var/run/cdi" must be an absolute path`
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Validate = %v, want it to say %q", err, want)
+	}
+}

@@ -125,6 +125,13 @@ func (c *Config) Validate() error {
 	if c.PluginDataDir == "" || c.RegistrarDir == "" {
 		errs = append(errs, errors.New("plugin data and registrar directories must be set"))
 	}
+	// Kubelet finds the sockets by these paths, which mean nothing
+	// relative to the driver's working directory.
+	for _, d := range []struct{ what, dir string }{{"plugin data", c.PluginDataDir}, {"registrar", c.RegistrarDir}} {
+		if d.dir != "" && !filepath.IsAbs(d.dir) {
+			errs = append(errs, fmt.Errorf("%s directory %q must be an absolute path", d.what, d.dir))
+		}
+	}
 	// The plugin reads zero as "the default"; on the command line a zero
 	// or negative interval is a mistake, not a request for it.
 	if c.HealthResend <= 0 {

@@ -64,6 +64,11 @@ func (c Config) Validate() error {
 	if c.Dir == "" {
 		return errors.New("CDI spec directory is empty")
 	}
+	if !filepath.IsAbs(c.Dir) {
+		// The container runtime looks for specs in its own absolute
+		// directories, never relative to this process.
+		return fmt.Errorf("CDI spec directory %q must be an absolute path", c.Dir)
+	}
 	vendor, class := parser.ParseQualifier(c.Kind)
 	if err := parser.ValidateVendorName(vendor); err != nil {
 		return fmt.Errorf("CDI kind %q: %w", c.Kind, err)
