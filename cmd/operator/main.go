@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -105,6 +106,23 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.defaultJettiesPerUnit < 1 || o.defaultJettiesPerUnit > math.MaxUint32 {
 		return options{}, fmt.Errorf("--default-jetties-per-unit %d: want 1 to %d", o.defaultJettiesPerUnit, uint32(math.MaxUint32))
+	}
+	if o.enableWebhooks && o.selfSignedCerts {
+		// The rotator names the Service in the certificate and keeps it in
+		// the Secret: refuse names the API server would, now rather than
+		// after minutes of failing retries.
+		for _, n := range []struct {
+			flag, value string
+			check       func(string) []string
+		}{
+			{"--namespace", o.namespace, validation.IsDNS1123Label},
+			{"--webhook-service", o.webhookService, validation.IsDNS1035Label},
+			{"--cert-secret", o.certSecret, validation.IsDNS1123Subdomain},
+		} {
+			if errs := n.check(n.value); len(errs) > 0 {
+				return options{}, fmt.Errorf("%s %q: %s", n.flag, n.value, strings.Join(errs, "; "))
+			}
+		}
 	}
 	return o, nil
 }
