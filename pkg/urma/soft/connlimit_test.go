@@ -111,6 +111,14 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 				t.Fatalf("dial past MaxConns handshakes: read %v, want the device to hang up", err)
 			}
 			waitUntil(t, "the device to log the refused handshake", func() bool { return sink.has("handshakes under way") })
+			// The refused dial holds nothing: only the two silent ones wait.
+			sd := pv.devices[0].sock
+			sd.mu.Lock()
+			waiting := len(sd.handshaking)
+			sd.mu.Unlock()
+			if waiting != 2 {
+				t.Errorf("%d handshakes recorded after a refused one, want the 2 silent dials", waiting)
+			}
 		})
 	}
 }
