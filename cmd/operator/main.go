@@ -204,6 +204,12 @@ func run(ctx context.Context, cfg *rest.Config, o options, log logr.Logger) erro
 			}
 			// The webhook server reads the files when it starts.
 			if err := ensureWithRetry(ctx, rot, log); err != nil {
+				if ctx.Err() != nil {
+					// Stopped (SIGTERM) before the certificates were
+					// ready: a normal stop, as it is once the manager runs.
+					log.Info("stopped while waiting for webhook certificates", "lastError", err.Error())
+					return nil
+				}
 				return err
 			}
 			if err := mgr.Add(rot); err != nil {

@@ -15,9 +15,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -411,5 +413,51 @@ func checkSecureMetrics(ctx context.Context, t *testing.T, cfg *rest.Config, c c
 		if resp.StatusCode == http.StatusOK {
 			t.Error("/metrics answered plain HTTP")
 		}
+	}
+}
+
+// A SIGTERM while the operator still waits for its webhook certificates
+// (here: its namespace is not there yet) is a normal stop, as it is once the
+// manager runs: run must return nil so the process exits 0, not 1.
+func TestRunStoppedWhileWaitingForCertificatesIsClean(t *testing.T) {
+	o, err := parseFlags([]string{
+		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--cert-dir=" + t.TempDir(),
+	}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.repeatControllers = true
+	envtestAssets(t)
+	te := &envtest.Environment{}
+	cfg, err := te.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	defer func() {
+		if err := te.Stop(); err != nil {
+			t.Errorf("stop envtest: %v", err)
+		}
+	}()
+	// The operator's namespace does not exist: creating the certificate
+	// Secret fails, and is retried, until the test stops the operator.
+	retrying := make(chan struct{})
+	var once sync.Once
+	log := funcr.New(func(prefix, args string) {
+		if strings.Contains(args, "webhook certificates not ready") {
+			once.Do(func() { close(retrying) })
+		}
+	}, funcr.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, cfg, o, log) }()
+	select {
+	case <-retrying:
+	case err := <-done:
+		t.Fatalf("run returned before it retried the certificates: %v", err)
+	}
+	cancel() // what SIGTERM does to the signal handler's context
+	if err := <-done; err != nil {
+		t.Fatalf("run after a stop while waiting for certificates = %v, want nil (exit 0)", err)
 	}
 }
