@@ -37,8 +37,10 @@ func serveGRPC(ctx context.Context, lns []net.Listener, out *printer) error {
 	}
 	var first error
 	for range lns {
-		// Serve returns nil once Stop was called.
-		if err := <-errs; err != nil && first == nil {
+		// Serve returns nil once Stop was called, and ErrServerStopped when
+		// Stop came before it started: only this function calls Stop (ctx
+		// ended, or another listener failed), so neither is a failure.
+		if err := <-errs; err != nil && !errors.Is(err, grpc.ErrServerStopped) && first == nil {
 			first = fmt.Errorf("serve gRPC: %w", err)
 			srv.Stop()
 		}

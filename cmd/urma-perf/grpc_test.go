@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -85,5 +86,30 @@ func TestGRPCUsage(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want 2 and the reason", code, errb.String())
 			}
 		})
+	}
+}
+
+// A stop (SIGTERM) that comes before a listener's Serve started made Serve
+// return grpc.ErrServerStopped, and `server --grpc` exited 1 on a normal
+// stop. Stopping at once after the start hits that window often; every
+// run must be clean.
+func TestServeGRPCStoppedBeforeServingIsClean(t *testing.T) {
+	for i := range 200 {
+		lns := make([]net.Listener, 2)
+		for j := range lns {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lns[j] = l
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := serveGRPC(ctx, lns, &printer{w: io.Discard}); err != nil {
+			t.Fatalf("run %d: serveGRPC after a stop = %v, want nil", i, err)
+		}
+		for _, l := range lns {
+			_ = l.Close()
+		}
 	}
 }
