@@ -162,7 +162,11 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	}
 	if cfg.CDI.ShmDir != "" {
 		if err := shmdir.Prepare(cfg.CDI.ShmDir); err != nil {
-			return err
+			// As in the device plugin: pods still get their devices; their
+			// software provider then serves same-node peers over TCP
+			// (no_fast_path).
+			log.Error(err, "shared memory between pods is off: claims carry no shm directory")
+			cfg.CDI.ShmDir = ""
 		}
 	}
 	client := deps.KubeClient

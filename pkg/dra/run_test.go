@@ -294,3 +294,60 @@ func testNamespace(ctx context.Context, t *testing.T, prefix string) string {
 	}
 	return ns.Name
 }
+
+// A shm directory the driver cannot open to pods (here one holding a file:
+// a mistyped /etc) turns shared memory between pods off, as in the device
+// plugin: pods still get their devices and meet same-node peers over TCP.
+// The driver used to stop instead, leaving the node without URMA devices.
+func TestUnusableShmDirDoesNotStopTheDriver(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	n, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{GenerateName: "dra-shm-node-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	root, err := os.MkdirTemp("", "dra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	cfg := dra.Default()
+	cfg.NodeName = n.Name
+	cfg.Sysfs = tree.Options()
+	cfg.CDI.Dir = filepath.Join(root, "cdi")
+	cfg.CDI.ShmDir = filepath.Join(root, "etc")
+	cfg.PluginDataDir = filepath.Join(root, "d")
+	cfg.RegistrarDir = filepath.Join(root, "r")
+	for _, d := range []string{cfg.RegistrarDir, cfg.CDI.ShmDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(cfg.CDI.ShmDir, "passwd"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	// Run returning ends the wait for slices, and says why.
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- dra.Run(runCtx, testr.New(t), cfg, dra.Deps{KubeClient: kube})
+		stopWaiting()
+	}()
+	defer func() {
+		if runCtx.Err() == nil {
+			t.Errorf("Run stopped before it published the node's devices: %v", <-done)
+		}
+	}()
+	waitForSlices(waitCtx, t, n.Name, func(ss []resourceapi.ResourceSlice) bool { return len(devicesOf(ss)) == 1 })
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if fi, err := os.Stat(cfg.CDI.ShmDir); err != nil || fi.Mode().Perm() != 0o755 || fi.Mode()&os.ModeSticky != 0 {
+		t.Errorf("directory %s: %v %v, want it left drwxr-xr-x", cfg.CDI.ShmDir, fi, err)
+	}
+}
