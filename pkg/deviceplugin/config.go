@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
@@ -51,6 +52,9 @@ type Config struct {
 	// CDIRetry is how often a failed CDI spec write is retried, and how
 	// often the spec file is checked for having been deleted.
 	CDIRetry time.Duration
+	// cdiDirGiven and cdiKindGiven record --cdi-spec-dir and --cdi-kind on
+	// the command line: without --cdi they would be ignored.
+	cdiDirGiven, cdiKindGiven bool
 
 	// LabelNode enables node labels/annotations; NodeName is the Node
 	// (default: $NODE_NAME) and Kubeconfig an optional kubeconfig path
@@ -110,8 +114,8 @@ func (c *Config) AddServeFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Server.ShmDir, "shm-dir", c.Server.ShmDir, "host directory mounted into every allocated container at the same path, and named by URMA_SHM_DIR: where the software provider of pods on this node meets for shared memory (made world-writable and sticky at start, like /tmp); empty disables")
 	listVar(fs, &c.Server.ExtraDevNodes, "extra-dev-nodes", "comma-separated /dev/... nodes every container with a hardware device also gets (skipped when absent)")
 	fs.BoolVar(&c.CDIEnabled, "cdi", c.CDIEnabled, "CDI mode: write a CDI spec and answer Allocate with CDI device names")
-	fs.StringVar(&c.CDI.Dir, "cdi-spec-dir", c.CDI.Dir, "directory to write the CDI spec into (one the container runtime reads)")
-	fs.StringVar(&c.CDI.Kind, "cdi-kind", c.CDI.Kind, "CDI vendor/class of the devices")
+	fs.Var(&givenString{dst: &c.CDI.Dir, given: &c.cdiDirGiven}, "cdi-spec-dir", "`directory` to write the CDI spec into (one the container runtime reads); needs --cdi")
+	fs.Var(&givenString{dst: &c.CDI.Kind, given: &c.cdiKindGiven}, "cdi-kind", "CDI `vendor/class` of the devices; needs --cdi")
 	fs.Func("cdi-strategy", "how CDI device names reach the runtime, comma-separated: cdi-cri (the CdiDevices field of the Allocate response) and/or cdi-annotations (a cdi.k8s.io/ container annotation, for runtimes that read only annotations) (default cdi-cri)", func(s string) error {
 		st, err := server.ParseCDIStrategies(s)
 		c.Server.CDIStrategies = st
@@ -159,8 +163,24 @@ func (c *Config) Validate() error {
 				errs = append(errs, err)
 			}
 		}
-	} else if len(c.Server.CDIStrategies) > 0 {
-		errs = append(errs, errors.New("a CDI strategy is set but CDI mode is off: add --cdi"))
+	} else {
+		if len(c.Server.CDIStrategies) > 0 {
+			errs = append(errs, errors.New("a CDI strategy is set but CDI mode is off: add --cdi"))
+		}
+		var given []string
+		if c.cdiDirGiven {
+			given = append(given, "--cdi-spec-dir")
+		}
+		if c.cdiKindGiven {
+			given = append(given, "--cdi-kind")
+		}
+		switch len(given) {
+		case 0:
+		case 1:
+			errs = append(errs, fmt.Errorf("%s is set but CDI mode is off: add --cdi", given[0]))
+		default:
+			errs = append(errs, fmt.Errorf("%s are set but CDI mode is off: add --cdi", strings.Join(given, ", ")))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -171,4 +191,23 @@ func listVar(fs *flag.FlagSet, dst *[]string, name, usage string) {
 
 func uintVar(fs *flag.FlagSet, dst *uint32, name, usage string) {
 	flagvar.Uint32(fs, dst, name, usage)
+}
+
+// givenString is a string flag that records whether it was given, so that
+// Validate can refuse one that means nothing in the chosen mode.
+type givenString struct {
+	dst   *string
+	given *bool
+}
+
+func (v *givenString) String() string {
+	if v.dst == nil {
+		return ""
+	}
+	return *v.dst
+}
+
+func (v *givenString) Set(s string) error {
+	*v.dst, *v.given = s, true
+	return nil
 }

@@ -157,3 +157,38 @@ func TestRelativeCDISpecDirRefused(t *testing.T) {
 		t.Fatalf("Validate = %v, want it to say %q", err, want)
 	}
 }
+
+// --cdi-spec-dir and --cdi-kind mean something only in CDI mode: without
+// --cdi they were accepted and ignored (no spec written, no CDI names),
+// while --cdi-strategy was refused. Given alone, even with their default
+// values, they are a mistake to report.
+func TestCDIFlagsNeedCDIMode(t *testing.T) {
+	for _, tt := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"--cdi-spec-dir=/etc/cdi"}, "--cdi-spec-dir is set but CDI mode is off: add --cdi"},
+		{[]string{"--cdi-spec-dir=/var/run/cdi"}, "--cdi-spec-dir is set but CDI mode is off: add --cdi"},
+		{[]string{"--cdi-kind=example.com/urma"}, "--cdi-kind is set but CDI mode is off: add --cdi"},
+		{[]string{"--cdi-kind=example.com/urma", "--cdi-spec-dir=/etc/cdi"}, "--cdi-spec-dir, --cdi-kind are set but CDI mode is off: add --cdi"},
+		{[]string{"--cdi", "--cdi-spec-dir=/etc/cdi", "--cdi-kind=example.com/urma"}, ""},
+		{[]string{"--cdi=false"}, ""},
+	} {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			cfg, err := parse(t, tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = cfg.Validate()
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Validate = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Validate = %v, want it to say %q", err, tt.wantErr)
+			}
+		})
+	}
+}
