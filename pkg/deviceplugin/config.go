@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -150,6 +151,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Server.Resync <= 0 {
 		errs = append(errs, fmt.Errorf("--resync-interval %s must be positive", c.Server.Resync))
+	}
+	// NFD reads the feature file by its path on the host, which means
+	// nothing relative to the plugin's working directory.
+	if c.FeaturesDir != "" && !filepath.IsAbs(c.FeaturesDir) {
+		errs = append(errs, fmt.Errorf("--nfd-features-dir %q must be an absolute path", c.FeaturesDir))
 	}
 	if c.CDIEnabled {
 		if err := c.CDI.Validate(); err != nil {

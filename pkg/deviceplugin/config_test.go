@@ -192,3 +192,17 @@ func TestCDIFlagsNeedCDIMode(t *testing.T) {
 		})
 	}
 }
+
+// NFD reads its features.d directory by an absolute path on the host: a
+// feature file written relative to the plugin's working directory is never
+// read, and the node never gets the labels the chart's affinity selects on.
+func TestRelativeNFDFeaturesDirRefused(t *testing.T) {
+	cfg, err := parse(t, "--nfd-features-dir=etc/kubernetes/node-feature-discovery/features.d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `--nfd-features-dir "etc/kubernetes/node-feature-discovery/features.d" must be an absolute path`
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Validate = %v, want it to say %q", err, want)
+	}
+}
