@@ -37,9 +37,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	cfg.NodeName = getenv("NODE_NAME")
 	fs := flag.NewFlagSet("urma-device-plugin "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	verbosity := fs.Int("v", 0, "log verbosity (0 info, 1 more, 2 debug)")
+	var verbosity int // serve only: discover prints its report and logs nothing
 	switch cmd {
 	case "serve":
+		fs.IntVar(&verbosity, "v", 0, "log verbosity (0 info, 1 more, 2 debug)")
 		cfg.AddServeFlags(fs)
 	case "discover":
 		cfg.AddDiscoveryFlags(fs)
@@ -70,7 +71,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(stderr, obj) },
-		funcr.Options{Verbosity: *verbosity, LogTimestamp: true, LogCaller: funcr.Error})
+		funcr.Options{Verbosity: verbosity, LogTimestamp: true, LogCaller: funcr.Error})
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := deviceplugin.Run(ctx, log, cfg, deviceplugin.Deps{}); err != nil {

@@ -51,6 +51,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"serve", "--resource-name=jetty"}, 1, "not an extended resource name"},
 		{[]string{"--include=udma["}, 1, "udma["},
 		{[]string{"help"}, 0, ""},
+		// discover does not log: a verbosity would be ignored.
+		{[]string{"discover", "-v=2"}, 2, "flag provided but not defined: -v"},
 	}
 	for _, tt := range tests {
 		var out, errb bytes.Buffer
