@@ -37,6 +37,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	cfg.NodeName = getenv("NODE_NAME")
 	fs := flag.NewFlagSet("urma-device-plugin "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	// -h before any command reaches serve's flag set (serve is the
+	// default): show the commands too, not only this one's flags.
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "%s\n\nflags of %s:\n", usage, fs.Name())
+		fs.PrintDefaults()
+	}
 	var verbosity int // serve only: discover prints its report and logs nothing
 	switch cmd {
 	case "serve":
@@ -44,7 +50,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		cfg.AddServeFlags(fs)
 	case "discover":
 		cfg.AddDiscoveryFlags(fs)
-	case "help", "-h", "--help":
+	case "help":
 		fmt.Fprintln(stdout, usage)
 		return 0
 	default:

@@ -62,3 +62,19 @@ func TestUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// "-h" or "--help" before any command used to be meant to print the
+// command overview, but such arguments select the default command (serve)
+// and reach its flag set: the overview never showed, so -h did not tell
+// that discover exists. Every -h now shows the overview and the command's
+// flags.
+func TestHelpShowsCommandsAndFlags(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"serve", "-h"}, {"discover", "--help"}} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), args, noEnv, &out, &errb)
+		help := errb.String()
+		if code != 0 || !strings.Contains(help, "urma-device-plugin discover [flags]") || !strings.Contains(help, "-jetties-per-unit") {
+			t.Errorf("run(%q) = %d, stderr begins %q; want 0 with the commands and the flags", args, code, help[:min(len(help), 120)])
+		}
+	}
+}
