@@ -36,14 +36,9 @@ func TestLocalErrorKeepsPostOrder(t *testing.T) {
 		{name: "peer length", want: urma.StatusLocLen, smallB: true, notInproc: true,
 			bad: func(a, _ *side) urma.SGE { return urma.SGE{Segment: a.seg, Len: small + 1} }},
 	}
-	fabrics := []struct {
-		name string
-		opts func(t *testing.T) Options
-	}{
+	fabrics := append([]wireFabric{
 		{"inproc", func(*testing.T) Options { return Options{Fabric: NewFabric()} }},
-		{"socket", func(*testing.T) Options { return socketOpts() }},
-		{"shm", func(t *testing.T) Options { return shmOpts(t) }},
-	}
+	}, wireFabrics()...)
 	for _, f := range fabrics {
 		for _, k := range kinds {
 			t.Run(f.name+"/"+k.name, func(t *testing.T) {

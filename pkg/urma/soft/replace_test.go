@@ -13,20 +13,28 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
+// wireFabric is a fabric between providers and the options that make one.
+type wireFabric struct {
+	name string
+	opts func(t *testing.T) Options
+}
+
+// wireFabrics are the fabrics with connections, to replace and to lose:
+// socket and shm.
+func wireFabrics() []wireFabric {
+	return []wireFabric{
+		{"socket", func(*testing.T) Options { return socketOpts() }},
+		{"shm", func(t *testing.T) Options { return shmOpts(t) }},
+	}
+}
+
 // A peer that dials again replaces its connection, and the old one dies
 // only once the new one is in place. The old one's death fails only the
 // sends it carried: a send posted while it dies goes out on the new
 // connection, the peer takes it there, and it succeeds. Once it completed
 // with ACK_TIMEOUT and put the jetty in ERROR.
 func TestReplacedConnectionFailsOnlyItsSends(t *testing.T) {
-	fabrics := []struct {
-		name string
-		opts func(t *testing.T) Options
-	}{
-		{"socket", func(*testing.T) Options { return socketOpts() }},
-		{"shm", func(t *testing.T) Options { return shmOpts(t) }},
-	}
-	for _, f := range fabrics {
+	for _, f := range wireFabrics() {
 		t.Run(f.name, func(t *testing.T) {
 			noLeaks(t)
 			opts := f.opts(t)
@@ -205,14 +213,7 @@ func TestReplacedConnectionFailsItsSendsFirst(t *testing.T) {
 // hold on the device's peer entries, which the garbage collector then
 // frees. The jetty stays READY and reaches each new peer.
 func TestJettyForgetsPeersGone(t *testing.T) {
-	fabrics := []struct {
-		name string
-		opts func(t *testing.T) Options
-	}{
-		{"socket", func(*testing.T) Options { return socketOpts() }},
-		{"shm", func(t *testing.T) Options { return shmOpts(t) }},
-	}
-	for _, f := range fabrics {
+	for _, f := range wireFabrics() {
 		t.Run(f.name, func(t *testing.T) {
 			noLeaks(t)
 			opts := f.opts(t)
