@@ -206,11 +206,12 @@ func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReq
 	if d == nil {
 		return checkpoint.Device{}, fmt.Errorf("%s: no such device on this node (removed since it was allocated?)", where)
 	}
-	// A device the last scan missed, or found without its node, may still
-	// say Healthy until the debounce ends; either way a spec naming its
-	// node would fail the container, whatever the claim tolerates. Kubelet
-	// retries a refusal, which succeeds if the device comes back.
-	if ok, why := d.Usable(); !ok && (d.Vanished || d.Healthy) {
+	// A device the last scan missed, or found without its node, is refused
+	// whatever the claim tolerates and whatever its (debounced) health says:
+	// the container could not get the node. Kubelet retries a refusal,
+	// which succeeds if the device comes back.
+	if d.Vanished || (!d.Software && d.DevNode == "") {
+		_, why := d.Usable()
 		return checkpoint.Device{}, fmt.Errorf("%s: device %s: %s", where, d.Name, why)
 	}
 	if !d.Healthy && !tolerated(r.Tolerations, draslices.UnhealthyTaint(d)) {

@@ -1066,3 +1066,57 @@ func TestPrepareFollowsANewAllocationOfAPreparedClaim(t *testing.T) {
 		t.Fatalf("udma0's whole budget after the claim moved off it: %s", r.Error)
 	}
 }
+
+// A device whose node stays missing past the health debounce is unhealthy
+// (taint no-device-node); a claim tolerating that taint is still refused,
+// as while the verdict was pending: its CDI spec could not give the
+// container the node, so the pod would start with a device it cannot open.
+func TestPrepareRefusesATolerantClaimOnADeviceWithoutItsNode(t *testing.T) {
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	tree.AddDevNode(t, sysfstest.UMMUNode)
+	cfg := dratest.Config(0)
+	cfg.Debounce = health.Debounce{Observations: 2, Hold: time.Minute}
+	b := inventory.NewBuilder(cfg)
+	scan := func() inventory.Scan {
+		found, err := sysfs.Discover(tree.Options())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return inventory.Scan{Devices: found, UMMUNode: sysfs.UMMUNode(tree.Options())}
+	}
+	now := time.Now()
+	b.Build(scan(), now)
+	tree.RemoveDevNode(t, "uburma/udma0")
+	var nodeGone inventory.Snapshot
+	for i := 1; i <= 3; i++ {
+		nodeGone, _, _ = b.Build(scan(), now.Add(time.Duration(i)*time.Hour))
+	}
+	dev, ok := nodeGone.Lookup("udma0")
+	if !ok || dev.Healthy || dev.Vanished || dev.DevNode != "" {
+		t.Fatalf("fixture: want udma0 listed, unhealthy and without its node, got %+v", dev)
+	}
+	if got := draslices.UnhealthyTaint(dev).Value; got != draslices.ReasonNoDeviceNode {
+		t.Fatalf("fixture: taint value %q, want %q", got, draslices.ReasonNoDeviceNode)
+	}
+
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	h.inv.Publish(nodeGone)
+	d := h.start()
+	for _, tol := range []resourceapi.DeviceToleration{
+		{Operator: resourceapi.DeviceTolerationOpExists},
+		{Key: draslices.TaintUnhealthy, Operator: resourceapi.DeviceTolerationOpEqual, Value: draslices.ReasonNoDeviceNode},
+	} {
+		c := h.claim(16, "udma0")
+		c.Status.Allocation.Devices.Results[0].Tolerations = []resourceapi.DeviceToleration{tol}
+		if _, err := h.kube.ResourceV1().ResourceClaims("default").UpdateStatus(context.Background(), c, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if r := d.prepare(t, c).Claims[string(c.UID)]; r == nil || r.Error == "" || !strings.Contains(r.Error, c.Name) {
+			t.Errorf("prepare tolerating %+v on a device without its node = %+v, want a refusal naming the claim", tol, r)
+		}
+	}
+	if entries, _ := os.ReadDir(h.cdiDir); len(entries) != 0 {
+		t.Fatalf("refused claims left %d CDI specs", len(entries))
+	}
+}
