@@ -194,11 +194,13 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 		return err
 	}
 	helper, err := kubeletplugin.Start(klog.NewContext(ctx, log.WithName("kubeletplugin")), plug,
-		kubeletplugin.DriverName(slices.DriverName),
-		kubeletplugin.KubeClient(client),
-		kubeletplugin.NodeName(cfg.NodeName),
-		kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir),
-		kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir),
+		append(plugin.HelperOptions(),
+			kubeletplugin.DriverName(slices.DriverName),
+			kubeletplugin.KubeClient(client),
+			kubeletplugin.NodeName(cfg.NodeName),
+			kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir),
+			kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir),
+		)...,
 	)
 	if err != nil {
 		return fmt.Errorf("start the kubelet plugin: %w", err)

@@ -110,12 +110,25 @@ func New(cfg Config, inv *inventory.Inventory, specs *claimspec.Writer, log logr
 	return &Plugin{cfg: cfg, inv: inv, specs: specs, log: log, fatal: fatal, prepared: prepared}, nil
 }
 
+// HelperOptions are the kubeletplugin options the plugin must be served
+// with. The helper's own serialization is off: the plugin guards its state
+// itself, and with the helper's lock a prepare waiting for the first scan
+// would hold up every unprepare (and every other prepare) until kubelet's
+// deadline, although unprepare needs no devices.
+func HelperOptions() []kubeletplugin.Option {
+	return []kubeletplugin.Option{kubeletplugin.Serialize(false)}
+}
+
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin. Kubelet may
 // call it as soon as the helper registers, before discovery has finished
 // its first scan: it waits for that scan (or ctx), because judging claims by
 // the empty unscanned snapshot would refuse every claim as "no such device".
 func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	// Wait before taking mu, so that Unprepare is not held up meanwhile.
+	// Wait before taking mu, so that Unprepare is not held up meanwhile
+	// (nor by the helper: see HelperOptions).
+	if snap, _ := p.inv.Current(); !snap.Scanned {
+		p.log.Info("waiting for the first device scan before preparing claims", "claims", len(claims))
+	}
 	if _, ok := p.inv.WaitScanned(ctx); !ok {
 		return nil, fmt.Errorf("prepare claims: no device scan has finished yet, so there are no devices to check them against: %w", ctx.Err())
 	}

@@ -103,11 +103,18 @@ func (h *host) start() *driver {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), log))
-	helper, err := kubeletplugin.Start(ctx, p,
+	return h.serve(p)
+}
+
+// serve serves p behind the real helper, with the options dra.Run uses,
+// and connects to it as kubelet does.
+func (h *host) serve(p *plugin.Plugin) *driver {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), testr.New(h.t)))
+	helper, err := kubeletplugin.Start(ctx, p, append(plugin.HelperOptions(),
 		kubeletplugin.DriverName(draslices.DriverName), kubeletplugin.KubeClient(h.kube), kubeletplugin.NodeName(node),
 		kubeletplugin.PluginDataDirectoryPath(h.dataDir), kubeletplugin.RegistrarDirectoryPath(h.regDir),
-		kubeletplugin.GRPCVerbosity(-1))
+		kubeletplugin.GRPCVerbosity(-1))...)
 	if err != nil {
 		cancel()
 		h.t.Fatalf("starting the kubelet plugin helper: %v", err)
@@ -433,6 +440,74 @@ func TestPrepareBeforeTheFirstScanWaitsForIt(t *testing.T) {
 	}
 	if got := r.res[c.UID]; got.Err != nil || len(got.Devices) != 1 {
 		t.Fatalf("claim on a present device prepared before the first scan: %+v", got)
+	}
+}
+
+// The same through the helper, as kubelet calls it: a NodePrepareResources
+// waiting for the first scan does not hold up NodeUnprepareResources (the
+// helper's own serialization would, until kubelet's deadline).
+func TestUnprepareDoesNotWaitBehindAPrepareWaitingForTheFirstScan(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	scanned, _ := h.inv.Current()
+	h.inv = inventory.New(16)
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan struct{})
+	var once sync.Once
+	log := funcr.New(func(_, args string) {
+		if strings.Contains(args, "waiting for the first device scan") {
+			once.Do(func() { close(waiting) })
+		}
+	}, funcr.Options{})
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, DevRoot: h.devRoot, Policy: draslices.DefaultRequestPolicy()},
+		h.inv, specs, log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := h.serve(p)
+	c := h.claim(16, "udma0")
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	type answer struct {
+		resp *drapb.NodePrepareResourcesResponse
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := d.client.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref(c)}})
+		done <- answer{resp, err}
+	}()
+	select {
+	case <-waiting:
+	case a := <-done:
+		t.Fatalf("prepared before the first scan without waiting for it: %v, %+v", a.err, a.resp)
+	}
+
+	// Far below the prepare's minute: a call queued behind it fails here.
+	unCtx, unCancel := context.WithTimeout(ctx, 20*time.Second)
+	defer unCancel()
+	un, err := d.client.NodeUnprepareResources(unCtx, &drapb.NodeUnprepareResourcesRequest{
+		Claims: []*drapb.Claim{{Namespace: "x", Name: "y", Uid: "uid-other"}},
+	})
+	if err != nil || un.Claims["uid-other"] == nil || un.Claims["uid-other"].Error != "" {
+		t.Fatalf("NodeUnprepareResources while a prepare waits for the first scan: %v, %+v", err, un)
+	}
+	select {
+	case a := <-done:
+		t.Fatalf("the prepare ended before the first scan: %v, %+v", a.err, a.resp)
+	default:
+	}
+
+	h.inv.Publish(*scanned)
+	a := <-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if r := a.resp.Claims[string(c.UID)]; r == nil || r.Error != "" || len(r.Devices) != 1 {
+		t.Fatalf("claim prepared after the first scan: %+v", r)
 	}
 }
 
