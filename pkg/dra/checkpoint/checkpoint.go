@@ -50,6 +50,9 @@ type Device struct {
 	ShareID string `json:"shareID,omitempty"`
 	// Jetties is the consumed capacity.
 	Jetties int64 `json:"jetties"`
+	// AdminAccess marks a share of an admin-access request, which the
+	// scheduler does not count as allocated; nor does the budget.
+	AdminAccess bool `json:"adminAccess,omitempty"`
 	// CDIDeviceIDs are what NodePrepareResources answered.
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
 }

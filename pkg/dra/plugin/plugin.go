@@ -26,6 +26,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/devpath"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
@@ -181,7 +182,9 @@ func (p *Plugin) prepare(claim *resourceapi.ResourceClaim, snap *inventory.Snaps
 		if err != nil {
 			return nil, err
 		}
-		inUse[share.URMADevice] += share.Jetties
+		if !share.AdminAccess {
+			inUse[share.URMADevice] += share.Jetties
+		}
 		shares = append(shares, share)
 	}
 	if len(shares) == 0 {
@@ -245,12 +248,15 @@ func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReq
 	jetties := q.Value()
 	// The last line of defense against over-allocation: the scheduler
 	// accounts capacity, but a device that shrank or a stale allocation
-	// must not push the node past its budget.
-	if budget := int64(d.Budget.Available); inUse[d.Name]+jetties > budget {
+	// must not push the node past its budget. It accounts as the scheduler
+	// does, which does not count admin-access results: counting them would
+	// refuse claims the scheduler placed beside them.
+	admin := ptr.Deref(r.AdminAccess, false)
+	if budget := int64(d.Budget.Available); !admin && inUse[d.Name]+jetties > budget {
 		return checkpoint.Device{}, fmt.Errorf("%s: %d jetties requested, %d of %d already prepared on %s", where, jetties, inUse[d.Name], budget, d.Name)
 	}
 	share := checkpoint.Device{
-		Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, URMADevice: d.Name, Jetties: jetties,
+		Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, URMADevice: d.Name, Jetties: jetties, AdminAccess: admin,
 	}
 	if r.ShareID != nil {
 		share.ShareID = string(*r.ShareID)
@@ -311,7 +317,7 @@ func resultOf(shares []checkpoint.Device) []kubeletplugin.Device {
 }
 
 // jettiesInUse sums the prepared jetties per URMA device, but for the
-// claim except (which is being prepared anew).
+// claim except (which is being prepared anew) and admin-access shares.
 func (p *Plugin) jettiesInUse(except string) map[string]int64 {
 	out := map[string]int64{}
 	for uid, c := range p.prepared {
@@ -319,7 +325,9 @@ func (p *Plugin) jettiesInUse(except string) map[string]int64 {
 			continue
 		}
 		for _, d := range c.Devices {
-			out[d.URMADevice] += d.Jetties
+			if !d.AdminAccess {
+				out[d.URMADevice] += d.Jetties
+			}
 		}
 	}
 	return out

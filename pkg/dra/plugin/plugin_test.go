@@ -1195,3 +1195,41 @@ func TestPrepareRefusesATolerantClaimOnADeviceWithoutItsNode(t *testing.T) {
 		t.Fatalf("refused claims left %d CDI specs", len(entries))
 	}
 }
+
+// The scheduler does not count the capacity an admin-access result
+// consumes (it "is not considered as allocated"), so neither does the
+// budget check at prepare: otherwise a claim the scheduler placed beside an
+// admin's debug claim is refused and its pod stays in ContainerCreating,
+// and an admin claim on a device whose budget is taken is refused although
+// admin access exists to reach devices in use. This holds across a restart.
+func TestAdminAccessSharesDoNotCountAgainstTheBudget(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	d := h.start()
+	admin := func(jetties int64) *resourceapi.ResourceClaim {
+		c := h.claim(jetties, "udma0")
+		c.Status.Allocation.Devices.Results[0].AdminAccess = ptr.To(true)
+		c, err := h.kube.ResourceV1().ResourceClaims("default").UpdateStatus(context.Background(), c, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	debug := admin(1000)
+	if r := d.prepare(t, debug).Claims[string(debug.UID)]; r == nil || r.Error != "" {
+		t.Fatalf("admin-access claim: %+v", r)
+	}
+	d.stop()
+	d = h.start()
+	whole := h.claim(1008, "udma0")
+	if r := d.prepare(t, whole).Claims[string(whole.UID)]; r == nil || r.Error != "" {
+		t.Fatalf("the whole budget beside an admin-access claim, after a restart: %+v", r)
+	}
+	late := admin(16)
+	if r := d.prepare(t, late).Claims[string(late.UID)]; r == nil || r.Error != "" {
+		t.Fatalf("admin-access claim on a device whose budget is taken: %+v", r)
+	}
+	over := h.claim(1, "udma0")
+	if r := d.prepare(t, over).Claims[string(over.UID)]; r == nil || !strings.Contains(r.Error, "1008 of 1008 already prepared") {
+		t.Fatalf("a claim beyond the budget: %+v, want a refusal counting only the regular claim", r)
+	}
+}
