@@ -81,6 +81,13 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	if name == "" {
 		return admission.Allowed("pod names no UrmaEndpoint")
 	}
+	if _, mirror := pod.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+		// The kubelet runs the static pod from its manifest; a patch here
+		// reaches no container, and would only make the mirror pod show
+		// flags, jetty units (which the scheduler counts against the node)
+		// or claims the static pod does not have.
+		return admission.Allowed("mirror pod of a static pod: the webhook cannot change what the kubelet runs")
+	}
 	ns := req.Namespace
 	if ns == "" {
 		ns = pod.Namespace
