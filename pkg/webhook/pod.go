@@ -303,6 +303,9 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 	}
 	flagsFile := path.Join(v1alpha1.FlagsMountPath, v1alpha1.ConfigMapKeyFlags)
 	found := map[string]bool{}
+	// mounted: some URMA container mounts the VolumeName volume (the
+	// webhook's, or one the pod brought).
+	mounted := false
 	// The app containers come first, so that the init containers that run
 	// alone know the claim they share (DRA).
 	shared := ""
@@ -320,6 +323,9 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{
 					Name: VolumeName, MountPath: v1alpha1.FlagsMountPath, ReadOnly: true,
 				})
+			}
+			if slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == VolumeName }) {
+				mounted = true
 			}
 			if !in.NoFlags && !hasEnv(c, v1alpha1.EnvFlagsFile) {
 				c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: flagsFile})
@@ -353,8 +359,10 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 		}
 	}
 	// The hash says the pod runs on these flags (the endpoint's
-	// podsOnCurrentFlags counts it): not when no container got them.
-	if in.Hash != "" && len(found) > 0 {
+	// podsOnCurrentFlags counts it): not when no container got them, nor
+	// when the pod's own volume of our name (kept, as anything the pod
+	// set) is not the endpoint's ConfigMap.
+	if in.Hash != "" && mounted && isEndpointConfigMap(pod, in.Endpoint) {
 		if pod.Annotations == nil {
 			pod.Annotations = map[string]string{}
 		}
@@ -367,6 +375,17 @@ func hasVolume(pod *corev1.Pod, name string) bool {
 	for _, v := range pod.Spec.Volumes {
 		if v.Name == name {
 			return true
+		}
+	}
+	return false
+}
+
+// isEndpointConfigMap reports whether the pod's VolumeName volume is the
+// ConfigMap of the endpoint.
+func isEndpointConfigMap(pod *corev1.Pod, endpoint string) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == VolumeName {
+			return v.ConfigMap != nil && v.ConfigMap.Name == v1alpha1.ConfigMapName(endpoint)
 		}
 	}
 	return false
