@@ -466,7 +466,8 @@ func isSidecar(c *corev1.Container) bool {
 
 // jettyClaims finds the pod's claims that already ask for URMA jetties:
 // those from the endpoint's template, and those from a template of the
-// pod's namespace with a request of the URMA DeviceClass. A claim the pod
+// pod's namespace with a request of the URMA DeviceClass, read from the API
+// server when the cache does not have it yet. A claim the pod
 // names directly (resourceClaimName) is not read, since the operator may
 // not read ResourceClaims: name its pod entry urma-* for it to count.
 func (p *PodInjector) jettyClaims(ctx context.Context, ns string, pod *corev1.Pod, own string) (map[string]bool, error) {
@@ -480,13 +481,20 @@ func (p *PodInjector) jettyClaims(ctx context.Context, ns string, pod *corev1.Po
 			out[rc.Name] = true
 			continue
 		}
+		// A template applied with the pod's workload may not be in the
+		// cache yet: read it from the API server then.
 		var tmpl resourceapi.ResourceClaimTemplate
-		err := p.Reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: *t}, &tmpl)
+		key := client.ObjectKey{Namespace: ns, Name: *t}
+		err := p.Reader.Get(ctx, key, &tmpl)
+		found := err == nil
 		if apierrors.IsNotFound(err) {
-			continue // the pod cannot start without it, whatever it asks for
+			found, err = p.uncached(ctx, "ResourceClaimTemplate", key, &tmpl)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("get ResourceClaimTemplate %s/%s of pod claim %s: %w", ns, *t, rc.Name, err)
+			return nil, fmt.Errorf("get ResourceClaimTemplate %s of pod claim %s: %w", key, rc.Name, err)
+		}
+		if !found {
+			continue // the pod cannot start without it, whatever it asks for
 		}
 		out[rc.Name] = requestsJettyClass(&tmpl.Spec.Spec)
 	}
