@@ -19,6 +19,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // Version is the format version written; a file of another version is an
@@ -72,8 +73,45 @@ func checksum(c Claims) (string, error) {
 	return hex.EncodeToString(sum[:]), nil
 }
 
-// Load reads the checkpoint at path; a missing file is an empty set.
+// tempPrefix and tempSuffix frame the names of Save's temporary files
+// (os.CreateTemp puts random digits between them).
+func tempPrefix(path string) string { return "." + filepath.Base(path) + "." }
+
+const tempSuffix = ".tmp"
+
+// removeLeftovers removes temporary files a Save that crashed before its
+// rename left next to path: nothing else removes them. Only one driver
+// runs per node, so no Save is under way while Load runs at start.
+func removeLeftovers(path string) error {
+	dir, prefix := filepath.Dir(path), tempPrefix(path)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list %s for leftover temporary checkpoints: %w", dir, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || len(name) <= len(prefix)+len(tempSuffix) ||
+			!strings.HasPrefix(name, prefix) || !strings.HasSuffix(name, tempSuffix) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove leftover temporary checkpoint: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Load reads the checkpoint at path; a missing file is an empty set. It
+// first removes temporary files an interrupted Save left in path's
+// directory.
 func Load(path string) (Claims, error) {
+	if err := removeLeftovers(path); err != nil {
+		return nil, err
+	}
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Claims{}, nil
@@ -115,7 +153,7 @@ func Save(path string, claims Claims) error {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}
 	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	tmp, err := os.CreateTemp(dir, tempPrefix(path)+"*"+tempSuffix)
 	if err != nil {
 		return fmt.Errorf("write checkpoint into %s: %w", dir, err)
 	}

@@ -111,3 +111,54 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// A crash between creating Save's temporary file and renaming it leaves the
+// file behind; the next Load (at start) removes such leftovers, and only
+// those: other files in the directory and the checkpoint itself stay.
+func TestLoadRemovesLeftoverTemporaryFiles(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		checkpoint bool // whether a checkpoint exists besides the leftovers
+	}{
+		{"with a checkpoint", true},
+		{"without a checkpoint", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, checkpoint.FileName)
+			if tc.checkpoint {
+				if err := checkpoint.Save(path, sample()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			leftovers := []string{".checkpoint.json.123456.tmp", ".checkpoint.json.9.tmp"}
+			kept := []string{"dra.sock", "checkpoint.json.broken", ".checkpoint.json.tmp", ".other.json.1.tmp", "x.checkpoint.json.1.tmp"}
+			for _, name := range append(append([]string{}, leftovers...), kept...) {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte("{"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Mkdir(filepath.Join(dir, ".checkpoint.json.7.tmp"), 0o750); err != nil {
+				t.Fatal(err)
+			}
+			kept = append(kept, ".checkpoint.json.7.tmp") // not a file Save writes
+			got, err := checkpoint.Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.checkpoint && !reflect.DeepEqual(got, sample()) {
+				t.Fatalf("loaded %+v, want %+v", got, sample())
+			}
+			for _, name := range leftovers {
+				if _, err := os.Lstat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+					t.Errorf("leftover %s still there after Load (%v)", name, err)
+				}
+			}
+			for _, name := range kept {
+				if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
+					t.Errorf("%s was removed by Load: %v", name, err)
+				}
+			}
+		})
+	}
+}
