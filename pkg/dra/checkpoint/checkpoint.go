@@ -11,6 +11,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -59,17 +60,23 @@ type Device struct {
 }
 
 type file struct {
-	Version  int    `json:"version"`
-	Checksum string `json:"checksum"`
-	Claims   Claims `json:"claims"`
+	Version  int             `json:"version"`
+	Checksum string          `json:"checksum"`
+	Claims   json.RawMessage `json:"claims"`
 }
 
-func checksum(c Claims) (string, error) {
-	data, err := json.Marshal(c) // map keys are sorted: stable
-	if err != nil {
+// checksum is taken over the claims' JSON as it is in the file, compacted,
+// not over the claims decoded and encoded again: a field a newer driver
+// added (this one ignores it when decoding) must not fail the checksum
+// after a downgrade. Save writes Marshal's output, which Compact leaves
+// unchanged, so files written before the checksum was taken this way verify
+// too.
+func checksum(claimsJSON []byte) (string, error) {
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, claimsJSON); err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(data)
+	sum := sha256.Sum256(compact.Bytes())
 	return hex.EncodeToString(sum[:]), nil
 }
 
@@ -126,8 +133,12 @@ func Load(path string) (Claims, error) {
 	if f.Version != Version {
 		return nil, fmt.Errorf("checkpoint %s has version %d, this driver reads version %d", path, f.Version, Version)
 	}
-	if f.Claims == nil {
-		f.Claims = Claims{}
+	var claims Claims
+	if err := json.Unmarshal(f.Claims, &claims); err != nil {
+		return nil, fmt.Errorf("checkpoint %s is not valid JSON (left in place for inspection): %w", path, err)
+	}
+	if claims == nil {
+		claims = Claims{}
 	}
 	want, err := checksum(f.Claims)
 	if err != nil {
@@ -136,7 +147,7 @@ func Load(path string) (Claims, error) {
 	if f.Checksum != want {
 		return nil, fmt.Errorf("checkpoint %s fails its checksum (corrupted or edited; left in place for inspection)", path)
 	}
-	return f.Claims, nil
+	return claims, nil
 }
 
 // Save replaces the checkpoint at path atomically.
@@ -144,11 +155,15 @@ func Save(path string, claims Claims) error {
 	if claims == nil {
 		claims = Claims{}
 	}
-	sum, err := checksum(claims)
+	claimsJSON, err := json.Marshal(claims)
+	if err != nil {
+		return fmt.Errorf("encode checkpoint: %w", err)
+	}
+	sum, err := checksum(claimsJSON)
 	if err != nil {
 		return fmt.Errorf("checksum checkpoint: %w", err)
 	}
-	data, err := json.MarshalIndent(file{Version: Version, Checksum: sum, Claims: claims}, "", "  ")
+	data, err := json.MarshalIndent(file{Version: Version, Checksum: sum, Claims: claimsJSON}, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}

@@ -1,6 +1,10 @@
 package checkpoint_test
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -158,6 +162,115 @@ func TestLoadRemovesLeftoverTemporaryFiles(t *testing.T) {
 				if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
 					t.Errorf("%s was removed by Load: %v", name, err)
 				}
+			}
+		})
+	}
+}
+
+// writtenByV1 is a checkpoint as Save wrote it before the checksum was
+// taken over the file's bytes; such files must keep loading.
+const writtenByV1 = `{
+  "version": 1,
+  "checksum": "c321b819acbf153a8a26b6e34f47cd28d1eded4d20d66f6b46906eed7e0c1b90",
+  "claims": {
+    "uid-1": {
+      "namespace": "ns",
+      "name": "c1",
+      "devices": [
+        {
+          "requests": [
+            "jetties"
+          ],
+          "pool": "node-1",
+          "device": "udma0",
+          "urmaDevice": "udma0",
+          "shareID": "share-1",
+          "jetties": 100,
+          "cdiDeviceIDs": [
+            "urma.openeuler.org/claim=uid-1-udma0"
+          ]
+        }
+      ]
+    },
+    "uid-2": {
+      "namespace": "ns",
+      "name": "c\u003c2\u003e\u0026",
+      "devices": [
+        {
+          "requests": [
+            "a",
+            "b"
+          ],
+          "pool": "node-1",
+          "device": "udma1",
+          "urmaDevice": "udma1",
+          "jetties": 0,
+          "adminAccess": true,
+          "cdiDeviceIDs": [
+            "urma.openeuler.org/claim=uid-2-udma1"
+          ]
+        }
+      ]
+    }
+  }
+}
+`
+
+func writtenByV1Claims() checkpoint.Claims {
+	c := sample()
+	c["uid-2"] = checkpoint.Claim{Namespace: "ns", Name: "c<2>&", Devices: []checkpoint.Device{{
+		Requests: []string{"a", "b"}, Pool: "node-1", Device: "udma1", URMADevice: "udma1", AdminAccess: true,
+		CDIDeviceIDs: []string{"urma.openeuler.org/claim=uid-2-udma1"},
+	}}}
+	return c
+}
+
+// withChecksumOverClaims sets the checksum of a checkpoint to the one over
+// its claims' compacted bytes, as a driver writing fields this one does not
+// know would.
+func withChecksumOverClaims(t *testing.T, content string) string {
+	t.Helper()
+	var f map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(content), &f); err != nil {
+		t.Fatal(err)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, f["claims"]); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(compact.Bytes())
+	f["checksum"], _ = json.Marshal(hex.EncodeToString(sum[:]))
+	out, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// A downgraded driver must read what a newer one wrote as long as the
+// version is the same: fields it does not know are ignored, not a checksum
+// failure. Files the earlier code wrote keep loading.
+func TestLoadAcceptsFieldsItDoesNotKnow(t *testing.T) {
+	withUnknown := strings.NewReplacer(
+		`"name": "c1",`, `"name": "c1", "futureClaimField": {"x": [1, 2.5]},`,
+		`"jetties": 100,`, `"jetties": 100, "futureDeviceField": "y",`,
+	).Replace(writtenByV1)
+	for _, tc := range []struct{ name, content string }{
+		{"written by the earlier code", writtenByV1},
+		{"unknown fields in a claim and a device", withChecksumOverClaims(t, withUnknown)},
+		{"re-indented", withChecksumOverClaims(t, writtenByV1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), checkpoint.FileName)
+			if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, err := checkpoint.Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := writtenByV1Claims(); !reflect.DeepEqual(got, want) {
+				t.Fatalf("loaded %+v, want %+v", got, want)
 			}
 		})
 	}
