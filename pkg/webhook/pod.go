@@ -279,8 +279,10 @@ type Injection struct {
 //   - volume VolumeName from the endpoint's ConfigMap (not with NoFlags);
 //   - in each URMA container (the named ones, init containers included, or
 //     every container when none are named): the volume mounted read-only
-//     at /etc/urma and URMA_FLAGS_FILE=/etc/urma/urma.flags (not with
-//     NoFlags), and JettyUnits of
+//     at /etc/urma, unless it mounts that volume or anything at /etc/urma
+//     already, and URMA_FLAGS_FILE naming urma.flags in its mount of the
+//     volume, /etc/urma/urma.flags by default (not with NoFlags), and
+//     JettyUnits of
 //     urma.openeuler.org/jetty (request = limit, as extended resources
 //     require) unless the container already asks for some. Kubelet
 //     allocates devices per container, so each needs its own request;
@@ -301,7 +303,6 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 			}},
 		})
 	}
-	flagsFile := path.Join(v1alpha1.FlagsMountPath, v1alpha1.ConfigMapKeyFlags)
 	found := map[string]bool{}
 	// mounted: some URMA container mounts the VolumeName volume (the
 	// webhook's, or one the pod brought).
@@ -328,7 +329,9 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 				mounted = true
 			}
 			if !in.NoFlags && !hasEnv(c, v1alpha1.EnvFlagsFile) {
-				c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: flagsFile})
+				if file := flagsFile(c); file != "" {
+					c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: file})
+				}
 			}
 			if in.ClaimTemplate != "" {
 				sidecar := group.init && isSidecar(c)
@@ -391,13 +394,41 @@ func isEndpointConfigMap(pod *corev1.Pod, endpoint string) bool {
 	return false
 }
 
+// hasMount reports whether c mounts the VolumeName volume, or anything at
+// FlagsMountPath. Paths are compared cleaned: "/etc/urma/" is the same
+// mount point, which the API server (comparing strings) lets through twice,
+// so the container would get two mounts there, one hiding the other.
 func hasMount(c *corev1.Container) bool {
 	for _, m := range c.VolumeMounts {
-		if m.Name == VolumeName || m.MountPath == v1alpha1.FlagsMountPath {
+		if m.Name == VolumeName || path.Clean(m.MountPath) == v1alpha1.FlagsMountPath {
 			return true
 		}
 	}
 	return false
+}
+
+// flagsFile is where container c (after the mount is added) finds the
+// flags: under its mount of the VolumeName volume, wherever the pod put
+// it; else under FlagsMountPath, where the pod mounts flags of its own.
+// It is "" when c mounts only another key of the volume (subPath), or one
+// that only the kubelet resolves (subPathExpr): no file to name.
+func flagsFile(c *corev1.Container) string {
+	for _, m := range c.VolumeMounts {
+		if m.Name != VolumeName {
+			continue
+		}
+		switch {
+		case m.SubPathExpr != "":
+			return ""
+		case m.SubPath == "":
+			return path.Join(m.MountPath, v1alpha1.ConfigMapKeyFlags)
+		case path.Clean(m.SubPath) == v1alpha1.ConfigMapKeyFlags:
+			return path.Clean(m.MountPath)
+		default:
+			return ""
+		}
+	}
+	return path.Join(v1alpha1.FlagsMountPath, v1alpha1.ConfigMapKeyFlags)
 }
 
 func hasEnv(c *corev1.Container, name string) bool {

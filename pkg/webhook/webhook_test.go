@@ -125,6 +125,44 @@ func TestInject(t *testing.T) {
 					t.Errorf("mounts %+v, want data and the flags", m)
 				}
 			}},
+		{name: "a mount at /etc/urma/ is the one at /etc/urma: no second mount, the flags file under it", hash: "abc", mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "own", MountPath: "/etc/urma/"}}
+		}, want: map[string]string{"app": "3"},
+			check: func(t *testing.T, p *corev1.Pod) {
+				c := p.Spec.Containers[0]
+				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "own" {
+					t.Errorf("mounts %+v, want only the pod's own at /etc/urma/", c.VolumeMounts)
+				}
+				if len(c.Env) != 1 || c.Env[0].Value != "/etc/urma/urma.flags" {
+					t.Errorf("env %+v, want URMA_FLAGS_FILE=/etc/urma/urma.flags", c.Env)
+				}
+			}},
+		{name: "the flags volume mounted elsewhere: URMA_FLAGS_FILE names the file there", hash: "abc", mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: VolumeName, MountPath: "/opt/flags/", ReadOnly: true}}
+			p.Spec.Containers[1].VolumeMounts = []corev1.VolumeMount{{Name: VolumeName, MountPath: "/cfg/urma.flags", SubPath: "urma.flags"}}
+			p.Spec.InitContainers[0].VolumeMounts = []corev1.VolumeMount{{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "hash"}}
+		}, want: map[string]string{"init": "3", "app": "3", "side": "3"},
+			check: func(t *testing.T, p *corev1.Pod) {
+				for _, c := range []struct {
+					ctr  corev1.Container
+					want []corev1.EnvVar
+				}{
+					{p.Spec.Containers[0], []corev1.EnvVar{{Name: "URMA_FLAGS_FILE", Value: "/opt/flags/urma.flags"}}},
+					{p.Spec.Containers[1], []corev1.EnvVar{{Name: "URMA_FLAGS_FILE", Value: "/cfg/urma.flags"}}},
+					// Another key of the volume: no flags file to name.
+					{p.Spec.InitContainers[0], nil},
+				} {
+					if len(c.ctr.VolumeMounts) != 1 {
+						t.Errorf("%s: mounts %+v, want only the pod's own", c.ctr.Name, c.ctr.VolumeMounts)
+					}
+					if !slices.Equal(c.ctr.Env, c.want) {
+						t.Errorf("%s: env %+v, want %+v", c.ctr.Name, c.ctr.Env, c.want)
+					}
+				}
+				if p.Annotations[v1alpha1.AnnotationFlagsHash] != "abc" {
+					t.Errorf("annotations %v", p.Annotations)
+				}
+			}},
 		{name: "a container that only requests jetties is left as it is", hash: "abc", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers[1].Resources.Requests = corev1.ResourceList{nodefacts.ResourceName: resource.MustParse("2")}
 		}, want: map[string]string{"init": "3", "app": "3"},
