@@ -54,6 +54,8 @@ func (r *UrmaEndpointReconciler) applyClaimTemplate(ctx context.Context, ep *v1a
 	case apierrors.IsNotFound(err):
 	case err != nil:
 		return fmt.Errorf("get ResourceClaimTemplate %s: %w", name, err)
+	case v1alpha1.ControlledByPredecessor(&cur, ep):
+		return fmt.Errorf("ResourceClaimTemplate %s: %w", name, errAwaitingGC)
 	case !metav1.IsControlledBy(&cur, ep):
 		r.event(ep, nil, corev1.EventTypeWarning, EventClaimTemplateConflict, "Render",
 			"ResourceClaimTemplate %s is not controlled by this endpoint; not touching it", name)

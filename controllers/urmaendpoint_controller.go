@@ -153,6 +153,10 @@ func (r *UrmaEndpointReconciler) reconcile(ctx context.Context, req ctrl.Request
 	if applyErr != nil {
 		return ctrl.Result{}, fmt.Errorf("reconcile %s: %w", req, applyErr)
 	}
+	if errors.Is(templateErr, errAwaitingGC) {
+		log.FromContext(ctx).V(1).Info("an earlier endpoint's ResourceClaimTemplate awaits garbage collection; retrying", "error", templateErr.Error())
+		return ctrl.Result{RequeueAfter: GarbageCollectionRetry}, nil
+	}
 	if errors.Is(templateErr, errCacheBehind) {
 		log.FromContext(ctx).V(1).Info("ResourceClaimTemplate not in the cache yet; retrying", "error", templateErr.Error())
 		return ctrl.Result{RequeueAfter: time.Second}, nil
@@ -167,6 +171,17 @@ func (r *UrmaEndpointReconciler) reconcile(ctx context.Context, req ctrl.Request
 // ResourceClaimTemplate name is taken by someone else looks again (a
 // foreign object's deletion sends the endpoint no event).
 const ConflictRetry = 2 * time.Minute
+
+// GarbageCollectionRetry is how soon an endpoint whose ConfigMap or
+// ResourceClaimTemplate name is still held by the object of an earlier
+// endpoint of its name looks again. That object's deletion usually wakes
+// the endpoint first (owned objects map to their owner by name).
+const GarbageCollectionRetry = 5 * time.Second
+
+// errAwaitingGC marks an object of the endpoint's name controlled by an
+// earlier endpoint of that name: the garbage collector deletes it, so it
+// is not rendered yet rather than a conflict, and it is not touched.
+var errAwaitingGC = errors.New("an earlier UrmaEndpoint of this name controls it; waiting for the garbage collector to delete it")
 
 // render applies the ConfigMap and returns the status that describes it.
 // Whatever goes wrong, the existing ConfigMap is left as it is.
@@ -197,6 +212,11 @@ func (r *UrmaEndpointReconciler) render(ctx context.Context, ep *v1alpha1.UrmaEn
 		setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonConfigMapConflict, fmt.Sprintf(
 			"ConfigMap %s exists and is not managed by this endpoint; delete or rename it", st.ConfigMapName))
 		applyErr, result = nil, ctrl.Result{RequeueAfter: ConflictRetry}
+	case errors.Is(applyErr, errAwaitingGC):
+		// Not rendered yet, as the webhook tells the pods: nothing for
+		// the user to delete or rename.
+		log.FromContext(ctx).V(1).Info("an earlier endpoint's ConfigMap awaits garbage collection; retrying", "error", applyErr.Error())
+		applyErr, result = nil, ctrl.Result{RequeueAfter: GarbageCollectionRetry}
 	case applyErr != nil:
 		setCondition(&st, ep, v1alpha1.ConditionReady, false, v1alpha1.ReasonApplyFailed, applyErr.Error())
 	default:
@@ -268,6 +288,9 @@ func (r *UrmaEndpointReconciler) applyUncached(ctx context.Context, ep *v1alpha1
 // name taken (see applyUncached).
 func (r *UrmaEndpointReconciler) applyConfigMap(ctx context.Context, ep *v1alpha1.UrmaEndpoint, current *corev1.ConfigMap, pl plan.Plan) error {
 	name := v1alpha1.ConfigMapName(ep.Name)
+	if current != nil && v1alpha1.ControlledByPredecessor(current, ep) {
+		return fmt.Errorf("ConfigMap %s: %w", name, errAwaitingGC)
+	}
 	if current != nil && !metav1.IsControlledBy(current, ep) {
 		r.event(ep, nil, corev1.EventTypeWarning, EventConflict, "Render",
 			"ConfigMap %s is not controlled by this endpoint; not touching it", name)

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"strings"
+
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -42,6 +44,16 @@ const ClaimTemplateSuffix = "-urma-jetties"
 // ClaimTemplateName is the ResourceClaimTemplate of the endpoint named
 // endpoint: one request for its jettyBudget jetties (DRA driver).
 func ClaimTemplateName(endpoint string) string { return endpoint + ClaimTemplateSuffix }
+
+// ControlledByPredecessor reports whether obj is controlled by an earlier
+// UrmaEndpoint of ep's name (deleted and created again, so another UID).
+// The garbage collector deletes such an object: until then it is neither
+// ep's nor someone else's conflicting one.
+func ControlledByPredecessor(obj metav1.Object, ep *UrmaEndpoint) bool {
+	ref := metav1.GetControllerOfNoCopy(obj)
+	return ref != nil && ref.Kind == "UrmaEndpoint" && ref.Name == ep.Name && ref.UID != ep.UID &&
+		strings.HasPrefix(ref.APIVersion, GroupVersion.Group+"/")
+}
 
 // Objective is what a workload optimises for.
 // +kubebuilder:validation:Enum=Latency;Throughput;Balanced

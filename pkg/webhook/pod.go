@@ -210,9 +210,7 @@ func ownership(obj client.Object, found bool, ep *v1alpha1.UrmaEndpoint) objectO
 		return absent
 	case metav1.IsControlledBy(obj, ep):
 		return controlled
-	}
-	if ref := metav1.GetControllerOfNoCopy(obj); ref != nil && ref.Kind == "UrmaEndpoint" && ref.Name == ep.Name &&
-		strings.HasPrefix(ref.APIVersion, v1alpha1.GroupVersion.Group+"/") {
+	case v1alpha1.ControlledByPredecessor(obj, ep):
 		return absent
 	}
 	return foreign
