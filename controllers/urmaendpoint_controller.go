@@ -472,7 +472,8 @@ func (r *UrmaEndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// The DRA driver's facts are in its slices; a slice changes with
 		// health and hot-plug, which is exactly what retunes endpoints.
 		b = b.Owns(&resourceapi.ResourceClaimTemplate{}).
-			Watches(&resourceapi.ResourceSlice{}, handler.EnqueueRequestsFromMapFunc(r.allEndpoints))
+			Watches(&resourceapi.ResourceSlice{}, handler.EnqueueRequestsFromMapFunc(r.allEndpoints),
+				builder.WithPredicates(ownDriverSlices()))
 	}
 	return b.Named("urmaendpoint").Complete(r)
 }

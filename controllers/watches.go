@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 )
 
@@ -90,4 +92,15 @@ func (r *UrmaEndpointReconciler) allEndpoints(ctx context.Context, _ client.Obje
 		out[i] = reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: ep.Name}}
 	}
 	return out
+}
+
+// ownDriverSlices passes the events of the URMA DRA driver's ResourceSlices
+// only: each one wakes every endpoint, and other drivers' slices (a GPU
+// driver's change with every health update) say nothing about URMA devices.
+// A slice's driver cannot change, so old and new agree on updates.
+func ownDriverSlices() predicate.Predicate {
+	return predicate.NewPredicateFuncs(func(o client.Object) bool {
+		s, ok := o.(*resourceapi.ResourceSlice)
+		return ok && s.Spec.Driver == draslices.DriverName
+	})
 }
