@@ -136,7 +136,7 @@ func TestLoadRemovesLeftoverTemporaryFiles(t *testing.T) {
 				}
 			}
 			leftovers := []string{".checkpoint.json.123456.tmp", ".checkpoint.json.9.tmp"}
-			kept := []string{"dra.sock", "checkpoint.json.broken", ".checkpoint.json.tmp", ".other.json.1.tmp", "x.checkpoint.json.1.tmp"}
+			kept := []string{"dra.sock", "checkpoint.json.broken", ".checkpoint.json.tmp", ".checkpoint.json..tmp", ".other.json.1.tmp", "x.checkpoint.json.1.tmp"}
 			for _, name := range append(append([]string{}, leftovers...), kept...) {
 				if err := os.WriteFile(filepath.Join(dir, name), []byte("{"), 0o600); err != nil {
 					t.Fatal(err)
