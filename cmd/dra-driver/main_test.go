@@ -7,14 +7,16 @@ import (
 	"testing"
 )
 
+// withNode is an environment that names the node and nothing else.
+func withNode(k string) string {
+	if k == "NODE_NAME" {
+		return "node-1"
+	}
+	return ""
+}
+
 func TestRunRejectsBadInvocations(t *testing.T) {
 	noEnv := func(string) string { return "" }
-	withNode := func(k string) string {
-		if k == "NODE_NAME" {
-			return "node-1"
-		}
-		return ""
-	}
 	for _, tc := range []struct {
 		name   string
 		args   []string
@@ -42,12 +44,6 @@ func TestRunRejectsBadInvocations(t *testing.T) {
 // Bad values must be refused before the driver touches the host or the API
 // server; the directories point into a temporary one in case they are not.
 func TestRunRejectsBadValues(t *testing.T) {
-	withNode := func(k string) string {
-		if k == "NODE_NAME" {
-			return "node-1"
-		}
-		return ""
-	}
 	for _, tc := range []struct {
 		name string
 		args []string

@@ -140,7 +140,6 @@ func poll(t *testing.T, what string, f func() error) {
 }
 
 func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
-	envtestAssets(t)
 	te := &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
@@ -150,15 +149,7 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 			LocalServingHostExternalName: "localhost",
 		},
 	}
-	cfg, err := te.Start()
-	if err != nil {
-		t.Fatalf("start envtest: %v", err)
-	}
-	defer func() {
-		if err := te.Stop(); err != nil {
-			t.Errorf("stop envtest: %v", err)
-		}
-	}()
+	cfg := startEnvtest(t, te)
 	scheme := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(scheme)
 	_ = v1alpha1.AddToScheme(scheme)
@@ -427,17 +418,8 @@ func TestRunStoppedWhileWaitingForCertificatesIsClean(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.repeatControllers = true
-	envtestAssets(t)
 	te := &envtest.Environment{}
-	cfg, err := te.Start()
-	if err != nil {
-		t.Fatalf("start envtest: %v", err)
-	}
-	defer func() {
-		if err := te.Stop(); err != nil {
-			t.Errorf("stop envtest: %v", err)
-		}
-	}()
+	cfg := startEnvtest(t, te)
 	// The operator's namespace does not exist: creating the certificate
 	// Secret fails, and is retried, until the test stops the operator.
 	retrying := make(chan struct{})
@@ -460,4 +442,21 @@ func TestRunStoppedWhileWaitingForCertificatesIsClean(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("run after a stop while waiting for certificates = %v, want nil (exit 0)", err)
 	}
+}
+
+// startEnvtest starts te with the project's envtest binaries and stops it
+// once the test and its other cleanups are done.
+func startEnvtest(t *testing.T, te *envtest.Environment) *rest.Config {
+	t.Helper()
+	envtestAssets(t)
+	cfg, err := te.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := te.Stop(); err != nil {
+			t.Errorf("stop envtest: %v", err)
+		}
+	})
+	return cfg
 }
