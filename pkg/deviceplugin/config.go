@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
@@ -173,19 +172,13 @@ func (c *Config) Validate() error {
 		if len(c.Server.CDIStrategies) > 0 {
 			errs = append(errs, errors.New("a CDI strategy is set but CDI mode is off: add --cdi"))
 		}
-		var given []string
-		if c.cdiDirGiven {
-			given = append(given, "--cdi-spec-dir")
-		}
-		if c.cdiKindGiven {
-			given = append(given, "--cdi-kind")
-		}
-		switch len(given) {
-		case 0:
-		case 1:
-			errs = append(errs, fmt.Errorf("%s is set but CDI mode is off: add --cdi", given[0]))
-		default:
-			errs = append(errs, fmt.Errorf("%s are set but CDI mode is off: add --cdi", strings.Join(given, ", ")))
+		for _, f := range []struct {
+			name  string
+			given bool
+		}{{"--cdi-spec-dir", c.cdiDirGiven}, {"--cdi-kind", c.cdiKindGiven}} {
+			if f.given {
+				errs = append(errs, fmt.Errorf("%s is set but CDI mode is off: add --cdi", f.name))
+			}
 		}
 	}
 	return errors.Join(errs...)

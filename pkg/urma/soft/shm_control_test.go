@@ -79,11 +79,7 @@ func TestShmPeerHangsUpBeforeSegMapped(t *testing.T) {
 	waitUntil(t, "the device to adopt the connection", func() bool { return len(p.conns()) == 1 })
 	c := p.conns()[0]
 	dev := c.io.(*shmIO)
-	mem, err := urma.AllocMemory(4096)
-	mustOK(t, err, "alloc")
-	t.Cleanup(func() { _ = mem.Free() })
-	ro, err := reopenReadOnly(mem.Fd())
-	mustOK(t, err, "reopen")
+	ro := readOnlyMemfd(t)
 	defer unix.Close(ro)
 
 	dev.pull.mapMu.RLock() // the device cannot map, so cannot answer, until released
@@ -142,11 +138,7 @@ func TestShmUnmapWaitsForRoom(t *testing.T) {
 			// Hold b's control reader in the SEG_MAP of another handle (it
 			// maps under mapMu), then fill a's socket to b with SEG_UNMAPs
 			// of a handle b refused, which b ignores, until it takes no more.
-			mem, err := urma.AllocMemory(4096)
-			mustOK(t, err, "alloc")
-			t.Cleanup(func() { _ = mem.Free() })
-			ro, err := reopenReadOnly(mem.Fd())
-			mustOK(t, err, "reopen")
+			ro := readOnlyMemfd(t)
 			defer unix.Close(ro)
 			const blocker, filler = 1000, 999
 			sb.pull.mapMu.RLock()
@@ -177,4 +169,16 @@ func TestShmUnmapWaitsForRoom(t *testing.T) {
 			alive(t, pb.conns()[0])
 		})
 	}
+}
+
+// readOnlyMemfd is a read-only descriptor of a sealed 4 KiB memfd, as a
+// SEG_MAP carries one; the caller closes it, the memory goes with the test.
+func readOnlyMemfd(t *testing.T) int {
+	t.Helper()
+	mem, err := urma.AllocMemory(4096)
+	mustOK(t, err, "alloc")
+	t.Cleanup(func() { _ = mem.Free() })
+	fd, err := reopenReadOnly(mem.Fd())
+	mustOK(t, err, "reopen")
+	return fd
 }

@@ -1586,14 +1586,7 @@ func TestShmUnmapOfRefusedOrRetiredHandle(t *testing.T) {
 		mustOK(t, unix.Ftruncate(fd, 4096), "size memfd")
 		return fd
 	}
-	sealed := func(t *testing.T) int {
-		mem, err := urma.AllocMemory(4096)
-		mustOK(t, err, "alloc")
-		t.Cleanup(func() { _ = mem.Free() })
-		fd, err := reopenReadOnly(mem.Fd())
-		mustOK(t, err, "reopen")
-		return fd
-	}
+	sealed := readOnlyMemfd
 	type msg struct {
 		typ    uint8
 		handle uint32
