@@ -3,9 +3,14 @@
 package liburma
 
 import (
+	"errors"
 	"fmt"
+	"math"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -179,5 +184,73 @@ func TestFlushKeepsTheRestOfTheBatch(t *testing.T) {
 	}
 	if fmt.Sprint(have) != fmt.Sprint(want) {
 		t.Errorf("poll:\n got %q\nwant %q", have, want)
+	}
+}
+
+// udma's urma_flush_jetty returns at most the records asked for, and
+// liburma's own check fails with -status; a count beyond the array, or a
+// negative one, must neither be converted (the shim ran past its arrays,
+// and Poll handed out records liburma never wrote) nor be logged and
+// forgotten (the sends it did not return never complete, and a caller
+// waits for them). Poll delivers the records taken before it, then the
+// error, naming urma_flush_jetty and the count.
+func TestFlushRejectsBadCount(t *testing.T) {
+	const depth = 4 // urma_flush_jetty is asked for this many records
+	for _, tc := range []struct {
+		name  string
+		count int32
+	}{
+		{"one more than asked", depth + 1},
+		{"beyond the array", 1000},
+		{"liburma's error", -int32(syscall.EINVAL)},
+		{"most negative", math.MinInt32},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := providerOfFake(t, "fakeurma") // the miscount stays in this fake
+			a, b := openFlushPeer(t, p, "udma0", depth), openFlushPeer(t, p, "udma1", 4)
+			target := importPeer(t, a, b)
+			// B posts no receive: send 1 waits (RNR, forever), and the rest
+			// are left for urma_flush_jetty.
+			for i := range depth {
+				if err := a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: uint64(i + 1)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			count := tc.count
+			if err := p.lib.fakeHook("fakeurma_miscount_flush", unsafe.Pointer(&count)); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.jetty.SetError(); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			var errs []error
+			out := make([]urma.Completion, 8)
+			for range 100 {
+				n, err := a.jfc.Poll(out)
+				if err != nil {
+					errs = append(errs, err)
+					if n != 0 {
+						t.Errorf("Poll returned %d records with its error %v", n, err)
+					}
+				}
+				for _, c := range out[:n] {
+					got = append(got, fmt.Sprintf("send %d %v", c.UserCtx, c.Status))
+				}
+				if n == 0 && err == nil {
+					break
+				}
+			}
+			// Send 1 was handled by the device, and its record came from
+			// the JFC; the sends urma_flush_jetty took are lost.
+			want := []string{"send 1 WR_FLUSH_ERR", "send 0 WR_FLUSH_ERR_DONE"}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("polled %q, want %q", got, want)
+			}
+			wantMsg := fmt.Sprintf("urma_flush_jetty returned %d", tc.count)
+			if len(errs) != 1 || !errors.Is(errs[0], urma.ErrFail) || !strings.Contains(errs[0].Error(), wantMsg) {
+				t.Errorf("Poll errors %v; want one ErrFail saying %q", errs, wantMsg)
+			}
+		})
 	}
 }

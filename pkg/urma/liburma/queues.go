@@ -279,8 +279,9 @@ type jfc struct {
 	crs     [crBatch]C.shim_cr // what urma_poll_jfc returned, being taken
 	flushed [crBatch]C.shim_cr // what urma_flush_jetty returned: not crs, which a flush interrupts
 	pending []urma.Completion  // records made by flushing, not yet polled
-	pollErr error              // a failed poll's error, held for after the records taken before it
+	pollErr error              // a failed poll's or flush's error, held for after the records taken before it
 	perr    C.int              // shim_poll's error out-parameter: a field, so it never escapes
+	ferr    C.int              // shim_flush_jetty's: not perr, which a flush interrupts
 
 	ackMu     sync.Mutex // guards the event counts and the C pointer for Ack
 	events    uint64     // events JFCE.Wait returned for this JFC
@@ -357,8 +358,9 @@ func (q *jfc) ID() uint32 { return q.id }
 
 // Poll takes up to len(out) records, oldest first. It returns records or
 // an error, never both: a caller that checks the error first would drop
-// the records. When urma_poll_jfc fails, the records taken before the
-// failure come first, and the error with the Poll after them.
+// the records. When urma_poll_jfc or a flush it sets off fails, the
+// records taken before the failure come first, and the error with the
+// Poll after them.
 func (q *jfc) Poll(out []urma.Completion) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -382,18 +384,28 @@ func (q *jfc) Poll(out []urma.Completion) (int, error) {
 			n = q.take(&q.crs[i], out, n)
 		}
 		if q.perr != 0 {
-			err := urma.Errorf("poll_jfc", urma.CodeFail, "urma_poll_jfc returned %d (asked for %d records)", int(q.perr), want)
-			if n == 0 {
-				return 0, err
-			}
-			q.pollErr = err
-			return n, nil
+			q.hold(urma.Errorf("poll_jfc", urma.CodeFail, "urma_poll_jfc returned %d (asked for %d records)", int(q.perr), want))
 		}
-		if k < want {
+		if q.pollErr != nil || k < want {
 			break
 		}
 	}
+	if q.pollErr != nil && n == 0 {
+		err := q.pollErr
+		q.pollErr = nil
+		return 0, err
+	}
 	return n, nil
+}
+
+// hold keeps err for the Poll after the records taken before it; q.mu is
+// held.
+func (q *jfc) hold(err error) {
+	if q.pollErr == nil {
+		q.pollErr = err
+		return
+	}
+	q.pollErr = errors.Join(q.pollErr, err)
 }
 
 // emit hands one record to the caller or, when out is full, keeps it.
@@ -486,14 +498,17 @@ func (q *jfc) toError(j *jetty) {
 // flush collects the requests liburma never handled, as WR_FLUSH_ERR.
 // urma_flush_jetty fails with EINVAL when asked for more records than the
 // jetty's SQ depth (core/urma_cp_api.c), so each call asks for at most that.
+// When it fails, or returns more records than asked for, the sends it did
+// not return never complete: Poll reports that as its error, after the
+// records taken before it, so the caller does not wait for them.
 func (q *jfc) flush(j *jetty, out []urma.Completion, n int) int {
 	want := int(min(j.sqDepth, crBatch))
 	for {
-		k := int(C.shim_flush_jetty(q.ctx.lib.c, j.c, C.int(want), &q.flushed[0]))
-		if k < 0 {
-			// liburma returns -status here.
-			q.ctx.prov.log.Error(statusErr("flush_jetty", C.int(-k), "flush jetty %d", j.id.ID),
-				"sends the jetty never started get no completion")
+		k := int(C.shim_flush_jetty(q.ctx.lib.c, j.c, C.int(want), &q.flushed[0], &q.ferr))
+		if q.ferr != 0 {
+			q.hold(urma.Errorf("flush_jetty", urma.CodeFail,
+				"urma_flush_jetty returned %d (asked for %d records) flushing jetty %d: the sends it never started have no completion",
+				int(q.ferr), want, j.id.ID))
 			return n
 		}
 		for i := range k {

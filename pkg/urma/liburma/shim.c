@@ -453,13 +453,21 @@ static void put_cr(shim_cr *o, const urma_cr_t *c)
  * hot path allocates nothing. */
 #define CR_BATCH 32
 
-int shim_flush_jetty(shim_lib *l, struct urma_jetty *j, int n, shim_cr *out)
+int shim_flush_jetty(shim_lib *l, struct urma_jetty *j, int n, shim_cr *out, int *err)
 {
     urma_cr_t crs[CR_BATCH];
     if (n > CR_BATCH) {
         n = CR_BATCH;
     }
+    *err = 0;
     int k = l->urma_flush_jetty(j, n, crs);
+    if (k < 0 || k > n) {
+        /* Negative is liburma's error (-status, core/urma_cp_api.c); more
+         * than n is a count udma never returns (udma_u_flush_jetty stops
+         * at cr_cnt), and converting it would run past crs and out. */
+        *err = k;
+        return 0;
+    }
     for (int i = 0; i < k; i++) {
         put_cr(&out[i], &crs[i]);
     }

@@ -127,7 +127,10 @@ struct urma_jetty *shim_create_jetty(shim_lib *l, struct urma_context *c, const 
                                      struct urma_jfc *send_jfc, struct urma_jfr *jfr, shim_id *id, int *err);
 int shim_delete_jetty(shim_lib *l, struct urma_jetty *j);
 int shim_jetty_to_error(shim_lib *l, struct urma_jetty *j);
-int shim_flush_jetty(shim_lib *l, struct urma_jetty *j, int n, shim_cr *out);
+/* shim_flush_jetty returns the records it put in out, at most n; *err is
+ * urma_flush_jetty's return when that was negative (an error) or more than
+ * n, and there are no records then. */
+int shim_flush_jetty(shim_lib *l, struct urma_jetty *j, int n, shim_cr *out, int *err);
 
 struct urma_target_jetty *shim_import_jetty(shim_lib *l, struct urma_context *c, const shim_id *id, uint32_t mode,
                                             uint32_t token, int *err);

@@ -46,6 +46,9 @@
  *    and returns -1 (-UDMA_INTER_ERR) with those records in cr;
  *  - fakeurma_overcount_wait makes the next urma_wait_jfc return more
  *    events than it wrote, as liburma passes on the kernel's count;
+ *  - fakeurma_miscount_flush makes the next urma_flush_jetty return a
+ *    count of the test's choice (beyond cr_cnt, or negative) instead of
+ *    the records it wrote, which udma never does;
  *  - fakeurma_fail_delete fails the next call of one delete, unimport or
  *    unregister function, which leaves its object alive, of
  *    urma_uninit, which leaves liburma initialised, or of
@@ -722,6 +725,36 @@ int fakeurma_bad_cqe(void *jfc)
     return 0;
 }
 
+/* miscount is the count the next call of a function returns instead of
+ * the records it wrote, when armed (fakeurma_miscount_flush); mu guards
+ * it. */
+typedef struct {
+    int armed, count;
+} miscount_t;
+static miscount_t flush_miscount;
+
+static int arm_miscount(miscount_t *m, void *count)
+{
+    if (count == NULL) {
+        return EINVAL;
+    }
+    pthread_mutex_lock(&mu);
+    m->armed = 1;
+    m->count = *(int *)count;
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+/* recount returns the armed miscount in place of k, once; mu is held */
+static int recount(miscount_t *m, int k)
+{
+    if (!m->armed) {
+        return k;
+    }
+    m->armed = 0;
+    return m->count;
+}
+
 int urma_poll_jfc(urma_jfc_t *jfc, int cr_cnt, urma_cr_t *cr)
 {
     fjfc_t *q = (fjfc_t *)jfc;
@@ -1332,6 +1365,15 @@ int fakeurma_error_jetty(void *jetty)
     return 0;
 }
 
+/* fakeurma_miscount_flush makes the next urma_flush_jetty that passes
+ * liburma's checks return *(int *)count whatever it wrote: more records
+ * than cr_cnt, or a negative count. The requests it wrote are consumed. A
+ * test hook. */
+int fakeurma_miscount_flush(void *count)
+{
+    return arm_miscount(&flush_miscount, count);
+}
+
 int urma_flush_jetty(urma_jetty_t *jetty, int cr_cnt, urma_cr_t *cr)
 {
     fjetty_t *j = (fjetty_t *)jetty;
@@ -1353,6 +1395,7 @@ int urma_flush_jetty(urma_jetty_t *jetty, int cr_cnt, urma_cr_t *cr)
         cr[k].remote_id.id = w->target->base.id.id;
         k++;
     }
+    k = recount(&flush_miscount, k);
     pthread_mutex_unlock(&mu);
     return k;
 }
