@@ -3,7 +3,11 @@
 package liburma
 
 import (
+	"errors"
+	"fmt"
+	"math"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -72,6 +76,67 @@ func TestPollErrorKeepsRecordsBeforeIt(t *testing.T) {
 			}
 			if !slices.Equal(got, want) || errs != 1 {
 				t.Errorf("polled sends %v and %d errors; want %v and one error", got, errs, want)
+			}
+		})
+	}
+}
+
+// urma_poll_jfc returns at most the records asked for, or -1 (liburma's
+// checks, and -UDMA_INTER_ERR from udma's poll). Any other count is none
+// liburma gives: Poll must not read past what was asked for, nor trust the
+// records of such a call (the -1 convention, records before the first
+// unwritten status, holds for -1 only), and reports an error naming
+// urma_poll_jfc and the count, with no records beside it.
+func TestPollRejectsBadCount(t *testing.T) {
+	const outLen = 4 // urma_poll_jfc is asked for this many records
+	for _, tc := range []struct {
+		name  string
+		count int32
+	}{
+		{"one more than asked", outLen + 1},
+		{"beyond the array", 1000},
+		{"negative, not -1", -2},
+		{"most negative", math.MinInt32},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newPairEndsOn(t, providerOfFake(t, "fakeurma"), urma.RM) // the miscount stays in this fake
+			for i := range 2 {
+				if err := e.bjfr.PostRecv(&urma.RecvWR{UserCtx: uint64(i), SGEs: []urma.SGE{{Segment: e.bseg, Len: 8}}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.ajetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: e.target,
+					UserCtx: uint64(i + 1), SGEs: []urma.SGE{{Segment: e.aseg, Len: 8}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			count := tc.count
+			if err := e.actx.(*devContext).lib.fakeHook("fakeurma_miscount_poll", unsafe.Pointer(&count)); err != nil {
+				t.Fatal(err)
+			}
+			var got []uint64
+			var errs []error
+			out := make([]urma.Completion, outLen)
+			for range 100 {
+				n, err := e.ajfc.Poll(out)
+				if err != nil {
+					errs = append(errs, err)
+					if n != 0 {
+						t.Errorf("Poll returned %d records with its error %v", n, err)
+					}
+				}
+				for _, c := range out[:n] {
+					got = append(got, c.UserCtx)
+				}
+				if n == 0 && err == nil {
+					break
+				}
+			}
+			if len(got) != 0 {
+				t.Errorf("Poll delivered records %v of a call that returned %d", got, tc.count)
+			}
+			wantMsg := fmt.Sprintf("urma_poll_jfc returned %d (asked for %d records)", tc.count, outLen)
+			if len(errs) != 1 || !errors.Is(errs[0], urma.ErrFail) || !strings.Contains(errs[0].Error(), wantMsg) {
+				t.Errorf("Poll errors %v; want one ErrFail saying %q", errs, wantMsg)
 			}
 		})
 	}

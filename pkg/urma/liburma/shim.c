@@ -625,6 +625,11 @@ int shim_post_recv(shim_lib *l, struct urma_jfr *r, const shim_recv *in)
  * parsed by the poll. */
 #define CR_UNWRITTEN ((urma_cr_status_t)0x7fffffff)
 
+/* POLL_ERR is urma_poll_jfc's only error: -1 from liburma's own checks
+ * (core/urma_dp_api.c) and -UDMA_INTER_ERR, which is -1, from udma's poll
+ * (hw/udma/udma_u_jfc.c udma_u_poll_jfc). */
+#define POLL_ERR (-1)
+
 int shim_poll(shim_lib *l, struct urma_jfc *q, int n, shim_cr *out, int *err)
 {
     urma_cr_t crs[CR_BATCH];
@@ -636,11 +641,13 @@ int shim_poll(shim_lib *l, struct urma_jfc *q, int n, shim_cr *out, int *err)
     }
     *err = 0;
     int k = l->urma_poll_jfc(q, n, crs);
-    if (k > n) {
-        *err = k; /* a count beyond the array: none of it can be trusted */
+    if (k > n || k < POLL_ERR) {
+        /* A count beyond the array, or a negative one liburma never
+         * returns: none of it can be trusted. */
+        *err = k;
         return 0;
     }
-    if (k < 0) {
+    if (k == POLL_ERR) {
         /* udma_u_poll_jfc (hw/udma/udma_u_jfc.c:822-847) fails the whole
          * call on a CQE it cannot parse, after consuming it and the records
          * before it, which are in crs. It writes a record's status last and

@@ -149,8 +149,9 @@ int shim_unimport_seg(shim_lib *l, struct urma_target_seg *s);
 int shim_post_send(shim_lib *l, struct urma_jetty *j, struct urma_target_jetty *t, const shim_send *wr);
 int shim_post_recv(shim_lib *l, struct urma_jfr *r, const shim_recv *wr);
 /* shim_poll returns the records it put in out; *err is urma_poll_jfc's
- * return when that was an error (negative) or more than n, and the records
- * are then those the failed call had taken already. */
+ * return when that was an error (negative) or more than n. On its error,
+ * -1, the records are those the failed call had taken already; on any
+ * other negative count or one above n there are none. */
 int shim_poll(shim_lib *l, struct urma_jfc *q, int n, shim_cr *out, int *err);
 int shim_rearm(shim_lib *l, struct urma_jfc *q, int solicited_only);
 int shim_wait(shim_lib *l, struct urma_jfce *e, int n, int timeout_ms, struct urma_jfc **out, int *err);

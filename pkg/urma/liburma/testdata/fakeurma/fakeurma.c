@@ -46,9 +46,10 @@
  *    and returns -1 (-UDMA_INTER_ERR) with those records in cr;
  *  - fakeurma_overcount_wait makes the next urma_wait_jfc return more
  *    events than it wrote, as liburma passes on the kernel's count;
- *  - fakeurma_miscount_flush makes the next urma_flush_jetty return a
- *    count of the test's choice (beyond cr_cnt, or negative) instead of
- *    the records it wrote, which udma never does;
+ *  - fakeurma_miscount_poll and fakeurma_miscount_flush make the next
+ *    urma_poll_jfc or urma_flush_jetty return a count of the test's choice
+ *    (beyond cr_cnt, or negative) instead of the records it wrote, which
+ *    udma never does;
  *  - fakeurma_fail_delete fails the next call of one delete, unimport or
  *    unregister function, which leaves its object alive, of
  *    urma_uninit, which leaves liburma initialised, or of
@@ -726,12 +727,12 @@ int fakeurma_bad_cqe(void *jfc)
 }
 
 /* miscount is the count the next call of a function returns instead of
- * the records it wrote, when armed (fakeurma_miscount_flush); mu guards
- * it. */
+ * the records it wrote, when armed (fakeurma_miscount_poll,
+ * fakeurma_miscount_flush); mu guards it. */
 typedef struct {
     int armed, count;
 } miscount_t;
-static miscount_t flush_miscount;
+static miscount_t poll_miscount, flush_miscount;
 
 static int arm_miscount(miscount_t *m, void *count)
 {
@@ -753,6 +754,14 @@ static int recount(miscount_t *m, int k)
     }
     m->armed = 0;
     return m->count;
+}
+
+/* fakeurma_miscount_poll makes the next urma_poll_jfc return *(int *)count
+ * whatever it wrote: more records than cr_cnt, or a negative count other
+ * than -1, its error. The records it wrote are consumed. A test hook. */
+int fakeurma_miscount_poll(void *count)
+{
+    return arm_miscount(&poll_miscount, count);
 }
 
 int urma_poll_jfc(urma_jfc_t *jfc, int cr_cnt, urma_cr_t *cr)
@@ -782,6 +791,7 @@ int urma_poll_jfc(urma_jfc_t *jfc, int cr_cnt, urma_cr_t *cr)
         cr[k] = *r;
         unfilled(&cr[k++]);
     }
+    k = recount(&poll_miscount, k);
     pthread_mutex_unlock(&mu);
     return k;
 }
