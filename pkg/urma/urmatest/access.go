@@ -1,6 +1,7 @@
 package urmatest
 
 import (
+	"errors"
 	"testing"
 	"unsafe"
 
@@ -150,8 +151,10 @@ func accessName(a urma.Access) string {
 }
 
 // An SGE past its segment, or on another context's segment, never touches
-// memory: the work request fails with an error (at post or as LOC_ACCESS /
-// LOC_LEN), and the peer receives nothing.
+// memory: the work request fails, at post with ErrInval or as a LOC_ACCESS
+// / LOC_LEN completion, and the peer receives nothing. Any other error at
+// post would tell the caller something else (a full queue, a closed
+// object) and is wrong.
 func testSGEOutOfBounds(t *testing.T, pr Pair) {
 	const size = 64 << 10
 	a := open(t, pr.A, pr.DeviceA, epConfig{MemSize: size})
@@ -173,18 +176,24 @@ func testSGEOutOfBounds(t *testing.T, pr Pair) {
 			j := a.newJetty()
 			a.own(j)
 			err := j.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target, UserCtx: uint64(i), SGEs: []urma.SGE{c.sge(a, b)}})
-			if err == nil {
+			switch {
+			case err == nil:
 				if c := wait(t, a.sendJFC, 1, waitTimeout)[0]; !statusIn(c.Status, urma.StatusLocAccess, urma.StatusLocLen) || c.UserCtx != uint64(i) {
 					t.Errorf("send with a bad SGE completed as %+v, want LOC_ACCESS or LOC_LEN", c)
 				}
+			case !errors.Is(err, urma.ErrInval):
+				t.Errorf("send with a bad SGE refused with %v, want ErrInval", err)
 			}
 		})
 		t.Run("recv/"+c.name, func(t *testing.T) {
 			err := b.jfr.PostRecv(&urma.RecvWR{UserCtx: uint64(i), SGEs: []urma.SGE{c.sge(b, a)}})
-			if err == nil {
+			switch {
+			case err == nil:
 				if c := wait(t, b.recvJFC, 1, waitTimeout)[0]; !statusIn(c.Status, urma.StatusLocAccess, urma.StatusLocLen) || c.UserCtx != uint64(i) || !c.Recv {
 					t.Errorf("receive with a bad SGE completed as %+v, want LOC_ACCESS or LOC_LEN", c)
 				}
+			case !errors.Is(err, urma.ErrInval):
+				t.Errorf("receive with a bad SGE refused with %v, want ErrInval", err)
 			}
 		})
 	}
