@@ -56,15 +56,21 @@ type pullState struct {
 	byHandle   map[uint32]*share
 	nextHandle uint32
 	ctlClosed  bool // the unix socket is closed: send nothing on it
-	// unmaps are the handles whose SEG_UNMAP found the unix socket full,
-	// in order: sendUnmaps sends them, waiting for room, while unmapping
-	// is set (unmapper counts it). A lost SEG_UNMAP would leave the peer
-	// mapping memory this side unregistered, and counting it against
-	// maxPeerSegments, for the connection's life.
-	unmaps    []uint32
-	unmapping bool
-	unmapper  sync.WaitGroup
-	unmapErr  error // why sendUnmaps gave up on a live socket
+	// queued are the SEG_UNMAPs and SEG_MAPPED answers that found the unix
+	// socket full, in order: sendQueued sends them, waiting for room, while
+	// sending is set (sender counts it). Neither unregistering nor the
+	// control reader may wait for room: two readers that each waited to
+	// answer the other's SEG_MAPs, each socket full of its own side's,
+	// would wait for each other for good. A lost SEG_UNMAP would leave
+	// the peer mapping memory this side unregistered, and counting it
+	// against maxPeerSegments, for the connection's life; a lost answer
+	// would leave the peer copying from that segment. answers counts the
+	// SEG_MAPPEDs among queued (maxQueuedAnswers).
+	queued  []shmSegMsg
+	answers int
+	sending bool
+	sender  sync.WaitGroup
+	ctlErr  error // why sendQueued gave up on a live socket
 
 	// Receiving: the peer's segments this side mapped, by handle. Readers
 	// hold mapMu while they copy, so an unmap waits for them.
@@ -156,54 +162,92 @@ func (s *shmIO) unshare(seg *segment) {
 	}
 	delete(p.shared, seg)
 	delete(p.byHandle, sh.handle)
-	if p.ctlClosed || sh.failed {
-		return // a dead peer needs no word
+	if sh.failed {
+		return // the peer never mapped it
 	}
-	if !p.unmapping {
-		// Unregistering must not block on the peer: try now, and leave
-		// what does not fit to sendUnmaps.
-		err := sendUnmap(s.ctlFd, sh.handle, unix.MSG_DONTWAIT)
-		if err == nil || peerHungUp(err) {
-			return // sent, or the connection is going and the mapping with it
-		}
-		p.unmapping = true
-		p.unmapper.Add(1)
-		go s.sendUnmaps()
-	}
-	p.unmaps = append(p.unmaps, sh.handle)
+	// Unregistering must not block on the peer: what does not fit now
+	// waits in the queue. A hung-up peer takes its mapping with it.
+	_ = s.sendCtlLocked(shmSegMsg{typ: shmMsgSegUnmap, handle: sh.handle})
 }
 
-// sendUnmaps sends the queued SEG_UNMAPs in order, each waiting for room in
-// the unix socket (a blocking send, as the answer to a SEG_MAP is), until
-// none is left or the socket breaks. shutdown wakes it; close waits for it.
-func (s *shmIO) sendUnmaps() {
+// sendCtlLocked sends m, which carries no descriptor, on the unix socket
+// without waiting for room: at once when nothing is queued and the socket
+// has room, else after what is queued, by sendQueued. It fails only when
+// the peer hung up (peerHungUp: nothing to send to) or, for an answer,
+// when the peer leaves more than maxQueuedAnswers of them unread. The
+// caller holds shareMu.
+func (s *shmIO) sendCtlLocked(m shmSegMsg) error {
 	p := &s.pull
-	defer p.unmapper.Done()
+	if p.ctlClosed {
+		return nil // the connection is gone, and with it what m says
+	}
+	if !p.sending {
+		err := sendSeg(s.ctlFd, &m, unix.MSG_DONTWAIT)
+		if err == nil || peerHungUp(err) {
+			return err
+		}
+		// Full (EAGAIN), or short of memory: sendQueued waits and retries.
+		p.sending = true
+		p.sender.Add(1)
+		go s.sendQueued()
+	}
+	if m.typ == shmMsgSegMapped {
+		if p.answers >= maxQueuedAnswers {
+			return fmt.Errorf("peer leaves its shm socket unread: %d answers to its SEG_MAPs wait", p.answers)
+		}
+		p.answers++
+	}
+	p.queued = append(p.queued, m)
+	return nil
+}
+
+// maxQueuedAnswers bounds the answers to a peer's SEG_MAPs that wait for
+// it to read its socket. A peer's reader reads on while its answers wait
+// (they are queued too), so an honest peer leaves answers unread only for
+// the moment its reader is busy, far fewer than this; one that sends
+// SEG_MAPs and never reads would otherwise grow the queue without end.
+const maxQueuedAnswers = 4 * maxPeerSegments
+
+// sendQueued sends the queued control messages in order, each waiting for
+// room in the unix socket, until none is left or the socket breaks. It
+// runs apart from the control reader, which reads on meanwhile, so the
+// peer's reader is never kept waiting on this side. shutdown wakes it;
+// close waits for it.
+func (s *shmIO) sendQueued() {
+	p := &s.pull
+	defer p.sender.Done()
 	p.shareMu.Lock()
 	defer p.shareMu.Unlock()
-	for len(p.unmaps) > 0 && !p.ctlClosed {
-		handle := p.unmaps[0]
+	for len(p.queued) > 0 && !p.ctlClosed {
+		m := p.queued[0]
 		p.shareMu.Unlock()
-		err := sendUnmap(s.ctlFd, handle, 0)
+		err := sendSeg(s.ctlFd, &m, 0)
 		p.shareMu.Lock()
 		if err != nil {
 			if !peerHungUp(err) {
-				// The peer would keep the mapping: end the connection,
-				// and with it the mapping (watch reports why).
-				p.unmapErr = fmt.Errorf("send SEG_UNMAP: %w", err)
+				// The peer would keep a mapping, or wait for an answer:
+				// end the connection, and with it both (watch reports why).
+				what := "SEG_UNMAP"
+				if m.typ == shmMsgSegMapped {
+					what = "answer to SEG_MAP"
+				}
+				p.ctlErr = fmt.Errorf("send %s: %w", what, err)
 				_ = unix.Shutdown(s.ctlFd, unix.SHUT_RDWR)
 			}
 			break
 		}
-		p.unmaps = p.unmaps[1:]
+		p.queued = p.queued[1:]
+		if m.typ == shmMsgSegMapped {
+			p.answers--
+		}
 	}
-	p.unmaps, p.unmapping = nil, false
+	p.queued, p.answers, p.sending = nil, 0, false
 }
 
-// sendUnmap sends one SEG_UNMAP of handle with flags (MSG_DONTWAIT or 0).
-func sendUnmap(fd int, handle uint32, flags int) error {
+// sendSeg sends one SEG_UNMAP or SEG_MAPPED with flags (MSG_DONTWAIT or 0).
+func sendSeg(fd int, m *shmSegMsg, flags int) error {
 	var b [shmSegMsgLen]byte
-	msg := encodeShmSeg(b[:], &shmSegMsg{typ: shmMsgSegUnmap, handle: handle})
+	msg := encodeShmSeg(b[:], m)
 	for {
 		err := unix.Sendmsg(fd, msg, nil, nil, flags|unix.MSG_NOSIGNAL)
 		if !errors.Is(err, unix.EINTR) {
@@ -242,13 +286,15 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 		if err := s.mapPeerSegment(m.handle, m.length, fds[0]); err != nil {
 			status = 1 // refused: the peer sends by copy
 		}
-		var b [shmSegMsgLen]byte
-		reply := encodeShmSeg(b[:], &shmSegMsg{typ: shmMsgSegMapped, status: status, handle: m.handle})
-		if err := unix.Sendmsg(s.ctlFd, reply, nil, nil, unix.MSG_NOSIGNAL); err != nil {
+		// Never a blocking send: this goroutine must read on (sendCtlLocked).
+		p.shareMu.Lock()
+		err := s.sendCtlLocked(shmSegMsg{typ: shmMsgSegMapped, status: status, handle: m.handle})
+		p.shareMu.Unlock()
+		if err != nil {
 			if peerHungUp(err) {
 				return fmt.Errorf("peer closed its shm socket before the answer to its SEG_MAP: %w", err)
 			}
-			return fmt.Errorf("answer SEG_MAP: %w", err)
+			return err
 		}
 	case shmMsgSegMapped:
 		p.shareMu.Lock()

@@ -182,3 +182,97 @@ func readOnlyMemfd(t *testing.T) int {
 	mustOK(t, err, "reopen")
 	return fd
 }
+
+// Both sides sharing many segments with each other at once must not block
+// each other's control plane. Each side's control reader answers the
+// peer's SEG_MAPs on the same unix socket its own SEG_MAPs fill; a reader
+// that waited for room to answer would wait for the peer's reader, which
+// waits the same way for it: neither reads again, and no share on the
+// connection ever becomes ready. Here each side's reader is held (mapMu)
+// at its first SEG_MAP while its own side fills its small socket with
+// more, so that both readers must answer into a full socket at once.
+func TestShmSharingBothWaysAtOnce(t *testing.T) {
+	noLeaks(t)
+	pa, pb, _, a, b, _ := loggedShmPair(t)
+	sa, sb := pa.conns()[0].io.(*shmIO), pb.conns()[0].io.(*shmIO)
+	const segs = 64 // many more SEG_MAPs than the shrunk sockets take
+	sides := []struct {
+		s    *side
+		sio  *shmIO
+		segs []*segment
+	}{{s: a, sio: sa}, {s: b, sio: sb}}
+	for i := range sides {
+		x := &sides[i]
+		// The smallest buffer the kernel allows: a few messages fill it.
+		mustOK(t, unix.SetsockoptInt(x.sio.ctlFd, unix.SOL_SOCKET, unix.SO_SNDBUF, 1), "shrink the socket's send buffer")
+		for range segs {
+			mem, err := urma.AllocMemory(4096)
+			mustOK(t, err, "alloc")
+			t.Cleanup(func() { _ = mem.Free() })
+			seg, err := x.s.ctx.RegisterSegment(mem, urma.SegmentConfig{Access: urma.AccessRead, TokenPolicy: urma.TokenPlainText, Token: 99})
+			mustOK(t, err, "register")
+			t.Cleanup(func() { _ = seg.Close() })
+			x.segs = append(x.segs, seg.(*segment))
+		}
+	}
+
+	sa.pull.mapMu.RLock()
+	sb.pull.mapMu.RLock()
+	for _, x := range sides {
+		for _, seg := range x.segs {
+			x.sio.share(seg)
+		}
+	}
+	sent := func(sio *shmIO) (n int) {
+		sio.pull.shareMu.Lock()
+		defer sio.pull.shareMu.Unlock()
+		for _, sh := range sio.pull.shared {
+			if !sh.failed {
+				n++
+			}
+		}
+		return n
+	}
+	wantA, wantB := sent(sa), sent(sb)
+	t.Logf("%d and %d of %d SEG_MAPs fit the sockets", wantA, wantB, segs)
+	sa.pull.mapMu.RUnlock()
+	sb.pull.mapMu.RUnlock()
+	if wantA == segs || wantB == segs {
+		t.Fatalf("%d and %d of %d SEG_MAPs fit the sockets: the test must fill them", wantA, wantB, segs)
+	}
+
+	waitUntil(t, "every SEG_MAP sent to be answered, both ways", func() bool {
+		return pa.readyShares() == wantA && pb.readyShares() == wantB
+	})
+	alive(t, pa.conns()[0])
+	alive(t, pb.conns()[0])
+}
+
+// A peer that shares ever more segments and never reads the answers does
+// not hold the device's control reader, nor grow its queue of answers
+// without end: past maxQueuedAnswers the device drops the connection and
+// says why.
+func TestShmPeerNeverReadsItsAnswers(t *testing.T) {
+	noLeaks(t)
+	p, f, sink := loggedShmDeviceAndFakePeer(t)
+	waitUntil(t, "the device to adopt the connection", func() bool { return len(p.conns()) == 1 })
+	ro := readOnlyMemfd(t)
+	defer unix.Close(ro)
+	// A device whose reader waited to answer would stop reading: the
+	// peer's send then times out instead of hanging the test.
+	mustOK(t, unix.SetsockoptTimeval(f.ctlFd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &unix.Timeval{Sec: 10}), "send timeout")
+	msg := make([]byte, shmSegMsgLen)
+	for h := uint32(1); ; h++ {
+		encodeShmSeg(msg, &shmSegMsg{typ: shmMsgSegMap, handle: h, length: 4096})
+		err := unix.Sendmsg(f.ctlFd, msg, unix.UnixRights(ro), nil, unix.MSG_NOSIGNAL)
+		if peerHungUp(err) {
+			break // the device dropped the connection
+		}
+		mustOK(t, err, "send SEG_MAP (the device stopped reading?)")
+		if h > 1<<20 {
+			t.Fatalf("the device took %d SEG_MAPs without an answer read", h)
+		}
+	}
+	waitUntil(t, "the device to say why it dropped the connection", func() bool { return sink.has("answers to its SEG_MAPs wait") })
+	waitUntil(t, "the connection to close", func() bool { return len(p.conns()) == 0 })
+}

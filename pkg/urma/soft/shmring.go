@@ -1019,9 +1019,9 @@ func (s *shmIO) close() {
 		shared := slices.Collect(maps.Keys(s.pull.shared))
 		s.pull.shareMu.Unlock()
 		if s.ctlFd >= 0 {
-			_ = unix.Shutdown(s.ctlFd, unix.SHUT_RDWR) // wakes sendUnmaps, if shutdown did not
+			_ = unix.Shutdown(s.ctlFd, unix.SHUT_RDWR) // wakes sendQueued, if shutdown did not
 		}
-		s.pull.unmapper.Wait()       // it writes to ctlFd, closed below
+		s.pull.sender.Wait()         // it writes to ctlFd, closed below
 		for _, seg := range shared { // outside shareMu: unshareAll locks the segment first
 			seg.removeSharer(s)
 		}
@@ -1061,8 +1061,8 @@ func (s *shmIO) watch(c *conn) {
 		if err == nil && n == 0 {
 			err = errors.New("peer closed its shm socket")
 			s.pull.shareMu.Lock()
-			if s.pull.unmapErr != nil {
-				err = s.pull.unmapErr // sendUnmaps shut the socket down
+			if s.pull.ctlErr != nil {
+				err = s.pull.ctlErr // sendQueued shut the socket down
 			}
 			s.pull.shareMu.Unlock()
 		}
