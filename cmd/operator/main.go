@@ -101,8 +101,15 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return options{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	if o.webhookPort <= 0 || o.webhookPort > 65535 {
+	// The port is used only by the webhook server; a chart that turns
+	// webhooks off does not pass it.
+	if o.enableWebhooks && (o.webhookPort <= 0 || o.webhookPort > 65535) {
 		return options{}, fmt.Errorf("--webhook-port %d is not a port", o.webhookPort)
+	}
+	// Plain HTTP has no use for a certificate: the user who gave one expects
+	// HTTPS and would get an open /metrics without a word.
+	if !o.metricsSecure && o.metricsCertDir != "" {
+		return options{}, fmt.Errorf("--metrics-cert-dir %q needs HTTPS, but --metrics-secure=false serves /metrics over plain HTTP: drop one of the two flags", o.metricsCertDir)
 	}
 	if o.defaultJettiesPerUnit < 1 || o.defaultJettiesPerUnit > math.MaxUint32 {
 		return options{}, fmt.Errorf("--default-jetties-per-unit %d: want 1 to %d", o.defaultJettiesPerUnit, uint32(math.MaxUint32))

@@ -57,16 +57,31 @@ func TestParseFlags(t *testing.T) {
 		{name: "everything set", args: []string{"--leader-elect", "--enable-webhooks=false", "--webhook-port=1234",
 			"--metrics-bind-address=0", "--health-probe-bind-address=:9", "--cert-dir=/c", "--self-signed-certs=false",
 			"--namespace=ns", "--webhook-service=svc", "--cert-secret=sec", "--webhook-extra-dns-names=a, b,,c",
-			"--leader-election-namespace=le", "--default-jetties-per-unit=32", "--metrics-secure=false", "--metrics-cert-dir=/m"},
+			"--leader-election-namespace=le", "--default-jetties-per-unit=32", "--metrics-secure=false"},
 			check: func(t *testing.T, o options) {
 				if !o.leaderElect || o.enableWebhooks || o.webhookPort != 1234 || o.metricsAddr != "0" || o.probeAddr != ":9" ||
 					o.certDir != "/c" || o.selfSignedCerts || o.namespace != "ns" || o.webhookService != "svc" ||
 					o.certSecret != "sec" || strings.Join(o.extraDNSNames, "|") != "a|b|c" || o.leaderElectionNamespace != "le" ||
-					o.defaultJettiesPerUnit != 32 || o.metricsSecure || o.metricsCertDir != "/m" {
+					o.defaultJettiesPerUnit != 32 || o.metricsSecure {
 					t.Errorf("parsed: %+v", o)
 				}
 			}},
 		{name: "bad port", args: []string{"--webhook-port=70000"}, wantErr: "--webhook-port 70000 is not a port"},
+		{name: "zero port", args: []string{"--webhook-port=0"}, wantErr: "--webhook-port 0 is not a port"},
+		// No webhook server listens: the port is not used.
+		{name: "bad port unused without webhooks", args: []string{"--enable-webhooks=false", "--webhook-port=0"}, check: func(t *testing.T, o options) {
+			if o.enableWebhooks {
+				t.Errorf("webhooks on: %+v", o)
+			}
+		}},
+		{name: "metrics cert dir", args: []string{"--metrics-cert-dir=/m"}, check: func(t *testing.T, o options) {
+			if !o.metricsSecure || o.metricsCertDir != "/m" || metricsOptions(o).CertDir != "/m" {
+				t.Errorf("metrics: %+v", o)
+			}
+		}},
+		// A certificate for plain HTTP used to be dropped without a word.
+		{name: "metrics cert dir without HTTPS", args: []string{"--metrics-secure=false", "--metrics-cert-dir=/m"},
+			wantErr: `--metrics-cert-dir "/m" needs HTTPS, but --metrics-secure=false serves /metrics over plain HTTP`},
 		{name: "zero jetties per unit", args: []string{"--default-jetties-per-unit=0"}, wantErr: "--default-jetties-per-unit 0: want 1 to 4294967295"},
 		// The self-signed certificate names the Service and is kept in the
 		// Secret: names the API server refuses used to surface only after
