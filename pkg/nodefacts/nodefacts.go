@@ -153,7 +153,8 @@ func (f Facts) Annotations() map[string]string {
 // Parse turns a Node's annotations into Facts and validates them. It returns
 // ErrNoFacts when none of the keys is present, and otherwise an error naming
 // every key whose value is missing or malformed. Keys outside Prefix are
-// ignored.
+// ignored, and so are capability keys when the device count is 0: such a
+// node has no capabilities, whatever is left in them.
 func Parse(annotations map[string]string) (Facts, error) {
 	found := false
 	for _, k := range AnnotationKeys() {
@@ -169,26 +170,28 @@ func Parse(annotations map[string]string) (Facts, error) {
 	p := parser{annotations: annotations}
 	var f Facts
 	count := p.uint(AnnotationDeviceCount, 31, true)
+	countKnown := len(p.problems) == 0
 	f.DeviceCount = int(count)
 	f.Software = p.bool(AnnotationSoftware)
-	needCaps := count > 0
-	f.MaxJFSDepth = uint32(p.uint(AnnotationMaxJFSDepth, 32, needCaps))
-	f.MaxJFRDepth = uint32(p.uint(AnnotationMaxJFRDepth, 32, needCaps))
-	f.MaxJFCDepth = uint32(p.uint(AnnotationMaxJFCDepth, 32, needCaps))
-	f.MaxMsgSize = p.uint(AnnotationMaxMsgSize, 64, needCaps)
-	f.JettiesPerDevice = uint32(p.uint(AnnotationJettiesPerDevice, 32, needCaps))
-	f.JettiesPerUnit = uint32(p.uint(AnnotationJettiesPerUnit, 32, needCaps))
+	// Capabilities left over from when the node had devices (the device
+	// plugin deletes them; a hand edit leaves them) describe nothing on a
+	// node without devices: they are not read, so that a malformed one
+	// cannot make an empty node's facts unreadable. They are read when the
+	// count itself is bad, so that the error names every bad key at once.
+	if needCaps := count > 0; needCaps || !countKnown {
+		f.MaxJFSDepth = uint32(p.uint(AnnotationMaxJFSDepth, 32, needCaps))
+		f.MaxJFRDepth = uint32(p.uint(AnnotationMaxJFRDepth, 32, needCaps))
+		f.MaxJFCDepth = uint32(p.uint(AnnotationMaxJFCDepth, 32, needCaps))
+		f.MaxMsgSize = p.uint(AnnotationMaxMsgSize, 64, needCaps)
+		f.JettiesPerDevice = uint32(p.uint(AnnotationJettiesPerDevice, 32, needCaps))
+		f.JettiesPerUnit = uint32(p.uint(AnnotationJettiesPerUnit, 32, needCaps))
+	}
 	if len(p.problems) > 0 {
 		sort.Strings(p.problems)
 		return Facts{}, fmt.Errorf("parse node facts: %s", strings.Join(p.problems, "; "))
 	}
 	if err := f.Validate(); err != nil {
 		return Facts{}, err
-	}
-	if !needCaps {
-		// Capabilities left over from when the node had devices describe
-		// nothing now; report none rather than stale limits.
-		f = Facts{Software: f.Software}
 	}
 	return f, nil
 }

@@ -3,6 +3,7 @@ package nodefacts
 import (
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -149,16 +150,22 @@ func TestKeysAreUnderPrefix(t *testing.T) {
 	}
 }
 
+// FuzzParse sets two keys of a hardware node's annotations: two, so that a
+// node without devices can be given a malformed leftover capability.
 func FuzzParse(f *testing.F) {
 	for k, v := range hardwareFacts().Annotations() {
-		f.Add(k, v)
+		f.Add(k, v, "", "")
 	}
-	f.Add(AnnotationDeviceCount, "-0")
-	f.Add(AnnotationSoftware, "T")
-	f.Fuzz(func(t *testing.T, key, value string) {
+	f.Add(AnnotationDeviceCount, "-0", "", "")
+	f.Add(AnnotationSoftware, "T", "", "")
+	f.Fuzz(func(t *testing.T, key, value, key2, value2 string) {
 		a := hardwareFacts().Annotations()
 		a[key] = value
+		a[key2] = value2
 		facts, err := Parse(a)
+		if _, berr := strconv.ParseBool(strings.TrimSpace(a[AnnotationSoftware])); a[AnnotationDeviceCount] == "0" && berr == nil && err != nil {
+			t.Fatalf("a node without devices: Parse failed on leftover capabilities: %v", err)
+		}
 		if err != nil {
 			return
 		}
@@ -172,15 +179,60 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-func TestParseDropsStaleCapabilitiesWhenNoDevices(t *testing.T) {
-	a := hardwareFacts().Annotations()
-	a[AnnotationDeviceCount] = "0"
-	a[AnnotationSoftware] = "true"
-	f, err := Parse(a)
-	if err != nil {
-		t.Fatal(err)
+// A node without devices has no capabilities: those left over from when it
+// had devices are dropped, and a malformed one (only a hand edit makes one)
+// used to make the empty node's facts unreadable.
+func TestParseIgnoresLeftoverCapabilitiesWhenNoDevices(t *testing.T) {
+	capKeys := []string{AnnotationMaxJFSDepth, AnnotationMaxJFRDepth, AnnotationMaxJFCDepth,
+		AnnotationMaxMsgSize, AnnotationJettiesPerDevice, AnnotationJettiesPerUnit}
+	tests := []struct {
+		name     string
+		count    string
+		leftover map[string]string
+	}{
+		{"well-formed", "0", nil},
+		{"not a number", "0", map[string]string{AnnotationMaxJFSDepth: "x"}},
+		{"negative", "0", map[string]string{AnnotationMaxJFRDepth: "-1"}},
+		{"overflow", "0", map[string]string{AnnotationMaxJFCDepth: "4294967296"}},
+		{"hex", "0", map[string]string{AnnotationMaxMsgSize: "0x10"}},
+		{"empty", "0", map[string]string{AnnotationJettiesPerDevice: ""}},
+		{"zero", "0", map[string]string{AnnotationJettiesPerUnit: "0"}},
+		{"every key malformed", "0", func() map[string]string {
+			m := map[string]string{}
+			for _, k := range capKeys {
+				m[k] = "stale"
+			}
+			return m
+		}()},
+		{"count with whitespace", " 0\n", map[string]string{AnnotationMaxJFSDepth: "x"}},
 	}
-	if want := (Facts{Software: true}); f != want {
-		t.Errorf("Parse = %+v, want %+v", f, want)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := hardwareFacts().Annotations()
+			a[AnnotationDeviceCount] = tt.count
+			a[AnnotationSoftware] = "true"
+			for k, v := range tt.leftover {
+				a[k] = v
+			}
+			f, err := Parse(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := (Facts{Software: true}); f != want {
+				t.Errorf("Parse = %+v, want %+v", f, want)
+			}
+		})
+	}
+}
+
+// Leftovers are ignored only when the count says there are no devices: a
+// bad count still comes with every other bad key named.
+func TestParseNamesBadCapabilitiesWithBadCount(t *testing.T) {
+	a := hardwareFacts().Annotations()
+	a[AnnotationDeviceCount] = "none"
+	a[AnnotationMaxJFSDepth] = "x"
+	_, err := Parse(a)
+	if err == nil || !strings.Contains(err.Error(), AnnotationDeviceCount) || !strings.Contains(err.Error(), AnnotationMaxJFSDepth) {
+		t.Fatalf("error %v should name both bad keys", err)
 	}
 }
