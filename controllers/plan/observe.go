@@ -2,6 +2,7 @@ package plan
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -118,7 +119,9 @@ func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint, dr
 			continue
 		}
 		f, err := draslices.Facts(perNode[n.Name])
-		if err == nil && !f.Present() {
+		// A pool being published is a driver (re)starting, not malformed
+		// facts: the node has none yet, as while it publishes nothing.
+		if errors.Is(err, draslices.ErrPoolIncomplete) || err == nil && !f.Present() {
 			err = nodefacts.ErrNoFacts
 		}
 		obs.Input.Nodes = append(obs.Input.Nodes, NodeFromFacts(n.Name, n.Labels, f, err))

@@ -36,6 +36,7 @@ func TestObserveFactsFromResourceSlices(t *testing.T) {
 			DeviceCount: 1, MaxJFSDepth: 1, MaxJFRDepth: 1, MaxJFCDepth: 1, MaxMsgSize: 1, JettiesPerDevice: 1, JettiesPerUnit: 1,
 		}.Annotations()}},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bad-node"}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "publishing-node"}},
 	}
 	dev := sysfstest.DefaultDevice("udma0")
 	snap := dratest.Snapshot(t, dratest.Config(0), dev)
@@ -45,6 +46,10 @@ func TestObserveFactsFromResourceSlices(t *testing.T) {
 	bad := dratest.ResourceSlices(draslices.DriverName, "bad-node", draslices.Resources("bad-node", snap, draslices.DefaultRequestPolicy()))[0]
 	delete(bad.Spec.Devices[0].Attributes, draslices.AttrMaxJFSDepth)
 	objs = append(objs, bad)
+	// One of two slices published so far: facts not known yet, not malformed.
+	half := dratest.ResourceSlices(draslices.DriverName, "publishing-node", draslices.Resources("publishing-node", snap, draslices.DefaultRequestPolicy()))[0]
+	half.Spec.Pool.ResourceSliceCount = 2
+	objs = append(objs, half)
 	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
 	ep := &v1alpha1.UrmaEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ep"}}
 
@@ -62,6 +67,9 @@ func TestObserveFactsFromResourceSlices(t *testing.T) {
 	}
 	if pn := nodes["plugin-node"]; pn.Limits != nil || pn.FactsErr != nil {
 		t.Errorf("plugin-node in DRA mode: %+v, want no facts (no slices)", pn)
+	}
+	if pn := nodes["publishing-node"]; pn.Limits != nil || pn.FactsErr != nil {
+		t.Errorf("publishing-node: %+v limits %+v, want no facts yet (its pool is incomplete)", pn, pn.Limits)
 	}
 	if bn := nodes["bad-node"]; bn.FactsErr == nil || !strings.Contains(bn.FactsErr.Error(), "maxJfsDepth") {
 		t.Errorf("bad-node: %+v, want an error about its malformed slice", bn)

@@ -1,12 +1,19 @@
 package slices
 
 import (
+	"errors"
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 )
+
+// ErrPoolIncomplete says a pool of this driver has, at its newest
+// generation, another number of ResourceSlices than each says the pool has:
+// the driver is publishing it (a pool of more than 64 devices spans several
+// slices, written one by one), and its facts are not known yet.
+var ErrPoolIncomplete = errors.New("ResourceSlice pool is being published")
 
 // Facts reads back, from a node's ResourceSlices, the facts the device
 // plugin writes as node annotations, so that the operator tunes the same
@@ -17,12 +24,31 @@ import (
 // what one unit of urma.openeuler.org/jetty stands for). Slices of other
 // drivers, and of older generations of a pool, are ignored. A device of
 // this driver whose attributes are missing or malformed is an error
-// naming it, as malformed annotations are.
+// naming it, as malformed annotations are. While a pool's newest generation
+// is not all published, the error wraps ErrPoolIncomplete.
 func Facts(slices []resourceapi.ResourceSlice) (nodefacts.Facts, error) {
 	latest := map[string]int64{}
 	for _, s := range slices {
 		if s.Spec.Driver == DriverName && s.Spec.Pool.Generation > latest[s.Spec.Pool.Name] {
 			latest[s.Spec.Pool.Name] = s.Spec.Pool.Generation
+		}
+	}
+	seen := map[string]int64{}
+	for _, s := range slices {
+		if s.Spec.Driver == DriverName && s.Spec.Pool.Generation == latest[s.Spec.Pool.Name] {
+			seen[s.Spec.Pool.Name]++
+		}
+	}
+	// As DRA's allocator does (it allocates nothing from such a pool):
+	// every slice of the newest generation must be there, or the devices
+	// not seen yet, perhaps with smaller limits, would be missed.
+	for _, s := range slices {
+		if s.Spec.Driver != DriverName || s.Spec.Pool.Generation != latest[s.Spec.Pool.Name] {
+			continue
+		}
+		if n := seen[s.Spec.Pool.Name]; n != s.Spec.Pool.ResourceSliceCount {
+			return nodefacts.Facts{}, fmt.Errorf("pool %s generation %d: %d of %d ResourceSlices seen: %w",
+				s.Spec.Pool.Name, s.Spec.Pool.Generation, n, s.Spec.Pool.ResourceSliceCount, ErrPoolIncomplete)
 		}
 	}
 	var f nodefacts.Facts

@@ -1,6 +1,7 @@
 package slices_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -77,6 +78,61 @@ func TestFactsIgnoreOtherDriversAndOldGenerations(t *testing.T) {
 	f, err := slices.Facts(append(ss, other, old))
 	if err != nil || f.DeviceCount != 1 {
 		t.Fatalf("facts %+v, %v; want the one current device", f, err)
+	}
+}
+
+// A pool of more than 64 devices spans several slices, written one by one:
+// a reader that sees only some of the newest generation's slices used to
+// take their devices for all of the node's. As DRA's allocator, Facts now
+// takes such a pool as not known yet.
+func TestFactsOfIncompletePools(t *testing.T) {
+	cfg := dratest.Config(0)
+	cfg.SoftDevices, cfg.SoftJetties = 70, 64
+	snap := dratest.Snapshot(t, cfg)
+	var pool []resourceapi.ResourceSlice // slices of 64 and 6 devices
+	for _, s := range dratest.ResourceSlices(slices.DriverName, "n", slices.Resources("n", snap, slices.DefaultRequestPolicy())) {
+		pool = append(pool, *s)
+	}
+	if len(pool) != 2 {
+		t.Fatalf("%d slices for 70 devices, want 2", len(pool))
+	}
+	at := func(gen int64, ss ...resourceapi.ResourceSlice) []resourceapi.ResourceSlice {
+		out := make([]resourceapi.ResourceSlice, 0, len(ss))
+		for _, s := range ss {
+			s.Spec.Pool.Generation = gen
+			out = append(out, s)
+		}
+		return out
+	}
+	otherDriver := pool[0]
+	otherDriver.Spec.Driver = "gpu.example.com"
+	otherDriver.Spec.Pool.ResourceSliceCount = 3
+	for _, tc := range []struct {
+		name       string
+		slices     []resourceapi.ResourceSlice
+		incomplete bool
+	}{
+		{"all published", at(1, pool...), false},
+		{"first slice only", at(1, pool[0]), true},
+		{"second slice only", at(1, pool[1]), true},
+		// The complete older generation is stale: the newer replaces it.
+		{"newer generation partly published", append(at(1, pool...), at(2, pool[0])...), true},
+		{"older generation partly left", append(at(1, pool[1]), at(2, pool...)...), false},
+		{"one slice more than the count", at(1, pool[0], pool[1], pool[1]), true},
+		{"another driver's pool incomplete", append(at(1, pool...), otherDriver), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := slices.Facts(tc.slices)
+			if tc.incomplete {
+				if !errors.Is(err, slices.ErrPoolIncomplete) || f.Present() {
+					t.Fatalf("Facts = %+v, %v; want no facts and ErrPoolIncomplete", f, err)
+				}
+				return
+			}
+			if err != nil || f.DeviceCount != 70 {
+				t.Fatalf("Facts = %+v, %v; want 70 devices", f, err)
+			}
+		})
 	}
 }
 
