@@ -11,24 +11,28 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/openeuler/urma-k8s/internal/stopsignal"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin"
 )
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+	os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr, deviceplugin.Run))
 }
 
 const usage = `usage: urma-device-plugin [serve] [flags]   run the device plugin (default)
        urma-device-plugin discover [flags]  print the devices the plugin sees as JSON
        urma-device-plugin <command> -h      list a command's flags`
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+// serveFunc is deviceplugin.Run; tests give run another service.
+type serveFunc func(context.Context, logr.Logger, deviceplugin.Config, deviceplugin.Deps) error
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, serve serveFunc) int {
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
@@ -78,9 +82,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(stderr, obj) },
 		funcr.Options{Verbosity: verbosity, LogTimestamp: true, LogCaller: funcr.Error})
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := stopsignal.Context(ctx, log, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := deviceplugin.Run(ctx, log, cfg, deviceplugin.Deps{}); err != nil {
+	if err := serve(ctx, log, cfg, deviceplugin.Deps{}); err != nil {
 		log.Error(err, "urma-device-plugin failed")
 		return 1
 	}

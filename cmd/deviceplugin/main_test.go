@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 
@@ -16,7 +17,7 @@ func TestDiscoverCommand(t *testing.T) {
 	tree := sysfstest.New(t)
 	tree.Add(t, sysfstest.DefaultDevice("udma0"))
 	var out, errb bytes.Buffer
-	code := run(context.Background(), []string{"discover", "--sysfs-root", tree.SysfsRoot, "--dev-root", tree.DevRoot, "--jetties-per-unit=32"}, noEnv, &out, &errb)
+	code := run(context.Background(), []string{"discover", "--sysfs-root", tree.SysfsRoot, "--dev-root", tree.DevRoot, "--jetties-per-unit=32"}, noEnv, &out, &errb, deviceplugin.Run)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -56,7 +57,7 @@ func TestUsageErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		var out, errb bytes.Buffer
-		code := run(context.Background(), tt.args, noEnv, &out, &errb)
+		code := run(context.Background(), tt.args, noEnv, &out, &errb, deviceplugin.Run)
 		if code != tt.code || !strings.Contains(errb.String(), tt.want) {
 			t.Errorf("run(%q) = %d, stderr %q; want %d containing %q", tt.args, code, errb.String(), tt.code, tt.want)
 		}
@@ -71,7 +72,7 @@ func TestUsageErrors(t *testing.T) {
 func TestHelpShowsCommandsAndFlags(t *testing.T) {
 	for _, args := range [][]string{{"-h"}, {"--help"}, {"serve", "-h"}, {"discover", "--help"}} {
 		var out, errb bytes.Buffer
-		code := run(context.Background(), args, noEnv, &out, &errb)
+		code := run(context.Background(), args, noEnv, &out, &errb, deviceplugin.Run)
 		help := errb.String()
 		if code != 0 || !strings.Contains(help, "urma-device-plugin discover [flags]") || !strings.Contains(help, "-jetties-per-unit") {
 			t.Errorf("run(%q) = %d, stderr begins %q; want 0 with the commands and the flags", args, code, help[:min(len(help), 120)])

@@ -11,19 +11,23 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/openeuler/urma-k8s/internal/stopsignal"
 	"github.com/openeuler/urma-k8s/pkg/dra"
 )
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stderr))
+	os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stderr, dra.Run))
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+// serveFunc is dra.Run; tests give run another service.
+type serveFunc func(context.Context, logr.Logger, dra.Config, dra.Deps) error
+
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, serve serveFunc) int {
 	cfg := dra.Default()
 	cfg.NodeName = getenv("NODE_NAME")
 	fs := flag.NewFlagSet("urma-dra-driver", flag.ContinueOnError)
@@ -42,9 +46,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(stderr, obj) },
 		funcr.Options{Verbosity: *verbosity, LogTimestamp: true, LogCaller: funcr.Error})
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := stopsignal.Context(ctx, log, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := dra.Run(ctx, log, cfg, dra.Deps{}); err != nil {
+	if err := serve(ctx, log, cfg, dra.Deps{}); err != nil {
 		log.Error(err, "urma-dra-driver failed")
 		return 1
 	}

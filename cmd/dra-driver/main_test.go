@@ -5,6 +5,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/openeuler/urma-k8s/pkg/dra"
 )
 
 // withNode is an environment that names the node and nothing else.
@@ -33,7 +35,7 @@ func TestRunRejectsBadInvocations(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
-			code := run(context.Background(), tc.args, tc.getenv, &stderr)
+			code := run(context.Background(), tc.args, tc.getenv, &stderr, dra.Run)
 			if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
 				t.Fatalf("exit %d, stderr %q; want %d and %q", code, stderr.String(), tc.code, tc.want)
 			}
@@ -68,7 +70,7 @@ func TestRunRejectsBadValues(t *testing.T) {
 				"--shm-dir=", "--sysfs-root=" + dir + "/sys", "--dev-root=" + dir + "/dev", "--kubeconfig=" + dir + "/no-kubeconfig",
 			}, tc.args...)
 			var stderr bytes.Buffer
-			code := run(context.Background(), args, withNode, &stderr)
+			code := run(context.Background(), args, withNode, &stderr, dra.Run)
 			if code != 1 || !strings.Contains(stderr.String(), tc.want) {
 				t.Fatalf("exit %d, stderr %q; want 1 and %q", code, stderr.String(), tc.want)
 			}

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/go-logr/logr"
+
+	"github.com/openeuler/urma-k8s/internal/stopsignal/stopsignaltest"
+	"github.com/openeuler/urma-k8s/pkg/dra"
+)
+
+// TestMain lets the test binary play urma-dra-driver, its shutdown held
+// up, for TestSecondSignalEndsTheProcess.
+func TestMain(m *testing.M) {
+	if os.Getenv(stopsignaltest.EnvChild) == "1" {
+		hold := func(ctx context.Context, log logr.Logger, _ dra.Config, _ dra.Deps) error {
+			return stopsignaltest.HoldShutdown(ctx, log)
+		}
+		os.Exit(run(context.Background(), nil, withNode, os.Stderr, hold))
+	}
+	os.Exit(m.Run())
+}
+
+// A second SIGINT or SIGTERM used to be caught and dropped: a slow
+// shutdown could not be cut short but by SIGKILL.
+func TestSecondSignalEndsTheProcess(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		first, second syscall.Signal
+	}{
+		{"SIGTERM twice", syscall.SIGTERM, syscall.SIGTERM},
+		{"SIGINT then SIGTERM", syscall.SIGINT, syscall.SIGTERM},
+		{"SIGTERM then SIGINT", syscall.SIGTERM, syscall.SIGINT},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stopsignaltest.CheckSecondSignalEnds(t, tc.first, tc.second)
+		})
+	}
+}
