@@ -155,7 +155,10 @@ func TestShmUnmapWaitsForRoom(t *testing.T) {
 					t.Fatalf("filling the socket: %d messages, %v", n, err)
 				}
 			}
-			mustOK(t, seg.Close(), "unregister")
+			if err := seg.Close(); err != nil {
+				sb.pull.mapMu.RUnlock() // or the cleanup waits for b's reader for good
+				t.Fatalf("unregister: %v", err)
+			}
 			if closeFirst {
 				mustOK(t, pa.Close(), "close the sender") // must not wait for b
 				sb.pull.mapMu.RUnlock()
