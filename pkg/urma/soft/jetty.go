@@ -53,10 +53,22 @@ type sqSlot struct {
 	// death fails the send.
 	gen uint64
 	// An answer that arrived while the writer still read the payload waits
-	// here, so a completion always means the slot and its memory are free.
+	// here, so a completion always means the slot and its memory are free
+	// (a completion for other reasons waits in jetty.held).
 	deferred  bool
 	defStatus urma.Status
 	defRNR    uint8
+}
+
+// heldRecord is a send completion record not yet pushed. A send that
+// completes while its frame is still being written (flushed, or its
+// connection lost) keeps its SGEs until the write ends, and its record
+// waits with them: once a record is polled, the segments its send used can
+// be unregistered. The records behind it wait too, to keep their order.
+type heldRecord struct {
+	c    urma.Completion
+	seq  uint64 // the slot being written, when wait
+	wait bool
 }
 
 // jetty is a send queue sharing a JFR.
@@ -109,6 +121,9 @@ type jetty struct {
 	writing          int          // slots the socket writer is reading now
 	written          *sync.Cond   // signalled when writing drops to zero
 	kickConn         *conn        // connection to write to once j.mu is released
+	// held are the completion records that wait for a writer, in order
+	// (see heldRecord); empty unless the jetty is entering ERROR.
+	held []heldRecord
 	// peerGen is the connection generation of the last transmission to
 	// each peer: a change says sends may be out on a replaced connection.
 	// A peer's record goes once no send of this jetty is out to it and its
@@ -525,9 +540,18 @@ func (j *jetty) onTimer() {
 	}
 }
 
-// finish completes a slot: a record when it failed or asked for one, then
-// the slot is freed in order; j.mu is held.
+// finish completes a slot: its SGE references go, then a record when it
+// failed or asked for one, then the slot is freed in order; j.mu is held.
+// The references go first, and whatever slot is at the head, since a poller
+// may see the record at once and unregister the segments; a slot whose
+// frame is being written keeps them, and its record waits (heldRecord).
 func (j *jetty) finish(s *sqSlot, st urma.Status) {
+	j.dropBlock(s)
+	s.state = slotDone
+	if !s.writing {
+		releaseSGEs(s.sges[:s.nsge])
+		s.nsge = 0
+	}
 	if st != urma.StatusSuccess || s.flags&urma.SendCompleteEnable != 0 {
 		c := urma.Completion{ // no opcode: liburma fills it for receives only (urma_types.h:1154)
 			Status:   st,
@@ -538,11 +562,42 @@ func (j *jetty) finish(s *sqSlot, st urma.Status) {
 		if st == urma.StatusSuccess {
 			c.CompletionLen = s.length
 		}
-		j.sendJFC.push(&c, false)
+		j.complete(&c, s)
 	}
-	j.dropBlock(s)
-	s.state = slotDone
 	j.reap()
+}
+
+// complete pushes a record of this jetty's, or holds it while s (nil for
+// none) is being written or older records are held; j.mu is held.
+func (j *jetty) complete(c *urma.Completion, s *sqSlot) {
+	wait := s != nil && s.writing
+	if !wait && len(j.held) == 0 {
+		j.sendJFC.push(c, false)
+		return
+	}
+	h := heldRecord{c: *c, wait: wait}
+	if wait {
+		h.seq = s.seq
+	}
+	j.held = append(j.held, h)
+}
+
+// pushHeld pushes the held records, in order, up to the first whose slot
+// is still being written; j.mu is held.
+func (j *jetty) pushHeld() {
+	n := 0
+	for ; n < len(j.held); n++ {
+		h := &j.held[n]
+		if s := j.slot(h.seq); h.wait && s.seq == h.seq && s.writing {
+			break // not reaped while written, so s is still h's slot
+		}
+		j.sendJFC.push(&h.c, false)
+	}
+	if n == len(j.held) {
+		j.held = nil // ERROR is final: no more will be held
+		return
+	}
+	j.held = j.held[:copy(j.held, j.held[n:])]
 }
 
 // dropBlock tells the receiver to forget the RNR block s left behind.
@@ -604,7 +659,7 @@ func (j *jetty) SetError() error {
 	}
 	j.enterError()
 	j.flushDone = true
-	j.sendJFC.push(&urma.Completion{Status: urma.StatusWRFlushErrDone, LocalID: j.id.ID}, false)
+	j.complete(&urma.Completion{Status: urma.StatusWRFlushErrDone, LocalID: j.id.ID}, nil) // after the flushed ones, held or not
 	return nil
 }
 
@@ -835,6 +890,15 @@ func (j *jetty) endWrite(seq uint64) {
 			// for an answer that finds no send, the block must go.
 			s.target.peer.cancel(j, seq, s.target.id.ID)
 		}
+	}
+	if s.state == slotDone {
+		// Completed while its frame was written: nothing reads its SGEs
+		// any more, and its held record may now show (finish).
+		releaseSGEs(s.sges[:s.nsge])
+		s.nsge = 0
+	}
+	if len(j.held) > 0 {
+		j.pushHeld()
 	}
 	j.reap()
 	j.mu.Unlock()

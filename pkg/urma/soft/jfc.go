@@ -34,6 +34,10 @@ type jfc struct {
 	acked         uint64
 	reported      atomic.Uint64 // events JFCE.Wait returned; counted under the JFCE's lock
 	ackedCond     *sync.Cond    // signalled by Ack, for a Close waiting on acks
+
+	// afterPush, set by tests, sees each record as it becomes visible to
+	// Poll; it runs under q.mu.
+	afterPush atomic.Pointer[func(*urma.Completion)]
 }
 
 var _ urma.JFC = (*jfc)(nil)
@@ -96,6 +100,9 @@ func (q *jfc) push(c *urma.Completion, solicited bool) {
 		}
 		q.overflowed++
 		q.overflow = append(q.overflow, *c)
+	}
+	if f := q.afterPush.Load(); f != nil {
+		(*f)(c)
 	}
 	if q.armed && (!q.solicitedOnly || solicited || c.Status != urma.StatusSuccess) {
 		q.armed = false
