@@ -36,8 +36,9 @@ type jfc struct {
 	ackedCond     *sync.Cond    // signalled by Ack, for a Close waiting on acks
 
 	// afterPush, set by tests, sees each record as it becomes visible to
-	// Poll; it runs under q.mu.
-	afterPush atomic.Pointer[func(*urma.Completion)]
+	// Poll; it runs under q.mu. It takes a copy: a pointer handed to a
+	// function value would move every pushed record to the heap.
+	afterPush atomic.Pointer[func(urma.Completion)]
 }
 
 var _ urma.JFC = (*jfc)(nil)
@@ -102,7 +103,7 @@ func (q *jfc) push(c *urma.Completion, solicited bool) {
 		q.overflow = append(q.overflow, *c)
 	}
 	if f := q.afterPush.Load(); f != nil {
-		(*f)(c)
+		(*f)(*c)
 	}
 	if q.armed && (!q.solicitedOnly || solicited || c.Status != urma.StatusSuccess) {
 		q.armed = false

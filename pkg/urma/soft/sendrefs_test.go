@@ -28,7 +28,7 @@ func watchRefs(t *testing.T, q urma.JFC, segs map[uint64]urma.Segment) *refWatch
 	for ctx, s := range segs {
 		w.segs[ctx] = s.(*segment)
 	}
-	hook := func(c *urma.Completion) { // under the JFC's lock, on the pushing goroutine
+	hook := func(c urma.Completion) { // under the JFC's lock, on the pushing goroutine
 		if s := w.segs[c.UserCtx]; s != nil && !c.Recv {
 			w.mu.Lock()
 			w.seen[c.UserCtx] = s.refs.Load()
