@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"os"
-	"syscall"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -27,16 +26,5 @@ func TestMain(m *testing.M) {
 // A second SIGINT or SIGTERM used to be caught and dropped: a slow
 // shutdown could not be cut short but by SIGKILL.
 func TestSecondSignalEndsTheProcess(t *testing.T) {
-	for _, tc := range []struct {
-		name          string
-		first, second syscall.Signal
-	}{
-		{"SIGTERM twice", syscall.SIGTERM, syscall.SIGTERM},
-		{"SIGINT then SIGTERM", syscall.SIGINT, syscall.SIGTERM},
-		{"SIGTERM then SIGINT", syscall.SIGTERM, syscall.SIGINT},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			stopsignaltest.CheckSecondSignalEnds(t, tc.first, tc.second)
-		})
-	}
+	stopsignaltest.CheckSecondSignals(t)
 }

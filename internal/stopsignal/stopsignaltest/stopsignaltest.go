@@ -41,6 +41,24 @@ func HoldShutdown(ctx context.Context, log logr.Logger) error {
 	return nil
 }
 
+// CheckSecondSignals runs CheckSecondSignalEnds for each pair of the
+// binaries' stop signals: a second SIGINT or SIGTERM, whichever came first,
+// ends the process.
+func CheckSecondSignals(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		first, second syscall.Signal
+	}{
+		{"SIGTERM twice", syscall.SIGTERM, syscall.SIGTERM},
+		{"SIGINT then SIGTERM", syscall.SIGINT, syscall.SIGTERM},
+		{"SIGTERM then SIGINT", syscall.SIGTERM, syscall.SIGINT},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			CheckSecondSignalEnds(t, tc.first, tc.second)
+		})
+	}
+}
+
 // CheckSecondSignalEnds runs this test binary with EnvChild=1, sends it
 // first once it serves and second once it logs that it is stopping, and
 // fails t unless second ends it (killed by that signal) while its shutdown

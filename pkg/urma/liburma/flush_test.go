@@ -223,23 +223,10 @@ func TestFlushRejectsBadCount(t *testing.T) {
 			if err := a.jetty.SetError(); err != nil {
 				t.Fatal(err)
 			}
+			records, errs := pollUntilEmpty(t, a.jfc, 8)
 			var got []string
-			var errs []error
-			out := make([]urma.Completion, 8)
-			for range 100 {
-				n, err := a.jfc.Poll(out)
-				if err != nil {
-					errs = append(errs, err)
-					if n != 0 {
-						t.Errorf("Poll returned %d records with its error %v", n, err)
-					}
-				}
-				for _, c := range out[:n] {
-					got = append(got, fmt.Sprintf("send %d %v", c.UserCtx, c.Status))
-				}
-				if n == 0 && err == nil {
-					break
-				}
+			for _, c := range records {
+				got = append(got, fmt.Sprintf("send %d %v", c.UserCtx, c.Status))
 			}
 			// Send 1 was handled by the device, and its record came from
 			// the JFC; the sends urma_flush_jetty took are lost.

@@ -113,23 +113,10 @@ func TestPollRejectsBadCount(t *testing.T) {
 			if err := e.actx.(*devContext).lib.fakeHook("fakeurma_miscount_poll", unsafe.Pointer(&count)); err != nil {
 				t.Fatal(err)
 			}
+			records, errs := pollUntilEmpty(t, e.ajfc, outLen)
 			var got []uint64
-			var errs []error
-			out := make([]urma.Completion, outLen)
-			for range 100 {
-				n, err := e.ajfc.Poll(out)
-				if err != nil {
-					errs = append(errs, err)
-					if n != 0 {
-						t.Errorf("Poll returned %d records with its error %v", n, err)
-					}
-				}
-				for _, c := range out[:n] {
-					got = append(got, c.UserCtx)
-				}
-				if n == 0 && err == nil {
-					break
-				}
+			for _, c := range records {
+				got = append(got, c.UserCtx)
 			}
 			if len(got) != 0 {
 				t.Errorf("Poll delivered records %v of a call that returned %d", got, tc.count)
@@ -140,4 +127,28 @@ func TestPollRejectsBadCount(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pollUntilEmpty polls q, outLen records at a time, until a Poll returns
+// neither records nor an error (at most 100 Polls), and returns what came.
+// A Poll that returns an error must return no records with it.
+func pollUntilEmpty(t *testing.T, q urma.JFC, outLen int) ([]urma.Completion, []error) {
+	t.Helper()
+	var got []urma.Completion
+	var errs []error
+	out := make([]urma.Completion, outLen)
+	for range 100 {
+		n, err := q.Poll(out)
+		if err != nil {
+			errs = append(errs, err)
+			if n != 0 {
+				t.Errorf("Poll returned %d records with its error %v", n, err)
+			}
+		}
+		got = append(got, out[:n]...)
+		if n == 0 && err == nil {
+			break
+		}
+	}
+	return got, errs
 }
