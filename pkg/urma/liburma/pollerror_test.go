@@ -121,10 +121,7 @@ func TestPollRejectsBadCount(t *testing.T) {
 			if len(got) != 0 {
 				t.Errorf("Poll delivered records %v of a call that returned %d", got, tc.count)
 			}
-			wantMsg := fmt.Sprintf("urma_poll_jfc returned %d (asked for %d records)", tc.count, outLen)
-			if len(errs) != 1 || !errors.Is(errs[0], urma.ErrFail) || !strings.Contains(errs[0].Error(), wantMsg) {
-				t.Errorf("Poll errors %v; want one ErrFail saying %q", errs, wantMsg)
-			}
+			wantOneFailure(t, errs, fmt.Sprintf("urma_poll_jfc returned %d (asked for %d records)", tc.count, outLen))
 		})
 	}
 }
@@ -151,4 +148,12 @@ func pollUntilEmpty(t *testing.T, q urma.JFC, outLen int) ([]urma.Completion, []
 		}
 	}
 	return got, errs
+}
+
+// wantOneFailure fails t unless errs is one ErrFail whose text holds msg.
+func wantOneFailure(t *testing.T, errs []error, msg string) {
+	t.Helper()
+	if len(errs) != 1 || !errors.Is(errs[0], urma.ErrFail) || !strings.Contains(errs[0].Error(), msg) {
+		t.Errorf("Poll errors %v; want one ErrFail saying %q", errs, msg)
+	}
 }
