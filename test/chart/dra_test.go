@@ -1,6 +1,7 @@
 package chart_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -14,8 +15,9 @@ import (
 
 // TestDRADriver renders driver: dra and checks what the DRA driver needs:
 // its DaemonSet (no device plugin beside it), kubelet's plugin paths at the
-// same place inside and out, its RBAC for ResourceSlices, and the
-// DeviceClass equal to the one the driver's code describes.
+// same place inside and out, its RBAC for ResourceSlices and the policy that
+// narrows it to the driver's node, and the DeviceClass equal to the one the
+// driver's code describes.
 func TestDRADriver(t *testing.T) {
 	t.Parallel()
 	objs := render(t, "--set", "driver=dra", "--set", "draDriver.jettyRequest.default=32")
@@ -70,6 +72,35 @@ func TestDRADriver(t *testing.T) {
 	for _, want := range []string{"create", "update", "delete", "list", "watch"} {
 		if !slices.Contains(verbs, want) {
 			t.Errorf("the driver may not %s resourceslices (verbs %v)", want, verbs)
+		}
+	}
+	// The helper's slice controller uses neither.
+	for _, unwanted := range []string{"patch", "deletecollection", "*"} {
+		if slices.Contains(verbs, unwanted) {
+			t.Errorf("the driver may %s resourceslices, which it never does (verbs %v)", unwanted, verbs)
+		}
+	}
+
+	// RBAC cannot limit the slices to the driver's node: the policy does
+	// (TestDRASlicePolicyOnTheAPIServer tries it).
+	vap := one(t, objs, "ValidatingAdmissionPolicy")
+	if conds, want := fmt.Sprint(field(t, vap, "spec", "matchConditions")), "system:serviceaccount:"+releaseNS+":"+draName; !strings.Contains(conds, want) {
+		t.Errorf("policy %s matches %s, want the driver's ServiceAccount %s", vap.GetName(), conds, want)
+	}
+	if rules := fmt.Sprint(field(t, vap, "spec", "validations")); !strings.Contains(rules, "'"+draslices.DriverName+"'") {
+		t.Errorf("policy %s does not name driver %s: %s", vap.GetName(), draslices.DriverName, rules)
+	}
+	binding := one(t, objs, "ValidatingAdmissionPolicyBinding")
+	if got := field(t, binding, "spec", "policyName"); got != vap.GetName() {
+		t.Errorf("binding names policy %v, want %s", got, vap.GetName())
+	}
+	if got := fmt.Sprint(field(t, binding, "spec", "validationActions")); got != "[Deny]" {
+		t.Errorf("binding validationActions %s, want [Deny]", got)
+	}
+	off := render(t, "--set", "driver=dra", "--set", "draDriver.restrictSlicesToOwnNode=false")
+	for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		if found := ofKind(off, kind); len(found) != 0 {
+			t.Errorf("draDriver.restrictSlicesToOwnNode=false renders %v", names(found))
 		}
 	}
 
