@@ -171,6 +171,24 @@ func TestNodePolicyOnTheAPIServer(t *testing.T) {
 		}
 	})
 
+	// A long-lived Secret token's user has no extra at all, unlike the
+	// unbound token above; impersonation without extras stands in for it.
+	t.Run("a user without any extra", func(t *testing.T) {
+		rc := rest.CopyConfig(cfg)
+		rc.Impersonate = rest.ImpersonationConfig{
+			UserName: "system:serviceaccount:" + releaseNS + ":" + dpName,
+			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNS, "system:authenticated"},
+		}
+		cs, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = patchNode(ctx, cs, "node-a", map[string]any{"labels": map[string]any{nodefacts.LabelPresent: "true"}})
+		if err == nil || !strings.Contains(err.Error(), "names no node") {
+			t.Errorf("error %v, want a denial saying the token names no node", err)
+		}
+	})
+
 	t.Run("other users are not affected", func(t *testing.T) {
 		if err := mergePatch(ctx, admin, "node-b", map[string]any{"spec": map[string]any{"unschedulable": true}}); err != nil {
 			t.Errorf("the admin's cordon was refused: %v", err)
