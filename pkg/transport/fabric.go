@@ -101,7 +101,10 @@ func (e *engine) newSoftProvider(local netip.Addr) (*soft.Provider, error) {
 	}
 	opts := soft.Options{
 		Devices: []soft.DeviceSpec{{Name: name}},
-		Logger:  e.log.WithName("soft").V(1), // its connection events are detail; errors still show
+		// Both fabrics. The handshake's server dials its client's device,
+		// so this bounds how many server processes a client reaches.
+		MaxConns: e.s.flags.SoftMaxConns,
+		Logger:   e.log.WithName("soft").V(1), // its connection events are detail; errors still show
 	}
 	fs := e.s.fabric
 	if fs.choice == FabricSocket {

@@ -102,6 +102,11 @@ type Flags struct {
 	SoftFabric string
 	// ShmRingSize is urma_shm_ring_size, in bytes.
 	ShmRingSize int
+	// SoftMaxConns is urma_soft_max_conns: how many peer devices (peer
+	// processes) may connect to the software provider's device
+	// (soft.Options.MaxConns). A server connects to its client's device
+	// in the handshake, so it bounds the servers one Dialer reaches.
+	SoftMaxConns int
 	// RequireToken is urma_require_token: refuse URMA to peers that cannot
 	// present a token (brpc), serving them on TCP.
 	RequireToken bool
@@ -181,6 +186,14 @@ func table() []field {
 			Name: "urma_shm_ring_size", Kind: Int, Default: "2097152", Min: 64 << 10, Max: 256 << 20, PowerOfTwo: true, TransportOnly: true,
 			Help: "bytes of the shared-memory ring each side of a same-host connection writes into, one per peer process, charged to this pod's memory limit",
 		}, i: func(f *Flags) *int { return &f.ShmRingSize }},
+		{spec: Spec{
+			// The default is soft.DefaultMaxConns (this package imports no
+			// provider; pkg/transport's tests keep the two equal). Each
+			// connection holds descriptors and goroutines, and on shm a
+			// ring of urma_shm_ring_size, so the range stops at 65536.
+			Name: "urma_soft_max_conns", Kind: Int, Default: "1024", Min: 1, Max: 65536, TransportOnly: true,
+			Help: "software provider (shm and socket fabrics): how many peer processes may connect to this Dialer's or Listener's device; as a server connects to its client's device in the handshake, this is how many server processes one Dialer reaches over URMA: the next one serves it on TCP (import_failed there, peer_declined here) until one leaves",
+		}, i: func(f *Flags) *int { return &f.SoftMaxConns }},
 		{spec: Spec{
 			Name: "urma_require_token", Kind: Bool, Default: "false", TransportOnly: true,
 			Help: "serve peers that cannot present a token (brpc) on TCP instead of on a jetty and segment registered without a token (URMA_REQUIRE_TOKEN overrides)",

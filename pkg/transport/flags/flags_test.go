@@ -127,6 +127,16 @@ func TestParse(t *testing.T) {
 		{name: "no dashes", file: "urma_sq_size=32", wantErr: `line 1: "urma_sq_size=32" does not start with --`},
 		{name: "handshake version out of range", file: "--urma_client_handshake_version=4", wantErr: "urma_client_handshake_version: 4 is out of range (want 2..3)"},
 		{name: "transport-only flag", file: "--urma_provider=liburma", check: func(f Flags) bool { return f.Provider == "liburma" }},
+		// urma_soft_max_conns: soft.Options.MaxConns takes 0 or less for
+		// its default, so the flag refuses them rather than pass them on.
+		{name: "soft max conns default", file: "", check: func(f Flags) bool { return f.SoftMaxConns == 1024 }},
+		{name: "soft max conns set", file: "--urma_soft_max_conns=4096", check: func(f Flags) bool { return f.SoftMaxConns == 4096 }},
+		{name: "soft max conns minimum", file: "--urma_soft_max_conns=1", check: func(f Flags) bool { return f.SoftMaxConns == 1 }},
+		{name: "soft max conns maximum", file: "--urma_soft_max_conns=65536", check: func(f Flags) bool { return f.SoftMaxConns == 65536 }},
+		{name: "soft max conns zero", file: "--urma_soft_max_conns=0", wantErr: "line 1: flag urma_soft_max_conns: 0 is out of range (want 1..65536)"},
+		{name: "soft max conns negative", file: "--urma_soft_max_conns=-5", wantErr: "line 1: flag urma_soft_max_conns: -5 is out of range (want 1..65536)"},
+		{name: "soft max conns too large", file: "--urma_soft_max_conns=65537", wantErr: "line 1: flag urma_soft_max_conns: 65537 is out of range (want 1..65536)"},
+		{name: "soft max conns not an integer", file: "--urma_soft_max_conns=many", wantErr: `line 1: flag urma_soft_max_conns: "many" is not an integer (want 1..65536)`},
 		{name: "value not in the list", file: "--urma_provider=hardware", wantErr: `line 1: flag urma_provider: "hardware" is not allowed (want one of auto, liburma, soft)`},
 		{name: "string with a space", file: "--urma_device=udma 0", wantErr: `line 1: flag urma_device: value "udma 0" contains a space at byte 4`},
 		{name: "string with a tab inside", file: "--urma_device=udma\t0\n", wantErr: `line 1: flag urma_device: value "udma\t0" contains a tab at byte 4`},
@@ -313,7 +323,7 @@ func TestTransportOnlyFlags(t *testing.T) {
 		}
 		names = append(names, s.Name)
 	}
-	if want := []string{"urma_ack_timeout", "urma_event_spin", "urma_first_bytes_timeout", "urma_pool_huge_pages", "urma_pool_remote_read", "urma_provider", "urma_read_direct", "urma_require_token", "urma_shm_ring_size", "urma_shm_send_buffers", "urma_soft_fabric"}; !slices.Equal(names, want) {
+	if want := []string{"urma_ack_timeout", "urma_event_spin", "urma_first_bytes_timeout", "urma_pool_huge_pages", "urma_pool_remote_read", "urma_provider", "urma_read_direct", "urma_require_token", "urma_shm_ring_size", "urma_shm_send_buffers", "urma_soft_fabric", "urma_soft_max_conns"}; !slices.Equal(names, want) {
 		t.Fatalf("TransportSpecs() = %v, want %v", names, want)
 	}
 	for _, n := range names {
