@@ -111,6 +111,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if !o.metricsSecure && o.metricsCertDir != "" {
 		return options{}, fmt.Errorf("--metrics-cert-dir %q needs HTTPS, but --metrics-secure=false serves /metrics over plain HTTP: drop one of the two flags", o.metricsCertDir)
 	}
+	// Likewise with no /metrics at all (controller-runtime's "0"): the
+	// certificate would be dropped, and the user expects an endpoint.
+	if o.metricsAddr == "0" && o.metricsCertDir != "" {
+		return options{}, fmt.Errorf("--metrics-cert-dir %q is for the /metrics endpoint, but --metrics-bind-address=0 disables it: drop one of the two flags", o.metricsCertDir)
+	}
 	if o.defaultJettiesPerUnit < 1 || o.defaultJettiesPerUnit > math.MaxUint32 {
 		return options{}, fmt.Errorf("--default-jetties-per-unit %d: want 1 to %d", o.defaultJettiesPerUnit, uint32(math.MaxUint32))
 	}

@@ -82,6 +82,21 @@ func TestParseFlags(t *testing.T) {
 		// A certificate for plain HTTP used to be dropped without a word.
 		{name: "metrics cert dir without HTTPS", args: []string{"--metrics-secure=false", "--metrics-cert-dir=/m"},
 			wantErr: `--metrics-cert-dir "/m" needs HTTPS, but --metrics-secure=false serves /metrics over plain HTTP`},
+		// A certificate for no endpoint at all was dropped without a word too.
+		{name: "metrics cert dir with metrics disabled", args: []string{"--metrics-bind-address=0", "--metrics-cert-dir=/m"},
+			wantErr: `--metrics-cert-dir "/m" is for the /metrics endpoint, but --metrics-bind-address=0 disables it`},
+		{name: "metrics cert dir with metrics disabled, flags reversed", args: []string{"--metrics-cert-dir=/m", "--metrics-bind-address=0"},
+			wantErr: `--metrics-cert-dir "/m" is for the /metrics endpoint, but --metrics-bind-address=0 disables it`},
+		{name: "metrics disabled without a cert dir", args: []string{"--metrics-bind-address=0"}, check: func(t *testing.T, o options) {
+			if o.metricsAddr != "0" || o.metricsCertDir != "" || metricsOptions(o).BindAddress != "0" {
+				t.Errorf("metrics: %+v", o)
+			}
+		}},
+		{name: "metrics cert dir on another address", args: []string{"--metrics-bind-address=:9000", "--metrics-cert-dir=/m"}, check: func(t *testing.T, o options) {
+			if o.metricsAddr != ":9000" || metricsOptions(o).CertDir != "/m" {
+				t.Errorf("metrics: %+v", o)
+			}
+		}},
 		{name: "zero jetties per unit", args: []string{"--default-jetties-per-unit=0"}, wantErr: "--default-jetties-per-unit 0: want 1 to 4294967295"},
 		// The self-signed certificate names the Service and is kept in the
 		// Secret: names the API server refuses used to surface only after
