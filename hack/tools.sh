@@ -7,6 +7,8 @@
 #   bin/k8s/{kubelet,kube-controller-manager,kube-scheduler,kube-proxy}
 #                                          (make e2e's one-node cluster)
 #   bin/cni/{bridge,host-local,loopback}   (make e2e's pod network)
+#   bin/containerd/{containerd,containerd-shim-runc-v2,ctr}
+#                                          (make e2e's container runtime)
 #   bin/controller-gen, bin/helm, bin/golangci-lint, bin/gremlins
 #
 # Versions come from hack/versions.env only. A tool is rebuilt only when its
@@ -16,14 +18,14 @@
 # Usage: hack/tools.sh [TARGET...]        (default: all)
 #   all | tools       every tool below
 #   envtest-assets    kube-apiserver + etcd into $ENVTEST_ASSETS (kubectl: ask for it)
-#   e2e               what make e2e adds: kubectl, the cluster tools below, cni-plugins
+#   e2e               what make e2e adds: kubectl, the cluster tools below, cni-plugins, containerd
 #   kube-apiserver | etcd | kubectl | controller-gen | helm | golangci-lint | gremlins
-#   kubelet | kube-controller-manager | kube-scheduler | kube-proxy | cni-plugins
+#   kubelet | kube-controller-manager | kube-scheduler | kube-proxy | cni-plugins | containerd
 #   sync              regenerate the wrapper modules hack/tools/{kube-apiserver,kube-node,etcd}
 #                     from hack/versions.env (commit their go.mod/go.sum afterwards)
 #
 # Environment: BIN (default <repo>/bin), ENVTEST_ASSETS (default $BIN/k8s),
-# CNI_BIN_DIR (default $BIN/cni).
+# CNI_BIN_DIR (default $BIN/cni), CONTAINERD_BIN_DIR (default $BIN/containerd).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,6 +35,7 @@ source "$ROOT/hack/versions.env"
 BIN=${BIN:-$ROOT/bin}
 ENVTEST_ASSETS=${ENVTEST_ASSETS:-$BIN/k8s}
 CNI_BIN_DIR=${CNI_BIN_DIR:-$BIN/cni}
+CONTAINERD_BIN_DIR=${CONTAINERD_BIN_DIR:-$BIN/containerd}
 WRAPPERS=$ROOT/hack/tools
 MODULE_PREFIX=github.com/openeuler/urma-k8s/hack/tools
 
@@ -307,12 +310,40 @@ _cni_plugins() {
 	write_stamp cni-plugins "$CNI_PLUGINS_VERSION"
 }
 
+# make e2e's container runtime (hack/e2e): containerd 2.x, which reads the CDI
+# specs the DRA driver writes, with its runc shim and ctr (image import). Its
+# module has no replace directives, so they are built straight from the proxy
+# into $CONTAINERD_BIN_DIR; runc itself is Debian's.
+CONTAINERD_CMDS=(containerd containerd-shim-runc-v2 ctr)
+_containerd() {
+	local c names=() pkgs=() tmp m=github.com/containerd/containerd/${CONTAINERD_VERSION%%.*}
+	for c in "${CONTAINERD_CMDS[@]}"; do
+		names+=("$CONTAINERD_BIN_DIR/$c")
+		pkgs+=("$m/cmd/$c@$CONTAINERD_VERSION")
+	done
+	stamp_current containerd "$CONTAINERD_VERSION" "${names[@]}" && return 0
+	rm -rf "$BIN/.install-containerd."* # left by an interrupted run (we hold the lock)
+	tmp=$(mktemp -d "$BIN/.install-containerd.XXXXXX")
+	# version.Version is what `containerd --version` and the CRI's
+	# RuntimeVersion report ("2.x.y+unknown" otherwise).
+	if ! timed "building ${CONTAINERD_CMDS[*]} $CONTAINERD_VERSION (first time only, takes a few minutes)" \
+		env GOBIN="$tmp" go install -trimpath -ldflags="-s -w -X $m/version.Version=$CONTAINERD_VERSION" "${pkgs[@]}"; then
+		rm -rf "$tmp"
+		return 1
+	fi
+	mkdir -p "$CONTAINERD_BIN_DIR"
+	for c in "${CONTAINERD_CMDS[@]}"; do mv -f "$tmp/$c" "$CONTAINERD_BIN_DIR/"; done
+	rm -rf "$tmp"
+	write_stamp containerd "$CONTAINERD_VERSION"
+}
+
 ensure() { # ensure TOOL: build TOOL unless cached (cheap check first, then under a lock)
 	local tool=$1 fn
 	case $tool in
 	kube-apiserver | kubectl) fn=(_kube "$tool" kube-apiserver sync_kube) ;;
 	kubelet | kube-controller-manager | kube-scheduler | kube-proxy) fn=(_kube "$tool" kube-node sync_kube_node) ;;
 	cni-plugins) fn=(_cni_plugins) ;;
+	containerd) fn=(_containerd) ;;
 	etcd) fn=(_etcd) ;;
 	controller-gen) fn=(_controller_gen) ;;
 	helm) fn=(_helm) ;;
@@ -329,7 +360,7 @@ ENVTEST_TOOLS=(kube-apiserver etcd)
 ALL_TOOLS=("${ENVTEST_TOOLS[@]}" kubectl controller-gen helm golangci-lint gremlins)
 # make e2e's (not part of `all`: most developers never run it, and kubelet and
 # kube-controller-manager add many minutes to a fresh machine's first build).
-E2E_TOOLS=("${ENVTEST_TOOLS[@]}" kubectl "${KUBE_NODE_TOOLS[@]}" cni-plugins helm)
+E2E_TOOLS=("${ENVTEST_TOOLS[@]}" kubectl "${KUBE_NODE_TOOLS[@]}" cni-plugins containerd helm)
 
 main() {
 	local target t
