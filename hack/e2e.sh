@@ -4,13 +4,15 @@
 # hack/e2e (bin/e2e/urma-e2e), which starts the cluster, runs the checks and
 # tears everything down:
 #
-#   containerd, runc, nftables      Debian's packages (apt-get, when missing)
+#   runc, nftables, iptables, ip    Debian's packages (apt-get, when missing)
 #   bin/k8s/*                       etcd, kube-apiserver, kubectl, kubelet,
 #                                   kube-controller-manager, kube-scheduler,
 #                                   kube-proxy at KUBERNETES_VERSION (hack/tools.sh)
 #   bin/cni/*                       bridge, host-local, loopback CNI plugins
+#   bin/containerd/*                containerd, its runc shim and ctr at
+#                                   CONTAINERD_VERSION (2.x: CDI, for the DRA driver)
 #   bin/helm
-#   bin/e2e/{urma-device-plugin,urma-operator,urma-perf,pause}
+#   bin/e2e/{urma-device-plugin,urma-dra-driver,urma-operator,urma-perf,pause}
 #                                   the project's binaries, static (CGO_ENABLED=0),
 #                                   which urma-e2e packs into OCI images
 #
@@ -29,11 +31,10 @@ die() { printf 'hack/e2e.sh: error: %s\n' "$*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "make e2e must run as root (kubelet, containerd, device nodes, mounts)"
 command -v go >/dev/null 2>&1 || die "go is not on PATH"
 
-# Debian's container runtime. Installed only when missing, as a fresh machine
-# or CI needs; the packages' own service is not used (urma-e2e runs a private
-# containerd with its own socket and state under -work).
+# Debian's runc and network tools. Installed only when missing, as a fresh
+# machine or CI needs. containerd is built by hack/tools.sh below (Debian's
+# 1.6 has no CDI); urma-e2e runs it with its own socket and state under -work.
 missing=()
-command -v containerd >/dev/null 2>&1 || missing+=(containerd)
 command -v runc >/dev/null 2>&1 || missing+=(runc)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
@@ -45,9 +46,9 @@ if ((${#missing[@]})); then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Kubernetes at the pinned version, the CNI plugins and helm. The first build
-# takes long on 2 cores (see docs/e2e.md); later runs reuse bin/.
-log "Kubernetes binaries, CNI plugins, helm (hack/tools.sh e2e; built once, then cached in bin/)"
+# Kubernetes at the pinned version, the CNI plugins, containerd and helm. The
+# first build takes long on 2 cores (see docs/e2e.md); later runs reuse bin/.
+log "Kubernetes binaries, CNI plugins, containerd, helm (hack/tools.sh e2e; built once, then cached in bin/)"
 BIN="$ROOT/bin" ENVTEST_ASSETS="$ROOT/bin/k8s" nice -n 19 hack/tools.sh e2e
 
 # The project's binaries, static, for the images.
@@ -59,6 +60,7 @@ build() { # build NAME PKG
 }
 log "building the project's binaries (static) into bin/e2e"
 build urma-device-plugin ./cmd/deviceplugin
+build urma-dra-driver ./cmd/dra-driver
 build urma-operator ./cmd/operator
 build urma-perf ./cmd/urma-perf
 build pause ./hack/e2e/pause

@@ -31,13 +31,14 @@ type ports struct {
 	kubelet, kubeletHealthz, proxyHealthz, proxyMetrics int
 }
 
-// Kubernetes binaries, relative to -bin-dir (hack/tools.sh builds them).
+// Kubernetes binaries and containerd, relative to -bin-dir (hack/tools.sh
+// builds them).
 var kubeBinaries = []string{"k8s/etcd", "k8s/kube-apiserver", "k8s/kube-controller-manager", "k8s/kube-scheduler",
-	"k8s/kube-proxy", "k8s/kubelet", "k8s/kubectl", "helm", "cni/bridge", "cni/host-local", "cni/loopback"}
+	"k8s/kube-proxy", "k8s/kubelet", "k8s/kubectl", "helm", "cni/bridge", "cni/host-local", "cni/loopback",
+	"containerd/containerd", "containerd/containerd-shim-runc-v2", "containerd/ctr"}
 
 // Host programs, from Debian's packages (hack/e2e.sh installs them).
 var hostPrograms = []struct{ name, pkg string }{
-	{"containerd", "containerd"}, {"containerd-shim-runc-v2", "containerd"}, {"ctr", "containerd"},
 	{"runc", "runc"}, {"nft", "nftables"}, {"iptables", "iptables"}, {"ip", "iproute2"},
 }
 
@@ -56,7 +57,7 @@ func (r *run) preflight(context.Context) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("missing (hack/e2e.sh builds and installs them; run make e2e):\n      %s", strings.Join(missing, "\n      "))
 	}
-	if out, err := exec.Command("containerd", "--version").Output(); err == nil {
+	if out, err := exec.Command(r.bin("containerd/containerd"), "--version").Output(); err == nil {
 		r.say("%s", strings.TrimSpace(string(out)))
 	}
 	if out, err := exec.Command("runc", "--version").Output(); err == nil {

@@ -23,17 +23,19 @@ func writeFile(path string, content []byte) error {
 	return nil
 }
 
-// writeContainerdConfig writes containerd 1.6's configuration: everything
-// under -work, runc through the v2 shim with cgroupfs, our pause image as
-// the sandbox image, and the bridge CNI.
+// writeContainerdConfig writes the configuration of containerd 2.x (built
+// into <bin>/containerd by hack/tools.sh): everything under -work, runc
+// through our v2 shim with cgroupfs, our pause image as the sandbox image,
+// the bridge CNI, and the run's own CDI directory, where the DRA driver
+// writes its claims' specs (steps 7 and 8).
 func (r *run) writeContainerdConfig() error {
 	p := r.paths
 	q := strconv.Quote
-	cfg := `version = 2
+	cfg := `version = 3
 root = ` + q(filepath.Join(p.containerd, "root")) + `
 state = ` + q(filepath.Join(p.containerd, "state")) + `
 # Snapshotters this host cannot or need not use; their probing only adds noise.
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs"]
 
 [grpc]
   address = ` + q(p.containerdSock) + `
@@ -41,20 +43,26 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [ttrpc]
   address = ` + q(p.containerdSock+".ttrpc") + `
 
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = ` + q(imageName("pause")) + `
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = ` + q(imageName("pause")) + `
+
+[plugins."io.containerd.cri.v1.runtime"]
   # The sandbox may not lower oom_score_adj (no CAP_SYS_RESOURCE here):
   # without this runc fails with "can't get final child's PID from pipe".
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  cdi_spec_dirs = [` + q(p.cdi) + `]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      # Our shim, not one of another containerd's on PATH.
+      runtime_path = ` + q(r.bin("containerd/containerd-shim-runc-v2")) + `
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = ` + q(r.bin("cni")) + `
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = [` + q(r.bin("cni")) + `]
     conf_dir = ` + q(p.cniConf) + `
 `
 	return writeFile(filepath.Join(p.config, "containerd.toml"), []byte(cfg))
@@ -112,9 +120,9 @@ func (r *run) writeKubeletConfig() error {
 		// This host mounts cgroup v1 hierarchies; kubelet 1.35+ refuses them
 		// unless told otherwise.
 		"failCgroupV1": false,
-		// containerd 1.6 lacks the CRI RuntimeConfig call, so kubelet uses
-		// its own setting (a fallback that ends in 1.38); runc's options
-		// above say SystemdCgroup = false to match.
+		// containerd 2.x tells kubelet its cgroup driver (the CRI
+		// RuntimeConfig call: cgroupfs, from SystemdCgroup = false above);
+		// this matches it for a runtime that cannot say.
 		"cgroupDriver":             "cgroupfs",
 		"containerRuntimeEndpoint": "unix://" + r.paths.containerdSock,
 		"address":                  r.nodeIP,

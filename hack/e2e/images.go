@@ -17,7 +17,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/ociimage"
 )
 
-// projectImages are the images make e2e packs: the chart's two, urma-perf
+// projectImages are the images make e2e packs: the chart's three, urma-perf
 // for the test pods, and the sandbox image. The binaries are built static
 // by hack/e2e.sh into <bin>/e2e/.
 var projectImages = []struct {
@@ -25,6 +25,7 @@ var projectImages = []struct {
 	user        string
 }{
 	{"urma-device-plugin", "URMA device plugin, advertises UB jetty budgets to kubelet", "65532:65532"},
+	{"urma-dra-driver", "URMA DRA driver, publishes UB devices as ResourceSlices with jetty capacity", "65532:65532"},
 	{"urma-operator", "URMA operator, reconciles UrmaEndpoint resources into tuned urma_* flags", "65532:65532"},
 	{"urma-perf", "URMA transport benchmark, server and client", "65532:65532"},
 	{"pause", "pod sandbox holder for make e2e", "65535:65535"},
@@ -101,19 +102,23 @@ func (r *run) packImages() (string, error) {
 }
 
 // ctr runs containerd's ctr against this run's containerd, in the CRI's
-// namespace.
+// namespace, and returns its stdout. Its stderr is only for errors: ctr
+// logs warnings there (containerd 2.x's cgroup v1 deprecation) that must not
+// be read as output, e.g. as image names.
 func (r *run) ctr(ctx context.Context, args ...string) ([]byte, error) {
 	full := append([]string{"--address", r.paths.containerdSock, "--namespace", "k8s.io"}, args...)
-	cmd := exec.CommandContext(ctx, "ctr", full...)
-	out, err := cmd.CombinedOutput()
+	cmd := exec.CommandContext(ctx, r.bin("containerd/ctr"), full...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return out, fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return out, fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()+string(out)))
 	}
 	return out, nil
 }
 
 func (r *run) startRuntime(ctx context.Context) error {
-	containerd, err := r.start("containerd", "/usr/bin/containerd", "--config", filepath.Join(r.paths.config, "containerd.toml"))
+	containerd, err := r.start("containerd", r.bin("containerd/containerd"), "--config", filepath.Join(r.paths.config, "containerd.toml"))
 	if err != nil {
 		return err
 	}

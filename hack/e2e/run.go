@@ -76,6 +76,7 @@ type paths struct {
 	work, logs                           string
 	pki, etcd, kubelet, containerd, cni  string
 	containerdSock, cniConf, cniIPAM     string
+	cdi                                  string // CDI specs: the DRA driver writes, containerd reads
 	podLogs, node, sysfs, images, config string
 }
 
@@ -89,6 +90,7 @@ func newPaths(work, logs string) paths {
 	p.cni = filepath.Join(work, "cni")
 	p.cniConf = filepath.Join(p.cni, "net.d")
 	p.cniIPAM = filepath.Join(p.cni, "ipam")
+	p.cdi = filepath.Join(work, "cdi")
 	p.node = filepath.Join(work, "node")
 	p.sysfs = filepath.Join(p.node, "sys")
 	p.images = filepath.Join(work, "images")
