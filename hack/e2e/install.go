@@ -69,21 +69,20 @@ func (r *run) ctrlClient() (client.Client, error) {
 	return c, nil
 }
 
-func (r *run) checkInstall(ctx context.Context) error {
-	chart := filepath.Join(r.o.root, "charts", "urma-k8s")
-	sets := []string{
-		"devicePlugin.image.repository=" + imageRepo + "urma-device-plugin",
-		"devicePlugin.image.tag=" + imageTag,
-		"devicePlugin.image.pullPolicy=Never",
+// chartImageSets are the chart values that point the operator at the
+// imported image; every install of the run uses them.
+func chartImageSets() []string {
+	return []string{
 		"operator.image.repository=" + imageRepo + "urma-operator",
 		"operator.image.tag=" + imageTag,
 		"operator.image.pullPolicy=Never",
-		// The fake UB node's sysfs tree; /dev stays the host's, where its
-		// device nodes are. (kubeletSocketDir keeps its default: kubelet
-		// serves device plugins in /var/lib/kubelet/device-plugins whatever
-		// its --root-dir.)
-		"devicePlugin.hostSysfs=" + r.paths.sysfs,
 	}
+}
+
+// helmInstall installs the chart with sets and waits until every DaemonSet
+// and Deployment of the release's namespace is Ready.
+func (r *run) helmInstall(ctx context.Context, sets []string) error {
+	chart := filepath.Join(r.o.root, "charts", "urma-k8s")
 	args := []string{"install", releaseName, chart, "--namespace", releaseNS, "--create-namespace"}
 	for _, s := range sets {
 		args = append(args, "--set", s)
@@ -93,7 +92,7 @@ func (r *run) checkInstall(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	err := r.poll(ctx, 5*time.Minute, "the device plugin DaemonSet and the operator Deployment to be Ready", func(ctx context.Context) (bool, error) {
+	err := r.poll(ctx, 5*time.Minute, "the release's DaemonSet and Deployment to be Ready", func(ctx context.Context) (bool, error) {
 		dss, err := r.cs.AppsV1().DaemonSets(releaseNS).List(ctx, metav1.ListOptions{})
 		if err != nil || len(dss.Items) == 0 {
 			return false, nil
@@ -118,13 +117,30 @@ func (r *run) checkInstall(ctx context.Context) error {
 		return fmt.Errorf("%w\n%s", err, r.podsReport(ctx, releaseNS))
 	}
 	r.say("DaemonSet and Deployment Ready after %s:\n%s", time.Since(start).Round(100*time.Millisecond), proc.Indent(r.podsReport(ctx, releaseNS), "      "))
+	return nil
+}
+
+func (r *run) checkInstall(ctx context.Context) error {
+	sets := append([]string{
+		"devicePlugin.image.repository=" + imageRepo + "urma-device-plugin",
+		"devicePlugin.image.tag=" + imageTag,
+		"devicePlugin.image.pullPolicy=Never",
+	}, chartImageSets()...)
+	// The fake UB node's sysfs tree; /dev stays the host's, where its
+	// device nodes are. (kubeletSocketDir keeps its default: kubelet
+	// serves device plugins in /var/lib/kubelet/device-plugins whatever
+	// its --root-dir.)
+	sets = append(sets, "devicePlugin.hostSysfs="+r.paths.sysfs)
+	if err := r.helmInstall(ctx, sets); err != nil {
+		return err
+	}
 
 	// The webhook serves when the API server gets its answer: a dry-run pod
 	// naming an UrmaEndpoint that does not exist is let through with the
 	// webhook's own warning. (failurePolicy Fail: an unreachable webhook
 	// would refuse it.)
 	var warning string
-	err = r.poll(ctx, 2*time.Minute, "the pod webhook to answer", func(ctx context.Context) (bool, error) {
+	err := r.poll(ctx, 2*time.Minute, "the pod webhook to answer", func(ctx context.Context) (bool, error) {
 		w, err := r.dryRunLabelledPod(ctx, "no-such-endpoint")
 		if err != nil {
 			return false, nil

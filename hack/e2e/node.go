@@ -76,6 +76,7 @@ func (r *run) fakeUBNode(ctx context.Context) error {
 	if err := json.Unmarshal(out, &found); err != nil {
 		return fmt.Errorf("read discover's output: %w", err)
 	}
+	r.discovered = found
 	r.expectedUnits = 0
 	for _, d := range found {
 		state := "not advertised"

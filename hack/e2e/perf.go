@@ -75,23 +75,10 @@ func (r *run) checkPerf(ctx context.Context) error {
 	if r.serverIP == "" {
 		return errors.New("no server pod IP: step 3 did not run")
 	}
-	server := net.JoinHostPort(r.serverIP, strconv.Itoa(perfPort))
-	runs := []*perfRun{{label: "URMA", mode: "auto"}, {label: "TCP", mode: "tcp"}}
-	for _, pr := range runs {
-		args := []string{"-n", testNS, "exec", clientPod, "--", "/usr/local/bin/urma-perf", "client",
-			"--server", server, "--size", "4096", "--concurrency", "4", "--duration", r.o.perfTime.String(),
-			"--mode", pr.mode, "--json"}
-		r.say("$ kubectl %s", strings.Join(args, " "))
-		stdout, stderr, err := r.kubectl(ctx, args...)
-		appendLog(filepath.Join(r.o.logs, "perf-client-"+pr.mode+".log"), stderr+stdout)
-		if err != nil {
-			return err
-		}
-		if pr.report, pr.fabrics, err = parsePerfRun(stdout, stderr); err != nil {
-			return fmt.Errorf("%s run: %w\n%s%s", pr.label, err, stderr, stdout)
-		}
+	runs, err := r.perfRuns(ctx, clientPod, r.serverIP)
+	if err != nil {
+		return err
 	}
-	r.say("%s", "\n"+proc.Indent(formatPerfRuns(runs), "    "))
 	u, t := runs[0].report, runs[1].report
 	if u.URMAConns == 0 {
 		return fmt.Errorf("no connection of the URMA run ran on URMA (fallback reasons above)")
@@ -103,6 +90,29 @@ func (r *run) checkPerf(ctx context.Context) error {
 	r.note("urma-perf pod to pod: %d/%d connections on URMA (%s), %.1f MiB/s vs TCP %.1f MiB/s (%.2fx)",
 		u.URMAConns, len(u.Conns), fabricSummary(runs[0]), u.SentBytesPerSec/(1<<20), t.SentBytesPerSec/(1<<20), ratio)
 	return nil
+}
+
+// perfRuns runs urma-perf client in pod client against the server at
+// serverIP, once over URMA (--mode auto), once over TCP, and prints both.
+func (r *run) perfRuns(ctx context.Context, client, serverIP string) ([]*perfRun, error) {
+	server := net.JoinHostPort(serverIP, strconv.Itoa(perfPort))
+	runs := []*perfRun{{label: "URMA", mode: "auto"}, {label: "TCP", mode: "tcp"}}
+	for _, pr := range runs {
+		args := []string{"-n", testNS, "exec", client, "--", "/usr/local/bin/urma-perf", "client",
+			"--server", server, "--size", "4096", "--concurrency", "4", "--duration", r.o.perfTime.String(),
+			"--mode", pr.mode, "--json"}
+		r.say("$ kubectl %s", strings.Join(args, " "))
+		stdout, stderr, err := r.kubectl(ctx, args...)
+		appendLog(filepath.Join(r.o.logs, client+"-"+pr.mode+".log"), stderr+stdout)
+		if err != nil {
+			return nil, err
+		}
+		if pr.report, pr.fabrics, err = parsePerfRun(stdout, stderr); err != nil {
+			return nil, fmt.Errorf("%s run: %w\n%s%s", pr.label, err, stderr, stdout)
+		}
+	}
+	r.say("%s", "\n"+proc.Indent(formatPerfRuns(runs), "    "))
+	return runs, nil
 }
 
 // fabricSummary names the fabrics the URMA connections used.

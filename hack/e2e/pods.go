@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -182,30 +183,62 @@ func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
 	if env[urmav1.EnvFlagsFile] != flagsFile {
 		return 0, fmt.Errorf("the container's %s is %q, the pod spec says %q", urmav1.EnvFlagsFile, env[urmav1.EnvFlagsFile], flagsFile)
 	}
-	// The device node as the container sees it, through its root.
+	st, err := checkDevNode(pid, dev)
+	if err != nil {
+		return 0, err
+	}
+	flags, err := r.checkFlagsFile(pid, flagsFile)
+	if err != nil {
+		return 0, err
+	}
+	r.say("pod %s (%s, pid %d): requests %s=%d; sees %s/%s (char %d:%d), %s (%d bytes, the endpoint's flags)",
+		p.Name, p.Status.PodIP, pid, nodefacts.ResourceName, req.Value(), hostDevDir, dev, unix.Major(st.Rdev), unix.Minor(st.Rdev),
+		urmaEnv(env), len(flags))
+	return req.Value(), nil
+}
+
+// checkDevNode checks that the container of pid sees /dev/uburma/<dev> as
+// the host's character device, through its root, and returns what it sees.
+func checkDevNode(pid int, dev string) (unix.Stat_t, error) {
 	inside := filepath.Join("/proc", strconv.Itoa(pid), "root", hostDevDir, dev)
 	var st, host unix.Stat_t
 	if err := unix.Stat(inside, &st); err != nil {
-		return 0, fmt.Errorf("the container has no %s/%s: %w", hostDevDir, dev, err)
+		return st, fmt.Errorf("the container has no %s/%s: %w", hostDevDir, dev, err)
 	}
 	if err := unix.Stat(filepath.Join(hostDevDir, dev), &host); err != nil {
-		return 0, fmt.Errorf("stat the host's %s/%s: %w", hostDevDir, dev, err)
+		return st, fmt.Errorf("stat the host's %s/%s: %w", hostDevDir, dev, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != host.Rdev {
-		return 0, fmt.Errorf("%s/%s in the container is mode %o rdev %d:%d, the host's is a character device %d:%d", hostDevDir, dev,
+		return st, fmt.Errorf("%s/%s in the container is mode %o rdev %d:%d, the host's is a character device %d:%d", hostDevDir, dev,
 			st.Mode, unix.Major(st.Rdev), unix.Minor(st.Rdev), unix.Major(host.Rdev), unix.Minor(host.Rdev))
 	}
+	return st, nil
+}
+
+// checkFlagsFile checks that the container of pid has the endpoint's
+// rendered flags at flagsFile, and returns them.
+func (r *run) checkFlagsFile(pid int, flagsFile string) ([]byte, error) {
 	flags, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "root", flagsFile))
 	if err != nil {
-		return 0, fmt.Errorf("read %s in the container: %w", flagsFile, err)
+		return nil, fmt.Errorf("read %s in the container: %w", flagsFile, err)
 	}
 	if !bytes.Equal(bytes.TrimSpace(flags), bytes.TrimSpace([]byte(r.flags))) {
-		return 0, fmt.Errorf("%s in the container differs from the endpoint's rendered flags", flagsFile)
+		return nil, fmt.Errorf("%s in the container differs from the endpoint's rendered flags", flagsFile)
 	}
-	r.say("pod %s (%s, pid %d): requests %s=%d; sees %s/%s (char %d:%d), URMA_DEVICE=%s URMA_JETTY_BUDGET=%s, %s=%s (%d bytes, the endpoint's flags)",
-		p.Name, p.Status.PodIP, pid, nodefacts.ResourceName, req.Value(), hostDevDir, dev, unix.Major(st.Rdev), unix.Minor(st.Rdev),
-		dev, budget, urmav1.EnvFlagsFile, flagsFile, len(flags))
-	return req.Value(), nil
+	return flags, nil
+}
+
+// urmaEnv lists a container's URMA_* variables, sorted: what the device
+// plugin or the claim's CDI spec (and the webhook) gave it.
+func urmaEnv(env map[string]string) string {
+	var kv []string
+	for k, v := range env {
+		if strings.HasPrefix(k, "URMA_") {
+			kv = append(kv, k+"="+v)
+		}
+	}
+	sort.Strings(kv)
+	return strings.Join(kv, " ")
 }
 
 // processEnv reads a process's environment from /proc.

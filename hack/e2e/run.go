@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/openeuler/urma-k8s/hack/internal/proc"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/discover"
 )
 
 // Names of the cluster this run creates.
@@ -51,10 +52,13 @@ type run struct {
 	order    []string               // start order, for stopping in reverse
 
 	nodeIP          string
-	serverIP        string // the urma-perf server pod's IP (step 3)
-	flags           string // the endpoint's rendered flags (step 2)
-	assigned        int    // jetty device IDs kubelet assigned to the two pods (step 3)
-	expectedUnits   int64  // urma.openeuler.org/jetty the plugin advertises on the fake node
+	serverIP        string               // the urma-perf server pod's IP (step 3)
+	flags           string               // the endpoint's rendered flags (step 2)
+	assigned        int                  // jetty device IDs kubelet assigned to the two pods (step 3)
+	expectedUnits   int64                // urma.openeuler.org/jetty the plugin advertises on the fake node
+	discovered      []discover.Device    // what urma-device-plugin discover reports on the fake node
+	draDevices      map[string]draDevice // the DRA driver's devices for the node, by name (step 7)
+	draBudget       int64                // jetties the endpoint's claim template asks for (step 7)
 	ports           ports
 	adminKubeconfig string
 	rest            *rest.Config
@@ -127,6 +131,8 @@ func (r *run) run(ctx context.Context) error {
 		{"4. urma-perf between the two pods: URMA vs TCP", r.checkPerf},
 		{"5. kubelet restart: plugin re-registers; oversized request stays Pending", r.checkKubeletRestart},
 		{"6. helm uninstall removes what it owns, keeps the CRD", r.checkUninstall},
+		{"7. helm install driver=dra: ResourceSlices match discover, DeviceClass, claim template", r.checkDRAInstall},
+		{"8. two labelled pods with claims: allocated, prepared, CDI environment and shm; urma-perf over shm", r.checkDRAPods},
 	}
 	fmt.Fprintf(r.out, "urma-k8s e2e: a real one-node Kubernetes on this machine\n")
 	fmt.Fprintf(r.out, "state in %s, logs in %s\n", r.o.work, r.o.logs)
