@@ -6,12 +6,14 @@
 // chart with images packed by the project itself, and checks the product
 // end to end on a fake UB node: the device plugin registering with the real
 // kubelet, the operator and its webhook, two pods talking over URMA, a
-// kubelet restart and helm uninstall. It tears everything down at the end,
+// kubelet restart and helm uninstall; then the chart again with the DRA
+// driver, and two pods whose claims it prepares through CDI talking over
+// URMA. It tears everything down at the end,
 // on failure and on Ctrl-C, and keeps every component's log in one folder.
 //
-// It runs as root on Linux. hack/e2e.sh (`make e2e`) installs containerd and
-// runc from Debian, builds the Kubernetes binaries, the CNI plugins and the
-// project's static binaries into bin/ and runs it. See docs/e2e.md.
+// It runs as root on Linux. hack/e2e.sh (`make e2e`) installs runc from
+// Debian, builds the Kubernetes binaries, the CNI plugins, containerd 2.x and
+// the project's static binaries into bin/ and runs it. See docs/e2e.md.
 package main
 
 import (
