@@ -64,6 +64,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = [` + q(r.bin("cni")) + `]
     conf_dir = ` + q(p.cniConf) + `
+
+# On by default in 2.x: it would unlink and take over /var/run/nri/nri.sock
+# (another runtime's, on a shared host), start the host's /opt/nri/plugins,
+# and leave its socket behind. The run needs no NRI.
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+
+# It creates <path>/{bin,lib} and puts them first on containerd's PATH:
+# keep them under -work, which teardown removes, not /opt/containerd.
+[plugins."io.containerd.internal.v1.opt"]
+  path = ` + q(filepath.Join(p.containerd, "opt")) + `
 `
 	return writeFile(filepath.Join(p.config, "containerd.toml"), []byte(cfg))
 }
