@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 func TestParseOptions(t *testing.T) {
@@ -227,5 +229,41 @@ func TestCgroupLayoutNamesThisHost(t *testing.T) {
 	}
 	if !strings.HasPrefix(got, "v1") && !strings.HasPrefix(got, "v2") && !strings.HasPrefix(got, "hybrid") {
 		t.Errorf("cgroupLayout = %q", got)
+	}
+}
+
+// The pods' shm directory is a hostPath the chart creates on the host
+// (shmDir, for both drivers) and the transports leave sockets in: teardown
+// must know it as a host directory the run may create, or every run leaves
+// it behind with its stale sockets.
+func TestHostDirsCoverTheChartsShmDirs(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "charts", "urma-k8s", "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values struct {
+		DevicePlugin struct {
+			ShmDir string `json:"shmDir"`
+		} `json:"devicePlugin"`
+		DRADriver struct {
+			ShmDir string `json:"shmDir"`
+		} `json:"draDriver"`
+	}
+	if err := yaml.Unmarshal(b, &values); err != nil {
+		t.Fatalf("charts/urma-k8s/values.yaml: %v", err)
+	}
+	for name, dir := range map[string]string{"devicePlugin.shmDir": values.DevicePlugin.ShmDir, "draDriver.shmDir": values.DRADriver.ShmDir} {
+		if dir == "" {
+			t.Errorf("%s is empty in values.yaml", name)
+			continue
+		}
+		covered := false
+		for _, h := range hostDirs {
+			rel, err := filepath.Rel(h, dir)
+			covered = covered || (err == nil && rel != ".." && !strings.HasPrefix(rel, "../"))
+		}
+		if !covered {
+			t.Errorf("%s %s is under none of teardown's host directories %v", name, dir, hostDirs)
+		}
 	}
 }

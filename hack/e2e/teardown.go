@@ -401,8 +401,10 @@ func unmountUnder(dir string) (int, error) {
 // hostDirs are directories outside -work that kubelet and containerd
 // create whatever they are told: kubelet serves device plugins in
 // /var/lib/kubelet/device-plugins, runc keeps container state under
-// /run/containerd. Teardown removes those the run created.
-var hostDirs = []string{"/var/lib/kubelet", "/run/containerd"}
+// /run/containerd; and the chart's shmDir (the device plugin's and the DRA
+// driver's, a hostPath created on use), where the pods' transports leave
+// their sockets. Teardown removes those the run created.
+var hostDirs = []string{"/var/lib/kubelet", "/run/containerd", "/var/run/urma-k8s"}
 
 func (r *run) hostDirsFile() string { return filepath.Join(r.o.work, "created-host-dirs") }
 
