@@ -90,13 +90,7 @@ func TestEventSpinMisses(t *testing.T) {
 			fl.EventSpin = time.Millisecond
 			fl.UsePolling = tc.polling
 			p := connect(t, cfgWith(a, fl), cfgWith(b, fl))
-			// Far past the spin: a read that starts late on a loaded machine
-			// still spins before the deadline.
-			_ = p.server.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-			if _, err := p.server.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("read from a silent peer: %v, want the deadline", err)
-			}
-			d := p.server.Debug()
+			d := readSilentPeer(t, p.server, tc.wantMisses)
 			if tc.wantMisses && (d.SpinReads != 1 || d.SpinMisses != 1) {
 				t.Fatalf("SpinReads=%d SpinMisses=%d, want 1 and 1", d.SpinReads, d.SpinMisses)
 			}
@@ -189,14 +183,9 @@ func TestEventSpinLimit(t *testing.T) {
 	if !decided {
 		t.Fatal("s1's 10 ms spin never outlasted s2's attempt in 50 tries")
 	}
-	// Alone, s2 spins. The deadline is far enough that a read descheduled
-	// on a loaded machine does not find it passed before it starts.
+	// Alone, s2 spins.
 	before := p2.server.Debug().SpinReads
-	_ = p2.server.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-	if _, err := p2.server.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("s2 read from a silent peer: %v", err)
-	}
-	if p2.server.Debug().SpinReads != before+1 {
+	if readSilentPeer(t, p2.server, true).SpinReads != before+1 {
 		t.Fatalf("s2 did not spin with no one else spinning")
 	}
 }
@@ -220,13 +209,38 @@ func TestEventSpinByFabric(t *testing.T) {
 			if got := p.server.Debug().Fabric; got != tc.fabric {
 				t.Fatalf("fabric %q, want %q", got, tc.fabric)
 			}
-			_ = p.server.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-			if _, err := p.server.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("read from a silent peer: %v, want the deadline", err)
-			}
-			if d := p.server.Debug(); d.SpinReads != tc.wantSpins || d.SpinMisses != tc.wantSpins {
+			if d := readSilentPeer(t, p.server, tc.wantSpins > 0); d.SpinReads != tc.wantSpins || d.SpinMisses != tc.wantSpins {
 				t.Fatalf("SpinReads=%d SpinMisses=%d, want %d and %d", d.SpinReads, d.SpinMisses, tc.wantSpins, tc.wantSpins)
 			}
 		})
 	}
+}
+
+// readSilentPeer reads from c, whose peer is silent, until the read ends at
+// its deadline, and returns c's counters then. A read that spins has no
+// deadline until its spin has given up (SpinMisses moved): a deadline set
+// beforehand could pass before a read descheduled on a loaded machine
+// starts, and the read would then end without spinning. A read that must
+// not spin has a deadline from the start, well past where it would spin.
+func readSilentPeer(t *testing.T, c Conn, spins bool) DebugInfo {
+	t.Helper()
+	misses := c.Debug().SpinMisses
+	if !spins {
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 1))
+		done <- err
+	}()
+	if spins {
+		waitFor(t, "the read to spin and give up, or to end", 10*time.Second, func() bool {
+			return c.Debug().SpinMisses > misses || len(done) > 0
+		})
+		_ = c.SetReadDeadline(time.Now())
+	}
+	if err := <-done; !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read from a silent peer: %v, want the deadline", err)
+	}
+	return c.Debug()
 }
