@@ -403,6 +403,10 @@ type shmIO struct {
 	// meanwhile, for the watchdog to leave that stall to this bound.
 	stall  time.Duration
 	inRest atomic.Bool
+	// restParks counts a poller's parks in waitRest, for tests: one whose
+	// parks do not last shows far more than its wait over pollPark. The
+	// reader goroutine's sleeps show in its control word (offReaderWait).
+	restParks atomic.Uint64
 	// frameWaited is how long the token's holder has waited, in all, for
 	// the frame it reads, and frameRx the bytes it had read when the frame
 	// began: waitRest bounds the one by frameBound of the bytes read since
@@ -681,6 +685,7 @@ func (s *shmIO) waitRest() error {
 			if left <= 0 {
 				break
 			}
+			s.restParks.Add(1)
 			time.Sleep(min(left, pollPark))
 		}
 	}
