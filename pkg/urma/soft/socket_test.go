@@ -322,8 +322,14 @@ func TestBadPeerFailsOutstandingSends(t *testing.T) {
 // bound grows with what arrives (frameBound), so the connection stays up
 // and the answer the peer writes after the frame comes through.
 func TestSocketSlowLargeFrameIsNotFailed(t *testing.T) {
-	const piece, pieces = 256 << 10, 16 // a piece earns PeerTimeout/4, twice the pause
+	// A piece earns PeerTimeout/8, twice the pause, and the pauses add up
+	// to twice PeerTimeout: a watchdog that times the frame from a tick up
+	// to PeerTimeout/4 late, and checks it once a tick, still sees it pass
+	// PeerTimeout. The long PeerTimeout leaves nearly all of it between
+	// pauses: only a peer or reader descheduled that long looks stalled.
+	const piece, pieces = 128 << 10, 32
 	opts := socketOpts()
+	opts.PeerTimeout = time.Second
 	p, sink := loggedProvider(t, opts)
 	a := newSide(t, p, urma.JettyConfig{}, 64)
 	f := newFakePeer(t)
@@ -341,7 +347,7 @@ func TestSocketSlowLargeFrameIsNotFailed(t *testing.T) {
 		}
 		payload := make([]byte, piece)
 		for range pieces {
-			time.Sleep(opts.PeerTimeout / 8) // the slow peer under test, not a synchronisation
+			time.Sleep(opts.PeerTimeout / 16) // the slow peer under test, not a synchronisation
 			if _, err := nc.Write(payload); err != nil {
 				return
 			}
