@@ -20,8 +20,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
 	"github.com/openeuler/urma-k8s/pkg/dra/dratest"
@@ -48,27 +46,9 @@ const (
 // publishes, gets everything it does admitted.
 func TestDRASlicePolicyOnTheAPIServer(t *testing.T) {
 	t.Parallel()
-	cfg := startEnvtest(t, &envtest.Environment{})
-	admin, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNS}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range render(t, "--set", "driver=dra") {
-		switch o.GetKind() {
-		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
-			apply(ctx, t, c, o)
-		}
-	}
+	cfg, admin := policyServer(ctx, t, "--set", "driver=dra")
 	for _, name := range []string{"node-a", "node-b", "node-c"} {
 		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

@@ -39,28 +39,9 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // tokens carry it).
 func TestNodePolicyOnTheAPIServer(t *testing.T) {
 	t.Parallel()
-	cfg := startEnvtest(t, &envtest.Environment{})
-	admin, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNS}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// The chart's ServiceAccounts, RBAC and admission policy, for real.
-	for _, o := range render(t) {
-		switch o.GetKind() {
-		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
-			apply(ctx, t, c, o)
-		}
-	}
+	cfg, admin := policyServer(ctx, t)
 	for _, name := range []string{"node-a", "node-b"} {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
 			Labels:      map[string]string{"team": "storage", nodefacts.LabelPresent: "false"},
@@ -220,6 +201,33 @@ func TestNodePolicyOnTheAPIServer(t *testing.T) {
 		}
 		vw.Stop()
 	})
+}
+
+// policyServer starts a kube-apiserver (envtest) with the release's
+// namespace and the chart's ServiceAccounts, RBAC and admission policies,
+// rendered with values, applied for real; it returns the server's admin
+// config and an admin client.
+func policyServer(ctx context.Context, t *testing.T, values ...string) (*rest.Config, *kubernetes.Clientset) {
+	t.Helper()
+	cfg := startEnvtest(t, &envtest.Environment{})
+	admin, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range render(t, values...) {
+		switch o.GetKind() {
+		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			apply(ctx, t, c, o)
+		}
+	}
+	return cfg, admin
 }
 
 // apply server-side applies one rendered object for real.
