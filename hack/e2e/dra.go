@@ -230,7 +230,7 @@ func (r *run) checkDRAPods(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	u, t := runs[0].report, runs[1].report
+	u := runs[0].report
 	if u.URMAConns == 0 {
 		return errors.New("no connection of the URMA run ran on URMA (fallback reasons above)")
 	}
@@ -239,12 +239,7 @@ func (r *run) checkDRAPods(ctx context.Context) error {
 			return fmt.Errorf("URMA connection %d ran on %q, not the shm fabric the claims' shm mount is for", i, runs[0].fabrics[i])
 		}
 	}
-	ratio := 0.0
-	if t.SentBytesPerSec > 0 {
-		ratio = u.SentBytesPerSec / t.SentBytesPerSec
-	}
-	r.note("urma-perf between the DRA pods: %d/%d connections on URMA (%s), %.1f MiB/s vs TCP %.1f MiB/s (%.2fx)",
-		u.URMAConns, len(u.Conns), fabricSummary(runs[0]), u.SentBytesPerSec/(1<<20), t.SentBytesPerSec/(1<<20), ratio)
+	r.notePerf("urma-perf between the DRA pods", runs)
 	return nil
 }
 

@@ -79,17 +79,24 @@ func (r *run) checkPerf(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	u, t := runs[0].report, runs[1].report
+	u := runs[0].report
 	if u.URMAConns == 0 {
 		return fmt.Errorf("no connection of the URMA run ran on URMA (fallback reasons above)")
 	}
+	r.notePerf("urma-perf pod to pod", runs)
+	return nil
+}
+
+// notePerf notes what runs measured: the URMA run (runs[0]) beside the
+// TCP one (runs[1]), as a ratio.
+func (r *run) notePerf(what string, runs []*perfRun) {
+	u, t := runs[0].report, runs[1].report
 	ratio := 0.0
 	if t.SentBytesPerSec > 0 {
 		ratio = u.SentBytesPerSec / t.SentBytesPerSec
 	}
-	r.note("urma-perf pod to pod: %d/%d connections on URMA (%s), %.1f MiB/s vs TCP %.1f MiB/s (%.2fx)",
-		u.URMAConns, len(u.Conns), fabricSummary(runs[0]), u.SentBytesPerSec/(1<<20), t.SentBytesPerSec/(1<<20), ratio)
-	return nil
+	r.note("%s: %d/%d connections on URMA (%s), %.1f MiB/s vs TCP %.1f MiB/s (%.2fx)",
+		what, u.URMAConns, len(u.Conns), fabricSummary(runs[0]), u.SentBytesPerSec/(1<<20), t.SentBytesPerSec/(1<<20), ratio)
 }
 
 // perfRuns runs urma-perf client in pod client against the server at
