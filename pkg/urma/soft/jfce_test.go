@@ -38,16 +38,14 @@ func fire(q *jfc) { q.push(&urma.Completion{Status: urma.StatusSuccess, UserCtx:
 func readable(t *testing.T, e *jfce) bool {
 	t.Helper()
 	fds := []unix.PollFd{{Fd: int32(e.Fd()), Events: unix.POLLIN}}
-	for {
-		n, err := unix.Poll(fds, 0)
-		if errors.Is(err, unix.EINTR) {
-			// Even a zero-timeout poll(2) fails with EINTR when a signal
-			// (the runtime's preemption signal among them) is pending.
-			continue
-		}
-		mustOK(t, err, "poll the JFCE descriptor")
-		return n == 1 && fds[0].Revents&unix.POLLIN != 0
-	}
+	var n int
+	// Even a zero-timeout poll(2) fails with EINTR while a signal is pending.
+	err := ignoringEINTR(func() (err error) {
+		n, err = unix.Poll(fds, 0)
+		return err
+	})
+	mustOK(t, err, "poll the JFCE descriptor")
+	return n == 1 && fds[0].Revents&unix.POLLIN != 0
 }
 
 // The JFCE's descriptor is readable exactly while an event is pending: a

@@ -267,13 +267,7 @@ func TestShmPeerNeverReadsItsAnswers(t *testing.T) {
 	msg := make([]byte, shmSegMsgLen)
 	for h := uint32(1); ; h++ {
 		encodeShmSeg(msg, &shmSegMsg{typ: shmMsgSegMap, handle: h, length: 4096})
-		err := unix.Sendmsg(f.ctlFd, msg, unix.UnixRights(ro), nil, unix.MSG_NOSIGNAL)
-		if errors.Is(err, unix.EINTR) {
-			// A send with SO_SNDTIMEO is not restarted after a signal
-			// (the runtime's preemption signal among them): send it again.
-			h--
-			continue
-		}
+		err := ignoringEINTR(func() error { return unix.Sendmsg(f.ctlFd, msg, unix.UnixRights(ro), nil, unix.MSG_NOSIGNAL) })
 		if peerHungUp(err) {
 			break // the device dropped the connection
 		}
