@@ -78,17 +78,25 @@ func connect(t testing.TB, scfg, ccfg Config) pair {
 // ccfg; both are closed at cleanup (closing them earlier is fine).
 func listenAndDialer(t testing.TB, scfg, ccfg Config) (*Listener, *Dialer) {
 	t.Helper()
-	ln, err := ListenTransport("tcp", "127.0.0.1:0", scfg)
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
+	ln := listenLoopback(t, scfg)
 	d, err := NewDialer(ccfg)
 	if err != nil {
 		t.Fatalf("new dialer: %v", err)
 	}
 	t.Cleanup(func() { _ = d.Close() })
 	return ln, d
+}
+
+// listenLoopback is a Listener with cfg on a free loopback port, closed
+// when the test ends.
+func listenLoopback(t testing.TB, cfg Config) *Listener {
+	t.Helper()
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	return ln
 }
 
 // syncBytes is what a client that fell back before its hello sends first.

@@ -51,15 +51,7 @@ func TestSoftMaxConnsFlag(t *testing.T) {
 					}
 				}
 				ln1, d := listenAndDialer(t, fabricCfg(fabric, dir, nil), ccfg)
-				listen := func() *Listener {
-					ln, err := ListenTransport("tcp", "127.0.0.1:0", fabricCfg(fabric, dir, nil))
-					if err != nil {
-						t.Fatalf("listen: %v", err)
-					}
-					t.Cleanup(func() { _ = ln.Close() })
-					return ln
-				}
-				ln2, ln3 := listen(), listen()
+				ln2, ln3 := listenLoopback(t, fabricCfg(fabric, dir, nil)), listenLoopback(t, fabricCfg(fabric, dir, nil))
 				for i, ln := range []*Listener{ln1, ln2} {
 					p := dialAccept(t, ln, d)
 					if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
