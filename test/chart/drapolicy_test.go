@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -54,8 +53,8 @@ func TestDRASlicePolicyOnTheAPIServer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	driverA := driverClient(t, cfg, "node-a")
-	noNode := driverClient(t, cfg, "")
+	driverA := asServiceAccount(t, cfg, draName, "node-a")
+	noNode := asServiceAccount(t, cfg, draName, "")
 
 	// Policies take effect once the API server has loaded them: wait until
 	// the driver is refused another node's slice (a dry run, so that nothing
@@ -175,27 +174,8 @@ func TestDRASlicePolicyOnTheAPIServer(t *testing.T) {
 	t.Run("the driver's own slice controller", func(t *testing.T) {
 		// A node of its own: the controller owns every slice of its node and
 		// driver, and would delete the cases' slices of node-a.
-		publishLikeTheDriver(ctx, t, admin, driverClient(t, cfg, "node-c"), "node-c")
+		publishLikeTheDriver(ctx, t, admin, asServiceAccount(t, cfg, draName, "node-c"), "node-c")
 	})
-}
-
-// driverClient acts as the DRA driver's ServiceAccount; node is the node
-// claim of its token ("" for a token without one).
-func driverClient(t *testing.T, cfg *rest.Config, node string) kubernetes.Interface {
-	t.Helper()
-	rc := rest.CopyConfig(cfg)
-	rc.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + releaseNS + ":" + draName,
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNS, "system:authenticated"},
-	}
-	if node != "" {
-		rc.Impersonate.Extra = map[string][]string{nodeNameExtra: {node}}
-	}
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cs
 }
 
 // testSlice is a one-device slice of a node ("" = all nodes) and driver.

@@ -155,16 +155,7 @@ func TestNodePolicyOnTheAPIServer(t *testing.T) {
 	// A long-lived Secret token's user has no extra at all, unlike the
 	// unbound token above; impersonation without extras stands in for it.
 	t.Run("a user without any extra", func(t *testing.T) {
-		rc := rest.CopyConfig(cfg)
-		rc.Impersonate = rest.ImpersonationConfig{
-			UserName: "system:serviceaccount:" + releaseNS + ":" + dpName,
-			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNS, "system:authenticated"},
-		}
-		cs, err := kubernetes.NewForConfig(rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = patchNode(ctx, cs, "node-a", map[string]any{"labels": map[string]any{nodefacts.LabelPresent: "true"}})
+		err := patchNode(ctx, asServiceAccount(t, cfg, dpName, ""), "node-a", map[string]any{"labels": map[string]any{nodefacts.LabelPresent: "true"}})
 		if err == nil || !strings.Contains(err.Error(), "names no node") {
 			t.Errorf("error %v, want a denial saying the token names no node", err)
 		}
@@ -177,15 +168,7 @@ func TestNodePolicyOnTheAPIServer(t *testing.T) {
 	})
 
 	t.Run("the operator watches its webhook configurations by name only", func(t *testing.T) {
-		op := rest.CopyConfig(cfg)
-		op.Impersonate = rest.ImpersonationConfig{
-			UserName: "system:serviceaccount:" + releaseNS + ":" + operatorName,
-			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNS, "system:authenticated"},
-		}
-		cs, err := kubernetes.NewForConfig(op)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cs := asServiceAccount(t, cfg, operatorName, "")
 		hooks := cs.AdmissionregistrationV1().MutatingWebhookConfigurations()
 		w, err := hooks.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + webhookCfgName})
 		if err != nil {
@@ -201,6 +184,26 @@ func TestNodePolicyOnTheAPIServer(t *testing.T) {
 		}
 		vw.Stop()
 	})
+}
+
+// asServiceAccount is a client that acts as the release's ServiceAccount sa
+// (impersonated); node is the node claim of its token, "" for a token
+// without extras (a long-lived Secret token's user has none).
+func asServiceAccount(t *testing.T, cfg *rest.Config, sa, node string) kubernetes.Interface {
+	t.Helper()
+	rc := rest.CopyConfig(cfg)
+	rc.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + releaseNS + ":" + sa,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNS, "system:authenticated"},
+	}
+	if node != "" {
+		rc.Impersonate.Extra = map[string][]string{nodeNameExtra: {node}}
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
 }
 
 // policyServer starts a kube-apiserver (envtest) with the release's
