@@ -226,21 +226,9 @@ func (r *run) checkDRAPods(ctx context.Context) error {
 			return fmt.Errorf("pod %s: %w", p.Name, err)
 		}
 	}
-	runs, err := r.perfRuns(ctx, draClientPod, pods[0].Status.PodIP)
-	if err != nil {
-		return err
-	}
-	u := runs[0].report
-	if u.URMAConns == 0 {
-		return errors.New("no connection of the URMA run ran on URMA (fallback reasons above)")
-	}
-	for i, c := range u.Conns {
-		if c.Mode == "urma" && !strings.Contains(runs[0].fabrics[i], "shm") {
-			return fmt.Errorf("URMA connection %d ran on %q, not the shm fabric the claims' shm mount is for", i, runs[0].fabrics[i])
-		}
-	}
-	r.notePerf("urma-perf between the DRA pods", runs)
-	return nil
+	// The claims' shm mount is for the shm fabric: every URMA connection
+	// must use it.
+	return r.perfBetweenPods(ctx, "urma-perf between the DRA pods", draClientPod, pods[0].Status.PodIP, "shm")
 }
 
 // checkClaimPod checks one pod of step 8.

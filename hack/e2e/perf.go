@@ -75,28 +75,34 @@ func (r *run) checkPerf(ctx context.Context) error {
 	if r.serverIP == "" {
 		return errors.New("no server pod IP: step 3 did not run")
 	}
-	runs, err := r.perfRuns(ctx, clientPod, r.serverIP)
+	return r.perfBetweenPods(ctx, "urma-perf pod to pod", clientPod, r.serverIP, "")
+}
+
+// perfBetweenPods runs urma-perf from pod client to the server at serverIP
+// (perfRuns), requires URMA connections in the URMA run, on a fabric whose
+// name holds fabric unless that is "", and notes the figures: the URMA run
+// beside the TCP one, as a ratio.
+func (r *run) perfBetweenPods(ctx context.Context, what, client, serverIP, fabric string) error {
+	runs, err := r.perfRuns(ctx, client, serverIP)
 	if err != nil {
 		return err
 	}
-	u := runs[0].report
-	if u.URMAConns == 0 {
-		return fmt.Errorf("no connection of the URMA run ran on URMA (fallback reasons above)")
-	}
-	r.notePerf("urma-perf pod to pod", runs)
-	return nil
-}
-
-// notePerf notes what runs measured: the URMA run (runs[0]) beside the
-// TCP one (runs[1]), as a ratio.
-func (r *run) notePerf(what string, runs []*perfRun) {
 	u, t := runs[0].report, runs[1].report
+	if u.URMAConns == 0 {
+		return errors.New("no connection of the URMA run ran on URMA (fallback reasons above)")
+	}
+	for i, c := range u.Conns {
+		if fabric != "" && c.Mode == "urma" && !strings.Contains(runs[0].fabrics[i], fabric) {
+			return fmt.Errorf("URMA connection %d ran on %q, not the %s fabric", i, runs[0].fabrics[i], fabric)
+		}
+	}
 	ratio := 0.0
 	if t.SentBytesPerSec > 0 {
 		ratio = u.SentBytesPerSec / t.SentBytesPerSec
 	}
 	r.note("%s: %d/%d connections on URMA (%s), %.1f MiB/s vs TCP %.1f MiB/s (%.2fx)",
 		what, u.URMAConns, len(u.Conns), fabricSummary(runs[0]), u.SentBytesPerSec/(1<<20), t.SentBytesPerSec/(1<<20), ratio)
+	return nil
 }
 
 // perfRuns runs urma-perf client in pod client against the server at
