@@ -97,6 +97,14 @@ func TestDRADriver(t *testing.T) {
 	if got := fmt.Sprint(field(t, binding, "spec", "validationActions")); got != "[Deny]" {
 		t.Errorf("binding validationActions %s, want [Deny]", got)
 	}
+	// A release upgraded with --reuse-values from a chart older than the
+	// key has no value for it: the policy stays.
+	unset := render(t, "--set", "driver=dra", "--set", "draDriver.restrictSlicesToOwnNode=null")
+	for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		if found := ofKind(unset, kind); len(found) != 1 {
+			t.Errorf("draDriver.restrictSlicesToOwnNode unset renders %d %s, want 1", len(found), kind)
+		}
+	}
 	off := render(t, "--set", "driver=dra", "--set", "draDriver.restrictSlicesToOwnNode=false")
 	for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 		if found := ofKind(off, kind); len(found) != 0 {
