@@ -12,7 +12,8 @@ import (
 
 // A device takes at most Options.MaxConns connections from peer devices
 // dialing in: one more is refused, with the limit named in the dialer's
-// error and in the device's log, while the peers it holds keep working,
+// error (ErrConnLimit) and in the device's log, and counted
+// (ConnLimitRefusals), while the peers it holds keep working,
 // one of them may replace its connection, and a new peer gets in once
 // another left. Dialers that never say HELLO take at most MaxConns
 // handshakes; the next is hung up on at once, not after DialTimeout.
@@ -65,10 +66,15 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 			d2, err := dialIn()
 			mustOK(t, err, "second peer dials in")
 			_, err = dialIn()
-			if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "Options.MaxConns") {
-				t.Fatalf("third peer, past MaxConns 2: %v, want a refusal naming Options.MaxConns", err)
+			// The refusal arrives as a status code; the dialer's error still
+			// carries ErrConnLimit, for the caller to name its own setting.
+			if !errors.Is(err, urma.ErrUnreachable) || !errors.Is(err, ErrConnLimit) || !strings.Contains(err.Error(), "Options.MaxConns") {
+				t.Fatalf("third peer, past MaxConns 2: %v, want ErrUnreachable and ErrConnLimit, naming Options.MaxConns", err)
 			}
 			waitUntil(t, "the device to log the refusal", func() bool { return sink.has("the most Options.MaxConns allows") })
+			if n := pv.ConnLimitRefusals(); n != 1 {
+				t.Errorf("ConnLimitRefusals %d after refusing one peer, want 1", n)
+			}
 			sendOK(d1, "send of the first peer")
 			sendOK(d2, "send of the second peer")
 			// At the limit, a peer may still replace its connection.
@@ -111,6 +117,9 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 				t.Fatalf("dial past MaxConns handshakes: read %v, want the device to hang up", err)
 			}
 			waitUntil(t, "the device to log the refused handshake", func() bool { return sink.has("handshakes under way") })
+			if n := pv.ConnLimitRefusals(); n != 2 {
+				t.Errorf("ConnLimitRefusals %d after refusing a peer and a handshake, want 2", n)
+			}
 			// The refused dial holds nothing: only the two silent ones wait.
 			sd := pv.devices[0].sock
 			sd.mu.Lock()

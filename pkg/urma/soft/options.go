@@ -2,6 +2,7 @@ package soft
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -26,6 +27,13 @@ const (
 	// DefaultMaxConns is Options.MaxConns when left zero.
 	DefaultMaxConns = 1024
 )
+
+// ErrConnLimit is under every error of a device refused for its
+// connection limit (Options.MaxConns): a dial or import refused by a peer
+// device that holds as many connections as it may, the peer's refusal
+// arriving as a status code. errors.Is finds it, so that a caller can name
+// the setting it exposes for the limit.
+var ErrConnLimit = errors.New("the most Options.MaxConns allows")
 
 // Resolver maps a peer's EID to the TCP address ("host:port") to dial. It
 // returns "" and no error to fall back to decoding the address from the EID,

@@ -153,6 +153,21 @@ func (p *Provider) Devices() ([]urma.DeviceInfo, error) {
 	return out, nil
 }
 
+// ConnLimitRefusals counts the peer devices the provider's devices refused
+// for their connection limit (Options.MaxConns), in a handshake or past
+// it, since New. A caller that sees a peer give up on it can tell from a
+// rise that the limit may be why: the refused peer learns ErrConnLimit,
+// this side only counts.
+func (p *Provider) ConnLimitRefusals() uint64 {
+	var n uint64
+	for _, d := range p.devices {
+		if d.sock != nil {
+			n += d.sock.limitRefusals.Load()
+		}
+	}
+	return n
+}
+
 // Open creates a context on a device ("" means the first) bound to the EID at
 // eidIndex.
 func (p *Provider) Open(name string, eidIndex int) (urma.Context, error) {

@@ -414,7 +414,7 @@ func (p *peer) dialOnceShm(ctx context.Context) error {
 	case a.status == helloRefused:
 		refused = fmt.Errorf("%s refused this process (credentials or descriptors)", path)
 	case a.status == helloConnLimit:
-		refused = fmt.Errorf("%s refused the connection: device %s holds as many connections as its Options.MaxConns allows", path, p.eid)
+		refused = fmt.Errorf("%s refused the connection: device %s holds as many connections as it may, %w", path, p.eid, ErrConnLimit)
 	case a.status != helloOK:
 		refused = fmt.Errorf("%s could not set up its ring", path)
 	}

@@ -38,7 +38,8 @@ type sockDevice struct {
 	cancel   context.CancelFunc
 	// maxAnswers and maxCancels are the constants; tests lower them.
 	maxAnswers, maxCancels int
-	maxConns               int // Options.MaxConns
+	maxConns               int           // Options.MaxConns
+	limitRefusals          atomic.Uint64 // peers refused for maxConns (Provider.ConnLimitRefusals)
 	// connDying, set by tests, runs in conn.fail between the connection's
 	// death and the failing of its peer's sends: a send posted there meets
 	// the dead connection before peerDown does.
@@ -361,8 +362,9 @@ func (sd *sockDevice) beginHandshake(nc net.Conn) bool {
 	switch {
 	case closed:
 	case n >= sd.maxConns:
+		sd.limitRefusals.Add(1)
 		sd.log().Info("refusing connection", "remote", nc.RemoteAddr().String(),
-			"reason", fmt.Sprintf("%d handshakes under way, the most Options.MaxConns allows", n))
+			"reason", fmt.Errorf("%d handshakes under way, %w", n, ErrConnLimit).Error())
 	default:
 		return true
 	}
@@ -385,7 +387,8 @@ func (sd *sockDevice) admit(p *peer) (reserved bool, err error) {
 	sd.mu.Lock()
 	defer sd.mu.Unlock()
 	if n := len(sd.conns) + sd.reserved; n >= sd.maxConns {
-		return false, fmt.Errorf("%d connections open or being accepted, the most Options.MaxConns allows", n)
+		sd.limitRefusals.Add(1)
+		return false, fmt.Errorf("%d connections open or being accepted, %w", n, ErrConnLimit)
 	}
 	sd.reserved++
 	return true, nil
@@ -653,7 +656,26 @@ func (p *peer) connect(ctx context.Context) (*conn, error) {
 	if p.conn != nil {
 		return p.conn, nil
 	}
-	return nil, urma.Errorf("import", urma.CodeConnRefused, "connect to %s: %v", p.eid, p.lastErr)
+	return nil, withCause(urma.Errorf("import", urma.CodeConnRefused, "connect to %s: %v", p.eid, p.lastErr), p.lastErr)
+}
+
+// causedError is a urma error whose detail came from an error below it:
+// errors.Is and errors.As find both, so that the code (ErrUnreachable)
+// and the cause (ErrConnLimit) each answer.
+type causedError struct {
+	err   error // a *urma.Error
+	cause error
+}
+
+func (e *causedError) Error() string   { return e.err.Error() }
+func (e *causedError) Unwrap() []error { return []error{e.err, e.cause} }
+
+// withCause keeps cause reachable under err, whose text already holds it.
+func withCause(err, cause error) error {
+	if cause == nil {
+		return err
+	}
+	return &causedError{err: err, cause: cause}
 }
 
 var errDuplicate = errors.New("peer kept the connection it dialed")
@@ -746,7 +768,7 @@ func (p *peer) dialOnce(ctx context.Context) error {
 		return errDuplicate
 	case a.status == helloConnLimit:
 		_ = nc.Close()
-		return fmt.Errorf("%s refused the connection: device %s holds as many connections as its Options.MaxConns allows", addr, p.eid)
+		return fmt.Errorf("%s refused the connection: device %s holds as many connections as it may, %w", addr, p.eid, ErrConnLimit)
 	case a.status == helloWrongEID || a.eid != p.eid:
 		_ = nc.Close()
 		return fmt.Errorf("%s is device %s, not %s", addr, a.eid, p.eid)
