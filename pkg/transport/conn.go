@@ -36,6 +36,9 @@ type urmaConn struct {
 	role     string
 	log      logr.Logger
 	version  int
+	// limitMark is the engine's connLimitRefusals when the handshake
+	// began (peerDeclined).
+	limitMark uint64
 
 	// Fixed once the peer's hello is applied.
 	remoteJetty urma.RemoteJetty
@@ -120,7 +123,7 @@ func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaCon
 		return nil, fallbackf(ReasonResources, "buffer pool has %d free buffers, a connection needs %d for its receive queue (raise urma_buffer_count)", free, rq)
 	}
 	c := &urmaConn{
-		e: e, res: res, spec: spec, pool: e.pool, tcp: tcp, role: role,
+		e: e, res: res, spec: spec, pool: e.pool, tcp: tcp, role: role, limitMark: e.connLimitRefusals(),
 		log:      e.log.WithValues("local", tcp.LocalAddr().String(), "remote", tcp.RemoteAddr().String()),
 		rx:       rx,
 		rxState:  make([]rxState, rq), // rxSpare: the connection's, not posted yet
@@ -244,13 +247,13 @@ func (c *urmaConn) applyPeer(ctx context.Context, h handshake.Hello) *fallback {
 		EID: h.SegEID, UASID: h.SegUASID, VA: h.SegVA, Len: h.SegLen, TokenID: h.SegTokenID,
 	}, token)
 	if err != nil {
-		return fallbackf(ReasonImportFailed, "import the peer's segment: %v", err)
+		return c.importFailed(err, "import the peer's segment")
 	}
 	c.remoteSeg = seg
 	c.remoteID = urma.JettyID{EID: h.EID, UASID: h.UASID, ID: h.JettyID}
 	rj, err := c.e.uctx.ImportJetty(ctx, c.remoteID, urma.RM, token)
 	if err != nil {
-		return fallbackf(ReasonImportFailed, "import the peer's jetty %s/%d: %v", h.EID, h.JettyID, err)
+		return c.importFailed(err, "import the peer's jetty %s/%d", h.EID, h.JettyID)
 	}
 	c.remoteJetty = rj
 	return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
+	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
@@ -189,4 +190,48 @@ func (e *engine) readerSpin() time.Duration {
 		return 0
 	}
 	return e.s.flags.EventSpin
+}
+
+// The software provider refuses a peer device past its connection limit
+// with soft.ErrConnLimit, which names soft.Options.MaxConns: the hints
+// below name the flag that sets it here.
+
+// importFailed is ReasonImportFailed for an import of what that failed
+// with err. When the peer's software device refused this one for its
+// connection limit, the detail says which flag, on which side, raises it.
+func (c *urmaConn) importFailed(err error, format string, args ...any) *fallback {
+	fb := fallbackf(ReasonImportFailed, format, args...)
+	fb.detail += fmt.Sprintf(": %v", err)
+	if errors.Is(err, soft.ErrConnLimit) {
+		fb.detail += fmt.Sprintf("; raise --urma_soft_max_conns on the %s, which sets that limit", peerRole(c.role))
+	}
+	return fb
+}
+
+// peerDeclined is ReasonPeerDeclined. The peer does not say why it
+// declined; when this process's software device refused peer devices for
+// its connection limit while the handshake ran, the peer's import may
+// have been one, so the detail names the flag that raises the limit.
+func (c *urmaConn) peerDeclined(format string, args ...any) *fallback {
+	fb := fallbackf(ReasonPeerDeclined, format, args...)
+	if n := c.e.connLimitRefusals() - c.limitMark; n > 0 {
+		fb.detail += fmt.Sprintf(" (meanwhile this process's software device refused %d peer device(s) at its connection limit: if the %s's was one, raise --urma_soft_max_conns here)", n, peerRole(c.role))
+	}
+	return fb
+}
+
+// connLimitRefusals is how many peer devices the engine's provider has
+// refused for its connection limit: always 0 but for the software one.
+func (e *engine) connLimitRefusals() uint64 {
+	if sp, ok := e.prov.(*soft.Provider); ok {
+		return sp.ConnLimitRefusals()
+	}
+	return 0
+}
+
+func peerRole(role string) string {
+	if role == metrics.RoleClient {
+		return metrics.RoleServer
+	}
+	return metrics.RoleClient
 }

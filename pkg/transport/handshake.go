@@ -146,7 +146,7 @@ func (c *urmaConn) clientExchange(ctx context.Context, version handshake.Version
 			return nil, "", fmt.Errorf("read the server's hello: %w", err)
 		}
 		if handshake.IsFallback(h) {
-			return fallBack(fallbackf(ReasonPeerDeclined, "the server answered with a fallback hello"), nil, true)
+			return fallBack(c.peerDeclined("the server answered with a fallback hello"), nil, true)
 		}
 		return fallBack(fallbackf(ReasonInvalidHello, "server hello: %v", err), nil, true)
 	}
@@ -397,9 +397,10 @@ func (s *serverSide) finish(ctx context.Context) (Conn, string, error) {
 	case lenient && ack.Reserved():
 		return s.tcpMode(s.why, raw, int(s.version))
 	case !ack.UseURMA() && s.conn != nil:
+		fb := s.conn.peerDeclined("the client's ACK (flags %#x) asks for TCP", uint32(ack))
 		s.conn.release()
 		s.conn = nil
-		return s.tcpMode(fallbackf(ReasonPeerDeclined, "the client's ACK (flags %#x) asks for TCP", uint32(ack)), nil, int(s.version))
+		return s.tcpMode(fb, nil, int(s.version))
 	case !ack.UseURMA():
 		return s.tcpMode(s.why, nil, int(s.version))
 	case s.conn == nil:

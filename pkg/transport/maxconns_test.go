@@ -28,7 +28,8 @@ func TestSoftMaxConnsDefaultIsTheProviders(t *testing.T) {
 // connections) to that many server processes (a Listener each) over URMA.
 // The next server serves it on TCP at once, not after a timeout, with the
 // reasons docs/transport.md gives: import_failed on the server, naming the
-// refusal and the limit, peer_declined on the client. The servers the
+// refusal, the limit and the flag, peer_declined on the client, naming its
+// device's refusal and the flag. The servers the
 // client holds keep URMA, for further connections too. With the default,
 // the same third server gets URMA.
 func TestSoftMaxConnsFlag(t *testing.T) {
@@ -63,12 +64,17 @@ func TestSoftMaxConnsFlag(t *testing.T) {
 					t.Fatalf("third server: modes %s/%s (%q, %q), want %s", p.client.Mode(), p.server.Mode(), p.client.FallbackReason(), p.server.FallbackReason(), tc.wantMode)
 				}
 				if tc.wantMode == ModeTCP {
+					// Both name the flag to raise: the server from the
+					// refusal it met (soft.ErrConnLimit), the client from its
+					// device's refusal while the handshake ran.
 					got := p.server.FallbackReason()
-					if !strings.HasPrefix(got, string(ReasonImportFailed)+":") || !strings.Contains(got, "refused the connection") || !strings.Contains(got, "Options.MaxConns") {
-						t.Errorf("third server's fallback %q, want import_failed: the client's device refused, naming its limit", got)
+					if !strings.HasPrefix(got, string(ReasonImportFailed)+":") || !strings.Contains(got, "refused the connection") || !strings.Contains(got, "Options.MaxConns") ||
+						!strings.Contains(got, "raise --urma_soft_max_conns on the client") {
+						t.Errorf("third server's fallback %q, want import_failed: the client's device refused, naming its limit and the flag to raise on the client", got)
 					}
-					if got := p.client.FallbackReason(); !strings.HasPrefix(got, string(ReasonPeerDeclined)+":") {
-						t.Errorf("client's fallback to the third server %q, want peer_declined", got)
+					if got := p.client.FallbackReason(); !strings.HasPrefix(got, string(ReasonPeerDeclined)+":") || !strings.Contains(got, "refused 1 peer device(s) at its connection limit") ||
+						!strings.Contains(got, "raise --urma_soft_max_conns here") {
+						t.Errorf("client's fallback to the third server %q, want peer_declined naming its device's refusal and the flag to raise", got)
 					}
 				}
 				exchange(t, p.client, p.server, "bytes with the third server")
