@@ -93,7 +93,11 @@ type urmaConn struct {
 	msgsSent, msgsReceived   atomic.Uint64
 	stalls                   atomic.Uint64
 	spinReads, spinMisses    atomic.Uint64
-	counters                 metrics.DataCounters
+	// readSleeps counts reads that went to sleep for a message, past any
+	// spin: a test knows from it that a read is in its wait, when what it
+	// did (or did not) spin is settled.
+	readSleeps atomic.Uint64
+	counters   metrics.DataCounters
 }
 
 var (

@@ -256,6 +256,7 @@ func (c *urmaConn) awaitMessage(spun *bool) {
 			return
 		}
 	}
+	c.readSleeps.Add(1)
 	select {
 	case <-c.readable:
 	case <-c.closedCh:

@@ -36,15 +36,22 @@ func TestEventSpinTakesCompletions(t *testing.T) {
 			if _, err := p.client.Write([]byte("ping")); err != nil {
 				t.Fatal(err)
 			}
+			if !tc.wantRead {
+				// A read that never slept would prove nothing: it must
+				// sleep having found nothing, and no one may wake it with
+				// the message in the 75 ms it then has (as long as the
+				// three 25 ms reads this case took before).
+				d := readSilentPeer(t, p.server, 75*time.Millisecond)
+				if d.SpinReads != 0 || d.SpinMisses != 0 {
+					t.Errorf("SpinReads=%d SpinMisses=%d with urma_event_spin=0", d.SpinReads, d.SpinMisses)
+				}
+				return
+			}
 			// Each Read spins once, then sleeps until its deadline: retry
 			// until the message has landed in the completion queue.
 			buf := make([]byte, 8)
-			tries := 3
-			if tc.wantRead {
-				tries = 200
-			}
 			got := ""
-			for i := 0; i < tries && got == ""; i++ {
+			for i := 0; i < 200 && got == ""; i++ {
 				_ = p.server.SetReadDeadline(time.Now().Add(25 * time.Millisecond))
 				n, err := p.server.Read(buf)
 				if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -53,20 +60,11 @@ func TestEventSpinTakesCompletions(t *testing.T) {
 				got = string(buf[:n])
 			}
 			d := p.server.Debug()
-			if tc.wantRead {
-				if got != "ping" {
-					t.Fatalf("read %q after %d tries, want ping (debug: %s)", got, tries, d)
-				}
-				if d.SpinReads == 0 {
-					t.Errorf("SpinReads = 0 after a read that spun")
-				}
-				return
+			if got != "ping" {
+				t.Fatalf("read %q after 200 tries, want ping (debug: %s)", got, d)
 			}
-			if got != "" {
-				t.Fatalf("read %q with events muted and no spin: something else polled", got)
-			}
-			if d.SpinReads != 0 || d.SpinMisses != 0 {
-				t.Errorf("SpinReads=%d SpinMisses=%d with urma_event_spin=0", d.SpinReads, d.SpinMisses)
+			if d.SpinReads == 0 {
+				t.Errorf("SpinReads = 0 after a read that spun")
 			}
 		})
 	}
@@ -90,7 +88,7 @@ func TestEventSpinMisses(t *testing.T) {
 			fl.EventSpin = time.Millisecond
 			fl.UsePolling = tc.polling
 			p := connect(t, cfgWith(a, fl), cfgWith(b, fl))
-			d := readSilentPeer(t, p.server, tc.wantMisses)
+			d := readSilentPeer(t, p.server, 0)
 			if tc.wantMisses && (d.SpinReads != 1 || d.SpinMisses != 1) {
 				t.Fatalf("SpinReads=%d SpinMisses=%d, want 1 and 1", d.SpinReads, d.SpinMisses)
 			}
@@ -185,7 +183,7 @@ func TestEventSpinLimit(t *testing.T) {
 	}
 	// Alone, s2 spins.
 	before := p2.server.Debug().SpinReads
-	if readSilentPeer(t, p2.server, true).SpinReads != before+1 {
+	if readSilentPeer(t, p2.server, 0).SpinReads != before+1 {
 		t.Fatalf("s2 did not spin with no one else spinning")
 	}
 }
@@ -209,38 +207,48 @@ func TestEventSpinByFabric(t *testing.T) {
 			if got := p.server.Debug().Fabric; got != tc.fabric {
 				t.Fatalf("fabric %q, want %q", got, tc.fabric)
 			}
-			if d := readSilentPeer(t, p.server, tc.wantSpins > 0); d.SpinReads != tc.wantSpins || d.SpinMisses != tc.wantSpins {
+			if d := readSilentPeer(t, p.server, 0); d.SpinReads != tc.wantSpins || d.SpinMisses != tc.wantSpins {
 				t.Fatalf("SpinReads=%d SpinMisses=%d, want %d and %d", d.SpinReads, d.SpinMisses, tc.wantSpins, tc.wantSpins)
 			}
 		})
 	}
 }
 
-// readSilentPeer reads from c, whose peer is silent, until the read ends at
-// its deadline, and returns c's counters then. A read that spins has no
-// deadline until its spin has given up (SpinMisses moved): a deadline set
-// beforehand could pass before a read descheduled on a loaded machine
-// starts, and the read would then end without spinning. A read that must
-// not spin has a deadline from the start, well past where it would spin.
-func readSilentPeer(t *testing.T, c Conn, spins bool) DebugInfo {
+// readSilentPeer reads from c, whose peer is silent (or heard only in a
+// way that must not reach the read), and returns c's counters once the
+// read has ended at its deadline, set hold after the read went to sleep
+// for a message (readSleeps moved). Only then has the read settled
+// whether it spins: a read that ends before it sleeps (a deadline that
+// passed before a descheduled read started, a read that returns early)
+// proves nothing of a spin it did not take, and fails the test; so does
+// a read that gets a byte.
+func readSilentPeer(t *testing.T, c Conn, hold time.Duration) DebugInfo {
 	t.Helper()
-	misses := c.Debug().SpinMisses
-	if !spins {
-		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	uc, ok := c.(*urmaConn)
+	if !ok {
+		t.Fatalf("%T, want a URMA connection", c)
 	}
-	done := make(chan error, 1)
+	_ = c.SetReadDeadline(time.Time{}) // none left over: only ours ends it
+	sleeps := uc.readSleeps.Load()
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
 	go func() {
-		_, err := c.Read(make([]byte, 1))
-		done <- err
+		n, err := c.Read(make([]byte, 1))
+		done <- result{n, err}
 	}()
-	if spins {
-		waitFor(t, "the read to spin and give up, or to end", 10*time.Second, func() bool {
-			return c.Debug().SpinMisses > misses || len(done) > 0
-		})
-		_ = c.SetReadDeadline(time.Now())
+	waitFor(t, "the read to sleep for a message, or to end", 10*time.Second, func() bool {
+		return uc.readSleeps.Load() > sleeps || len(done) > 0
+	})
+	if uc.readSleeps.Load() == sleeps {
+		r := <-done
+		t.Fatalf("read from a silent peer ended before it slept (%d bytes, %v): whether it spins is not shown", r.n, r.err)
 	}
-	if err := <-done; !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("read from a silent peer: %v, want the deadline", err)
+	_ = c.SetReadDeadline(time.Now().Add(hold))
+	if r := <-done; r.n != 0 || !errors.Is(r.err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read from a silent peer: %d bytes, %v, want the deadline", r.n, r.err)
 	}
 	return c.Debug()
 }
