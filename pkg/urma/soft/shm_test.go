@@ -964,28 +964,32 @@ func TestShmSendByReferenceSizes(t *testing.T) {
 	}
 }
 
-// The ring sizes at both bounds are accepted; the next power of two past
-// the largest is refused.
+// The ring sizes at both bounds are accepted, and used; zero means
+// DefaultShmRing; the next power of two past the largest is refused.
 func TestShmRingSizeBounds(t *testing.T) {
 	cases := []struct {
-		size int
-		ok   bool
+		size, want int // want 0: refused
 	}{
-		{MinShmRing, true},
-		{MaxShmRing, true},
-		{MinShmRing / 2, false},
-		{2 * MaxShmRing, false},
+		{MinShmRing, MinShmRing},
+		{MaxShmRing, MaxShmRing},
+		{0, DefaultShmRing},
+		{MinShmRing / 2, 0},
+		{2 * MaxShmRing, 0},
 	}
 	for _, c := range cases {
 		opts := shmOpts(t)
 		opts.ShmRingSize = c.size
 		p, err := New(opts)
-		if err == nil {
-			mustOK(t, p.Close(), "close")
+		if (err == nil) != (c.want != 0) {
+			t.Errorf("ring of %d bytes: %v, want accepted %v", c.size, err, c.want != 0)
 		}
-		if (err == nil) != c.ok {
-			t.Errorf("ring of %d bytes: %v, want accepted %v", c.size, err, c.ok)
+		if err != nil {
+			continue
 		}
+		if got := p.devices[0].sock.shm.ringSize; c.want != 0 && got != c.want {
+			t.Errorf("ShmRingSize %d: the device's rings are %d bytes, want %d", c.size, got, c.want)
+		}
+		mustOK(t, p.Close(), "close")
 	}
 }
 
