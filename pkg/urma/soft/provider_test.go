@@ -616,18 +616,22 @@ func TestImportJettyIDOutOfRange(t *testing.T) {
 	}
 }
 
-// A device takes at most MaxJFC JFCs and MaxJFR JFRs at once; past that
-// creation fails with ErrNoMem, and closing one makes room again. (The
-// device here takes limit JFCs besides the JFRs' own.)
+// A device takes at most MaxJFC JFCs, MaxJFR JFRs and MaxJetty jetties at
+// once; past that creation fails with ErrNoMem, and closing one makes room
+// again. (The device here takes limit JFCs besides the JFRs' own, and limit
+// JFRs besides the jetties' own.)
 func TestDeviceQueueLimits(t *testing.T) {
 	const limit = 2
-	p := newProvider(t, Options{Fabric: NewFabric(), Devices: []DeviceSpec{{Caps: urma.DeviceCaps{MaxJFC: limit + 1, MaxJFR: limit}}}})
+	p := newProvider(t, Options{Fabric: NewFabric(), Devices: []DeviceSpec{{Caps: urma.DeviceCaps{MaxJFC: limit + 1, MaxJFR: limit + 1, MaxJetty: limit}}}})
 	ctx, err := p.Open("", 0)
 	mustOK(t, err, "open")
 	defer ctx.Close()
 	recvJFC, err := ctx.CreateJFC(urma.JFCConfig{Depth: 16}) // the JFRs' JFC, the (limit+1)-th
 	mustOK(t, err, "create the JFRs' JFC")
 	defer recvJFC.Close()
+	jettyJFR, err := ctx.CreateJFR(urma.JFRConfig{Mode: urma.RC, Depth: 4, JFC: recvJFC, TokenPolicy: urma.TokenPlainText, Token: 7})
+	mustOK(t, err, "create the jetties' JFR")
+	defer jettyJFR.Close()
 	cases := []struct {
 		name   string
 		create func() (interface{ Close() error }, error)
@@ -635,6 +639,9 @@ func TestDeviceQueueLimits(t *testing.T) {
 		{"JFC", func() (interface{ Close() error }, error) { return ctx.CreateJFC(urma.JFCConfig{Depth: 16}) }},
 		{"JFR", func() (interface{ Close() error }, error) {
 			return ctx.CreateJFR(urma.JFRConfig{Mode: urma.RC, Depth: 4, JFC: recvJFC, TokenPolicy: urma.TokenPlainText, Token: 7})
+		}},
+		{"jetty", func() (interface{ Close() error }, error) {
+			return ctx.CreateJetty(urma.JettyConfig{Mode: urma.RC, SQDepth: 4, SendJFC: recvJFC, JFR: jettyJFR})
 		}},
 	}
 	for _, c := range cases {
