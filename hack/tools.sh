@@ -255,6 +255,30 @@ go_install() {
 	write_stamp "$name" "$version"
 }
 
+# go_install_into STAMP VERSION DIR LDFLAGS WHAT PKG...: several commands of
+# one module (no replace directives either), built from the proxy as
+# go_install does, into DIR under their own names; WHAT names them in the log.
+go_install_into() {
+	local stamp=$1 version=$2 dir=$3 ldflags=$4 what=$5 p names=() pkgs=() tmp
+	shift 5
+	for p in "$@"; do
+		names+=("$dir/${p##*/}")
+		pkgs+=("$p@$version")
+	done
+	stamp_current "$stamp" "$version" "${names[@]}" && return 0
+	rm -rf "$BIN/.install-$stamp."* # left by an interrupted run (we hold the lock)
+	tmp=$(mktemp -d "$BIN/.install-$stamp.XXXXXX")
+	if ! timed "building $what $version (first time only)" \
+		env GOBIN="$tmp" go install -trimpath -ldflags="-s -w $ldflags" "${pkgs[@]}"; then
+		rm -rf "$tmp"
+		return 1
+	fi
+	mkdir -p "$dir"
+	for p in "$@"; do mv -f "$tmp/${p##*/}" "$dir/"; done
+	rm -rf "$tmp"
+	write_stamp "$stamp" "$version"
+}
+
 _controller_gen() {
 	go_install controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen "$CONTROLLER_TOOLS_VERSION"
 }
@@ -292,22 +316,10 @@ _helm() {
 # directives, so they are built straight from the proxy into $CNI_BIN_DIR.
 CNI_PLUGINS=(main/bridge ipam/host-local main/loopback)
 _cni_plugins() {
-	local p names=() tmp
-	for p in "${CNI_PLUGINS[@]}"; do names+=("$CNI_BIN_DIR/${p##*/}"); done
-	stamp_current cni-plugins "$CNI_PLUGINS_VERSION" "${names[@]}" && return 0
-	rm -rf "$BIN/.install-cni-plugins."* # left by an interrupted run (we hold the lock)
-	tmp=$(mktemp -d "$BIN/.install-cni-plugins.XXXXXX")
-	local pkgs=()
-	for p in "${CNI_PLUGINS[@]}"; do pkgs+=("github.com/containernetworking/plugins/plugins/$p@$CNI_PLUGINS_VERSION"); done
-	if ! timed "building CNI plugins ${CNI_PLUGINS[*]##*/} $CNI_PLUGINS_VERSION (first time only)" \
-		env GOBIN="$tmp" go install -trimpath -ldflags="-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" "${pkgs[@]}"; then
-		rm -rf "$tmp"
-		return 1
-	fi
-	mkdir -p "$CNI_BIN_DIR"
-	for p in "${CNI_PLUGINS[@]}"; do mv -f "$tmp/${p##*/}" "$CNI_BIN_DIR/"; done
-	rm -rf "$tmp"
-	write_stamp cni-plugins "$CNI_PLUGINS_VERSION"
+	local m=github.com/containernetworking/plugins
+	go_install_into cni-plugins "$CNI_PLUGINS_VERSION" "$CNI_BIN_DIR" \
+		"-X $m/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" \
+		"CNI plugins ${CNI_PLUGINS[*]##*/}" "${CNI_PLUGINS[@]/#/$m/plugins/}"
 }
 
 # make e2e's container runtime (hack/e2e): containerd 2.x, which reads the CDI
@@ -316,25 +328,12 @@ _cni_plugins() {
 # into $CONTAINERD_BIN_DIR; runc itself is Debian's.
 CONTAINERD_CMDS=(containerd containerd-shim-runc-v2 ctr)
 _containerd() {
-	local c names=() pkgs=() tmp m=github.com/containerd/containerd/${CONTAINERD_VERSION%%.*}
-	for c in "${CONTAINERD_CMDS[@]}"; do
-		names+=("$CONTAINERD_BIN_DIR/$c")
-		pkgs+=("$m/cmd/$c@$CONTAINERD_VERSION")
-	done
-	stamp_current containerd "$CONTAINERD_VERSION" "${names[@]}" && return 0
-	rm -rf "$BIN/.install-containerd."* # left by an interrupted run (we hold the lock)
-	tmp=$(mktemp -d "$BIN/.install-containerd.XXXXXX")
+	local m=github.com/containerd/containerd/${CONTAINERD_VERSION%%.*}
 	# version.Version is what `containerd --version` and the CRI's
 	# RuntimeVersion report ("2.x.y+unknown" otherwise).
-	if ! timed "building ${CONTAINERD_CMDS[*]} $CONTAINERD_VERSION (first time only, takes a few minutes)" \
-		env GOBIN="$tmp" go install -trimpath -ldflags="-s -w -X $m/version.Version=$CONTAINERD_VERSION" "${pkgs[@]}"; then
-		rm -rf "$tmp"
-		return 1
-	fi
-	mkdir -p "$CONTAINERD_BIN_DIR"
-	for c in "${CONTAINERD_CMDS[@]}"; do mv -f "$tmp/$c" "$CONTAINERD_BIN_DIR/"; done
-	rm -rf "$tmp"
-	write_stamp containerd "$CONTAINERD_VERSION"
+	go_install_into containerd "$CONTAINERD_VERSION" "$CONTAINERD_BIN_DIR" \
+		"-X $m/version.Version=$CONTAINERD_VERSION" \
+		"${CONTAINERD_CMDS[*]}" "${CONTAINERD_CMDS[@]/#/$m/cmd/}"
 }
 
 ensure() { # ensure TOOL: build TOOL unless cached (cheap check first, then under a lock)
