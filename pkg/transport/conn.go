@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -251,13 +252,13 @@ func (c *urmaConn) applyPeer(ctx context.Context, h handshake.Hello) *fallback {
 		EID: h.SegEID, UASID: h.SegUASID, VA: h.SegVA, Len: h.SegLen, TokenID: h.SegTokenID,
 	}, token)
 	if err != nil {
-		return c.importFailed(err, "import the peer's segment")
+		return c.importFailed(fmt.Errorf("import the peer's segment: %w", err))
 	}
 	c.remoteSeg = seg
 	c.remoteID = urma.JettyID{EID: h.EID, UASID: h.UASID, ID: h.JettyID}
 	rj, err := c.e.uctx.ImportJetty(ctx, c.remoteID, urma.RM, token)
 	if err != nil {
-		return c.importFailed(err, "import the peer's jetty %s/%d", h.EID, h.JettyID)
+		return c.importFailed(fmt.Errorf("import the peer's jetty %s/%d: %w", h.EID, h.JettyID, err))
 	}
 	c.remoteJetty = rj
 	return nil

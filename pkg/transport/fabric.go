@@ -196,16 +196,14 @@ func (e *engine) readerSpin() time.Duration {
 // with soft.ErrConnLimit, which names soft.Options.MaxConns: the hints
 // below name the flag that sets it here.
 
-// importFailed is ReasonImportFailed for an import of what that failed
-// with err. When the peer's software device refused this one for its
-// connection limit, the detail says which flag, on which side, raises it.
-func (c *urmaConn) importFailed(err error, format string, args ...any) *fallback {
-	fb := fallbackf(ReasonImportFailed, format, args...)
-	fb.detail += fmt.Sprintf(": %v", err)
+// importFailed is ReasonImportFailed for the failed import err. When the
+// peer's software device refused this one for its connection limit, the
+// detail says which flag, on which side, raises it.
+func (c *urmaConn) importFailed(err error) *fallback {
 	if errors.Is(err, soft.ErrConnLimit) {
-		fb.detail += fmt.Sprintf("; raise --urma_soft_max_conns on the %s, which sets that limit", peerRole(c.role))
+		return fallbackf(ReasonImportFailed, "%v; raise --urma_soft_max_conns on the %s, which sets that limit", err, peerRole(c.role))
 	}
-	return fb
+	return fallbackf(ReasonImportFailed, "%v", err)
 }
 
 // peerDeclined is ReasonPeerDeclined. The peer does not say why it
