@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -104,7 +103,7 @@ func sameDevices(want map[string]int64, got map[string]draDevice) error {
 		}
 	}
 	if len(diffs) > 0 {
-		sort.Strings(diffs)
+		slices.Sort(diffs)
 		return errors.New(strings.Join(diffs, "; "))
 	}
 	return nil
@@ -172,7 +171,7 @@ func (r *run) checkDRAInstall(ctx context.Context) error {
 	for name, d := range got {
 		names = append(names, fmt.Sprintf("%s %d jetties", name, d.jetties))
 	}
-	sort.Strings(names)
+	slices.Sort(names)
 	r.note("DRA driver: ResourceSlices of %s publish %s, as discover reported", nodeName, strings.Join(names, ", "))
 
 	if _, err := r.cs.ResourceV1().DeviceClasses().Get(ctx, draslices.DriverName, metav1.GetOptions{}); err != nil {
@@ -330,13 +329,7 @@ func claimResult(claim *resourcev1.ResourceClaim, pod types.UID) (resourcev1.Dev
 	if res.Driver != draslices.DriverName || res.Pool != nodeName {
 		return none, fmt.Errorf("allocated from driver %s pool %s, want %s pool %s", res.Driver, res.Pool, draslices.DriverName, nodeName)
 	}
-	reserved := false
-	for _, c := range claim.Status.ReservedFor {
-		if c.UID == pod {
-			reserved = true
-		}
-	}
-	if !reserved {
+	if !slices.ContainsFunc(claim.Status.ReservedFor, func(c resourcev1.ResourceClaimConsumerReference) bool { return c.UID == pod }) {
 		return none, fmt.Errorf("not reserved for the pod (reservedFor %+v)", claim.Status.ReservedFor)
 	}
 	return res, nil
