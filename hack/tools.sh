@@ -239,25 +239,14 @@ _etcd() {
 
 # go_install NAME PKG VERSION [EXTRA_LDFLAGS]: tools whose go.mod has no
 # replace directives are built straight from the proxy (go.sum is checked
-# against the checksum database) into $BIN/NAME.
+# against the checksum database) into $BIN/NAME, NAME being PKG's last element.
 go_install() {
-	local name=$1 pkg=$2 version=$3 extra=${4:-} tmp
-	stamp_current "$name" "$version" "$BIN/$name" && return 0
-	rm -rf "$BIN/.install-$name."* # left by an interrupted run (we hold the lock)
-	tmp=$(mktemp -d "$BIN/.install-$name.XXXXXX")
-	if ! timed "building $name $version (first time only)" \
-		env GOBIN="$tmp" go install -trimpath -ldflags="-s -w $extra" "$pkg@$version"; then
-		rm -rf "$tmp"
-		return 1
-	fi
-	mv -f "$tmp/$(basename "$pkg")" "$BIN/$name"
-	rm -rf "$tmp"
-	write_stamp "$name" "$version"
+	go_install_into "$1" "$3" "$BIN" "${4:-}" "$1" "$2"
 }
 
 # go_install_into STAMP VERSION DIR LDFLAGS WHAT PKG...: several commands of
-# one module (no replace directives either), built from the proxy as
-# go_install does, into DIR under their own names; WHAT names them in the log.
+# one module, built as go_install does, into DIR under their own names; WHAT
+# names them in the log.
 go_install_into() {
 	local stamp=$1 version=$2 dir=$3 ldflags=$4 what=$5 p names=() pkgs=() tmp
 	shift 5
