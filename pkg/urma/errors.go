@@ -40,11 +40,14 @@ func (c Code) String() string {
 
 // Error is the error every provider returns for a failed verb. Callers match
 // it with errors.Is against the Err* sentinels (which compare Codes) or
-// errors.As to read Op and Code.
+// errors.As to read Op and Code. Cause, when set, is the failure below the
+// verb (a system call's errno, a cancelled context, a provider's own
+// sentinel): errors.Is and errors.As reach it too.
 type Error struct {
 	Op     string // the verb, e.g. "post_send"
 	Code   Code
 	Detail string // what exactly was wrong, for people
+	Cause  error  // what failed underneath, already told in Detail; may be nil
 }
 
 func (e *Error) Error() string {
@@ -64,9 +67,24 @@ func (e *Error) Is(target error) bool {
 	return t.Code == e.Code
 }
 
+// Unwrap gives errors.Is and errors.As the cause.
+func (e *Error) Unwrap() error { return e.Cause }
+
 // Errorf builds an *Error; providers use it so every failure names its verb.
+// As with fmt.Errorf, a %w verb's operand (or several) becomes the Cause,
+// so that callers can tell, say, a cancelled wait from a dead peer without
+// parsing Detail. Wrap errors from below the verb, not other *Errors, whose
+// codes would then match errors.Is as well.
 func Errorf(op string, code Code, format string, args ...any) error {
-	return &Error{Op: op, Code: code, Detail: fmt.Sprintf(format, args...)}
+	w := fmt.Errorf(format, args...)
+	e := &Error{Op: op, Code: code, Detail: w.Error()}
+	switch u := w.(type) {
+	case interface{ Unwrap() error }:
+		e.Cause = u.Unwrap()
+	case interface{ Unwrap() []error }:
+		e.Cause = errors.Join(u.Unwrap()...)
+	}
+	return e
 }
 
 // Sentinels for errors.Is.

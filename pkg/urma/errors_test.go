@@ -1,6 +1,7 @@
 package urma
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"syscall"
@@ -89,6 +90,48 @@ func TestErrorAsReadsOpAndCode(t *testing.T) {
 	}
 	if !errors.Is(err, ErrUnreachable) {
 		t.Fatalf("a CONNREFUSED error is not ErrUnreachable")
+	}
+}
+
+func TestErrorfKeepsWrappedCause(t *testing.T) {
+	errCanceled := context.Canceled
+	tests := []struct {
+		name      string
+		err       error
+		detail    string
+		causes    []error // errors.Is finds each
+		notCauses []error // and none of these
+	}{
+		{"no %w", Errorf("poll", CodeFail, "poll eventfd: %v", syscall.EBADF), "poll eventfd: " + syscall.EBADF.Error(),
+			nil, []error{syscall.EBADF}},
+		{"errno", Errorf("poll", CodeFail, "poll eventfd: %w", syscall.EBADF), "poll eventfd: " + syscall.EBADF.Error(),
+			[]error{syscall.EBADF, ErrFail}, []error{syscall.EINVAL, ErrTimeout}},
+		{"context", Errorf("import", CodeTimeout, "connect to %s: %w", "peer", errCanceled), "connect to peer: context canceled",
+			[]error{errCanceled, ErrTimeout}, []error{context.DeadlineExceeded, ErrUnreachable}},
+		{"two causes", Errorf("import", CodeConnRefused, "%w after %w", syscall.ECONNRESET, errCanceled), syscall.ECONNRESET.Error() + " after context canceled",
+			[]error{syscall.ECONNRESET, errCanceled, ErrUnreachable}, []error{syscall.EPIPE}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var ue *Error
+			if !errors.As(tc.err, &ue) || ue.Detail != tc.detail {
+				t.Fatalf("got %#v, want Detail %q", tc.err, tc.detail)
+			}
+			for _, c := range tc.causes {
+				if !errors.Is(tc.err, c) {
+					t.Errorf("errors.Is(%v, %v) = false, want true", tc.err, c)
+				}
+			}
+			for _, c := range tc.notCauses {
+				if errors.Is(tc.err, c) {
+					t.Errorf("errors.Is(%v, %v) = true, want false", tc.err, c)
+				}
+			}
+		})
+	}
+	var errno syscall.Errno
+	if err := fmt.Errorf("wait: %w", Errorf("wait_jfc", CodeFail, "poll: %w", syscall.EINTR)); !errors.As(err, &errno) || errno != syscall.EINTR {
+		t.Errorf("errors.As found errno %v through two wraps, want EINTR", errno)
 	}
 }
 
