@@ -429,7 +429,7 @@ func importJetty(ctx context.Context, c *devContext, id urma.JettyID, mode urma.
 	}
 	if ctx != nil {
 		if err := ctx.Err(); err != nil {
-			return nil, urma.Errorf(op, urma.CodeTimeout, "import jetty %s/%d: %v", id.EID, id.ID, err)
+			return nil, urma.Errorf(op, urma.CodeTimeout, "import jetty %s/%d: %w", id.EID, id.ID, err)
 		}
 	}
 	cid := C.shim_id{eid: cEID(id.EID), uasid: C.uint32_t(id.UASID), id: C.uint32_t(id.ID)}

@@ -51,7 +51,7 @@ func newJFCE(c *devContext) (*jfce, error) {
 	}
 	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
-		return nil, urma.Errorf(op, urma.CodeNoMem, "eventfd: %v", err)
+		return nil, urma.Errorf(op, urma.CodeNoMem, "eventfd: %w", err)
 	}
 	var fd, cerr C.int
 	ce := C.shim_create_jfce(c.lib.c, c.c, &fd, &cerr)
@@ -70,7 +70,7 @@ func newJFCE(c *devContext) (*jfce, error) {
 	// flag the same way before putting the fd into epoll.
 	if err := unix.SetNonblock(e.fd, true); err != nil {
 		_ = e.destroy(true)
-		return nil, urma.Errorf(op, urma.CodeFail, "make the JFCE fd non-blocking: %v", err)
+		return nil, urma.Errorf(op, urma.CodeFail, "make the JFCE fd non-blocking: %w", err)
 	}
 	if err := c.adopt(e, op); err != nil {
 		_ = e.destroy(true) // the adoption error is the one to report
@@ -137,7 +137,7 @@ func (e *jfce) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
 		e.cond.Broadcast()
 		e.mu.Unlock()
 		if perr != nil && !errors.Is(perr, unix.EINTR) {
-			return 0, urma.Errorf(op, urma.CodeFail, "poll the JFCE fd: %v", perr)
+			return 0, urma.Errorf(op, urma.CodeFail, "poll the JFCE fd: %w", perr)
 		}
 	}
 }

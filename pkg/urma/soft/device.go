@@ -221,7 +221,7 @@ func (d *device) route(op string, eid urma.EID) (*device, *peer, error) {
 	}
 	p, err := d.sock.peer(eid)
 	if err != nil {
-		return nil, nil, urma.Errorf(op, urma.CodeConnRefused, "%v", err)
+		return nil, nil, urma.Errorf(op, urma.CodeConnRefused, "%w", err)
 	}
 	return nil, p, nil
 }

@@ -47,7 +47,7 @@ var _ urma.JFCE = (*jfce)(nil)
 func newJFCE(c *devContext) (*jfce, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
-		return nil, urma.Errorf("create_jfce", urma.CodeNoMem, "eventfd: %v", err)
+		return nil, urma.Errorf("create_jfce", urma.CodeNoMem, "eventfd: %w", err)
 	}
 	e := &jfce{ctx: c, fd: fd}
 	e.cond = sync.NewCond(&e.mu)
@@ -152,7 +152,7 @@ func (e *jfce) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
 		w, err := e.takePollFile()
 		if err != nil {
 			e.mu.Unlock()
-			return 0, urma.Errorf("wait_jfc", urma.CodeFail, "poll eventfd: %v", err)
+			return 0, urma.Errorf("wait_jfc", urma.CodeFail, "poll eventfd: %w", err)
 		}
 		e.waiters++
 		e.mu.Unlock()
@@ -165,7 +165,7 @@ func (e *jfce) Wait(out []urma.JFC, timeout time.Duration) (int, error) {
 		e.cond.Broadcast()
 		e.mu.Unlock()
 		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-			return 0, urma.Errorf("wait_jfc", urma.CodeFail, "poll eventfd: %v", err)
+			return 0, urma.Errorf("wait_jfc", urma.CodeFail, "poll eventfd: %w", err)
 		}
 	}
 }

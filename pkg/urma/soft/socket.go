@@ -647,7 +647,7 @@ func (p *peer) connect(ctx context.Context) (*conn, error) {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return nil, urma.Errorf("import", urma.CodeTimeout, "connect to %s: %v", p.eid, ctx.Err())
+		return nil, urma.Errorf("import", urma.CodeTimeout, "connect to %s: %w", p.eid, ctx.Err())
 	case <-p.sd.ctx.Done():
 		return nil, errClosed("import", "device")
 	}
@@ -656,26 +656,12 @@ func (p *peer) connect(ctx context.Context) (*conn, error) {
 	if p.conn != nil {
 		return p.conn, nil
 	}
-	return nil, withCause(urma.Errorf("import", urma.CodeConnRefused, "connect to %s: %v", p.eid, p.lastErr), p.lastErr)
-}
-
-// causedError is a urma error whose detail came from an error below it:
-// errors.Is and errors.As find both, so that the code (ErrUnreachable)
-// and the cause (ErrConnLimit) each answer.
-type causedError struct {
-	err   error // a *urma.Error
-	cause error
-}
-
-func (e *causedError) Error() string   { return e.err.Error() }
-func (e *causedError) Unwrap() []error { return []error{e.err, e.cause} }
-
-// withCause keeps cause reachable under err, whose text already holds it.
-func withCause(err, cause error) error {
-	if cause == nil {
-		return err
+	if p.lastErr == nil {
+		return nil, urma.Errorf("import", urma.CodeConnRefused, "connect to %s: the connection closed", p.eid)
 	}
-	return &causedError{err: err, cause: cause}
+	// The cause stays reachable: errors.Is answers both ErrUnreachable
+	// (the code) and, say, ErrConnLimit.
+	return nil, urma.Errorf("import", urma.CodeConnRefused, "connect to %s: %w", p.eid, p.lastErr)
 }
 
 var errDuplicate = errors.New("peer kept the connection it dialed")
@@ -810,7 +796,7 @@ func (p *peer) ask(ctx context.Context, op string, encode func([]byte, uint32) [
 	c.mu.Lock()
 	if c.dead {
 		c.mu.Unlock()
-		return 0, urma.Errorf(op, urma.CodeConnRefused, "connection to %s broke: %v", p.eid, c.err)
+		return 0, urma.Errorf(op, urma.CodeConnRefused, "connection to %s broke: %w", p.eid, c.err)
 	}
 	c.nextReq++
 	req := c.nextReq
@@ -826,12 +812,12 @@ func (p *peer) ask(ctx context.Context, op string, encode func([]byte, uint32) [
 	case answered:
 		return code, nil
 	case broke:
-		return 0, urma.Errorf(op, urma.CodeConnRefused, "connection to %s broke: %v", p.eid, c.deathCause())
+		return 0, urma.Errorf(op, urma.CodeConnRefused, "connection to %s broke: %w", p.eid, c.deathCause())
 	}
 	c.mu.Lock()
 	delete(c.imports, req)
 	c.mu.Unlock()
-	return 0, urma.Errorf(op, urma.CodeTimeout, "no answer from %s: %v", p.eid, ctx.Err())
+	return 0, urma.Errorf(op, urma.CodeTimeout, "no answer from %s: %w", p.eid, ctx.Err())
 }
 
 // awaitAnswer waits for the answer to a request on a connection that may

@@ -670,34 +670,55 @@ func TestSendMeetingDyingConnectionKeepsPostOrder(t *testing.T) {
 
 // An import waits for the peer's answer only as long as its context: once
 // the caller cancels, it returns ErrTimeout, though the connection is
-// healthy and the peer may still answer.
+// healthy and the peer may still answer. A peer that closes instead makes
+// it ErrUnreachable. Either way the cause stays reachable for errors.Is.
 func TestImportHonoursItsContext(t *testing.T) {
-	noLeaks(t)
-	opts := socketOpts()
-	opts.PeerTimeout = time.Minute // the connection outlives the test
-	a := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
-	f := newFakePeer(t)
-	asked, stop := make(chan struct{}), make(chan struct{})
-	peerDone := make(chan struct{})
-	go func() {
-		defer close(peerDone)
-		nc, _, _ := f.acceptHello()
-		if nc == nil {
-			return
-		}
-		defer nc.Close()
-		close(asked) // and never answer
-		<-stop
-	}()
-	defer func() { close(stop); <-peerDone }()
-	ctx, cancel := context.WithCancel(t.Context())
-	go func() {
-		<-asked
-		cancel()
-	}()
-	_, err := a.ctx.ImportJetty(ctx, urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
-	if !errors.Is(err, urma.ErrTimeout) {
-		t.Fatalf("import cancelled while waiting for the answer: %v, want ErrTimeout", err)
+	tests := []struct {
+		name       string
+		peerLeaves bool // the peer closes the connection instead of answering
+		want       []error
+	}{
+		{name: "cancelled", want: []error{urma.ErrTimeout, context.Canceled}},
+		{name: "peer closed", peerLeaves: true, want: []error{urma.ErrUnreachable, io.EOF}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			noLeaks(t)
+			opts := socketOpts()
+			opts.PeerTimeout = time.Minute // the connection outlives the test
+			a := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
+			f := newFakePeer(t)
+			asked, stop := make(chan struct{}), make(chan struct{})
+			peerDone := make(chan struct{})
+			go func() {
+				defer close(peerDone)
+				nc, _, _ := f.acceptHello()
+				if nc == nil {
+					return
+				}
+				defer nc.Close()
+				close(asked) // and never answer
+				if tc.peerLeaves {
+					return
+				}
+				<-stop
+			}()
+			defer func() { close(stop); <-peerDone }()
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			if !tc.peerLeaves {
+				go func() {
+					<-asked
+					cancel()
+				}()
+			}
+			_, err := a.ctx.ImportJetty(ctx, urma.JettyID{EID: f.eid, ID: 5}, urma.RC, 9)
+			for _, w := range tc.want {
+				if !errors.Is(err, w) {
+					t.Errorf("import: %v, want errors.Is %v", err, w)
+				}
+			}
+		})
 	}
 }
 
