@@ -42,6 +42,10 @@ func ParseDriver(s string) (Driver, error) {
 }
 
 // Observation is what the cluster says about one endpoint right now.
+//
+// Read from a cache, Pods and Input.Nodes' Labels share their maps, slices
+// and pointers with the cache's objects (Observe lists without deep copies,
+// see Observe): read them, never write to them; DeepCopy a pod to change it.
 type Observation struct {
 	Input Input
 	// Pods are the endpoint's pods that are neither finished nor terminating.
@@ -76,12 +80,19 @@ func ObservedTypes(driver Driver) []client.Object {
 
 // Observe reads the pods, nodes (with their facts as driver publishes
 // them) and ConfigMap that Make needs.
+//
+// It runs on every pod admission, so its Lists pass
+// client.UnsafeDisableDeepCopy: a cache would otherwise deep-copy every
+// node, ResourceSlice and pod of the endpoint each time. That is safe
+// because nothing here, in Make or in its callers writes to what is
+// listed (see Observation); a reader that is not a cache ignores the
+// option.
 func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint, driver Driver) (Observation, error) {
 	obs := Observation{Input: Input{Spec: ep.Spec}}
 
 	var pods corev1.PodList
 	if err := c.List(ctx, &pods, client.InNamespace(ep.Namespace),
-		client.MatchingLabels{v1alpha1.LabelEndpoint: ep.Name}); err != nil {
+		client.MatchingLabels{v1alpha1.LabelEndpoint: ep.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return Observation{}, fmt.Errorf("list pods of endpoint %s/%s: %w", ep.Namespace, ep.Name, err)
 	}
 	seen := map[string]bool{}
@@ -97,13 +108,13 @@ func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint, dr
 	}
 
 	nodes := NodeList()
-	if err := c.List(ctx, nodes); err != nil {
+	if err := c.List(ctx, nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return Observation{}, fmt.Errorf("list nodes: %w", err)
 	}
 	var perNode map[string][]resourceapi.ResourceSlice
 	if driver == DriverDRA {
 		var list resourceapi.ResourceSliceList
-		if err := c.List(ctx, &list); err != nil {
+		if err := c.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 			return Observation{}, fmt.Errorf("list ResourceSlices: %w", err)
 		}
 		perNode = map[string][]resourceapi.ResourceSlice{}
