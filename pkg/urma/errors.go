@@ -78,11 +78,10 @@ func (e *Error) Unwrap() error { return e.Cause }
 func Errorf(op string, code Code, format string, args ...any) error {
 	w := fmt.Errorf(format, args...)
 	e := &Error{Op: op, Code: code, Detail: w.Error()}
-	switch u := w.(type) {
-	case interface{ Unwrap() error }:
-		e.Cause = u.Unwrap()
-	case interface{ Unwrap() []error }:
-		e.Cause = errors.Join(u.Unwrap()...)
+	if c := errors.Unwrap(w); c != nil {
+		e.Cause = c
+	} else if m, ok := w.(interface{ Unwrap() []error }); ok { // several %w
+		e.Cause = errors.Join(m.Unwrap()...)
 	}
 	return e
 }
