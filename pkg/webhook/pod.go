@@ -71,7 +71,9 @@ type PodInjector struct {
 // Handle injects the endpoint's flags into a pod. An unknown endpoint is
 // allowed with a warning: blocking the pod would not make it work. So is a
 // ConfigMap or ResourceClaimTemplate of the endpoint's name that someone
-// else controls: the pod is not given it, and the warning says why.
+// else controls: the pod is not given it, and the warning says why; and a
+// pod whose own urma-flags volume or mounts hide the flags from a URMA
+// container: kept as the pod set them, with a warning naming the container.
 func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admission.Response {
 	var pod corev1.Pod
 	if err := p.Decoder.Decode(req, &pod); err != nil {
@@ -154,10 +156,15 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	} else {
 		in.JettyUnits = plan.JettyUnits(obs.Input)
 	}
-	missing := Inject(mutated, in)
+	missing, blind := Inject(mutated, in)
 	if len(missing) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf("spec.containers of UrmaEndpoint %s/%s names containers this pod does not have: %s",
 			ns, name, strings.Join(missing, ", "))))
+	}
+	if len(blind) > 0 {
+		warnings = append(warnings, short(fmt.Sprintf(
+			"the pod's volume %s does not show key %s to containers %s (its items or their subPath leave it out): no %s is set for them, and they do not count the pod as on the current flags",
+			VolumeName, v1alpha1.ConfigMapKeyFlags, strings.Join(blind, ", "), v1alpha1.EnvFlagsFile)))
 	}
 	raw, err := json.Marshal(mutated)
 	if err != nil {
@@ -278,10 +285,10 @@ type Injection struct {
 //   - in each URMA container (the named ones, init containers included, or
 //     every container when none are named): the volume mounted read-only
 //     at /etc/urma, unless it mounts that volume or anything at /etc/urma
-//     already, and URMA_FLAGS_FILE naming urma.flags in its mount of the
-//     volume, /etc/urma/urma.flags by default (not with NoFlags), and
-//     JettyUnits of
-//     urma.openeuler.org/jetty (request = limit, as extended resources
+//     already, and URMA_FLAGS_FILE naming the file the container sees
+//     (flagsFile: /etc/urma/urma.flags by default; none when the pod's own
+//     volume's items or the mount's subPath leave the key out; not with
+//     NoFlags), and JettyUnits of urma.openeuler.org/jetty (request = limit, as extended resources
 //     require) unless the container already asks for some. Kubelet
 //     allocates devices per container, so each needs its own request;
 //     with a ClaimTemplate (DRA driver) instead a pod claim of its own from
@@ -289,10 +296,14 @@ type Injection struct {
 //     the container already asks for units or lists a URMA claim
 //     (JettyClaims); an init container that is not a sidecar lists the
 //     first app container's URMA claim instead (shareClaim);
-//   - the flags-hash annotation, when the hash is known.
+//   - the flags-hash annotation, when the hash is known and some URMA
+//     container sees the endpoint's flags file.
 //
-// It returns the names in in.Containers that the pod does not have.
-func Inject(pod *corev1.Pod, in Injection) (missing []string) {
+// It returns the names in in.Containers that the pod does not have, and
+// the URMA containers that mount the VolumeName volume but see no flags
+// file through it (the pod's own volume's items, or the container's
+// subPath, leave it out): they get no URMA_FLAGS_FILE.
+func Inject(pod *corev1.Pod, in Injection) (missing, blind []string) {
 	if !in.NoFlags && !hasVolume(pod, VolumeName) {
 		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{
 			Name: VolumeName,
@@ -302,9 +313,11 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 		})
 	}
 	found := map[string]bool{}
-	// mounted: some URMA container mounts the VolumeName volume (the
-	// webhook's, or one the pod brought).
-	mounted := false
+	// inVolume: where the pod's VolumeName volume holds the flags.
+	inVolume := volumeFlagsPath(pod)
+	// seen: some URMA container sees the flags file through the
+	// VolumeName volume (the webhook's, or one the pod brought).
+	seen := false
 	// The app containers come first, so that the init containers that run
 	// alone know the claim they share (DRA).
 	shared := ""
@@ -323,13 +336,14 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 					Name: VolumeName, MountPath: v1alpha1.FlagsMountPath, ReadOnly: true,
 				})
 			}
-			if slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == VolumeName }) {
-				mounted = true
+			file, own := flagsFile(c, inVolume)
+			if file != "" && !own {
+				seen = true
+			} else if !own && !in.NoFlags && slices.ContainsFunc(c.VolumeMounts, isFlagsVolume) {
+				blind = append(blind, c.Name)
 			}
-			if !in.NoFlags && !hasEnv(c, v1alpha1.EnvFlagsFile) {
-				if file := flagsFile(c); file != "" {
-					c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: file})
-				}
+			if !in.NoFlags && file != "" && !hasEnv(c, v1alpha1.EnvFlagsFile) {
+				c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: file})
 			}
 			if in.ClaimTemplate != "" {
 				sidecar := group.init && isSidecar(c)
@@ -360,16 +374,16 @@ func Inject(pod *corev1.Pod, in Injection) (missing []string) {
 		}
 	}
 	// The hash says the pod runs on these flags (the endpoint's
-	// podsOnCurrentFlags counts it): not when no container got them, nor
+	// podsOnCurrentFlags counts it): not when no container sees them, nor
 	// when the pod's own volume of our name (kept, as anything the pod
 	// set) is not the endpoint's ConfigMap.
-	if in.Hash != "" && mounted && isEndpointConfigMap(pod, in.Endpoint) {
+	if in.Hash != "" && seen && isEndpointConfigMap(pod, in.Endpoint) {
 		if pod.Annotations == nil {
 			pod.Annotations = map[string]string{}
 		}
 		pod.Annotations[v1alpha1.AnnotationFlagsHash] = in.Hash
 	}
-	return missing
+	return missing, blind
 }
 
 func hasVolume(pod *corev1.Pod, name string) bool {
@@ -405,29 +419,82 @@ func hasMount(c *corev1.Container) bool {
 	return false
 }
 
-// flagsFile is where container c (after the mount is added) finds the
-// flags: under its mount of the VolumeName volume, wherever the pod put
-// it; else under FlagsMountPath, where the pod mounts flags of its own.
-// It is "" when c mounts only another key of the volume (subPath), or one
-// that only the kubelet resolves (subPathExpr): no file to name.
-func flagsFile(c *corev1.Container) string {
-	for _, m := range c.VolumeMounts {
-		if m.Name != VolumeName {
+// volumeFlagsPath is where the pod's VolumeName volume holds the flags
+// key: under its own name, or the path the items of a ConfigMap (or
+// Secret) volume give it; "" when the items leave it out, or the pod has no
+// such volume. A volume of another kind (the pod's own flags, kept) is
+// taken to hold it under its name, as a mount at FlagsMountPath is.
+func volumeFlagsPath(pod *corev1.Pod) string {
+	for _, v := range pod.Spec.Volumes {
+		if v.Name != VolumeName {
 			continue
 		}
+		var items []corev1.KeyToPath
 		switch {
-		case m.SubPathExpr != "":
-			return ""
-		case m.SubPath == "":
-			return path.Join(m.MountPath, v1alpha1.ConfigMapKeyFlags)
-		case path.Clean(m.SubPath) == v1alpha1.ConfigMapKeyFlags:
-			return path.Clean(m.MountPath)
-		default:
-			return ""
+		case v.ConfigMap != nil:
+			items = v.ConfigMap.Items
+		case v.Secret != nil:
+			items = v.Secret.Items
+		}
+		if len(items) == 0 {
+			return v1alpha1.ConfigMapKeyFlags
+		}
+		for _, it := range items {
+			if it.Key == v1alpha1.ConfigMapKeyFlags {
+				return path.Clean(it.Path)
+			}
+		}
+		return ""
+	}
+	return ""
+}
+
+// mountedFile is where mount m of the VolumeName volume shows the file at
+// inVolume (a cleaned path in the volume): under MountPath, at MountPath
+// itself when the mount's subPath is that file, or under MountPath when the
+// subPath is a directory holding it. It is "" when the mount shows another
+// part of the volume, or one only the kubelet resolves (subPathExpr).
+func mountedFile(m corev1.VolumeMount, inVolume string) string {
+	if inVolume == "" || m.SubPathExpr != "" {
+		return ""
+	}
+	sub := path.Clean(m.SubPath)
+	switch sub {
+	case ".":
+		return path.Join(m.MountPath, inVolume)
+	case inVolume:
+		return path.Clean(m.MountPath)
+	}
+	if rest, ok := strings.CutPrefix(inVolume, sub+"/"); ok {
+		return path.Join(m.MountPath, rest)
+	}
+	return ""
+}
+
+// flagsFile is where container c (after the mount is added) finds the
+// flags, given where the VolumeName volume holds them (volumeFlagsPath):
+// through its first mount of that volume that shows them; else, when it
+// mounts something else at FlagsMountPath, the pod's own flags there (own).
+// It is "" when c mounts the volume but sees no flags through it (its
+// items or the mount's subPath leave them out), or mounts neither.
+func flagsFile(c *corev1.Container, inVolume string) (file string, own bool) {
+	for _, m := range c.VolumeMounts {
+		if !isFlagsVolume(m) {
+			continue
+		}
+		if f := mountedFile(m, inVolume); f != "" {
+			return f, false
 		}
 	}
-	return path.Join(v1alpha1.FlagsMountPath, v1alpha1.ConfigMapKeyFlags)
+	if !slices.ContainsFunc(c.VolumeMounts, isFlagsVolume) && slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return path.Clean(m.MountPath) == v1alpha1.FlagsMountPath
+	}) {
+		return path.Join(v1alpha1.FlagsMountPath, v1alpha1.ConfigMapKeyFlags), true
+	}
+	return "", false
 }
+
+func isFlagsVolume(m corev1.VolumeMount) bool { return m.Name == VolumeName }
 
 func hasEnv(c *corev1.Container, name string) bool {
 	for _, e := range c.Env {

@@ -187,7 +187,7 @@ func TestInject(t *testing.T) {
 				c.mutate(p)
 			}
 			in := Injection{Endpoint: "ep", Hash: c.hash, JettyUnits: 3, Containers: c.containers}
-			missing := Inject(p, in)
+			missing, _ := Inject(p, in)
 			if !slices.Equal(missing, c.missing) {
 				t.Errorf("missing %v, want %v", missing, c.missing)
 			}

@@ -1,0 +1,233 @@
+package webhook
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+)
+
+// ownFlagsVolume gives the pod its own VolumeName volume from the
+// endpoint's ConfigMap, projecting only items (all keys when none).
+func ownFlagsVolume(items ...corev1.KeyToPath) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Spec.Volumes = []corev1.Volume{{Name: VolumeName, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: v1alpha1.ConfigMapName("ep")}, Items: items}}}}
+	}
+}
+
+// container returns the pod's container or init container of that name.
+func container(p *corev1.Pod, name string) *corev1.Container {
+	for _, list := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for i := range list {
+			if list[i].Name == name {
+				return &list[i]
+			}
+		}
+	}
+	return nil
+}
+
+func flagsFileEnv(c *corev1.Container) string {
+	for _, e := range c.Env {
+		if e.Name == v1alpha1.EnvFlagsFile {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+// A pod may bring its own urma-flags volume, and mount it its own way.
+// URMA_FLAGS_FILE must name the file the container really sees (the
+// volume's items may move or leave out the key; a subPath mount may show
+// one file, or a directory of the volume), and the flags hash, which counts
+// the pod as on the current flags, only goes on a pod one of whose URMA
+// containers sees the flags.
+func TestInjectFollowsThePodsOwnFlagsVolume(t *testing.T) {
+	mounts := func(name string, m ...corev1.VolumeMount) func(*corev1.Pod) {
+		return func(p *corev1.Pod) { container(p, name).VolumeMounts = m }
+	}
+	renamed := ownFlagsVolume(
+		corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyFlags, Path: "conf/else.conf"},
+		corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: "hash"})
+	cases := []struct {
+		name   string
+		mutate []func(*corev1.Pod)
+		// env is each container's URMA_FLAGS_FILE, "" none.
+		env    map[string]string
+		hashed bool
+	}{
+		{name: "items move urma.flags: the webhook's mount at /etc/urma shows it there",
+			mutate: []func(*corev1.Pod){renamed},
+			env:    map[string]string{"init": "/etc/urma/conf/else.conf", "app": "/etc/urma/conf/else.conf", "side": "/etc/urma/conf/else.conf"},
+			hashed: true},
+		{name: "items move urma.flags: the pod's own mounts, of the whole volume, of the file, of its directory",
+			mutate: []func(*corev1.Pod){renamed,
+				mounts("app", corev1.VolumeMount{Name: VolumeName, MountPath: "/opt/f/"}),
+				mounts("side", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/u.conf", SubPath: "conf/else.conf"}),
+				mounts("init", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg", SubPath: "conf/"})},
+			env:    map[string]string{"app": "/opt/f/conf/else.conf", "side": "/cfg/u.conf", "init": "/cfg/else.conf"},
+			hashed: true},
+		{name: "items move urma.flags: a subPath of the key's name shows nothing",
+			mutate: []func(*corev1.Pod){renamed,
+				mounts("app", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/urma.flags", SubPath: "urma.flags"}),
+				mounts("side", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/urma.flags", SubPath: "urma.flags"}),
+				mounts("init", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "hash"})},
+			env: map[string]string{"app": "", "side": "", "init": ""}},
+		{name: "items without urma.flags: no file to name, no hash",
+			mutate: []func(*corev1.Pod){ownFlagsVolume(corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: "hash"})},
+			env:    map[string]string{"init": "", "app": "", "side": ""}},
+		{name: "every URMA container mounts only another key (subPath): no hash",
+			mutate: []func(*corev1.Pod){
+				mounts("app", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "hash"}),
+				mounts("side", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "./hash"}),
+				mounts("init", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/x", SubPathExpr: "$(POD_NAME)"})},
+			env: map[string]string{"app": "", "side": "", "init": ""}},
+		{name: "one container mounts another key, then the whole volume: the file under the second",
+			mutate: []func(*corev1.Pod){
+				mounts("app", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "hash"},
+					corev1.VolumeMount{Name: VolumeName, MountPath: "/opt/f"}),
+				mounts("side", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "hash"}),
+				mounts("init", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "hash"})},
+			env:    map[string]string{"app": "/opt/f/urma.flags", "side": "", "init": ""},
+			hashed: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := basePod()
+			for _, m := range c.mutate {
+				m(p)
+			}
+			Inject(p, Injection{Endpoint: "ep", Hash: "h1", JettyUnits: 3})
+			for name, want := range c.env {
+				if got := flagsFileEnv(container(p, name)); got != want {
+					t.Errorf("%s: %s=%q, want %q (mounts %+v)", name, v1alpha1.EnvFlagsFile, got, want, container(p, name).VolumeMounts)
+				}
+			}
+			if got := p.Annotations[v1alpha1.AnnotationFlagsHash] == "h1"; got != c.hashed {
+				t.Errorf("hash stamped %v, want %v", got, c.hashed)
+			}
+		})
+	}
+}
+
+// The pod is admitted as it is, but the warning names the volume and the
+// containers that do not see the flags through it, so that a pod missing
+// from podsOnCurrentFlags (or running on the transport's defaults) says why.
+func TestPodInjectorWarnsOfContainersTheFlagsVolumeMisses(t *testing.T) {
+	ep := endpoint()
+	s := scheme(t)
+	cl := fake.NewClientBuilder().WithScheme(s).WithObjects(ep, ownedConfigMap(ep, "h1"), hwNode("n1", 4096)).Build()
+	h := &PodInjector{Reader: cl, APIReader: cl, Decoder: admission.NewDecoder(s)}
+	cases := []struct {
+		name    string
+		ep      *v1alpha1.UrmaEndpoint
+		mutate  func(*corev1.Pod)
+		warning string
+		hash    string
+	}{
+		{name: "items without urma.flags",
+			mutate:  ownFlagsVolume(corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: "hash"}),
+			warning: "volume urma-flags does not show key urma.flags to containers app, side, init"},
+		{name: "one container mounts only another key", hash: "h1",
+			mutate: func(p *corev1.Pod) {
+				container(p, "init").VolumeMounts = []corev1.VolumeMount{{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "hash"}}
+			},
+			warning: "volume urma-flags does not show key urma.flags to containers init ("},
+		{name: "a container that is not a URMA container is none of the webhook's business", hash: "h1",
+			ep: withContainers(ep, "app"),
+			mutate: func(p *corev1.Pod) {
+				container(p, "init").VolumeMounts = []corev1.VolumeMount{{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "hash"}}
+			}},
+		{name: "items move urma.flags: every container sees it", hash: "h1",
+			mutate: ownFlagsVolume(corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyFlags, Path: "a.conf"})},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := h
+			if c.ep != nil {
+				h = &PodInjector{Reader: fake.NewClientBuilder().WithScheme(s).WithObjects(c.ep, ownedConfigMap(ep, "h1"), hwNode("n1", 4096)).Build(),
+					Decoder: admission.NewDecoder(s)}
+			}
+			p := basePod()
+			c.mutate(p)
+			resp := h.Handle(context.Background(), podRequest(t, p))
+			if !resp.Allowed {
+				t.Fatalf("refused: %+v", resp.Result)
+			}
+			var got []string
+			for _, w := range resp.Warnings {
+				if strings.Contains(w, VolumeName) {
+					got = append(got, w)
+				}
+			}
+			if c.warning == "" && len(got) > 0 || c.warning != "" && (len(got) != 1 || !strings.Contains(got[0], c.warning)) {
+				t.Errorf("warnings %q, want one containing %q", resp.Warnings, c.warning)
+			}
+			if stamped := applyPatch(t, p, resp).Annotations[v1alpha1.AnnotationFlagsHash]; stamped != c.hash {
+				t.Errorf("hash %q, want %q", stamped, c.hash)
+			}
+		})
+	}
+}
+
+func TestVolumeFlagsPath(t *testing.T) {
+	key := v1alpha1.ConfigMapKeyFlags
+	cm := func(items ...corev1.KeyToPath) corev1.VolumeSource {
+		return corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{Items: items}}
+	}
+	for _, c := range []struct {
+		name string
+		vol  *corev1.Volume
+		want string
+	}{
+		{name: "no volume", want: ""},
+		{name: "every key", vol: &corev1.Volume{VolumeSource: cm()}, want: key},
+		{name: "items move the key", vol: &corev1.Volume{VolumeSource: cm(corev1.KeyToPath{Key: "hash", Path: "h"}, corev1.KeyToPath{Key: key, Path: "conf//a.conf"})}, want: "conf/a.conf"},
+		{name: "items leave the key out", vol: &corev1.Volume{VolumeSource: cm(corev1.KeyToPath{Key: "hash", Path: key})}, want: ""},
+		{name: "a Secret's items move the key", vol: &corev1.Volume{VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			Items: []corev1.KeyToPath{{Key: key, Path: "s.conf"}}}}}, want: "s.conf"},
+		{name: "another kind: taken to hold it under its name", vol: &corev1.Volume{VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}, want: key},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := basePod()
+			p.Spec.Volumes = []corev1.Volume{{Name: "other", VolumeSource: cm(corev1.KeyToPath{Key: key, Path: "other"})}}
+			if c.vol != nil {
+				v := *c.vol
+				v.Name = VolumeName
+				p.Spec.Volumes = append(p.Spec.Volumes, v)
+			}
+			if got := volumeFlagsPath(p); got != c.want {
+				t.Errorf("volumeFlagsPath = %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestMountedFile(t *testing.T) {
+	for _, c := range []struct {
+		mount, subPath, subPathExpr, inVolume, want string
+	}{
+		{mount: "/etc/urma", inVolume: "urma.flags", want: "/etc/urma/urma.flags"},
+		{mount: "/etc/urma/", subPath: ".", inVolume: "conf/a.conf", want: "/etc/urma/conf/a.conf"},
+		{mount: "/cfg/f", subPath: "urma.flags", inVolume: "urma.flags", want: "/cfg/f"},
+		{mount: "/cfg/f/", subPath: "./conf/a.conf", inVolume: "conf/a.conf", want: "/cfg/f"},
+		{mount: "/cfg", subPath: "conf/", inVolume: "conf/a.conf", want: "/cfg/a.conf"},
+		{mount: "/cfg", subPath: "con", inVolume: "conf/a.conf", want: ""},
+		{mount: "/cfg", subPath: "urma.flags", inVolume: "conf/a.conf", want: ""},
+		{mount: "/cfg", subPath: "hash", inVolume: "urma.flags", want: ""},
+		{mount: "/cfg", subPathExpr: "$(POD)", inVolume: "urma.flags", want: ""},
+		{mount: "/etc/urma", inVolume: "", want: ""},
+	} {
+		m := corev1.VolumeMount{Name: VolumeName, MountPath: c.mount, SubPath: c.subPath, SubPathExpr: c.subPathExpr}
+		if got := mountedFile(m, c.inVolume); got != c.want {
+			t.Errorf("mount %q subPath %q subPathExpr %q, file %q in the volume: %q, want %q",
+				c.mount, c.subPath, c.subPathExpr, c.inVolume, got, c.want)
+		}
+	}
+}
