@@ -61,7 +61,6 @@ type Watcher struct {
 	metrics *metrics.Metrics
 	now     func() time.Time
 
-	watched  map[string]bool
 	problems map[string]string // device -> joined problems last logged
 	missing  string            // joined Missing last logged
 	empty    bool              // "no devices" last logged
@@ -74,7 +73,7 @@ func New(cfg Config, src Source, builder *inventory.Builder, inv *inventory.Inve
 	}
 	return &Watcher{
 		cfg: cfg, src: src, builder: builder, inv: inv, log: log, metrics: m, now: time.Now,
-		watched: map[string]bool{}, problems: map[string]string{},
+		problems: map[string]string{},
 	}
 }
 
@@ -233,8 +232,15 @@ func (w *Watcher) logChanges(prev, cur *inventory.Snapshot, decisions []selectio
 }
 
 // rewatch makes the watch set equal to the existing paths among want and
-// reports whether it added any.
+// reports whether it added any. What is watched comes from fsnotify, not
+// from a record of what was added: a watched directory that is deleted
+// loses its watch, and one created again at the same path (a driver
+// reload recreating /dev/uburma or the class directory) must be added anew.
 func (w *Watcher) rewatch(fsw *fsnotify.Watcher, want []string) bool {
+	watched := map[string]bool{}
+	for _, p := range fsw.WatchList() {
+		watched[p] = true
+	}
 	added := false
 	keep := map[string]bool{}
 	for _, p := range want {
@@ -242,18 +248,16 @@ func (w *Watcher) rewatch(fsw *fsnotify.Watcher, want []string) bool {
 			continue
 		}
 		keep[p] = true
-		if w.watched[p] {
+		if watched[p] {
 			continue
 		}
 		if err := fsw.Add(p); err == nil {
-			w.watched[p] = true
 			added = true
 		}
 	}
-	for p := range w.watched {
+	for p := range watched {
 		if !keep[p] {
 			_ = fsw.Remove(p) // fails harmlessly when the path is gone
-			delete(w.watched, p)
 		}
 	}
 	return added

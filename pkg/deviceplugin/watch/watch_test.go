@@ -308,3 +308,36 @@ func TestDirectoryCreatedLaterIsWatched(t *testing.T) {
 	tree.AddDevNode(t, "uburma/udma0")
 	waitFor(t, h.inv, "udma0 healthy once its node exists", healthy("udma0", true))
 }
+
+// A watched directory that is removed and created again (a driver reload
+// takes /dev/uburma and the class directory away and brings them back)
+// loses its inotify watch with the old directory; the new one must be
+// watched again, or device nodes created in it are seen only at the next
+// poll.
+func TestDirectoryRecreatedIsWatchedAgain(t *testing.T) {
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	nodeDir := filepath.Join(tree.DevRoot, "uburma")
+	// Polling once an hour: only fsnotify can bring the changes in time.
+	h := start(t, SysfsSource{Opts: tree.Options()}, Config{PollInterval: time.Hour, Settle: 5 * time.Millisecond}, 1)
+	waitFor(t, h.inv, "udma0 healthy", healthy("udma0", true))
+	// Any later snapshot comes from a later scan, so the first scan's
+	// watches are in place by then.
+	tree.SetPortState(t, "udma0", 0, urma.PortDown)
+	waitFor(t, h.inv, "udma0's port down", reason("udma0", "port0 DOWN"))
+	tree.SetPortState(t, "udma0", 0, urma.PortActive)
+	waitFor(t, h.inv, "udma0 healthy again", healthy("udma0", true))
+
+	if err := os.RemoveAll(nodeDir); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, h.inv, "the node directory missing", func(s *inventory.Snapshot) bool { return len(s.Missing) > 0 })
+	if err := os.Mkdir(nodeDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, h.inv, "the node directory back", func(s *inventory.Snapshot) bool {
+		return len(s.Missing) == 0 && reason("udma0", "device node")(s)
+	})
+	tree.AddDevNode(t, "uburma/udma0")
+	waitFor(t, h.inv, "udma0 healthy once its node exists in the new directory", healthy("udma0", true))
+}
