@@ -131,6 +131,17 @@ func (k *Kubelet) Register(ctx context.Context, req *pluginapi.RegisterRequest) 
 		return nil, errors.New("kubelet stopping")
 	}
 	if old := k.plugins[req.ResourceName]; old != nil {
+		if old.Streaming && old.Request.Endpoint == req.Endpoint {
+			// Kubelet's device manager refuses a plugin on an endpoint it
+			// still follows ("device plugin already connected") until that
+			// stream ends, and then loses track of the old connection: a
+			// plugin must end its stream (stop serving) before registering
+			// again on the same socket.
+			k.mu.Unlock()
+			scancel()
+			conn.Close()
+			return nil, fmt.Errorf("device plugin already connected: %s", sock)
+		}
 		old.cancel()
 		old.conn.Close()
 	}

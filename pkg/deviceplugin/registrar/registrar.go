@@ -350,8 +350,16 @@ func (l *loop) reserve() {
 	l.kick()
 }
 
-// reregister schedules a registration at once.
+// reregister schedules a registration at once. While serving, it serves
+// afresh first: a kubelet that did not really restart (kubelet.sock only
+// relabeled or chmod'ed, which changes its ctime) still follows our
+// ListAndWatch stream and refuses a second registration on the same socket
+// ("device plugin already connected"), and then loses track of the live
+// one. Stopping the server ends that stream, so kubelet lets the old
+// connection go before we register again; after a real restart the stream
+// is dead anyway.
 func (l *loop) reregister() {
+	l.needServe = l.cur != nil
 	l.needRegister = true
 	l.r.setState(l.cur != nil, false)
 	l.kick()

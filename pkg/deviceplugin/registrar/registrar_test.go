@@ -282,9 +282,10 @@ func TestServingWhileReRegistrationFails(t *testing.T) {
 	}
 	eventually(t, "a failed re-registration", func() bool { return logs.Contains("registration with kubelet failed") })
 	p.stop()
-	// Our socket was never touched: registering again must not re-serve it.
-	if n := logs.Count(`"msg"="serving the device plugin"`); n != 1 {
-		t.Errorf("served %d times, want once:\n%s", n, logs.String())
+	// Served at start, and once more for the new kubelet.sock (ending
+	// any stream the old kubelet still follows), not again per attempt.
+	if n := logs.Count(`"msg"="serving the device plugin"`); n != 2 {
+		t.Errorf("served %d times, want twice:\n%s", n, logs.String())
 	}
 }
 
@@ -543,8 +544,10 @@ func TestOwnStaleSocketRemovalIsNotAnotherRemoval(t *testing.T) {
 	// removal's event was handled.
 	k2 := replaceKubelet(t, k)
 	listed(t, k2, 1, 3)
-	if n := logs.Count("serving the device plugin"); n != 1 {
-		t.Errorf("served %d times, want once:\n%s", n, logs.String())
+	// At start, and once for the new kubelet (see reregister); the
+	// removal's event must not add another.
+	if n := logs.Count("serving the device plugin"); n != 2 {
+		t.Errorf("served %d times, want twice:\n%s", n, logs.String())
 	}
 	if logs.Contains("our socket was removed") {
 		t.Errorf("our own removal of the stale file was taken for someone else's:\n%s", logs.String())
@@ -639,4 +642,29 @@ func TestPeriodicCheckSeesKubeletSockRenamedOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	listed(t, k2, 1, 3)
+}
+
+// kubelet.sock's identity changing while kubelet goes on (a chmod, chown
+// or SELinux relabel changes its ctime) looks like a kubelet restart. The
+// kubelet still follows our stream and refuses a second registration on
+// the same socket (see kubelettest), so the plugin must end that stream by
+// serving afresh before it registers again, not register beside it.
+func TestKubeletSockChangedWhileKubeletStays(t *testing.T) {
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	p := startPlugin(t, dir, func(c *Config) {
+		c.pollOnly = true
+		c.CheckInterval = 5 * time.Millisecond
+	})
+	listed(t, k, 1, 3)
+	sock := filepath.Join(dir, kubeletSocketName)
+	before := inode(sock)
+	for mode := os.FileMode(0o600); inode(sock) == before; mode ^= 0o100 {
+		if err := os.Chmod(sock, mode); err != nil {
+			t.Fatal(err)
+		}
+		runtime.Gosched() // until the ctime's clock has ticked
+	}
+	listed(t, k, 2, 3)
+	eventually(t, "registered again", p.reg.Registered)
 }
