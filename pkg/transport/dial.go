@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
@@ -22,7 +23,8 @@ type Dialer struct {
 }
 
 // NewDialer checks cfg and prepares a dialer. URMA is brought up on the
-// first dial, on the host address that connection uses.
+// first dial, before it connects, on the host address that connection
+// will use.
 func NewDialer(cfg Config) (*Dialer, error) {
 	s, err := cfg.resolve()
 	if err != nil {
@@ -53,6 +55,15 @@ func (d *Dialer) Dial(ctx context.Context, network, address string) (net.Conn, e
 		return nil, &net.OpError{Op: "dial", Net: "urma", Err: net.ErrClosed}
 	}
 	defer d.e.unref() // a URMA connection holds its own reference
+	if !d.e.started.Load() {
+		// Bring URMA up before connecting: a server serves a client that
+		// says nothing within urma_first_bytes_timeout (1 s) as plain TCP,
+		// so a bring-up that outlasts it (a large pool to register) on an
+		// open connection would turn our hello into application bytes.
+		if local, ok := routeSource(ctx, network, address); ok {
+			d.e.start(local)
+		}
+	}
 	tcp, err := d.nd.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, err
@@ -61,8 +72,25 @@ func (d *Dialer) Dial(ctx context.Context, network, address string) (net.Conn, e
 	if ta, ok := tcp.LocalAddr().(*net.TCPAddr); ok {
 		local, _ = netip.AddrFromSlice(ta.IP)
 	}
-	d.e.start(local)
+	d.e.start(local) // when routeSource could not tell; a no-op after it
 	return clientHandshake(ctx, d.e, tcp)
+}
+
+// routeSource is the host address a connection to address would leave
+// from: connecting a UDP socket resolves the name and picks the route
+// without sending anything.
+func routeSource(ctx context.Context, network, address string) (netip.Addr, bool) {
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, "udp"+strings.TrimPrefix(network, "tcp"), address)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	defer c.Close()
+	ua, ok := c.LocalAddr().(*net.UDPAddr)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	return netip.AddrFromSlice(ua.IP)
 }
 
 // DialContext connects to a TCP address; its signature is the one

@@ -39,6 +39,7 @@ type engine struct {
 	metrics *metrics.Metrics
 
 	startOnce sync.Once
+	started   atomic.Bool              // start has run
 	unusable  atomic.Pointer[fallback] // why URMA cannot be used; nil when ready
 
 	prov     urma.Provider
@@ -92,6 +93,7 @@ func (e *engine) start(local netip.Addr) {
 			e.teardownResources()
 			e.unusable.Store(fb)
 		}
+		e.started.Store(true)
 	})
 }
 
