@@ -154,7 +154,10 @@ func (c *urmaConn) clientExchange(ctx context.Context, version handshake.Version
 		return fallBack(fallbackf(ReasonTokenMismatch,
 			"the server's hello has no token extension (a brpc server): it cannot present our token, so its sends would be refused; dial with Config.NoToken to use URMA with brpc servers"), nil, true)
 	}
-	if fb := c.applyPeer(ctx, h); fb != nil {
+	ictx, cancel := c.importBound(ctx)
+	fb := c.applyPeer(ictx, h)
+	cancel()
+	if fb != nil {
 		return fallBack(fb, nil, true)
 	}
 	if _, err := tcp.Write(handshake.AppendAck(nil, true)); err != nil {
@@ -164,6 +167,20 @@ func (c *urmaConn) clientExchange(ctx context.Context, version handshake.Version
 		return nil, "", err
 	}
 	return c, metrics.ResultURMA, nil
+}
+
+// importBound bounds the client's imports of the server's segment and
+// jetty by three quarters of urma_ack_timeout, the time a server (on the
+// same flag) waits for our ACK from when it sent its hello: an import that
+// gives up then still answers with the fallback ACK while the server
+// listens, and both sides go on as plain TCP (import_failed). Past it, the
+// server would have dropped the connection, and the client would fall back
+// onto a dead one.
+func (c *urmaConn) importBound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.e.s.ackTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, c.e.s.ackTimeout*3/4)
 }
 
 func isTimeout(err error) bool {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -278,5 +279,64 @@ func TestAckTimeoutGivesTheJettyBack(t *testing.T) {
 					p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
 			}
 		})
+	}
+}
+
+// TestSlowImportFallsBackWhileTheServerListens: a client whose import of
+// the server's jetty does not finish gives up within its urma_ack_timeout
+// (three quarters of it), while a server on the same timeout still waits
+// for the ACK, so both go on as plain TCP (import_failed) and bytes flow.
+// Waiting out the whole handshake instead, the client would fall back onto
+// a connection the server had already dropped.
+func TestSlowImportFallsBackWhileTheServerListens(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	client := newFaultProvider(pa)
+	client.f.set(func(c *faultConfig) { c.stallImport = true })
+	const ackTimeout = 400 * time.Millisecond
+	cfg := func(p urma.Provider) Config {
+		c := cfgWith(p, smallFlags())
+		c.AckTimeout = ackTimeout
+		c.HandshakeTimeout = stallBound
+		return c
+	}
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg(pb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	served := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			defer c.Close()
+			_, err = io.Copy(c, io.LimitReader(c, 5))
+		}
+		served <- err
+	}()
+	d, err := NewDialer(cfg(client))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	c, err := d.DialContext(t.Context(), ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tc := c.(Conn)
+	if tc.Mode() != ModeTCP || !strings.HasPrefix(tc.FallbackReason(), string(ReasonImportFailed)+":") {
+		t.Fatalf("mode %v, fallback %q; want TCP, %s", tc.Mode(), tc.FallbackReason(), ReasonImportFailed)
+	}
+	_ = c.SetDeadline(time.Now().Add(stallBound))
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatalf("write on the fallback connection: %v", err)
+	}
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "hello" {
+		t.Fatalf("echo %q, %v; want hello", got, err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("server: %v", err)
 	}
 }
