@@ -6,8 +6,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -19,13 +17,7 @@ import (
 // ConfigMap as the last known ones, reports a malformed record instead of
 // using it, and ignores a record on a ConfigMap the endpoint does not own.
 func TestObserveConfigMapLastKnown(t *testing.T) {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
+	s := testScheme(t)
 	ep := &v1alpha1.UrmaEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ep", UID: "ep-uid"}}
 	recorded := tuning.Limits{MaxJFSDepth: 100, MaxJFRDepth: 100, MaxJFCDepth: 400, MaxMsgSize: 4096}
 	owned := []metav1.OwnerReference{*metav1.NewControllerRef(ep, v1alpha1.GroupVersion.WithKind("UrmaEndpoint"))}

@@ -22,13 +22,7 @@ import (
 // With the DRA driver, node facts come from each node's ResourceSlices,
 // and the device plugin's annotations are ignored.
 func TestObserveFactsFromResourceSlices(t *testing.T) {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
+	s := testScheme(t)
 	objs := []client.Object{
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dra-node"}},
 		// Annotations of a device plugin: must not count in DRA mode.
@@ -85,6 +79,19 @@ func TestObserveFactsFromResourceSlices(t *testing.T) {
 			t.Errorf("device plugin mode: %s has limits %v", n.Name, n.Limits)
 		}
 	}
+}
+
+// testScheme knows the built-in kinds and UrmaEndpoint.
+func testScheme(tb testing.TB) *runtime.Scheme {
+	tb.Helper()
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		tb.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		tb.Fatal(err)
+	}
+	return s
 }
 
 func TestParseDriver(t *testing.T) {
