@@ -22,22 +22,29 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
 	"syscall"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/openeuler/urma-k8s/internal/stopsignal"
 	"github.com/openeuler/urma-k8s/pkg/transport"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	os.Exit(runWithSignals(os.Args[1:], os.Stdout, os.Stderr, run))
+}
+
+// runWithSignals runs cmd with a context that ends at the first SIGINT or
+// SIGTERM. A second one ends the process at once: a server waiting for its
+// connections to close, or a client for a peer that no longer answers, is
+// then cut short by a second Ctrl-C, not only by SIGKILL.
+func runWithSignals(args []string, stdout, stderr io.Writer, cmd func(context.Context, []string, io.Writer, io.Writer) int) int {
+	ctx, stop := stopsignal.Context(context.Background(), (&common{}).logger(stderr), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return cmd(ctx, args, stdout, stderr)
 }
 
 const usage = `usage: urma-perf server --listen ADDR [--echo] [--mode auto|tcp] [--grpc] [--json] [--urma_*=V ...]
