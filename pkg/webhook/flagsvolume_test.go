@@ -21,6 +21,27 @@ func ownFlagsVolume(items ...corev1.KeyToPath) func(*corev1.Pod) {
 	}
 }
 
+// projectedFlagsVolume gives the pod its own VolumeName volume of the
+// projected kind, from these sources.
+func projectedFlagsVolume(sources ...corev1.VolumeProjection) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Spec.Volumes = []corev1.Volume{{Name: VolumeName, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: sources}}}}
+	}
+}
+
+// cmSource projects ConfigMap name, only items (all keys when none).
+func cmSource(name string, items ...corev1.KeyToPath) corev1.VolumeProjection {
+	return corev1.VolumeProjection{ConfigMap: &corev1.ConfigMapProjection{
+		LocalObjectReference: corev1.LocalObjectReference{Name: name}, Items: items}}
+}
+
+// Sources a projected volume commonly mixes with the flags.
+var (
+	podInfoSource = corev1.VolumeProjection{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{
+		{Path: "labels", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels"}}}}}
+	tokenSource = corev1.VolumeProjection{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}
+)
+
 // container returns the pod's container or init container of that name.
 func container(p *corev1.Pod, name string) *corev1.Container {
 	for _, list := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
@@ -96,6 +117,25 @@ func TestInjectFollowsThePodsOwnFlagsVolume(t *testing.T) {
 				mounts("init", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "hash"})},
 			env:    map[string]string{"app": "/opt/f/urma.flags", "side": "", "init": ""},
 			hashed: true},
+		{name: "projected: the endpoint's ConfigMap beside a token and pod info, urma.flags under its name",
+			mutate: []func(*corev1.Pod){projectedFlagsVolume(tokenSource, cmSource(v1alpha1.ConfigMapName("ep")), podInfoSource),
+				mounts("side", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/u.conf", SubPath: "urma.flags"})},
+			env:    map[string]string{"init": "/etc/urma/urma.flags", "app": "/etc/urma/urma.flags", "side": "/cfg/u.conf"},
+			hashed: true},
+		{name: "projected: items move urma.flags; the pod's own mounts, of the whole volume, of the file, of its directory",
+			mutate: []func(*corev1.Pod){projectedFlagsVolume(podInfoSource,
+				cmSource(v1alpha1.ConfigMapName("ep"), corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyFlags, Path: "conf/p.conf"}), tokenSource),
+				mounts("side", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg/u.conf", SubPath: "conf/p.conf"}),
+				mounts("init", corev1.VolumeMount{Name: VolumeName, MountPath: "/cfg", SubPath: "conf"})},
+			env:    map[string]string{"app": "/etc/urma/conf/p.conf", "side": "/cfg/u.conf", "init": "/cfg/p.conf"},
+			hashed: true},
+		{name: "projected: items of the endpoint's ConfigMap leave urma.flags out",
+			mutate: []func(*corev1.Pod){projectedFlagsVolume(podInfoSource,
+				cmSource(v1alpha1.ConfigMapName("ep"), corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: "urma.flags"}))},
+			env: map[string]string{"init": "", "app": "", "side": ""}},
+		{name: "projected: no source is the endpoint's ConfigMap",
+			mutate: []func(*corev1.Pod){projectedFlagsVolume(podInfoSource, tokenSource, cmSource("mine"))},
+			env:    map[string]string{"init": "", "app": "", "side": ""}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -146,6 +186,11 @@ func TestPodInjectorWarnsOfContainersTheFlagsVolumeMisses(t *testing.T) {
 			}},
 		{name: "items move urma.flags: every container sees it", hash: "h1",
 			mutate: ownFlagsVolume(corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyFlags, Path: "a.conf"})},
+		{name: "projected: the endpoint's ConfigMap, items move urma.flags: every container sees it", hash: "h1",
+			mutate: projectedFlagsVolume(tokenSource, cmSource(v1alpha1.ConfigMapName("ep"), corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyFlags, Path: "a.conf"}))},
+		{name: "projected without the endpoint's urma.flags",
+			mutate:  projectedFlagsVolume(tokenSource, podInfoSource, cmSource(v1alpha1.ConfigMapName("ep"), corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: "hash"})),
+			warning: "volume urma-flags does not show key urma.flags to containers app, side, init"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -176,34 +221,52 @@ func TestPodInjectorWarnsOfContainersTheFlagsVolumeMisses(t *testing.T) {
 	}
 }
 
-func TestVolumeFlagsPath(t *testing.T) {
+func TestFlagsVolume(t *testing.T) {
 	key := v1alpha1.ConfigMapKeyFlags
-	cm := func(items ...corev1.KeyToPath) corev1.VolumeSource {
-		return corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{Items: items}}
+	ours := v1alpha1.ConfigMapName("ep")
+	cm := func(name string, items ...corev1.KeyToPath) corev1.VolumeSource {
+		return corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Items: items}}
+	}
+	projected := func(sources ...corev1.VolumeProjection) corev1.VolumeSource {
+		return corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: sources}}
 	}
 	for _, c := range []struct {
-		name string
-		vol  *corev1.Volume
-		want string
+		name      string
+		vol       *corev1.Volume
+		want      string
+		endpoints bool
 	}{
 		{name: "no volume", want: ""},
-		{name: "every key", vol: &corev1.Volume{VolumeSource: cm()}, want: key},
-		{name: "items move the key", vol: &corev1.Volume{VolumeSource: cm(corev1.KeyToPath{Key: "hash", Path: "h"}, corev1.KeyToPath{Key: key, Path: "conf//a.conf"})}, want: "conf/a.conf"},
-		{name: "items leave the key out", vol: &corev1.Volume{VolumeSource: cm(corev1.KeyToPath{Key: "hash", Path: key})}, want: ""},
+		{name: "every key", vol: &corev1.Volume{VolumeSource: cm(ours)}, want: key, endpoints: true},
+		{name: "another ConfigMap's every key", vol: &corev1.Volume{VolumeSource: cm("mine")}, want: key},
+		{name: "items move the key", vol: &corev1.Volume{VolumeSource: cm(ours, corev1.KeyToPath{Key: "hash", Path: "h"}, corev1.KeyToPath{Key: key, Path: "conf//a.conf"})},
+			want: "conf/a.conf", endpoints: true},
+		{name: "items leave the key out", vol: &corev1.Volume{VolumeSource: cm(ours, corev1.KeyToPath{Key: "hash", Path: key})}, want: "", endpoints: true},
 		{name: "a Secret's items move the key", vol: &corev1.Volume{VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			Items: []corev1.KeyToPath{{Key: key, Path: "s.conf"}}}}}, want: "s.conf"},
 		{name: "another kind: taken to hold it under its name", vol: &corev1.Volume{VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}, want: key},
+		{name: "projected: the endpoint's ConfigMap among other sources", vol: &corev1.Volume{VolumeSource: projected(tokenSource, cmSource(ours), podInfoSource)},
+			want: key, endpoints: true},
+		{name: "projected: items move the key", vol: &corev1.Volume{VolumeSource: projected(podInfoSource, cmSource(ours, corev1.KeyToPath{Key: key, Path: "./conf/p.conf"}))},
+			want: "conf/p.conf", endpoints: true},
+		{name: "projected: a later source of the endpoint's ConfigMap has the key", vol: &corev1.Volume{VolumeSource: projected(
+			cmSource(ours, corev1.KeyToPath{Key: "hash", Path: "h"}), cmSource(ours, corev1.KeyToPath{Key: key, Path: "f"}))},
+			want: "f", endpoints: true},
+		{name: "projected: items leave the key out", vol: &corev1.Volume{VolumeSource: projected(cmSource(ours, corev1.KeyToPath{Key: "hash", Path: key}), podInfoSource)}},
+		{name: "projected: only another ConfigMap, a Secret and pod info", vol: &corev1.Volume{VolumeSource: projected(cmSource("mine"),
+			corev1.VolumeProjection{Secret: &corev1.SecretProjection{LocalObjectReference: corev1.LocalObjectReference{Name: ours}}}, podInfoSource)}},
+		{name: "projected: no sources", vol: &corev1.Volume{VolumeSource: projected()}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := basePod()
-			p.Spec.Volumes = []corev1.Volume{{Name: "other", VolumeSource: cm(corev1.KeyToPath{Key: key, Path: "other"})}}
+			p.Spec.Volumes = []corev1.Volume{{Name: "other", VolumeSource: cm(ours, corev1.KeyToPath{Key: key, Path: "other"})}}
 			if c.vol != nil {
 				v := *c.vol
 				v.Name = VolumeName
 				p.Spec.Volumes = append(p.Spec.Volumes, v)
 			}
-			if got := volumeFlagsPath(p); got != c.want {
-				t.Errorf("volumeFlagsPath = %q, want %q", got, c.want)
+			if got, endpoints := flagsVolume(p, "ep"); got != c.want || endpoints != c.endpoints {
+				t.Errorf("flagsVolume = %q, %v, want %q, %v", got, endpoints, c.want, c.endpoints)
 			}
 		})
 	}

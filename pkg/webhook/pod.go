@@ -163,8 +163,8 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	if len(blind) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf(
-			"the pod's volume %s does not show key %s to containers %s (its items or their subPath leave it out): no %s is set for them, and they do not count the pod as on the current flags",
-			VolumeName, v1alpha1.ConfigMapKeyFlags, strings.Join(blind, ", "), v1alpha1.EnvFlagsFile)))
+			"the pod's volume %s does not show key %s to containers %s (its items or projected sources, or their subPath, leave out that key of ConfigMap %s): no %s is set for them, and they do not count the pod as on the current flags",
+			VolumeName, v1alpha1.ConfigMapKeyFlags, strings.Join(blind, ", "), v1alpha1.ConfigMapName(name), v1alpha1.EnvFlagsFile)))
 	}
 	raw, err := json.Marshal(mutated)
 	if err != nil {
@@ -287,7 +287,8 @@ type Injection struct {
 //     at /etc/urma, unless it mounts that volume or anything at /etc/urma
 //     already, and URMA_FLAGS_FILE naming the file the container sees
 //     (flagsFile: /etc/urma/urma.flags by default; none when the pod's own
-//     volume's items or the mount's subPath leave the key out; not with
+//     volume's items or projected sources (flagsPath) or the mount's
+//     subPath leave the key out; not with
 //     NoFlags), and JettyUnits of urma.openeuler.org/jetty (request = limit, as extended resources
 //     require) unless the container already asks for some. Kubelet
 //     allocates devices per container, so each needs its own request;
@@ -313,8 +314,10 @@ func Inject(pod *corev1.Pod, in Injection) (missing, blind []string) {
 		})
 	}
 	found := map[string]bool{}
-	// inVolume: where the pod's VolumeName volume holds the flags.
-	inVolume := volumeFlagsPath(pod)
+	// inVolume: where the pod's VolumeName volume holds the flags;
+	// endpoints: they are the endpoint's ConfigMap's (not the pod's own
+	// volume of our name from other flags, kept as anything the pod set).
+	inVolume, endpoints := flagsVolume(pod, in.Endpoint)
 	// seen: some URMA container sees the flags file through the
 	// VolumeName volume (the webhook's, or one the pod brought).
 	seen := false
@@ -375,9 +378,8 @@ func Inject(pod *corev1.Pod, in Injection) (missing, blind []string) {
 	}
 	// The hash says the pod runs on these flags (the endpoint's
 	// podsOnCurrentFlags counts it): not when no container sees them, nor
-	// when the pod's own volume of our name (kept, as anything the pod
-	// set) is not the endpoint's ConfigMap.
-	if in.Hash != "" && seen && isEndpointConfigMap(pod, in.Endpoint) {
+	// when the pod's own volume of our name holds other flags.
+	if in.Hash != "" && seen && endpoints {
 		if pod.Annotations == nil {
 			pod.Annotations = map[string]string{}
 		}
@@ -390,17 +392,6 @@ func hasVolume(pod *corev1.Pod, name string) bool {
 	for _, v := range pod.Spec.Volumes {
 		if v.Name == name {
 			return true
-		}
-	}
-	return false
-}
-
-// isEndpointConfigMap reports whether the pod's VolumeName volume is the
-// ConfigMap of the endpoint.
-func isEndpointConfigMap(pod *corev1.Pod, endpoint string) bool {
-	for _, v := range pod.Spec.Volumes {
-		if v.Name == VolumeName {
-			return v.ConfigMap != nil && v.ConfigMap.Name == v1alpha1.ConfigMapName(endpoint)
 		}
 	}
 	return false
@@ -419,32 +410,56 @@ func hasMount(c *corev1.Container) bool {
 	return false
 }
 
-// volumeFlagsPath is where the pod's VolumeName volume holds the flags
-// key: under its own name, or the path the items of a ConfigMap (or
-// Secret) volume give it; "" when the items leave it out, or the pod has no
-// such volume. A volume of another kind (the pod's own flags, kept) is
-// taken to hold it under its name, as a mount at FlagsMountPath is.
-func volumeFlagsPath(pod *corev1.Pod) string {
-	for _, v := range pod.Spec.Volumes {
-		if v.Name != VolumeName {
-			continue
+// flagsVolume is where the pod's VolumeName volume holds the flags key,
+// and whether that file is the endpoint's (see flagsPath); "" when the pod
+// has no such volume.
+func flagsVolume(pod *corev1.Pod, endpoint string) (inVolume string, endpoints bool) {
+	for i := range pod.Spec.Volumes {
+		if v := &pod.Spec.Volumes[i]; v.Name == VolumeName {
+			return flagsPath(v, v1alpha1.ConfigMapName(endpoint))
 		}
-		var items []corev1.KeyToPath
-		switch {
-		case v.ConfigMap != nil:
-			items = v.ConfigMap.Items
-		case v.Secret != nil:
-			items = v.Secret.Items
-		}
-		if len(items) == 0 {
-			return v1alpha1.ConfigMapKeyFlags
-		}
-		for _, it := range items {
-			if it.Key == v1alpha1.ConfigMapKeyFlags {
-				return path.Clean(it.Path)
+	}
+	return "", false
+}
+
+// flagsPath is where volume v holds the flags key (a cleaned path in the
+// volume; "" when it holds none), and whether that is the key of ConfigMap
+// cm, the endpoint's. A ConfigMap or Secret volume holds it under its name,
+// or the path its items give it. A projected volume holds it only through
+// a source of ConfigMap cm: its other sources (a token, pod info, another
+// ConfigMap) may put any file there, not the endpoint's flags. A volume of
+// another kind (the pod's own flags, kept) is taken to hold it under its
+// name, as a mount at FlagsMountPath is.
+func flagsPath(v *corev1.Volume, cm string) (inVolume string, endpoints bool) {
+	switch {
+	case v.ConfigMap != nil:
+		return keyPath(v.ConfigMap.Items), v.ConfigMap.Name == cm
+	case v.Secret != nil:
+		return keyPath(v.Secret.Items), false
+	case v.Projected != nil:
+		for _, s := range v.Projected.Sources {
+			if s.ConfigMap == nil || s.ConfigMap.Name != cm {
+				continue
+			}
+			if p := keyPath(s.ConfigMap.Items); p != "" {
+				return p, true
 			}
 		}
-		return ""
+		return "", false
+	}
+	return v1alpha1.ConfigMapKeyFlags, false
+}
+
+// keyPath is where items put the flags key: under its name when there are
+// no items (every key), "" when they leave it out.
+func keyPath(items []corev1.KeyToPath) string {
+	if len(items) == 0 {
+		return v1alpha1.ConfigMapKeyFlags
+	}
+	for _, it := range items {
+		if it.Key == v1alpha1.ConfigMapKeyFlags {
+			return path.Clean(it.Path)
+		}
 	}
 	return ""
 }
@@ -472,7 +487,7 @@ func mountedFile(m corev1.VolumeMount, inVolume string) string {
 }
 
 // flagsFile is where container c (after the mount is added) finds the
-// flags, given where the VolumeName volume holds them (volumeFlagsPath):
+// flags, given where the VolumeName volume holds them (flagsVolume):
 // through its first mount of that volume that shows them; else, when it
 // mounts something else at FlagsMountPath, the pod's own flags there (own).
 // It is "" when c mounts the volume but sees no flags through it (its
