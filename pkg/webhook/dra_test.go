@@ -64,7 +64,7 @@ func TestInjectClaims(t *testing.T) {
 				t.Errorf("app got units %s besides its claim", q)
 			}
 		}
-		if !hasEnv(&c, v1alpha1.EnvFlagsFile) {
+		if lastEnv(&c, v1alpha1.EnvFlagsFile) == nil {
 			t.Errorf("%s lost its flags", c.Name)
 		}
 	}
@@ -403,7 +403,7 @@ func TestPodInjectorDRAModeForeignClaimTemplate(t *testing.T) {
 				if claims := containerClaims(ctr); (len(claims) > 0) != c.wantClaims {
 					t.Errorf("%s lists claims %v, want claims: %v", ctr.Name, claims, c.wantClaims)
 				}
-				if !hasEnv(&ctr, v1alpha1.EnvFlagsFile) {
+				if lastEnv(&ctr, v1alpha1.EnvFlagsFile) == nil {
 					t.Errorf("%s lost its flags", ctr.Name)
 				}
 			}

@@ -156,15 +156,20 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	} else {
 		in.JettyUnits = plan.JettyUnits(obs.Input)
 	}
-	missing, blind := Inject(mutated, in)
+	missing, blind, ownEnv := Inject(mutated, in)
 	if len(missing) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf("spec.containers of UrmaEndpoint %s/%s names containers this pod does not have: %s",
 			ns, name, strings.Join(missing, ", "))))
 	}
 	if len(blind) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf(
-			"the pod's volume %s does not show key %s to containers %s (its items or projected sources, or their subPath, leave out that key of ConfigMap %s): no %s is set for them, and they do not count the pod as on the current flags",
-			VolumeName, v1alpha1.ConfigMapKeyFlags, strings.Join(blind, ", "), v1alpha1.ConfigMapName(name), v1alpha1.EnvFlagsFile)))
+			"the pod's volume %s does not show key %s to containers %s (its items or projected sources, or their subPath, leave it out): no %s is set for them, and they do not count the pod as on the current flags",
+			VolumeName, v1alpha1.ConfigMapKeyFlags, strings.Join(blind, ", "), v1alpha1.EnvFlagsFile)))
+	}
+	if len(ownEnv) > 0 {
+		warnings = append(warnings, short(fmt.Sprintf(
+			"containers %s set their own %s, not the file where volume %s shows them key %s (if any): their value is kept, and they do not count the pod as on the current flags",
+			strings.Join(ownEnv, ", "), v1alpha1.EnvFlagsFile, VolumeName, v1alpha1.ConfigMapKeyFlags)))
 	}
 	raw, err := json.Marshal(mutated)
 	if err != nil {
@@ -288,9 +293,10 @@ type Injection struct {
 //     already, and URMA_FLAGS_FILE naming the file the container sees
 //     (flagsFile: /etc/urma/urma.flags by default; none when the pod's own
 //     volume's items or projected sources (flagsPath) or the mount's
-//     subPath leave the key out; not with
-//     NoFlags), and JettyUnits of urma.openeuler.org/jetty (request = limit, as extended resources
-//     require) unless the container already asks for some. Kubelet
+//     subPath leave the key out; not with NoFlags) unless the container
+//     sets its own, and JettyUnits of urma.openeuler.org/jetty (request =
+//     limit, as extended resources require) unless the container already
+//     asks for some. Kubelet
 //     allocates devices per container, so each needs its own request;
 //     with a ClaimTemplate (DRA driver) instead a pod claim of its own from
 //     that template, listed in the container's resources.claims, unless
@@ -300,11 +306,14 @@ type Injection struct {
 //   - the flags-hash annotation, when the hash is known and some URMA
 //     container sees the endpoint's flags file.
 //
-// It returns the names in in.Containers that the pod does not have, and
-// the URMA containers that mount the VolumeName volume but see no flags
-// file through it (the pod's own volume's items, or the container's
-// subPath, leave it out): they get no URMA_FLAGS_FILE.
-func Inject(pod *corev1.Pod, in Injection) (missing, blind []string) {
+// It returns the names in in.Containers that the pod does not have; the
+// URMA containers that mount the VolumeName volume but see no flags file
+// through it (the pod's own volume's items or projected sources, or the
+// container's subPath, leave it out): they get no URMA_FLAGS_FILE; and
+// those that mount it but set URMA_FLAGS_FILE themselves (its last entry,
+// which the kubelet uses) to another file, or through valueFrom: their
+// value is kept, and they do not count as seeing the flags.
+func Inject(pod *corev1.Pod, in Injection) (missing, blind, ownEnv []string) {
 	if !in.NoFlags && !hasVolume(pod, VolumeName) {
 		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{
 			Name: VolumeName,
@@ -340,13 +349,25 @@ func Inject(pod *corev1.Pod, in Injection) (missing, blind []string) {
 				})
 			}
 			file, own := flagsFile(c, inVolume)
-			if file != "" && !own {
+			mounted := slices.ContainsFunc(c.VolumeMounts, isFlagsVolume)
+			switch e := lastEnv(c, v1alpha1.EnvFlagsFile); {
+			case e == nil:
+				if file != "" && !own {
+					seen = true
+				} else if mounted && !in.NoFlags {
+					blind = append(blind, c.Name)
+				}
+				if !in.NoFlags && file != "" {
+					c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: file})
+				}
+			case file != "" && !own && e.ValueFrom == nil && path.Clean(e.Value) == file:
+				// Its own value names the file the webhook would have
+				// (or is the webhook's, on reinvocation).
 				seen = true
-			} else if !own && !in.NoFlags && slices.ContainsFunc(c.VolumeMounts, isFlagsVolume) {
-				blind = append(blind, c.Name)
-			}
-			if !in.NoFlags && file != "" && !hasEnv(c, v1alpha1.EnvFlagsFile) {
-				c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: file})
+			case mounted && !in.NoFlags:
+				// Its own value wins (a second entry would override it),
+				// but it names no file the webhook knows to be the flags.
+				ownEnv = append(ownEnv, c.Name)
 			}
 			if in.ClaimTemplate != "" {
 				sidecar := group.init && isSidecar(c)
@@ -385,7 +406,7 @@ func Inject(pod *corev1.Pod, in Injection) (missing, blind []string) {
 		}
 		pod.Annotations[v1alpha1.AnnotationFlagsHash] = in.Hash
 	}
-	return missing, blind
+	return missing, blind, ownEnv
 }
 
 func hasVolume(pod *corev1.Pod, name string) bool {
@@ -511,13 +532,15 @@ func flagsFile(c *corev1.Container, inVolume string) (file string, own bool) {
 
 func isFlagsVolume(m corev1.VolumeMount) bool { return m.Name == VolumeName }
 
-func hasEnv(c *corev1.Container, name string) bool {
-	for _, e := range c.Env {
-		if e.Name == name {
-			return true
+// lastEnv is c's entry of env var name that takes effect, the last one
+// (the kubelet lets a later entry override an earlier one); nil when none.
+func lastEnv(c *corev1.Container, name string) *corev1.EnvVar {
+	for i := len(c.Env) - 1; i >= 0; i-- {
+		if c.Env[i].Name == name {
+			return &c.Env[i]
 		}
 	}
-	return false
+	return nil
 }
 
 func requestsJetties(c *corev1.Container) bool {

@@ -187,7 +187,7 @@ func TestInject(t *testing.T) {
 				c.mutate(p)
 			}
 			in := Injection{Endpoint: "ep", Hash: c.hash, JettyUnits: 3, Containers: c.containers}
-			missing, _ := Inject(p, in)
+			missing, _, _ := Inject(p, in)
 			if !slices.Equal(missing, c.missing) {
 				t.Errorf("missing %v, want %v", missing, c.missing)
 			}
@@ -417,8 +417,8 @@ func TestPodInjectorHandle(t *testing.T) {
 				if q, _ := jettyRequest(ctr); (q == c.units) != urma {
 					t.Errorf("%s: jetty request %q; URMA container %v", ctr.Name, q, urma)
 				}
-				if flags := urma && !c.noFlags; hasEnv(&ctr, v1alpha1.EnvFlagsFile) != flags || hasMount(&ctr) != flags {
-					t.Errorf("%s: flags file variable %v, mount %v; want %v", ctr.Name, hasEnv(&ctr, v1alpha1.EnvFlagsFile), hasMount(&ctr), flags)
+				if flags := urma && !c.noFlags; (lastEnv(&ctr, v1alpha1.EnvFlagsFile) != nil) != flags || hasMount(&ctr) != flags {
+					t.Errorf("%s: flags file variable %v, mount %v; want %v", ctr.Name, lastEnv(&ctr, v1alpha1.EnvFlagsFile) != nil, hasMount(&ctr), flags)
 				}
 			}
 		})

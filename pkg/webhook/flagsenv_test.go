@@ -1,0 +1,157 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+)
+
+// flagsEnv sets the container's env to URMA_FLAGS_FILE entries of these
+// values, in order.
+func flagsEnv(name string, values ...string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		c := container(p, name)
+		for _, v := range values {
+			c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: v})
+		}
+	}
+}
+
+// A container that sets URMA_FLAGS_FILE itself keeps its value, once: a
+// second entry of the name would be the webhook overriding the user (the
+// last entry wins). It reads the endpoint's flags, and so counts the pod
+// as on them, only when its value names the file the webhook would have
+// named; the kubelet uses the last of duplicate entries.
+func TestInjectKeepsTheContainersOwnFlagsFile(t *testing.T) {
+	renamed := ownFlagsVolume(corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyFlags, Path: "conf/a.conf"})
+	cases := []struct {
+		name   string
+		mutate []func(*corev1.Pod)
+		hashed bool
+	}{
+		{name: "another file", mutate: []func(*corev1.Pod){flagsEnv("app", "/mine")}},
+		{name: "the file the webhook would name", hashed: true,
+			mutate: []func(*corev1.Pod){flagsEnv("app", "/etc/urma/urma.flags")}},
+		{name: "the same file, spelled otherwise", hashed: true,
+			mutate: []func(*corev1.Pod){flagsEnv("app", "/etc/urma/./urma.flags")}},
+		{name: "items move the key: the file they move it to", hashed: true,
+			mutate: []func(*corev1.Pod){renamed, flagsEnv("app", "/etc/urma/conf/a.conf")}},
+		{name: "items move the key: the file they moved it from",
+			mutate: []func(*corev1.Pod){renamed, flagsEnv("app", "/etc/urma/urma.flags")}},
+		{name: "items leave the key out",
+			mutate: []func(*corev1.Pod){ownFlagsVolume(corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: "urma.flags"}), flagsEnv("app", "/etc/urma/urma.flags")}},
+		{name: "duplicate entries: the last, another file, wins",
+			mutate: []func(*corev1.Pod){flagsEnv("app", "/etc/urma/urma.flags", "/mine")}},
+		{name: "duplicate entries: the last, the endpoint's file, wins", hashed: true,
+			mutate: []func(*corev1.Pod){flagsEnv("app", "/mine", "/etc/urma/urma.flags")}},
+		{name: "a value from elsewhere the webhook cannot read",
+			mutate: []func(*corev1.Pod){func(p *corev1.Pod) {
+				container(p, "app").Env = []corev1.EnvVar{{Name: v1alpha1.EnvFlagsFile, ValueFrom: &corev1.EnvVarSource{
+					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['flags']"}}}}
+			}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := basePod()
+			for _, m := range c.mutate {
+				m(p)
+			}
+			want := slices.Clone(container(p, "app").Env)
+			// Only app is a URMA container: the hash is its doing alone.
+			in := Injection{Endpoint: "ep", Hash: "h1", JettyUnits: 3, Containers: []string{"app"}}
+			_, blind, ownEnv := Inject(p, in)
+			// Every case mounts the volume: app is the warning's unless it
+			// reads the endpoint's file, and is never one that gets none.
+			if wantOwn := []string{"app"}; c.hashed && len(ownEnv) > 0 || !c.hashed && !slices.Equal(ownEnv, wantOwn) || len(blind) > 0 {
+				t.Errorf("own env %q, blind %q; want own env %q (unless hashed), blind none", ownEnv, blind, wantOwn)
+			}
+			if got := container(p, "app").Env; !slices.EqualFunc(got, want, func(a, b corev1.EnvVar) bool {
+				x, _ := json.Marshal(a)
+				y, _ := json.Marshal(b)
+				return string(x) == string(y)
+			}) {
+				t.Errorf("env %+v, want the container's own %+v", got, want)
+			}
+			if got := p.Annotations[v1alpha1.AnnotationFlagsHash] == "h1"; got != c.hashed {
+				t.Errorf("hash stamped %v, want %v", got, c.hashed)
+			}
+			again := p.DeepCopy()
+			Inject(again, in)
+			a, _ := json.Marshal(p)
+			b, _ := json.Marshal(again)
+			if string(a) != string(b) {
+				t.Errorf("Inject is not idempotent:\n%s\n%s", a, b)
+			}
+		})
+	}
+}
+
+// The warning names the containers whose own URMA_FLAGS_FILE is not the
+// endpoint's flags file, and only them: not as containers that get no
+// URMA_FLAGS_FILE (they have one), nor a container whose value is the file.
+func TestPodInjectorWarnsOfContainersWithTheirOwnFlagsFile(t *testing.T) {
+	ep := endpoint()
+	s := scheme(t)
+	cl := fake.NewClientBuilder().WithScheme(s).WithObjects(ep, ownedConfigMap(ep, "h1"), hwNode("n1", 4096)).Build()
+	h := &PodInjector{Reader: cl, APIReader: cl, Decoder: admission.NewDecoder(s)}
+	const own = "containers app set their own URMA_FLAGS_FILE"
+	cases := []struct {
+		name   string
+		mutate []func(*corev1.Pod)
+		// warnings are substrings of the warnings naming URMA_FLAGS_FILE,
+		// one each, in order.
+		warnings []string
+		hash     string
+	}{
+		{name: "another file: the others still see the flags", hash: "h1",
+			mutate:   []func(*corev1.Pod){flagsEnv("app", "/mine")},
+			warnings: []string{own}},
+		{name: "the endpoint's file", hash: "h1",
+			mutate: []func(*corev1.Pod){flagsEnv("app", "/etc/urma/urma.flags")}},
+		{name: "items leave the key out: app has its own, the others none",
+			mutate: []func(*corev1.Pod){ownFlagsVolume(corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: "hash"}),
+				flagsEnv("app", "/etc/urma/urma.flags")},
+			warnings: []string{"does not show key urma.flags to containers side, init (", own}},
+		{name: "its own flags mounted at /etc/urma: the pod's business", hash: "h1",
+			mutate: []func(*corev1.Pod){flagsEnv("app", "/etc/urma/mine.flags"), func(p *corev1.Pod) {
+				container(p, "app").VolumeMounts = []corev1.VolumeMount{{Name: "mine", MountPath: v1alpha1.FlagsMountPath}}
+			}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := basePod()
+			for _, m := range c.mutate {
+				m(p)
+			}
+			resp := h.Handle(context.Background(), podRequest(t, p))
+			if !resp.Allowed {
+				t.Fatalf("refused: %+v", resp.Result)
+			}
+			var got []string
+			for _, w := range resp.Warnings {
+				if strings.Contains(w, v1alpha1.EnvFlagsFile) {
+					got = append(got, w)
+				}
+			}
+			if len(got) != len(c.warnings) {
+				t.Fatalf("warnings %q, want %d naming %s: %q", resp.Warnings, len(c.warnings), v1alpha1.EnvFlagsFile, c.warnings)
+			}
+			for i, w := range c.warnings {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("warning %q, want it to contain %q", got[i], w)
+				}
+			}
+			if stamped := applyPatch(t, p, resp).Annotations[v1alpha1.AnnotationFlagsHash]; stamped != c.hash {
+				t.Errorf("hash %q, want %q", stamped, c.hash)
+			}
+		})
+	}
+}
