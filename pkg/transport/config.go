@@ -36,6 +36,14 @@ const (
 	DefaultCloseTimeout     = 5 * time.Second
 )
 
+// DefaultAcceptBacklog is how many connections a Listener takes on without
+// an Accept for them (Config.AcceptBacklog); MaxAcceptBacklog is the most
+// it may be set to.
+const (
+	DefaultAcceptBacklog = 128
+	MaxAcceptBacklog     = 65536
+)
+
 // Config configures a Listener or Dialer. The zero Config works: it reads
 // the flags file and the environment, and without UB hardware uses the
 // software provider over TCP sockets.
@@ -113,6 +121,15 @@ type Config struct {
 	// reads every byte written before Close; 0 means 5s. The jetty's
 	// flush after it takes at most 2s more (at once on a working provider).
 	CloseTimeout time.Duration
+	// AcceptBacklog bounds, for a Listener, the handshakes in progress plus
+	// the connections they completed that no Accept has taken yet: each
+	// holds a TCP connection, goroutines and, in URMA mode, a jetty and
+	// its receive buffers. At the bound the Listener stops taking
+	// connections from the kernel, whose listen backlog holds further
+	// clients, until an Accept, a failed handshake or Close frees a place.
+	// 0 means DefaultAcceptBacklog (128); 1..MaxAcceptBacklog is allowed.
+	// A Dialer ignores it.
+	AcceptBacklog int
 	// Logger receives fallbacks, warnings and errors; zero discards.
 	Logger logr.Logger
 	// Registerer receives the transport's Prometheus collectors; nil
@@ -146,6 +163,7 @@ type settings struct {
 	ackTimeout       time.Duration // 0: the whole handshake timeout
 	handshakeTimeout time.Duration
 	closeTimeout     time.Duration
+	acceptBacklog    int
 	log              logr.Logger
 }
 
@@ -174,6 +192,14 @@ func (c Config) resolve() (settings, error) {
 	}
 	if s.closeTimeout <= 0 {
 		s.closeTimeout = DefaultCloseTimeout
+	}
+	switch b := c.AcceptBacklog; {
+	case b == 0:
+		s.acceptBacklog = DefaultAcceptBacklog
+	case b < 0 || b > MaxAcceptBacklog:
+		return settings{}, fmt.Errorf("transport config: Config.AcceptBacklog=%d is out of range: want 1..%d, or 0 for the default (%d)", b, MaxAcceptBacklog, DefaultAcceptBacklog)
+	default:
+		s.acceptBacklog = b
 	}
 
 	switch {

@@ -34,14 +34,21 @@ func newMetrics(cfg Config) (*metrics.Metrics, error) {
 
 // Listener accepts connections that run on URMA when the client can, and on
 // TCP otherwise (a plain TCP client is served transparently). Handshakes run
-// concurrently, so a slow client does not hold up Accept.
+// concurrently, so a slow client does not hold up Accept. Handshakes in
+// progress plus connections waiting for Accept are bounded by
+// Config.AcceptBacklog, as the kernel bounds a plain listener's queue.
 type Listener struct {
-	ln      net.Listener
-	e       *engine
-	log     interface{ Info(string, ...any) }
-	ctx     context.Context
-	cancel  context.CancelFunc
-	conns   chan Conn
+	ln     net.Listener
+	e      *engine
+	log    interface{ Info(string, ...any) }
+	ctx    context.Context
+	cancel context.CancelFunc
+	conns  chan Conn
+	// slots holds a token for each handshake in progress and each
+	// connection in conns: the accept loop takes one before it takes a
+	// connection from the kernel, Accept (or a failed handshake) gives it
+	// back.
+	slots   chan struct{}
 	closed  chan struct{}
 	failed  chan struct{} // the accept loop stopped on an error (loopErr)
 	wg      sync.WaitGroup
@@ -87,7 +94,8 @@ func ListenTransport(network, address string, cfg Config) (*Listener, error) {
 	e.start(host)
 	l := &Listener{
 		ln: ln, e: e, log: e.log,
-		conns:  make(chan Conn, 16),
+		conns:  make(chan Conn, s.acceptBacklog), // never full: conns hold slots
+		slots:  make(chan struct{}, s.acceptBacklog),
 		closed: make(chan struct{}),
 		failed: make(chan struct{}),
 	}
@@ -101,8 +109,17 @@ func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
 	var backoff time.Duration
 	for {
+		// At the bound, leave further clients in the kernel's listen
+		// backlog: every connection taken costs a handshake, and in URMA
+		// mode a jetty and its receive buffers, until it is Accepted.
+		select {
+		case l.slots <- struct{}{}:
+		case <-l.closed:
+			return
+		}
 		tcp, err := l.ln.Accept()
 		if err != nil {
+			l.freeSlot()
 			select {
 			case <-l.closed:
 				return
@@ -133,6 +150,7 @@ func (l *Listener) acceptLoop() {
 			defer l.wg.Done()
 			c, err := serverHandshake(l.ctx, l.e, tcp)
 			if err != nil {
+				l.freeSlot()
 				l.log.Info("dropping a connection", "error", err.Error())
 				return
 			}
@@ -145,6 +163,10 @@ func (l *Listener) acceptLoop() {
 	}
 }
 
+// freeSlot gives back the place of a connection that was Accepted or
+// dropped, so that the accept loop may take the next one.
+func (l *Listener) freeSlot() { <-l.slots }
+
 // isTemporary reports errors Accept recovers from (EMFILE, ENFILE, ...),
 // which the net package still marks Temporary.
 func isTemporary(err error) bool {
@@ -156,6 +178,7 @@ func isTemporary(err error) bool {
 func (l *Listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.conns:
+		l.freeSlot()
 		return c, nil
 	case <-l.closed:
 	case <-l.failed:
@@ -163,6 +186,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 	// Prefer a connection that is ready over the close.
 	select {
 	case c := <-l.conns:
+		l.freeSlot()
 		return c, nil
 	default:
 	}

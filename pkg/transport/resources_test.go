@@ -402,6 +402,17 @@ func TestConfigResolve(t *testing.T) {
 			cfg:   Config{FirstBytesTimeout: -1},
 			check: func(s settings) string { return expect(s.firstBytes == 0, "no first-bytes timeout") },
 		},
+		{
+			name:  "accept backlog default",
+			check: func(s settings) string { return expect(s.acceptBacklog == DefaultAcceptBacklog, "the default backlog") },
+		},
+		{
+			name:  "Config.AcceptBacklog",
+			cfg:   Config{AcceptBacklog: MaxAcceptBacklog},
+			check: func(s settings) string { return expect(s.acceptBacklog == MaxAcceptBacklog, "the largest backlog") },
+		},
+		{name: "negative Config.AcceptBacklog", cfg: Config{AcceptBacklog: -1}, wantErr: "Config.AcceptBacklog=-1 is out of range: want 1..65536, or 0 for the default (128)"},
+		{name: "Config.AcceptBacklog too large", cfg: Config{AcceptBacklog: MaxAcceptBacklog + 1}, wantErr: "Config.AcceptBacklog=65537 is out of range"},
 		{name: "bad URMA_REQUIRE_TOKEN", env: map[string]string{EnvRequireToken: "maybe"}, wantErr: `URMA_REQUIRE_TOKEN="maybe" is not true or false`},
 		{name: "missing flags file", env: map[string]string{EnvFlagsFile: dir + "/nope"}, wantErr: "open flags file"},
 		{name: "flags file out of range", env: map[string]string{EnvFlagsFile: bad}, wantErr: "line 1: flag urma_rq_size: 5 is out of range (want 16..4096)"},
