@@ -263,7 +263,17 @@ func (c *urmaConn) failSend(err error) {
 // working provider): the buffers of sends still posted come back only
 // through their flushed completions, so cutting it short would lose them
 // from the pool. Blocked reads and writes return at once.
-func (c *urmaConn) Close() error {
+func (c *urmaConn) Close() error { return c.close(true) }
+
+// abort ends a connection no Accept took (Listener.Close): the application
+// wrote nothing on it, so there is nothing to drain and no close marker to
+// wait for, and a peer that takes no message must not hold the listener's
+// Close up for CloseTimeout. The peer gets a reset, as from a kernel
+// listen queue, and everything is given back at once.
+func (c *urmaConn) abort() { _ = c.close(false) }
+
+// close is Close, graceful or (abort) not.
+func (c *urmaConn) close(graceful bool) error {
 	c.mu.Lock()
 	was := c.stateNow()
 	moved := c.moveLocked(stateClosing)
@@ -277,7 +287,7 @@ func (c *urmaConn) Close() error {
 	// that reserved its window before the connection failed still posts to
 	// the jetty, which release destroys.
 	c.writeMu.Lock()
-	if was == stateOpen {
+	if was == stateOpen && graceful {
 		// One deadline for both waits: a peer that never answers holds
 		// Close up for CloseTimeout, not once per wait.
 		deadline := time.Now().Add(c.e.s.closeTimeout)
@@ -287,9 +297,14 @@ func (c *urmaConn) Close() error {
 		}
 	}
 	c.writeMu.Unlock()
-	err := c.tcp.Close()
-	if errors.Is(err, net.ErrClosed) {
-		err = nil // fail() closed it already
+	var err error
+	if graceful {
+		err = c.tcp.Close()
+		if errors.Is(err, net.ErrClosed) {
+			err = nil // fail() closed it already
+		}
+	} else {
+		abortTCP(c.tcp)
 	}
 	<-c.watchDone
 	c.flush()

@@ -157,7 +157,7 @@ func (l *Listener) acceptLoop() {
 			select {
 			case l.conns <- c:
 			case <-l.closed:
-				_ = c.Close()
+				abortConn(c)
 			}
 		}()
 	}
@@ -166,6 +166,19 @@ func (l *Listener) acceptLoop() {
 // freeSlot gives back the place of a connection that was Accepted or
 // dropped, so that the accept loop may take the next one.
 func (l *Listener) freeSlot() { <-l.slots }
+
+// abortConn ends a connection nobody accepted. The application never saw
+// it, so nothing it wrote can be lost, and waiting for the peer (Close's
+// drain and close marker, up to CloseTimeout) would only hold up
+// Listener.Close: the peer gets a reset, as the kernel resets connections
+// still in a closed listener's queue.
+func abortConn(c Conn) {
+	if a, ok := c.(interface{ abort() }); ok {
+		a.abort()
+		return
+	}
+	_ = c.Close()
+}
 
 // isTemporary reports errors Accept recovers from (EMFILE, ENFILE, ...),
 // which the net package still marks Temporary.
@@ -201,9 +214,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 	return nil, &net.OpError{Op: "accept", Net: "urma", Addr: l.ln.Addr(), Err: err}
 }
 
-// Close stops accepting and aborts handshakes in progress; connections
-// already accepted stay open, and the URMA resources go when the last of
-// them closes.
+// Close stops accepting and aborts handshakes in progress and connections
+// not accepted yet (their peers get a reset, at once); connections already
+// accepted stay open, and the URMA resources go when the last of them
+// closes.
 func (l *Listener) Close() error {
 	err := net.ErrClosed
 	l.once.Do(func() {
@@ -214,7 +228,7 @@ func (l *Listener) Close() error {
 		for {
 			select {
 			case c := <-l.conns:
-				_ = c.Close()
+				abortConn(c)
 				continue
 			default:
 			}

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"net"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
 // TestListenerBacklogBound: a Listener whose application does not call
@@ -101,5 +104,73 @@ func TestListenerBacklogBound(t *testing.T) {
 	}
 	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
+	}
+}
+
+// TestListenerCloseAbortsUnaccepted: Listener.Close ends the connections
+// nobody accepted at once, with a reset, as the kernel resets those in a
+// closed listener's queue: it does not wait for their peers, which the
+// graceful Close of a connection does for up to CloseTimeout (here a
+// minute) when the peer takes no message, and their resources come back.
+func TestListenerCloseAbortsUnaccepted(t *testing.T) {
+	checkNoLeaks(t)
+	for _, tc := range []struct {
+		name string
+		// connect makes a client whose connection the listener completes
+		// and holds unaccepted; it returns the client's TCP connection.
+		connect func(t *testing.T, peer urma.Provider, addr string) net.Conn
+	}{
+		{"URMA, a peer that never takes a message", func(t *testing.T, peer urma.Provider, addr string) net.Conn {
+			// No receive posted: the close marker would be retried
+			// (RNR) until CloseTimeout.
+			r := newRawQueuesPosting(t, peer, 0)
+			r.ours, r.marks = true, true
+			r.dial(addr)
+			return r.tcp
+		}},
+		{"TCP fallback", func(t *testing.T, _ urma.Provider, addr string) net.Conn {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			if _, err := c.Write([]byte(syncBytes)); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			scfg := cfgWith(pa, smallFlags())
+			scfg.NoToken = true // the raw peer presents no token
+			scfg.CloseTimeout = time.Minute
+			ln := listenLoopback(t, scfg)
+			client := tc.connect(t, pb, ln.Addr().String())
+			// The handshake completes on the server after the client's
+			// last byte; nothing signals it but the queue.
+			waitFor(t, "the listener to hold the connection", 10*time.Second, func() bool { return len(ln.conns) == 1 })
+
+			pool := ln.e.pool // the engine lets go of it when it goes
+			closed := make(chan error, 1)
+			go func() { closed <- ln.Close() }()
+			select {
+			case err := <-closed:
+				if err != nil {
+					t.Fatalf("close: %v", err)
+				}
+			case <-time.After(scfg.CloseTimeout / 2):
+				t.Fatalf("Listener.Close still runs after %s: it waits for the peer of a connection nobody accepted", scfg.CloseTimeout/2)
+			}
+			if _, err := client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("the client read %v after Listener.Close, want a reset (ECONNRESET)", err)
+			}
+			if _, inUse := pool.stats(); inUse != 0 {
+				t.Errorf("%d pool buffers still out after Listener.Close", inUse)
+			}
+			if err := pool.check(); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }

@@ -129,13 +129,24 @@ func (c *tcpConn) count(sent, received int) {
 
 // Close closes the socket once; a later Close fails with net.ErrClosed,
 // as the socket's own would.
-func (c *tcpConn) Close() error {
+func (c *tcpConn) Close() error { return c.close(true) }
+
+// abort ends a connection no Accept took (Listener.Close) with a reset, as
+// the kernel resets those in a closed listener's queue.
+func (c *tcpConn) abort() { _ = c.close(false) }
+
+func (c *tcpConn) close(graceful bool) error {
 	err := c.opErr("close", net.ErrClosed)
 	c.closeOnce.Do(func() {
 		close(c.closed)
 		c.rdl.stop()
 		c.wdl.stop()
-		err = c.Conn.Close()
+		if graceful {
+			err = c.Conn.Close()
+		} else {
+			abortTCP(c.Conn)
+			err = nil
+		}
 		c.metrics.ConnClosed(metrics.ModeTCP, c.role)
 	})
 	return err
