@@ -155,3 +155,46 @@ func TestPodInjectorWarnsOfContainersWithTheirOwnFlagsFile(t *testing.T) {
 		})
 	}
 }
+
+// A flags-hash annotation the pod brought (its template copied from a pod
+// that had one) is dropped unless the webhook stamps it: otherwise the
+// endpoint would count a pod that reads no flags as on the current ones.
+func TestInjectDropsAHashThePodBrought(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*corev1.Pod)
+		in     Injection
+		want   string // the annotation after Inject, "" for none
+	}{
+		{name: "the container reads the endpoint's flags: the webhook's hash",
+			mutate: func(*corev1.Pod) {}, in: Injection{Endpoint: "ep", Hash: "h1", Containers: []string{"app"}}, want: "h1"},
+		{name: "the container names its own file",
+			mutate: flagsEnv("app", "/mine"), in: Injection{Endpoint: "ep", Hash: "h1", Containers: []string{"app"}}},
+		{name: "the pod's volume leaves the key out",
+			mutate: ownFlagsVolume(corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: "hash"}),
+			in:     Injection{Endpoint: "ep", Hash: "h1", Containers: []string{"app"}}},
+		{name: "no flags injected",
+			mutate: func(*corev1.Pod) {}, in: Injection{Endpoint: "ep", Hash: "h1", NoFlags: true, Containers: []string{"app"}}},
+		{name: "the hash is not known yet",
+			mutate: func(*corev1.Pod) {}, in: Injection{Endpoint: "ep", Containers: []string{"app"}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := basePod()
+			c.mutate(p)
+			if p.Annotations == nil {
+				p.Annotations = map[string]string{}
+			}
+			p.Annotations[v1alpha1.AnnotationFlagsHash] = "h1" // brought
+			p.Annotations["other"] = "kept"
+			Inject(p, c.in)
+			got, ok := p.Annotations[v1alpha1.AnnotationFlagsHash]
+			if c.want == "" && ok || c.want != "" && got != c.want {
+				t.Errorf("flags hash %q (present %v), want %q", got, ok, c.want)
+			}
+			if p.Annotations["other"] != "kept" {
+				t.Errorf("annotations %v: the pod's own went missing", p.Annotations)
+			}
+		})
+	}
+}

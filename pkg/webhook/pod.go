@@ -399,12 +399,16 @@ func Inject(pod *corev1.Pod, in Injection) (missing, blind, ownEnv []string) {
 	}
 	// The hash says the pod runs on these flags (the endpoint's
 	// podsOnCurrentFlags counts it): not when no container sees them, nor
-	// when the pod's own volume of our name holds other flags.
+	// when the pod's own volume of our name holds other flags. It is the
+	// webhook's word alone: one the pod brought (a template copied from a
+	// pod that had it) would count a pod that reads no flags.
 	if in.Hash != "" && seen && endpoints {
 		if pod.Annotations == nil {
 			pod.Annotations = map[string]string{}
 		}
 		pod.Annotations[v1alpha1.AnnotationFlagsHash] = in.Hash
+	} else {
+		delete(pod.Annotations, v1alpha1.AnnotationFlagsHash)
 	}
 	return missing, blind, ownEnv
 }
