@@ -262,13 +262,17 @@ func (s *Server) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 }
 
 // Allocate answers every container request, or refuses the whole call with
-// InvalidArgument naming each unknown or unhealthy unit ID.
+// InvalidArgument naming each unknown, unhealthy or repeated unit ID.
 func (s *Server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	snap, _ := s.inv.Current()
 	resp := &pluginapi.AllocateResponse{}
 	var shares [][]Share
-	for _, cr := range req.GetContainerRequests() {
+	owner := map[string]int{} // unit ID -> the container request naming it
+	for i, cr := range req.GetContainerRequests() {
 		sh, err := Group(snap, cr.GetDevicesIds())
+		if err == nil {
+			err = claimUnits(owner, i, cr.GetDevicesIds())
+		}
 		if err != nil {
 			s.metrics.AllocateRefused()
 			s.log.Info("refused allocation", "ids", cr.GetDevicesIds(), "error", err.Error())
@@ -286,6 +290,24 @@ func (s *Server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	return resp, nil
 }
 
+// claimUnits records that container request i names ids (free of repeats,
+// as Group checked) and refuses a unit an earlier container request of the
+// same call names: both containers would be handed the same jetties.
+func claimUnits(owner map[string]int, i int, ids []string) error {
+	var shared []string
+	for _, id := range ids {
+		if prev, ok := owner[id]; ok {
+			shared = append(shared, fmt.Sprintf("%s (containers %d and %d)", id, prev, i))
+			continue
+		}
+		owner[id] = i
+	}
+	if len(shared) > 0 {
+		return fmt.Errorf("cannot allocate: unit IDs requested by more than one container %s", strings.Join(shared, ","))
+	}
+	return nil
+}
+
 // Share is the part of one container's allocation on one device.
 type Share struct {
 	Device *inventory.Device
@@ -298,20 +320,25 @@ func (sh Share) Jetties(jettiesPerUnit uint32) uint64 {
 }
 
 // Group checks unit IDs against a snapshot and groups them by device, most
-// units first (ties by name). Repeated IDs count once. Unknown IDs
-// (malformed, no such device, index beyond the budget) and IDs of unhealthy
-// devices, or of devices the last scan (or their device node) did not find,
-// make an error that names every one of them.
+// units first (ties by name). Unknown IDs (malformed, no such device, index
+// beyond the budget), IDs of unhealthy devices, or of devices the last scan
+// (or their device node) did not find, and repeated IDs make an error that
+// names every one of them. A repeat is refused, not counted once: kubelet
+// never sends one, and counting it once would hand the container fewer
+// units than it was charged for.
 func Group(snap *inventory.Snapshot, ids []string) ([]Share, error) {
-	var unknown, unhealthy []string
+	var unknown, unhealthy, repeated []string
 	reasons := map[string]string{}
-	seen := map[string]bool{}
+	seen := map[string]int{}
 	counts := map[string]int{}
 	for _, id := range ids {
-		if seen[id] {
+		seen[id]++
+		if seen[id] > 1 {
+			if seen[id] == 2 {
+				repeated = append(repeated, id)
+			}
 			continue
 		}
-		seen[id] = true
 		name, k, err := budget.ParseUnitID(id)
 		if err != nil {
 			unknown = append(unknown, id)
@@ -329,8 +356,11 @@ func Group(snap *inventory.Snapshot, ids []string) ([]Share, error) {
 		}
 		counts[name]++
 	}
-	if len(unknown)+len(unhealthy) > 0 {
+	if len(unknown)+len(unhealthy)+len(repeated) > 0 {
 		var parts []string
+		if len(repeated) > 0 {
+			parts = append(parts, fmt.Sprintf("repeated unit IDs %s", strings.Join(repeated, ",")))
+		}
 		if len(unknown) > 0 {
 			parts = append(parts, fmt.Sprintf("unknown unit IDs %s", strings.Join(unknown, ",")))
 		}

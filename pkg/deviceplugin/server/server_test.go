@@ -239,12 +239,6 @@ func TestAllocate(t *testing.T) {
 			wantCDI:    []string{"urma.openeuler.org/jetty=udma0"},
 			wantMounts: []string{"/run/shm-x"},
 		},
-		{
-			name:        "repeated IDs count once",
-			ids:         []string{"udma0-1", "udma0-1"},
-			wantEnv:     map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
-			wantDevices: []string{"/dev/uburma/udma0", "/dev/ummu/tid"},
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -333,6 +327,13 @@ func TestAllocateRefusals(t *testing.T) {
 		{"unhealthy", []string{"udma2-1"}, []string{"unhealthy unit IDs udma2-1", "udma2: no usable port"}, []string{"unknown"}},
 		{"both named", []string{"udma2-0", "nope-1", "udma0-0"}, []string{"unknown unit IDs nope-1", "unhealthy unit IDs udma2-0"}, nil},
 		{"empty", nil, []string{"no unit IDs"}, []string{"unknown", "unhealthy"}},
+		// Counted once, a repeat would allocate fewer units than requested.
+		{"repeated", []string{"udma0-1", "udma0-2", "udma0-1"}, []string{"repeated unit IDs udma0-1"}, []string{"udma0-2", "unknown", "unhealthy"}},
+		{"repeated thrice, named once", []string{"udma0-1", "udma0-1", "udma0-1"}, []string{"repeated unit IDs udma0-1"}, []string{"udma0-1,udma0-1"}},
+		{"repeated among other faults", []string{"udma0-0", "udma0-0", "nope-1"}, []string{"repeated unit IDs udma0-0", "unknown unit IDs nope-1"}, nil},
+		// The first container request names udma1-0 too: both containers
+		// would get the same jetties.
+		{"named by two containers", []string{"udma0-0", "udma1-0"}, []string{"unit IDs requested by more than one container udma1-0 (containers 0 and 1)"}, []string{"udma0-0"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
