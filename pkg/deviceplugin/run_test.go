@@ -356,6 +356,17 @@ func TestSoftDevicesOnANodeWithoutHardware(t *testing.T) {
 	if st, err := os.Stat(shm); err != nil || st.Mode()&os.ModeSticky == 0 {
 		t.Errorf("shm directory not prepared: %v, %v", st, err)
 	}
+	// Removed while the plugin runs (an admin's cleanup): the next
+	// allocation, through kubelet, must not mount a missing directory.
+	if err := os.Remove(shm); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.allocate("soft0-0"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(shm); err != nil || st.Mode().Perm() != 0o777 || st.Mode()&os.ModeSticky == 0 {
+		t.Errorf("shm directory after its removal and an allocation: %v, %v; want it back, drwxrwxrwt", st, err)
+	}
 	eventually(t, "node labeled software", func() bool {
 		l := n.nodeObj().Labels
 		return l[nodefacts.LabelSoftware] == "true" && l[nodefacts.LabelDeviceCount] == "2"

@@ -280,6 +280,17 @@ func (s *Server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 		}
 		shares = append(shares, sh)
 	}
+	if d := s.cfg.ShmDir; d != "" {
+		// Prepared at start, but an admin's cleanup or a remount may have
+		// removed it or changed its mode since: the runtime would then
+		// fail the container on a missing mount source, far from the cause.
+		// Prepare is two stats when all is well.
+		if err := shmdir.Prepare(d); err != nil {
+			s.metrics.AllocateRefused()
+			s.log.Error(err, "refused allocation: the shm directory is unusable")
+			return nil, status.Error(codes.FailedPrecondition, fmt.Sprintf("cannot allocate: the shm directory every container mounts (--shm-dir) is unusable: %v", err))
+		}
+	}
 	for _, sh := range shares {
 		resp.ContainerResponses = append(resp.ContainerResponses, s.containerResponse(snap, sh))
 		for _, x := range sh {

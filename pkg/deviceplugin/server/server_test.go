@@ -162,8 +162,9 @@ func TestAllocate(t *testing.T) {
 		// wantAnnotations are the container annotations (CDI annotation
 		// strategy); none unless set.
 		wantAnnotations map[string]string
-		// wantMounts are host paths mounted at the same path.
-		wantMounts []string
+		// shm sets Config.ShmDir to a fresh directory, which the container
+		// must get mounted and named by URMA_SHM_DIR.
+		shm bool
 	}{
 		{
 			name:        "one device: its node, ummu, existing extra",
@@ -217,32 +218,37 @@ func TestAllocate(t *testing.T) {
 			wantEnv: map[string]string{EnvDevice: "soft0", EnvJettyBudget: "16", EnvProvider: ProviderSoft},
 		},
 		{
-			name:       "software device with the shm directory: mounted and named",
-			cfg:        Config{ShmDir: "/var/run/urma-k8s/shm"},
-			ids:        []string{"soft0-1"},
-			wantEnv:    map[string]string{EnvDevice: "soft0", EnvJettyBudget: "16", EnvProvider: ProviderSoft, EnvShmDir: "/var/run/urma-k8s/shm"},
-			wantMounts: []string{"/var/run/urma-k8s/shm"},
+			name:    "software device with the shm directory: mounted and named",
+			shm:     true,
+			ids:     []string{"soft0-1"},
+			wantEnv: map[string]string{EnvDevice: "soft0", EnvJettyBudget: "16", EnvProvider: ProviderSoft},
 		},
 		{
 			name:        "hardware device with the shm directory: both",
-			cfg:         Config{ShmDir: "/run/shm-x"},
+			shm:         true,
 			ids:         []string{"udma0-0"},
-			wantEnv:     map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1", EnvShmDir: "/run/shm-x"},
+			wantEnv:     map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
 			wantDevices: []string{"/dev/uburma/udma0", "/dev/ummu/tid"},
-			wantMounts:  []string{"/run/shm-x"},
 		},
 		{
-			name:       "CDI mode with the shm directory",
-			cfg:        Config{CDIKind: "urma.openeuler.org/jetty", ShmDir: "/run/shm-x"},
-			ids:        []string{"udma0-0"},
-			wantEnv:    map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1", EnvShmDir: "/run/shm-x"},
-			wantCDI:    []string{"urma.openeuler.org/jetty=udma0"},
-			wantMounts: []string{"/run/shm-x"},
+			name:    "CDI mode with the shm directory",
+			cfg:     Config{CDIKind: "urma.openeuler.org/jetty"},
+			shm:     true,
+			ids:     []string{"udma0-0"},
+			wantEnv: map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
+			wantCDI: []string{"urma.openeuler.org/jetty=udma0"},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, tt.cfg)
+			cfg, wantEnv := tt.cfg, maps.Clone(tt.wantEnv)
+			var wantMounts []string
+			if tt.shm {
+				cfg.ShmDir = filepath.Join(t.TempDir(), "shm")
+				wantEnv[EnvShmDir] = cfg.ShmDir
+				wantMounts = []string{cfg.ShmDir}
+			}
+			f := newFixture(t, cfg)
 			resp, err := f.client.Allocate(ctx(t), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: tt.ids}}})
 			if err != nil {
 				t.Fatal(err)
@@ -251,10 +257,10 @@ func TestAllocate(t *testing.T) {
 				t.Fatalf("%d container responses", len(resp.ContainerResponses))
 			}
 			cr := resp.ContainerResponses[0]
-			if len(cr.Envs) != len(tt.wantEnv) {
-				t.Errorf("env %v, want %v", cr.Envs, tt.wantEnv)
+			if len(cr.Envs) != len(wantEnv) {
+				t.Errorf("env %v, want %v", cr.Envs, wantEnv)
 			}
-			for k, v := range tt.wantEnv {
+			for k, v := range wantEnv {
 				if cr.Envs[k] != v {
 					t.Errorf("env %s = %q, want %q", k, cr.Envs[k], v)
 				}
@@ -293,10 +299,87 @@ func TestAllocate(t *testing.T) {
 				}
 				mounts = append(mounts, m.HostPath)
 			}
-			if !slices.Equal(mounts, tt.wantMounts) {
-				t.Errorf("mounts %v, want %v", mounts, tt.wantMounts)
+			if !slices.Equal(mounts, wantMounts) {
+				t.Errorf("mounts %v, want %v", mounts, wantMounts)
 			}
 		})
+	}
+}
+
+// The shm directory is prepared at start, but whatever happens to it
+// afterwards (an admin's cleanup, a remount, a chmod) must not hand the
+// runtime a mount whose source is missing: Allocate puts it back, or
+// fails naming it so that kubelet reports the cause on the pod.
+func TestAllocateRestoresTheShmDirectory(t *testing.T) {
+	tests := []struct {
+		name string
+		// spoil does something to the prepared directory dir.
+		spoil func(t *testing.T, dir string)
+		// wantErr, when set, is in Allocate's error, which must also name
+		// the directory.
+		wantErr string
+	}{
+		{"deleted", func(t *testing.T, dir string) { must(t, os.Remove(dir)) }, ""},
+		{"deleted with its parent", func(t *testing.T, dir string) { must(t, os.RemoveAll(filepath.Dir(dir))) }, ""},
+		{"mode changed", func(t *testing.T, dir string) { must(t, os.Chmod(dir, 0o755)) }, ""},
+		{"a regular file in its place", func(t *testing.T, dir string) {
+			must(t, os.Remove(dir))
+			must(t, os.WriteFile(dir, nil, 0o644))
+		}, "not a directory"},
+		{"a symbolic link in its place", func(t *testing.T, dir string) {
+			must(t, os.Remove(dir))
+			must(t, os.Symlink(t.TempDir(), dir))
+		}, "symbolic link"},
+		{"mode changed and a file of other use inside", func(t *testing.T, dir string) {
+			must(t, os.Chmod(dir, 0o755))
+			must(t, os.WriteFile(filepath.Join(dir, "notes.txt"), nil, 0o644))
+		}, "not a socket"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			shm := filepath.Join(t.TempDir(), "run", "shm")
+			f := newFixture(t, Config{ShmDir: shm})
+			req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"udma0-0"}}}}
+			if _, err := f.client.Allocate(ctx(t), req); err != nil {
+				t.Fatal(err)
+			}
+			wantOpen(t, shm)
+			tt.spoil(t, shm)
+			resp, err := f.client.Allocate(ctx(t), req)
+			if tt.wantErr != "" {
+				msg := status.Convert(err).Message()
+				if status.Code(err) != codes.FailedPrecondition || !strings.Contains(msg, tt.wantErr) || !strings.Contains(msg, shm) {
+					t.Fatalf("Allocate = %v, want FailedPrecondition naming %s and saying %q", err, shm, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resp.ContainerResponses[0].Mounts; len(got) != 1 || got[0].HostPath != shm {
+				t.Errorf("mounts %v, want %s", got, shm)
+			}
+			wantOpen(t, shm)
+		})
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantOpen checks that dir is a directory open to every user and sticky.
+func wantOpen(t *testing.T, dir string) {
+	t.Helper()
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		t.Fatalf("shm directory: %v", err)
+	}
+	if !fi.IsDir() || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+		t.Fatalf("shm directory %s is %v, want drwxrwxrwt", dir, fi.Mode())
 	}
 }
 
