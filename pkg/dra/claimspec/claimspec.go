@@ -198,12 +198,32 @@ func (w *Writer) Build(claimUID string, devs []Device) (*specs.Spec, error) {
 	return spec, nil
 }
 
+// EnsureShmDir makes sure the shm directory every spec mounts exists, open
+// to every pod user (shmdir.Prepare; two stats when all is well). The
+// driver prepares it at start, but an admin's cleanup or a remount may
+// remove it or change its mode later, and the runtime would then fail the
+// container on a missing mount source, far from the cause. Without a shm
+// directory it does nothing.
+func (w *Writer) EnsureShmDir() error {
+	if w.cfg.ShmDir == "" {
+		return nil
+	}
+	if err := shmdir.Prepare(w.cfg.ShmDir); err != nil {
+		return fmt.Errorf("the shm directory every claim's containers mount (--shm-dir) is unusable: %w", err)
+	}
+	return nil
+}
+
 // Write renders and writes a claim's spec (replacing any earlier one) and
-// returns the qualified CDI names of its devices, in the order given.
+// returns the qualified CDI names of its devices, in the order given. It
+// makes sure of the shm directory first (EnsureShmDir).
 func (w *Writer) Write(claimUID string, devs []Device) ([]string, error) {
 	spec, err := w.Build(claimUID, devs)
 	if err != nil {
 		return nil, err
+	}
+	if err := w.EnsureShmDir(); err != nil {
+		return nil, fmt.Errorf("claim %s: %w", claimUID, err)
 	}
 	if err := w.cache.WriteSpec(spec, w.FileName(claimUID)); err != nil {
 		return nil, fmt.Errorf("write CDI spec of claim %s into %s: %w", claimUID, w.cfg.Dir, err)

@@ -44,7 +44,8 @@ func inject(t *testing.T, dir string, ids ...string) *oci.Spec {
 }
 
 func TestSpecForOneDevice(t *testing.T) {
-	w, dir := writer(t, "/var/run/urma-k8s/shm")
+	shm := filepath.Join(t.TempDir(), "shm")
+	w, dir := writer(t, shm)
 	// /dev/null stands in for /dev/uburma/udma0: CDI stats device nodes.
 	ids, err := w.Write("uid-1", []claimspec.Device{{
 		Name: "udma0", URMADevice: "udma0", EID: "::ffff:10.0.0.1", Jetties: 100, DevNodes: []string{"/dev/null"},
@@ -56,7 +57,7 @@ func TestSpecForOneDevice(t *testing.T) {
 		t.Fatalf("CDI ids %v, want [%s]", ids, want)
 	}
 	spec := inject(t, dir, ids...)
-	for _, want := range []string{"URMA_DEVICE=udma0", "URMA_EID=::ffff:10.0.0.1", "URMA_JETTY_BUDGET=100", "URMA_SHM_DIR=/var/run/urma-k8s/shm"} {
+	for _, want := range []string{"URMA_DEVICE=udma0", "URMA_EID=::ffff:10.0.0.1", "URMA_JETTY_BUDGET=100", "URMA_SHM_DIR=" + shm} {
 		if !slices.Contains(spec.Process.Env, want) {
 			t.Errorf("env %v lacks %s", spec.Process.Env, want)
 		}
@@ -69,7 +70,7 @@ func TestSpecForOneDevice(t *testing.T) {
 	if len(spec.Linux.Devices) != 1 || spec.Linux.Devices[0].Path != "/dev/null" {
 		t.Errorf("devices %+v, want the claim's device node", spec.Linux.Devices)
 	}
-	if len(spec.Mounts) != 1 || spec.Mounts[0].Source != "/var/run/urma-k8s/shm" || spec.Mounts[0].Destination != "/var/run/urma-k8s/shm" {
+	if len(spec.Mounts) != 1 || spec.Mounts[0].Source != shm || spec.Mounts[0].Destination != shm {
 		t.Errorf("mounts %+v, want the shm directory", spec.Mounts)
 	}
 	if !w.Exists("uid-1") {
@@ -103,19 +104,67 @@ func TestSpecForSeveralDevices(t *testing.T) {
 }
 
 func TestSoftwareDevice(t *testing.T) {
-	w, dir := writer(t, "/run/shm-x")
+	shm := filepath.Join(t.TempDir(), "shm-x")
+	w, dir := writer(t, shm)
 	ids, err := w.Write("uid-3", []claimspec.Device{{Name: "soft0", URMADevice: "soft0", Jetties: 8, Software: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	spec := inject(t, dir, ids...)
-	for _, want := range []string{"URMA_DEVICE=soft0", "URMA_PROVIDER=soft", "URMA_JETTY_BUDGET=8", "URMA_SHM_DIR=/run/shm-x"} {
+	for _, want := range []string{"URMA_DEVICE=soft0", "URMA_PROVIDER=soft", "URMA_JETTY_BUDGET=8", "URMA_SHM_DIR=" + shm} {
 		if !slices.Contains(spec.Process.Env, want) {
 			t.Errorf("env %v lacks %s", spec.Process.Env, want)
 		}
 	}
 	if slices.ContainsFunc(spec.Process.Env, func(e string) bool { return strings.HasPrefix(e, "URMA_EID=") }) || len(spec.Linux.Devices) != 0 {
 		t.Errorf("software device got an EID or device nodes: %v %v", spec.Process.Env, spec.Linux.Devices)
+	}
+}
+
+// Write makes sure of the shm directory its spec mounts: removed or
+// chmod'ed since the driver started, it is put back; what cannot be mended
+// fails the write, naming the directory.
+func TestWriteEnsuresTheShmDirectory(t *testing.T) {
+	dev := []claimspec.Device{{Name: "soft0", URMADevice: "soft0", Jetties: 8, Software: true}}
+	tests := []struct {
+		name    string
+		spoil   func(dir string) error
+		wantErr string
+	}{
+		{"missing", func(string) error { return nil }, ""},
+		{"mode changed", func(dir string) error {
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				return err
+			}
+			return os.Chmod(dir, 0o700)
+		}, ""},
+		{"a regular file in its place", func(dir string) error { return os.WriteFile(dir, nil, 0o644) }, "not a directory"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			shm := filepath.Join(t.TempDir(), "shm")
+			w, _ := writer(t, shm)
+			if err := tt.spoil(shm); err != nil {
+				t.Fatal(err)
+			}
+			_, err := w.Write("uid-5", dev)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), shm) || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "uid-5") {
+					t.Fatalf("Write = %v, want an error naming the claim and %s and saying %q", err, shm, tt.wantErr)
+				}
+				if w.Exists("uid-5") {
+					t.Error("a spec mounting an unusable directory was written")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Lstat(shm)
+			if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+				t.Fatalf("shm directory after Write: %v, %v; want drwxrwxrwt", fi, err)
+			}
+		})
 	}
 }
 

@@ -166,6 +166,10 @@ func (p *Plugin) prepare(claim *resourceapi.ResourceClaim, snap *inventory.Snaps
 			if err := p.writeSpec(uid, saved.Devices, snap); err != nil {
 				return nil, err
 			}
+		} else if err := p.specs.EnsureShmDir(); err != nil {
+			// The spec mounts it: kubelet is preparing the claim for a
+			// container about to start.
+			return nil, fmt.Errorf("claim %s: %w", uid, err)
 		}
 		return resultOf(saved.Devices), nil
 	}

@@ -55,6 +55,7 @@ type host struct {
 	cdiDir  string
 	regDir  string
 	devRoot string
+	shmDir  string
 	inv     *inventory.Inventory
 	kube    *fake.Clientset
 	claims  int // claims made, which name the next
@@ -68,7 +69,7 @@ func newHost(t *testing.T, devs ...sysfstest.Device) *host {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	h := &host{t: t, dataDir: filepath.Join(root, "d"), cdiDir: filepath.Join(root, "cdi"), regDir: filepath.Join(root, "r"), inv: inventory.New(16), kube: fake.NewClientset()}
+	h := &host{t: t, dataDir: filepath.Join(root, "d"), cdiDir: filepath.Join(root, "cdi"), regDir: filepath.Join(root, "r"), shmDir: filepath.Join(root, "shm"), inv: inventory.New(16), kube: fake.NewClientset()}
 	for _, d := range []string{h.dataDir, h.regDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -93,7 +94,7 @@ type driver struct {
 
 func (h *host) start() *driver {
 	h.t.Helper()
-	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir})
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind, ShmDir: h.shmDir})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -232,7 +233,7 @@ func TestPrepareWritesACDISpecPerClaim(t *testing.T) {
 		t.Fatalf("device %+v, want udma0 in pool %s with CDI id %s and the share id", dev, node, want)
 	}
 	env, nodes, mounts := h.cdiEdits(t, want)
-	for _, e := range []string{"URMA_DEVICE=udma0", "URMA_EID=::ffff:10.0.0.1", "URMA_JETTY_BUDGET=100", "URMA_SHM_DIR=" + claimspec.DefaultShmDir} {
+	for _, e := range []string{"URMA_DEVICE=udma0", "URMA_EID=::ffff:10.0.0.1", "URMA_JETTY_BUDGET=100", "URMA_SHM_DIR=" + h.shmDir} {
 		if !slices.Contains(env, e) {
 			t.Errorf("env %v lacks %s", env, e)
 		}
@@ -240,7 +241,7 @@ func TestPrepareWritesACDISpecPerClaim(t *testing.T) {
 	if !slices.Equal(nodes, []string{"/dev/uburma/udma0", "/dev/ummu/tid"}) {
 		t.Errorf("device nodes %v, want /dev/uburma/udma0 and /dev/ummu/tid", nodes)
 	}
-	if !slices.Equal(mounts, []string{claimspec.DefaultShmDir + ":" + claimspec.DefaultShmDir}) {
+	if !slices.Equal(mounts, []string{h.shmDir + ":" + h.shmDir}) {
 		t.Errorf("mounts %v, want the shm directory", mounts)
 	}
 }
@@ -324,11 +325,67 @@ func TestPrepareRewritesALostSpec(t *testing.T) {
 	}
 }
 
+// The shm directory every claim's containers mount is prepared at start;
+// removed or chmod'ed later (an admin's cleanup, a remount), a prepare,
+// of a new claim or again of one prepared before (its spec still there),
+// puts it back rather than let the runtime fail the container on a missing
+// mount source; when it cannot, the claim fails naming the directory.
+func TestPrepareRestoresTheShmDirectory(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	d := h.start()
+	before := h.claim(16, "udma0")
+	if r := d.prepare(t, before).Claims[string(before.UID)]; r.Error != "" {
+		t.Fatalf("prepare: %s", r.Error)
+	}
+	wantOpen := func(when string) {
+		t.Helper()
+		fi, err := os.Lstat(h.shmDir)
+		if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+			t.Fatalf("shm directory %s: %v, %v; want drwxrwxrwt", when, fi, err)
+		}
+	}
+	wantOpen("after the first prepare")
+
+	for _, tc := range []struct {
+		name  string
+		spoil func() error
+		claim func() *resourceapi.ResourceClaim
+	}{
+		{"removed, a new claim", func() error { return os.Remove(h.shmDir) }, func() *resourceapi.ResourceClaim { return h.claim(16, "udma0") }},
+		{"removed, a claim prepared before", func() error { return os.Remove(h.shmDir) }, func() *resourceapi.ResourceClaim { return before }},
+		{"mode changed, a claim prepared before", func() error { return os.Chmod(h.shmDir, 0o700) }, func() *resourceapi.ResourceClaim { return before }},
+	} {
+		if err := tc.spoil(); err != nil {
+			t.Fatal(err)
+		}
+		c := tc.claim()
+		if r := d.prepare(t, c).Claims[string(c.UID)]; r.Error != "" {
+			t.Fatalf("%s: prepare: %s", tc.name, r.Error)
+		}
+		wantOpen(tc.name)
+	}
+
+	// A file in its place cannot be mended: both kinds of prepare fail,
+	// naming the directory.
+	if err := os.Remove(h.shmDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(h.shmDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{before, h.claim(16, "udma0")} {
+		r := d.prepare(t, c).Claims[string(c.UID)]
+		if !strings.Contains(r.Error, h.shmDir) || !strings.Contains(r.Error, "not a directory") {
+			t.Errorf("prepare of %s with a file in the shm directory's place: %q, want an error naming %s", c.Name, r.Error, h.shmDir)
+		}
+	}
+}
+
 // A claim that cannot be prepared is logged as an error with its name and
 // why; a claim prepared beside it is not.
 func TestPrepareLogsRefusedClaims(t *testing.T) {
 	h := newHost(t, sysfstest.DefaultDevice("udma0"))
-	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir})
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind, ShmDir: h.shmDir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +440,7 @@ func unscannedPlugin(t *testing.T, h *host) (p *plugin.Plugin, publish func()) {
 	t.Helper()
 	scanned, _ := h.inv.Current()
 	fresh := inventory.New(16)
-	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir})
+	specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind, ShmDir: h.shmDir})
 	if err != nil {
 		t.Fatal(err)
 	}
