@@ -16,6 +16,7 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/cdispec"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/nodelabel"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/registrar"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
@@ -63,6 +64,10 @@ type Config struct {
 	NodeName    string
 	Kubeconfig  string
 	FeaturesDir string
+	// NodeResync is how often the published node facts (labels,
+	// annotations, feature file) are checked and put back where someone
+	// else removed or edited them.
+	NodeResync time.Duration
 
 	// MetricsAddress serves /metrics and /healthz; "" disables.
 	MetricsAddress string
@@ -86,6 +91,7 @@ func Default() Config {
 		CDI:            cdispec.Config{Dir: cdispec.DefaultDir, Kind: cdispec.DefaultKind},
 		CDIRetry:       DefaultCDIRetry,
 		LabelNode:      true,
+		NodeResync:     nodelabel.DefaultResync,
 		MetricsAddress: DefaultMetricsAddress,
 	}
 }
@@ -125,6 +131,7 @@ func (c *Config) AddServeFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "Node to label (default: $NODE_NAME)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for node labeling outside a cluster (default: in-cluster config)")
 	fs.StringVar(&c.FeaturesDir, "nfd-features-dir", c.FeaturesDir, "also write a Node Feature Discovery feature file into this features.d directory")
+	fs.DurationVar(&c.NodeResync, "node-facts-resync-interval", c.NodeResync, "check the node's labels and annotations and the feature file this often, and put back what someone else removed or changed")
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address serving /metrics and /healthz; empty disables")
 }
 
@@ -150,6 +157,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Server.Resync <= 0 {
 		errs = append(errs, fmt.Errorf("--resync-interval %s must be positive", c.Server.Resync))
+	}
+	if c.NodeResync <= 0 {
+		errs = append(errs, fmt.Errorf("--node-facts-resync-interval %s must be positive", c.NodeResync))
 	}
 	// NFD reads the feature file by its path on the host, which means
 	// nothing relative to the plugin's working directory.

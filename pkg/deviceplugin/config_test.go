@@ -47,6 +47,7 @@ func TestServeFlags(t *testing.T) {
 		"--kubelet-check-interval=1s", "--resync-interval=30s", "--extra-dev-nodes=/dev/a,/dev/b",
 		"--cdi", "--cdi-spec-dir=/etc/cdi", "--cdi-kind=example.com/urma", "--cdi-strategy=cdi-annotations,cdi-cri", "--label-node=false",
 		"--node-name=n1", "--kubeconfig=/kc", "--nfd-features-dir=/nfd", "--metrics-address=:1234",
+		"--node-facts-resync-interval=90s",
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func TestServeFlags(t *testing.T) {
 		{"server", cfg.Server.Resync == 30*time.Second && slices.Equal(cfg.Server.ExtraDevNodes, []string{"/dev/a", "/dev/b"})},
 		{"cdi", cfg.CDIEnabled && cfg.CDI.Dir == "/etc/cdi" && cfg.CDI.Kind == "example.com/urma" &&
 			slices.Equal(cfg.Server.CDIStrategies, []server.CDIStrategy{server.CDIStrategyAnnotations, server.CDIStrategyCRI})},
-		{"node", !cfg.LabelNode && cfg.NodeName == "n1" && cfg.Kubeconfig == "/kc" && cfg.FeaturesDir == "/nfd"},
+		{"node", !cfg.LabelNode && cfg.NodeName == "n1" && cfg.Kubeconfig == "/kc" && cfg.FeaturesDir == "/nfd" && cfg.NodeResync == 90*time.Second},
 		{"metrics", cfg.MetricsAddress == ":1234"},
 	}
 	for _, c := range checks {
@@ -132,6 +133,7 @@ func TestIntervalFlagsMustBePositive(t *testing.T) {
 		{"--kubelet-check-interval=-1s", "--kubelet-check-interval -1s must be positive"},
 		{"--resync-interval=0s", "--resync-interval 0s must be positive"},
 		{"--resync-interval=-5m", "--resync-interval -5m0s must be positive"},
+		{"--node-facts-resync-interval=0s", "--node-facts-resync-interval 0s must be positive"},
 	} {
 		t.Run(tt.arg, func(t *testing.T) {
 			cfg, err := parse(t, tt.arg)

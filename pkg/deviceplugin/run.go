@@ -129,7 +129,7 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 }
 
 func newPublisher(cfg Config, deps Deps, log logr.Logger, m *metrics.Metrics) (*nodelabel.Publisher, error) {
-	pcfg := nodelabel.Config{FeaturesDir: cfg.FeaturesDir, RetryInitial: DefaultNodeRetry}
+	pcfg := nodelabel.Config{FeaturesDir: cfg.FeaturesDir, RetryInitial: DefaultNodeRetry, Resync: cfg.NodeResync}
 	client := deps.KubeClient
 	if cfg.LabelNode && cfg.NodeName != "" {
 		pcfg.NodeName = cfg.NodeName

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
@@ -335,6 +336,192 @@ func TestRunRetriesFailures(t *testing.T) {
 	}
 }
 
+func verbs(c *fake.Clientset, verb string) int {
+	n := 0
+	for _, a := range c.Actions() {
+		if a.GetVerb() == verb && a.GetResource().Resource == "nodes" {
+			n++
+		}
+	}
+	return n
+}
+
+type resyncs struct {
+	clock *testingclock.FakeClock
+	done  chan error // one per resync check: its error
+	wrote chan bool  // and whether it wrote
+}
+
+// startResyncing runs p over a snapshot of twoDevices with a fake resync
+// clock, waits for the first publication and returns the means to drive
+// resyncs.
+func startResyncing(t *testing.T, p *Publisher) (*run, *resyncs) {
+	t.Helper()
+	rs := &resyncs{clock: testingclock.NewFakeClock(time.Now()), done: make(chan error, 8), wrote: make(chan bool, 8)}
+	p.clock = rs.clock
+	p.afterResync = func(wrote bool, err error) {
+		rs.wrote <- wrote
+		rs.done <- err
+	}
+	inv := inventory.New(16)
+	inv.Publish(*twoDevices())
+	r := startRun(t, p, inv)
+	select {
+	case <-r.applied:
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing published")
+	}
+	return r, rs
+}
+
+// resync makes one resync interval pass and returns what the check did.
+func (rs *resyncs) resync(t *testing.T) (bool, error) {
+	t.Helper()
+	// The ticker exists: Run made it before its first publication.
+	rs.clock.Step(time.Minute)
+	select {
+	case wrote := <-rs.wrote:
+		return wrote, <-rs.done
+	case <-time.After(10 * time.Second):
+		t.Fatal("no resync check after the interval passed")
+	}
+	return false, nil
+}
+
+// Facts someone else removes or edits between device changes (an admin,
+// another controller, a Node registered afresh, a cleanup of features.d)
+// are put back at the next resync; facts that are intact are only read.
+func TestResyncPutsBackFactsRemovedOutOfBand(t *testing.T) {
+	c := fake.NewClientset(newNode())
+	features := filepath.Join(t.TempDir(), "features.d")
+	p := New(Config{NodeName: "node-a", FeaturesDir: features, Resync: time.Minute}, c, testr.New(t), nil)
+	_, rs := startResyncing(t, p)
+	want := FactsFor(twoDevices())
+	file := filepath.Join(features, FeatureFileName)
+	published, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing changed: one read of the node, no patch, the file untouched.
+	gets, pats := verbs(c, "get"), verbs(c, "patch")
+	fi, err := os.Stat(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wrote, err := rs.resync(t); wrote || err != nil {
+		t.Fatalf("resync with nothing changed: wrote %v, %v; want nothing written", wrote, err)
+	}
+	if verbs(c, "get") != gets+1 || verbs(c, "patch") != pats {
+		t.Errorf("resync with nothing changed: %d gets and %d patches, want 1 and 0", verbs(c, "get")-gets, verbs(c, "patch")-pats)
+	}
+	if fi2, err := os.Stat(file); err != nil || !os.SameFile(fi, fi2) {
+		t.Errorf("feature file rewritten though intact: %v", err)
+	}
+
+	tests := []struct {
+		name string
+		// spoil edits the node n (updated when it returns true) or the file.
+		spoil func(n *corev1.Node) bool
+		// wantPatch: the node needs one patch (the file is rewritten alone).
+		wantPatch bool
+	}{
+		{"a label removed", func(n *corev1.Node) bool { delete(n.Labels, nodefacts.LabelPresent); return true }, true},
+		{"a label edited", func(n *corev1.Node) bool { n.Labels[nodefacts.LabelDeviceCount] = "7"; return true }, true},
+		{"an annotation removed", func(n *corev1.Node) bool { delete(n.Annotations, nodefacts.AnnotationMaxJFSDepth); return true }, true},
+		{"an annotation edited", func(n *corev1.Node) bool { n.Annotations[nodefacts.AnnotationJettiesPerUnit] = "1"; return true }, true},
+		{"all wiped (the Node registered afresh)", func(n *corev1.Node) bool {
+			n.Labels, n.Annotations = map[string]string{"kubernetes.io/hostname": "node-a"}, nil
+			return true
+		}, true},
+		{"the feature file removed", func(*corev1.Node) bool { must(t, os.Remove(file)); return false }, false},
+		{"the feature file edited", func(*corev1.Node) bool { must(t, os.WriteFile(file, []byte("x=y\n"), 0o644)); return false }, false},
+		{"the features directory removed", func(*corev1.Node) bool { must(t, os.RemoveAll(features)); return false }, false},
+	}
+	for _, tt := range tests {
+		n := getNode(t, c)
+		if tt.spoil(n) {
+			if _, err := c.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pats := verbs(c, "patch")
+		if wrote, err := rs.resync(t); !wrote || err != nil {
+			t.Fatalf("%s: resync wrote %v, %v; want the facts put back", tt.name, wrote, err)
+		}
+		wantPatches := 0
+		if tt.wantPatch {
+			wantPatches = 1
+		}
+		if got := verbs(c, "patch") - pats; got != wantPatches {
+			t.Errorf("%s: %d patches, want %d", tt.name, got, wantPatches)
+		}
+		n = getNode(t, c)
+		if !NodeCarries(n, want) {
+			t.Errorf("%s: node after the resync: labels %v annotations %v", tt.name, n.Labels, n.Annotations)
+		}
+		if got, err := nodefacts.Parse(n.Annotations); err != nil || got != want {
+			t.Errorf("%s: the operator reads %+v, %v; want %+v", tt.name, got, err, want)
+		}
+		if n.Labels["kubernetes.io/hostname"] != "node-a" {
+			t.Errorf("%s: unrelated label lost: %v", tt.name, n.Labels)
+		}
+		if b, err := os.ReadFile(file); err != nil || string(b) != string(published) {
+			t.Errorf("%s: feature file %q, %v; want it as published", tt.name, b, err)
+		}
+	}
+}
+
+// A resync that cannot read the node is retried with the backoff, which
+// applies the facts whole.
+func TestResyncFailureIsRetried(t *testing.T) {
+	c := fake.NewClientset(newNode())
+	var mu sync.Mutex
+	failGet := false
+	c.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failGet {
+			failGet = false
+			return true, nil, errors.New("apiserver unavailable")
+		}
+		return false, nil, nil
+	})
+	p := New(Config{NodeName: "node-a", Resync: time.Minute, RetryInitial: time.Millisecond}, c, testr.New(t), nil)
+	r, rs := startResyncing(t, p)
+	n := getNode(t, c)
+	delete(n.Labels, nodefacts.LabelPresent)
+	if _, err := c.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	failGet = true
+	mu.Unlock()
+	if _, err := rs.resync(t); err == nil || !strings.Contains(err.Error(), "apiserver unavailable") || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("resync = %v, want the read's error naming the node", err)
+	}
+	select {
+	case f := <-r.applied:
+		if f != FactsFor(twoDevices()) {
+			t.Fatalf("retry applied %+v", f)
+		}
+	case err := <-r.errs:
+		t.Fatalf("retry failed: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the failed resync was not retried")
+	}
+	if getNode(t, c).Labels[nodefacts.LabelPresent] != "true" {
+		t.Error("label not put back by the retry")
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestNewDefaultsTheBackoff(t *testing.T) {
 	ms := time.Millisecond
 	tests := []struct {
@@ -348,6 +535,9 @@ func TestNewDefaultsTheBackoff(t *testing.T) {
 		{"max equal to initial", 5 * ms, 5 * ms, 5 * ms, 5 * ms},
 		{"max below initial", 5 * ms, 2 * ms, 5 * ms, DefaultRetryMax},
 		{"initial above the default max", 2 * DefaultRetryMax, 0, 2 * DefaultRetryMax, 2 * DefaultRetryMax},
+	}
+	if p := New(Config{}, nil, testr.New(t), nil); p.cfg.Resync != DefaultResync {
+		t.Errorf("resync %v, want the default %v", p.cfg.Resync, DefaultResync)
 	}
 	for _, tt := range tests {
 		p := New(Config{RetryInitial: tt.initial, RetryMax: tt.max}, nil, testr.New(t), nil)
