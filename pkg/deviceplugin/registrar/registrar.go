@@ -357,9 +357,11 @@ func (l *loop) reserve() {
 // ("device plugin already connected"), and then loses track of the live
 // one. Stopping the server ends that stream, so kubelet lets the old
 // connection go before we register again; after a real restart the stream
-// is dead anyway.
+// is dead anyway. While not serving (a failed serve is being retried) it
+// still serves first: registering a socket nobody serves fails, and
+// nothing would try serving again.
 func (l *loop) reregister() {
-	l.needServe = l.cur != nil
+	l.needServe = l.needServe || l.cur != nil
 	l.needRegister = true
 	l.r.setState(l.cur != nil, false)
 	l.kick()

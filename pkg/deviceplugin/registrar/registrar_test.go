@@ -280,13 +280,72 @@ func TestServingWhileReRegistrationFails(t *testing.T) {
 	if !p.reg.Serving() {
 		t.Fatal("not serving while re-registering, though the socket is served")
 	}
-	eventually(t, "a failed re-registration", func() bool { return logs.Contains("registration with kubelet failed") })
+	// Several failed attempts: a retry while serving must register again
+	// on the socket it serves, not serve afresh each time (which would
+	// also drop the stream of a kubelet that follows it).
+	eventually(t, "failed re-registrations", func() bool { return logs.Count("registration with kubelet failed") >= 3 })
 	p.stop()
 	// Served at start, and once more for the new kubelet.sock (ending
 	// any stream the old kubelet still follows), not again per attempt.
 	if n := logs.Count(`"msg"="serving the device plugin"`); n != 2 {
 		t.Errorf("served %d times, want twice:\n%s", n, logs.String())
 	}
+}
+
+// While the plugin cannot serve its socket (here a directory holds its
+// path), a kubelet starting must neither make it claim to serve (its
+// /healthz would answer 200 though kubelet cannot reach it) nor make it
+// give up serving: once the path is free it serves and registers.
+func TestKubeletStartsWhileTheSocketCannotBeServed(t *testing.T) {
+	dir := socketDir(t)
+	blocker := filepath.Join(dir, DefaultSocketName)
+	if err := os.MkdirAll(filepath.Join(blocker, "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logtest.Lines{}
+	// One value per failed attempt: whether kubelet.sock's creation had
+	// been handled (the log line comes first, on the same goroutine).
+	attempts := make(chan bool, 64)
+	p := startPluginWith(t, dir, nil, logs.Logger(t), func(r *Registrar) {
+		r.retryIn = func(time.Duration) {
+			select {
+			case attempts <- logs.Contains("kubelet.sock created"):
+			default:
+			}
+		}
+	})
+	waitAttempt := func(what string, seen bool) {
+		t.Helper()
+		timeout := time.After(waitBound(t))
+		for {
+			select {
+			case got := <-attempts:
+				if got == seen {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("timed out waiting for %s:\n%s", what, logs.String())
+			}
+		}
+	}
+	// The first attempt failed, so the directory is watched.
+	waitAttempt("a failed attempt to serve", false)
+	k := startKubelet(t, dir)
+	waitAttempt("an attempt after kubelet.sock appeared", true)
+	if p.reg.Serving() || p.reg.Registered() {
+		t.Fatalf("serving %v, registered %v while the socket path is a directory:\n%s", p.reg.Serving(), p.reg.Registered(), logs.String())
+	}
+	// It kept trying to serve, and did not call a kubelet that would dial
+	// back a socket nobody serves: nothing but the path coming free
+	// (whose removal event this plugin sees, but a full disk's end, say,
+	// raises none) would have brought it back to serving.
+	if logs.Contains("registration with kubelet failed") {
+		t.Fatalf("registered with kubelet while not serving:\n%s", logs.String())
+	}
+	if err := os.RemoveAll(blocker); err != nil {
+		t.Fatal(err)
+	}
+	listed(t, k, 1, 3)
 }
 
 // A socket left by a previous run is replaced without complaint, and a
