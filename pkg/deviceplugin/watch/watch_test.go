@@ -341,3 +341,38 @@ func TestDirectoryRecreatedIsWatchedAgain(t *testing.T) {
 	tree.AddDevNode(t, "uburma/udma0")
 	waitFor(t, h.inv, "udma0 healthy once its node exists in the new directory", healthy("udma0", true))
 }
+
+// counting serves scans of nothing, numbered on scans, and watches one
+// directory. Only the watcher's goroutine scans.
+type counting struct {
+	dir   string
+	scans chan int
+	n     int
+}
+
+func (c *counting) Scan() (inventory.Scan, error) {
+	c.n++
+	c.scans <- c.n
+	return inventory.Scan{}, nil
+}
+
+func (c *counting) WatchPaths(inventory.Scan) []string { return []string{c.dir} }
+
+// A scan that adds a watch looks once more after the settle time: a change
+// between the scan and the new watch raised no event and would otherwise
+// wait for the next poll. (Polling once an hour, and nothing changes in
+// the directory: only that settle scan can come.)
+func TestNewWatchIsFollowedByOneMoreScan(t *testing.T) {
+	src := &counting{dir: t.TempDir(), scans: make(chan int, 16)}
+	start(t, src, Config{PollInterval: time.Hour, Settle: time.Millisecond}, 1)
+	for want := 1; want <= 2; want++ {
+		select {
+		case n := <-src.scans:
+			if n != want {
+				t.Fatalf("scan %d, want %d", n, want)
+			}
+		case <-time.After(waitBound(t)):
+			t.Fatalf("no scan %d: a scan that added a watch was not followed by another", want)
+		}
+	}
+}
