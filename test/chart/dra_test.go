@@ -55,6 +55,11 @@ func TestDRADriver(t *testing.T) {
 			t.Errorf("volume %s: host %s mounted at %s", name, host, mounts[name])
 		}
 	}
+	// The shm directory's parent, at the same path: claims mount the
+	// directory by its host path, and the driver must recreate it there.
+	checkHostPaths(t, ds, map[string]hostMount{
+		"/var/run/urma-k8s": {mountPath: "/var/run/urma-k8s", readOnly: false},
+	})
 
 	role := named(objs, "ClusterRole", ds.GetName())
 	if role == nil {

@@ -52,6 +52,8 @@ func TestBadValuesRejected(t *testing.T) {
 		{"shm directory with ..", []string{"--set", "devicePlugin.shmDir=/var/run/../shm"}, []string{"'/devicePlugin/shmDir'", "does not match pattern"}},
 		{"DRA shm directory at the root", []string{"--set", "draDriver.shmDir=/"}, []string{"'/draDriver/shmDir'", "does not match pattern"}},
 		{"DRA shm directory with //", []string{"--set", "draDriver.shmDir=/var//shm"}, []string{"'/draDriver/shmDir'", "does not match pattern"}},
+		{"shm directory in /: its parent is mounted", []string{"--set", "devicePlugin.shmDir=/shm"}, []string{"'/devicePlugin/shmDir'", "does not match pattern"}},
+		{"DRA shm directory in /: its parent is mounted", []string{"--set", "draDriver.shmDir=/shm"}, []string{"'/draDriver/shmDir'", "does not match pattern"}},
 		{"jetty request minimum above the default", []string{"--set", "driver=dra", "--set", "draDriver.jettyRequest.min=32"}, []string{"draDriver.jettyRequest.default=16 is below draDriver.jettyRequest.min=32"}},
 		{"jetty request default off the steps", []string{"--set", "driver=dra", "--set", "draDriver.jettyRequest.min=8", "--set", "draDriver.jettyRequest.step=16"}, []string{"draDriver.jettyRequest.default=16", "draDriver.jettyRequest.step=16"}},
 		{"operator budget keeping its only replica", []string{"--set", "operator.podDisruptionBudget.enabled=true"}, []string{"operator.podDisruptionBudget.minAvailable=1 keeps all 1 operator replicas", "node drains block"}},

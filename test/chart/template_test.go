@@ -84,9 +84,10 @@ func TestTemplateDefaults(t *testing.T) {
 			"/var/lib/kubelet/device-plugins": {mountPath: "/var/lib/kubelet/device-plugins", readOnly: false},
 			"/sys":                            {mountPath: "/host/sys", readOnly: true},
 			"/dev":                            {mountPath: "/host/dev", readOnly: true},
-			// Where same-node pods meet for shared memory: at the same
-			// path, since Allocate mounts it into pods under it.
-			"/var/run/urma-k8s/shm": {mountPath: "/var/run/urma-k8s/shm", readOnly: false},
+			// Where same-node pods meet for shared memory: its parent at
+			// the same path, since Allocate mounts the directory into pods
+			// under it, and the plugin must recreate it on the host.
+			"/var/run/urma-k8s": {mountPath: "/var/run/urma-k8s", readOnly: false},
 		})
 		if v, _ := argValue(argv, "--shm-dir"); v != "/var/run/urma-k8s/shm" {
 			t.Errorf("--shm-dir = %q, want the mounted shm directory", v)
