@@ -12,16 +12,21 @@ type deadline struct {
 	mu      sync.Mutex
 	timer   *time.Timer
 	expired chan struct{}
+	stopped bool // the connection closed: set arms nothing any more
 }
 
 func newDeadline() *deadline {
 	return &deadline{expired: make(chan struct{})}
 }
 
-// set arms the deadline; the zero time disarms it.
+// set arms the deadline; the zero time disarms it. After stop it does
+// nothing: a SetDeadline racing Close must not leave a timer behind.
 func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.stopped {
+		return
+	}
 	if d.timer != nil && !d.timer.Stop() {
 		// The old timer fired or is firing; its closeLocked may run after
 		// us, so give it a channel of its own to close.
@@ -70,10 +75,11 @@ func (d *deadline) passed() bool {
 	}
 }
 
-// stop releases the timer.
+// stop releases the timer for good: the connection closed.
 func (d *deadline) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.stopped = true
 	if d.timer != nil {
 		d.timer.Stop()
 		d.timer = nil

@@ -551,3 +551,102 @@ func TestSecondCloseSaysClosed(t *testing.T) {
 		})
 	}
 }
+
+// TestSetDeadlineAfterCloseSaysClosed: SetDeadline, SetReadDeadline and
+// SetWriteDeadline after Close fail with net.ErrClosed in a *net.OpError
+// in both modes, as *net.TCPConn's do (the first rows, the reference), and
+// arm no timer for a connection that is gone.
+func TestSetDeadlineAfterCloseSaysClosed(t *testing.T) {
+	checkNoLeaks(t)
+	conns := []struct {
+		name string
+		conn func(*testing.T) net.Conn
+	}{
+		{"plain TCP", func(t *testing.T) net.Conn {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		}},
+		{"urma", func(t *testing.T) net.Conn {
+			pa, pb := fabricPair(t)
+			return connect(t, cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags())).client
+		}},
+		{"tcp fallback", func(t *testing.T) net.Conn {
+			pa, pb := fabricPair(t)
+			scfg := cfgWith(pa, smallFlags())
+			scfg.DisableURMA = true
+			return connect(t, scfg, cfgWith(pb, smallFlags())).client
+		}},
+	}
+	setters := []struct {
+		name string
+		set  func(net.Conn, time.Time) error
+	}{
+		{"SetDeadline", net.Conn.SetDeadline},
+		{"SetReadDeadline", net.Conn.SetReadDeadline},
+		{"SetWriteDeadline", net.Conn.SetWriteDeadline},
+	}
+	for _, cc := range conns {
+		for _, st := range setters {
+			t.Run(cc.name+"/"+st.name, func(t *testing.T) {
+				c := cc.conn(t)
+				if err := c.Close(); err != nil {
+					t.Fatalf("Close: %v", err)
+				}
+				err := st.set(c, time.Now().Add(time.Hour))
+				var oe *net.OpError
+				if !errors.Is(err, net.ErrClosed) || !errors.As(err, &oe) || oe.Op != "set" {
+					t.Fatalf("%s after Close: %v (%T), want net.ErrClosed in a *net.OpError (Op set)", st.name, err, err)
+				}
+				for _, d := range deadlinesOf(c) {
+					if d.armed() {
+						t.Errorf("%s after Close armed a deadline timer", st.name)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestDeadlineSetAfterStopArmsNothing: a SetDeadline that checked the
+// connection open just before Close stopped its deadlines arms nothing
+// when it gets to them.
+func TestDeadlineSetAfterStopArmsNothing(t *testing.T) {
+	d := newDeadline()
+	d.set(time.Now().Add(time.Hour))
+	d.stop()
+	if d.armed() {
+		t.Fatal("stop left the timer armed")
+	}
+	d.set(time.Now().Add(time.Hour))
+	if d.armed() {
+		t.Fatal("set after stop armed a timer")
+	}
+}
+
+// deadlinesOf is the transport's read and write deadlines of c, none for a
+// plain net.Conn.
+func deadlinesOf(c net.Conn) []*deadline {
+	switch c := c.(type) {
+	case *urmaConn:
+		return []*deadline{c.rdl, c.wdl}
+	case *tcpConn:
+		return []*deadline{c.rdl, c.wdl}
+	}
+	return nil
+}
+
+// armed reports whether a timer is set to fire the deadline.
+func (d *deadline) armed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.timer != nil
+}

@@ -94,20 +94,41 @@ func (c *tcpConn) readErr() error {
 	return nil
 }
 
+// SetDeadline, SetReadDeadline and SetWriteDeadline fail after Close with
+// net.ErrClosed, as the socket's do, and arm nothing then.
 func (c *tcpConn) SetDeadline(t time.Time) error {
+	if err := c.setErr(); err != nil {
+		return err
+	}
 	c.rdl.set(t)
 	c.wdl.set(t)
 	return c.Conn.SetDeadline(t)
 }
 
 func (c *tcpConn) SetReadDeadline(t time.Time) error {
+	if err := c.setErr(); err != nil {
+		return err
+	}
 	c.rdl.set(t)
 	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *tcpConn) SetWriteDeadline(t time.Time) error {
+	if err := c.setErr(); err != nil {
+		return err
+	}
 	c.wdl.set(t)
 	return c.Conn.SetWriteDeadline(t)
+}
+
+// setErr is why a deadline cannot be set: the connection is closed.
+func (c *tcpConn) setErr() error {
+	select {
+	case <-c.closed:
+		return c.opErr("set", net.ErrClosed)
+	default:
+		return nil
+	}
 }
 
 func (c *tcpConn) Write(p []byte) (int, error) {
