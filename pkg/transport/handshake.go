@@ -95,8 +95,9 @@ func clientHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 		return done(tcpMode(*fb, nil, 0), metrics.ResultFallback)
 	}
 	version := handshake.Version(e.s.flags.ClientHandshakeVersion)
+	begun := time.Now()
 	hctx, stop := boundHandshake(ctx, tcp, e.s.handshakeTimeout)
-	conn, result, err := c.clientExchange(hctx, version)
+	conn, result, err := c.clientExchange(hctx, begun, version)
 	stop()
 	if err != nil {
 		c.release()
@@ -111,9 +112,9 @@ func clientHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 	return done(conn, result)
 }
 
-// clientExchange does the client's bytes; an error means the connection is
-// unusable.
-func (c *urmaConn) clientExchange(ctx context.Context, version handshake.Version) (Conn, string, error) {
+// clientExchange does the client's bytes, the handshake (ctx) begun at
+// begun; an error means the connection is unusable.
+func (c *urmaConn) clientExchange(ctx context.Context, begun time.Time, version handshake.Version) (Conn, string, error) {
 	tcp := c.tcp
 	fallBack := func(fb *fallback, prefix []byte, sendAck bool) (Conn, string, error) {
 		if sendAck {
@@ -133,6 +134,9 @@ func (c *urmaConn) clientExchange(ctx context.Context, version handshake.Version
 			// A foreign server answered with fewer bytes and closed.
 			return fallBack(fallbackf(ReasonPeerNotURMA, "the server answered %q, not a hello", magic[:n]), magic[:n], false)
 		}
+		if timedOut(ctx, err) {
+			return nil, "", noHello(ctx, begun, fmt.Sprintf("sent %d bytes", n), err)
+		}
 		return nil, "", fmt.Errorf("read the server's hello: %w", err)
 	}
 	if string(magic[:]) != magicOf(version) {
@@ -142,6 +146,9 @@ func (c *urmaConn) clientExchange(ctx context.Context, version handshake.Version
 	}
 	h, _, err := handshake.ReadHello(tcp, magic[:])
 	if err != nil {
+		if timedOut(ctx, err) {
+			return nil, "", noHello(ctx, begun, "began its hello and did not end it", err)
+		}
 		if !errors.Is(err, handshake.ErrInvalidHello) {
 			return nil, "", fmt.Errorf("read the server's hello: %w", err)
 		}
@@ -154,10 +161,8 @@ func (c *urmaConn) clientExchange(ctx context.Context, version handshake.Version
 		return fallBack(fallbackf(ReasonTokenMismatch,
 			"the server's hello has no token extension (a brpc server): it cannot present our token, so its sends would be refused; dial with Config.NoToken to use URMA with brpc servers"), nil, true)
 	}
-	ictx, cancel := c.importBound(ctx)
-	fb := c.applyPeer(ictx, h)
-	cancel()
-	if fb != nil {
+	end, bound := c.importDeadline(ctx, begun)
+	if fb := c.importPeer(ctx, h, end, bound); fb != nil {
 		return fallBack(fb, nil, true)
 	}
 	if _, err := tcp.Write(handshake.AppendAck(nil, true)); err != nil {
@@ -169,18 +174,75 @@ func (c *urmaConn) clientExchange(ctx context.Context, version handshake.Version
 	return c, metrics.ResultURMA, nil
 }
 
-// importBound bounds the client's imports of the server's segment and
-// jetty by three quarters of urma_ack_timeout, the time a server (on the
-// same flag) waits for our ACK from when it sent its hello: an import that
-// gives up then still answers with the fallback ACK while the server
-// listens, and both sides go on as plain TCP (import_failed). Past it, the
-// server would have dropped the connection, and the client would fall back
-// onto a dead one.
-func (c *urmaConn) importBound(ctx context.Context) (context.Context, context.CancelFunc) {
-	if c.e.s.ackTimeout <= 0 {
-		return ctx, func() {}
+// noHello is the error of a client whose server's hello did not arrive
+// whole within the handshake's time (ctx, begun at begun). Falling back
+// is not safe then: the server may yet answer and read what we send next
+// as our ACK, or be no transport server and have taken our hello for
+// application bytes. A transport server answers within three quarters of
+// its own HandshakeTimeout (its imports give up then), so a client that
+// waits at least as long as its servers gets its answer.
+func noHello(ctx context.Context, begun time.Time, got string, err error) error {
+	end, _ := ctx.Deadline()
+	return fmt.Errorf("read the server's hello: the server %s within %s (Config.HandshakeTimeout, or the dial's context deadline if sooner); not a fallback to TCP, as it may yet answer our hello or have taken it for application bytes. A transport server answers within three quarters of its own HandshakeTimeout (falling back to TCP if its imports take longer), so this one is overloaded, or no transport server, or waits longer than we do: raise Config.HandshakeTimeout (and the dial's context deadline) to at least the server's: %w",
+		got, end.Sub(begun).Round(time.Millisecond), err)
+}
+
+// handshakeImportDeadline is when a handshake's imports of the peer's
+// segment and jetty give up: three quarters of the handshake's time (ctx,
+// begun at begun) into it. That leaves a quarter for the step that
+// follows (the server's fallback hello, the client's fallback ACK) to
+// reach a peer that gives up at the end of its own handshake, on the same
+// timeout. Both sides then go on as plain TCP (import_failed here,
+// peer_declined there) instead of one failing the connection, or falling
+// back onto a connection the other has dropped.
+func handshakeImportDeadline(ctx context.Context, begun time.Time) time.Time {
+	end, ok := ctx.Deadline()
+	if !ok {
+		return time.Time{}
 	}
-	return context.WithTimeout(ctx, c.e.s.ackTimeout*3/4)
+	return begun.Add(end.Sub(begun) * 3 / 4)
+}
+
+// importDeadline is when the client's imports of the server's segment and
+// jetty give up: at three quarters of the handshake's time (see
+// handshakeImportDeadline), and within three quarters of urma_ack_timeout
+// from now, the time a server (on the same flag) waits for our ACK from
+// when it sent its hello, so that our fallback ACK arrives while it
+// listens.
+func (c *urmaConn) importDeadline(ctx context.Context, begun time.Time) (time.Time, string) {
+	end, bound := handshakeImportDeadline(ctx, begun), handshakeBound
+	if c.e.s.ackTimeout > 0 {
+		if ack := time.Now().Add(c.e.s.ackTimeout * 3 / 4); end.IsZero() || ack.Before(end) {
+			end, bound = ack, fmt.Sprintf("urma_ack_timeout (%s)", c.e.s.ackTimeout)
+		}
+	}
+	return end, bound
+}
+
+// handshakeBound names handshakeImportDeadline's bound in a fallback's
+// detail.
+const handshakeBound = "the handshake's time (HandshakeTimeout, or the dial's context deadline if sooner)"
+
+// importPeer applies the peer's hello (applyPeer), its imports given up at
+// end (none when zero), three quarters of bound; the fallback's detail
+// says when an import gave up for that.
+func (c *urmaConn) importPeer(ctx context.Context, h handshake.Hello, end time.Time, bound string) *fallback {
+	ictx, cancel := ctx, context.CancelFunc(func() {})
+	if !end.IsZero() {
+		ictx, cancel = context.WithDeadline(ctx, end)
+	}
+	defer cancel()
+	fb := c.applyPeer(ictx, h)
+	if fb != nil && fb.reason == ReasonImportFailed && ictx.Err() != nil && ctx.Err() == nil {
+		fb.detail += fmt.Sprintf(" (given up at three quarters of %s, for the fallback to reach the %s while it listens)", bound, peerRole(c.role))
+	}
+	return fb
+}
+
+// timedOut reports whether err is the handshake's (ctx) time running out,
+// not its cancellation by the caller (which also aborts I/O as a timeout).
+func timedOut(ctx context.Context, err error) bool {
+	return isTimeout(err) && !errors.Is(ctx.Err(), context.Canceled)
 }
 
 func isTimeout(err error) bool {
@@ -200,7 +262,7 @@ func serverHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 	start := time.Now()
 	role := metrics.RoleServer
 	hctx, stop := boundHandshake(ctx, tcp, e.s.handshakeTimeout)
-	conn, result, err := serverExchange(hctx, e, tcp)
+	conn, result, err := serverExchange(hctx, start, e, tcp)
 	stop()
 	e.metrics.Handshake(result, role, time.Since(start).Seconds())
 	if err != nil {
@@ -218,6 +280,7 @@ func serverHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 // serverSide is the server's half of one handshake.
 type serverSide struct {
 	e       *engine
+	begun   time.Time // when the handshake began
 	tcp     net.Conn
 	version handshake.Version
 	hello   handshake.Hello // the client's, as far as it was decoded
@@ -225,10 +288,10 @@ type serverSide struct {
 	why     *fallback       // why it falls back
 }
 
-// serverExchange does the server's bytes; an error means the connection is
-// unusable.
-func serverExchange(ctx context.Context, e *engine, tcp net.Conn) (Conn, string, error) {
-	s := &serverSide{e: e, tcp: tcp}
+// serverExchange does the server's bytes, the handshake (ctx) begun at
+// begun; an error means the connection is unusable.
+func serverExchange(ctx context.Context, begun time.Time, e *engine, tcp net.Conn) (Conn, string, error) {
+	s := &serverSide{e: e, begun: begun, tcp: tcp}
 	magic, fb, err := s.readFirstBytes(ctx)
 	if err != nil {
 		return nil, metrics.ResultError, err
@@ -323,7 +386,7 @@ func (s *serverSide) decide(ctx context.Context, helloErr error) {
 		s.why = fb
 		return
 	}
-	if fb := c.applyPeer(ctx, s.hello); fb != nil {
+	if fb := c.importPeer(ctx, s.hello, handshakeImportDeadline(ctx, s.begun), "HandshakeTimeout"); fb != nil {
 		c.release()
 		s.why = fb
 		return

@@ -199,6 +199,9 @@ func TestDialCancelledMidHandshake(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("dial cancelled mid-handshake: %v; want an error wrapping context.Canceled", err)
 	}
+	if strings.Contains(err.Error(), "Config.HandshakeTimeout") {
+		t.Errorf("dial cancelled mid-handshake: %v; it was cancelled, not out of time", err)
+	}
 }
 
 // halfOpen is a client that sends a valid hello of ours, reads the
@@ -338,5 +341,149 @@ func TestSlowImportFallsBackWhileTheServerListens(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Fatalf("server: %v", err)
+	}
+}
+
+// TestSlowURMAHalfFallsBack: a handshake whose URMA half (an import of the
+// peer's jetty, on either side) does not complete within the handshake's
+// time gives a working connection on TCP, on both sides, instead of a
+// dial error: the side that imports gives up at three quarters of the
+// handshake's time (HandshakeTimeout, or the dial's context deadline if
+// sooner) and its fallback hello or fallback ACK reaches a peer that
+// still listens. Waiting out the whole handshake, the client failed the
+// dial sending its ACK, or found the connection the server had dropped.
+func TestSlowURMAHalfFallsBack(t *testing.T) {
+	checkNoLeaks(t)
+	// Long enough that a loaded machine gets the fallback step across in
+	// the last quarter.
+	const handshake = 2 * time.Second
+	for _, tc := range []struct {
+		name         string
+		stall        string // whose import never completes: "client" or "server"
+		cfg          func(c *Config)
+		dialTimeout  time.Duration // 0: the handshake's own bound
+		client, peer Reason        // the fallback reasons each side reports
+	}{
+		{"client import, urma_ack_timeout waits the whole handshake", "client",
+			func(c *Config) { c.AckTimeout = -1; c.HandshakeTimeout = handshake }, 0,
+			ReasonImportFailed, ReasonPeerDeclined},
+		{"client import, urma_ack_timeout beyond the handshake", "client",
+			func(c *Config) { c.AckTimeout = 2 * handshake; c.HandshakeTimeout = handshake }, 0,
+			ReasonImportFailed, ReasonPeerDeclined},
+		{"client import, the dial's context ends first", "client",
+			func(c *Config) { c.HandshakeTimeout = stallBound }, handshake,
+			ReasonImportFailed, ReasonPeerDeclined},
+		{"server import", "server",
+			func(c *Config) { c.HandshakeTimeout = handshake }, 0,
+			ReasonPeerDeclined, ReasonImportFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			sp, cp := newFaultProvider(pa), newFaultProvider(pb)
+			stalled := cp
+			if tc.stall == "server" {
+				stalled = sp
+			}
+			stalled.f.set(func(c *faultConfig) { c.stallImport = true })
+			scfg, ccfg := cfgWith(sp, smallFlags()), cfgWith(cp, smallFlags())
+			tc.cfg(&scfg)
+			tc.cfg(&ccfg)
+			ln, d := listenAndDialer(t, scfg, ccfg)
+			type accepted struct {
+				c   net.Conn
+				err error
+			}
+			acc := make(chan accepted, 1)
+			go func() {
+				c, err := ln.Accept()
+				acc <- accepted{c, err}
+			}()
+			ctx := t.Context()
+			if tc.dialTimeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.dialTimeout)
+				defer cancel()
+			}
+			c, err := d.DialContext(ctx, ln.Addr().String())
+			if err != nil {
+				t.Fatalf("dial: %v; want a fallback to TCP", err)
+			}
+			defer c.Close()
+			a := <-acc
+			if a.err != nil {
+				t.Fatalf("accept: %v", a.err)
+			}
+			defer a.c.Close()
+			for _, side := range []struct {
+				name string
+				c    Conn
+				want Reason
+			}{{"client", c.(Conn), tc.client}, {"server", a.c.(Conn), tc.peer}} {
+				if side.c.Mode() != ModeTCP || !strings.HasPrefix(side.c.FallbackReason(), string(side.want)+":") {
+					t.Errorf("%s: mode %s, fallback %q; want TCP, %s", side.name, side.c.Mode(), side.c.FallbackReason(), side.want)
+				}
+			}
+			exchange(t, c, a.c, "over the fallback")
+		})
+	}
+}
+
+// TestSilentServerErrorSaysWhatToRaise: a server whose hello does not
+// arrive whole within the handshake's time fails the dial (falling back is
+// not safe: it may yet answer our hello, or have taken it for application
+// bytes), and the error says what the server sent and names the timeout to
+// raise.
+func TestSilentServerErrorSaysWhatToRaise(t *testing.T) {
+	checkNoLeaks(t)
+	for _, tc := range []struct {
+		name  string
+		sends func(r *rawPeer) []byte // what the server sends, then nothing
+		says  string
+	}{
+		{"nothing", func(*rawPeer) []byte { return nil }, "sent 0 bytes"},
+		{"half a magic", func(*rawPeer) []byte { return []byte(handshake.MagicV2[:2]) }, "sent 2 bytes"},
+		{"half a hello", func(r *rawPeer) []byte { return handshake.AppendV2(nil, r.hello())[:20] }, "began its hello and did not end it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			cfg := cfgWith(pb, smallFlags())
+			cfg.HandshakeTimeout = stallTimeout
+			d, err := NewDialer(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			peerLn, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peerLn.Close()
+			sends := tc.sends(newRawQueues(t, pa))
+			peerErr := make(chan error, 1)
+			go func() {
+				c, err := peerLn.Accept()
+				if err == nil {
+					t.Cleanup(func() { _ = c.Close() })
+					_, err = c.Write(sends)
+				}
+				peerErr <- err
+			}()
+			c, err := d.DialContext(t.Context(), peerLn.Addr().String())
+			if err := <-peerErr; err != nil {
+				t.Fatalf("the silent server: %v", err)
+			}
+			if err == nil {
+				_ = c.Close()
+				t.Fatal("the dial succeeded against a server that did not answer")
+			}
+			if !isTimeout(err) {
+				t.Errorf("dial: %v; want an error that wraps the timeout", err)
+			}
+			for _, want := range []string{tc.says, "raise Config.HandshakeTimeout"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("dial: %v; want it to say %q", err, want)
+				}
+			}
+		})
 	}
 }
