@@ -137,6 +137,10 @@ type Registrar struct {
 	registered bool
 
 	retryIn func(time.Duration) // test hook: a retry was scheduled after this delay
+	// listen is a test hook replacing net.Listen("unix", path): it makes a
+	// serve fail at a chosen moment, which no file-system state can do
+	// without also changing our socket (and so the path the loop takes).
+	listen func(path string) (net.Listener, error)
 }
 
 // New returns a registrar for the plugin service; metrics may be nil.
@@ -425,7 +429,11 @@ func (r *Registrar) serve() (*served, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
 	}
-	lis, err := net.Listen("unix", path)
+	listen := r.listen
+	if listen == nil {
+		listen = func(path string) (net.Listener, error) { return net.Listen("unix", path) }
+	}
+	lis, err := listen(path)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
