@@ -386,10 +386,15 @@ func (l *loop) again() {
 	l.backoff = min(l.backoff*2, l.r.cfg.BackoffMax)
 }
 
+// stop stops the server, if any. From then on the plugin is neither
+// serving nor registered (kubelet's stream ends with the server), whatever
+// comes next: a serve meant to replace it may fail and be retried, and
+// until one succeeds /healthz must not answer 200.
 func (l *loop) stop() {
 	if l.cur == nil {
 		return
 	}
+	l.r.setState(false, false)
 	l.cur.srv.Stop()
 	<-l.cur.done
 	l.cur = nil

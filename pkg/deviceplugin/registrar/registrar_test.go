@@ -2,12 +2,14 @@ package registrar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -263,8 +265,9 @@ func TestRegistrationRetriesBackOffAndLogSparingly(t *testing.T) {
 	}
 }
 
-// A kubelet.sock that appears anew makes the plugin register again; while
-// that fails the plugin still says it serves (its /healthz stays 200).
+// A kubelet.sock that appears anew makes the plugin serve afresh and
+// register again; while registering fails the plugin still says it serves
+// (its /healthz stays 200), its socket being served.
 func TestServingWhileReRegistrationFails(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
@@ -277,13 +280,15 @@ func TestServingWhileReRegistrationFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "registration dropped for the new kubelet.sock", func() bool { return !p.reg.Registered() })
-	if !p.reg.Serving() {
-		t.Fatal("not serving while re-registering, though the socket is served")
-	}
 	// Several failed attempts: a retry while serving must register again
 	// on the socket it serves, not serve afresh each time (which would
 	// also drop the stream of a kubelet that follows it).
 	eventually(t, "failed re-registrations", func() bool { return logs.Count("registration with kubelet failed") >= 3 })
+	// Only now: while the old server is stopped and the new one not yet
+	// up, the plugin rightly says it does not serve.
+	if !p.reg.Serving() {
+		t.Fatal("not serving while re-registering, though the socket is served")
+	}
 	p.stop()
 	// Served at start, and once more for the new kubelet.sock (ending
 	// any stream the old kubelet still follows), not again per attempt.
@@ -716,6 +721,15 @@ func TestKubeletSockChangedWhileKubeletStays(t *testing.T) {
 		c.CheckInterval = 5 * time.Millisecond
 	})
 	listed(t, k, 1, 3)
+	touchKubeletSock(t, dir)
+	listed(t, k, 2, 3)
+	eventually(t, "registered again", p.reg.Registered)
+}
+
+// touchKubeletSock changes kubelet.sock's identity without replacing it,
+// as a chmod or relabel under a running kubelet does.
+func touchKubeletSock(t *testing.T, dir string) {
+	t.Helper()
 	sock := filepath.Join(dir, kubeletSocketName)
 	before := inode(sock)
 	for mode := os.FileMode(0o600); inode(sock) == before; mode ^= 0o100 {
@@ -724,6 +738,137 @@ func TestKubeletSockChangedWhileKubeletStays(t *testing.T) {
 		}
 		runtime.Gosched() // until the ctime's clock has ticked
 	}
-	listed(t, k, 2, 3)
-	eventually(t, "registered again", p.reg.Registered)
+}
+
+// A serve that fails, whether the first or one that replaces a live server
+// (stopped to end kubelet's stream for a changed kubelet.sock), leaves the
+// plugin not serving until a serve succeeds: otherwise its /healthz answers
+// 200 while nothing serves kubelet, and the liveness probe never restarts
+// a plugin kubelet cannot reach. The retries go on and bring it back.
+func TestFailedServeIsNotServing(t *testing.T) {
+	tests := []struct {
+		name string
+		// breakServes, if set, runs once the plugin is up and makes its
+		// next serve fail (by setting fail); otherwise serves fail from
+		// the start.
+		breakServes func(t *testing.T, dir string, k *kubelettest.Kubelet, fail *atomic.Bool)
+		// registrations kubelet has seen once serving works again.
+		registrations int
+	}{
+		{name: "first serve", registrations: 1},
+		{
+			name: "re-serve for a changed kubelet.sock",
+			breakServes: func(t *testing.T, dir string, k *kubelettest.Kubelet, fail *atomic.Bool) {
+				listed(t, k, 1, 3)
+				fail.Store(true)
+				touchKubeletSock(t, dir)
+			},
+			registrations: 2,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := socketDir(t)
+			k := startKubelet(t, dir)
+			var fail atomic.Bool
+			fail.Store(tt.breakServes == nil)
+			// Whether the registrar claimed to serve, after each attempt
+			// made while serves fail. The hook runs on Run's goroutine
+			// right after the attempt: it sees the state the attempt left.
+			// Once registered nothing retries, so with fail set every
+			// retry is a failed serve.
+			serving := make(chan bool, 64)
+			p := startPluginWith(t, dir, func(c *Config) {
+				c.pollOnly = true
+				c.CheckInterval = 5 * time.Millisecond
+			}, testr.New(t), func(r *Registrar) {
+				r.listen = func(path string) (net.Listener, error) {
+					if fail.Load() {
+						return nil, errors.New("listen refused by the test")
+					}
+					return net.Listen("unix", path)
+				}
+				r.retryIn = func(time.Duration) {
+					if !fail.Load() {
+						return
+					}
+					select {
+					case serving <- r.Serving():
+					default:
+					}
+				}
+			})
+			if tt.breakServes != nil {
+				tt.breakServes(t, dir, k, &fail)
+			}
+			for i := range 3 {
+				select {
+				case got := <-serving:
+					if got {
+						t.Fatalf("failed serve %d left the plugin claiming to serve", i+1)
+					}
+				case <-time.After(waitBound(t)):
+					t.Fatalf("no failed serve %d", i+1)
+				}
+			}
+			if p.reg.Serving() || p.reg.Registered() {
+				t.Fatalf("serving %v, registered %v while serves fail", p.reg.Serving(), p.reg.Registered())
+			}
+			fail.Store(false)
+			listed(t, k, tt.registrations, 3)
+			eventually(t, "serving and registered again", func() bool { return p.reg.Serving() && p.reg.Registered() })
+		})
+	}
+}
+
+// Our socket replaced (here by a directory, which no one, root included,
+// can listen over) while registration is being retried, and noticed by the
+// retry itself before any event or check: the server is stopped to serve
+// afresh, and while that fails the plugin must not claim to serve.
+func TestSocketReplacedDuringRetryIsNotServing(t *testing.T) {
+	dir := socketDir(t)
+	blocker := filepath.Join(dir, DefaultSocketName)
+	logs := &logtest.Lines{}
+	type failedServe struct{ logged, serving bool }
+	failed := make(chan failedServe, 1)
+	p := startPluginWith(t, dir, func(c *Config) {
+		// Neither events nor checks: the retry alone sees the change.
+		c.pollOnly = true
+	}, logs.Logger(t), func(r *Registrar) {
+		// The file system is changed here, on Run's goroutine between
+		// two attempts, so that no attempt races the change.
+		step := 0
+		r.retryIn = func(time.Duration) {
+			step++
+			switch step {
+			case 1: // registration failed (no kubelet) while serving
+				if err := os.Remove(blocker); err != nil {
+					t.Error(err)
+				}
+				if err := os.MkdirAll(filepath.Join(blocker, "x"), 0o755); err != nil {
+					t.Error(err)
+				}
+			case 2: // the retry found the socket replaced and could not serve
+				failed <- failedServe{logs.Contains("cannot serve the device plugin socket"), r.Serving()}
+				if err := os.RemoveAll(blocker); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	})
+	select {
+	case got := <-failed:
+		if !got.logged {
+			t.Fatalf("the second retry was not a failed serve:\n%s", logs.String())
+		}
+		if got.serving {
+			t.Fatalf("claims to serve though its server is stopped and serving failed:\n%s", logs.String())
+		}
+	case <-time.After(waitBound(t)):
+		t.Fatalf("no failed serve:\n%s", logs.String())
+	}
+	// The path is free again: it serves, and registers once kubelet is up.
+	k := startKubelet(t, dir)
+	listed(t, k, 1, 3)
+	eventually(t, "serving and registered", func() bool { return p.reg.Serving() && p.reg.Registered() })
 }
