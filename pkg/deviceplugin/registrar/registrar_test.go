@@ -274,6 +274,10 @@ func TestServingWhileReRegistrationFails(t *testing.T) {
 	logs := &logtest.Lines{}
 	p := startPluginWith(t, dir, nil, logs.Logger(t), nil)
 	listed(t, k, 1, 3)
+	// kubelet lists us before our Register call has returned; stopped
+	// then, the call fails and is retried before kubelet.sock's creation
+	// is handled.
+	eventually(t, "registered", p.reg.Registered)
 	k.Stop()
 	// Not a kubelet: registering with it fails.
 	if err := os.WriteFile(filepath.Join(dir, kubeletSocketName), nil, 0o600); err != nil {
@@ -347,7 +351,14 @@ func TestKubeletStartsWhileTheSocketCannotBeServed(t *testing.T) {
 	if logs.Contains("registration with kubelet failed") {
 		t.Fatalf("registered with kubelet while not serving:\n%s", logs.String())
 	}
-	if err := os.RemoveAll(blocker); err != nil {
+	// Moved away in one step: removed piecemeal, the emptied directory is
+	// removed by the plugin's own retry, which serves there before
+	// RemoveAll's last unlink.
+	gone := filepath.Join(dir, "blocker-gone")
+	if err := os.Rename(blocker, gone); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
 		t.Fatal(err)
 	}
 	listed(t, k, 1, 3)
