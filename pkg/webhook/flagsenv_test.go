@@ -52,6 +52,11 @@ func TestInjectKeepsTheContainersOwnFlagsFile(t *testing.T) {
 			mutate: []func(*corev1.Pod){flagsEnv("app", "/etc/urma/urma.flags", "/mine")}},
 		{name: "duplicate entries: the last, the endpoint's file, wins", hashed: true,
 			mutate: []func(*corev1.Pod){flagsEnv("app", "/mine", "/etc/urma/urma.flags")}},
+		{name: "its own value before other variables",
+			mutate: []func(*corev1.Pod){flagsEnv("app", "/mine"), func(p *corev1.Pod) {
+				c := container(p, "app")
+				c.Env = append(c.Env, corev1.EnvVar{Name: "OTHER", Value: "x"})
+			}}},
 		{name: "a value from elsewhere the webhook cannot read",
 			mutate: []func(*corev1.Pod){func(p *corev1.Pod) {
 				container(p, "app").Env = []corev1.EnvVar{{Name: v1alpha1.EnvFlagsFile, ValueFrom: &corev1.EnvVarSource{
