@@ -19,6 +19,9 @@ type faultConfig struct {
 	poll error
 	// stallImport makes ImportJetty wait until its context ends.
 	stallImport bool
+	// jettyGate, when set, makes CreateJetty wait until it is closed: a
+	// device whose verb blocks and cannot be interrupted.
+	jettyGate <-chan struct{}
 	// onJFRClose runs just after a JFR is destroyed.
 	onJFRClose func()
 	// muteEvents makes JFCE waits find no event: only a Poll (the event
@@ -220,6 +223,9 @@ func (c *faultContext) CreateJFR(cfg urma.JFRConfig) (urma.JFR, error) {
 }
 
 func (c *faultContext) CreateJetty(cfg urma.JettyConfig) (urma.Jetty, error) {
+	if gate := c.f.get().jettyGate; gate != nil {
+		<-gate
+	}
 	if err := c.f.createErr("jetty"); err != nil {
 		return nil, err
 	}

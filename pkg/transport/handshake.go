@@ -381,17 +381,62 @@ func (s *serverSide) decide(ctx context.Context, helloErr error) {
 		s.why = fb
 		return
 	}
-	c, fb := newURMAConn(e, s.tcp, metrics.RoleServer, spec)
+	end := handshakeImportDeadline(ctx, s.begun)
+	c, fb := s.setUp(ctx, spec, end)
 	if fb != nil {
 		s.why = fb
 		return
 	}
-	if fb := c.importPeer(ctx, s.hello, handshakeImportDeadline(ctx, s.begun), "HandshakeTimeout"); fb != nil {
+	if fb := c.importPeer(ctx, s.hello, end, "HandshakeTimeout"); fb != nil {
 		c.release()
 		s.why = fb
 		return
 	}
 	s.conn = c
+}
+
+// setUp makes the connection's URMA half (newURMAConn: its jetty, taken
+// from the pool or created, its receive buffers, its receives posted)
+// within the handshake's URMA time, which ends at end
+// (handshakeImportDeadline). Provider calls may stall (a slow device, a
+// blocked verb) and cannot be interrupted, so newURMAConn runs on a
+// goroutine of its own: past end the handshake stops waiting for it and
+// answers with its fallback hello while the client still listens, and
+// what the call makes when it does finish is released at once. That
+// goroutine holds an engine reference (newURMAConn takes it first), so
+// the engine, and the provider context the verb runs on, outlive it.
+func (s *serverSide) setUp(ctx context.Context, spec jettySpec, end time.Time) (*urmaConn, *fallback) {
+	type made struct {
+		c  *urmaConn
+		fb *fallback
+	}
+	got := make(chan made)
+	abandoned := make(chan struct{})
+	go func() {
+		c, fb := newURMAConn(s.e, s.tcp, metrics.RoleServer, spec)
+		select {
+		case got <- made{c, fb}:
+		case <-abandoned:
+			if c != nil {
+				s.e.log.V(1).Info("releasing a jetty set up after its handshake stopped waiting", "remote", s.tcp.RemoteAddr().String())
+				c.release()
+			}
+		}
+	}()
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if !end.IsZero() {
+		wctx, cancel = context.WithDeadline(ctx, end)
+	}
+	defer cancel()
+	select {
+	case m := <-got:
+		return m.c, m.fb
+	case <-wctx.Done():
+	}
+	close(abandoned)
+	return nil, fallbackf(ReasonResources,
+		"the provider did not set up the connection's jetty (take a prepared one or create one, register its buffers, post its receives) within %s, three quarters of HandshakeTimeout: a slow device or a stalled verb; the server stopped waiting so that its fallback reaches the client while it listens, and releases the jetty when the provider returns it",
+		end.Sub(s.begun).Round(time.Millisecond))
 }
 
 // specFor chooses the queues for a client whose hello is h: the engine's,

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -483,6 +484,73 @@ func TestSilentServerErrorSaysWhatToRaise(t *testing.T) {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("dial: %v; want it to say %q", err, want)
 				}
+			}
+		})
+	}
+}
+
+// TestStalledJettySetupFallsBack: a server whose provider stalls while it
+// sets up a connection's jetty (creating one, or waiting for the pool's
+// filler, which is creating the budget's only one) stops waiting at three
+// quarters of HandshakeTimeout and answers with its fallback hello, so
+// both sides go on as TCP (resource_allocation_failed on the server,
+// saying what stalled; peer_declined on the client) and bytes flow. When
+// the verb returns, what it made is released, and nothing keeps running
+// (checkNoLeaks). Waiting for it, the server never answered and the dial
+// failed.
+func TestStalledJettySetupFallsBack(t *testing.T) {
+	checkNoLeaks(t)
+	// Long enough that a loaded machine gets the fallback hello across in
+	// the last quarter.
+	const handshakeTimeout = 2 * time.Second
+	for _, tc := range []struct {
+		name             string
+		prepared, budget int
+	}{
+		{"creating its jetty", 0, -1},
+		{"waiting for the pool's filler", 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			sp := newFaultProvider(pa)
+			gate := make(chan struct{})
+			sp.f.set(func(c *faultConfig) { c.jettyGate = gate })
+			var once sync.Once
+			unstall := func() { once.Do(func() { close(gate) }) }
+			f := smallFlags()
+			f.PreparedJettyCnt = tc.prepared
+			scfg := cfgWith(sp, f)
+			scfg.JettyBudget = tc.budget
+			scfg.HandshakeTimeout = handshakeTimeout
+			ccfg := cfgWith(pb, smallFlags())
+			ccfg.HandshakeTimeout = handshakeTimeout
+			ln, d := listenAndDialer(t, scfg, ccfg)
+			t.Cleanup(unstall) // before the listener's Close, which waits for its handshakes
+
+			p := dialAccept(t, ln, d)
+			for _, side := range []struct {
+				name string
+				c    Conn
+				want Reason
+			}{{"client", p.client, ReasonPeerDeclined}, {"server", p.server, ReasonResources}} {
+				if side.c.Mode() != ModeTCP || !strings.HasPrefix(side.c.FallbackReason(), string(side.want)+":") {
+					t.Errorf("%s: mode %s, fallback %q; want TCP, %s", side.name, side.c.Mode(), side.c.FallbackReason(), side.want)
+				}
+			}
+			if why := p.server.FallbackReason(); !strings.Contains(why, "did not set up the connection's jetty") {
+				t.Errorf("server fallback %q; want it to say what stalled", why)
+			}
+			exchange(t, p.client, p.server, "over the fallback")
+
+			// The verb returns: the jetty it made goes back, and with it
+			// the engine reference the stalled call held.
+			unstall()
+			waitFor(t, "the late jetty to be released", stallBound, func() bool { return ln.e.refCount() == 1 })
+			if _, inUse := ln.e.pool.stats(); inUse != 0 {
+				t.Errorf("%d receive buffers still out after the late jetty was released", inUse)
+			}
+			if prepared, live := ln.e.jetties.stats(); live != prepared {
+				t.Errorf("%d jetties count against the budget, %d of them prepared: a connection's is left", live, prepared)
 			}
 		})
 	}

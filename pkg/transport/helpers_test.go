@@ -204,3 +204,11 @@ func (p *bufferPool) check() error {
 	}
 	return nil
 }
+
+// refCount is how many references the engine holds: its owner's, and one
+// for each URMA connection or setup of one.
+func (e *engine) refCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.refs
+}
