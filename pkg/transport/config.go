@@ -121,14 +121,16 @@ type Config struct {
 	// reads every byte written before Close; 0 means 5s. The jetty's
 	// flush after it takes at most 2s more (at once on a working provider).
 	CloseTimeout time.Duration
-	// AcceptBacklog bounds, for a Listener, the handshakes in progress plus
-	// the connections they completed that no Accept has taken yet: each
-	// holds a TCP connection, goroutines and, in URMA mode, a jetty and
-	// its receive buffers. At the bound the Listener stops taking
+	// AcceptBacklog bounds, for a Listener, the connections that no Accept
+	// has taken yet plus the handshakes that hold a jetty and its receive
+	// buffers (URMA handshakes past the client's hello). A handshake waits
+	// for a place before it sets up a jetty, and falls back to TCP if none
+	// frees within three quarters of HandshakeTimeout. Handshakes in
+	// progress, which hold a TCP connection and goroutines, are bounded by
+	// four times AcceptBacklog: at that bound the Listener stops taking
 	// connections from the kernel, whose listen backlog holds further
-	// clients, until an Accept, a failed handshake or Close frees a place.
-	// 0 means DefaultAcceptBacklog (128); 1..MaxAcceptBacklog is allowed.
-	// A Dialer ignores it.
+	// clients. 0 means DefaultAcceptBacklog (128); 1..MaxAcceptBacklog is
+	// allowed. A Dialer ignores it.
 	AcceptBacklog int
 	// Logger receives fallbacks, warnings and errors; zero discards.
 	Logger logr.Logger

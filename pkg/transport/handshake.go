@@ -227,16 +227,21 @@ const handshakeBound = "the handshake's time (HandshakeTimeout, or the dial's co
 // end (none when zero), three quarters of bound; the fallback's detail
 // says when an import gave up for that.
 func (c *urmaConn) importPeer(ctx context.Context, h handshake.Hello, end time.Time, bound string) *fallback {
-	ictx, cancel := ctx, context.CancelFunc(func() {})
-	if !end.IsZero() {
-		ictx, cancel = context.WithDeadline(ctx, end)
-	}
+	ictx, cancel := until(ctx, end)
 	defer cancel()
 	fb := c.applyPeer(ictx, h)
 	if fb != nil && fb.reason == ReasonImportFailed && ictx.Err() != nil && ctx.Err() == nil {
 		fb.detail += fmt.Sprintf(" (given up at three quarters of %s, for the fallback to reach the %s while it listens)", bound, peerRole(c.role))
 	}
 	return fb
+}
+
+// until is ctx ended at end too, unless end is zero.
+func until(ctx context.Context, end time.Time) (context.Context, context.CancelFunc) {
+	if end.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, end)
 }
 
 // timedOut reports whether err is the handshake's (ctx) time running out,
@@ -258,11 +263,14 @@ func isTimeout(err error) bool {
 //	read the hello -> invalid, or we cannot do URMA: fallback hello
 //	otherwise import the client's segment and jetty, send our hello
 //	read the ACK -> bit 0: URMA; clear: TCP; set after we fell back: fail
-func serverHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error) {
+//
+// The handshake takes p, its place in the listener's AcceptBacklog,
+// before it sets up a jetty.
+func serverHandshake(ctx context.Context, e *engine, tcp net.Conn, p *place) (Conn, error) {
 	start := time.Now()
 	role := metrics.RoleServer
 	hctx, stop := boundHandshake(ctx, tcp, e.s.handshakeTimeout)
-	conn, result, err := serverExchange(hctx, start, e, tcp)
+	conn, result, err := serverExchange(hctx, start, e, tcp, p)
 	stop()
 	e.metrics.Handshake(result, role, time.Since(start).Seconds())
 	if err != nil {
@@ -282,6 +290,7 @@ type serverSide struct {
 	e       *engine
 	begun   time.Time // when the handshake began
 	tcp     net.Conn
+	place   *place // taken before a jetty is set up
 	version handshake.Version
 	hello   handshake.Hello // the client's, as far as it was decoded
 	conn    *urmaConn       // nil when the server falls back
@@ -290,8 +299,8 @@ type serverSide struct {
 
 // serverExchange does the server's bytes, the handshake (ctx) begun at
 // begun; an error means the connection is unusable.
-func serverExchange(ctx context.Context, begun time.Time, e *engine, tcp net.Conn) (Conn, string, error) {
-	s := &serverSide{e: e, begun: begun, tcp: tcp}
+func serverExchange(ctx context.Context, begun time.Time, e *engine, tcp net.Conn, p *place) (Conn, string, error) {
+	s := &serverSide{e: e, begun: begun, tcp: tcp, place: p}
 	magic, fb, err := s.readFirstBytes(ctx)
 	if err != nil {
 		return nil, metrics.ResultError, err
@@ -382,6 +391,10 @@ func (s *serverSide) decide(ctx context.Context, helloErr error) {
 		return
 	}
 	end := handshakeImportDeadline(ctx, s.begun)
+	if fb := s.takePlace(ctx, end); fb != nil {
+		s.why = fb
+		return
+	}
 	c, fb := s.setUp(ctx, spec, end)
 	if fb != nil {
 		s.why = fb
@@ -393,6 +406,20 @@ func (s *serverSide) decide(ctx context.Context, helloErr error) {
 		return
 	}
 	s.conn = c
+}
+
+// takePlace waits until end for a place in the listener's AcceptBacklog,
+// which bounds the connections that hold a jetty: past end the client is
+// told to fall back while it still listens.
+func (s *serverSide) takePlace(ctx context.Context, end time.Time) *fallback {
+	pctx, cancel := until(ctx, end)
+	defer cancel()
+	if s.place.take(pctx) {
+		return nil
+	}
+	return fallbackf(ReasonResources,
+		"no place among the listener's %d (Config.AcceptBacklog) connections that hold a jetty or wait for Accept within %s, three quarters of HandshakeTimeout: the application does not Accept as fast as clients come",
+		cap(s.place.slots), end.Sub(s.begun).Round(time.Millisecond))
 }
 
 // setUp makes the connection's URMA half (newURMAConn: its jetty, taken
@@ -423,10 +450,7 @@ func (s *serverSide) setUp(ctx context.Context, spec jettySpec, end time.Time) (
 			}
 		}
 	}()
-	wctx, cancel := ctx, context.CancelFunc(func() {})
-	if !end.IsZero() {
-		wctx, cancel = context.WithDeadline(ctx, end)
-	}
+	wctx, cancel := until(ctx, end)
 	defer cancel()
 	select {
 	case m := <-got:

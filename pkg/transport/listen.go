@@ -34,9 +34,10 @@ func newMetrics(cfg Config) (*metrics.Metrics, error) {
 
 // Listener accepts connections that run on URMA when the client can, and on
 // TCP otherwise (a plain TCP client is served transparently). Handshakes run
-// concurrently, so a slow client does not hold up Accept. Handshakes in
-// progress plus connections waiting for Accept are bounded by
-// Config.AcceptBacklog, as the kernel bounds a plain listener's queue.
+// concurrently, so a slow client does not hold up Accept. Connections
+// waiting for Accept plus handshakes that hold a jetty are bounded by
+// Config.AcceptBacklog, as the kernel bounds a plain listener's queue;
+// handshakes in progress by handshakesPerPlace times that.
 type Listener struct {
 	ln     net.Listener
 	e      *engine
@@ -44,10 +45,16 @@ type Listener struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	conns  chan Conn
-	// slots holds a token for each handshake in progress and each
-	// connection in conns: the accept loop takes one before it takes a
-	// connection from the kernel, Accept (or a failed handshake) gives it
-	// back.
+	// handshakes holds a token for each handshake in progress, up to its
+	// connection's entry into conns: the accept loop takes one before it
+	// takes a connection from the kernel.
+	handshakes chan struct{}
+	// slots holds a token (a place) for each handshake that holds a jetty
+	// and each connection in conns: a handshake takes one before it sets
+	// up a jetty, or once it completed without one; Accept (or a failed
+	// handshake) gives it back. A client that is silent or stalls in its
+	// hello holds no place, so a few of them cannot keep honest clients
+	// waiting.
 	slots   chan struct{}
 	closed  chan struct{}
 	failed  chan struct{} // the accept loop stopped on an error (loopErr)
@@ -94,10 +101,11 @@ func ListenTransport(network, address string, cfg Config) (*Listener, error) {
 	e.start(host)
 	l := &Listener{
 		ln: ln, e: e, log: e.log,
-		conns:  make(chan Conn, s.acceptBacklog), // never full: conns hold slots
-		slots:  make(chan struct{}, s.acceptBacklog),
-		closed: make(chan struct{}),
-		failed: make(chan struct{}),
+		conns:      make(chan Conn, s.acceptBacklog), // never full: conns hold slots
+		handshakes: make(chan struct{}, handshakesPerPlace*s.acceptBacklog),
+		slots:      make(chan struct{}, s.acceptBacklog),
+		closed:     make(chan struct{}),
+		failed:     make(chan struct{}),
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.wg.Add(1)
@@ -105,21 +113,29 @@ func ListenTransport(network, address string, cfg Config) (*Listener, error) {
 	return l, nil
 }
 
+// handshakesPerPlace is how many handshakes a Listener runs at once for
+// each place of its AcceptBacklog. Before its hello a handshake costs a
+// goroutine and a TCP connection, no jetty, so clients that stay silent
+// for urma_first_bytes_timeout, or stall in their hello for
+// HandshakeTimeout, take a share of these and not the places of honest
+// clients.
+const handshakesPerPlace = 4
+
 func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
 	var backoff time.Duration
 	for {
 		// At the bound, leave further clients in the kernel's listen
-		// backlog: every connection taken costs a handshake, and in URMA
-		// mode a jetty and its receive buffers, until it is Accepted.
+		// backlog: every connection taken costs a handshake until it is
+		// Accepted.
 		select {
-		case l.slots <- struct{}{}:
+		case l.handshakes <- struct{}{}:
 		case <-l.closed:
 			return
 		}
 		tcp, err := l.ln.Accept()
 		if err != nil {
-			l.freeSlot()
+			<-l.handshakes
 			select {
 			case <-l.closed:
 				return
@@ -148,23 +164,54 @@ func (l *Listener) acceptLoop() {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			c, err := serverHandshake(l.ctx, l.e, tcp)
+			defer func() { <-l.handshakes }()
+			p := &place{slots: l.slots}
+			c, err := serverHandshake(l.ctx, l.e, tcp, p)
 			if err != nil {
-				l.freeSlot()
+				p.give()
 				l.log.Info("dropping a connection", "error", err.Error())
 				return
 			}
-			select {
-			case l.conns <- c:
-			case <-l.closed:
+			if !p.take(l.ctx) { // closed meanwhile
 				abortConn(c)
+				return
 			}
+			l.conns <- c // never blocks: it has its place
 		}()
 	}
 }
 
-// freeSlot gives back the place of a connection that was Accepted or
-// dropped, so that the accept loop may take the next one.
+// place is one handshake's claim on a place of the listener's
+// AcceptBacklog (Listener.slots), which its connection keeps until it is
+// Accepted.
+type place struct {
+	slots chan struct{}
+	held  bool
+}
+
+// take waits for a place until ctx ends; it reports whether one is held.
+func (p *place) take(ctx context.Context) bool {
+	if p.held {
+		return true
+	}
+	select {
+	case p.slots <- struct{}{}:
+		p.held = true
+	case <-ctx.Done():
+	}
+	return p.held
+}
+
+// give gives the place back, if one is held.
+func (p *place) give() {
+	if p.held {
+		<-p.slots
+		p.held = false
+	}
+}
+
+// freeSlot gives back the place of a connection that was Accepted, so that
+// the next handshake may have it.
 func (l *Listener) freeSlot() { <-l.slots }
 
 // abortConn ends a connection nobody accepted. The application never saw

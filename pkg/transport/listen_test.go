@@ -4,18 +4,20 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
 // TestListenerBacklogBound: a Listener whose application does not call
-// Accept holds at most Config.AcceptBacklog connections (handshakes in
-// progress plus completed ones), each with a jetty and its receive buffers
-// in URMA mode; further clients wait in the kernel's listen backlog, so
-// their handshakes do not even start. An Accept frees a place and the next
+// Accept holds at most Config.AcceptBacklog connections with a jetty and
+// its receive buffers (handshakes past the hello plus completed ones);
+// further clients get no answer (their handshakes wait for a place, or
+// for the kernel's listen backlog to be taken). An Accept frees a place and the next
 // client gets through; Close ends the accept loop waiting for a place.
 func TestListenerBacklogBound(t *testing.T) {
 	checkNoLeaks(t)
@@ -172,5 +174,126 @@ func TestListenerCloseAbortsUnaccepted(t *testing.T) {
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// TestSilentClientsHoldNoPlace: clients that stay silent (a plain TCP
+// client that waits for the server to speak, here for the whole
+// HandshakeTimeout) or stall in their hello hold a handshake, not a place
+// of Config.AcceptBacklog, which only connections with a jetty or waiting
+// for Accept take. As many of them as leave one handshake free, far more
+// than the backlog, do not keep an honest client from being served on
+// URMA and accepted at once; one more fills the handshakes in progress
+// (handshakesPerPlace times the backlog), and the next client is left in
+// the kernel's listen backlog. Before, the first AcceptBacklog silent
+// clients kept every other client waiting.
+func TestSilentClientsHoldNoPlace(t *testing.T) {
+	checkNoLeaks(t)
+	const backlog = 2
+	const handshakes = handshakesPerPlace * backlog
+	pa, pb := fabricPair(t)
+	scfg := cfgWith(pa, smallFlags())
+	scfg.AcceptBacklog = backlog
+	scfg.FirstBytesTimeout = -1 // silent clients wait the whole handshake
+	scfg.HandshakeTimeout = time.Minute
+	ln, d := listenAndDialer(t, scfg, cfgWith(pb, smallFlags()))
+	stall := func(i int) {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		if i%2 == 1 { // the other half stop after their magic
+			if _, err := c.Write([]byte(handshake.MagicV2)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	dial := func(timeout time.Duration) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		c, err := d.DialContext(ctx, ln.Addr().String())
+		if err == nil {
+			t.Cleanup(func() { _ = c.Close() })
+		}
+		return c, err
+	}
+
+	// The kernel's listen backlog hands clients over in the order they
+	// connected: the listener takes the stalling ones first.
+	for i := range handshakes - 1 {
+		stall(i)
+	}
+	c, err := dial(10 * time.Second)
+	if err != nil {
+		t.Fatalf("an honest client after %d stalling ones (AcceptBacklog %d): %v", handshakes-1, backlog, err)
+	}
+	if m := c.(Conn).Mode(); m != ModeURMA {
+		t.Errorf("the honest client: mode %s (%s), want URMA", m, c.(Conn).FallbackReason())
+	}
+	a, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if a.RemoteAddr().String() != c.LocalAddr().String() {
+		t.Errorf("accepted %s, want the honest client %s", a.RemoteAddr(), c.LocalAddr())
+	}
+
+	// One more fills the handshakes: the next client gets no answer.
+	stall(handshakes)
+	if c, err := dial(2 * time.Second); err == nil {
+		_ = c.Close()
+		t.Errorf("a client was served beyond %d handshakes in progress", handshakes)
+	} else if !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
+		t.Errorf("a client beyond %d handshakes in progress: %v; want its dial to time out unanswered", handshakes, err)
+	}
+}
+
+// TestNoPlaceFallsBack: a client whose handshake finds every place of
+// Config.AcceptBacklog held (here by a connection nobody accepted) is not
+// left unanswered: at three quarters of HandshakeTimeout the server sends
+// its fallback hello, both sides go on as TCP, and the connection waits
+// for a place before Accept returns it.
+func TestNoPlaceFallsBack(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	scfg := cfgWith(pa, smallFlags())
+	scfg.AcceptBacklog = 1
+	scfg.HandshakeTimeout = 2 * time.Second
+	ccfg := cfgWith(pb, smallFlags())
+	ccfg.HandshakeTimeout = scfg.HandshakeTimeout
+	ln, d := listenAndDialer(t, scfg, ccfg)
+	dial := func() Conn {
+		c, err := d.DialContext(t.Context(), ln.Addr().String())
+		if err != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c.(Conn)
+	}
+	first := dial()
+	if first.Mode() != ModeURMA {
+		t.Fatalf("the first client: mode %s (%s), want URMA", first.Mode(), first.FallbackReason())
+	}
+	second := dial()
+	if second.Mode() != ModeTCP || !strings.HasPrefix(second.FallbackReason(), string(ReasonPeerDeclined)+":") {
+		t.Fatalf("the client that found no place: mode %s, fallback %q; want TCP, %s", second.Mode(), second.FallbackReason(), ReasonPeerDeclined)
+	}
+	for _, want := range []Conn{first, second} {
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if c.RemoteAddr().String() != want.LocalAddr().String() {
+			t.Fatalf("accepted %s, want %s", c.RemoteAddr(), want.LocalAddr())
+		}
+		if want == second {
+			if why := c.(Conn).FallbackReason(); !strings.HasPrefix(why, string(ReasonResources)+":") || !strings.Contains(why, "no place") {
+				t.Errorf("server fallback %q; want %s saying it found no place", why, ReasonResources)
+			}
+			exchange(t, second, c, "after waiting for a place")
+		}
 	}
 }
