@@ -65,6 +65,11 @@ type engine struct {
 	spinners  atomic.Int32
 	spinLimit int32
 
+	// setups holds a token for each server-side jetty setup running on
+	// its own goroutine (serverSide.setUp), those a handshake stopped
+	// waiting for included: AcceptBacklog of them at most.
+	setups chan struct{}
+
 	removeSource func()
 
 	mu       sync.Mutex
@@ -80,6 +85,7 @@ func newEngine(s settings, role string, m *metrics.Metrics) *engine {
 		log:    s.log.WithValues("role", role),
 		sqSize: s.flags.SQSize, rqSize: s.flags.RQSize, bufSize: s.flags.BufferSize,
 		spinLimit: int32(max(1, runtime.GOMAXPROCS(0)/2)),
+		setups:    make(chan struct{}, max(1, s.acceptBacklog)),
 	}
 }
 

@@ -223,11 +223,11 @@ func (c *faultContext) CreateJFR(cfg urma.JFRConfig) (urma.JFR, error) {
 }
 
 func (c *faultContext) CreateJetty(cfg urma.JettyConfig) (urma.Jetty, error) {
-	if gate := c.f.get().jettyGate; gate != nil {
-		<-gate
-	}
 	if err := c.f.createErr("jetty"); err != nil {
 		return nil, err
+	}
+	if gate := c.f.get().jettyGate; gate != nil {
+		<-gate
 	}
 	cfg.SendJFC, cfg.JFR = unwrapJFC(cfg.SendJFC), unwrapJFR(cfg.JFR)
 	x, err := c.Context.CreateJetty(cfg)

@@ -431,8 +431,20 @@ func (s *serverSide) takePlace(ctx context.Context, end time.Time) *fallback {
 // answers with its fallback hello while the client still listens, and
 // what the call makes when it does finish is released at once. That
 // goroutine holds an engine reference (newURMAConn takes it first), so
-// the engine, and the provider context the verb runs on, outlive it.
+// the engine, and the provider context the verb runs on, outlive it; and
+// a place among the engine's setups, so that a provider that stays
+// stalled leaves at most that many goroutines behind, however many
+// clients come meanwhile.
 func (s *serverSide) setUp(ctx context.Context, spec jettySpec, end time.Time) (*urmaConn, *fallback) {
+	wctx, cancel := until(ctx, end)
+	defer cancel()
+	select {
+	case s.e.setups <- struct{}{}:
+	case <-wctx.Done():
+		return nil, fallbackf(ReasonResources,
+			"the provider has not returned from the jetty setups of %d earlier connections (the most a listener runs, Config.AcceptBacklog) within %s, three quarters of HandshakeTimeout: a slow device or a stalled verb",
+			cap(s.e.setups), end.Sub(s.begun).Round(time.Millisecond))
+	}
 	type made struct {
 		c  *urmaConn
 		fb *fallback
@@ -441,6 +453,7 @@ func (s *serverSide) setUp(ctx context.Context, spec jettySpec, end time.Time) (
 	abandoned := make(chan struct{})
 	go func() {
 		c, fb := newURMAConn(s.e, s.tcp, metrics.RoleServer, spec)
+		<-s.e.setups
 		select {
 		case got <- made{c, fb}:
 		case <-abandoned:
@@ -450,8 +463,6 @@ func (s *serverSide) setUp(ctx context.Context, spec jettySpec, end time.Time) (
 			}
 		}
 	}()
-	wctx, cancel := until(ctx, end)
-	defer cancel()
 	select {
 	case m := <-got:
 		return m.c, m.fb

@@ -497,7 +497,10 @@ func TestSilentServerErrorSaysWhatToRaise(t *testing.T) {
 // saying what stalled; peer_declined on the client) and bytes flow. When
 // the verb returns, what it made is released, and nothing keeps running
 // (checkNoLeaks). Waiting for it, the server never answered and the dial
-// failed.
+// failed. A listener runs at most AcceptBacklog setups, those it stopped
+// waiting for included: with one stalled, the next client falls back
+// without another, so a device that stays stalled leaves a bounded number
+// of goroutines behind.
 func TestStalledJettySetupFallsBack(t *testing.T) {
 	checkNoLeaks(t)
 	// Long enough that a loaded machine gets the fallback hello across in
@@ -522,6 +525,7 @@ func TestStalledJettySetupFallsBack(t *testing.T) {
 			scfg := cfgWith(sp, f)
 			scfg.JettyBudget = tc.budget
 			scfg.HandshakeTimeout = handshakeTimeout
+			scfg.AcceptBacklog = 1
 			ccfg := cfgWith(pb, smallFlags())
 			ccfg.HandshakeTimeout = handshakeTimeout
 			ln, d := listenAndDialer(t, scfg, ccfg)
@@ -541,6 +545,16 @@ func TestStalledJettySetupFallsBack(t *testing.T) {
 				t.Errorf("server fallback %q; want it to say what stalled", why)
 			}
 			exchange(t, p.client, p.server, "over the fallback")
+
+			// The stalled setup holds a reference; the next client's
+			// handshake starts no other.
+			next := dialAccept(t, ln, d)
+			if why := next.server.FallbackReason(); !strings.HasPrefix(why, string(ReasonResources)+":") || !strings.Contains(why, "has not returned") {
+				t.Errorf("the next client's server fallback %q; want %s, the earlier setup still running", why, ReasonResources)
+			}
+			if n := ln.e.refCount(); n != 2 {
+				t.Errorf("the engine holds %d references, want 2: the listener's and the one stalled setup's", n)
+			}
 
 			// The verb returns: the jetty it made goes back, and with it
 			// the engine reference the stalled call held.
