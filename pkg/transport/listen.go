@@ -126,8 +126,8 @@ func (l *Listener) acceptLoop() {
 	var backoff time.Duration
 	for {
 		// At the bound, leave further clients in the kernel's listen
-		// backlog: every connection taken costs a handshake until it is
-		// Accepted.
+		// backlog: every connection taken costs a goroutine and a TCP
+		// connection until it waits for Accept, or is dropped.
 		select {
 		case l.handshakes <- struct{}{}:
 		case <-l.closed:
