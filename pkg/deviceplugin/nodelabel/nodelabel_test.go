@@ -20,6 +20,7 @@ import (
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -394,7 +395,8 @@ func (rs *resyncs) resync(t *testing.T) (bool, error) {
 func TestResyncPutsBackFactsRemovedOutOfBand(t *testing.T) {
 	c := fake.NewClientset(newNode())
 	features := filepath.Join(t.TempDir(), "features.d")
-	p := New(Config{NodeName: "node-a", FeaturesDir: features, Resync: time.Minute}, c, testr.New(t), nil)
+	m := metrics.New()
+	p := New(Config{NodeName: "node-a", FeaturesDir: features, Resync: time.Minute}, c, testr.New(t), m)
 	_, rs := startResyncing(t, p)
 	want := FactsFor(twoDevices())
 	file := filepath.Join(features, FeatureFileName)
@@ -404,7 +406,7 @@ func TestResyncPutsBackFactsRemovedOutOfBand(t *testing.T) {
 	}
 
 	// Nothing changed: one read of the node, no patch, the file untouched.
-	gets, pats := verbs(c, "get"), verbs(c, "patch")
+	gets, pats, updates := verbs(c, "get"), verbs(c, "patch"), nodeUpdates(t, m)
 	fi, err := os.Stat(file)
 	if err != nil {
 		t.Fatal(err)
@@ -417,6 +419,10 @@ func TestResyncPutsBackFactsRemovedOutOfBand(t *testing.T) {
 	}
 	if fi2, err := os.Stat(file); err != nil || !os.SameFile(fi, fi2) {
 		t.Errorf("feature file rewritten though intact: %v", err)
+	}
+	// A check that wrote nothing is no update in the metrics.
+	if got := nodeUpdates(t, m); got != updates {
+		t.Errorf("resync with nothing changed counted %v node updates, want none", got-updates)
 	}
 
 	tests := []struct {
@@ -445,9 +451,12 @@ func TestResyncPutsBackFactsRemovedOutOfBand(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		pats := verbs(c, "patch")
+		pats, updates := verbs(c, "patch"), nodeUpdates(t, m)
 		if wrote, err := rs.resync(t); !wrote || err != nil {
 			t.Fatalf("%s: resync wrote %v, %v; want the facts put back", tt.name, wrote, err)
+		}
+		if got := nodeUpdates(t, m); got != updates+1 {
+			t.Errorf("%s: %v node updates counted, want 1", tt.name, got-updates)
 		}
 		wantPatches := 0
 		if tt.wantPatch {
@@ -574,4 +583,26 @@ func TestDisabledRunReturnsOnCancel(t *testing.T) {
 	if err := p.Run(ctx, inventory.New(16)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// nodeUpdates is the successful node updates m counted.
+func nodeUpdates(t *testing.T, m *metrics.Metrics) float64 {
+	t.Helper()
+	families, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if !strings.HasSuffix(f.GetName(), "node_updates_total") {
+			continue
+		}
+		for _, mm := range f.GetMetric() {
+			for _, l := range mm.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == "ok" {
+					return mm.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

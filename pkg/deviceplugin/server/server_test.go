@@ -404,7 +404,7 @@ func TestAllocateRefusals(t *testing.T) {
 		// notWant: a refusal names only what is wrong.
 		notWant []string
 	}{
-		{"unknown device", []string{"udma0-0", "udma9-0"}, []string{"unknown unit IDs udma9-0"}, []string{"unhealthy"}},
+		{"unknown device", []string{"udma0-0", "udma9-0"}, []string{"unknown unit IDs udma9-0"}, []string{"unhealthy", "repeated"}},
 		{"index beyond budget", []string{"udma0-4"}, []string{"unknown unit IDs udma0-4"}, []string{"unhealthy"}},
 		{"malformed", []string{"garbage"}, []string{"unknown unit IDs garbage"}, []string{"unhealthy"}},
 		{"unhealthy", []string{"udma2-1"}, []string{"unhealthy unit IDs udma2-1", "udma2: no usable port"}, []string{"unknown"}},
