@@ -211,6 +211,9 @@ func (r *run) checkDRAPods(ctx context.Context) error {
 		return errors.New("no published devices: step 7 did not run")
 	}
 	names := []string{draServerPod, draClientPod}
+	if err := removeHostShmDir(); err != nil {
+		return err
+	}
 	for _, name := range names {
 		if _, err := r.cs.CoreV1().Pods(testNS).Create(ctx, perfPod(name, endpointName, nil), metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create pod %s: %w", name, err)
@@ -302,7 +305,7 @@ func (r *run) checkClaimPod(ctx context.Context, p corev1.Pod) error {
 	if err != nil {
 		return err
 	}
-	if err := checkSameDir(pid, claimspec.DefaultShmDir); err != nil {
+	if err := checkShmDir(pid); err != nil {
 		return err
 	}
 	if _, err := r.checkFlagsFile(pid, env[urmav1.EnvFlagsFile]); err != nil {

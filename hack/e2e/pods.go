@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
 	"github.com/openeuler/urma-k8s/pkg/nodefacts"
 )
 
@@ -67,6 +68,9 @@ func (r *run) checkPods(ctx context.Context) error {
 		return err
 	}
 	r.say("kubelet (pod-resources): %d %s device IDs allocatable, %d assigned", before.allocatable, nodefacts.ResourceName, before.allocated())
+	if err := removeHostShmDir(); err != nil {
+		return err
+	}
 	for _, name := range []string{serverPod, clientPod} {
 		if _, err := r.cs.CoreV1().Pods(testNS).Create(ctx, perfPod(name, endpointName, nil), metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create pod %s: %w", name, err)
@@ -187,6 +191,12 @@ func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if env[shmEnv] != shmDir {
+		return 0, fmt.Errorf("the container's %s is %q, want %s (the chart's devicePlugin.shmDir)", shmEnv, env[shmEnv], shmDir)
+	}
+	if err := checkShmDir(pid); err != nil {
+		return 0, err
+	}
 	flags, err := r.checkFlagsFile(pid, flagsFile)
 	if err != nil {
 		return 0, err
@@ -195,6 +205,43 @@ func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
 		p.Name, p.Status.PodIP, pid, nodefacts.ResourceName, req.Value(), hostDevDir, dev, unix.Major(st.Rdev), unix.Minor(st.Rdev),
 		urmaEnv(env), len(flags))
 	return req.Value(), nil
+}
+
+// shmDir is where the chart's drivers keep the pods' shm directory on the
+// host (devicePlugin.shmDir and draDriver.shmDir), named to each container
+// by shmEnv.
+const (
+	shmDir = claimspec.DefaultShmDir
+	shmEnv = claimspec.EnvShmDir
+)
+
+// removeHostShmDir removes the pods' shm directory from the host, as an
+// admin's cleanup would while the driver runs. The chart mounts its parent
+// into the driver, so that the driver makes it again, on the host and open
+// to every pod user, for the pods created next; checkShmDir then finds it.
+func removeHostShmDir() error {
+	if err := os.RemoveAll(shmDir); err != nil {
+		return fmt.Errorf("remove the host's shm directory %s: %w", shmDir, err)
+	}
+	return nil
+}
+
+// checkShmDir checks that the container of pid has the host's shm
+// directory, and that the driver made it world-writable and sticky again
+// after removeHostShmDir (a directory the runtime made for a missing mount
+// source would be root's alone, and pods of other users could not meet).
+func checkShmDir(pid int) error {
+	if err := checkSameDir(pid, shmDir); err != nil {
+		return err
+	}
+	fi, err := os.Stat(shmDir)
+	if err != nil {
+		return fmt.Errorf("stat the host's %s: %w", shmDir, err)
+	}
+	if want := os.ModeDir | os.ModeSticky | 0o777; fi.Mode()&(os.ModeType|os.ModeSticky|os.ModePerm) != want {
+		return fmt.Errorf("the host's %s, removed before the pods were created, has mode %v, want %v: the driver did not make it again", shmDir, fi.Mode(), want)
+	}
+	return nil
 }
 
 // checkDevNode checks that the container of pid sees /dev/uburma/<dev> as

@@ -127,12 +127,12 @@ func (r *run) run(ctx context.Context) error {
 		{"fake UB node: sysfs tree and /dev/uburma character devices", r.fakeUBNode},
 		{"1. helm install: device plugin and operator Ready, webhook serving", r.checkInstall},
 		{"2. UrmaEndpoint: status reports rendered flags", r.checkEndpoint},
-		{"3. two labelled pods: flags, jetties, device node and environment", r.checkPods},
+		{"3. two labelled pods: flags, jetties, device node, environment, shm dir made again", r.checkPods},
 		{"4. urma-perf between the two pods: URMA vs TCP", r.checkPerf},
 		{"5. kubelet restart: plugin re-registers; oversized request stays Pending", r.checkKubeletRestart},
 		{"6. helm uninstall removes what it owns, keeps the CRD", r.checkUninstall},
 		{"7. helm install driver=dra: ResourceSlices match discover, DeviceClass, claim template", r.checkDRAInstall},
-		{"8. two labelled pods with claims: allocated, prepared, CDI environment and shm; urma-perf over shm", r.checkDRAPods},
+		{"8. two labelled pods with claims: allocated, prepared, CDI environment, shm made again; urma-perf over shm", r.checkDRAPods},
 	}
 	fmt.Fprintf(r.out, "urma-k8s e2e: a real one-node Kubernetes on this machine\n")
 	fmt.Fprintf(r.out, "state in %s, logs in %s\n", r.o.work, r.o.logs)
