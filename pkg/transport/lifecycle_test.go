@@ -508,14 +508,16 @@ func TestCloseBoundedByCloseTimeout(t *testing.T) {
 	}
 }
 
-// TestSecondCloseSaysClosed: a second Close fails with net.ErrClosed in
-// both modes, as *net.TCPConn's does (the first row, the reference).
-func TestSecondCloseSaysClosed(t *testing.T) {
-	checkNoLeaks(t)
-	for _, tc := range []struct {
-		name string
-		conn func(*testing.T) net.Conn
-	}{
+// connKind makes one kind of connection for the net.Conn contract tests.
+type connKind struct {
+	name string
+	conn func(*testing.T) net.Conn
+}
+
+// connKinds are a plain *net.TCPConn (the reference), a URMA connection and
+// a TCP fallback; each closes with the test.
+func connKinds() []connKind {
+	return []connKind{
 		{"plain TCP", func(t *testing.T) net.Conn {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -539,7 +541,14 @@ func TestSecondCloseSaysClosed(t *testing.T) {
 			scfg.DisableURMA = true
 			return connect(t, scfg, cfgWith(pb, smallFlags())).client
 		}},
-	} {
+	}
+}
+
+// TestSecondCloseSaysClosed: a second Close fails with net.ErrClosed in
+// both modes, as *net.TCPConn's does (the first row, the reference).
+func TestSecondCloseSaysClosed(t *testing.T) {
+	checkNoLeaks(t)
+	for _, tc := range connKinds() {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.conn(t)
 			if err := c.Close(); err != nil {
@@ -558,34 +567,7 @@ func TestSecondCloseSaysClosed(t *testing.T) {
 // arm no timer for a connection that is gone.
 func TestSetDeadlineAfterCloseSaysClosed(t *testing.T) {
 	checkNoLeaks(t)
-	conns := []struct {
-		name string
-		conn func(*testing.T) net.Conn
-	}{
-		{"plain TCP", func(t *testing.T) net.Conn {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = c.Close() })
-			return c
-		}},
-		{"urma", func(t *testing.T) net.Conn {
-			pa, pb := fabricPair(t)
-			return connect(t, cfgWith(pa, smallFlags()), cfgWith(pb, smallFlags())).client
-		}},
-		{"tcp fallback", func(t *testing.T) net.Conn {
-			pa, pb := fabricPair(t)
-			scfg := cfgWith(pa, smallFlags())
-			scfg.DisableURMA = true
-			return connect(t, scfg, cfgWith(pb, smallFlags())).client
-		}},
-	}
+	conns := connKinds()
 	setters := []struct {
 		name string
 		set  func(net.Conn, time.Time) error

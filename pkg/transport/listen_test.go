@@ -26,15 +26,7 @@ func TestListenerBacklogBound(t *testing.T) {
 	scfg := cfgWith(pa, smallFlags())
 	scfg.AcceptBacklog = backlog
 	ln, d := listenAndDialer(t, scfg, cfgWith(pb, smallFlags()))
-	dial := func(timeout time.Duration) (net.Conn, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		c, err := d.DialContext(ctx, ln.Addr().String())
-		if err == nil {
-			t.Cleanup(func() { _ = c.Close() })
-		}
-		return c, err
-	}
+	dial := func(timeout time.Duration) (net.Conn, error) { return dialWithin(t, d, ln.Addr().String(), timeout) }
 
 	// The first clients fill the backlog: their handshakes complete
 	// (Dial returns once the server's hello came) although nobody accepts.
@@ -209,15 +201,7 @@ func TestSilentClientsHoldNoPlace(t *testing.T) {
 			}
 		}
 	}
-	dial := func(timeout time.Duration) (net.Conn, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		c, err := d.DialContext(ctx, ln.Addr().String())
-		if err == nil {
-			t.Cleanup(func() { _ = c.Close() })
-		}
-		return c, err
-	}
+	dial := func(timeout time.Duration) (net.Conn, error) { return dialWithin(t, d, ln.Addr().String(), timeout) }
 
 	// The kernel's listen backlog hands clients over in the order they
 	// connected: the listener takes the stalling ones first.
@@ -296,4 +280,16 @@ func TestNoPlaceFallsBack(t *testing.T) {
 			exchange(t, second, c, "after waiting for a place")
 		}
 	}
+}
+
+// dialWithin dials addr with d, giving up after timeout; a connection made
+// closes with the test.
+func dialWithin(t *testing.T, d *Dialer, addr string, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := d.DialContext(ctx, addr)
+	if err == nil {
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	return c, err
 }
