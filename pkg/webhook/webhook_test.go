@@ -209,13 +209,7 @@ func TestInject(t *testing.T) {
 			if c.check != nil {
 				c.check(t, p)
 			}
-			again := p.DeepCopy()
-			Inject(again, in)
-			a, _ := json.Marshal(p)
-			b, _ := json.Marshal(again)
-			if string(a) != string(b) {
-				t.Errorf("Inject is not idempotent:\n%s\n%s", a, b)
-			}
+			checkIdempotent(t, p, in)
 		})
 	}
 }
@@ -566,5 +560,18 @@ func TestEndpointValidatorAllowsUpdatesThatKeepAnInvalidSpec(t *testing.T) {
 				t.Errorf("warnings %q do not say the spec is invalid", w)
 			}
 		})
+	}
+}
+
+// checkIdempotent checks that Inject, run again on the pod it mutated (as
+// the API server's reinvocation does), changes nothing.
+func checkIdempotent(t *testing.T, p *corev1.Pod, in Injection) {
+	t.Helper()
+	again := p.DeepCopy()
+	Inject(again, in)
+	a, _ := json.Marshal(p)
+	b, _ := json.Marshal(again)
+	if string(a) != string(b) {
+		t.Errorf("Inject is not idempotent:\n%s\n%s", a, b)
 	}
 }
