@@ -422,28 +422,36 @@ func (s *serverSide) takePlace(ctx context.Context, end time.Time) *fallback {
 		cap(s.place.slots), end.Sub(s.begun).Round(time.Millisecond))
 }
 
-// setUp makes the connection's URMA half (newURMAConn: its jetty, taken
-// from the pool or created, its receive buffers, its receives posted)
-// within the handshake's URMA time, which ends at end
-// (handshakeImportDeadline). Provider calls may stall (a slow device, a
-// blocked verb) and cannot be interrupted, so newURMAConn runs on a
-// goroutine of its own: past end the handshake stops waiting for it and
-// answers with its fallback hello while the client still listens, and
-// what the call makes when it does finish is released at once. That
-// goroutine holds an engine reference (newURMAConn takes it first), so
-// the engine, and the provider context the verb runs on, outlive it; and
-// a place among the engine's setups, so that a provider that stays
-// stalled leaves at most that many goroutines behind, however many
-// clients come meanwhile.
+// setUp makes the connection's URMA half within the handshake's URMA
+// time, which ends at end (handshakeImportDeadline): past it the server
+// answers with its fallback hello while the client still listens.
 func (s *serverSide) setUp(ctx context.Context, spec jettySpec, end time.Time) (*urmaConn, *fallback) {
+	return s.e.setUpBy(ctx, s.tcp, metrics.RoleServer, spec, end,
+		fmt.Sprintf("%s, three quarters of HandshakeTimeout", end.Sub(s.begun).Round(time.Millisecond)),
+		"the server stopped waiting so that its fallback reaches the client while it listens")
+}
+
+// setUpBy makes a connection's URMA half (newURMAConn: its jetty, taken
+// from the pool or created, its receive buffers, its receives posted) by
+// end, or ctx's end if sooner; within names that bound in a fallback's
+// detail, and stopped says what the handshake does instead. Provider
+// calls may stall (a slow device, a blocked verb) and cannot be
+// interrupted, so newURMAConn runs on a goroutine of its own: past end
+// the handshake stops waiting for it and falls back, and what the call
+// makes when it does finish is released at once. That goroutine holds an
+// engine reference (newURMAConn takes it first), so the engine, and the
+// provider context the verb runs on, outlive it; and a place among the
+// engine's setups, so that a provider that stays stalled leaves at most
+// that many goroutines behind, however many connections come meanwhile.
+func (e *engine) setUpBy(ctx context.Context, tcp net.Conn, role string, spec jettySpec, end time.Time, within, stopped string) (*urmaConn, *fallback) {
 	wctx, cancel := until(ctx, end)
 	defer cancel()
 	select {
-	case s.e.setups <- struct{}{}:
+	case e.setups <- struct{}{}:
 	case <-wctx.Done():
 		return nil, fallbackf(ReasonResources,
-			"the provider has not returned from the jetty setups of %d earlier connections (the most a listener runs, Config.AcceptBacklog) within %s, three quarters of HandshakeTimeout: a slow device or a stalled verb",
-			cap(s.e.setups), end.Sub(s.begun).Round(time.Millisecond))
+			"the provider has not returned from the jetty setups of %d earlier connections (%s) within %s: a slow device or a stalled verb",
+			cap(e.setups), e.setupsBound(), within)
 	}
 	type made struct {
 		c  *urmaConn
@@ -452,13 +460,13 @@ func (s *serverSide) setUp(ctx context.Context, spec jettySpec, end time.Time) (
 	got := make(chan made)
 	abandoned := make(chan struct{})
 	go func() {
-		c, fb := newURMAConn(s.e, s.tcp, metrics.RoleServer, spec)
-		<-s.e.setups
+		c, fb := newURMAConn(e, tcp, role, spec)
+		<-e.setups
 		select {
 		case got <- made{c, fb}:
 		case <-abandoned:
 			if c != nil {
-				s.e.log.V(1).Info("releasing a jetty set up after its handshake stopped waiting", "remote", s.tcp.RemoteAddr().String())
+				e.log.V(1).Info("releasing a jetty set up after its handshake stopped waiting", "remote", tcp.RemoteAddr().String())
 				c.release()
 			}
 		}
@@ -470,8 +478,17 @@ func (s *serverSide) setUp(ctx context.Context, spec jettySpec, end time.Time) (
 	}
 	close(abandoned)
 	return nil, fallbackf(ReasonResources,
-		"the provider did not set up the connection's jetty (take a prepared one or create one, register its buffers, post its receives) within %s, three quarters of HandshakeTimeout: a slow device or a stalled verb; the server stopped waiting so that its fallback reaches the client while it listens, and releases the jetty when the provider returns it",
-		end.Sub(s.begun).Round(time.Millisecond))
+		"the provider did not set up the connection's jetty (take a prepared one or create one, register its buffers, post its receives) within %s: a slow device or a stalled verb; %s, and releases the jetty when the provider returns it",
+		within, stopped)
+}
+
+// setupsBound names the bound on the engine's setups, for a fallback's
+// detail.
+func (e *engine) setupsBound() string {
+	if e.role == metrics.RoleClient {
+		return "the most a dialer runs"
+	}
+	return "the most a listener runs, Config.AcceptBacklog"
 }
 
 // specFor chooses the queues for a client whose hello is h: the engine's,
