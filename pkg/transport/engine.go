@@ -65,9 +65,10 @@ type engine struct {
 	spinners  atomic.Int32
 	spinLimit int32
 
-	// setups holds a token for each server-side jetty setup running on
-	// its own goroutine (serverSide.setUp), those a handshake stopped
-	// waiting for included: AcceptBacklog of them at most.
+	// setups holds a token for each jetty setup running on its own
+	// goroutine (setUpBy), those a handshake stopped waiting for
+	// included: a Listener's AcceptBacklog of them at most, a Dialer's
+	// (which ignores AcceptBacklog) DefaultAcceptBacklog.
 	setups chan struct{}
 
 	removeSource func()
@@ -85,8 +86,16 @@ func newEngine(s settings, role string, m *metrics.Metrics) *engine {
 		log:    s.log.WithValues("role", role),
 		sqSize: s.flags.SQSize, rqSize: s.flags.RQSize, bufSize: s.flags.BufferSize,
 		spinLimit: int32(max(1, runtime.GOMAXPROCS(0)/2)),
-		setups:    make(chan struct{}, max(1, s.acceptBacklog)),
+		setups:    make(chan struct{}, setupsFor(s, role)),
 	}
+}
+
+// setupsFor is how many jetty setups an engine of role runs at once.
+func setupsFor(s settings, role string) int {
+	if role == metrics.RoleClient {
+		return DefaultAcceptBacklog
+	}
+	return max(1, s.acceptBacklog)
 }
 
 // start brings URMA up once, on the host address local (where the software

@@ -65,8 +65,9 @@ func magicOf(v handshake.Version) string {
 //	send hello -> read the server's hello -> import its segment, then its
 //	jetty -> send the ACK (always, flags 0 after a fallback)
 //
-// A client that cannot use URMA at all sends nothing and is a plain TCP
-// client; the server serves it transparently.
+// A client that cannot use URMA at all, or cannot set up the connection's
+// jetty in time, sends nothing and is a plain TCP client; the server
+// serves it transparently.
 func clientHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error) {
 	start := time.Now()
 	role := metrics.RoleClient
@@ -85,18 +86,29 @@ func clientHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 	if e.unavailable() != nil {
 		return done(tcpMode(*e.unavailable(), nil, 0), metrics.ResultFallback)
 	}
-	c, fb := newURMAConn(e, tcp, role, e.spec())
+	version := handshake.Version(e.s.flags.ClientHandshakeVersion)
+	begun := time.Now()
+	hctx, stop := boundHandshake(ctx, tcp, e.s.handshakeTimeout)
+	end, within := clientSetupDeadline(hctx, begun, e.s.firstBytes)
+	c, fb := e.setUpBy(hctx, tcp, role, e.spec(), end, within,
+		"the client stopped waiting before sending its hello and speaks plain TCP (a server serves a client without a hello as one)")
 	if fb != nil {
+		stop()
+		if err := ctx.Err(); err != nil {
+			// The dial's context ended while it waited, not the bound.
+			e.metrics.Handshake(metrics.ResultError, role, time.Since(start).Seconds())
+			_ = tcp.Close()
+			return nil, fmt.Errorf("URMA handshake with %s: set up the connection's jetty: %w", tcp.RemoteAddr(), err)
+		}
 		if fb.reason == ReasonBudgetExhausted && e.s.failOnBudget {
 			e.metrics.Handshake(metrics.ResultError, role, time.Since(start).Seconds())
 			_ = tcp.Close()
 			return nil, fmt.Errorf("dial %s: %s (Config.FailWhenBudgetExhausted)", tcp.RemoteAddr(), fb)
 		}
+		// Nothing sent yet: the server serves us as the plain TCP client
+		// we now are.
 		return done(tcpMode(*fb, nil, 0), metrics.ResultFallback)
 	}
-	version := handshake.Version(e.s.flags.ClientHandshakeVersion)
-	begun := time.Now()
-	hctx, stop := boundHandshake(ctx, tcp, e.s.handshakeTimeout)
 	conn, result, err := c.clientExchange(hctx, begun, version)
 	stop()
 	if err != nil {
@@ -217,6 +229,26 @@ func (c *urmaConn) importDeadline(ctx context.Context, begun time.Time) (time.Ti
 		}
 	}
 	return end, bound
+}
+
+// clientSetupDeadline is when the client stops waiting for its jetty's
+// setup (see setUpBy), which comes before it sends anything, in the
+// handshake (ctx) begun at begun, and the bound that sets it, for the
+// fallback's detail: three quarters of the handshake's time, as on a
+// server, and within three quarters of urma_first_bytes_timeout
+// (firstBytes; none when not positive), the time a server on the same
+// flag waits for our hello before it serves us as a plain TCP client.
+// Past that it would take a hello sent late for application bytes; a
+// client that stops waiting in time sends nothing of the handshake and
+// is the plain TCP client the server then serves.
+func clientSetupDeadline(ctx context.Context, begun time.Time, firstBytes time.Duration) (time.Time, string) {
+	end, bound := handshakeImportDeadline(ctx, begun), handshakeBound
+	if firstBytes > 0 {
+		if fb := begun.Add(firstBytes * 3 / 4); end.IsZero() || fb.Before(end) {
+			end, bound = fb, fmt.Sprintf("urma_first_bytes_timeout (%s)", firstBytes)
+		}
+	}
+	return end, fmt.Sprintf("%s, three quarters of %s", end.Sub(begun).Round(time.Millisecond), bound)
 }
 
 // handshakeBound names handshakeImportDeadline's bound in a fallback's

@@ -569,3 +569,235 @@ func TestStalledJettySetupFallsBack(t *testing.T) {
 		})
 	}
 }
+
+// TestStalledClientJettySetupFallsBack: a client whose provider stalls
+// while it sets up the connection's jetty (creating one, or waiting for
+// the pool's filler, which is creating the budget's only one), before it
+// sends anything, stops waiting at three quarters of the handshake's
+// time, or of urma_first_bytes_timeout when that is sooner (a server on
+// the same flag would take a hello sent later for application bytes), and
+// goes on as the plain TCP client it then is, its hello unsent:
+// resource_allocation_failed on the client, saying what stalled and the
+// bound; the server serves a plain TCP client (peer_not_urma, as this
+// one speaks first), and bytes flow. When the verb returns, what it made
+// is released, and nothing keeps running (checkNoLeaks). Waiting for it,
+// Dial hung for as long as the provider did, past HandshakeTimeout. A
+// Dialer runs a bounded number of setups, those it stopped waiting for
+// included: with them all stalled, the next dial falls back without
+// starting another.
+func TestStalledClientJettySetupFallsBack(t *testing.T) {
+	checkNoLeaks(t)
+	for _, tc := range []struct {
+		name                  string
+		prepared, budget      int
+		handshake, firstBytes time.Duration // the client's; firstBytes -1: none
+		bound                 string        // what the client's fallback names
+	}{
+		// Long enough that a loaded machine sets a jetty up in time when
+		// the provider does not stall.
+		{"creating its jetty, within the handshake's time", 0, -1, 2 * time.Second, -1, "three quarters of the handshake's time"},
+		{"creating its jetty, within urma_first_bytes_timeout", 0, -1, time.Hour, time.Second, "three quarters of urma_first_bytes_timeout (1s)"},
+		{"waiting for the pool's filler", 1, 1, 2 * time.Second, -1, "three quarters of the handshake's time"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			cp := newFaultProvider(pb)
+			gate := make(chan struct{})
+			cp.f.set(func(c *faultConfig) { c.jettyGate = gate })
+			var once sync.Once
+			unstall := func() { once.Do(func() { close(gate) }) }
+			// The server waits its whole HandshakeTimeout for the client's
+			// first bytes, so that it reads the ones the client sends
+			// after its fallback however late they come.
+			scfg := cfgWith(pa, smallFlags())
+			scfg.FirstBytesTimeout = -1
+			f := smallFlags()
+			f.PreparedJettyCnt = tc.prepared
+			ccfg := cfgWith(cp, f)
+			ccfg.JettyBudget = tc.budget
+			ccfg.HandshakeTimeout = tc.handshake
+			ccfg.FirstBytesTimeout = tc.firstBytes
+			ln, d := listenAndDialer(t, scfg, ccfg)
+			// One setup at most (a Dialer's own bound is
+			// DefaultAcceptBacklog), so that the stalled one takes it.
+			d.e.setups = make(chan struct{}, 1)
+			t.Cleanup(unstall) // before the dialer's Close, whose engine waits for the setup
+
+			// The client falls back within three quarters of its bound;
+			// one that waits for the provider hangs until unstall.
+			bound := tc.handshake
+			if tc.firstBytes > 0 {
+				bound = min(bound, tc.firstBytes)
+			}
+			dial := func() pair {
+				t.Helper()
+				type res struct {
+					c   net.Conn
+					err error
+				}
+				acc, dialed := make(chan res, 1), make(chan res, 1)
+				go func() {
+					c, err := ln.Accept()
+					acc <- res{c, err}
+				}()
+				// No deadline: the bound under test is the only one.
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				go func() {
+					c, err := d.DialContext(ctx, ln.Addr().String())
+					dialed <- res{c, err}
+				}()
+				var r res
+				select {
+				case r = <-dialed:
+				case <-time.After(bound + stallBound):
+					// Ends a dial that waits for the provider, and the
+					// handshake it would go on to.
+					cancel()
+					unstall()
+					if r := <-dialed; r.err == nil {
+						_ = r.c.Close()
+					}
+					t.Fatalf("Dial still waited for the stalled jetty setup %s after it began; want a fallback within three quarters of %s", bound+stallBound, bound)
+				}
+				if r.err != nil {
+					t.Fatalf("dial: %v; want a fallback to TCP", r.err)
+				}
+				client := r.c.(Conn)
+				t.Cleanup(func() { _ = client.Close() })
+				// A plain TCP client now: the server decides on its first
+				// bytes.
+				if _, err := client.Write([]byte(syncBytes)); err != nil {
+					t.Fatalf("write sync bytes: %v", err)
+				}
+				a := <-acc
+				if a.err != nil {
+					t.Fatalf("accept: %v", a.err)
+				}
+				server := a.c.(Conn)
+				t.Cleanup(func() { _ = server.Close() })
+				got := make([]byte, len(syncBytes))
+				if _, err := io.ReadFull(server, got); err != nil || string(got) != syncBytes {
+					t.Fatalf("server read %q, %v; want the client's %q", got, err, syncBytes)
+				}
+				for _, side := range []struct {
+					name string
+					c    Conn
+					want Reason
+				}{{"client", client, ReasonResources}, {"server", server, ReasonPeerNotURMA}} {
+					if side.c.Mode() != ModeTCP || !strings.HasPrefix(side.c.FallbackReason(), string(side.want)+":") {
+						t.Errorf("%s: mode %s, fallback %q; want TCP, %s", side.name, side.c.Mode(), side.c.FallbackReason(), side.want)
+					}
+				}
+				if v := client.Debug().HandshakeVersion; v != 0 {
+					t.Errorf("client handshake version %d; want 0, no hello sent", v)
+				}
+				exchange(t, client, server, "over the fallback")
+				return pair{client: client, server: server}
+			}
+
+			p := dial()
+			if why := p.client.FallbackReason(); !strings.Contains(why, "did not set up the connection's jetty") || !strings.Contains(why, tc.bound) {
+				t.Errorf("client fallback %q; want it to say what stalled and name %q", why, tc.bound)
+			}
+
+			// The stalled setup holds its place and a reference; the next
+			// dial starts no other.
+			next := dial()
+			if why := next.client.FallbackReason(); !strings.Contains(why, "has not returned") || !strings.Contains(why, tc.bound) {
+				t.Errorf("the next dial's fallback %q; want it to say the earlier setup still runs, naming %q", why, tc.bound)
+			}
+			if n := d.e.refCount(); n != 2 {
+				t.Errorf("the engine holds %d references, want 2: the dialer's and the one stalled setup's", n)
+			}
+
+			// The verb returns: the jetty it made goes back, and with it
+			// the engine reference the stalled call held.
+			unstall()
+			waitFor(t, "the late jetty to be released", stallBound, func() bool { return d.e.refCount() == 1 })
+			if _, inUse := d.e.pool.stats(); inUse != 0 {
+				t.Errorf("%d receive buffers still out after the late jetty was released", inUse)
+			}
+			if prepared, live := d.e.jetties.stats(); live != prepared {
+				t.Errorf("%d jetties count against the budget, %d of them prepared: a connection's is left", live, prepared)
+			}
+		})
+	}
+}
+
+// TestDialCancelledDuringJettySetup: cancelling the dial's context while
+// the provider stalls in the connection's jetty setup ends the dial at
+// once with an error that wraps the context's, as it does later in the
+// handshake, rather than a fallback the caller no longer wants; the late
+// jetty is released when the provider returns. Waiting for the provider,
+// the dial outlived its context.
+func TestDialCancelledDuringJettySetup(t *testing.T) {
+	checkNoLeaks(t)
+	_, pb := fabricPair(t)
+	cp := newFaultProvider(pb)
+	gate := make(chan struct{})
+	cp.f.set(func(c *faultConfig) { c.jettyGate = gate })
+	var once sync.Once
+	unstall := func() { once.Do(func() { close(gate) }) }
+	f := smallFlags()
+	f.PreparedJettyCnt = 0 // the dial creates the only jetty
+	cfg := cfgWith(cp, f)
+	cfg.HandshakeTimeout = time.Hour
+	cfg.FirstBytesTimeout = -1 // the dial's context is the only bound
+	d, err := NewDialer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	t.Cleanup(unstall) // before the dialer's Close
+	peerLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peerLn.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := peerLn.Accept(); err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	dialed := make(chan res, 1)
+	go func() {
+		c, err := d.DialContext(ctx, peerLn.Addr().String())
+		dialed <- res{c, err}
+	}()
+	waitFor(t, "the dial to create its jetty", stallBound, func() bool { return cp.f.attempts("jetty") > 0 })
+	cancel()
+	var r res
+	select {
+	case r = <-dialed:
+	case <-time.After(stallBound):
+		unstall()
+		if r := <-dialed; r.err == nil {
+			_ = r.c.Close()
+		}
+		t.Fatalf("the dial still waited for the stalled jetty setup %s after its context was cancelled", stallBound)
+	}
+	if r.err == nil {
+		_ = r.c.Close()
+		t.Fatal("the dial cancelled during its jetty setup succeeded")
+	}
+	if !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("dial cancelled during its jetty setup: %v; want an error wrapping context.Canceled", r.err)
+	}
+	if c, ok := <-accepted; ok { // connected before the setup began
+		_ = c.Close()
+	}
+	unstall()
+	waitFor(t, "the late jetty to be released", stallBound, func() bool { return d.e.refCount() == 1 })
+	if _, inUse := d.e.pool.stats(); inUse != 0 {
+		t.Errorf("%d receive buffers still out after the late jetty was released", inUse)
+	}
+}
