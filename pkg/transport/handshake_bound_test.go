@@ -556,16 +556,7 @@ func TestStalledJettySetupFallsBack(t *testing.T) {
 				t.Errorf("the engine holds %d references, want 2: the listener's and the one stalled setup's", n)
 			}
 
-			// The verb returns: the jetty it made goes back, and with it
-			// the engine reference the stalled call held.
-			unstall()
-			waitFor(t, "the late jetty to be released", stallBound, func() bool { return ln.e.refCount() == 1 })
-			if _, inUse := ln.e.pool.stats(); inUse != 0 {
-				t.Errorf("%d receive buffers still out after the late jetty was released", inUse)
-			}
-			if prepared, live := ln.e.jetties.stats(); live != prepared {
-				t.Errorf("%d jetties count against the budget, %d of them prepared: a connection's is left", live, prepared)
-			}
+			checkLateJettyReleased(t, ln.e, unstall)
 		})
 	}
 }
@@ -711,16 +702,7 @@ func TestStalledClientJettySetupFallsBack(t *testing.T) {
 				t.Errorf("the engine holds %d references, want 2: the dialer's and the one stalled setup's", n)
 			}
 
-			// The verb returns: the jetty it made goes back, and with it
-			// the engine reference the stalled call held.
-			unstall()
-			waitFor(t, "the late jetty to be released", stallBound, func() bool { return d.e.refCount() == 1 })
-			if _, inUse := d.e.pool.stats(); inUse != 0 {
-				t.Errorf("%d receive buffers still out after the late jetty was released", inUse)
-			}
-			if prepared, live := d.e.jetties.stats(); live != prepared {
-				t.Errorf("%d jetties count against the budget, %d of them prepared: a connection's is left", live, prepared)
-			}
+			checkLateJettyReleased(t, d.e, unstall)
 		})
 	}
 }
@@ -799,5 +781,21 @@ func TestDialCancelledDuringJettySetup(t *testing.T) {
 	waitFor(t, "the late jetty to be released", stallBound, func() bool { return d.e.refCount() == 1 })
 	if _, inUse := d.e.pool.stats(); inUse != 0 {
 		t.Errorf("%d receive buffers still out after the late jetty was released", inUse)
+	}
+}
+
+// checkLateJettyReleased lets a stalled jetty setup's verb return (unstall)
+// and checks that the jetty it made goes back, and with it the engine
+// reference the stalled call held: e is left with one reference, no
+// receive buffer out and no connection's jetty.
+func checkLateJettyReleased(t *testing.T, e *engine, unstall func()) {
+	t.Helper()
+	unstall()
+	waitFor(t, "the late jetty to be released", stallBound, func() bool { return e.refCount() == 1 })
+	if _, inUse := e.pool.stats(); inUse != 0 {
+		t.Errorf("%d receive buffers still out after the late jetty was released", inUse)
+	}
+	if prepared, live := e.jetties.stats(); live != prepared {
+		t.Errorf("%d jetties count against the budget, %d of them prepared: a connection's is left", live, prepared)
 	}
 }
