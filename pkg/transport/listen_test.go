@@ -293,3 +293,62 @@ func dialWithin(t *testing.T, d *Dialer, addr string, timeout time.Duration) (ne
 	}
 	return c, err
 }
+
+// TestFailedHandshakeGivesItsPlaceBack: a handshake that took a place of
+// the AcceptBacklog (its jetty set up, its hello sent) and then failed (no
+// ACK within the server's urma_ack_timeout) gives the place back, so the
+// next client is served on URMA and accepted. Kept, the place was lost for
+// good: with a backlog of one, no client was accepted on URMA again.
+func TestFailedHandshakeGivesItsPlaceBack(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	scfg := cfgWith(pa, smallFlags())
+	scfg.AcceptBacklog = 1
+	scfg.AckTimeout = time.Second
+	ln := listenLoopback(t, scfg)
+
+	// A client that stalls importing the server's jetty, bounded only by
+	// its context, which the test cancels once the server gave up on it.
+	cp := newFaultProvider(pb)
+	cp.f.set(func(c *faultConfig) { c.stallImport = true })
+	ccfg := cfgWith(cp, smallFlags())
+	ccfg.HandshakeTimeout = time.Hour
+	ccfg.AckTimeout = -1
+	stalled, err := NewDialer(ccfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	dialed := make(chan error, 1)
+	go func() {
+		c, err := stalled.DialContext(ctx, ln.Addr().String())
+		if err == nil {
+			_ = c.Close()
+		}
+		dialed <- err
+	}()
+	waitFor(t, "the server to hold a place for the stalled client", stallBound, func() bool { return len(ln.slots) == 1 })
+	waitFor(t, "the failed handshake to give its place back", stallBound, func() bool { return len(ln.slots) == 0 })
+	cancel()
+	<-dialed // cancelled, or a fallback onto the connection the server dropped
+
+	d, err := NewDialer(cfgWith(pb, smallFlags()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	c, err := dialWithin(t, d, ln.Addr().String(), stallBound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := c.(Conn).Mode(); m != ModeURMA {
+		t.Fatalf("the next client: mode %s (%s), want URMA", m, c.(Conn).FallbackReason())
+	}
+	sc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	exchange(t, c, sc, "after the failed handshake")
+}
