@@ -222,10 +222,16 @@ func handshakeImportDeadline(ctx context.Context, begun time.Time) time.Time {
 // when it sent its hello, so that our fallback ACK arrives while it
 // listens.
 func (c *urmaConn) importDeadline(ctx context.Context, begun time.Time) (time.Time, string) {
-	end, bound := handshakeImportDeadline(ctx, begun), handshakeBound
-	if c.e.s.ackTimeout > 0 {
-		if ack := time.Now().Add(c.e.s.ackTimeout * 3 / 4); end.IsZero() || ack.Before(end) {
-			end, bound = ack, fmt.Sprintf("urma_ack_timeout (%s)", c.e.s.ackTimeout)
+	return sooner(handshakeImportDeadline(ctx, begun), handshakeBound, time.Now(), c.e.s.ackTimeout, "urma_ack_timeout")
+}
+
+// sooner is end (set by bound), or three quarters of d (the flag name)
+// after from when that comes first or end is zero; d not positive bounds
+// nothing. It returns the bound that set the time, for a fallback's detail.
+func sooner(end time.Time, bound string, from time.Time, d time.Duration, name string) (time.Time, string) {
+	if d > 0 {
+		if t := from.Add(d * 3 / 4); end.IsZero() || t.Before(end) {
+			return t, fmt.Sprintf("%s (%s)", name, d)
 		}
 	}
 	return end, bound
@@ -242,12 +248,7 @@ func (c *urmaConn) importDeadline(ctx context.Context, begun time.Time) (time.Ti
 // client that stops waiting in time sends nothing of the handshake and
 // is the plain TCP client the server then serves.
 func clientSetupDeadline(ctx context.Context, begun time.Time, firstBytes time.Duration) (time.Time, string) {
-	end, bound := handshakeImportDeadline(ctx, begun), handshakeBound
-	if firstBytes > 0 {
-		if fb := begun.Add(firstBytes * 3 / 4); end.IsZero() || fb.Before(end) {
-			end, bound = fb, fmt.Sprintf("urma_first_bytes_timeout (%s)", firstBytes)
-		}
-	}
+	end, bound := sooner(handshakeImportDeadline(ctx, begun), handshakeBound, begun, firstBytes, "urma_first_bytes_timeout")
 	return end, fmt.Sprintf("%s, three quarters of %s", end.Sub(begun).Round(time.Millisecond), bound)
 }
 
