@@ -480,16 +480,8 @@ func BenchmarkConnect(b *testing.B) {
 				ln = tln
 				dial = func() (net.Conn, error) { return d.DialContext(b.Context(), ln.Addr().String()) }
 			}
-			type accepted struct {
-				c   net.Conn
-				err error
-			}
-			acc := make(chan accepted, 1)
 			connectOnce := func() {
-				go func() {
-					c, err := ln.Accept()
-					acc <- accepted{c, err}
-				}()
+				acc := acceptAsync(ln)
 				c, err := dial()
 				if err != nil {
 					b.Fatal(err)

@@ -770,15 +770,7 @@ func TestDeclinedForeignClientShortThenClosed(t *testing.T) {
 				}
 				return
 			}
-			type accepted struct {
-				c   net.Conn
-				err error
-			}
-			acc := make(chan accepted, 1)
-			go func() {
-				c, err := ln.Accept()
-				acc <- accepted{c, err}
-			}()
+			acc := acceptAsync(ln)
 			var c net.Conn
 			select {
 			case a := <-acc:

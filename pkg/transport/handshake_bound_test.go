@@ -390,15 +390,7 @@ func TestSlowURMAHalfFallsBack(t *testing.T) {
 			tc.cfg(&scfg)
 			tc.cfg(&ccfg)
 			ln, d := listenAndDialer(t, scfg, ccfg)
-			type accepted struct {
-				c   net.Conn
-				err error
-			}
-			acc := make(chan accepted, 1)
-			go func() {
-				c, err := ln.Accept()
-				acc <- accepted{c, err}
-			}()
+			acc := acceptAsync(ln)
 			ctx := t.Context()
 			if tc.dialTimeout > 0 {
 				var cancel context.CancelFunc

@@ -106,15 +106,7 @@ func dialAccept(t testing.TB, ln *Listener, d *Dialer) pair {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	acc := make(chan res, 1)
-	go func() {
-		c, err := ln.Accept()
-		acc <- res{c, err}
-	}()
+	acc := acceptAsync(ln)
 	cc, err := d.DialContext(ctx, ln.Addr().String())
 	if err != nil {
 		t.Fatalf("dial: %v", err)
@@ -211,4 +203,20 @@ func (e *engine) refCount() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.refs
+}
+
+// accepted is what one Accept returned.
+type accepted struct {
+	c   net.Conn
+	err error
+}
+
+// acceptAsync runs one Accept on ln and hands its result over.
+func acceptAsync(ln net.Listener) <-chan accepted {
+	acc := make(chan accepted, 1)
+	go func() {
+		c, err := ln.Accept()
+		acc <- accepted{c, err}
+	}()
+	return acc
 }
