@@ -25,6 +25,30 @@ func flagsEnv(name string, values ...string) func(*corev1.Pod) {
 	}
 }
 
+// withEnv appends a variable to the container's env.
+func withEnv(name, key, value string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		c := container(p, name)
+		c.Env = append(c.Env, corev1.EnvVar{Name: key, Value: value})
+	}
+}
+
+// withEnvFrom appends envFrom sources to the container.
+func withEnvFrom(name string, sources ...corev1.EnvFromSource) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		c := container(p, name)
+		c.EnvFrom = append(c.EnvFrom, sources...)
+	}
+}
+
+func cmEnv(prefix, name string) corev1.EnvFromSource {
+	return corev1.EnvFromSource{Prefix: prefix, ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}
+}
+
+func secretEnv(prefix, name string) corev1.EnvFromSource {
+	return corev1.EnvFromSource{Prefix: prefix, SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}
+}
+
 // A container that sets URMA_FLAGS_FILE itself keeps its value, once: a
 // second entry of the name would be the webhook overriding the user (the
 // last entry wins). It reads the endpoint's flags, and so counts the pod
@@ -57,6 +81,16 @@ func TestInjectKeepsTheContainersOwnFlagsFile(t *testing.T) {
 				c := container(p, "app")
 				c.Env = append(c.Env, corev1.EnvVar{Name: "OTHER", Value: "x"})
 			}}},
+		{name: "a reference to an earlier variable that names the file", hashed: true,
+			mutate: []func(*corev1.Pod){withEnv("app", "DIR", "/etc/urma"), flagsEnv("app", "$(DIR)/urma.flags")}},
+		{name: "a reference to an earlier variable that names another file",
+			mutate: []func(*corev1.Pod){withEnv("app", "DIR", "/opt"), flagsEnv("app", "$(DIR)/urma.flags")}},
+		{name: "a reference to a later variable: the kubelet does not expand it",
+			mutate: []func(*corev1.Pod){flagsEnv("app", "$(DIR)/urma.flags"), withEnv("app", "DIR", "/etc/urma")}},
+		{name: "a reference to an undefined variable: envFrom or a service may define it",
+			mutate: []func(*corev1.Pod){flagsEnv("app", "$(DIR)/urma.flags")}},
+		{name: "an escaped reference is literal",
+			mutate: []func(*corev1.Pod){withEnv("app", "DIR", "/etc/urma"), flagsEnv("app", "$$(DIR)/urma.flags")}},
 		{name: "a value from elsewhere the webhook cannot read",
 			mutate: []func(*corev1.Pod){func(p *corev1.Pod) {
 				container(p, "app").Env = []corev1.EnvVar{{Name: v1alpha1.EnvFlagsFile, ValueFrom: &corev1.EnvVarSource{
@@ -72,7 +106,8 @@ func TestInjectKeepsTheContainersOwnFlagsFile(t *testing.T) {
 			want := slices.Clone(container(p, "app").Env)
 			// Only app is a URMA container: the hash is its doing alone.
 			in := Injection{Endpoint: "ep", Hash: "h1", JettyUnits: 3, Containers: []string{"app"}}
-			_, blind, ownEnv := Inject(p, in)
+			r := Inject(p, in)
+			blind, ownEnv := r.Blind, r.OwnEnv
 			// Every case mounts the volume: app is the warning's unless it
 			// reads the endpoint's file, and is never one that gets none.
 			if wantOwn := []string{"app"}; c.hashed && len(ownEnv) > 0 || !c.hashed && !slices.Equal(ownEnv, wantOwn) || len(blind) > 0 {
@@ -119,6 +154,18 @@ func TestPodInjectorWarnsOfContainersWithTheirOwnFlagsFile(t *testing.T) {
 			mutate: []func(*corev1.Pod){ownFlagsVolume(corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: "hash"}),
 				flagsEnv("app", "/etc/urma/urma.flags")},
 			warnings: []string{"does not show key urma.flags to containers side, init (", own}},
+		{name: "a reference the webhook expands to the endpoint's file", hash: "h1",
+			mutate: []func(*corev1.Pod){withEnv("app", "DIR", "/etc/urma/"), flagsEnv("app", "$(DIR)urma.flags")}},
+		{name: "a reference only the kubelet may resolve", hash: "h1",
+			mutate:   []func(*corev1.Pod){withEnvFrom("app", cmEnv("", "cfg")), flagsEnv("app", "$(DIR)/urma.flags")},
+			warnings: []string{own}},
+		{name: "envFrom sources that may set it: the webhook's value in env wins, and says so", hash: "h1",
+			mutate:   []func(*corev1.Pod){withEnvFrom("app", cmEnv("", "cfg"), cmEnv("APP_", "other"), secretEnv("URMA_", "s"))},
+			warnings: []string{"containers app (ConfigMap cfg, Secret s (prefix URMA_)) take envFrom sources the webhook cannot read: its URMA_FLAGS_FILE in env overrides"}},
+		{name: "envFrom beside its own value in env: env wins, nothing to say", hash: "h1",
+			mutate: []func(*corev1.Pod){withEnvFrom("app", cmEnv("", "cfg")), flagsEnv("app", "/etc/urma/urma.flags")}},
+		{name: "an envFrom prefix that cannot make the name", hash: "h1",
+			mutate: []func(*corev1.Pod){withEnvFrom("app", cmEnv("URMA_FLAGS_FILE_", "cfg"), secretEnv("X", "s"))}},
 		{name: "its own flags mounted at /etc/urma: the pod's business", hash: "h1",
 			mutate: []func(*corev1.Pod){flagsEnv("app", "/etc/urma/mine.flags"), func(p *corev1.Pod) {
 				container(p, "app").VolumeMounts = []corev1.VolumeMount{{Name: "mine", MountPath: v1alpha1.FlagsMountPath}}

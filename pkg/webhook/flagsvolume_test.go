@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,6 +33,12 @@ func projectedFlagsVolume(sources ...corev1.VolumeProjection) func(*corev1.Pod) 
 // cmSource projects ConfigMap name, only items (all keys when none).
 func cmSource(name string, items ...corev1.KeyToPath) corev1.VolumeProjection {
 	return corev1.VolumeProjection{ConfigMap: &corev1.ConfigMapProjection{
+		LocalObjectReference: corev1.LocalObjectReference{Name: name}, Items: items}}
+}
+
+// secretSource projects Secret name, only items (all keys when none).
+func secretSource(name string, items ...corev1.KeyToPath) corev1.VolumeProjection {
+	return corev1.VolumeProjection{Secret: &corev1.SecretProjection{
 		LocalObjectReference: corev1.LocalObjectReference{Name: name}, Items: items}}
 }
 
@@ -188,6 +195,9 @@ func TestPodInjectorWarnsOfContainersTheFlagsVolumeMisses(t *testing.T) {
 			mutate: ownFlagsVolume(corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyFlags, Path: "a.conf"})},
 		{name: "projected: the endpoint's ConfigMap, items move urma.flags: every container sees it", hash: "h1",
 			mutate: projectedFlagsVolume(tokenSource, cmSource(v1alpha1.ConfigMapName("ep"), corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyFlags, Path: "a.conf"}))},
+		{name: "projected: a Secret without items beside the endpoint's urma.flags may hide it", hash: "h1",
+			mutate:  projectedFlagsVolume(cmSource(v1alpha1.ConfigMapName("ep")), secretSource("s")),
+			warning: "projected volume urma-flags holds the endpoint's urma.flags at urma.flags, but its sources[1] (Secret s) may put a file there too"},
 		{name: "projected without the endpoint's urma.flags",
 			mutate:  projectedFlagsVolume(tokenSource, podInfoSource, cmSource(v1alpha1.ConfigMapName("ep"), corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: "hash"})),
 			warning: "volume urma-flags does not show key urma.flags to containers app, side, init"},
@@ -292,5 +302,59 @@ func TestMountedFile(t *testing.T) {
 			t.Errorf("mount %q subPath %q subPathExpr %q, file %q in the volume: %q, want %q",
 				c.mount, c.subPath, c.subPathExpr, c.inVolume, got, c.want)
 		}
+	}
+}
+
+// A projected urma-flags volume's other sources may put a file where it
+// holds the endpoint's flags: the kubelet writes them all into one
+// directory, and one file hides the other.
+func TestInjectReportsProjectedCollisions(t *testing.T) {
+	key := v1alpha1.ConfigMapKeyFlags
+	ours := cmSource(v1alpha1.ConfigMapName("ep"))
+	moved := cmSource(v1alpha1.ConfigMapName("ep"), corev1.KeyToPath{Key: key, Path: "conf/u.conf"})
+	at := func(p string) corev1.KeyToPath { return corev1.KeyToPath{Key: "k", Path: p} }
+	downward := func(p string) corev1.VolumeProjection {
+		return corev1.VolumeProjection{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{
+			{Path: p, FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}}
+	}
+	for _, c := range []struct {
+		name    string
+		sources []corev1.VolumeProjection
+		want    []string
+	}{
+		{name: "a token and pod info elsewhere", sources: []corev1.VolumeProjection{ours, tokenSource, podInfoSource}},
+		{name: "another ConfigMap and a Secret without items, before and after",
+			sources: []corev1.VolumeProjection{cmSource("mine"), ours, secretSource("s")},
+			want:    []string{"sources[0] (ConfigMap mine)", "sources[2] (Secret s)"}},
+		{name: "with items elsewhere", sources: []corev1.VolumeProjection{ours, cmSource("mine", at("a")), secretSource("s", at("conf/urma.flags"))}},
+		{name: "items at the same path, spelled otherwise",
+			sources: []corev1.VolumeProjection{ours, cmSource("mine", at("./urma.flags")), secretSource("s", at("x"), at("urma.flags"))},
+			want:    []string{"sources[1] (ConfigMap mine)", "sources[2] (Secret s)"}},
+		{name: "pod info and a token at the same path",
+			sources: []corev1.VolumeProjection{downward("urma.flags"), ours,
+				{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "urma.flags"}}},
+			want: []string{"sources[0] (downwardAPI)", "sources[2] (serviceAccountToken)"}},
+		{name: "the endpoint's ConfigMap again: the same file", sources: []corev1.VolumeProjection{ours, ours}},
+		{name: "the endpoint's ConfigMap again, another key at the path",
+			sources: []corev1.VolumeProjection{ours, cmSource(v1alpha1.ConfigMapName("ep"), corev1.KeyToPath{Key: v1alpha1.ConfigMapKeyHash, Path: key})},
+			want:    []string{"sources[1] (ConfigMap ep-urma-flags)"}},
+		{name: "flags moved into a directory: no key reaches it", sources: []corev1.VolumeProjection{secretSource("s"), moved, cmSource("mine")}},
+		{name: "flags moved into a directory: an item reaches it",
+			sources: []corev1.VolumeProjection{moved, downward("conf//u.conf")},
+			want:    []string{"sources[1] (downwardAPI)"}},
+		{name: "flags moved: the endpoint's every key again, none of that name",
+			sources: []corev1.VolumeProjection{cmSource(v1alpha1.ConfigMapName("ep"), corev1.KeyToPath{Key: key, Path: "f"}), ours}},
+		{name: "flags moved to the hash key's name: the endpoint's every key again holds the hash there",
+			sources: []corev1.VolumeProjection{cmSource(v1alpha1.ConfigMapName("ep"), corev1.KeyToPath{Key: key, Path: v1alpha1.ConfigMapKeyHash}), ours},
+			want:    []string{"sources[1] (ConfigMap ep-urma-flags)"}},
+		{name: "no source shows the endpoint's flags: nothing to hide", sources: []corev1.VolumeProjection{cmSource("mine"), secretSource("s")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := basePod()
+			projectedFlagsVolume(c.sources...)(p)
+			if got := Inject(p, Injection{Endpoint: "ep", Hash: "h1"}).Collisions; !slices.Equal(got, c.want) {
+				t.Errorf("collisions %q, want %q", got, c.want)
+			}
+		})
 	}
 }

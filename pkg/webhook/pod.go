@@ -156,20 +156,30 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	} else {
 		in.JettyUnits = plan.JettyUnits(obs.Input)
 	}
-	missing, blind, ownEnv := Inject(mutated, in)
-	if len(missing) > 0 {
+	r := Inject(mutated, in)
+	if missing := r.Missing; len(missing) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf("spec.containers of UrmaEndpoint %s/%s names containers this pod does not have: %s",
 			ns, name, strings.Join(missing, ", "))))
 	}
-	if len(blind) > 0 {
+	if blind := r.Blind; len(blind) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf(
 			"the pod's volume %s does not show key %s to containers %s (its items or projected sources, or their subPath, leave it out): no %s is set for them, and they do not count the pod as on the current flags",
 			VolumeName, v1alpha1.ConfigMapKeyFlags, strings.Join(blind, ", "), v1alpha1.EnvFlagsFile)))
 	}
-	if len(ownEnv) > 0 {
+	if ownEnv := r.OwnEnv; len(ownEnv) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf(
 			"containers %s set their own %s, not the file where volume %s shows them key %s (if any): their value is kept, and they do not count the pod as on the current flags",
 			strings.Join(ownEnv, ", "), v1alpha1.EnvFlagsFile, VolumeName, v1alpha1.ConfigMapKeyFlags)))
+	}
+	if len(r.EnvFrom) > 0 {
+		warnings = append(warnings, short(fmt.Sprintf(
+			"containers %s take envFrom sources the webhook cannot read: its %s in env overrides one they may set; to use another file, set %s in env",
+			strings.Join(r.EnvFrom, ", "), v1alpha1.EnvFlagsFile, v1alpha1.EnvFlagsFile)))
+	}
+	if len(r.Collisions) > 0 {
+		warnings = append(warnings, short(fmt.Sprintf(
+			"projected volume %s holds the endpoint's %s at %s, but its %s may put a file there too, hiding it: give them items that leave %s out",
+			VolumeName, v1alpha1.ConfigMapKeyFlags, r.FlagsPath, strings.Join(r.Collisions, ", "), r.FlagsPath)))
 	}
 	raw, err := json.Marshal(mutated)
 	if err != nil {
@@ -284,6 +294,35 @@ type Injection struct {
 	JettyClaims map[string]bool
 }
 
+// Report is what Inject leaves undone, or cannot vouch for, for the
+// admission warnings.
+type Report struct {
+	// Missing: the names in Injection.Containers the pod does not have.
+	Missing []string
+	// Blind: the URMA containers that mount the VolumeName volume but see
+	// no flags file through it (the pod's own volume's items or projected
+	// sources, or the container's subPath, leave it out): they get no
+	// URMA_FLAGS_FILE.
+	Blind []string
+	// OwnEnv: those that mount it but set URMA_FLAGS_FILE themselves (its
+	// last entry, which the kubelet uses) to another file, through
+	// valueFrom, or with a $(NAME) reference only the kubelet resolves:
+	// their value is kept, and they do not count as seeing the flags.
+	OwnEnv []string
+	// EnvFrom: the URMA containers given URMA_FLAGS_FILE that also take
+	// variables from envFrom sources which may hold it, each with those
+	// sources ("app (ConfigMap cfg, Secret s)"). The kubelet lets env
+	// override envFrom, so the webhook's value is the one they run with.
+	EnvFrom []string
+	// Collisions: the other sources of the pod's projected VolumeName
+	// volume that may put a file where it holds the endpoint's flags
+	// (see collisions), each "sources[i] (kind name)".
+	Collisions []string
+	// FlagsPath is where the VolumeName volume holds the flags key, for
+	// the Collisions warning.
+	FlagsPath string
+}
+
 // Inject gives a pod what it needs to run an endpoint's flags; it keeps
 // anything the pod already set and is idempotent:
 //   - volume VolumeName from the endpoint's ConfigMap (not with NoFlags);
@@ -306,14 +345,8 @@ type Injection struct {
 //   - the flags-hash annotation, when the hash is known and some URMA
 //     container sees the endpoint's flags file.
 //
-// It returns the names in in.Containers that the pod does not have; the
-// URMA containers that mount the VolumeName volume but see no flags file
-// through it (the pod's own volume's items or projected sources, or the
-// container's subPath, leave it out): they get no URMA_FLAGS_FILE; and
-// those that mount it but set URMA_FLAGS_FILE themselves (its last entry,
-// which the kubelet uses) to another file, or through valueFrom: their
-// value is kept, and they do not count as seeing the flags.
-func Inject(pod *corev1.Pod, in Injection) (missing, blind, ownEnv []string) {
+// It reports what the pod keeps from it (see Report).
+func Inject(pod *corev1.Pod, in Injection) (r Report) {
 	if !in.NoFlags && !hasVolume(pod, VolumeName) {
 		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{
 			Name: VolumeName,
@@ -327,6 +360,10 @@ func Inject(pod *corev1.Pod, in Injection) (missing, blind, ownEnv []string) {
 	// endpoints: they are the endpoint's ConfigMap's (not the pod's own
 	// volume of our name from other flags, kept as anything the pod set).
 	inVolume, endpoints := flagsVolume(pod, in.Endpoint)
+	if endpoints {
+		r.FlagsPath = inVolume
+		r.Collisions = collisions(pod, in.Endpoint, inVolume)
+	}
 	// seen: some URMA container sees the flags file through the
 	// VolumeName volume (the webhook's, or one the pod brought).
 	seen := false
@@ -350,24 +387,30 @@ func Inject(pod *corev1.Pod, in Injection) (missing, blind, ownEnv []string) {
 			}
 			file, own := flagsFile(c, inVolume)
 			mounted := slices.ContainsFunc(c.VolumeMounts, isFlagsVolume)
-			switch e := lastEnv(c, v1alpha1.EnvFlagsFile); {
-			case e == nil:
+			switch e := lastEnvIndex(c, v1alpha1.EnvFlagsFile); {
+			case e < 0:
 				if file != "" && !own {
 					seen = true
 				} else if mounted && !in.NoFlags {
-					blind = append(blind, c.Name)
+					r.Blind = append(r.Blind, c.Name)
 				}
 				if !in.NoFlags && file != "" {
 					c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: file})
+					// An envFrom source's value of it is overridden
+					// by this entry: the pod reads what the webhook
+					// says, but the user may have meant another file.
+					if src := envFromSources(c, v1alpha1.EnvFlagsFile); len(src) > 0 {
+						r.EnvFrom = append(r.EnvFrom, c.Name+" ("+strings.Join(src, ", ")+")")
+					}
 				}
-			case file != "" && !own && e.ValueFrom == nil && path.Clean(e.Value) == file:
+			case file != "" && !own && ownValueIs(c, e, file):
 				// Its own value names the file the webhook would have
 				// (or is the webhook's, on reinvocation).
 				seen = true
 			case mounted && !in.NoFlags:
 				// Its own value wins (a second entry would override it),
 				// but it names no file the webhook knows to be the flags.
-				ownEnv = append(ownEnv, c.Name)
+				r.OwnEnv = append(r.OwnEnv, c.Name)
 			}
 			if in.ClaimTemplate != "" {
 				sidecar := group.init && isSidecar(c)
@@ -394,7 +437,7 @@ func Inject(pod *corev1.Pod, in Injection) (missing, blind, ownEnv []string) {
 	}
 	for _, name := range in.Containers {
 		if !found[name] {
-			missing = append(missing, name)
+			r.Missing = append(r.Missing, name)
 		}
 	}
 	// The hash says the pod runs on these flags (the endpoint's
@@ -410,7 +453,16 @@ func Inject(pod *corev1.Pod, in Injection) (missing, blind, ownEnv []string) {
 	} else {
 		delete(pod.Annotations, v1alpha1.AnnotationFlagsHash)
 	}
-	return missing, blind, ownEnv
+	return r
+}
+
+// ownValueIs reports whether c's env entry i names file: its value, with
+// the $(NAME) references the kubelet would expand expanded (envValue),
+// is that path. One the webhook cannot know (valueFrom, a reference to a
+// name no earlier entry defines) is not.
+func ownValueIs(c *corev1.Container, i int, file string) bool {
+	v, known := envValue(c, i)
+	return known && path.Clean(v) == file
 }
 
 func hasVolume(pod *corev1.Pod, name string) bool {
@@ -462,17 +514,97 @@ func flagsPath(v *corev1.Volume, cm string) (inVolume string, endpoints bool) {
 	case v.Secret != nil:
 		return keyPath(v.Secret.Items), false
 	case v.Projected != nil:
-		for _, s := range v.Projected.Sources {
-			if s.ConfigMap == nil || s.ConfigMap.Name != cm {
-				continue
-			}
-			if p := keyPath(s.ConfigMap.Items); p != "" {
-				return p, true
-			}
+		if i := flagsSource(v.Projected, cm); i >= 0 {
+			return keyPath(v.Projected.Sources[i].ConfigMap.Items), true
 		}
 		return "", false
 	}
 	return v1alpha1.ConfigMapKeyFlags, false
+}
+
+// flagsSource is the index of the first source of projected volume p that
+// shows the flags key of ConfigMap cm, -1 when none does.
+func flagsSource(p *corev1.ProjectedVolumeSource, cm string) int {
+	for i, s := range p.Sources {
+		if s.ConfigMap != nil && s.ConfigMap.Name == cm && keyPath(s.ConfigMap.Items) != "" {
+			return i
+		}
+	}
+	return -1
+}
+
+// collisions names the other sources of the pod's projected VolumeName
+// volume that may put a file at inVolume, where it holds the endpoint's
+// flags: the kubelet writes every source's files into one directory, a
+// later one replacing an earlier one's file of the same path. A ConfigMap
+// or Secret without items projects every key it has, which the webhook
+// does not read (a Secret's it may not, and either may change before the
+// pod starts): one of them may be a key of inVolume's name (a key has no
+// "/", so only a file at the volume's top). An item or a path any source
+// gives inVolume surely does (the API server refuses only a path spelled
+// the same as another). The endpoint's ConfigMap showing its flags key
+// there again is the same file.
+func collisions(pod *corev1.Pod, endpoint, inVolume string) []string {
+	i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == VolumeName })
+	if i < 0 || pod.Spec.Volumes[i].Projected == nil {
+		return nil
+	}
+	p := pod.Spec.Volumes[i].Projected
+	cm := v1alpha1.ConfigMapName(endpoint)
+	own := flagsSource(p, cm)
+	topLevel := !strings.Contains(inVolume, "/")
+	at := func(paths ...string) bool {
+		return slices.ContainsFunc(paths, func(s string) bool { return s != "" && path.Clean(s) == inVolume })
+	}
+	// items: whether items put a file at inVolume; the keys of ConfigMap
+	// cm that are its flags key are the endpoint's own file.
+	items := func(list []corev1.KeyToPath, ours bool) bool {
+		return slices.ContainsFunc(list, func(it corev1.KeyToPath) bool {
+			return at(it.Path) && !(ours && it.Key == v1alpha1.ConfigMapKeyFlags)
+		})
+	}
+	var out []string
+	for j, s := range p.Sources {
+		if j == own {
+			continue
+		}
+		var what string
+		switch {
+		case s.ConfigMap != nil:
+			ours := s.ConfigMap.Name == cm
+			// Every key of the endpoint's own, which the operator
+			// writes: its flags key is the same file, its hash key
+			// not.
+			all := topLevel && !ours || ours && inVolume == v1alpha1.ConfigMapKeyHash
+			if len(s.ConfigMap.Items) == 0 && all || items(s.ConfigMap.Items, ours) {
+				what = "ConfigMap " + s.ConfigMap.Name
+			}
+		case s.Secret != nil:
+			if len(s.Secret.Items) == 0 && topLevel || items(s.Secret.Items, false) {
+				what = "Secret " + s.Secret.Name
+			}
+		case s.DownwardAPI != nil:
+			if slices.ContainsFunc(s.DownwardAPI.Items, func(f corev1.DownwardAPIVolumeFile) bool { return at(f.Path) }) {
+				what = "downwardAPI"
+			}
+		case s.ServiceAccountToken != nil:
+			if at(s.ServiceAccountToken.Path) {
+				what = "serviceAccountToken"
+			}
+		case s.ClusterTrustBundle != nil:
+			if at(s.ClusterTrustBundle.Path) {
+				what = "clusterTrustBundle"
+			}
+		case s.PodCertificate != nil:
+			if c := s.PodCertificate; at(c.CredentialBundlePath, c.KeyPath, c.CertificateChainPath) {
+				what = "podCertificate"
+			}
+		}
+		if what != "" {
+			out = append(out, fmt.Sprintf("sources[%d] (%s)", j, what))
+		}
+	}
+	return out
 }
 
 // keyPath is where items put the flags key: under its name when there are
@@ -539,12 +671,46 @@ func isFlagsVolume(m corev1.VolumeMount) bool { return m.Name == VolumeName }
 // lastEnv is c's entry of env var name that takes effect, the last one
 // (the kubelet lets a later entry override an earlier one); nil when none.
 func lastEnv(c *corev1.Container, name string) *corev1.EnvVar {
-	for i := len(c.Env) - 1; i >= 0; i-- {
-		if c.Env[i].Name == name {
-			return &c.Env[i]
-		}
+	if i := lastEnvIndex(c, name); i >= 0 {
+		return &c.Env[i]
 	}
 	return nil
+}
+
+// lastEnvIndex is the index of lastEnv in c.Env, -1 when none.
+func lastEnvIndex(c *corev1.Container, name string) int {
+	for i := len(c.Env) - 1; i >= 0; i-- {
+		if c.Env[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// envFromSources names c's envFrom sources that may set variable name: the
+// webhook cannot read their keys (a Secret's, or a ConfigMap that may
+// change before the pod starts), only see whether their prefix allows it.
+func envFromSources(c *corev1.Container, name string) []string {
+	var out []string
+	for _, s := range c.EnvFrom {
+		if !strings.HasPrefix(name, s.Prefix) {
+			continue
+		}
+		var src string
+		switch {
+		case s.ConfigMapRef != nil:
+			src = "ConfigMap " + s.ConfigMapRef.Name
+		case s.SecretRef != nil:
+			src = "Secret " + s.SecretRef.Name
+		default:
+			continue
+		}
+		if s.Prefix != "" {
+			src += " (prefix " + s.Prefix + ")"
+		}
+		out = append(out, src)
+	}
+	return out
 }
 
 func requestsJetties(c *corev1.Container) bool {

@@ -187,7 +187,7 @@ func TestInject(t *testing.T) {
 				c.mutate(p)
 			}
 			in := Injection{Endpoint: "ep", Hash: c.hash, JettyUnits: 3, Containers: c.containers}
-			missing, _, _ := Inject(p, in)
+			missing := Inject(p, in).Missing
 			if !slices.Equal(missing, c.missing) {
 				t.Errorf("missing %v, want %v", missing, c.missing)
 			}
