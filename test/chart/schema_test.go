@@ -45,6 +45,11 @@ func TestBadValuesRejected(t *testing.T) {
 		{"no operator pods behind a failing webhook", []string{"--set", "operator.replicas=0"}, []string{"operator.replicas=0", "webhook.failurePolicy"}},
 		{"scrape timeout above the interval", []string{"--set", "metrics.serviceMonitor.enabled=true", "-a", "monitoring.coreos.com/v1", "--set", "metrics.serviceMonitor.interval=1m", "--set", "metrics.serviceMonitor.scrapeTimeout=1m500ms"}, []string{"metrics.serviceMonitor.scrapeTimeout=1m500ms exceeds metrics.serviceMonitor.interval=1m"}},
 		{"NFD feature file through extraArgs", []string{"--set", "devicePlugin.extraArgs={--nfd-features-dir=/x}"}, []string{"devicePlugin.nfd.featuresDir", "--nfd-features-dir"}},
+		{"node facts resync interval not a duration", []string{"--set", "devicePlugin.nodeFactsResyncInterval=5 minutes"}, []string{"'/devicePlugin/nodeFactsResyncInterval'", "does not match pattern"}},
+		{"node facts resync interval without a unit", []string{"--set-string", "devicePlugin.nodeFactsResyncInterval=300"}, []string{"'/devicePlugin/nodeFactsResyncInterval'", "does not match pattern"}},
+		{"node facts resync interval zero", []string{"--set", "devicePlugin.nodeFactsResyncInterval=0m0s"}, []string{"'/devicePlugin/nodeFactsResyncInterval'"}},
+		{"node facts resync interval negative", []string{"--set", "devicePlugin.nodeFactsResyncInterval=-1m"}, []string{"'/devicePlugin/nodeFactsResyncInterval'", "does not match pattern"}},
+		{"node facts resync interval not a string", []string{"--set", "devicePlugin.nodeFactsResyncInterval=300"}, []string{"'/devicePlugin/nodeFactsResyncInterval'", "want string"}},
 		{"bad PCI device ID", []string{"--set", "devicePlugin.nfd.pciDevices={0xa22a}"}, []string{"'/devicePlugin/nfd/pciDevices/0'"}},
 		// Values the node agents would refuse at start: a failed install
 		// instead of a crash-looping DaemonSet.

@@ -92,6 +92,10 @@ func TestTemplateDefaults(t *testing.T) {
 		if v, _ := argValue(argv, "--shm-dir"); v != "/var/run/urma-k8s/shm" {
 			t.Errorf("--shm-dir = %q, want the mounted shm directory", v)
 		}
+		// The binary's own default, spelled out.
+		if v, _ := argValue(argv, "--node-facts-resync-interval"); v != "5m" {
+			t.Errorf("--node-facts-resync-interval = %q, want 5m", v)
+		}
 		sc, _ := c["securityContext"].(map[string]any)
 		if sc["privileged"] != false || sc["allowPrivilegeEscalation"] != false {
 			t.Errorf("device plugin securityContext = %v, want unprivileged without privilege escalation", sc)
@@ -208,6 +212,15 @@ func TestTemplateValues(t *testing.T) {
 			pdb := one(t, objs, "PodDisruptionBudget")
 			if got := field(t, pdb, "spec", "minAvailable"); fmt.Sprint(got) != "1" {
 				t.Errorf("minAvailable %v, want 1 of the 2 replicas", got)
+			}
+		},
+	}, {
+		name:   "node facts resync interval",
+		values: []string{"--set", "devicePlugin.nodeFactsResyncInterval=1h30m"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			if v, ok := argValue(args(t, container(t, ds, "device-plugin")), "--node-facts-resync-interval"); v != "1h30m" || !ok {
+				t.Errorf("--node-facts-resync-interval = %q (present %v), want 1h30m", v, ok)
 			}
 		},
 	}, {
