@@ -560,7 +560,7 @@ func collisions(pod *corev1.Pod, endpoint, inVolume string) []string {
 	// cm that are its flags key are the endpoint's own file.
 	items := func(list []corev1.KeyToPath, ours bool) bool {
 		return slices.ContainsFunc(list, func(it corev1.KeyToPath) bool {
-			return at(it.Path) && !(ours && it.Key == v1alpha1.ConfigMapKeyFlags)
+			return at(it.Path) && (!ours || it.Key != v1alpha1.ConfigMapKeyFlags)
 		})
 	}
 	var out []string
