@@ -149,6 +149,9 @@ func (c *urmaConn) clientExchange(ctx context.Context, begun time.Time, version 
 		if timedOut(ctx, err) {
 			return nil, "", noHello(ctx, begun, fmt.Sprintf("sent %d bytes", n), err)
 		}
+		if errors.Is(err, io.EOF) {
+			return nil, "", fmt.Errorf("read the server's hello: %s: %w", serverClosed, err)
+		}
 		return nil, "", fmt.Errorf("read the server's hello: %w", err)
 	}
 	if string(magic[:]) != magicOf(version) {
@@ -160,6 +163,9 @@ func (c *urmaConn) clientExchange(ctx context.Context, begun time.Time, version 
 	if err != nil {
 		if timedOut(ctx, err) {
 			return nil, "", noHello(ctx, begun, "began its hello and did not end it", err)
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, "", fmt.Errorf("read the server's hello: the server closed the connection partway through its hello (it failed or was shutting down): %w", err)
 		}
 		if !errors.Is(err, handshake.ErrInvalidHello) {
 			return nil, "", fmt.Errorf("read the server's hello: %w", err)
@@ -185,6 +191,13 @@ func (c *urmaConn) clientExchange(ctx context.Context, begun time.Time, version 
 	}
 	return c, metrics.ResultURMA, nil
 }
+
+// serverClosed says what a server that ends the connection instead of
+// answering our hello likely is; a bare EOF told the user nothing. A
+// transport (or brpc) server answers every hello, with a fallback hello at
+// worst, so one that closes instead does not speak this protocol, or
+// refused the connection (a limit, an access check) or was shutting down.
+const serverClosed = "the server closed the connection before answering the URMA handshake: it is likely no urma-k8s or brpc server speaking this protocol, or it refused the connection or was shutting down"
 
 // noHello is the error of a client whose server's hello did not arrive
 // whole within the handshake's time (ctx, begun at begun). Falling back

@@ -481,6 +481,72 @@ func TestSilentServerErrorSaysWhatToRaise(t *testing.T) {
 	}
 }
 
+// TestServerClosedErrorSaysWhy: a server that closes the connection
+// instead of answering our hello, or partway through its own, fails the
+// dial with an error that says so and what it likely means, where it said
+// only "EOF"; the error still wraps the EOF.
+func TestServerClosedErrorSaysWhy(t *testing.T) {
+	checkNoLeaks(t)
+	for _, tc := range []struct {
+		name  string
+		sends func(r *rawPeer) []byte // what the server sends before it closes
+		says  string
+		wraps error
+	}{
+		{"before answering", func(*rawPeer) []byte { return nil }, "the server closed the connection before answering the URMA handshake: it is likely no urma-k8s or brpc server speaking this protocol, or it refused the connection or was shutting down", io.EOF},
+		{"after its magic", func(*rawPeer) []byte { return []byte(handshake.MagicV2) }, "the server closed the connection partway through its hello", io.EOF},
+		{"partway through its hello", func(r *rawPeer) []byte { return handshake.AppendV2(nil, r.hello())[:20] }, "the server closed the connection partway through its hello", io.ErrUnexpectedEOF},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			d, err := NewDialer(cfgWith(pb, smallFlags()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			peerLn, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peerLn.Close()
+			sends := tc.sends(newRawQueues(t, pa))
+			peerErr := make(chan error, 1)
+			go func() {
+				c, err := peerLn.Accept()
+				if err == nil {
+					// Take the client's hello first, so that the close is a
+					// FIN, not a reset for unread bytes.
+					magic := make([]byte, handshake.MagicLen)
+					if _, err = io.ReadFull(c, magic); err == nil {
+						_, _, err = handshake.ReadHello(c, magic)
+					}
+					if err == nil {
+						_, err = c.Write(sends)
+					}
+					_ = c.Close()
+				}
+				peerErr <- err
+			}()
+			ctx, cancel := context.WithTimeout(t.Context(), stallBound)
+			defer cancel()
+			c, err := d.DialContext(ctx, peerLn.Addr().String())
+			if err := <-peerErr; err != nil {
+				t.Fatalf("the closing server: %v", err)
+			}
+			if err == nil {
+				_ = c.Close()
+				t.Fatal("the dial succeeded against a server that closed")
+			}
+			if !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("dial: %v; want it to say %q", err, tc.says)
+			}
+			if !errors.Is(err, tc.wraps) {
+				t.Errorf("dial: %v; want an error that wraps %v", err, tc.wraps)
+			}
+		})
+	}
+}
+
 // TestStalledJettySetupFallsBack: a server whose provider stalls while it
 // sets up a connection's jetty (creating one, or waiting for the pool's
 // filler, which is creating the budget's only one) stops waiting at three
