@@ -2,10 +2,12 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
 )
@@ -17,6 +19,10 @@ import (
 type Dialer struct {
 	e  *engine
 	nd net.Dialer
+	// routeSource finds the host address a connection would leave from
+	// (the package's routeSource); tests replace it to take the path where
+	// it cannot tell.
+	routeSource func(ctx context.Context, network, address string) (netip.Addr, bool)
 
 	mu     sync.Mutex
 	closed bool
@@ -35,8 +41,9 @@ func NewDialer(cfg Config) (*Dialer, error) {
 		return nil, err
 	}
 	return &Dialer{
-		e:  newEngine(s, metrics.RoleClient, m),
-		nd: net.Dialer{KeepAliveConfig: keepAlive},
+		e:           newEngine(s, metrics.RoleClient, m),
+		nd:          net.Dialer{KeepAliveConfig: keepAlive},
+		routeSource: routeSource,
 	}, nil
 }
 
@@ -60,20 +67,57 @@ func (d *Dialer) Dial(ctx context.Context, network, address string) (net.Conn, e
 		// says nothing within urma_first_bytes_timeout (1 s) as plain TCP,
 		// so a bring-up that outlasts it (a large pool to register) on an
 		// open connection would turn our hello into application bytes.
-		if local, ok := routeSource(ctx, network, address); ok {
-			d.e.start(local)
+		if local, ok := d.routeSource(ctx, network, address); ok {
+			if err := d.e.startBy(ctx, local); err != nil {
+				return nil, bringUpErr(network, address, err)
+			}
 		}
 	}
-	tcp, err := d.nd.DialContext(ctx, network, address)
+	tcp, connected, err := d.connect(ctx, network, address)
 	if err != nil {
 		return nil, err
 	}
-	var local netip.Addr
-	if ta, ok := tcp.LocalAddr().(*net.TCPAddr); ok {
-		local, _ = netip.AddrFromSlice(ta.IP)
+	if !d.e.started.Load() {
+		// routeSource could not tell: bring URMA up on the address the
+		// connection has, while it is open and silent. If that took so
+		// long that our hello could reach the server after it has taken
+		// us for a plain TCP client (clientSetupDeadline's bound), a hello
+		// on this connection would be read as application bytes: close it
+		// unused and connect again, once, with URMA up now. (Falling back
+		// to TCP on it instead would keep a long-lived first connection
+		// off URMA for good.)
+		var local netip.Addr
+		if ta, ok := tcp.LocalAddr().(*net.TCPAddr); ok {
+			local, _ = netip.AddrFromSlice(ta.IP)
+		}
+		if err := d.e.startBy(ctx, local); err != nil {
+			_ = tcp.Close()
+			return nil, bringUpErr(network, address, err)
+		}
+		if d.e.unavailable() == nil && time.Now().After(d.e.helloBy(connected)) {
+			d.e.log.V(1).Info("URMA bring-up outlasted the server's wait for our hello on the first connection; connecting again",
+				"remote", tcp.RemoteAddr().String(), "took", time.Since(connected).Round(time.Millisecond))
+			_ = tcp.Close()
+			if tcp, connected, err = d.connect(ctx, network, address); err != nil {
+				return nil, err
+			}
+		}
 	}
-	d.e.start(local) // when routeSource could not tell; a no-op after it
-	return clientHandshake(ctx, d.e, tcp)
+	return clientHandshake(ctx, d.e, tcp, connected)
+}
+
+// connect opens the TCP connection and says when it came up, where the
+// server's clocks for our hello begin.
+func (d *Dialer) connect(ctx context.Context, network, address string) (net.Conn, time.Time, error) {
+	tcp, err := d.nd.DialContext(ctx, network, address)
+	return tcp, time.Now(), err
+}
+
+// bringUpErr is the error of a dial whose context ended (err) while it
+// waited for URMA's bring-up.
+func bringUpErr(network, address string, err error) error {
+	return &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf(
+		"bring URMA up (open the provider, register the buffer pool) before the handshake with %s; the bring-up goes on for later dials: %w", address, err)}
 }
 
 // routeSource is the host address a connection to address would leave

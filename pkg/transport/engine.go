@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -38,9 +39,11 @@ type engine struct {
 	log     logr.Logger
 	metrics *metrics.Metrics
 
-	startOnce sync.Once
-	started   atomic.Bool              // start has run
-	unusable  atomic.Pointer[fallback] // why URMA cannot be used; nil when ready
+	startOnce  sync.Once
+	launchOnce sync.Once                // startBy's goroutine
+	started    atomic.Bool              // start has run
+	up         chan struct{}            // closed when start has run
+	unusable   atomic.Pointer[fallback] // why URMA cannot be used; nil when ready
 
 	prov     urma.Provider
 	provName string // prov.Name(), kept: Debug outlives the teardown that drops prov
@@ -82,7 +85,7 @@ type engine struct {
 
 func newEngine(s settings, role string, m *metrics.Metrics) *engine {
 	return &engine{
-		s: s, role: role, metrics: m, refs: 1, done: make(chan struct{}),
+		s: s, role: role, metrics: m, refs: 1, done: make(chan struct{}), up: make(chan struct{}),
 		log:    s.log.WithValues("role", role),
 		sqSize: s.flags.SQSize, rqSize: s.flags.RQSize, bufSize: s.flags.BufferSize,
 		spinLimit: int32(max(1, runtime.GOMAXPROCS(0)/2)),
@@ -109,7 +112,32 @@ func (e *engine) start(local netip.Addr) {
 			e.unusable.Store(fb)
 		}
 		e.started.Store(true)
+		close(e.up)
 	})
+}
+
+// startBy runs start on a goroutine of its own (the first call starts it,
+// later ones wait for the same) and waits for it until ctx ends, returning
+// ctx's error then. Opening the provider and registering the pool are
+// provider calls that may stall and cannot be interrupted: a dial must not
+// outlive its context for them. The bring-up goes on for later dials, and
+// holds an engine reference meanwhile, so that a Close that comes first
+// leaves the teardown to it. The caller holds a reference, so the
+// goroutine's ref cannot fail.
+func (e *engine) startBy(ctx context.Context, local netip.Addr) error {
+	e.launchOnce.Do(func() {
+		e.ref()
+		go func() {
+			defer e.unref()
+			e.start(local)
+		}()
+	})
+	select {
+	case <-e.up:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // unavailable says why URMA cannot be used; nil when it can (or before start).

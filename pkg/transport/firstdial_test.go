@@ -1,9 +1,17 @@
 package transport
 
 import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -37,4 +45,189 @@ func TestSlowFirstDialBringUp(t *testing.T) {
 			p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
 	}
 	exchange(t, p.client, p.server, "after a slow bring-up")
+}
+
+// stalledOpenProvider is a provider whose device does not open until the
+// test closes gate: a bring-up stalled in the provider. opening is closed
+// when Open is first called.
+type stalledOpenProvider struct {
+	urma.Provider
+	gate    <-chan struct{}
+	opening chan struct{}
+	once    sync.Once
+}
+
+func newStalledOpenProvider(p urma.Provider, gate <-chan struct{}) *stalledOpenProvider {
+	return &stalledOpenProvider{Provider: p, gate: gate, opening: make(chan struct{})}
+}
+
+func (p *stalledOpenProvider) Open(device string, eidIndex int) (urma.Context, error) {
+	p.once.Do(func() { close(p.opening) })
+	<-p.gate
+	return p.Provider.Open(device, eidIndex)
+}
+
+// noRoute is a Dialer.routeSource that cannot tell the local address, so
+// that the dial brings URMA up after it connects.
+func noRoute(context.Context, string, string) (netip.Addr, bool) { return netip.Addr{}, false }
+
+// TestFirstDialBringUpAfterConnecting: when the Dialer cannot tell the
+// address a connection will leave from, it brings URMA up after it
+// connects, while the connection is open and silent. A quick bring-up
+// goes on to the handshake on that connection. One that outlasts the
+// server's urma_first_bytes_timeout (the server then serves the silent
+// connection as plain TCP, peer_silent) must not send its hello there,
+// where the server's application would read it as data: the dial closes
+// that connection unused and connects again, and the connection it
+// returns runs on URMA. Before, the dial sent its hello on the stale
+// connection (the application read it) and then waited in vain for the
+// server's.
+func TestFirstDialBringUpAfterConnecting(t *testing.T) {
+	checkNoLeaks(t)
+	const firstBytes = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		stall bool // the bring-up waits until the server has served the silent connection
+	}{
+		{"quick bring-up", false},
+		{"bring-up outlasting the server's wait for the hello", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			gate := make(chan struct{})
+			var once sync.Once
+			unstall := func() { once.Do(func() { close(gate) }) }
+			t.Cleanup(unstall)
+			if !tc.stall {
+				unstall()
+			}
+			scfg := cfgWith(pa, smallFlags())
+			scfg.FirstBytesTimeout = firstBytes
+			ccfg := cfgWith(newStalledOpenProvider(pb, gate), smallFlags())
+			ccfg.FirstBytesTimeout = firstBytes
+			ccfg.HandshakeTimeout = 2 * time.Second // a dial waiting for a hello that never comes gives up soon
+			ln, d := listenAndDialer(t, scfg, ccfg)
+			d.routeSource = noRoute
+
+			type res struct {
+				c   net.Conn
+				err error
+			}
+			dialed := make(chan res, 1)
+			ctx, cancel := context.WithTimeout(t.Context(), stallBound)
+			defer cancel()
+			go func() {
+				c, err := d.DialContext(ctx, ln.Addr().String())
+				dialed <- res{c, err}
+			}()
+			if tc.stall {
+				// The server serves the silent connection as plain TCP;
+				// only then does the bring-up finish.
+				a := <-acceptAsync(ln)
+				if a.err != nil {
+					unstall()
+					t.Fatalf("accept: %v", a.err)
+				}
+				stale := a.c.(Conn)
+				defer stale.Close()
+				unstall()
+				if why := stale.FallbackReason(); !strings.HasPrefix(why, string(ReasonPeerSilent)+":") {
+					t.Errorf("the stale connection's server fallback %q; want %s", why, ReasonPeerSilent)
+				}
+				_ = stale.SetReadDeadline(time.Now().Add(stallBound))
+				if n, err := io.ReadFull(stale, make([]byte, handshake.MagicLen)); n != 0 || !errors.Is(err, io.EOF) {
+					t.Errorf("the server's application read %d bytes (%v) on the connection open while URMA came up; want EOF and nothing: the hello went to it as data", n, err)
+				}
+			}
+			acc := acceptAsync(ln)
+			r := <-dialed
+			if r.err != nil {
+				t.Fatalf("dial: %v", r.err)
+			}
+			client := r.c.(Conn)
+			defer client.Close()
+			a := <-acc
+			if a.err != nil {
+				t.Fatalf("accept: %v", a.err)
+			}
+			server := a.c.(Conn)
+			defer server.Close()
+			if client.Mode() != ModeURMA || server.Mode() != ModeURMA {
+				t.Fatalf("client %s (%s), server %s (%s); want URMA on both",
+					client.Mode(), client.FallbackReason(), server.Mode(), server.FallbackReason())
+			}
+			exchange(t, client, server, "after the bring-up")
+		})
+	}
+}
+
+// TestDialCancelledDuringBringUp: a dial whose context ends while the
+// provider stalls in the Dialer's first bring-up (before it connects, or
+// after, when it cannot tell the local address) fails at once with an
+// error that wraps the context's, and closes the connection it opened;
+// the bring-up goes on, and the next dial uses it. Before, the dial
+// waited for the provider however long it stalled.
+func TestDialCancelledDuringBringUp(t *testing.T) {
+	checkNoLeaks(t)
+	for _, tc := range []struct {
+		name      string
+		knowRoute bool
+	}{
+		{"before connecting", true},
+		{"after connecting", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, pb := fabricPair(t)
+			gate := make(chan struct{})
+			var once sync.Once
+			unstall := func() { once.Do(func() { close(gate) }) }
+			t.Cleanup(unstall) // before the dialer's Close
+			prov := newStalledOpenProvider(pb, gate)
+			ln, d := listenAndDialer(t, cfgWith(pa, smallFlags()), cfgWith(prov, smallFlags()))
+			if !tc.knowRoute {
+				d.routeSource = noRoute
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			dialed := make(chan error, 1)
+			go func() {
+				c, err := d.DialContext(ctx, ln.Addr().String())
+				if err == nil {
+					_ = c.Close()
+				}
+				dialed <- err
+			}()
+			<-prov.opening
+			cancel()
+			var err error
+			select {
+			case err = <-dialed:
+			case <-time.After(stallBound):
+				unstall()
+				<-dialed
+				t.Fatalf("the dial still waited for the stalled bring-up %s after its context was cancelled", stallBound)
+			}
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("dial cancelled during the bring-up: %v; want an error wrapping context.Canceled", err)
+			}
+			if !tc.knowRoute {
+				// The connection it opened is closed, with nothing sent.
+				a := <-acceptAsync(ln)
+				if a.err != nil {
+					t.Fatalf("accept: %v", a.err)
+				}
+				_ = a.c.SetReadDeadline(time.Now().Add(stallBound))
+				if n, err := a.c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
+					t.Errorf("the connection of the cancelled dial read %d bytes, %v; want EOF", n, err)
+				}
+				_ = a.c.Close()
+			}
+			unstall()
+			p := dialAccept(t, ln, d)
+			if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
+				t.Fatalf("the dial after the bring-up: client %s (%s), server %s (%s); want URMA on both",
+					p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
+			}
+		})
+	}
 }

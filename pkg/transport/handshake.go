@@ -16,12 +16,12 @@ import (
 // aLongTimeAgo is a deadline in the past, to abort blocked I/O.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// boundHandshake bounds a handshake by timeout (or ctx's deadline, if
-// sooner): the returned context ends then, or when ctx does, and the TCP
-// connection's deadline follows it, so every step, fabric imports included,
-// gives up together. The returned func disarms both.
-func boundHandshake(ctx context.Context, tcp net.Conn, timeout time.Duration) (context.Context, func()) {
-	hctx, cancel := context.WithTimeout(ctx, timeout)
+// boundHandshake bounds a handshake begun at begun by timeout (or ctx's
+// deadline, if sooner): the returned context ends then, or when ctx does,
+// and the TCP connection's deadline follows it, so every step, fabric
+// imports included, gives up together. The returned func disarms both.
+func boundHandshake(ctx context.Context, tcp net.Conn, begun time.Time, timeout time.Duration) (context.Context, func()) {
+	hctx, cancel := context.WithDeadline(ctx, begun.Add(timeout))
 	d, _ := hctx.Deadline()
 	_ = tcp.SetDeadline(d)
 	aborted := make(chan struct{})
@@ -68,7 +68,13 @@ func magicOf(v handshake.Version) string {
 // A client that cannot use URMA at all, or cannot set up the connection's
 // jetty in time, sends nothing and is a plain TCP client; the server
 // serves it transparently.
-func clientHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error) {
+//
+// The handshake's time begins at connected, when the TCP connection came
+// up, not when this is called: the server's clocks (its
+// urma_first_bytes_timeout, its HandshakeTimeout) began when it accepted
+// the connection, so whatever the dial did in between (the engine's
+// bring-up) counts.
+func clientHandshake(ctx context.Context, e *engine, tcp net.Conn, connected time.Time) (Conn, error) {
 	start := time.Now()
 	role := metrics.RoleClient
 	done := func(c Conn, result string) (Conn, error) {
@@ -87,8 +93,8 @@ func clientHandshake(ctx context.Context, e *engine, tcp net.Conn) (Conn, error)
 		return done(tcpMode(*e.unavailable(), nil, 0), metrics.ResultFallback)
 	}
 	version := handshake.Version(e.s.flags.ClientHandshakeVersion)
-	begun := time.Now()
-	hctx, stop := boundHandshake(ctx, tcp, e.s.handshakeTimeout)
+	begun := connected
+	hctx, stop := boundHandshake(ctx, tcp, begun, e.s.handshakeTimeout)
 	end, within := clientSetupDeadline(hctx, begun, e.s.firstBytes)
 	c, fb := e.setUpBy(hctx, tcp, role, e.spec(), end, within,
 		"the client stopped waiting before sending its hello and speaks plain TCP (a server serves a client without a hello as one)")
@@ -265,6 +271,16 @@ func clientSetupDeadline(ctx context.Context, begun time.Time, firstBytes time.D
 	return end, fmt.Sprintf("%s, three quarters of %s", end.Sub(begun).Round(time.Millisecond), bound)
 }
 
+// helloBy is when a client that connected at connected must have its hello
+// under way: clientSetupDeadline's bound, three quarters of
+// urma_first_bytes_timeout, or of HandshakeTimeout if sooner or there is
+// none, the times a server on the same settings waits for it (the dial's
+// context, which the server does not know, bounds nothing here).
+func (e *engine) helloBy(connected time.Time) time.Time {
+	end, _ := sooner(connected.Add(e.s.handshakeTimeout*3/4), handshakeBound, connected, e.s.firstBytes, "urma_first_bytes_timeout")
+	return end
+}
+
 // handshakeBound names handshakeImportDeadline's bound in a fallback's
 // detail.
 const handshakeBound = "the handshake's time (HandshakeTimeout, or the dial's context deadline if sooner)"
@@ -315,7 +331,7 @@ func isTimeout(err error) bool {
 func serverHandshake(ctx context.Context, e *engine, tcp net.Conn, p *place) (Conn, error) {
 	start := time.Now()
 	role := metrics.RoleServer
-	hctx, stop := boundHandshake(ctx, tcp, e.s.handshakeTimeout)
+	hctx, stop := boundHandshake(ctx, tcp, start, e.s.handshakeTimeout)
 	conn, result, err := serverExchange(hctx, start, e, tcp, p)
 	stop()
 	e.metrics.Handshake(result, role, time.Since(start).Seconds())

@@ -419,7 +419,7 @@ func TestWatcherStartsAfterTheHandshakeDeadline(t *testing.T) {
 	defer d.e.unref()
 	d.e.start(netip.MustParseAddr("127.0.0.1"))
 	spy := &deadlineSpy{Conn: tcp, lateRead: make(chan struct{})}
-	c, err := clientHandshake(context.Background(), d.e, spy)
+	c, err := clientHandshake(context.Background(), d.e, spy, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
