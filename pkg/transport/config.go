@@ -120,6 +120,10 @@ type Config struct {
 	// posted to complete and then for its close marker, so that the peer
 	// reads every byte written before Close; 0 means 5s. The jetty's
 	// flush after it takes at most 2s more (at once on a working provider).
+	// It also bounds how long the close that releases the URMA resources
+	// (of the Listener or Dialer, or of its last connection) waits for a
+	// provider call still running; past it the resources are left until
+	// the call returns, and an error is logged.
 	CloseTimeout time.Duration
 	// AcceptBacklog bounds, for a Listener, the connections that no Accept
 	// has taken yet plus the handshakes that hold a jetty and its receive

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -81,13 +82,19 @@ type engine struct {
 	shutdown bool
 	done     chan struct{} // closed when the last reference goes
 	wg       sync.WaitGroup
+	// After the last reference: what the final teardown is doing (a
+	// string), for the log when it outlasts CloseTimeout; released closes
+	// once it has destroyed everything.
+	teardownStep atomic.Value
+	released     chan struct{}
 }
 
 func newEngine(s settings, role string, m *metrics.Metrics) *engine {
 	return &engine{
 		s: s, role: role, metrics: m, refs: 1, done: make(chan struct{}), up: make(chan struct{}),
-		log:    s.log.WithValues("role", role),
-		sqSize: s.flags.SQSize, rqSize: s.flags.RQSize, bufSize: s.flags.BufferSize,
+		released: make(chan struct{}),
+		log:      s.log.WithValues("role", role),
+		sqSize:   s.flags.SQSize, rqSize: s.flags.RQSize, bufSize: s.flags.BufferSize,
 		spinLimit: int32(max(1, runtime.GOMAXPROCS(0)/2)),
 		setups:    make(chan struct{}, setupsFor(s, role)),
 	}
@@ -427,35 +434,83 @@ func (e *engine) unref() {
 	if !last {
 		return
 	}
+	e.finalTeardown()
+}
+
+// finalTeardown stops the engine's goroutines and, once they have all
+// returned, destroys what bringUp created, waiting for that at most
+// CloseTimeout. A provider verb may never return (the jetty pool's filler
+// in CreateJetty on a stalled device) and cannot be interrupted, so the
+// wait and the teardown run on a goroutine of their own: past the timeout
+// Close returns and logs what still runs, and the device context, the
+// registered pool and the provider are deliberately left to that
+// goroutine, which destroys them if the verb ever returns. Destroying them
+// under the running verb instead could crash the process.
+func (e *engine) finalTeardown() {
+	e.teardownStep.Store("waiting for the engine's goroutines to return")
 	close(e.done)
-	e.wg.Wait()
-	e.teardownResources()
+	go func() {
+		defer close(e.released)
+		e.wg.Wait()
+		e.teardownResources()
+	}()
+	timer := time.NewTimer(e.s.closeTimeout)
+	defer timer.Stop()
+	select {
+	case <-e.released:
+		return
+	case <-timer.C:
+	}
+	e.log.Error(errTeardownStalled, "URMA resources NOT released: leaking the device context, the registered buffer pool and the provider until the provider returns, since destroying them under a running verb is unsafe",
+		"stillRunning", e.stillRunning(), "closeTimeout", e.s.closeTimeout, "provider", e.provName)
+	go func() {
+		<-e.released
+		e.log.Info("released the URMA resources left behind at close, now that the provider returned")
+	}()
+}
+
+// errTeardownStalled is what finalTeardown logs when it gives up waiting.
+var errTeardownStalled = errors.New("the engine's teardown did not finish within CloseTimeout: a provider call has not returned")
+
+// stillRunning says what a final teardown that has not finished waits for.
+func (e *engine) stillRunning() string {
+	step, _ := e.teardownStep.Load().(string)
+	if e.jetties != nil && e.jetties.creating() {
+		return "the jetty pool's filler, in the provider creating a prepared jetty (CreateJFCE/JFC/JFR/Jetty); " + step
+	}
+	return step
 }
 
 // teardownResources destroys what bringUp created, in reverse order. It is
 // safe on a partial bring-up.
 func (e *engine) teardownResources() {
+	step := func(s string) { e.teardownStep.Store("releasing the resources: " + s) }
 	if e.removeSource != nil {
 		e.removeSource()
 		e.removeSource = nil
 	}
 	if e.jetties != nil {
+		step("destroying the prepared jetties")
 		e.jetties.drain()
 	}
 	var errs []error
 	if e.hello != nil {
+		step("unregistering the hello page")
 		errs = append(errs, e.hello.close())
 		e.hello = nil
 	}
 	if e.pool != nil {
+		step("unregistering the buffer pool")
 		errs = append(errs, e.pool.unregister(e.log, "the buffer pool"))
 		e.pool = nil
 	}
 	if e.uctx != nil {
+		step("closing the device context")
 		errs = append(errs, e.uctx.Close())
 		e.uctx = nil
 	}
 	if e.ownsProv && e.prov != nil {
+		step("closing the provider")
 		errs = append(errs, e.prov.Close())
 		e.prov = nil
 	}

@@ -4,7 +4,9 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -132,6 +134,94 @@ func TestCleanShutdownLogsNoError(t *testing.T) {
 	}
 	if line := logs.find(`"error"=`); line != "" {
 		t.Errorf("a clean shutdown logged: %s", line)
+	}
+}
+
+// TestCloseWithAStalledVerb: a Listener's or Dialer's Close whose engine
+// waits for a provider verb that does not return (the jetty pool's filler
+// in CreateJetty on a stalled device) returns after CloseTimeout, where it
+// hung for as long as the verb did, and logs an error that names what
+// still runs; it leaves the device context and the pool alone meanwhile
+// (destroying them under the verb is unsafe). Once the verb returns, all
+// of it is released, the late jetty included, and nothing keeps running
+// (checkNoLeaks).
+func TestCloseWithAStalledVerb(t *testing.T) {
+	checkNoLeaks(t)
+	const closeTimeout = 200 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		open func(t *testing.T, cfg Config) (*engine, func() error)
+	}{
+		{"listener", func(t *testing.T, cfg Config) (*engine, func() error) {
+			ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ln.e, ln.Close
+		}},
+		{"dialer", func(t *testing.T, cfg Config) (*engine, func() error) {
+			d, err := NewDialer(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.e.start(netip.MustParseAddr("127.0.0.1")) // as its first dial does
+			return d.e, d.Close
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, pb := fabricPair(t)
+			prov := newFaultProvider(pb)
+			gate := make(chan struct{})
+			prov.f.set(func(c *faultConfig) { c.jettyGate = gate })
+			var once sync.Once
+			unstall := func() { once.Do(func() { close(gate) }) }
+			t.Cleanup(unstall) // before the provider's Close
+			f := smallFlags()
+			f.PreparedJettyCnt = 1 // the filler's jetty stalls
+			cfg := cfgWith(prov, f)
+			cfg.CloseTimeout = closeTimeout
+			var logs logLines
+			cfg.Logger = logs.logger()
+			e, closeIt := tc.open(t, cfg)
+			waitFor(t, "the jetty pool's filler to create a jetty", stallBound, func() bool { return prov.f.attempts("jetty") > 0 })
+
+			closed := make(chan error, 1)
+			go func() { closed <- closeIt() }()
+			select {
+			case err := <-closed:
+				if err != nil {
+					t.Errorf("close: %v", err)
+				}
+			case <-time.After(stallBound):
+				unstall()
+				<-closed
+				t.Fatalf("Close still waited for the stalled CreateJetty %s later; want it to return after CloseTimeout (%s)", stallBound, closeTimeout)
+			}
+			line := logs.find("URMA resources NOT released")
+			for _, want := range []string{`"error"=`, "the jetty pool's filler", "CreateJFCE/JFC/JFR/Jetty", "leaking the device context"} {
+				if !strings.Contains(line, want) {
+					t.Errorf("log after a stalled teardown %q; want it to say %q", line, want)
+				}
+			}
+			// The teardown waits for the verb, which waits for unstall
+			// below: these reads come before its writes.
+			if e.uctx == nil || e.pool == nil {
+				t.Error("the device context or the pool was destroyed while the provider's CreateJetty still ran")
+			}
+
+			unstall()
+			select {
+			case <-e.released:
+			case <-time.After(stallBound):
+				t.Fatalf("the URMA resources were not released %s after the stalled verb returned", stallBound)
+			}
+			if live := prov.f.liveQueues(); len(live) != 0 {
+				t.Errorf("queues left after the stalled verb returned: %v", live)
+			}
+			waitFor(t, "the log of the late release", stallBound, func() bool {
+				return logs.find("released the URMA resources left behind") != ""
+			})
+		})
 	}
 }
 

@@ -283,6 +283,14 @@ func (p *jettyPool) drain() {
 	p.budget.wakeOthers(p)
 }
 
+// creating reports whether the filler is inside the provider, creating a
+// prepared jetty.
+func (p *jettyPool) creating() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.preparing > 0
+}
+
 // stats reports prepared jetties and all jetties this pool counts.
 func (p *jettyPool) stats() (prepared, live int) {
 	p.mu.Lock()
