@@ -224,6 +224,18 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
+		// helm upgrade --reuse-values from a chart older than the value
+		// renders without it: the flag must be left out (the plugin's
+		// default), not passed empty, which the plugin refuses at start.
+		name:   "node facts resync interval unset",
+		values: []string{"--set", "devicePlugin.nodeFactsResyncInterval=null"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			if v, ok := argValue(args(t, container(t, ds, "device-plugin")), "--node-facts-resync-interval"); ok {
+				t.Errorf("--node-facts-resync-interval=%q rendered for an unset value, want the flag left out", v)
+			}
+		},
+	}, {
 		name:   "software devices run everywhere",
 		values: []string{"--set", "devicePlugin.softDevices=4"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
