@@ -9,11 +9,12 @@ import (
 // `helm install`) with a message that names the value.
 func TestBadValuesRejected(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
+	type row struct {
 		name   string
 		values []string
 		want   []string // every string must appear in helm's error
-	}{
+	}
+	tests := []row{
 		{"negative replicas", []string{"--set", "operator.replicas=-1"}, []string{"'/operator/replicas'", "minimum"}},
 		{"replicas not a number", []string{"--set-string", "operator.replicas=two"}, []string{"'/operator/replicas'", "want integer"}},
 		{"unknown pull policy", []string{"--set", "devicePlugin.image.pullPolicy=Sometimes"}, []string{"'/devicePlugin/image/pullPolicy'"}},
@@ -45,11 +46,6 @@ func TestBadValuesRejected(t *testing.T) {
 		{"no operator pods behind a failing webhook", []string{"--set", "operator.replicas=0"}, []string{"operator.replicas=0", "webhook.failurePolicy"}},
 		{"scrape timeout above the interval", []string{"--set", "metrics.serviceMonitor.enabled=true", "-a", "monitoring.coreos.com/v1", "--set", "metrics.serviceMonitor.interval=1m", "--set", "metrics.serviceMonitor.scrapeTimeout=1m500ms"}, []string{"metrics.serviceMonitor.scrapeTimeout=1m500ms exceeds metrics.serviceMonitor.interval=1m"}},
 		{"NFD feature file through extraArgs", []string{"--set", "devicePlugin.extraArgs={--nfd-features-dir=/x}"}, []string{"devicePlugin.nfd.featuresDir", "--nfd-features-dir"}},
-		{"node facts resync interval not a duration", []string{"--set", "devicePlugin.nodeFactsResyncInterval=5 minutes"}, []string{"'/devicePlugin/nodeFactsResyncInterval'", "does not match pattern"}},
-		{"node facts resync interval without a unit", []string{"--set-string", "devicePlugin.nodeFactsResyncInterval=300"}, []string{"'/devicePlugin/nodeFactsResyncInterval'", "does not match pattern"}},
-		{"node facts resync interval zero", []string{"--set", "devicePlugin.nodeFactsResyncInterval=0m0s"}, []string{"'/devicePlugin/nodeFactsResyncInterval'"}},
-		{"node facts resync interval negative", []string{"--set", "devicePlugin.nodeFactsResyncInterval=-1m"}, []string{"'/devicePlugin/nodeFactsResyncInterval'", "does not match pattern"}},
-		{"node facts resync interval not a string", []string{"--set", "devicePlugin.nodeFactsResyncInterval=300"}, []string{"'/devicePlugin/nodeFactsResyncInterval'", "want string"}},
 		{"bad PCI device ID", []string{"--set", "devicePlugin.nfd.pciDevices={0xa22a}"}, []string{"'/devicePlugin/nfd/pciDevices/0'"}},
 		// Values the node agents would refuse at start: a failed install
 		// instead of a crash-looping DaemonSet.
@@ -72,6 +68,29 @@ func TestBadValuesRejected(t *testing.T) {
 		// --kube-version says; the cluster version decides offline.
 		{"DRA before Kubernetes 1.34", []string{"--set", "driver=dra", "--kube-version", "1.33.0"}, []string{"driver=dra needs the resource.k8s.io/v1 API", "set driver=devicePlugin", "--api-versions resource.k8s.io/v1 and --kube-version 1.34"}},
 		{"NodeFeatureRule without NFD", []string{"--set", "devicePlugin.nfd.nodeFeatureRule=true"}, []string{"devicePlugin.nfd.nodeFeatureRule=true needs the nfd.k8s-sigs.io/v1alpha1 API", "Node Feature Discovery"}},
+	}
+	// Intervals the node agents refuse at start (zero, negative) or cannot
+	// parse (no unit, not a duration); a number is not a string.
+	for _, v := range []string{
+		"devicePlugin.nodeFactsResyncInterval", "devicePlugin.kubeletCheckInterval", "devicePlugin.resyncInterval",
+	} {
+		path := "'/" + strings.ReplaceAll(v, ".", "/") + "'"
+		for _, bad := range []struct {
+			name, flag, value, want string
+		}{
+			{"not a duration", "--set", "5 minutes", "does not match pattern"},
+			{"without a unit", "--set-string", "300", "does not match pattern"},
+			{"zero", "--set", "0m0s", ""},
+			{"zero with a fraction", "--set", "0.0s", ""},
+			{"negative", "--set", "-1m", "does not match pattern"},
+			{"not a string", "--set", "300", "want string"},
+		} {
+			want := []string{path}
+			if bad.want != "" {
+				want = append(want, bad.want)
+			}
+			tests = append(tests, row{v + " " + bad.name, []string{bad.flag, v + "=" + bad.value}, want})
+		}
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

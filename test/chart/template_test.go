@@ -10,9 +10,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/openeuler/urma-k8s/pkg/deviceplugin"
 )
 
 const (
@@ -92,10 +95,13 @@ func TestTemplateDefaults(t *testing.T) {
 		if v, _ := argValue(argv, "--shm-dir"); v != "/var/run/urma-k8s/shm" {
 			t.Errorf("--shm-dir = %q, want the mounted shm directory", v)
 		}
-		// The binary's own default, spelled out.
-		if v, _ := argValue(argv, "--node-facts-resync-interval"); v != "5m" {
-			t.Errorf("--node-facts-resync-interval = %q, want 5m", v)
-		}
+		// The binary's own defaults, spelled out.
+		dflt := deviceplugin.Default()
+		checkDurationArgs(t, argv, map[string]time.Duration{
+			"--node-facts-resync-interval": dflt.NodeResync,
+			"--kubelet-check-interval":     dflt.Registrar.CheckInterval,
+			"--resync-interval":            dflt.Server.Resync,
+		})
 		sc, _ := c["securityContext"].(map[string]any)
 		if sc["privileged"] != false || sc["allowPrivilegeEscalation"] != false {
 			t.Errorf("device plugin securityContext = %v, want unprivileged without privilege escalation", sc)
@@ -224,15 +230,31 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
-		// helm upgrade --reuse-values from a chart older than the value
-		// renders without it: the flag must be left out (the plugin's
-		// default), not passed empty, which the plugin refuses at start.
-		name:   "node facts resync interval unset",
-		values: []string{"--set", "devicePlugin.nodeFactsResyncInterval=null"},
+		name:   "kubelet check and resync intervals",
+		values: []string{"--set", "devicePlugin.kubeletCheckInterval=1500ms", "--set", "devicePlugin.resyncInterval=2m30s"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
-			if v, ok := argValue(args(t, container(t, ds, "device-plugin")), "--node-facts-resync-interval"); ok {
-				t.Errorf("--node-facts-resync-interval=%q rendered for an unset value, want the flag left out", v)
+			argv := args(t, container(t, ds, "device-plugin"))
+			for flag, want := range map[string]string{"--kubelet-check-interval": "1500ms", "--resync-interval": "2m30s"} {
+				if v, ok := argValue(argv, flag); v != want || !ok {
+					t.Errorf("%s = %q (present %v), want %s", flag, v, ok, want)
+				}
+			}
+		},
+	}, {
+		// helm upgrade --reuse-values from a chart older than the values
+		// renders without them: the flags must be left out (the plugin's
+		// defaults), not passed empty, which the plugin refuses at start.
+		name: "device plugin intervals unset",
+		values: []string{"--set", "devicePlugin.nodeFactsResyncInterval=null", "--set", "devicePlugin.kubeletCheckInterval=null",
+			"--set", "devicePlugin.resyncInterval=null"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			argv := args(t, container(t, ds, "device-plugin"))
+			for _, flag := range []string{"--node-facts-resync-interval", "--kubelet-check-interval", "--resync-interval"} {
+				if v, ok := argValue(argv, flag); ok {
+					t.Errorf("%s=%q rendered for an unset value, want the flag left out", flag, v)
+				}
 			}
 		},
 	}, {
@@ -659,6 +681,26 @@ func checkHostPaths(t *testing.T, ds *unstructured.Unstructured, want map[string
 		ro, _ := m["readOnly"].(bool)
 		if m["mountPath"] != w.mountPath || ro != w.readOnly {
 			t.Errorf("hostPath %s mounted at %v readOnly=%v, want %s readOnly=%v", host, m["mountPath"], ro, w.mountPath, w.readOnly)
+		}
+	}
+}
+
+// checkDurationArgs checks that each flag is rendered with a Go duration
+// equal to want: the chart's default is the binary's own, whatever the
+// spelling (5m or 5m0s).
+func checkDurationArgs(t *testing.T, argv []string, want map[string]time.Duration) {
+	t.Helper()
+	for flag, w := range want {
+		v, ok := argValue(argv, flag)
+		if !ok {
+			t.Errorf("%s not rendered, want %s", flag, w)
+			continue
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Errorf("%s=%s, want a Go duration: %v", flag, v, err)
+		} else if d != w {
+			t.Errorf("%s=%s, want the binary's default %s", flag, v, w)
 		}
 	}
 }
