@@ -73,6 +73,7 @@ func TestBadValuesRejected(t *testing.T) {
 	// parse (no unit, not a duration); a number is not a string.
 	for _, v := range []string{
 		"devicePlugin.nodeFactsResyncInterval", "devicePlugin.kubeletCheckInterval", "devicePlugin.resyncInterval",
+		"draDriver.healthResendInterval", "draDriver.staleClaimCheckInterval",
 	} {
 		path := "'/" + strings.ReplaceAll(v, ".", "/") + "'"
 		for _, bad := range []struct {

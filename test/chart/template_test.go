@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/openeuler/urma-k8s/pkg/deviceplugin"
+	"github.com/openeuler/urma-k8s/pkg/dra"
 )
 
 const (
@@ -252,6 +253,44 @@ func TestTemplateValues(t *testing.T) {
 			ds := one(t, objs, "DaemonSet")
 			argv := args(t, container(t, ds, "device-plugin"))
 			for _, flag := range []string{"--node-facts-resync-interval", "--kubelet-check-interval", "--resync-interval"} {
+				if v, ok := argValue(argv, flag); ok {
+					t.Errorf("%s=%q rendered for an unset value, want the flag left out", flag, v)
+				}
+			}
+		},
+	}, {
+		name:   "DRA driver intervals default to the driver's own",
+		values: []string{"--set", "driver=dra"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			dflt := dra.Default()
+			checkDurationArgs(t, args(t, container(t, ds, "dra-driver")), map[string]time.Duration{
+				"--health-resend-interval":     dflt.HealthResend,
+				"--stale-claim-check-interval": dflt.StaleClaimCheck,
+			})
+		},
+	}, {
+		name:   "DRA driver intervals",
+		values: []string{"--set", "driver=dra", "--set", "draDriver.healthResendInterval=2s", "--set", "draDriver.staleClaimCheckInterval=1h"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			argv := args(t, container(t, ds, "dra-driver"))
+			for flag, want := range map[string]string{"--health-resend-interval": "2s", "--stale-claim-check-interval": "1h"} {
+				if v, ok := argValue(argv, flag); v != want || !ok {
+					t.Errorf("%s = %q (present %v), want %s", flag, v, ok, want)
+				}
+			}
+		},
+	}, {
+		// As for the device plugin: unset after --reuse-values from an
+		// older chart, the driver's defaults, not an empty value.
+		name: "DRA driver intervals unset",
+		values: []string{"--set", "driver=dra", "--set", "draDriver.healthResendInterval=null",
+			"--set", "draDriver.staleClaimCheckInterval=null"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := one(t, objs, "DaemonSet")
+			argv := args(t, container(t, ds, "dra-driver"))
+			for _, flag := range []string{"--health-resend-interval", "--stale-claim-check-interval"} {
 				if v, ok := argValue(argv, flag); ok {
 					t.Errorf("%s=%q rendered for an unset value, want the flag left out", flag, v)
 				}
