@@ -508,8 +508,25 @@ func (s *serverSide) setUp(ctx context.Context, spec jettySpec, end time.Time) (
 func (e *engine) setUpBy(ctx context.Context, tcp net.Conn, role string, spec jettySpec, end time.Time, within, stopped string) (*urmaConn, *fallback) {
 	wctx, cancel := until(ctx, end)
 	defer cancel()
+	// No setup begins once end has passed: a select with a free place
+	// would pick it half the time, and a quick setup would then carry the
+	// handshake on as URMA past end (a late hello, which a server that
+	// already serves the client as plain TCP reads as application bytes),
+	// a slow one would be work done for nothing.
+	noTime := func() (*urmaConn, *fallback) {
+		return nil, fallbackf(ReasonResources,
+			"no time was left to set up the connection's jetty within %s: it had passed before the setup could begin (the handshake's earlier steps took it); %s",
+			within, stopped)
+	}
+	if wctx.Err() != nil {
+		return noTime()
+	}
 	select {
 	case e.setups <- struct{}{}:
+		if wctx.Err() != nil { // passed meanwhile, as the place freed
+			<-e.setups
+			return noTime()
+		}
 	case <-wctx.Done():
 		return nil, fallbackf(ReasonResources,
 			"the provider has not returned from the jetty setups of %d earlier connections (%s) within %s: a slow device or a stalled verb",
@@ -537,6 +554,16 @@ func (e *engine) setUpBy(ctx context.Context, tcp net.Conn, role string, spec je
 	case m := <-got:
 		return m.c, m.fb
 	case <-wctx.Done():
+	}
+	// end bounds the wait, not the use of a result in hand, as with the
+	// imports (importPeer, whose import that returned is used): a setup
+	// that has returned by the time the handshake stops waiting is used,
+	// not picked against the deadline at random. The quarter of the
+	// peer's wait that end leaves covers that instant.
+	select {
+	case m := <-got:
+		return m.c, m.fb
+	default:
 	}
 	close(abandoned)
 	return nil, fallbackf(ReasonResources,

@@ -3,14 +3,17 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
+	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -855,5 +858,75 @@ func checkLateJettyReleased(t *testing.T, e *engine, unstall func()) {
 	}
 	if prepared, live := e.jetties.stats(); live != prepared {
 		t.Errorf("%d jetties count against the budget, %d of them prepared: a connection's is left", live, prepared)
+	}
+}
+
+// TestSetupPastItsDeadlineStartsNone: a handshake whose time for its
+// jetty setup has already passed when it comes to the setup (its own
+// bound, or the handshake's context) falls back, resource_allocation_failed
+// saying no time was left, and starts no setup, though a place among the
+// engine's setups is free. Selecting between the free place and the ended
+// deadline, it started one half the time: a quick one then carried the
+// handshake on as URMA past its bound, a slow one was work for nothing.
+// Each case tries many times, so that a coin toss cannot pass it.
+func TestSetupPastItsDeadlineStartsNone(t *testing.T) {
+	checkNoLeaks(t)
+	const tries = 200
+	for _, tc := range []struct {
+		name string
+		ctx  func(t *testing.T) context.Context
+		end  time.Time
+	}{
+		{"its bound passed", func(t *testing.T) context.Context { return t.Context() }, time.Now().Add(-time.Millisecond)},
+		{"the handshake's time passed", func(t *testing.T) context.Context {
+			ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Millisecond))
+			t.Cleanup(cancel)
+			return ctx
+		}, time.Time{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, pb := fabricPair(t)
+			prov := newFaultProvider(pb)
+			f := smallFlags()
+			f.PreparedJettyCnt = 0 // every setup creates its jetty, which counts it
+			d, err := NewDialer(cfgWith(prov, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			d.e.start(netip.MustParseAddr("127.0.0.1")) // as its first dial does
+			if fb := d.e.unavailable(); fb != nil {
+				t.Fatalf("URMA unavailable: %s", fb)
+			}
+			local, remote := net.Pipe()
+			defer local.Close()
+			defer remote.Close()
+			ctx := tc.ctx(t)
+			var made, other int
+			var otherWhy string
+			for range tries {
+				c, fb := d.e.setUpBy(ctx, local, metrics.RoleClient, d.e.spec(), tc.end, "the test's bound", "the test goes on as TCP")
+				switch {
+				case c != nil:
+					c.release()
+					made++
+				case fb == nil || fb.reason != ReasonResources || !strings.Contains(fb.detail, "no time was left"):
+					other++
+					otherWhy = fmt.Sprint(fb)
+				}
+			}
+			if made != 0 {
+				t.Errorf("%d of %d setups past their deadline made a URMA connection; want a fallback", made, tries)
+			}
+			if other != 0 {
+				t.Errorf("%d of %d fallbacks were not %s saying no time was left, the last %q", other, tries, ReasonResources, otherWhy)
+			}
+			if n := prov.f.attempts("jetty"); n != 0 {
+				t.Errorf("%d of %d setups past their deadline created a jetty; want none started", n, tries)
+			}
+			if n := len(d.e.setups); n != 0 {
+				t.Errorf("%d places among the engine's setups taken after the calls returned; want none", n)
+			}
+		})
 	}
 }
