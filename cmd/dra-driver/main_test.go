@@ -54,6 +54,14 @@ func TestRunRejectsBadValues(t *testing.T) {
 		// Zero or negative used to become the default without a word.
 		{"zero health resend", []string{"--health-resend-interval=0s"}, "--health-resend-interval 0s must be positive"},
 		{"negative health resend", []string{"--health-resend-interval=-1s"}, "--health-resend-interval -1s must be positive"},
+		// 3× these overflowed to a negative timeout, which kubelet reads
+		// as "use the 30s default": health went Unknown between resends.
+		{"health resend overflowing the timeout", []string{"--health-resend-interval=854016h"}, "--health-resend-interval 854016h0m0s must be positive and at most 1h0m0s"},
+		{"largest Go duration as health resend", []string{"--health-resend-interval=2562047h"}, "--health-resend-interval 2562047h0m0s must be positive and at most 1h0m0s"},
+		// Valid Go durations whose 3× lease vouches for a stopped driver's
+		// devices for days.
+		{"health resend of years", []string{"--health-resend-interval=100000h"}, "--health-resend-interval 100000h0m0s must be positive and at most 1h0m0s"},
+		{"health resend just above the cap", []string{"--health-resend-interval=1h0m1s"}, "--health-resend-interval 1h0m1s must be positive and at most 1h0m0s"},
 		{"zero stale claim check", []string{"--stale-claim-check-interval=0s"}, "--stale-claim-check-interval 0s must be positive"},
 		{"negative stale claim check", []string{"--stale-claim-check-interval=-1m"}, "--stale-claim-check-interval -1m0s must be positive"},
 		// Kubelet and the container runtime know nothing of the driver's

@@ -134,8 +134,11 @@ func (c *Config) Validate() error {
 	}
 	// The plugin reads zero as "the default"; on the command line a zero
 	// or negative interval is a mistake, not a request for it.
-	if c.HealthResend <= 0 {
-		errs = append(errs, fmt.Errorf("--health-resend-interval %s must be positive", c.HealthResend))
+	// Capped too: kubelet is told to expire health after 3× the interval,
+	// and beyond the cap that lease means nothing or overflows.
+	if c.HealthResend <= 0 || c.HealthResend > plugin.MaxHealthResend {
+		errs = append(errs, fmt.Errorf("--health-resend-interval %s must be positive and at most %s (kubelet expires device health after %d× it)",
+			c.HealthResend, plugin.MaxHealthResend, plugin.HealthTimeoutResends))
 	}
 	if c.StaleClaimCheck <= 0 {
 		errs = append(errs, fmt.Errorf("--stale-claim-check-interval %s must be positive", c.StaleClaimCheck))

@@ -41,8 +41,24 @@ const DefaultStaleClaimCheck = 10 * time.Minute
 
 // DefaultHealthResend is how often the device health is re-sent to kubelet
 // without a change; kubelet treats a device as Unknown after
-// HealthCheckTimeout (3x this) without a report.
+// HealthCheckTimeout (HealthTimeoutResends times this) without a report.
 const DefaultHealthResend = 10 * time.Second
+
+// HealthTimeoutResends is how many resend intervals kubelet is told to keep
+// a health report: one lost or late report does not turn devices Unknown.
+const HealthTimeoutResends = 3
+
+// MaxHealthResend is the longest resend interval accepted. The resend is
+// what makes a stalled driver's devices decay to Unknown in kubelet, so 1h
+// (health vouched for 3h after the driver stopped) is already far past any
+// use, while a bound on the interval itself keeps the timeout's product
+// from overflowing (3 × an interval above ~854015h wrapped negative, and
+// kubelet took that for "use your 30s default").
+const MaxHealthResend = time.Hour
+
+// The timeout of the longest interval fits a Duration: raising
+// MaxHealthResend to where it overflows fails the build here.
+const _ = HealthTimeoutResends * MaxHealthResend
 
 // Config configures the plugin.
 type Config struct {
@@ -55,7 +71,7 @@ type Config struct {
 	// Policy is the jetty request policy published with every device.
 	Policy draslices.RequestPolicy
 	// HealthResend is how often health is re-sent unchanged; 0 means
-	// DefaultHealthResend.
+	// DefaultHealthResend. At most MaxHealthResend.
 	HealthResend time.Duration
 	// StaleClaimCheck is how often DropStaleClaims runs in
 	// CleanStaleClaims; 0 means DefaultStaleClaimCheck.
@@ -99,6 +115,10 @@ func New(cfg Config, inv *inventory.Inventory, specs *claimspec.Writer, log logr
 	}
 	if cfg.HealthResend <= 0 {
 		cfg.HealthResend = DefaultHealthResend
+	}
+	// Compared before multiplying: the product is what could overflow.
+	if cfg.HealthResend > MaxHealthResend {
+		return nil, fmt.Errorf("health resend interval %s is above the maximum %s", cfg.HealthResend, MaxHealthResend)
 	}
 	if cfg.StaleClaimCheck <= 0 {
 		cfg.StaleClaimCheck = DefaultStaleClaimCheck
@@ -580,7 +600,7 @@ func (p *Plugin) healthReport(snap *inventory.Snapshot, now time.Time) kubeletpl
 	for _, d := range snap.Devices {
 		h := kubeletplugin.DeviceHealth{
 			PoolName: p.cfg.NodeName, DeviceName: draslices.DeviceName(d.Name),
-			Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now, HealthCheckTimeout: 3 * p.cfg.HealthResend,
+			Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now, HealthCheckTimeout: HealthTimeoutResends * p.cfg.HealthResend,
 		}
 		// A device the last scan missed too: what Prepare refuses and the
 		// slices taint, kubelet hears.

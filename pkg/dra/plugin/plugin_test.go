@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,6 +30,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	"k8s.io/utils/ptr"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
@@ -90,6 +92,7 @@ type driver struct {
 	plugin *plugin.Plugin
 	helper *kubeletplugin.Helper
 	client drapb.DRAPluginClient
+	health drahealthv1.DRAResourceHealthClient
 }
 
 func (h *host) start() *driver {
@@ -129,7 +132,7 @@ func (h *host) serve(p *plugin.Plugin) *driver {
 		helper.Stop()
 		cancel()
 	})
-	return &driver{plugin: p, helper: helper, client: drapb.NewDRAPluginClient(conn)}
+	return &driver{plugin: p, helper: helper, client: drapb.NewDRAPluginClient(conn), health: drahealthv1.NewDRAResourceHealthClient(conn)}
 }
 
 func (d *driver) stop() { d.helper.Stop() }
@@ -809,6 +812,61 @@ func TestDefaultHealthResend(t *testing.T) {
 	go func() { _ = p.WatchHealthStatus(ctx, reports) }()
 	if got := (<-reports).Devices[0].HealthCheckTimeout; got != 3*plugin.DefaultHealthResend {
 		t.Fatalf("health check timeout %s with the default resend, want %s", got, 3*plugin.DefaultHealthResend)
+	}
+}
+
+// Kubelet hears the timeout in whole seconds: 3 resend intervals, as
+// docs/dra.md says.
+func TestHealthCheckTimeoutSentToKubelet(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		resend time.Duration
+		want   int64
+	}{
+		{"default", 0, 30},
+		{"chart test value", 2 * time.Second, 6},
+		{"maximum", plugin.MaxHealthResend, 3 * 3600},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHost(t, sysfstest.DefaultDevice("udma0"))
+			specs, err := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, Policy: draslices.DefaultRequestPolicy(), HealthResend: tc.resend}, h.inv, specs, logr.Discard(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := h.serve(p)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			stream, err := d.health.NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
+			if err != nil {
+				t.Fatalf("NodeWatchResources: %v", err)
+			}
+			resp, err := stream.Recv()
+			if err != nil {
+				t.Fatalf("receiving the first health report: %v", err)
+			}
+			if len(resp.Devices) != 1 || resp.Devices[0].HealthCheckTimeoutSeconds != tc.want {
+				t.Fatalf("first report %v, want one device with health_check_timeout_seconds %d", resp.Devices, tc.want)
+			}
+		})
+	}
+}
+
+// An interval above the maximum is refused rather than multiplied: 3× it
+// overflowed to a negative timeout, or vouched for a stopped driver's
+// devices for years.
+func TestNewRefusesAHealthResendAboveTheMaximum(t *testing.T) {
+	for _, resend := range []time.Duration{plugin.MaxHealthResend + time.Nanosecond, 100000 * time.Hour, 854016 * time.Hour, math.MaxInt64} {
+		t.Run(resend.String(), func(t *testing.T) {
+			h := newHost(t)
+			_, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, Policy: draslices.DefaultRequestPolicy(), HealthResend: resend}, h.inv, nil, logr.Discard(), nil)
+			if err == nil || !strings.Contains(err.Error(), resend.String()) || !strings.Contains(err.Error(), plugin.MaxHealthResend.String()) {
+				t.Fatalf("New with a resend of %s = %v, want an error naming it and the maximum", resend, err)
+			}
+		})
 	}
 }
 
