@@ -74,6 +74,10 @@ type PodInjector struct {
 // else controls: the pod is not given it, and the warning says why; and a
 // pod whose own urma-flags volume or mounts hide the flags from a URMA
 // container: kept as the pod set them, with a warning naming the container.
+// The warnings also name a container whose envFrom sources may set
+// URMA_FLAGS_FILE (the webhook's env entry overrides them), and another
+// source of a projected urma-flags volume that may write where the flags
+// are (Report).
 func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admission.Response {
 	var pod corev1.Pod
 	if err := p.Decoder.Decode(req, &pod); err != nil {
