@@ -111,29 +111,19 @@ func TestHandshakeStallsAreBounded(t *testing.T) {
 					t.Fatalf("the server still holds the handshake %s after it began", stallBound)
 				}
 			} else {
-				peerLn, err := net.Listen("tcp", "127.0.0.1:0")
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer peerLn.Close()
 				d, err := NewDialer(cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer d.Close()
 				e = d.e
-				peerErr := make(chan error, 1)
-				go func() {
-					c, err := peerLn.Accept()
-					if err == nil {
-						p.tcp = c
-						err = tc.peerDoes(p)
-					}
-					peerErr <- err
-				}()
+				addr, peerErr := scriptedPeer(t, func(c net.Conn) error {
+					p.tcp = c
+					return tc.peerDoes(p)
+				})
 				ctx, cancel := context.WithTimeout(context.Background(), stallBound)
 				defer cancel()
-				c, err := d.DialContext(ctx, peerLn.Addr().String())
+				c, err := d.DialContext(ctx, addr)
 				if err := <-peerErr; err != nil {
 					t.Errorf("the stalling server: %v", err)
 				}
@@ -449,22 +439,13 @@ func TestSilentServerErrorSaysWhatToRaise(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			peerLn, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer peerLn.Close()
 			sends := tc.sends(newRawQueues(t, pa))
-			peerErr := make(chan error, 1)
-			go func() {
-				c, err := peerLn.Accept()
-				if err == nil {
-					t.Cleanup(func() { _ = c.Close() })
-					_, err = c.Write(sends)
-				}
-				peerErr <- err
-			}()
-			c, err := d.DialContext(t.Context(), peerLn.Addr().String())
+			addr, peerErr := scriptedPeer(t, func(c net.Conn) error {
+				t.Cleanup(func() { _ = c.Close() })
+				_, err := c.Write(sends)
+				return err
+			})
+			c, err := d.DialContext(t.Context(), addr)
 			if err := <-peerErr; err != nil {
 				t.Fatalf("the silent server: %v", err)
 			}
@@ -507,32 +488,24 @@ func TestServerClosedErrorSaysWhy(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			peerLn, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer peerLn.Close()
 			sends := tc.sends(newRawQueues(t, pa))
-			peerErr := make(chan error, 1)
-			go func() {
-				c, err := peerLn.Accept()
-				if err == nil {
-					// Take the client's hello first, so that the close is a
-					// FIN, not a reset for unread bytes.
-					magic := make([]byte, handshake.MagicLen)
-					if _, err = io.ReadFull(c, magic); err == nil {
-						_, _, err = handshake.ReadHello(c, magic)
-					}
-					if err == nil {
-						_, err = c.Write(sends)
-					}
-					_ = c.Close()
+			addr, peerErr := scriptedPeer(t, func(c net.Conn) error {
+				defer c.Close()
+				// Take the client's hello first, so that the close is a
+				// FIN, not a reset for unread bytes.
+				magic := make([]byte, handshake.MagicLen)
+				if _, err := io.ReadFull(c, magic); err != nil {
+					return err
 				}
-				peerErr <- err
-			}()
+				if _, _, err := handshake.ReadHello(c, magic); err != nil {
+					return err
+				}
+				_, err := c.Write(sends)
+				return err
+			})
 			ctx, cancel := context.WithTimeout(t.Context(), stallBound)
 			defer cancel()
-			c, err := d.DialContext(ctx, peerLn.Addr().String())
+			c, err := d.DialContext(ctx, addr)
 			if err := <-peerErr; err != nil {
 				t.Fatalf("the closing server: %v", err)
 			}

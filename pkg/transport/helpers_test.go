@@ -220,3 +220,24 @@ func acceptAsync(ln net.Listener) <-chan accepted {
 	}()
 	return acc
 }
+
+// scriptedPeer listens on loopback for one connection, plays serve on it
+// (a hand-written server), and hands serve's error over once it returns.
+// The listener closes with the test.
+func scriptedPeer(t *testing.T, serve func(c net.Conn) error) (addr string, served <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	done := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			err = serve(c)
+		}
+		done <- err
+	}()
+	return ln.Addr().String(), done
+}
