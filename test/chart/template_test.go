@@ -236,11 +236,7 @@ func TestTemplateValues(t *testing.T) {
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
 			argv := args(t, container(t, ds, "device-plugin"))
-			for flag, want := range map[string]string{"--kubelet-check-interval": "1500ms", "--resync-interval": "2m30s"} {
-				if v, ok := argValue(argv, flag); v != want || !ok {
-					t.Errorf("%s = %q (present %v), want %s", flag, v, ok, want)
-				}
-			}
+			checkArgs(t, argv, map[string]string{"--kubelet-check-interval": "1500ms", "--resync-interval": "2m30s"})
 		},
 	}, {
 		// helm upgrade --reuse-values from a chart older than the values
@@ -252,11 +248,7 @@ func TestTemplateValues(t *testing.T) {
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
 			argv := args(t, container(t, ds, "device-plugin"))
-			for _, flag := range []string{"--node-facts-resync-interval", "--kubelet-check-interval", "--resync-interval"} {
-				if v, ok := argValue(argv, flag); ok {
-					t.Errorf("%s=%q rendered for an unset value, want the flag left out", flag, v)
-				}
-			}
+			checkArgsAbsent(t, argv, "--node-facts-resync-interval", "--kubelet-check-interval", "--resync-interval")
 		},
 	}, {
 		name:   "DRA driver intervals default to the driver's own",
@@ -275,11 +267,7 @@ func TestTemplateValues(t *testing.T) {
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
 			argv := args(t, container(t, ds, "dra-driver"))
-			for flag, want := range map[string]string{"--health-resend-interval": "2s", "--stale-claim-check-interval": "1h"} {
-				if v, ok := argValue(argv, flag); v != want || !ok {
-					t.Errorf("%s = %q (present %v), want %s", flag, v, ok, want)
-				}
-			}
+			checkArgs(t, argv, map[string]string{"--health-resend-interval": "2s", "--stale-claim-check-interval": "1h"})
 		},
 	}, {
 		// As for the device plugin: unset after --reuse-values from an
@@ -290,11 +278,7 @@ func TestTemplateValues(t *testing.T) {
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
 			argv := args(t, container(t, ds, "dra-driver"))
-			for _, flag := range []string{"--health-resend-interval", "--stale-claim-check-interval"} {
-				if v, ok := argValue(argv, flag); ok {
-					t.Errorf("%s=%q rendered for an unset value, want the flag left out", flag, v)
-				}
-			}
+			checkArgsAbsent(t, argv, "--health-resend-interval", "--stale-claim-check-interval")
 		},
 	}, {
 		name:   "software devices run everywhere",
@@ -740,6 +724,27 @@ func checkDurationArgs(t *testing.T, argv []string, want map[string]time.Duratio
 			t.Errorf("%s=%s, want a Go duration: %v", flag, v, err)
 		} else if d != w {
 			t.Errorf("%s=%s, want the binary's default %s", flag, v, w)
+		}
+	}
+}
+
+// checkArgs checks that each flag is rendered with its value.
+func checkArgs(t *testing.T, argv []string, want map[string]string) {
+	t.Helper()
+	for flag, w := range want {
+		if v, ok := argValue(argv, flag); v != w || !ok {
+			t.Errorf("%s = %q (present %v), want %s", flag, v, ok, w)
+		}
+	}
+}
+
+// checkArgsAbsent checks that no flag is rendered: an unset value (helm
+// upgrade --reuse-values from an older chart) leaves it to the binary.
+func checkArgsAbsent(t *testing.T, argv []string, flags ...string) {
+	t.Helper()
+	for _, flag := range flags {
+		if v, ok := argValue(argv, flag); ok {
+			t.Errorf("%s=%q rendered for an unset value, want the flag left out", flag, v)
 		}
 	}
 }
