@@ -231,3 +231,58 @@ func TestDialCancelledDuringBringUp(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseDuringStalledBringUp: a Dialer closed while its first bring-up
+// stalls in the provider (the dial that started it gave up) returns at
+// once, and what the bring-up makes once the provider returns (the device
+// context, the registered pool, the jetty pool's filler) is released then.
+// The bring-up holds an engine reference for that: without it the Close
+// tore down an engine with nothing in it yet, and the bring-up then left
+// its context, pool and goroutines behind for good.
+func TestCloseDuringStalledBringUp(t *testing.T) {
+	checkNoLeaks(t)
+	pa, pb := fabricPair(t)
+	gate := make(chan struct{})
+	var once sync.Once
+	unstall := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(unstall)
+	prov := newStalledOpenProvider(pb, gate)
+	ln, d := listenAndDialer(t, cfgWith(pa, smallFlags()), cfgWith(prov, smallFlags()))
+	ctx, cancel := context.WithCancel(t.Context())
+	dialed := make(chan error, 1)
+	go func() {
+		c, err := d.DialContext(ctx, ln.Addr().String())
+		if err == nil {
+			_ = c.Close()
+		}
+		dialed <- err
+	}()
+	<-prov.opening
+	cancel()
+	if err := <-dialed; !errors.Is(err, context.Canceled) {
+		t.Fatalf("dial cancelled during the bring-up: %v; want an error wrapping context.Canceled", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- d.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("close: %v", err)
+		}
+	case <-time.After(stallBound):
+		unstall()
+		<-closed
+		t.Fatalf("Close waited for the stalled bring-up over %s", stallBound)
+	}
+	e := d.e
+	unstall()
+	<-e.up
+	select {
+	case <-e.released:
+	case <-time.After(stallBound):
+		t.Fatalf("the engine was not released %s after its bring-up ended", stallBound)
+	}
+	if e.uctx != nil || e.pool != nil {
+		t.Errorf("after the bring-up that outlived Close: device context %v, pool %v left; want both released", e.uctx != nil, e.pool != nil)
+	}
+}
