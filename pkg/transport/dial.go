@@ -62,7 +62,7 @@ func (d *Dialer) Dial(ctx context.Context, network, address string) (net.Conn, e
 		return nil, &net.OpError{Op: "dial", Net: "urma", Err: net.ErrClosed}
 	}
 	defer d.e.unref() // a URMA connection holds its own reference
-	if !d.e.started.Load() {
+	if !d.e.isUp() {
 		// Bring URMA up before connecting: a server serves a client that
 		// says nothing within urma_first_bytes_timeout (1 s) as plain TCP,
 		// so a bring-up that outlasts it (a large pool to register) on an
@@ -77,7 +77,7 @@ func (d *Dialer) Dial(ctx context.Context, network, address string) (net.Conn, e
 	if err != nil {
 		return nil, err
 	}
-	if !d.e.started.Load() {
+	if !d.e.isUp() {
 		// routeSource could not tell: bring URMA up on the address the
 		// connection has, while it is open and silent. If that took so
 		// long that our hello could reach the server after it has taken

@@ -42,8 +42,7 @@ type engine struct {
 
 	startOnce  sync.Once
 	launchOnce sync.Once                // startBy's goroutine
-	started    atomic.Bool              // start has run
-	up         chan struct{}            // closed when start has run
+	up         chan struct{}            // closed when start has run (isUp)
 	unusable   atomic.Pointer[fallback] // why URMA cannot be used; nil when ready
 
 	prov     urma.Provider
@@ -118,9 +117,18 @@ func (e *engine) start(local netip.Addr) {
 			e.teardownResources()
 			e.unusable.Store(fb)
 		}
-		e.started.Store(true)
 		close(e.up)
 	})
+}
+
+// isUp reports whether start has run.
+func (e *engine) isUp() bool {
+	select {
+	case <-e.up:
+		return true
+	default:
+		return false
+	}
 }
 
 // startBy runs start on a goroutine of its own (the first call starts it,

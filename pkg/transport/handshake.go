@@ -86,6 +86,13 @@ func clientHandshake(ctx context.Context, e *engine, tcp net.Conn, connected tim
 		}
 		return c, nil
 	}
+	// fail ends a handshake that neither side can go on with: the
+	// connection is closed, and err says what happened.
+	fail := func(err error) (Conn, error) {
+		e.metrics.Handshake(metrics.ResultError, role, time.Since(start).Seconds())
+		_ = tcp.Close()
+		return nil, err
+	}
 	tcpMode := func(fb fallback, prefix []byte, version int) Conn {
 		return newTCPConn(tcp, role, fb, prefix, version, e.bufSize, e.metrics)
 	}
@@ -93,38 +100,31 @@ func clientHandshake(ctx context.Context, e *engine, tcp net.Conn, connected tim
 		return done(tcpMode(*e.unavailable(), nil, 0), metrics.ResultFallback)
 	}
 	version := handshake.Version(e.s.flags.ClientHandshakeVersion)
-	begun := connected
-	hctx, stop := boundHandshake(ctx, tcp, begun, e.s.handshakeTimeout)
-	end, within := clientSetupDeadline(hctx, begun, e.s.firstBytes)
+	hctx, stop := boundHandshake(ctx, tcp, connected, e.s.handshakeTimeout)
+	end, within := clientSetupDeadline(hctx, connected, e.s.firstBytes)
 	c, fb := e.setUpBy(hctx, tcp, role, e.spec(), end, within,
 		"the client stopped waiting before sending its hello and speaks plain TCP (a server serves a client without a hello as one)")
 	if fb != nil {
 		stop()
 		if err := ctx.Err(); err != nil {
 			// The dial's context ended while it waited, not the bound.
-			e.metrics.Handshake(metrics.ResultError, role, time.Since(start).Seconds())
-			_ = tcp.Close()
-			return nil, fmt.Errorf("URMA handshake with %s: set up the connection's jetty: %w", tcp.RemoteAddr(), err)
+			return fail(fmt.Errorf("URMA handshake with %s: set up the connection's jetty: %w", tcp.RemoteAddr(), err))
 		}
 		if fb.reason == ReasonBudgetExhausted && e.s.failOnBudget {
-			e.metrics.Handshake(metrics.ResultError, role, time.Since(start).Seconds())
-			_ = tcp.Close()
-			return nil, fmt.Errorf("dial %s: %s (Config.FailWhenBudgetExhausted)", tcp.RemoteAddr(), fb)
+			return fail(fmt.Errorf("dial %s: %s (Config.FailWhenBudgetExhausted)", tcp.RemoteAddr(), fb))
 		}
 		// Nothing sent yet: the server serves us as the plain TCP client
 		// we now are.
 		return done(tcpMode(*fb, nil, 0), metrics.ResultFallback)
 	}
-	conn, result, err := c.clientExchange(hctx, begun, version)
+	conn, result, err := c.clientExchange(hctx, connected, version)
 	stop()
 	if err != nil {
 		c.release()
-		_ = tcp.Close()
-		e.metrics.Handshake(metrics.ResultError, role, time.Since(start).Seconds())
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%w)", err, ctx.Err())
 		}
-		return nil, fmt.Errorf("URMA handshake with %s: %w", tcp.RemoteAddr(), err)
+		return fail(fmt.Errorf("URMA handshake with %s: %w", tcp.RemoteAddr(), err))
 	}
 	startWatching(conn)
 	return done(conn, result)
