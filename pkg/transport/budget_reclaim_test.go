@@ -57,10 +57,7 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 		ln, d, budget, _ := sharedBudget(t)
 		waitPrepared(t, ln, 2) // the whole budget
 		p := dialAccept(t, ln, d)
-		if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
-			t.Fatalf("client %s (%s), server %s (%s); want URMA on both: the budget holds only prepared jetties",
-				p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
-		}
+		requireURMA(t, "the budget holds only prepared jetties", p.client, p.server)
 		exchange(t, p.client, p.server, "over URMA")
 		if used := budget.InUse(); used > budget.Limit() {
 			t.Fatalf("%d jetties counted against a budget of %d", used, budget.Limit())
@@ -84,10 +81,7 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 		}
 		waitPrepared(t, ln, 2) // the whole budget again
 		p := dialAccept(t, ln, d)
-		if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
-			t.Fatalf("client %s (%s), server %s (%s); want URMA: closing another dialer must not hide the listener's prepared jetties",
-				p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
-		}
+		requireURMA(t, "closing another dialer must not hide the listener's prepared jetties", p.client, p.server)
 	})
 }
 

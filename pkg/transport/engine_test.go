@@ -4,7 +4,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -170,11 +169,7 @@ func TestCloseWithAStalledVerb(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, pb := fabricPair(t)
-			prov := newFaultProvider(pb)
-			gate := make(chan struct{})
-			prov.f.set(func(c *faultConfig) { c.jettyGate = gate })
-			var once sync.Once
-			unstall := func() { once.Do(func() { close(gate) }) }
+			prov, unstall := stallJettyCreate(pb)
 			t.Cleanup(unstall) // before the provider's Close
 			f := smallFlags()
 			f.PreparedJettyCnt = 1 // the filler's jetty stalls

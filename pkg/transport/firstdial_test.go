@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -40,10 +39,7 @@ func TestSlowFirstDialBringUp(t *testing.T) {
 	ccfg := cfgWith(slowOpenProvider{Provider: pb, delay: 3 * scfg.FirstBytesTimeout}, smallFlags())
 	ccfg.HandshakeTimeout = 3 * time.Second // a client waiting for a hello that never comes gives up soon
 	p := connect(t, scfg, ccfg)
-	if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
-		t.Fatalf("first dial with a slow bring-up: client %s (%s), server %s (%s); want URMA on both",
-			p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
-	}
+	requireURMA(t, "first dial with a slow bring-up", p.client, p.server)
 	exchange(t, p.client, p.server, "after a slow bring-up")
 }
 
@@ -94,9 +90,7 @@ func TestFirstDialBringUpAfterConnecting(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := fabricPair(t)
-			gate := make(chan struct{})
-			var once sync.Once
-			unstall := func() { once.Do(func() { close(gate) }) }
+			gate, unstall := newGate()
 			t.Cleanup(unstall)
 			if !tc.stall {
 				unstall()
@@ -109,17 +103,9 @@ func TestFirstDialBringUpAfterConnecting(t *testing.T) {
 			ln, d := listenAndDialer(t, scfg, ccfg)
 			d.routeSource = noRoute
 
-			type res struct {
-				c   net.Conn
-				err error
-			}
-			dialed := make(chan res, 1)
 			ctx, cancel := context.WithTimeout(t.Context(), stallBound)
 			defer cancel()
-			go func() {
-				c, err := d.DialContext(ctx, ln.Addr().String())
-				dialed <- res{c, err}
-			}()
+			dialed := dialAsync(ctx, d, ln.Addr().String())
 			if tc.stall {
 				// The server serves the silent connection as plain TCP;
 				// only then does the bring-up finish.
@@ -152,10 +138,7 @@ func TestFirstDialBringUpAfterConnecting(t *testing.T) {
 			}
 			server := a.c.(Conn)
 			defer server.Close()
-			if client.Mode() != ModeURMA || server.Mode() != ModeURMA {
-				t.Fatalf("client %s (%s), server %s (%s); want URMA on both",
-					client.Mode(), client.FallbackReason(), server.Mode(), server.FallbackReason())
-			}
+			requireURMA(t, "the connection the first dial returns", client, server)
 			exchange(t, client, server, "after the bring-up")
 		})
 	}
@@ -178,9 +161,7 @@ func TestDialCancelledDuringBringUp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := fabricPair(t)
-			gate := make(chan struct{})
-			var once sync.Once
-			unstall := func() { once.Do(func() { close(gate) }) }
+			gate, unstall := newGate()
 			t.Cleanup(unstall) // before the dialer's Close
 			prov := newStalledOpenProvider(pb, gate)
 			ln, d := listenAndDialer(t, cfgWith(pa, smallFlags()), cfgWith(prov, smallFlags()))
@@ -189,22 +170,17 @@ func TestDialCancelledDuringBringUp(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			dialed := make(chan error, 1)
-			go func() {
-				c, err := d.DialContext(ctx, ln.Addr().String())
-				if err == nil {
-					_ = c.Close()
-				}
-				dialed <- err
-			}()
+			dialed := dialAsync(ctx, d, ln.Addr().String())
 			<-prov.opening
 			cancel()
 			var err error
 			select {
-			case err = <-dialed:
+			case r := <-dialed:
+				r.closeIfDialed()
+				err = r.err
 			case <-time.After(stallBound):
 				unstall()
-				<-dialed
+				(<-dialed).closeIfDialed()
 				t.Fatalf("the dial still waited for the stalled bring-up %s after its context was cancelled", stallBound)
 			}
 			if !errors.Is(err, context.Canceled) {
@@ -224,10 +200,7 @@ func TestDialCancelledDuringBringUp(t *testing.T) {
 			}
 			unstall()
 			p := dialAccept(t, ln, d)
-			if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
-				t.Fatalf("the dial after the bring-up: client %s (%s), server %s (%s); want URMA on both",
-					p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
-			}
+			requireURMA(t, "the dial after the bring-up", p.client, p.server)
 		})
 	}
 }
@@ -242,25 +215,18 @@ func TestDialCancelledDuringBringUp(t *testing.T) {
 func TestCloseDuringStalledBringUp(t *testing.T) {
 	checkNoLeaks(t)
 	pa, pb := fabricPair(t)
-	gate := make(chan struct{})
-	var once sync.Once
-	unstall := func() { once.Do(func() { close(gate) }) }
+	gate, unstall := newGate()
 	t.Cleanup(unstall)
 	prov := newStalledOpenProvider(pb, gate)
 	ln, d := listenAndDialer(t, cfgWith(pa, smallFlags()), cfgWith(prov, smallFlags()))
 	ctx, cancel := context.WithCancel(t.Context())
-	dialed := make(chan error, 1)
-	go func() {
-		c, err := d.DialContext(ctx, ln.Addr().String())
-		if err == nil {
-			_ = c.Close()
-		}
-		dialed <- err
-	}()
+	dialed := dialAsync(ctx, d, ln.Addr().String())
 	<-prov.opening
 	cancel()
-	if err := <-dialed; !errors.Is(err, context.Canceled) {
-		t.Fatalf("dial cancelled during the bring-up: %v; want an error wrapping context.Canceled", err)
+	r := <-dialed
+	r.closeIfDialed()
+	if !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("dial cancelled during the bring-up: %v; want an error wrapping context.Canceled", r.err)
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- d.Close() }()

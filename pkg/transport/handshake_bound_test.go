@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -271,10 +270,7 @@ func TestAckTimeoutGivesTheJettyBack(t *testing.T) {
 				t.Errorf("%d receive buffers still out after the server dropped the client", inUse)
 			}
 			p := dialAccept(t, ln, d)
-			if p.client.Mode() != ModeURMA || p.server.Mode() != ModeURMA {
-				t.Fatalf("an honest client after the drop: client %s (%s), server %s (%s); want URMA",
-					p.client.Mode(), p.client.FallbackReason(), p.server.Mode(), p.server.FallbackReason())
-			}
+			requireURMA(t, "an honest client after the drop", p.client, p.server)
 		})
 	}
 }
@@ -549,11 +545,7 @@ func TestStalledJettySetupFallsBack(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := fabricPair(t)
-			sp := newFaultProvider(pa)
-			gate := make(chan struct{})
-			sp.f.set(func(c *faultConfig) { c.jettyGate = gate })
-			var once sync.Once
-			unstall := func() { once.Do(func() { close(gate) }) }
+			sp, unstall := stallJettyCreate(pa)
 			f := smallFlags()
 			f.PreparedJettyCnt = tc.prepared
 			scfg := cfgWith(sp, f)
@@ -626,11 +618,7 @@ func TestStalledClientJettySetupFallsBack(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := fabricPair(t)
-			cp := newFaultProvider(pb)
-			gate := make(chan struct{})
-			cp.f.set(func(c *faultConfig) { c.jettyGate = gate })
-			var once sync.Once
-			unstall := func() { once.Do(func() { close(gate) }) }
+			cp, unstall := stallJettyCreate(pb)
 			// The server waits its whole HandshakeTimeout for the client's
 			// first bytes, so that it reads the ones the client sends
 			// after its fallback however late they come.
@@ -656,23 +644,12 @@ func TestStalledClientJettySetupFallsBack(t *testing.T) {
 			}
 			dial := func() pair {
 				t.Helper()
-				type res struct {
-					c   net.Conn
-					err error
-				}
-				acc, dialed := make(chan res, 1), make(chan res, 1)
-				go func() {
-					c, err := ln.Accept()
-					acc <- res{c, err}
-				}()
+				acc := acceptAsync(ln)
 				// No deadline: the bound under test is the only one.
 				ctx, cancel := context.WithCancel(t.Context())
 				defer cancel()
-				go func() {
-					c, err := d.DialContext(ctx, ln.Addr().String())
-					dialed <- res{c, err}
-				}()
-				var r res
+				dialed := dialAsync(ctx, d, ln.Addr().String())
+				var r connResult
 				select {
 				case r = <-dialed:
 				case <-time.After(bound + stallBound):
@@ -680,9 +657,7 @@ func TestStalledClientJettySetupFallsBack(t *testing.T) {
 					// handshake it would go on to.
 					cancel()
 					unstall()
-					if r := <-dialed; r.err == nil {
-						_ = r.c.Close()
-					}
+					(<-dialed).closeIfDialed()
 					t.Fatalf("Dial still waited for the stalled jetty setup %s after it began; want a fallback within three quarters of %s", bound+stallBound, bound)
 				}
 				if r.err != nil {
@@ -750,11 +725,7 @@ func TestStalledClientJettySetupFallsBack(t *testing.T) {
 func TestDialCancelledDuringJettySetup(t *testing.T) {
 	checkNoLeaks(t)
 	_, pb := fabricPair(t)
-	cp := newFaultProvider(pb)
-	gate := make(chan struct{})
-	cp.f.set(func(c *faultConfig) { c.jettyGate = gate })
-	var once sync.Once
-	unstall := func() { once.Do(func() { close(gate) }) }
+	cp, unstall := stallJettyCreate(pb)
 	f := smallFlags()
 	f.PreparedJettyCnt = 0 // the dial creates the only jetty
 	cfg := cfgWith(cp, f)
@@ -771,34 +742,18 @@ func TestDialCancelledDuringJettySetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer peerLn.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		if c, err := peerLn.Accept(); err == nil {
-			accepted <- c
-		}
-		close(accepted)
-	}()
+	acc := acceptAsync(peerLn)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	dialed := make(chan res, 1)
-	go func() {
-		c, err := d.DialContext(ctx, peerLn.Addr().String())
-		dialed <- res{c, err}
-	}()
+	dialed := dialAsync(ctx, d, peerLn.Addr().String())
 	waitFor(t, "the dial to create its jetty", stallBound, func() bool { return cp.f.attempts("jetty") > 0 })
 	cancel()
-	var r res
+	var r connResult
 	select {
 	case r = <-dialed:
 	case <-time.After(stallBound):
 		unstall()
-		if r := <-dialed; r.err == nil {
-			_ = r.c.Close()
-		}
+		(<-dialed).closeIfDialed()
 		t.Fatalf("the dial still waited for the stalled jetty setup %s after its context was cancelled", stallBound)
 	}
 	if r.err == nil {
@@ -808,14 +763,8 @@ func TestDialCancelledDuringJettySetup(t *testing.T) {
 	if !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("dial cancelled during its jetty setup: %v; want an error wrapping context.Canceled", r.err)
 	}
-	if c, ok := <-accepted; ok { // connected before the setup began
-		_ = c.Close()
-	}
-	unstall()
-	waitFor(t, "the late jetty to be released", stallBound, func() bool { return d.e.refCount() == 1 })
-	if _, inUse := d.e.pool.stats(); inUse != 0 {
-		t.Errorf("%d receive buffers still out after the late jetty was released", inUse)
-	}
+	(<-acc).closeIfDialed() // connected before the setup began
+	checkLateJettyReleased(t, d.e, unstall)
 }
 
 // checkLateJettyReleased lets a stalled jetty setup's verb return (unstall)

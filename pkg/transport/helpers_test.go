@@ -7,6 +7,7 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,20 +206,64 @@ func (e *engine) refCount() int {
 	return e.refs
 }
 
-// accepted is what one Accept returned.
-type accepted struct {
+// connResult is what one Accept or Dial returned.
+type connResult struct {
 	c   net.Conn
 	err error
 }
 
 // acceptAsync runs one Accept on ln and hands its result over.
-func acceptAsync(ln net.Listener) <-chan accepted {
-	acc := make(chan accepted, 1)
+func acceptAsync(ln net.Listener) <-chan connResult {
+	acc := make(chan connResult, 1)
 	go func() {
 		c, err := ln.Accept()
-		acc <- accepted{c, err}
+		acc <- connResult{c, err}
 	}()
 	return acc
+}
+
+// dialAsync runs one dial of d to addr and hands its result over.
+func dialAsync(ctx context.Context, d *Dialer, addr string) <-chan connResult {
+	dialed := make(chan connResult, 1)
+	go func() {
+		c, err := d.DialContext(ctx, addr)
+		dialed <- connResult{c, err}
+	}()
+	return dialed
+}
+
+// closeIfDialed closes the connection of a result that has one (a
+// dialed or accepted one).
+func (r connResult) closeIfDialed() {
+	if r.err == nil {
+		_ = r.c.Close()
+	}
+}
+
+// newGate is a gate a stalled fake verb waits on, and open, which opens it
+// (again: a no-op). Where the caller registers open with t.Cleanup decides
+// whether it runs before or after a Listener's or Dialer's Close.
+func newGate() (gate <-chan struct{}, open func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return ch, func() { once.Do(func() { close(ch) }) }
+}
+
+// stallJettyCreate is p with its CreateJetty held until unstall.
+func stallJettyCreate(p urma.Provider) (fp *faultProvider, unstall func()) {
+	gate, unstall := newGate()
+	fp = newFaultProvider(p)
+	fp.f.set(func(c *faultConfig) { c.jettyGate = gate })
+	return fp, unstall
+}
+
+// requireURMA fails the test unless both ends of a connection run on URMA.
+func requireURMA(t testing.TB, what string, client, server Conn) {
+	t.Helper()
+	if client.Mode() != ModeURMA || server.Mode() != ModeURMA {
+		t.Fatalf("%s: client %s (%s), server %s (%s); want URMA on both",
+			what, client.Mode(), client.FallbackReason(), server.Mode(), server.FallbackReason())
+	}
 }
 
 // scriptedPeer listens on loopback for one connection, plays serve on it

@@ -320,18 +320,11 @@ func TestFailedHandshakeGivesItsPlaceBack(t *testing.T) {
 	}
 	defer stalled.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	dialed := make(chan error, 1)
-	go func() {
-		c, err := stalled.DialContext(ctx, ln.Addr().String())
-		if err == nil {
-			_ = c.Close()
-		}
-		dialed <- err
-	}()
+	dialed := dialAsync(ctx, stalled, ln.Addr().String())
 	waitFor(t, "the server to hold a place for the stalled client", stallBound, func() bool { return len(ln.slots) == 1 })
 	waitFor(t, "the failed handshake to give its place back", stallBound, func() bool { return len(ln.slots) == 0 })
 	cancel()
-	<-dialed // cancelled, or a fallback onto the connection the server dropped
+	(<-dialed).closeIfDialed() // cancelled, or a fallback onto the connection the server dropped
 
 	d, err := NewDialer(cfgWith(pb, smallFlags()))
 	if err != nil {
