@@ -13,6 +13,8 @@ import (
 // the kubelet keeps a name it does not know; resolved is false then, since
 // the kubelet may know the name where the webhook does not (envFrom,
 // service variables), and so may run the container with another value.
+// It follows the kubelet's expansion (third_party/forked/golang/expansion
+// in k8s.io/kubernetes, not a module this one can import) rule for rule.
 func expandEnv(s string, lookup func(name string) (string, bool)) (out string, resolved bool) {
 	if !strings.Contains(s, "$") {
 		return s, true

@@ -33,6 +33,15 @@ func withEnv(name, key, value string) func(*corev1.Pod) {
 	}
 }
 
+// lastEnv is c's entry of env var name that takes effect (lastEnvIndex);
+// nil when none.
+func lastEnv(c *corev1.Container, name string) *corev1.EnvVar {
+	if i := lastEnvIndex(c, name); i >= 0 {
+		return &c.Env[i]
+	}
+	return nil
+}
+
 // withEnvFrom appends envFrom sources to the container.
 func withEnvFrom(name string, sources ...corev1.EnvFromSource) func(*corev1.Pod) {
 	return func(p *corev1.Pod) {
@@ -77,10 +86,7 @@ func TestInjectKeepsTheContainersOwnFlagsFile(t *testing.T) {
 		{name: "duplicate entries: the last, the endpoint's file, wins", hashed: true,
 			mutate: []func(*corev1.Pod){flagsEnv("app", "/mine", "/etc/urma/urma.flags")}},
 		{name: "its own value before other variables",
-			mutate: []func(*corev1.Pod){flagsEnv("app", "/mine"), func(p *corev1.Pod) {
-				c := container(p, "app")
-				c.Env = append(c.Env, corev1.EnvVar{Name: "OTHER", Value: "x"})
-			}}},
+			mutate: []func(*corev1.Pod){flagsEnv("app", "/mine"), withEnv("app", "OTHER", "x")}},
 		{name: "a reference to an earlier variable that names the file", hashed: true,
 			mutate: []func(*corev1.Pod){withEnv("app", "DIR", "/etc/urma"), flagsEnv("app", "$(DIR)/urma.flags")}},
 		{name: "a reference to an earlier variable that names another file",

@@ -672,16 +672,9 @@ func flagsFile(c *corev1.Container, inVolume string) (file string, own bool) {
 
 func isFlagsVolume(m corev1.VolumeMount) bool { return m.Name == VolumeName }
 
-// lastEnv is c's entry of env var name that takes effect, the last one
-// (the kubelet lets a later entry override an earlier one); nil when none.
-func lastEnv(c *corev1.Container, name string) *corev1.EnvVar {
-	if i := lastEnvIndex(c, name); i >= 0 {
-		return &c.Env[i]
-	}
-	return nil
-}
-
-// lastEnvIndex is the index of lastEnv in c.Env, -1 when none.
+// lastEnvIndex is the index in c.Env of the entry of env var name that
+// takes effect, the last one (the kubelet lets a later entry override an
+// earlier one); -1 when none.
 func lastEnvIndex(c *corev1.Container, name string) int {
 	for i := len(c.Env) - 1; i >= 0; i-- {
 		if c.Env[i].Name == name {
