@@ -27,16 +27,12 @@ func TestDRADriver(t *testing.T) {
 	}
 	c := container(t, ds, "dra-driver")
 	argv := args(t, c)
-	for flag, want := range map[string]string{
+	checkArgs(t, argv, map[string]string{
 		"--plugin-data-dir":       "/var/lib/kubelet/plugins/urma.openeuler.org",
 		"--registrar-dir":         "/var/lib/kubelet/plugins_registry",
 		"--jetty-request-default": "32",
 		"--shm-dir":               "/var/run/urma-k8s/shm",
-	} {
-		if got, ok := argValue(argv, flag); !ok || got != want {
-			t.Errorf("%s = %q, want %q", flag, got, want)
-		}
-	}
+	})
 	// kubelet dials the sockets by their host paths: they must be mounted
 	// at the same paths.
 	mounts := map[string]string{}

@@ -222,21 +222,13 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
-		name:   "node facts resync interval",
-		values: []string{"--set", "devicePlugin.nodeFactsResyncInterval=1h30m"},
-		check: func(t *testing.T, objs []*unstructured.Unstructured) {
-			ds := one(t, objs, "DaemonSet")
-			if v, ok := argValue(args(t, container(t, ds, "device-plugin")), "--node-facts-resync-interval"); v != "1h30m" || !ok {
-				t.Errorf("--node-facts-resync-interval = %q (present %v), want 1h30m", v, ok)
-			}
-		},
-	}, {
-		name:   "kubelet check and resync intervals",
-		values: []string{"--set", "devicePlugin.kubeletCheckInterval=1500ms", "--set", "devicePlugin.resyncInterval=2m30s"},
+		name: "device plugin intervals",
+		values: []string{"--set", "devicePlugin.nodeFactsResyncInterval=1h30m", "--set", "devicePlugin.kubeletCheckInterval=1500ms",
+			"--set", "devicePlugin.resyncInterval=2m30s"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
 			argv := args(t, container(t, ds, "device-plugin"))
-			checkArgs(t, argv, map[string]string{"--kubelet-check-interval": "1500ms", "--resync-interval": "2m30s"})
+			checkArgs(t, argv, map[string]string{"--node-facts-resync-interval": "1h30m", "--kubelet-check-interval": "1500ms", "--resync-interval": "2m30s"})
 		},
 	}, {
 		// helm upgrade --reuse-values from a chart older than the values
