@@ -191,8 +191,8 @@ func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if env[shmEnv] != shmDir {
-		return 0, fmt.Errorf("the container's %s is %q, want %s (the chart's devicePlugin.shmDir)", shmEnv, env[shmEnv], shmDir)
+	if env[claimspec.EnvShmDir] != claimspec.DefaultShmDir {
+		return 0, fmt.Errorf("the container's %s is %q, want %s (the chart's devicePlugin.shmDir)", claimspec.EnvShmDir, env[claimspec.EnvShmDir], claimspec.DefaultShmDir)
 	}
 	if err := checkShmDir(pid); err != nil {
 		return 0, err
@@ -207,21 +207,13 @@ func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
 	return req.Value(), nil
 }
 
-// shmDir is where the chart's drivers keep the pods' shm directory on the
-// host (devicePlugin.shmDir and draDriver.shmDir), named to each container
-// by shmEnv.
-const (
-	shmDir = claimspec.DefaultShmDir
-	shmEnv = claimspec.EnvShmDir
-)
-
 // removeHostShmDir removes the pods' shm directory from the host, as an
 // admin's cleanup would while the driver runs. The chart mounts its parent
 // into the driver, so that the driver makes it again, on the host and open
 // to every pod user, for the pods created next; checkShmDir then finds it.
 func removeHostShmDir() error {
-	if err := os.RemoveAll(shmDir); err != nil {
-		return fmt.Errorf("remove the host's shm directory %s: %w", shmDir, err)
+	if err := os.RemoveAll(claimspec.DefaultShmDir); err != nil {
+		return fmt.Errorf("remove the host's shm directory %s: %w", claimspec.DefaultShmDir, err)
 	}
 	return nil
 }
@@ -231,15 +223,15 @@ func removeHostShmDir() error {
 // after removeHostShmDir (a directory the runtime made for a missing mount
 // source would be root's alone, and pods of other users could not meet).
 func checkShmDir(pid int) error {
-	if err := checkSameDir(pid, shmDir); err != nil {
+	if err := checkSameDir(pid, claimspec.DefaultShmDir); err != nil {
 		return err
 	}
-	fi, err := os.Stat(shmDir)
+	fi, err := os.Stat(claimspec.DefaultShmDir)
 	if err != nil {
-		return fmt.Errorf("stat the host's %s: %w", shmDir, err)
+		return fmt.Errorf("stat the host's %s: %w", claimspec.DefaultShmDir, err)
 	}
 	if want := os.ModeDir | os.ModeSticky | 0o777; fi.Mode()&(os.ModeType|os.ModeSticky|os.ModePerm) != want {
-		return fmt.Errorf("the host's %s, removed before the pods were created, has mode %v, want %v: the driver did not make it again", shmDir, fi.Mode(), want)
+		return fmt.Errorf("the host's %s, removed before the pods were created, has mode %v, want %v: the driver did not make it again", claimspec.DefaultShmDir, fi.Mode(), want)
 	}
 	return nil
 }
