@@ -31,6 +31,7 @@ ARG VERSION=dev
 LABEL org.opencontainers.image.title="urma-device-plugin" \
       org.opencontainers.image.description="URMA device plugin, advertises UB jetty budgets to kubelet" \
       org.opencontainers.image.source="https://github.com/openeuler/urma-k8s" \
+      org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
 COPY --from=build /out/urma-device-plugin /usr/local/bin/urma-device-plugin
 USER 65532:65532

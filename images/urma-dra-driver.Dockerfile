@@ -31,6 +31,7 @@ ARG VERSION=dev
 LABEL org.opencontainers.image.title="urma-dra-driver" \
       org.opencontainers.image.description="URMA DRA driver, publishes UB jetty budgets as ResourceSlices" \
       org.opencontainers.image.source="https://github.com/openeuler/urma-k8s" \
+      org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
 COPY --from=build /out/urma-dra-driver /usr/local/bin/urma-dra-driver
 USER 65532:65532

@@ -31,6 +31,7 @@ ARG VERSION=dev
 LABEL org.opencontainers.image.title="urma-operator" \
       org.opencontainers.image.description="URMA operator, reconciles UrmaEndpoint resources into tuned urma_* flags" \
       org.opencontainers.image.source="https://github.com/openeuler/urma-k8s" \
+      org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
 COPY --from=build /out/urma-operator /usr/local/bin/urma-operator
 USER 65532:65532

@@ -31,6 +31,7 @@ ARG VERSION=dev
 LABEL org.opencontainers.image.title="urma-perf" \
       org.opencontainers.image.description="URMA transport benchmark, server and client" \
       org.opencontainers.image.source="https://github.com/openeuler/urma-k8s" \
+      org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
 COPY --from=build /out/urma-perf /usr/local/bin/urma-perf
 USER 65532:65532

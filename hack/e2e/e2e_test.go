@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/openeuler/urma-k8s/hack/internal/imagespec"
 )
 
 func TestParseOptions(t *testing.T) {
@@ -204,9 +206,18 @@ func TestParseManifest(t *testing.T) {
 }
 
 func TestBuildImage(t *testing.T) {
-	img := buildImage("urma-perf", "benchmark", "65532:65532", []byte("bin"))
+	var perf imagespec.Spec
+	for _, s := range imagespec.Project {
+		if s.Name == "urma-perf" {
+			perf = s
+		}
+	}
+	img := buildImage(perf, []byte("bin"))
 	if img.Name != "e2e.local/urma-k8s/urma-perf:e2e" || img.Config.User != "65532:65532" || img.Config.Entrypoint[0] != "/usr/local/bin/urma-perf" {
 		t.Errorf("image = %+v", img)
+	}
+	if got := img.Config.Labels["org.opencontainers.image.licenses"]; got != imagespec.License {
+		t.Errorf("licenses label = %q, want %q", got, imagespec.License)
 	}
 	var found bool
 	for _, f := range img.Files {
@@ -217,8 +228,14 @@ func TestBuildImage(t *testing.T) {
 	if !found {
 		t.Error("the binary is not at /usr/local/bin/urma-perf, mode 0755")
 	}
-	if p := buildImage("pause", "", "65535:65535", nil); p.Config.Entrypoint[0] != "/pause" {
-		t.Errorf("pause entrypoint = %v", p.Config.Entrypoint)
+	p := buildImage(pauseImage, []byte("pause"))
+	if p.Config.Entrypoint[0] != "/pause" || p.Config.User != "65535:65535" {
+		t.Errorf("pause entrypoint = %v, user %s", p.Config.Entrypoint, p.Config.User)
+	}
+	for _, f := range p.Files {
+		if strings.HasPrefix(f.Path, "/usr/local/bin") {
+			t.Errorf("the pause image holds %s", f.Path)
+		}
 	}
 }
 

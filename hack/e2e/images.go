@@ -6,35 +6,32 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/openeuler/urma-k8s/hack/internal/imagespec"
 	"github.com/openeuler/urma-k8s/internal/ociimage"
 )
 
+// pauseImage is the sandbox image make e2e packs beside the project's
+// images (imagespec.Project, built static by hack/e2e.sh into <bin>/e2e/).
+var pauseImage = imagespec.Spec{Name: "pause", Description: "pod sandbox holder for make e2e"}
+
 // projectImages are the images make e2e packs: the chart's three, urma-perf
-// for the test pods, and the sandbox image. The binaries are built static
-// by hack/e2e.sh into <bin>/e2e/.
-var projectImages = []struct {
-	name, title string
-	user        string
-}{
-	{"urma-device-plugin", "URMA device plugin, advertises UB jetty budgets to kubelet", "65532:65532"},
-	{"urma-dra-driver", "URMA DRA driver, publishes UB devices as ResourceSlices with jetty capacity", "65532:65532"},
-	{"urma-operator", "URMA operator, reconciles UrmaEndpoint resources into tuned urma_* flags", "65532:65532"},
-	{"urma-perf", "URMA transport benchmark, server and client", "65532:65532"},
-	{"pause", "pod sandbox holder for make e2e", "65535:65535"},
+// for the test pods, and the sandbox image.
+func projectImages() []imagespec.Spec {
+	return append(slices.Clone(imagespec.Project), pauseImage)
 }
 
 func projectBinaries() []string {
-	out := make([]string, len(projectImages))
-	for i, img := range projectImages {
-		out[i] = filepath.Join("e2e", img.name)
+	var out []string
+	for _, img := range projectImages() {
+		out = append(out, filepath.Join("e2e", img.Name))
 	}
 	return out
 }
@@ -43,52 +40,28 @@ func projectBinaries() []string {
 // at these names, with pullPolicy Never so nothing is ever pulled.
 func imageName(name string) string { return imageRepo + name + ":" + imageTag }
 
-// baseFiles is what distroless/static:nonroot gives a static binary, and the
-// images/*.Dockerfile build on: users, a writable /tmp, the nonroot home.
-func baseFiles() []ociimage.File {
-	return []ociimage.File{
-		{Path: "/etc/passwd", Data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
-		{Path: "/etc/group", Data: []byte("root:x:0:\nnonroot:x:65532:\n")},
-		{Path: "/tmp", Mode: fs.ModeDir | fs.ModeSticky | 0o777},
-		{Path: "/home/nonroot", Mode: fs.ModeDir | 0o700, UID: 65532, GID: 65532},
-		{Path: "/root", Mode: fs.ModeDir | 0o700},
+// buildImage is the image of one binary, as its Dockerfile would build it
+// (imagespec), the pause program at /pause running as 65535.
+func buildImage(spec imagespec.Spec, binary []byte) ociimage.Image {
+	img := spec.Image(imageName(spec.Name), imageTag, runtime.GOARCH, binary)
+	if spec.Name == pauseImage.Name {
+		files := imagespec.BaseFiles()
+		img.Files = append(files, ociimage.File{Path: "/pause", Mode: 0o755, Data: binary})
+		img.Config.Entrypoint = []string{"/pause"}
+		img.Config.User = "65535:65535"
 	}
-}
-
-// buildImage is the image of one project binary, as its Dockerfile would
-// build it: the binary at /usr/local/bin/<name> (the pause program at
-// /pause), run as the given user.
-func buildImage(name, title, user string, binary []byte) ociimage.Image {
-	path := "/usr/local/bin/" + name
-	if name == "pause" {
-		path = "/pause"
-	}
-	files := append(baseFiles(), ociimage.File{Path: path, Mode: 0o755, Data: binary})
-	return ociimage.Image{
-		Name: imageName(name), Arch: runtime.GOARCH, Files: files,
-		Config: ociimage.Config{
-			User:       user,
-			Entrypoint: []string{path},
-			Env:        []string{"PATH=/usr/local/bin:/usr/bin:/bin"},
-			Labels: map[string]string{
-				"org.opencontainers.image.title":       name,
-				"org.opencontainers.image.description": title,
-				"org.opencontainers.image.source":      "https://github.com/openeuler/urma-k8s",
-				"org.opencontainers.image.version":     imageTag,
-			},
-		},
-	}
+	return img
 }
 
 // packImages writes one OCI archive holding every project image.
 func (r *run) packImages() (string, error) {
 	var imgs []ociimage.Image
-	for _, pi := range projectImages {
-		bin, err := os.ReadFile(r.bin(filepath.Join("e2e", pi.name)))
+	for _, spec := range projectImages() {
+		bin, err := os.ReadFile(r.bin(filepath.Join("e2e", spec.Name)))
 		if err != nil {
-			return "", fmt.Errorf("read the %s binary: %w", pi.name, err)
+			return "", fmt.Errorf("read the %s binary: %w", spec.Name, err)
 		}
-		imgs = append(imgs, buildImage(pi.name, pi.title, pi.user, bin))
+		imgs = append(imgs, buildImage(spec, bin))
 	}
 	var buf bytes.Buffer
 	if err := ociimage.WriteArchive(&buf, imgs...); err != nil {
@@ -141,7 +114,7 @@ func (r *run) startRuntime(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stat %s: %w", archive, err)
 	}
-	r.say("packed %d images into %s (%.1f MiB) in %s", len(projectImages), archive, float64(st.Size())/(1<<20), time.Since(start).Round(time.Millisecond))
+	r.say("packed %d images into %s (%.1f MiB) in %s", len(projectImages()), archive, float64(st.Size())/(1<<20), time.Since(start).Round(time.Millisecond))
 	start = time.Now()
 	if _, err := r.ctr(ctx, "images", "import", archive); err != nil {
 		return err
@@ -150,9 +123,9 @@ func (r *run) startRuntime(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, pi := range projectImages {
-		if !strings.Contains(string(list), imageName(pi.name)+"\n") {
-			return fmt.Errorf("ctr images import did not create %s; images now: %s", imageName(pi.name), strings.Fields(string(list)))
+	for _, spec := range projectImages() {
+		if !strings.Contains(string(list), imageName(spec.Name)+"\n") {
+			return fmt.Errorf("ctr images import did not create %s; images now: %s", imageName(spec.Name), strings.Fields(string(list)))
 		}
 	}
 	var names []string
