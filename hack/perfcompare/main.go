@@ -9,7 +9,7 @@
 // socket fabric's throughput (urma_soft_fabric=socket on both sides, which
 // emulates two UB hosts) beside TCP's of the same run, with the copying
 // API and with the zero-copy API (socketModes). `make bench` runs
-// it; see docs/transport.md.
+// it; see docs/benchmarks.md.
 //
 //	perfcompare -urma-perf bin/urma-perf [-duration 1s] [-rounds 1] [-sizes 64,4096,65536,1048576]
 package main
@@ -279,7 +279,7 @@ func urmaFlags(n int, polling bool) []string {
 		"--urma_sq_size=" + strconv.Itoa(q), "--urma_rq_size=" + strconv.Itoa(q),
 		"--urma_prepared_jetty_cnt=1", "--urma_use_polling=" + strconv.FormatBool(polling),
 		// A poller that spins without yielding starves the goroutines it
-		// serves on a machine with few cores (docs/transport.md).
+		// serves on a machine with few cores (docs/benchmarks.md).
 		"--urma_poller_yield=" + strconv.FormatBool(polling),
 	}
 }

@@ -299,7 +299,7 @@ func (e *engine) registerMemory() error {
 // given in Config.Provider, whose fabric the engine cannot see. Everywhere
 // else (liburma, the socket fabric) the pool is private and, with
 // urma_pool_huge_pages, advised for huge pages: the socket fabric's 1 MiB
-// stream moved about a tenth more bytes on them (docs/transport.md), since
+// stream moved about a tenth more bytes on them (docs/benchmarks.md), since
 // a pool of many megabytes no longer costs a page walk per 4 KiB copied.
 func (e *engine) allocPoolMemory(size int) (*urma.Memory, error) {
 	if e.s.flags.PoolHugePages && e.ownsProv && e.fabric.name != FabricShm {

@@ -183,7 +183,7 @@ func (e *engine) fabricName() string {
 // and that goroutine needs a processor the spinner holds. On this 2-core
 // VM the spin doubled the socket fabric's 64 B round trip (270-290 µs
 // against 115-135 µs) and cost its 1 MiB stream about a tenth
-// (docs/transport.md). On shm the poll takes the message from the peer's
+// (docs/benchmarks.md). On shm the poll takes the message from the peer's
 // ring, and hardware writes its completion queue itself.
 func (e *engine) readerSpin() time.Duration {
 	if e.s.flags.UsePolling || e.fabric.name == FabricSocket {
