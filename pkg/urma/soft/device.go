@@ -36,6 +36,32 @@ type device struct {
 	instances atomic.Uint32 // jetty instance numbers, unique per device
 
 	sock *sockDevice // nil on the in-process fabric
+	// alsoSock is the socket fabric's side of a device on both fabrics
+	// (Options.AlsoSocket): sock is then the shm side, at eids[0], and
+	// alsoSock is at eids[1]. Nil otherwise.
+	alsoSock *sockDevice
+}
+
+// socks lists the device's fabric sides: none in-process, else sock and,
+// on both fabrics, alsoSock.
+func (d *device) socks() []*sockDevice {
+	switch {
+	case d.sock == nil:
+		return nil
+	case d.alsoSock == nil:
+		return []*sockDevice{d.sock}
+	}
+	return []*sockDevice{d.sock, d.alsoSock}
+}
+
+// sockFor is the fabric side that reaches a peer device at eid: on both
+// fabrics, an shm EID is reached over shared memory and any other over
+// TCP.
+func (d *device) sockFor(eid urma.EID) *sockDevice {
+	if d.alsoSock != nil && !IsShmEID(eid) {
+		return d.alsoSock
+	}
+	return d.sock
 }
 
 func (d *device) infoCopy() urma.DeviceInfo {
@@ -216,10 +242,10 @@ func (d *device) route(op string, eid urma.EID) (*device, *peer, error) {
 		}
 		return t, nil, nil
 	}
-	if eid == d.eids[0] {
+	if slices.Contains(d.eids, eid) {
 		return d, nil, nil
 	}
-	p, err := d.sock.peer(eid)
+	p, err := d.sockFor(eid).peer(eid)
 	if err != nil {
 		return nil, nil, urma.Errorf(op, urma.CodeConnRefused, "%w", err)
 	}

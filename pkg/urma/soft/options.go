@@ -68,6 +68,15 @@ type Options struct {
 	// Listen is the socket fabric's TCP listen address for devices that do
 	// not name their own; "" means "127.0.0.1:0". In a pod use the pod IP.
 	Listen string
+	// AlsoSocket, with ShmDir, makes each device reachable on both
+	// fabrics, as a UB device reaches every host: peers on this host over
+	// shared memory at its shm EID (index 0), peers on other hosts over
+	// TCP at a second EID (index 1) encoding its socket fabric address
+	// (Listen, or the device's own Listen and Advertise). Both EIDs name
+	// the same device: a jetty or segment is reached through either, and
+	// an import or send goes over the fabric of the EID it names. The
+	// device's explicit EIDs, if any, name its shm EID only.
+	AlsoSocket bool
 	// Devices lists the virtual devices; nil means one device, soft0, with
 	// DefaultCaps.
 	Devices []DeviceSpec

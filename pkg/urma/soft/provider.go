@@ -63,8 +63,12 @@ func New(opts Options) (*Provider, error) {
 	switch {
 	case p.fabric != nil && opts.ShmDir != "":
 		return nil, fmt.Errorf("create soft provider: Options.Fabric and Options.ShmDir both set; choose one fabric")
+	case opts.AlsoSocket && opts.ShmDir == "":
+		return nil, fmt.Errorf("create soft provider: Options.AlsoSocket adds the socket fabric to the shm fabric, but Options.ShmDir is not set")
 	case p.fabric != nil:
 		p.name = "soft-inproc"
+	case opts.ShmDir != "" && opts.AlsoSocket:
+		p.name = "soft-shm+socket"
 	case opts.ShmDir != "":
 		p.name = "soft-shm"
 	default:
@@ -122,20 +126,33 @@ func (p *Provider) newDevice(spec DeviceSpec) (*device, error) {
 		}
 		d.sock = sd
 		eids = []urma.EID{sd.eid}
+		if p.opts.AlsoSocket {
+			tcpOpts := p.opts
+			tcpOpts.ShmDir = ""
+			tcpSpec := spec
+			tcpSpec.EIDs = nil // explicit EIDs name the shm side
+			alt, err := listen(d, tcpSpec, tcpOpts)
+			if err != nil {
+				sd.close()
+				return nil, err
+			}
+			d.alsoSock = alt
+			eids = append(eids, alt.eid)
+		}
 	}
 	d.eids = eids
 	for i, e := range eids {
 		d.info.EIDs = append(d.info.EIDs, urma.EIDEntry{Index: i, EID: e})
 	}
 	d.info.GUID = fmt.Sprintf("%x", eids[0][8:])
-	if d.sock != nil {
-		d.sock.start()
+	for _, sd := range d.socks() {
+		sd.start()
 	}
 	return d, nil
 }
 
-// Name says which fabric the provider uses: "soft-inproc", "soft-socket"
-// or "soft-shm".
+// Name says which fabric the provider uses: "soft-inproc", "soft-socket",
+// "soft-shm", or "soft-shm+socket" for both (Options.AlsoSocket).
 func (p *Provider) Name() string { return p.name }
 
 // Devices lists the provider's devices.
@@ -161,8 +178,8 @@ func (p *Provider) Devices() ([]urma.DeviceInfo, error) {
 func (p *Provider) ConnLimitRefusals() uint64 {
 	var n uint64
 	for _, d := range p.devices {
-		if d.sock != nil {
-			n += d.sock.limitRefusals.Load()
+		for _, sd := range d.socks() {
+			n += sd.limitRefusals.Load()
 		}
 	}
 	return n
@@ -230,8 +247,8 @@ func (p *Provider) shutdown() {
 		if p.fabric != nil {
 			p.fabric.detach(d)
 		}
-		if d.sock != nil {
-			d.sock.close()
+		for _, sd := range d.socks() {
+			sd.close()
 		}
 	}
 	p.wg.Wait()
