@@ -118,7 +118,7 @@ func TestProtoFileMatchesCodec(t *testing.T) {
 		inFile[m[2]] = n
 		labels[m[2]] = m[1]
 	}
-	want := map[string]int{"token": int(fieldToken), "sq_size": int(fieldSQSize), "close_marker": int(fieldCloseMarker), "boot_id": int(fieldBootID)}
+	want := map[string]int{"token": int(fieldToken), "sq_size": int(fieldSQSize), "close_marker": int(fieldCloseMarker), "boot_id": int(fieldBootID), "socket_eid": int(fieldSocketEID)}
 	for _, f := range requiredFields {
 		want[f.name] = int(f.num)
 		if labels[f.name] != "required" {
@@ -133,7 +133,7 @@ func TestProtoFileMatchesCodec(t *testing.T) {
 			t.Errorf("field %s: .proto says %d, codec uses %d", name, inFile[name], num)
 		}
 	}
-	if fieldToken <= fieldSegTokenID || fieldSQSize <= fieldSegTokenID || fieldCloseMarker <= fieldSegTokenID || fieldBootID <= fieldSegTokenID {
+	if fieldToken <= fieldSegTokenID || fieldSQSize <= fieldSegTokenID || fieldCloseMarker <= fieldSegTokenID || fieldBootID <= fieldSegTokenID || fieldSocketEID <= fieldSegTokenID {
 		t.Error("our fields must not reuse a brpc field number")
 	}
 }

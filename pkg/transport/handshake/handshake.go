@@ -50,6 +50,13 @@ const (
 	V2HostTag = "K8SH"
 	// V2HostLen is the host block's length.
 	V2HostLen = MagicLen + BootIDLen
+	// V2SocketTag opens the optional socket block after the host block:
+	// the tag and the 16-byte EID at which the sender's device is also
+	// reached over the software provider's socket fabric, from any host.
+	// Peers that know only the blocks before it ignore it.
+	V2SocketTag = "K8SE"
+	// V2SocketLen is the socket block's length.
+	V2SocketLen = MagicLen + 16
 )
 
 // BootIDLen is the length of a boot id (/proc/sys/kernel/random/boot_id).
@@ -125,10 +132,20 @@ type Hello struct {
 	// the same one run on the same host, where the software provider can use
 	// shared memory. Only our own peers send it.
 	BootID [BootIDLen]byte
+	// SocketEID is the EID at which the sender's device is also reached
+	// over the software provider's socket fabric, zero when not sent: a
+	// peer on another host that also runs both fabrics imports the
+	// sender's jetty and segment there instead of falling back to TCP.
+	// Only our own peers send it, and only with a boot id.
+	SocketEID urma.EID
 }
 
 // HasBootID reports whether the sender said which host (and boot) it runs on.
 func (h *Hello) HasBootID() bool { return h.BootID != [BootIDLen]byte{} }
+
+// HasSocketEID reports whether the sender offers a socket-fabric EID. It
+// goes on the wire only after a boot id, and counts only with one.
+func (h *Hello) HasSocketEID() bool { return h.HasBootID() && !h.SocketEID.IsZero() }
 
 // hasExt reports whether h carries anything only our extension holds.
 func (h *Hello) hasExt() bool { return h.HasToken || h.SQSize != 0 || h.CloseMarker || h.HasBootID() }
@@ -168,6 +185,9 @@ func AppendV2(dst []byte, h Hello) []byte {
 	if h.HasBootID() {
 		msgLen += V2HostLen
 	}
+	if h.HasSocketEID() {
+		msgLen += V2SocketLen
+	}
 	dst = append(dst, MagicV2...)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(msgLen))
 	dst = binary.BigEndian.AppendUint16(dst, V2HelloVersion)
@@ -189,6 +209,10 @@ func AppendV2(dst []byte, h Hello) []byte {
 	if h.HasBootID() {
 		dst = append(dst, V2HostTag...)
 		dst = append(dst, h.BootID[:]...)
+	}
+	if h.HasSocketEID() {
+		dst = append(dst, V2SocketTag...)
+		dst = append(dst, h.SocketEID[:]...)
 	}
 	return dst
 }
@@ -272,8 +296,13 @@ func decodeV2Ext(h *Hello, ext []byte) {
 		h.Token, h.HasToken = be.Uint32(ext[4:]), true
 	}
 	h.CloseMarker = flags&v2ExtCloseMarker != 0
-	if host := ext[V2ExtLen:]; len(host) >= V2HostLen && string(host[:MagicLen]) == V2HostTag {
-		copy(h.BootID[:], host[MagicLen:V2HostLen])
+	host := ext[V2ExtLen:]
+	if len(host) < V2HostLen || string(host[:MagicLen]) != V2HostTag {
+		return
+	}
+	copy(h.BootID[:], host[MagicLen:V2HostLen])
+	if sock := host[V2HostLen:]; len(sock) >= V2SocketLen && string(sock[:MagicLen]) == V2SocketTag {
+		copy(h.SocketEID[:], sock[MagicLen:V2SocketLen])
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
 // sampleHello has a distinct value in every field so that a field written at
@@ -77,6 +79,12 @@ func TestV2GoldenBytes(t *testing.T) {
 	host.BootID = [BootIDLen]byte{0xb0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0xbf}
 	goldenHost := "55524d41" + "007a" + goldenV2[12:] + "4b385354" + "00000000" + "00000010" + "00000002" +
 		"4b385348" + "b00102030405060708090a0b0c0d0ebf"
+	// The socket block follows the host block: tag "K8SE", the EID at which
+	// the sender's device is also reached over the socket fabric.
+	socket := host
+	socket.SocketEID = urma.EID{0xfd, 0x75, 0x72, 0x6d, 0x61, 0x73, 1, 0, 0, 0, 0x1b, 0x58, 10, 244, 1, 7}
+	goldenSocket := "55524d41" + "008e" + goldenV2[12:] + "4b385354" + "00000000" + "00000010" + "00000002" +
+		"4b385348" + "b00102030405060708090a0b0c0d0ebf" + "4b385345" + "fd75726d617301000000" + "1b580af40107"
 
 	tests := []struct {
 		name   string
@@ -89,6 +97,7 @@ func TestV2GoldenBytes(t *testing.T) {
 		{"extension without token", sqOnly, goldenSQOnly, V2PacketLen + V2ExtLen},
 		{"close marker", marker, goldenMarker, V2PacketLen + V2ExtLen},
 		{"boot id", host, goldenHost, V2PacketLen + V2ExtLen + V2HostLen},
+		{"socket EID", socket, goldenSocket, V2PacketLen + V2ExtLen + V2HostLen + V2SocketLen},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,6 +135,36 @@ func TestV2ForeignBlockAfterExtension(t *testing.T) {
 	if got.HasBootID() || got != h {
 		t.Fatalf("parsed %+v, want %+v", got, h)
 	}
+}
+
+// A socket EID goes on the wire only after a boot id, and a block after
+// the host block that is not the socket block leaves it unset.
+func TestV2SocketEIDNeedsTheHostBlock(t *testing.T) {
+	h := sampleHello()
+	h.SQSize = 16
+	h.SocketEID[0] = 0xfd
+	if got, want := len(AppendV2(nil, h)), V2PacketLen+V2ExtLen; got != want {
+		t.Fatalf("a socket EID without a boot id: %d bytes, want %d (no host or socket block)", got, want)
+	}
+	if got := len(AppendV3(nil, h)); got != len(AppendV3(nil, sampleHelloSQ(16))) {
+		t.Fatalf("v3: a socket EID without a boot id went on the wire (%d bytes)", got)
+	}
+	h.BootID[0] = 1
+	p := AppendV2(nil, h)
+	p = append(p[:len(p)-V2SocketLen], "XXXX0123456789abcdef"...)
+	got, err := ParseV2(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.HasSocketEID() || !got.HasBootID() {
+		t.Fatalf("a foreign block after the host block: parsed %+v", got)
+	}
+}
+
+func sampleHelloSQ(sq uint32) Hello {
+	h := sampleHello()
+	h.SQSize = sq
+	return h
 }
 
 func TestV2FallbackHelloIsRejectedByVersion(t *testing.T) {
@@ -230,7 +269,9 @@ func TestV3RoundTrip(t *testing.T) {
 	withMarker.CloseMarker = true
 	withBoot := withMarker
 	withBoot.BootID[3] = 9
-	for _, h := range []Hello{sampleHello(), withToken, withSQ, withMarker, withBoot} {
+	withSocket := withBoot
+	withSocket.SocketEID[15] = 4
+	for _, h := range []Hello{sampleHello(), withToken, withSQ, withMarker, withBoot, withSocket} {
 		p := AppendV3(nil, h)
 		if string(p[:4]) != MagicV3 {
 			t.Fatalf("magic %q", p[:4])

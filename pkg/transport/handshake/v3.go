@@ -25,6 +25,7 @@ const (
 	fieldSQSize      protowire.Number = 101
 	fieldCloseMarker protowire.Number = 102
 	fieldBootID      protowire.Number = 103
+	fieldSocketEID   protowire.Number = 104
 )
 
 // requiredFields are brpc's proto2 required fields, in field-number order.
@@ -76,6 +77,9 @@ func MarshalV3Body(dst []byte, h Hello) []byte {
 	if h.HasBootID() {
 		dst = raw(dst, fieldBootID, h.BootID[:])
 	}
+	if h.HasSocketEID() {
+		dst = raw(dst, fieldSocketEID, h.SocketEID[:])
+	}
 	return dst
 }
 
@@ -118,7 +122,7 @@ func UnmarshalV3Body(body []byte) (Hello, error) {
 			}
 			body = body[m:]
 			setVarint(&h, num, v)
-		case typ == protowire.BytesType && (num == fieldEID || num == fieldSegEID):
+		case typ == protowire.BytesType && (num == fieldEID || num == fieldSegEID || num == fieldSocketEID):
 			v, m := protowire.ConsumeBytes(body)
 			if m < 0 {
 				return Hello{}, invalid("v3 body: field %d: %v", num, protowire.ParseError(m))
@@ -127,10 +131,13 @@ func UnmarshalV3Body(body []byte) (Hello, error) {
 			if len(v) != len(h.EID) {
 				return Hello{}, invalid("v3 body: field %d holds %d bytes, an EID is 16", num, len(v))
 			}
-			if num == fieldEID {
+			switch num {
+			case fieldEID:
 				copy(h.EID[:], v)
-			} else {
+			case fieldSegEID:
 				copy(h.SegEID[:], v)
+			default:
+				copy(h.SocketEID[:], v)
 			}
 		case typ == protowire.BytesType && num == fieldBootID:
 			v, m := protowire.ConsumeBytes(body)
