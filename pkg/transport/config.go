@@ -11,8 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
+	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/liburma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
 // Environment variables the transport reads. The device plugin sets
@@ -146,6 +148,9 @@ type Config struct {
 	LookupEnv func(string) (string, bool)
 
 	openLiburma openLiburmaFunc // nil loads liburma; tests replace it
+	// bootID reads the host's boot id; nil reads the kernel's. Tests
+	// replace it to stand for a process on another host.
+	bootID func() ([handshake.BootIDLen]byte, error)
 }
 
 // settings is a Config with everything looked up, checked and defaulted.
@@ -157,6 +162,7 @@ type settings struct {
 	library          string // the liburma shared object
 	fabric           fabricSettings
 	openLiburma      openLiburmaFunc
+	bootID           func() ([handshake.BootIDLen]byte, error)
 	device           string
 	eid              *urma.EID
 	budget           *JettyBudget
@@ -297,6 +303,10 @@ func (c Config) resolve() (settings, error) {
 	s.openLiburma = c.openLiburma
 	if s.openLiburma == nil {
 		s.openLiburma = openLiburma
+	}
+	s.bootID = c.bootID
+	if s.bootID == nil {
+		s.bootID = soft.BootID
 	}
 	if s.fabric, err = resolveFabric(c.SoftFabric, env, s.flags); err != nil {
 		return settings{}, err

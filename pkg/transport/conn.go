@@ -42,6 +42,7 @@ type urmaConn struct {
 	limitMark uint64
 
 	// Fixed once the peer's hello is applied.
+	route       peerRoute // how the peer's device is reached (routeTo)
 	remoteJetty urma.RemoteJetty
 	remoteSeg   urma.RemoteSegment
 	remoteID    urma.JettyID
@@ -179,7 +180,11 @@ func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaCon
 }
 
 // localHello describes our side for the peer. The EID is the context's, as
-// brpc advertises it: on a bonding device the jetty's own is a port's.
+// brpc advertises it: on a bonding device the jetty's own is a port's. A
+// connection routed over the socket fabric of a device on both fabrics (a
+// server's, which routes before it answers) names the device's socket EID
+// instead, the one the peer reaches; every hello of such a device offers
+// that EID.
 func (c *urmaConn) localHello() handshake.Hello {
 	id := c.res.jetty.ID()
 	page := c.e.hello
@@ -202,11 +207,24 @@ func (c *urmaConn) localHello() handshake.Hello {
 		SQSize:        uint32(c.spec.sq),
 		CloseMarker:   true,
 		BootID:        c.e.fabric.bootID,
+		SocketEID:     c.e.fabric.socketEID,
+	}
+	if c.route.fabric == FabricSocket && !c.e.fabric.socketEID.IsZero() {
+		h.EID, h.SegEID = c.e.fabric.socketEID, c.e.fabric.socketEID
 	}
 	if !c.spec.tokenless {
 		h.Token, h.HasToken = uint32(c.e.token), true
 	}
 	return h
+}
+
+// fabricName names the fabric the connection runs on, for Debug and
+// metrics: its route's, else the engine's.
+func (c *urmaConn) fabricName() string {
+	if c.route.fabric != "" {
+		return c.route.fabric
+	}
+	return c.e.fabricName()
 }
 
 // brpcCreditThreshold is when a brpc peer with a receive queue of depth rq
@@ -222,8 +240,14 @@ func brpcMinSQ(rq int) int { return brpcCreditThreshold(rq) + 1 + creditWRs }
 // applyPeer sizes the windows from the peer's hello and imports its segment,
 // then its jetty: in that order, or the first SEND fails on hardware.
 func (c *urmaConn) applyPeer(ctx context.Context, h handshake.Hello) *fallback {
-	if fb := c.e.fastPath(h); fb != nil {
+	route, fb := c.e.routeTo(h)
+	if fb != nil {
 		return fb
+	}
+	c.route = route
+	if !route.eid.IsZero() {
+		// The peer's device, at the EID that reaches it from here.
+		h.EID, h.SegEID = route.eid, route.eid
 	}
 	peerRQ := int(h.RecvBufferCnt) + 1
 	c.windowCap = min(c.spec.sq, peerRQ) - creditWRs
@@ -323,7 +347,7 @@ func (c *urmaConn) Debug() DebugInfo {
 	d := DebugInfo{
 		Mode: ModeURMA, Role: c.role, State: state, HandshakeVersion: c.version,
 		LocalAddr: c.tcp.LocalAddr().String(), RemoteAddr: c.tcp.RemoteAddr().String(),
-		Provider: c.e.provName, Device: c.e.dev.Name, Fabric: c.e.fabricName(), RemoteJetty: c.remoteID,
+		Provider: c.e.provName, Device: c.e.dev.Name, Fabric: c.fabricName(), RemoteJetty: c.remoteID,
 		SQWindow: c.sqWindow, RemoteRQWindow: c.remoteRQWindow, WindowCapacity: c.windowCap,
 		CreditThreshold: c.threshold, PendingCredits: c.pendingCredits, CreditWRsFree: c.creditWRs,
 		BufferedMessages: c.rxLen, RemoteBufferSize: c.peerBufSize,

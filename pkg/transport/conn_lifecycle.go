@@ -121,7 +121,7 @@ func (c *urmaConn) establish(version int) error {
 	c.moveLocked(stateOpen)
 	c.mu.Unlock()
 	c.e.metrics.ConnOpened(metrics.ModeURMA, c.role)
-	c.e.metrics.FabricConn(c.e.fabricName(), c.role)
+	c.e.metrics.FabricConn(c.fabricName(), c.role)
 	if c.spec.tokenless {
 		c.e.metrics.TokenlessConn(c.role)
 	}

@@ -277,7 +277,7 @@ func (c *urmaConn) awaitMessage(spun *bool) {
 // (readerSpin). At most the engine's spinLimit readers spin at once; the
 // others sleep at once, as without the spin.
 func (c *urmaConn) spinRead() bool {
-	spin := c.e.readerSpin()
+	spin := c.e.readerSpin(c.fabricName())
 	if spin <= 0 {
 		return false
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
+	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
@@ -20,12 +21,14 @@ import (
 // --urma_soft_fabric): how the software provider reaches a peer. They do
 // not apply to liburma, nor to a provider given in Config.Provider.
 const (
-	// FabricAuto uses shared memory with a peer on the same host and
-	// serves any other connection as plain TCP (ReasonNoFastPath): the
-	// socket fabric runs over TCP and cannot beat it.
+	// FabricAuto uses shared memory with a peer on the same host, the
+	// socket fabric with a peer on another host that runs it too (the
+	// software provider's stand-in for UB between hosts), and serves any
+	// other connection as plain TCP (ReasonNoFastPath).
 	FabricAuto = "auto"
-	// FabricShm is the same as auto on the wire, and says so: shared
-	// memory, or TCP.
+	// FabricShm uses shared memory with a peer on the same host and
+	// serves any other connection as plain TCP: auto without the socket
+	// fabric (no listener of its own on the host's network).
 	FabricShm = "shm"
 	// FabricSocket uses the socket fabric with every peer: URMA semantics
 	// over TCP, to emulate UB hosts (tests, demos).
@@ -89,6 +92,10 @@ func resolveFabric(cfg string, env func(string) (string, bool), f flags.Flags) (
 type fabricState struct {
 	name   string // shm or socket; "" for liburma or a given provider
 	bootID [handshake.BootIDLen]byte
+	// socketEID is where the device is also reached over the socket
+	// fabric, from other hosts (urma_soft_fabric=auto on shm); zero when
+	// the device has no socket side.
+	socketEID urma.EID
 }
 
 // newSoftProvider creates the software provider on the fabric
@@ -108,51 +115,119 @@ func (e *engine) newSoftProvider(local netip.Addr) (*soft.Provider, error) {
 		Logger:   e.log.WithName("soft").V(1), // its connection events are detail; errors still show
 	}
 	fs := e.s.fabric
+	opts.Listen = net.JoinHostPort(advertiseAddr(local, fs.podIP).String(), "0")
 	if fs.choice == FabricSocket {
-		opts.Listen = net.JoinHostPort(advertiseAddr(local, fs.podIP).String(), "0")
 		// The boot id still goes into hellos, so that a peer on shared
 		// memory can say why it declines.
-		boot, _ := soft.BootID()
+		boot, _ := e.s.bootID()
 		e.fabric = fabricState{name: FabricSocket, bootID: boot}
-	} else {
-		boot, err := soft.BootID()
+		p, err := soft.New(opts)
 		if err != nil {
-			return nil, fmt.Errorf("urma_soft_fabric=%s: %w", fs.choice, err)
+			e.fabric = fabricState{}
+			return nil, err
 		}
-		opts.ShmDir, opts.ShmRingSize = fs.shmDir, fs.ringSize
-		e.fabric = fabricState{name: FabricShm, bootID: boot}
+		return p, nil
+	}
+	boot, err := e.s.bootID()
+	if err != nil {
+		return nil, fmt.Errorf("urma_soft_fabric=%s: %w", fs.choice, err)
+	}
+	opts.ShmDir, opts.ShmRingSize = fs.shmDir, fs.ringSize
+	e.fabric = fabricState{name: FabricShm, bootID: boot}
+	if fs.choice == FabricAuto {
+		// The device's socket side, for peers on other hosts.
+		both := opts
+		both.AlsoSocket = true
+		p, err := soft.New(both)
+		if err == nil {
+			devs, derr := p.Devices()
+			if derr == nil && len(devs) > 0 && len(devs[0].EIDs) > 1 {
+				e.fabric.socketEID = devs[0].EIDs[1].EID
+			}
+			return p, nil
+		}
+		// Shared memory alone still serves this host.
+		e.log.Info("the socket fabric cannot start: connections to other hosts will use TCP", "listen", opts.Listen, "error", err.Error())
 	}
 	p, err := soft.New(opts)
 	if err != nil {
 		e.fabric = fabricState{}
-		if fs.choice != FabricSocket {
-			return nil, fmt.Errorf("urma_soft_fabric=%s: the shm fabric cannot start in %s=%s: %w", fs.choice, EnvShmDir, fs.shmDir, err)
-		}
-		return nil, err
+		return nil, fmt.Errorf("urma_soft_fabric=%s: the shm fabric cannot start in %s=%s: %w", fs.choice, EnvShmDir, fs.shmDir, err)
 	}
 	return p, nil
 }
 
-// fastPath says why the software provider the engine made cannot reach the
-// peer of hello h over its fabric; nil when it can, or when the provider is
-// not the engine's to choose (liburma, Config.Provider).
-func (e *engine) fastPath(h handshake.Hello) *fallback {
+// peerRoute is how a connection reaches its peer's device: over which
+// fabric, and at which of the device's EIDs (zero: the ones its hello
+// names).
+type peerRoute struct {
+	fabric string
+	eid    urma.EID
+}
+
+// routeTo chooses how the software provider the engine made reaches the
+// peer of hello h: shared memory with a peer on this host in the same shm
+// directory; the socket fabric with a peer on another host when both
+// sides run it (the peer's hello names a socket EID, as its main EID or
+// as the one its device is also reached at); else a fallback that says
+// why not. The zero route, with no fallback, leaves the hello's EIDs and
+// the engine's fabric name as they are (liburma, Config.Provider).
+func (e *engine) routeTo(h handshake.Hello) (peerRoute, *fallback) {
+	otherHost := h.HasBootID() && h.BootID != e.fabric.bootID
 	switch e.fabric.name {
 	case FabricSocket:
-		if soft.IsShmEID(h.EID) {
-			return fallbackf(ReasonNoFastPath, "the peer's software provider uses shared memory and this side forces the socket fabric (urma_soft_fabric=socket)")
+		if !soft.IsShmEID(h.EID) {
+			return peerRoute{fabric: FabricSocket}, nil
 		}
-		return nil
+		if otherHost && h.HasSocketEID() {
+			return peerRoute{fabric: FabricSocket, eid: h.SocketEID}, nil
+		}
+		return peerRoute{}, fallbackf(ReasonNoFastPath, "the peer's software provider uses shared memory and this side forces the socket fabric (urma_soft_fabric=socket)")
 	case FabricShm:
 	default:
-		return nil
+		return peerRoute{}, nil
 	}
+	fb := e.shmPath(h)
+	if fb == nil {
+		return peerRoute{fabric: FabricShm}, nil
+	}
+	if !otherHost {
+		return peerRoute{}, fb
+	}
+	if e.fabric.socketEID.IsZero() {
+		if e.s.fabric.choice == FabricShm {
+			fb.detail += "; this side uses shared memory only (urma_soft_fabric=shm; auto also reaches other hosts over the socket fabric)"
+		} else {
+			fb.detail += "; this side's socket fabric did not start (its log says why)"
+		}
+		return peerRoute{}, fb
+	}
+	switch {
+	case h.HasSocketEID():
+		return peerRoute{fabric: FabricSocket, eid: h.SocketEID}, nil
+	case isSocketEID(h.EID):
+		return peerRoute{fabric: FabricSocket}, nil
+	}
+	fb.detail += "; the peer offers no socket fabric (urma_soft_fabric=shm there, or an older urma-k8s)"
+	return peerRoute{}, fb
+}
+
+// isSocketEID reports whether eid is a soft device's on the socket fabric.
+func isSocketEID(eid urma.EID) bool {
+	_, ok := soft.SocketAddr(eid)
+	return ok
+}
+
+// shmPath says why the shm fabric cannot reach the peer of hello h; nil
+// when it can.
+func (e *engine) shmPath(h handshake.Hello) *fallback {
 	why := "; the software provider would carry it over TCP, slower than TCP itself (urma_soft_fabric=socket forces that)"
 	switch {
 	case !h.HasBootID():
 		return fallbackf(ReasonNoFastPath, "the peer does not say which host it runs on (brpc, or an older urma-k8s)%s", why)
 	case h.BootID != e.fabric.bootID:
-		return fallbackf(ReasonNoFastPath, "the peer runs on another host (another boot id)%s", why)
+		// routeTo says why the socket fabric does not carry it either.
+		return fallbackf(ReasonNoFastPath, "the peer runs on another host (another boot id)")
 	case !soft.IsShmEID(h.EID):
 		return fallbackf(ReasonNoFastPath, "the peer is on this host but its software provider does not use shared memory (urma_soft_fabric=socket there)")
 	}
@@ -166,9 +241,10 @@ func (e *engine) fastPath(h handshake.Hello) *fallback {
 	return nil
 }
 
-// fabricName names the fabric a connection of this engine runs on, for
-// Debug and metrics: shm or socket for the software provider the engine
-// made, else the provider's name.
+// fabricName names the fabric a connection of this engine runs on by
+// default, for Debug and metrics: shm or socket for the software provider
+// the engine made, else the provider's name. A connection's own route
+// (urmaConn.fabricName) may differ.
 func (e *engine) fabricName() string {
 	if e.fabric.name != "" {
 		return e.fabric.name
@@ -185,8 +261,8 @@ func (e *engine) fabricName() string {
 // against 115-135 µs) and cost its 1 MiB stream about a tenth
 // (docs/benchmarks.md). On shm the poll takes the message from the peer's
 // ring, and hardware writes its completion queue itself.
-func (e *engine) readerSpin() time.Duration {
-	if e.s.flags.UsePolling || e.fabric.name == FabricSocket {
+func (e *engine) readerSpin(fabric string) time.Duration {
+	if e.s.flags.UsePolling || fabric == FabricSocket {
 		return 0
 	}
 	return e.s.flags.EventSpin

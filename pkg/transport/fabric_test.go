@@ -68,11 +68,26 @@ func fabricCfg(fabric, dir string, reg prometheus.Registerer) Config {
 	return Config{Flags: &f, SoftFabric: fabric, LookupEnv: envOf(map[string]string{EnvShmDir: dir}), Registerer: reg}
 }
 
+// onAnotherHost is cfg for a process on another host: its boot id differs
+// from this one's (so the shm fabric does not reach it), the rest of the
+// machine is shared.
+func onAnotherHost(t *testing.T, cfg Config) Config {
+	t.Helper()
+	boot, err := soft.BootID()
+	if err != nil {
+		t.Skip(err)
+	}
+	boot[0] ^= 0xff
+	cfg.bootID = func() ([handshake.BootIDLen]byte, error) { return boot, nil }
+	return cfg
+}
+
 // TestSoftFabricPerConnection: the transport picks the fabric per
 // connection. Shared memory carries a connection to a peer on this host
-// that meets its peers in the same directory; anything else is plain TCP
-// with reason no_fast_path, since the socket fabric would only be slower
-// than the TCP it runs over, unless both sides force the socket fabric.
+// that meets its peers in the same directory; the socket fabric one to a
+// peer on another host when both sides run it (auto, or socket forced);
+// anything else is plain TCP with reason no_fast_path, and on one host the
+// socket fabric runs only where both sides force it.
 func TestSoftFabricPerConnection(t *testing.T) {
 	checkNoLeaks(t)
 	dir, other := t.TempDir(), t.TempDir()
@@ -95,6 +110,18 @@ func TestSoftFabricPerConnection(t *testing.T) {
 			wantMode: ModeTCP, serverReason: "no_fast_path: the peer is on this host but its software provider does not use shared memory", clientReason: string(ReasonPeerDeclined)},
 		{name: "auto client, socket server", server: fabricCfg(FabricSocket, dir, nil), client: fabricCfg(FabricAuto, dir, nil),
 			wantMode: ModeTCP, serverReason: "no_fast_path: the peer's software provider uses shared memory and this side forces the socket fabric", clientReason: string(ReasonPeerDeclined)},
+		{name: "auto, another host", server: fabricCfg(FabricAuto, dir, nil), client: onAnotherHost(t, fabricCfg(FabricAuto, dir, nil)),
+			wantMode: ModeURMA, wantFabric: FabricSocket},
+		{name: "auto, another host and shm directory", server: fabricCfg(FabricAuto, dir, nil), client: onAnotherHost(t, fabricCfg(FabricAuto, other, nil)),
+			wantMode: ModeURMA, wantFabric: FabricSocket},
+		{name: "socket client on another host, auto server", server: fabricCfg(FabricAuto, dir, nil), client: onAnotherHost(t, fabricCfg(FabricSocket, dir, nil)),
+			wantMode: ModeURMA, wantFabric: FabricSocket},
+		{name: "auto client on another host, socket server", server: fabricCfg(FabricSocket, dir, nil), client: onAnotherHost(t, fabricCfg(FabricAuto, dir, nil)),
+			wantMode: ModeURMA, wantFabric: FabricSocket},
+		{name: "shm client on another host, auto server", server: fabricCfg(FabricAuto, dir, nil), client: onAnotherHost(t, fabricCfg(FabricShm, dir, nil)),
+			wantMode: ModeTCP, serverReason: "no_fast_path: the peer runs on another host (another boot id); the peer offers no socket fabric (urma_soft_fabric=shm there", clientReason: string(ReasonPeerDeclined)},
+		{name: "auto client on another host, shm server", server: fabricCfg(FabricShm, dir, nil), client: onAnotherHost(t, fabricCfg(FabricAuto, dir, nil)),
+			wantMode: ModeTCP, serverReason: "no_fast_path: the peer runs on another host (another boot id); this side uses shared memory only (urma_soft_fabric=shm", clientReason: string(ReasonPeerDeclined)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -180,7 +180,7 @@ func table() []field {
 		}, s: func(f *Flags) *string { return &f.Provider }},
 		{spec: Spec{
 			Name: "urma_soft_fabric", Kind: String, Default: "auto", Values: []string{"auto", "socket", "shm"}, TransportOnly: true,
-			Help: "how the software provider reaches a peer: shm (shared memory, same host only), socket (TCP, to emulate UB between hosts), or auto: shm on the same host, else the connection is plain TCP (URMA_SOFT_FABRIC overrides)",
+			Help: "how the software provider reaches a peer: shm (shared memory, same host only, else plain TCP), socket (TCP, to emulate UB between hosts), or auto: shm on the same host, the socket fabric with a peer on another host that runs it too, else plain TCP (URMA_SOFT_FABRIC overrides)",
 		}, s: func(f *Flags) *string { return &f.SoftFabric }},
 		{spec: Spec{
 			Name: "urma_shm_ring_size", Kind: Int, Default: "2097152", Min: 64 << 10, Max: 256 << 20, PowerOfTwo: true, TransportOnly: true,
