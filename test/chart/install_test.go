@@ -102,7 +102,7 @@ func TestInstallOnAPIServer(t *testing.T) {
 			t.Errorf("the default install renders %v", names(found))
 		}
 		one(t, rel.objs, "DaemonSet")
-		for _, want := range []string{"Device plugin: runs on every Linux node", "allocatable.urma\\.openeuler\\.org/jetty"} {
+		for _, want := range []string{"Device plugin: runs on every Linux node", "allocatable.urma\\.openeuler\\.org/jetty", "no urma-k8s image is\n  published"} {
 			if !strings.Contains(rel.notes, want) {
 				t.Errorf("default notes lack %q:\n%s", want, rel.notes)
 			}

@@ -914,3 +914,87 @@ func TestDefaultImagesAreTheBuiltOnes(t *testing.T) {
 		}
 	}
 }
+
+// TestImageReferences checks how the chart names its images: one value for
+// every image's registry and one for every tag, each overridable per image,
+// a digest over any tag, and a repository that names its own registry host
+// taken whole (the values of installs from before global.imageRegistry).
+func TestImageReferences(t *testing.T) {
+	t.Parallel()
+	const app = "0.1.0" // Chart.yaml's appVersion, checked below
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	tests := []struct {
+		name   string
+		values []string
+		// want maps a component to its image: devicePlugin, operator,
+		// draDriver (rendered with driver=dra).
+		want map[string]string
+	}{{
+		name: "defaults",
+		want: map[string]string{
+			"devicePlugin": "ghcr.io/openeuler/urma-device-plugin:" + app,
+			"operator":     "ghcr.io/openeuler/urma-operator:" + app,
+			"draDriver":    "ghcr.io/openeuler/urma-dra-driver:" + app,
+		},
+	}, {
+		name:   "one registry and one tag for every image",
+		values: []string{"--set", "global.imageRegistry=registry.example.com:5000/urma", "--set", "global.imageTag=1.2.3-rc.1"},
+		want: map[string]string{
+			"devicePlugin": "registry.example.com:5000/urma/urma-device-plugin:1.2.3-rc.1",
+			"operator":     "registry.example.com:5000/urma/urma-operator:1.2.3-rc.1",
+			"draDriver":    "registry.example.com:5000/urma/urma-dra-driver:1.2.3-rc.1",
+		},
+	}, {
+		name: "an image's own registry, tag and digest win",
+		values: []string{"--set", "global.imageRegistry=registry.example.com/urma", "--set", "global.imageTag=1.2.3",
+			"--set", "devicePlugin.image.registry=mirror.example.com/dp", "--set", "operator.image.tag=hotfix",
+			"--set", "draDriver.image.digest=" + digest, "--set", "draDriver.image.tag=ignored"},
+		want: map[string]string{
+			"devicePlugin": "mirror.example.com/dp/urma-device-plugin:1.2.3",
+			"operator":     "registry.example.com/urma/urma-operator:hotfix",
+			"draDriver":    "registry.example.com/urma/urma-dra-driver@" + digest,
+		},
+	}, {
+		name: "a repository with a registry host is a full name",
+		values: []string{"--set", "devicePlugin.image.repository=registry.example.com/urma/urma-device-plugin",
+			"--set", "operator.image.repository=localhost/urma-operator", "--set", "draDriver.image.repository=localhost:5000/urma-dra-driver"},
+		want: map[string]string{
+			"devicePlugin": "registry.example.com/urma/urma-device-plugin:" + app,
+			"operator":     "localhost/urma-operator:" + app,
+			"draDriver":    "localhost:5000/urma-dra-driver:" + app,
+		},
+	}, {
+		name:   "a path without a host stays below the registry",
+		values: []string{"--set", "operator.image.repository=team/urma-operator"},
+		want:   map[string]string{"operator": "ghcr.io/openeuler/team/urma-operator:" + app},
+	}, {
+		name:   "no registry at all",
+		values: []string{"--set", "global.imageRegistry="},
+		want:   map[string]string{"devicePlugin": "urma-device-plugin:" + app, "operator": "urma-operator:" + app},
+	}}
+	chart, err := os.ReadFile(filepath.Join(chartDir(t), "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(chart), "\nappVersion: \""+app+"\"\n") {
+		t.Fatalf("Chart.yaml's appVersion is not %s: update the test's app", app)
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := map[string]string{}
+			objs := render(t, tc.values...)
+			got["devicePlugin"] = fmt.Sprint(container(t, named(objs, "DaemonSet", dpName), "device-plugin")["image"])
+			got["operator"] = fmt.Sprint(container(t, named(objs, "Deployment", operatorName), "operator")["image"])
+			if _, ok := tc.want["draDriver"]; ok {
+				dra := render(t, append(tc.values, "--set", "driver=dra")...)
+				got["draDriver"] = fmt.Sprint(container(t, one(t, dra, "DaemonSet"), "dra-driver")["image"])
+			}
+			for k, want := range tc.want {
+				if got[k] != want {
+					t.Errorf("%s image = %s, want %s", k, got[k], want)
+				}
+			}
+		})
+	}
+}

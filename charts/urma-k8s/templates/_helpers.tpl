@@ -61,13 +61,26 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/*
 Image reference; call with (dict "ctx" $ "image" .Values.operator.image).
-A digest wins over a tag; the tag defaults to the chart's appVersion.
+The registry is the image's own, else global.imageRegistry, put in front of
+the repository unless the repository already starts with a registry host (a
+first part with a "." or ":", or localhost, as container runtimes read a
+name). A digest wins over a tag; the tag is the image's own, else
+global.imageTag, else the chart's appVersion.
 */}}
 {{- define "urma-k8s.image" -}}
+{{- $global := .ctx.Values.global | default dict }}
+{{- $repo := .image.repository }}
+{{- $first := first (splitList "/" $repo) }}
+{{- $hasHost := and (contains "/" $repo) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $registry := .image.registry | default $global.imageRegistry | default "" | trimSuffix "/" }}
+{{- $name := $repo }}
+{{- if and $registry (not $hasHost) }}
+{{- $name = printf "%s/%s" $registry $repo }}
+{{- end }}
 {{- if .image.digest -}}
-{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- printf "%s@%s" $name .image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- printf "%s:%s" $name (.image.tag | default $global.imageTag | default .ctx.Chart.AppVersion) -}}
 {{- end -}}
 {{- end }}
 
