@@ -307,6 +307,10 @@ func (c Config) resolve() (settings, error) {
 	s.bootID = c.bootID
 	if s.bootID == nil {
 		s.bootID = soft.BootID
+		if v, ok := env(EnvHostID); ok && strings.TrimSpace(v) != "" {
+			boot := hostIDBoot(strings.TrimSpace(v))
+			s.bootID = func() ([handshake.BootIDLen]byte, error) { return boot, nil }
+		}
 	}
 	if s.fabric, err = resolveFabric(c.SoftFabric, env, s.flags); err != nil {
 		return settings{}, err

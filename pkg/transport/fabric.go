@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -48,7 +49,20 @@ const (
 	// socket fabric listens there when a connection's own address is
 	// unspecified.
 	EnvPodIP = "POD_IP"
+	// EnvHostID names the host the process runs on, for the choice of
+	// fabric, where several nodes share one kernel (kind-like clusters,
+	// make e2e's two nodes) and so one boot id: set it from the downward
+	// API's spec.nodeName. Unset, the kernel's boot id names the host.
+	EnvHostID = "URMA_HOST_ID"
 )
+
+// hostIDBoot is the boot id a process with URMA_HOST_ID=id sends in its
+// hellos: a digest of id, so that any text names a host and two processes
+// with the same id meet as one host.
+func hostIDBoot(id string) [handshake.BootIDLen]byte {
+	sum := sha256.Sum256([]byte("urma-k8s host id\x00" + id))
+	return [handshake.BootIDLen]byte(sum[:handshake.BootIDLen])
+}
 
 // fabricSettings is urma_soft_fabric resolved.
 type fabricSettings struct {

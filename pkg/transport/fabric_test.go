@@ -82,6 +82,18 @@ func onAnotherHost(t *testing.T, cfg Config) Config {
 	return cfg
 }
 
+// withHostID is cfg in a process whose URMA_HOST_ID is id.
+func withHostID(cfg Config, id string) Config {
+	lookup := cfg.LookupEnv
+	cfg.LookupEnv = func(k string) (string, bool) {
+		if k == EnvHostID {
+			return id, true
+		}
+		return lookup(k)
+	}
+	return cfg
+}
+
 // TestSoftFabricPerConnection: the transport picks the fabric per
 // connection. Shared memory carries a connection to a peer on this host
 // that meets its peers in the same directory; the socket fabric one to a
@@ -120,6 +132,10 @@ func TestSoftFabricPerConnection(t *testing.T) {
 			wantMode: ModeURMA, wantFabric: FabricSocket},
 		{name: "shm client on another host, auto server", server: fabricCfg(FabricAuto, dir, nil), client: onAnotherHost(t, fabricCfg(FabricShm, dir, nil)),
 			wantMode: ModeTCP, serverReason: "no_fast_path: the peer runs on another host (another boot id); the peer offers no socket fabric (urma_soft_fabric=shm there", clientReason: string(ReasonPeerDeclined)},
+		{name: "auto, one kernel, two hosts by URMA_HOST_ID", server: withHostID(fabricCfg(FabricAuto, dir, nil), "node-a"), client: withHostID(fabricCfg(FabricAuto, dir, nil), "node-b"),
+			wantMode: ModeURMA, wantFabric: FabricSocket},
+		{name: "auto, one host by URMA_HOST_ID", server: withHostID(fabricCfg(FabricAuto, dir, nil), "node-a"), client: withHostID(fabricCfg(FabricAuto, dir, nil), "node-a"),
+			wantMode: ModeURMA, wantFabric: FabricShm},
 		{name: "auto client on another host, shm server", server: fabricCfg(FabricShm, dir, nil), client: onAnotherHost(t, fabricCfg(FabricAuto, dir, nil)),
 			wantMode: ModeTCP, serverReason: "no_fast_path: the peer runs on another host (another boot id); this side uses shared memory only (urma_soft_fabric=shm", clientReason: string(ReasonPeerDeclined)},
 	}
