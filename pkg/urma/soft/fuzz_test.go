@@ -2,6 +2,7 @@ package soft
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net/netip"
@@ -133,9 +134,21 @@ func FuzzShmMessages(f *testing.F) {
 	f.Add(encodeShmHello(b, &shmHelloMsg{typ: shmMsgHelloAck, status: helloWrongHost, src: src}))
 	f.Add(encodeShmSeg(b, &shmSegMsg{typ: shmMsgSegMap, handle: 3, length: 4096}))
 	f.Add(encodeShmSeg(b, &shmSegMsg{typ: shmMsgSegMapped, status: 1, handle: 3}))
+	f.Add(encodeShmProof(b, bytes.Repeat([]byte{7}, shmSigLen)))
+	f.Add(encodeShmReady(b, helloConnLimit))
 	f.Add([]byte("SRMS"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		out := make([]byte, shmMaxMsgLen)
+		if sig, err := decodeShmProof(data); err == nil {
+			if got := encodeShmProof(out, sig[:]); !bytes.Equal(got, data) {
+				t.Fatalf("PROOF %x re-encodes as %x", data, got)
+			}
+		}
+		if status, err := decodeShmReady(data); err == nil {
+			if got := encodeShmReady(out, status); !bytes.Equal(got, data) {
+				t.Fatalf("READY %x re-encodes as %x", data, got)
+			}
+		}
 		if h, err := decodeShmHello(data); err == nil {
 			if got := encodeShmHello(out, &h); !bytes.Equal(got, data) {
 				t.Fatalf("hello %x re-encodes as %x", data, got)
@@ -145,6 +158,26 @@ func FuzzShmMessages(f *testing.F) {
 			if got := encodeShmSeg(out, &m); !bytes.Equal(got, data) {
 				t.Fatalf("segment message %x re-encodes as %x", data, got)
 			}
+		}
+	})
+}
+
+// FuzzUnixDiagAnswer parses arbitrary sock_diag answers: an error or a
+// peer inode, never a panic or a read past the answer.
+func FuzzUnixDiagAnswer(f *testing.F) {
+	ne := binary.NativeEndian
+	ok := make([]byte, nlmsgHdrLen+unixDiagMsgLen+8)
+	ne.PutUint32(ok[0:], uint32(len(ok)))
+	ne.PutUint16(ok[4:], sockDiagByFamily)
+	ne.PutUint32(ok[nlmsgHdrLen+4:], 77)
+	ne.PutUint16(ok[nlmsgHdrLen+unixDiagMsgLen:], 8)
+	ne.PutUint16(ok[nlmsgHdrLen+unixDiagMsgLen+2:], unixDiagPeer)
+	ne.PutUint32(ok[nlmsgHdrLen+unixDiagMsgLen+4:], 78)
+	f.Add(ok)
+	f.Add(ok[:nlmsgHdrLen+unixDiagMsgLen+3])
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if peer, err := parseUnixDiagPeer(data, 77); err == nil && peer > 1<<32 {
+			t.Fatalf("peer inode %d does not fit the attribute", peer)
 		}
 	})
 }

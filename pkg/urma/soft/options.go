@@ -2,6 +2,7 @@ package soft
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"time"
@@ -50,8 +51,15 @@ type Options struct {
 	// ShmDir selects the shm fabric: devices of processes on one host
 	// reach each other through shared memory, meeting at unix sockets in
 	// this directory (created 0700 if missing). In a pod it is
-	// $URMA_SHM_DIR, which the device plugin mounts from the host.
+	// $URMA_SHM_DIR, which the device plugin mounts from the host. A
+	// dialer finds a peer's socket there or one level down (see
+	// ShmSocketCandidates).
 	ShmDir string
+	// ShmSocketDir is where this provider's shm devices create their
+	// sockets (created 0700 if missing); "" means ShmDir. In a pod it is
+	// $URMA_SHM_SOCKET_DIR, the pod's own subdirectory of ShmDir, the one
+	// the pod may write to.
+	ShmSocketDir string
 	// ShmRingSize is the ring each side of an shm connection writes into,
 	// a power of two in MinShmRing..MaxShmRing; 0 means DefaultShmRing.
 	// Each connection (one per pair of devices) costs its creator this
@@ -62,8 +70,9 @@ type Options struct {
 	// no syscall. 0 means DefaultShmSpin; negative never spins.
 	ShmSpin time.Duration
 	// ShmAllowUID decides which users' processes may connect over shm
-	// (checked with SO_PEERCRED on both sides); nil allows this
-	// process's user and root.
+	// (checked with SO_PEERCRED on both sides); nil allows every user.
+	// It is no defence: a peer proves its EID with its key whoever it
+	// runs as (docs/software-provider.md#identity).
 	ShmAllowUID func(uid uint32) bool
 	// Listen is the socket fabric's TCP listen address for devices that do
 	// not name their own; "" means "127.0.0.1:0". In a pod use the pod IP.
@@ -133,7 +142,14 @@ type DeviceSpec struct {
 	// the fabric; several are allowed, each unique in the fabric. Socket:
 	// at most one; nil means the EID encoding the advertised address, and an
 	// explicit EID needs a Resolver on the peers unless it is that encoding.
+	// Shm: at most one, and only with ShmKey, whose EID it must be: an shm
+	// EID is the hash of the device's key.
 	EIDs []urma.EID
+	// ShmKey is an shm device's ed25519 key, which its EID is the hash of
+	// (ShmEIDOfKey) and which proves that EID to peers; nil draws a fresh
+	// one. Give it to keep a device's EID across restarts; keep it as
+	// secret as the traffic.
+	ShmKey ed25519.PrivateKey
 	// Listen overrides Options.Listen for this device (socket fabric).
 	Listen string
 	// Advertise is the "ip:port" peers dial and the EID encodes, when it

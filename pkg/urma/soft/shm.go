@@ -3,10 +3,12 @@ package soft
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -31,8 +33,9 @@ import (
 
 // shmNet is a device's presence on the shm fabric.
 type shmNet struct {
-	dir      string
-	path     string // this device's socket
+	dir      string // where peers' sockets are found (Options.ShmDir)
+	path     string // this device's socket, in Options.ShmSocketDir
+	id       *shmIdentity
 	ringSize int
 	spin     time.Duration
 	bootID   [bootIDLen]byte
@@ -51,10 +54,10 @@ type shmNet struct {
 	peerTO time.Duration
 }
 
-// join makes a connection's shmIO from this side's ends and the peer's
-// descriptors (see newShmIO).
-func (n *shmNet) join(ends *shmEnds, peerRing int, peerFds []int) (*shmIO, error) {
-	sio, err := newShmIO(ends, n.ringSize, peerRing, peerFds, n.spin)
+// join makes a connection's shmIO from this side's ends, whose ring has
+// ring bytes, and the peer's descriptors (see newShmIO).
+func (n *shmNet) join(ends *shmEnds, ring, peerRing int, peerFds []int) (*shmIO, error) {
+	sio, err := newShmIO(ends, ring, peerRing, peerFds, n.spin)
 	if err == nil && n.pollingEnd > 0 {
 		sio.pollingEnd = n.pollingEnd
 	}
@@ -70,16 +73,14 @@ func (n *shmNet) join(ends *shmEnds, peerRing int, peerFds []int) (*shmIO, error
 // maxSocketPath is the longest path a unix socket address holds.
 const maxSocketPath = len(unix.RawSockaddrUnix{}.Path) - 1
 
-// ShmEID draws a fresh EID for an shm device: it names the device's socket
-// in the shm directory, so it must not collide with any other device's.
+// ShmEID draws a fresh shm EID, the EID of a key drawn and forgotten: no
+// device can prove it. A device's own EID comes from its key (shmid.go).
 func ShmEID() (urma.EID, error) {
-	var e urma.EID
-	copy(e[:6], eidPrefix[:])
-	e[6] = eidKindShm
-	if _, err := rand.Read(e[8:]); err != nil {
-		return urma.EID{}, fmt.Errorf("draw shm EID: %w", err)
+	id, err := newShmIdentity()
+	if err != nil {
+		return urma.EID{}, err
 	}
-	return e, nil
+	return id.eid, nil
 }
 
 // ShmSocketPath is where the shm device with EID e listens in dir.
@@ -87,9 +88,10 @@ func ShmSocketPath(dir string, e urma.EID) string {
 	return filepath.Join(dir, hex.EncodeToString(e[:])+".sock")
 }
 
-// IsShmEID reports whether e is an shm device's EID (see ShmEID).
+// IsShmEID reports whether e has the form of an shm device's EID (see
+// ShmEID); only the device whose key it is can prove it.
 func IsShmEID(e urma.EID) bool {
-	return [6]byte(e[:6]) == eidPrefix && e[6] == eidKindShm && e[7] == 0
+	return [6]byte(e[:6]) == eidPrefix && e[6] == eidKindShm
 }
 
 // BootID reads the kernel's boot id: two processes with the same one run
@@ -108,9 +110,9 @@ func BootID() ([bootIDLen]byte, error) {
 	return id, nil
 }
 
-// sameUser is the default credential check: a peer runs as this process's
-// user, or as root.
-func sameUser(uid uint32) bool { return uid == 0 || uid == uint32(os.Geteuid()) }
+// anyUser is the default credential check: the identity proof, not the
+// peer's user, decides who a peer is, and pods of different users talk.
+func anyUser(uint32) bool { return true }
 
 // listenShm opens the device's unix socket in the shm directory.
 func listenShm(sd *sockDevice, spec DeviceSpec, opts Options) error {
@@ -131,38 +133,63 @@ func listenShm(sd *sockDevice, spec DeviceSpec, opts Options) error {
 	}
 	allow := opts.ShmAllowUID
 	if allow == nil {
-		allow = sameUser
+		allow = anyUser
 	}
-	switch {
-	case len(spec.EIDs) > 1:
-		return fmt.Errorf("device %s: an shm device has one EID, got %d", spec.Name, len(spec.EIDs))
-	case len(spec.EIDs) == 1:
-		sd.eid = spec.EIDs[0]
-	default:
-		if sd.eid, err = ShmEID(); err != nil {
-			return fmt.Errorf("device %s: %w", spec.Name, err)
-		}
+	id, err := shmDeviceIdentity(spec)
+	if err != nil {
+		return fmt.Errorf("device %s: %w", spec.Name, err)
 	}
-	if err := os.MkdirAll(opts.ShmDir, 0o700); err != nil {
-		return fmt.Errorf("device %s: shm directory: %w", spec.Name, err)
+	sd.eid = id.eid
+	sockDir := opts.ShmSocketDir
+	if sockDir == "" {
+		sockDir = opts.ShmDir
 	}
-	path := ShmSocketPath(opts.ShmDir, sd.eid)
+	if err := os.MkdirAll(sockDir, 0o700); err != nil {
+		return fmt.Errorf("device %s: shm socket directory: %w", spec.Name, err)
+	}
+	path := ShmSocketPath(sockDir, sd.eid)
 	if len(path) > maxSocketPath {
-		return fmt.Errorf("device %s: shm socket path %s is %d bytes, longer than a unix socket takes (%d): use a shorter URMA_SHM_DIR", spec.Name, path, len(path), maxSocketPath)
+		return fmt.Errorf("device %s: shm socket path %s is %d bytes, longer than a unix socket takes (%d): use a shorter URMA_SHM_DIR (or URMA_SHM_SOCKET_DIR)", spec.Name, path, len(path), maxSocketPath)
 	}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return fmt.Errorf("device %s: listen on %s: %w", spec.Name, path, err)
 	}
-	// Who may connect is decided by SO_PEERCRED, not by the file mode:
-	// pods of another user may be allowed (Options.ShmAllowUID).
+	// Who may connect is decided by the identity proof (and
+	// Options.ShmAllowUID), not by the file mode: pods of other users
+	// connect.
 	if err := os.Chmod(path, 0o666); err != nil {
 		_ = ln.Close()
 		return fmt.Errorf("device %s: open %s to peers: %w", spec.Name, path, err)
 	}
 	sd.ln = ln
-	sd.shm = &shmNet{dir: opts.ShmDir, path: path, ringSize: ring, spin: spin, bootID: boot, allowUID: allow, peerTO: opts.PeerTimeout}
+	sd.shm = &shmNet{dir: opts.ShmDir, path: path, id: id, ringSize: ring, spin: spin, bootID: boot, allowUID: allow, peerTO: opts.PeerTimeout}
 	return nil
+}
+
+// shmDeviceIdentity is the key of an shm device: DeviceSpec.ShmKey, or a
+// fresh one. An EID given without its key cannot be proved to any peer, so
+// it is refused; one given with its key must be the key's.
+func shmDeviceIdentity(spec DeviceSpec) (*shmIdentity, error) {
+	var id *shmIdentity
+	var err error
+	if spec.ShmKey != nil {
+		id, err = shmIdentityOf(spec.ShmKey)
+	} else {
+		id, err = newShmIdentity()
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case len(spec.EIDs) > 1:
+		return nil, fmt.Errorf("an shm device has one EID, got %d", len(spec.EIDs))
+	case len(spec.EIDs) == 1 && spec.ShmKey == nil:
+		return nil, fmt.Errorf("EID %s given without its key: an shm device's EID is the hash of its key, which it proves to its peers; set DeviceSpec.ShmKey (ShmEIDOfKey gives its EID) or leave EIDs empty", spec.EIDs[0])
+	case len(spec.EIDs) == 1 && spec.EIDs[0] != id.eid:
+		return nil, fmt.Errorf("EID %s is not the EID of DeviceSpec.ShmKey (%s)", spec.EIDs[0], id.eid)
+	}
+	return id, nil
 }
 
 // peerCreds reads the credentials of the process at the other end of a
@@ -247,14 +274,35 @@ func parseRights(oob []byte) ([]int, error) {
 	return fds, nil
 }
 
-// handshakeInShm answers a dialer's HELLO on the shm socket; the rules for
+// connInode is the inode of a unix connection's socket.
+func connInode(uc *net.UnixConn) (uint64, error) {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var ino uint64
+	var ierr error
+	if err := raw.Control(func(fd uintptr) { ino, ierr = sockInode(int(fd)) }); err != nil {
+		return 0, err
+	}
+	return ino, ierr
+}
+
+// handshakeInShm answers a dialer on the shm socket:
+//
+//	HELLO (dialer: EID, key, nonce) -> HELLO_ACK (acceptor: EID, key,
+//	nonce, signature) -> PROOF (dialer: signature, its ring) -> READY
+//	(acceptor: its ring)
+//
+// Nothing of this side is spent on the dialer (a peer entry, a connection
+// slot, a ring) before it proved the EID it claims; the rules for
 // duplicate connections are the socket fabric's (handshakeIn).
 func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 	defer sd.endHandshake(nc)
 	uc := nc.(*net.UnixConn)
 	_ = uc.SetDeadline(time.Now().Add(sd.dialTO))
 	var buf [shmMaxMsgLen + 1]byte
-	n, fds, err := readShmMsg(uc, buf[:], shmHelloFds)
+	n, _, err := readShmMsg(uc, buf[:], 0)
 	var h shmHelloMsg
 	if err == nil {
 		h, err = decodeShmHello(buf[:n])
@@ -263,18 +311,21 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 		err = errors.New("first message is not a HELLO")
 	}
 	if err != nil {
-		closeAll(fds)
 		sd.log().Info("refusing shm connection: bad HELLO", "reason", err.Error())
 		_ = nc.Close()
 		return
 	}
+	helloMsg := append([]byte(nil), buf[:n]...)
+	id := sd.shm.id
 	ack := shmHelloMsg{typ: shmMsgHelloAck, session: sd.session, src: sd.eid, dst: h.src,
-		maxMsg: sd.dev.caps.MaxMsgSize, bootID: sd.shm.bootID, ringSize: uint32(sd.shm.ringSize), pid: uint32(os.Getpid())}
+		maxMsg: sd.dev.caps.MaxMsgSize, bootID: sd.shm.bootID, pid: uint32(os.Getpid()),
+		// The acceptor never pays for more ring than the dialer does.
+		ringSize: uint32(min(sd.shm.ringSize, int(h.ringSize)))}
+	copy(ack.pub[:], id.pub)
+	var out [shmMaxMsgLen]byte
 	refuse := func(status uint8, why string) {
-		closeAll(fds)
 		ack.status = status
-		var b [shmMaxMsgLen]byte
-		_, _ = uc.Write(encodeShmHello(b[:], &ack))
+		_, _ = uc.Write(encodeShmHello(out[:], &ack))
 		sd.log().Info("refusing shm connection", "from", h.src.String(), "pid", h.pid, "reason", why)
 		_ = nc.Close()
 	}
@@ -285,12 +336,60 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 	case h.bootID != sd.shm.bootID:
 		refuse(helloWrongHost, "the dialer has another boot id: not on this host")
 		return
-	case len(fds) != shmHelloFds:
-		refuse(helloRefused, fmt.Sprintf("HELLO carries %d descriptors, want %d", len(fds), shmHelloFds))
+	case shmEIDOf(h.pub[:]) != h.src:
+		refuse(helloRefused, fmt.Sprintf("the dialer's key is not the key of EID %s", h.src))
 		return
 	}
 	if err := sd.shm.checkCreds(nc); err != nil {
 		refuse(helloRefused, err.Error())
+		return
+	}
+	ino, err := connInode(uc)
+	if err == nil {
+		_, err = rand.Read(ack.nonce[:])
+	}
+	if err != nil {
+		refuse(helloResources, err.Error())
+		return
+	}
+	ackMsg := append([]byte(nil), encodeShmHello(out[:], &ack)...)
+	copy(ack.sig[:], ed25519.Sign(id.key, shmTranscript(shmSignAcceptor, helloMsg, ackMsg, ino)))
+	if _, err := uc.Write(encodeShmHello(out[:], &ack)); err != nil {
+		sd.log().Info("shm handshake failed", "from", h.src.String(), "reason", err.Error())
+		_ = nc.Close()
+		return
+	}
+	sd.acceptProved(uc, h, helloMsg, ackMsg, ino)
+}
+
+// acceptProved reads the dialer's PROOF and, once it verifies, sets up the
+// connection and answers READY with this side's ring.
+func (sd *sockDevice) acceptProved(uc *net.UnixConn, h shmHelloMsg, helloMsg, ackMsg []byte, ino uint64) {
+	var buf [shmMaxMsgLen + 1]byte
+	n, fds, err := readShmMsg(uc, buf[:], shmHelloFds)
+	var sig [shmSigLen]byte
+	if err == nil {
+		sig, err = decodeShmProof(buf[:n])
+	}
+	if err != nil {
+		closeAll(fds)
+		sd.log().Info("refusing shm connection: bad PROOF", "from", h.src.String(), "pid", h.pid, "reason", err.Error())
+		_ = uc.Close()
+		return
+	}
+	var out [shmReadyLen]byte
+	refuse := func(status uint8, why string) {
+		closeAll(fds)
+		_, _ = uc.Write(encodeShmReady(out[:], status))
+		sd.log().Info("refusing shm connection", "from", h.src.String(), "pid", h.pid, "reason", why)
+		_ = uc.Close()
+	}
+	if err := checkShmProof(h.src, h.pub[:], sig[:], shmSignDialer, helloMsg, ackMsg, ino); err != nil {
+		refuse(helloRefused, "the dialer "+err.Error())
+		return
+	}
+	if len(fds) != shmHelloFds {
+		refuse(helloRefused, fmt.Sprintf("PROOF carries %d descriptors, want %d", len(fds), shmHelloFds))
 		return
 	}
 	p, err := sd.peer(h.src)
@@ -309,12 +408,13 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 			sd.unreserve()
 		}
 	}()
-	ends, err := newShmEnds(sd.shm.ringSize)
+	ring := min(sd.shm.ringSize, int(h.ringSize))
+	ends, err := newShmEnds(ring)
 	if err != nil {
 		refuse(helloResources, err.Error())
 		return
 	}
-	sio, err := sd.shm.join(ends, int(h.ringSize), fds)
+	sio, err := sd.shm.join(ends, ring, int(h.ringSize), fds)
 	fds = nil // taken
 	if err != nil {
 		refuse(helloRefused, err.Error())
@@ -329,17 +429,16 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 		refuse(helloDuplicate, "a connection dialed the other way wins")
 		return
 	}
-	var b [shmMaxMsgLen]byte
-	_, _, err = uc.WriteMsgUnix(encodeShmHello(b[:], &ack), unix.UnixRights(sio.passFds()...), nil)
+	_, _, err = uc.WriteMsgUnix(encodeShmReady(out[:], helloOK), unix.UnixRights(sio.passFds()...), nil)
 	sio.closePassed()
 	if err == nil {
-		err = sio.attach(nc)
+		err = sio.attach(uc)
 	}
 	if err != nil {
 		p.mu.Unlock()
 		sio.close()
 		sd.log().Info("shm handshake failed", "from", h.src.String(), "reason", err.Error())
-		_ = nc.Close()
+		_ = uc.Close()
 		return
 	}
 	sio.pollers = &sd.pollers
@@ -352,51 +451,148 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 	}
 }
 
-// dialOnceShm connects to the peer's shm socket and handshakes once.
+// shmGreeting is a dialer's connection to a socket whose acceptor proved
+// the EID the dialer wants: what the PROOF signs.
+type shmGreeting struct {
+	uc               *net.UnixConn
+	path             string
+	ack              shmHelloMsg
+	helloMsg, ackMsg []byte // as they crossed, the ACK's signature zero
+	ino              uint64 // the acceptor's end of the socket
+}
+
+// dialOnceShm connects to the peer's shm socket and handshakes once. The
+// peer's socket is named after its EID, in the shm directory or one level
+// down (each pod its own subdirectory): any process that can write there
+// can name a socket after any EID, so the dialer greets each candidate in
+// turn and keeps the first whose acceptor proves the EID.
 func (p *peer) dialOnceShm(ctx context.Context) error {
 	sd := p.sd
 	if !IsShmEID(p.eid) {
 		return fmt.Errorf("EID %s is not an shm device's", p.eid)
 	}
-	path := ShmSocketPath(sd.shm.dir, p.eid)
+	paths, err := ShmSocketCandidates(sd.shm.dir, p.eid)
+	if err != nil {
+		return err
+	}
+	if len(paths) == 0 {
+		return fmt.Errorf("no socket %s.sock in %s or its subdirectories (no such device on this host, or another shm directory)", hex.EncodeToString(p.eid[:]), sd.shm.dir)
+	}
+	var errs []error
+	for _, path := range paths {
+		g, err := sd.shm.greet(ctx, sd, path, p.eid)
+		if err != nil {
+			// Someone else's socket named after the EID, or the
+			// peer's refusal: either way, the next candidate.
+			sd.log().Info("skipping shm socket", "peer", p.eid.String(), "path", path, "reason", err.Error())
+			errs = append(errs, err)
+			continue
+		}
+		return p.proveShm(ctx, g)
+	}
+	return errors.Join(errs...)
+}
+
+// greet connects to path, sends HELLO and checks that the HELLO_ACK proves
+// want. The connection is closed unless greet succeeds.
+func (n *shmNet) greet(ctx context.Context, sd *sockDevice, path string, want urma.EID) (*shmGreeting, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unixpacket", path)
 	if err != nil {
-		return fmt.Errorf("dial %s (no such device on this host, or another shm directory): %w", path, err)
+		return nil, fmt.Errorf("dial %s (no such device on this host, or another shm directory): %w", path, err)
+	}
+	uc := nc.(*net.UnixConn)
+	fail := func(err error) (*shmGreeting, error) {
+		_ = nc.Close()
+		return nil, err
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)
 	}
-	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
-	defer stop()
-	uc := nc.(*net.UnixConn)
-	fail := func(err error) error {
-		_ = nc.Close()
-		return err
-	}
-	if err := sd.shm.checkCreds(nc); err != nil {
+	if err := n.checkCreds(nc); err != nil {
 		return fail(err)
+	}
+	h := shmHelloMsg{typ: shmMsgHello, session: sd.session, src: sd.eid, dst: want,
+		maxMsg: sd.dev.caps.MaxMsgSize, bootID: n.bootID, ringSize: uint32(n.ringSize), pid: uint32(os.Getpid())}
+	copy(h.pub[:], n.id.pub)
+	if _, err := rand.Read(h.nonce[:]); err != nil {
+		return fail(fmt.Errorf("draw nonce: %w", err))
+	}
+	var b [shmMaxMsgLen + 1]byte
+	helloMsg := append([]byte(nil), encodeShmHello(b[:], &h)...)
+	if _, err := uc.Write(helloMsg); err != nil {
+		return fail(fmt.Errorf("send HELLO to %s: %w", path, err))
+	}
+	k, _, err := readShmMsg(uc, b[:], 0)
+	var a shmHelloMsg
+	if err == nil {
+		a, err = decodeShmHello(b[:k])
+	}
+	if err == nil && a.typ != shmMsgHelloAck {
+		err = errors.New("answer is not a HELLO_ACK")
+	}
+	if err != nil {
+		return fail(fmt.Errorf("handshake with %s: %w", path, err))
+	}
+	// The statuses are the acceptor's word before it proved anything: a
+	// reason to try the next candidate, not to believe.
+	switch {
+	case a.status == helloWrongEID || a.src != want:
+		return fail(fmt.Errorf("%s is device %s, not %s", path, a.src, want))
+	case a.status == helloWrongHost || a.bootID != n.bootID:
+		return fail(fmt.Errorf("%s belongs to a process on another host (boot id differs)", path))
+	case a.status == helloRefused:
+		return fail(fmt.Errorf("%s refused this process (credentials, or its key)", path))
+	case a.status != helloOK:
+		return fail(fmt.Errorf("%s could not answer (status %d)", path, a.status))
+	case int(a.ringSize) > n.ringSize:
+		return fail(fmt.Errorf("%s offers a ring of %d bytes, more than this side's %d", path, a.ringSize, n.ringSize))
+	}
+	own, err := connInode(uc)
+	var ino uint64
+	if err == nil {
+		ino, err = unixPeerInode(own)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("find the socket at the other end of %s: %w", path, err))
+	}
+	ackMsg := unsignedShmHello(b[:k])
+	if err := checkShmProof(want, a.pub[:], a.sig[:], shmSignAcceptor, helloMsg, ackMsg, ino); err != nil {
+		return fail(fmt.Errorf("%s %w", path, err))
+	}
+	return &shmGreeting{uc: uc, path: path, ack: a, helloMsg: helloMsg, ackMsg: ackMsg, ino: ino}, nil
+}
+
+// proveShm sends the PROOF and this side's ring over a greeted connection
+// and adopts the connection once the acceptor is READY.
+func (p *peer) proveShm(ctx context.Context, g *shmGreeting) error {
+	sd := p.sd
+	uc, path, a := g.uc, g.path, g.ack
+	stop := context.AfterFunc(ctx, func() { _ = uc.Close() })
+	defer stop()
+	fail := func(err error) error {
+		_ = uc.Close()
+		return err
 	}
 	ends, err := newShmEnds(sd.shm.ringSize)
 	if err != nil {
 		return fail(err)
 	}
-	h := shmHelloMsg{typ: shmMsgHello, session: sd.session, src: sd.eid, dst: p.eid,
-		maxMsg: sd.dev.caps.MaxMsgSize, bootID: sd.shm.bootID, ringSize: uint32(sd.shm.ringSize), pid: uint32(os.Getpid())}
+	sig := ed25519.Sign(sd.shm.id.key, shmTranscript(shmSignDialer, g.helloMsg, g.ackMsg, g.ino))
 	var b [shmMaxMsgLen + 1]byte
-	_, _, err = uc.WriteMsgUnix(encodeShmHello(b[:], &h), unix.UnixRights(ends.fds()...), nil)
+	_, _, err = uc.WriteMsgUnix(encodeShmProof(b[:], sig), unix.UnixRights(ends.fds()...), nil)
 	ends.closePassed()
 	if err != nil {
 		ends.release()
-		return fail(fmt.Errorf("send HELLO to %s: %w", path, err))
+		return fail(fmt.Errorf("send PROOF to %s: %w", path, err))
 	}
 	n, fds, err := readShmMsg(uc, b[:], shmHelloFds)
-	var a shmHelloMsg
+	var status uint8
 	if err == nil {
-		a, err = decodeShmHello(b[:n])
+		status, err = decodeShmReady(b[:n])
 	}
-	if err == nil && a.typ != shmMsgHelloAck {
-		err = errors.New("answer is not a HELLO_ACK")
+	if err == nil && status != helloOK && len(fds) > 0 {
+		err = fmt.Errorf("READY of status %d carries descriptors", status)
 	}
 	if err != nil {
 		closeAll(fds)
@@ -404,30 +600,26 @@ func (p *peer) dialOnceShm(ctx context.Context) error {
 		return fail(fmt.Errorf("handshake with %s: %w", path, err))
 	}
 	var refused error
-	switch {
-	case a.status == helloDuplicate:
+	switch status {
+	case helloOK:
+	case helloDuplicate:
 		refused = errDuplicate
-	case a.status == helloWrongEID || a.src != p.eid:
-		refused = fmt.Errorf("%s is device %s, not %s", path, a.src, p.eid)
-	case a.status == helloWrongHost || a.bootID != sd.shm.bootID:
-		refused = fmt.Errorf("%s belongs to a process on another host (boot id differs)", path)
-	case a.status == helloRefused:
-		refused = fmt.Errorf("%s refused this process (credentials or descriptors)", path)
-	case a.status == helloConnLimit:
+	case helloRefused:
+		refused = fmt.Errorf("%s refused this process (its proof or its ring)", path)
+	case helloConnLimit:
 		refused = fmt.Errorf("%s refused the connection: device %s holds as many connections as it may, %w", path, p.eid, ErrConnLimit)
-	case a.status != helloOK:
+	default:
 		refused = fmt.Errorf("%s could not set up its ring", path)
 	}
 	if refused != nil {
-		closeAll(fds)
 		ends.release()
 		return fail(refused)
 	}
-	sio, err := sd.shm.join(ends, int(a.ringSize), fds)
+	sio, err := sd.shm.join(ends, sd.shm.ringSize, int(a.ringSize), fds)
 	if err != nil {
 		return fail(err)
 	}
-	if err := sio.attach(nc); err != nil {
+	if err := sio.attach(uc); err != nil {
 		sio.close()
 		return fail(err)
 	}
@@ -440,4 +632,49 @@ func (p *peer) dialOnceShm(ctx context.Context) error {
 		old.fail(errors.New("replaced by a new connection"))
 	}
 	return nil
+}
+
+// Bounds of the search for a peer's socket: what a dialer reads of the shm
+// directory and how many sockets named after one EID it greets. A socket
+// that does not prove the EID costs a connection and a signature check.
+const (
+	maxShmDirEntries   = 4096
+	maxShmSocketsTried = 16
+)
+
+// ShmSocketCandidates lists the sockets named after e in dir and in its
+// subdirectories (not following symbolic links): where a device with EID e
+// may listen, its own socket directory being dir or one of those. At most
+// 4096 entries of dir are read and 16 sockets returned; a path longer than
+// a unix socket takes is left out.
+func ShmSocketCandidates(dir string, e urma.EID) ([]string, error) {
+	name := hex.EncodeToString(e[:]) + ".sock"
+	var out []string
+	add := func(path string) {
+		if len(path) > maxSocketPath || len(out) >= maxShmSocketsTried {
+			return
+		}
+		if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			out = append(out, path)
+		}
+	}
+	add(filepath.Join(dir, name))
+	f, err := os.Open(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read shm directory: %w", err)
+	}
+	defer f.Close()
+	entries, err := f.ReadDir(maxShmDirEntries)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return out, fmt.Errorf("read shm directory %s: %w", dir, err)
+	}
+	for _, de := range entries {
+		if de.IsDir() {
+			add(filepath.Join(dir, de.Name(), name))
+		}
+	}
+	return out, nil
 }

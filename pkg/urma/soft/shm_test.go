@@ -3,7 +3,9 @@ package soft
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -11,6 +13,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -156,16 +159,19 @@ func TestShmRendezvousRefusals(t *testing.T) {
 }
 
 // Hostile rendezvous messages are refused and logged, descriptors and all,
-// and never crash the device.
+// and never crash the device: a bad HELLO, and a PROOF after an honest
+// HELLO that is bad or carries bad descriptors.
 func TestShmHostileHandshakes(t *testing.T) {
 	opts := shmOpts(t)
 	var sink logSink
 	opts.Logger = sink.logger()
 	p := newProvider(t, opts)
 	sd := p.devices[0].sock
-	me, _ := ShmEID()
+	me := testShmIdentity(t)
 	good := func() shmHelloMsg {
-		return shmHelloMsg{typ: shmMsgHello, src: me, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
+		h := shmHelloMsg{typ: shmMsgHello, src: me.eid, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
+		copy(h.pub[:], me.pub)
+		return h
 	}
 	enc := func(h shmHelloMsg) []byte { return encodeShmHello(make([]byte, shmMaxMsgLen), &h) }
 	pipeFds := func(t *testing.T) []int {
@@ -173,36 +179,54 @@ func TestShmHostileHandshakes(t *testing.T) {
 		mustOK(t, unix.Pipe2(p[:], unix.O_CLOEXEC), "pipe")
 		return p[:]
 	}
-	cases := []struct {
-		name string
-		msg  func() []byte
-		fds  func(t *testing.T) []int
-		log  string
-	}{
-		{"garbage", func() []byte { return []byte("GET / HTTP/1.1") }, nil, "bad HELLO"},
-		{"wrong version", func() []byte { b := enc(good()); b[4] = 9; return b }, nil, "version"},
-		{"short", func() []byte { return enc(good())[:40] }, nil, "bytes"},
-		{"odd ring size", func() []byte { h := good(); h.ringSize = 100000; return enc(h) }, nil, "power of two"},
-		{"no descriptors", func() []byte { return enc(good()) }, nil, "descriptors"},
-		{"pipes for eventfds", func() []byte { return enc(good()) }, func(t *testing.T) []int {
-			e, err := newShmEnds(MinShmRing)
-			mustOK(t, err, "ends")
-			t.Cleanup(e.release)
-			ro, err := unix.Dup(e.localRO)
+	honestRing := func(t *testing.T) []int {
+		e, err := newShmEnds(MinShmRing)
+		mustOK(t, err, "ends")
+		t.Cleanup(e.release)
+		fds := make([]int, 3)
+		for i, fd := range e.fds() {
+			fds[i], err = unix.Dup(fd)
 			mustOK(t, err, "dup")
-			return append([]int{ro}, pipeFds(t)...)
-		}, "not an eventfd"},
-		{"unsealed ring", func() []byte { return enc(good()) }, func(t *testing.T) []int {
+		}
+		return fds
+	}
+	cases := []struct {
+		name  string
+		hello func() []byte                 // nil: an honest HELLO, then a PROOF
+		fds   func(t *testing.T) []int      // with the HELLO, or with the PROOF
+		sig   func(d *testShmDialer) []byte // nil: an honest signature
+		log   string
+	}{
+		{"garbage", func() []byte { return []byte("GET / HTTP/1.1") }, nil, nil, "bad HELLO"},
+		{"wrong version", func() []byte { b := enc(good()); b[4] = 1; return b }, nil, nil, "version"},
+		{"short", func() []byte { return enc(good())[:40] }, nil, nil, "bytes"},
+		{"odd ring size", func() []byte { h := good(); h.ringSize = 100000; return enc(h) }, nil, nil, "power of two"},
+		{"descriptors with the HELLO", func() []byte { return enc(good()) }, honestRing, nil, "descriptors"},
+		{"a key that is not the EID's", func() []byte { h := good(); h.pub[0] ^= 1; return enc(h) }, nil, nil, "is not the key of EID"},
+		{"a signature of another transcript", nil, honestRing, func(d *testShmDialer) []byte {
+			return ed25519.Sign(d.id.key, shmTranscript(shmSignDialer, d.helloMsg, d.ackMsg, d.ino+1))
+		}, "signature of the handshake does not verify"},
+		{"the acceptor's signature played back", nil, honestRing, func(d *testShmDialer) []byte {
+			b := make([]byte, shmMaxMsgLen)
+			return encodeShmHello(b, &d.ack)[shmMsgHdrLen+136 : shmMsgHdrLen+200]
+		}, "does not verify"},
+		{"no descriptors", nil, nil, nil, "descriptors"},
+		{"pipes for eventfds", nil, func(t *testing.T) []int {
+			fds := honestRing(t)
+			closeAll(fds[1:])
+			return append(fds[:1], pipeFds(t)...)
+		}, nil, "not an eventfd"},
+		{"unsealed ring", nil, func(t *testing.T) []int {
 			fd, err := unix.MemfdCreate("x", unix.MFD_CLOEXEC)
 			mustOK(t, err, "memfd")
 			mustOK(t, unix.Ftruncate(fd, shmCtlSize+MinShmRing), "truncate")
 			e1, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 			e2, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 			return []int{fd, e1, e2}
-		}, "seals"},
+		}, nil, "seals"},
 		// Sealed, but a page its owner punches out would SIGBUS our next
 		// read of it once the huge page pool is empty.
-		{"ring on hugetlbfs", func() []byte { return enc(good()) }, func(t *testing.T) []int {
+		{"ring on hugetlbfs", nil, func(t *testing.T) []int {
 			fd, err := unix.MemfdCreate("x", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_HUGETLB)
 			if err != nil {
 				t.Skipf("no hugetlbfs memfd here: %v", err)
@@ -213,21 +237,41 @@ func TestShmHostileHandshakes(t *testing.T) {
 			e1, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 			e2, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 			return []int{fd, e1, e2}
-		}, "hugetlbfs"},
+		}, nil, "hugetlbfs"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			nc, err := net.Dial("unixpacket", sd.shm.path)
 			mustOK(t, err, "dial")
 			defer nc.Close()
-			var oob []byte
+			uc := nc.(*net.UnixConn)
+			var fds []int
 			if c.fds != nil {
-				fds := c.fds(t)
-				oob = unix.UnixRights(fds...)
+				fds = c.fds(t)
 				defer closeAll(fds)
 			}
-			_, _, err = nc.(*net.UnixConn).WriteMsgUnix(c.msg(), oob, nil)
-			mustOK(t, err, "write")
+			if c.hello != nil {
+				var oob []byte
+				if len(fds) > 0 {
+					oob = unix.UnixRights(fds...)
+				}
+				_, _, err = uc.WriteMsgUnix(c.hello(), oob, nil)
+				mustOK(t, err, "write")
+			} else {
+				d := shmGreetWith(t, uc, me, good())
+				if d.ack.status != helloOK {
+					t.Fatalf("honest HELLO answered %+v", d.ack)
+				}
+				sig := d.sign()
+				if c.sig != nil {
+					sig = c.sig(d)
+				}
+				status, got, err := d.prove(sig, fds)
+				closeAll(got)
+				if err == nil && status == helloOK {
+					t.Fatal("READY OK to a hostile PROOF")
+				}
+			}
 			_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
 			buf := make([]byte, 256)
 			for {
@@ -239,12 +283,9 @@ func TestShmHostileHandshakes(t *testing.T) {
 					break
 				}
 			}
-			deadline := time.Now().Add(2 * time.Second)
-			for !sink.has(c.log) {
-				if time.Now().After(deadline) {
-					t.Fatalf("no log line says %q: %q", c.log, sink.lines)
-				}
-				time.Sleep(time.Millisecond) // polling deadline: the device logs after hanging up
+			waitUntil(t, "the device to log why", func() bool { return sink.has(c.log) })
+			if n := len(p.conns()); n != 0 {
+				t.Fatalf("the device holds %d connections after a hostile handshake", n)
 			}
 		})
 	}
@@ -266,24 +307,22 @@ func fakeShmPeer(t *testing.T, sd *sockDevice) (*shmIO, urma.EID) {
 	return sio, me
 }
 
-// shmHello handshakes over nc as a dialer would, passing ends' descriptors,
-// and returns the EID it used, the device's descriptors and ring size.
+// shmHello handshakes over nc as a dialer would, with a key of its own,
+// passing ends' descriptors, and returns the EID it proved, the device's
+// descriptors and ring size.
 func shmHello(t *testing.T, nc net.Conn, ends *shmEnds, sd *sockDevice) (me urma.EID, fds []int, peerRing int) {
 	t.Helper()
-	me, _ = ShmEID()
-	h := shmHelloMsg{typ: shmMsgHello, src: me, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
-	_, _, err := nc.(*net.UnixConn).WriteMsgUnix(encodeShmHello(make([]byte, shmMaxMsgLen), &h), unix.UnixRights(ends.fds()...), nil)
-	mustOK(t, err, "send HELLO")
-	ends.closePassed()
-	buf := make([]byte, shmMaxMsgLen+1)
-	n, fds, err := readShmMsg(nc.(*net.UnixConn), buf, shmHelloFds)
-	mustOK(t, err, "read HELLO_ACK")
-	a, err := decodeShmHello(buf[:n])
-	if err != nil || a.status != helloOK {
-		closeAll(fds)
-		t.Fatalf("HELLO_ACK %+v, %v", a, err)
+	d := shmGreetAs(t, nc.(*net.UnixConn), testShmIdentity(t), sd.eid, sd.shm.bootID, MinShmRing)
+	if d.ack.status != helloOK {
+		t.Fatalf("HELLO_ACK %+v", d.ack)
 	}
-	return me, fds, int(a.ringSize)
+	status, fds, err := d.prove(d.sign(), ends.fds())
+	ends.closePassed()
+	if err != nil || status != helloOK {
+		closeAll(fds)
+		t.Fatalf("READY %d, %v", status, err)
+	}
+	return d.id.eid, fds, int(d.ack.ringSize)
 }
 
 // A peer whose ring control words make no sense breaks the protocol: the
@@ -339,6 +378,9 @@ func TestShmCloseRemovesSocket(t *testing.T) {
 // Options that cannot work fail New with a reason.
 func TestShmOptionsRefused(t *testing.T) {
 	long := "/tmp/" + strings.Repeat("d", 90)
+	key := testShmIdentity(t).key
+	otherEID, err := ShmEID()
+	mustOK(t, err, "EID")
 	cases := []struct {
 		name string
 		opts Options
@@ -349,6 +391,9 @@ func TestShmOptionsRefused(t *testing.T) {
 		{"ring too small", Options{ShmDir: t.TempDir(), ShmRingSize: 4096}, "power of two"},
 		{"path too long", Options{ShmDir: long}, "shorter URMA_SHM_DIR"},
 		{"two EIDs", Options{ShmDir: t.TempDir(), Devices: []DeviceSpec{{EIDs: []urma.EID{{1}, {2}}}}}, "one EID"},
+		{"an EID without its key", Options{ShmDir: t.TempDir(), Devices: []DeviceSpec{{EIDs: []urma.EID{otherEID}}}}, "without its key"},
+		{"an EID that is not the key's", Options{ShmDir: t.TempDir(), Devices: []DeviceSpec{{EIDs: []urma.EID{otherEID}, ShmKey: key}}}, "is not the EID of DeviceSpec.ShmKey"},
+		{"a key of the wrong size", Options{ShmDir: t.TempDir(), Devices: []DeviceSpec{{ShmKey: key[:31]}}}, "ed25519 private key"},
 	}
 	defer os.RemoveAll(long)
 	for _, c := range cases {
@@ -782,28 +827,13 @@ func TestShmPollerRacesConnectionClose(t *testing.T) {
 	}
 }
 
-// Without Options.ShmAllowUID a device accepts peers of its own user and
-// root, and refuses every other user.
-func TestShmDefaultAllowsSameUserAndRoot(t *testing.T) {
-	me := uint32(os.Geteuid())
-	other := me + 1
-	if other == 0 {
-		other = 1
-	}
-	cases := []struct {
-		name string
-		uid  uint32
-		want bool
-	}{
-		{"root", 0, true},
-		{"this user", me, true},
-		{"another user", other, false},
-	}
-	opts := shmOpts(t)
-	allow := newProvider(t, opts).devices[0].sock.shm.allowUID
-	for _, c := range cases {
-		if got := allow(c.uid); got != c.want {
-			t.Errorf("%s (uid %d, running as %d): allowed %v, want %v", c.name, c.uid, me, got, c.want)
+// Without Options.ShmAllowUID a device accepts peers of every user: the
+// identity proof, not the user, says who a peer is.
+func TestShmDefaultAllowsEveryUser(t *testing.T) {
+	allow := newProvider(t, shmOpts(t)).devices[0].sock.shm.allowUID
+	for _, uid := range []uint32{0, uint32(os.Geteuid()), uint32(os.Geteuid()) + 1, 65534} {
+		if !allow(uid) {
+			t.Errorf("uid %d refused by default", uid)
 		}
 	}
 }
@@ -850,6 +880,117 @@ func TestShmSocketPathLimit(t *testing.T) {
 	})
 }
 
+// A device given its key (DeviceSpec.ShmKey) has that key's EID, with or
+// without the EID spelled out, and proves it to its peers.
+func TestShmDeviceWithItsKey(t *testing.T) {
+	key := testShmIdentity(t).key
+	eid, err := ShmEIDOfKey(key)
+	mustOK(t, err, "EID of the key")
+	for _, spec := range []DeviceSpec{{ShmKey: key}, {ShmKey: key, EIDs: []urma.EID{eid}}} {
+		opts := shmOpts(t)
+		opts.Devices = []DeviceSpec{spec}
+		b := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
+		if got := b.jetty.ID().EID; got != eid {
+			t.Fatalf("device EID %s, want the key's %s", got, eid)
+		}
+		a := newSide(t, newProvider(t, Options{ShmDir: opts.ShmDir, PeerTimeout: opts.PeerTimeout}), urma.JettyConfig{}, 64)
+		roundTrip(t, a, a.importJetty(b), b)
+	}
+}
+
+// The sockets a dialer greets for an EID: the one in the shm directory
+// first, then those one level down, at most maxShmSocketsTried, never
+// through a symbolic link, never a path too long to dial, never a file
+// that is not a socket.
+func TestShmSocketCandidates(t *testing.T) {
+	dir := shmOpts(t).ShmDir
+	e, err := ShmEID()
+	mustOK(t, err, "EID")
+	name := hex.EncodeToString(e[:]) + ".sock"
+	listen := func(path string) {
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+		mustOK(t, err, "listen")
+		t.Cleanup(func() { _ = ln.Close() })
+	}
+	got, err := ShmSocketCandidates(dir, e)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("empty directory: %v, %v", got, err)
+	}
+	listen(filepath.Join(dir, name))
+	for i := range maxShmSocketsTried + 4 {
+		sub := filepath.Join(dir, fmt.Sprintf("pod%02d", i))
+		mustOK(t, os.Mkdir(sub, 0o700), "subdirectory")
+		listen(filepath.Join(sub, name))
+	}
+	plain := filepath.Join(dir, "plain")
+	mustOK(t, os.Mkdir(plain, 0o700), "subdirectory")
+	mustOK(t, os.WriteFile(filepath.Join(plain, name), nil, 0o600), "a file named after the EID")
+	mustOK(t, os.Symlink(filepath.Join(dir, "pod00"), filepath.Join(dir, "link")), "symlink")
+	got, err = ShmSocketCandidates(dir, e)
+	mustOK(t, err, "candidates")
+	if len(got) != maxShmSocketsTried || got[0] != filepath.Join(dir, name) {
+		t.Fatalf("%d candidates starting %v, want %d starting with the top-level socket", len(got), got[:1], maxShmSocketsTried)
+	}
+	for _, p := range got {
+		if strings.Contains(p, "/link/") || strings.Contains(p, "/plain/") {
+			t.Errorf("candidate %s", p)
+		}
+	}
+	if _, err := ShmSocketCandidates(filepath.Join(dir, "absent"), e); err != nil {
+		t.Errorf("absent directory: %v", err)
+	}
+}
+
+// A dialer whose peer listens in a subdirectory of the shm directory (its
+// pod's) greets every socket named after the peer's EID and connects to
+// the one that proves it, past sockets of other processes named the same.
+func TestShmDialerSkipsSquatters(t *testing.T) {
+	opts := shmOpts(t)
+	bOpts := opts
+	bOpts.ShmSocketDir = filepath.Join(opts.ShmDir, "pod-b")
+	var sink logSink
+	aOpts := opts
+	aOpts.Logger = sink.logger()
+	pa, pb := newProvider(t, aOpts), newProvider(t, bOpts)
+	a := newSide(t, pa, urma.JettyConfig{}, 64)
+	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	bEID := b.jetty.ID().EID
+	squatter := testShmIdentity(t)
+	// Squatters: one in a pod directory of its own that hangs up (greeted
+	// or not, as the directory lists it before or after B's), one that
+	// answers with a key of its own where A looks first.
+	for _, pod := range []string{"pod-a0", ""} {
+		sub := filepath.Join(opts.ShmDir, pod)
+		if pod != "" {
+			mustOK(t, os.Mkdir(sub, 0o700), "pod directory")
+		}
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: ShmSocketPath(sub, bEID), Net: "unixpacket"})
+		mustOK(t, err, "squat")
+		t.Cleanup(func() { _ = ln.Close() })
+		go func() {
+			for {
+				uc, err := ln.AcceptUnix()
+				if err != nil {
+					return
+				}
+				buf := make([]byte, shmMaxMsgLen+1)
+				if _, fds, err := readShmMsg(uc, buf, shmMaxFds); err == nil && pod == "" {
+					closeAll(fds)
+					m := shmHelloMsg{typ: shmMsgHelloAck, src: bEID, dst: a.jetty.ID().EID, maxMsg: 1 << 20, bootID: pa.devices[0].sock.shm.bootID, ringSize: MinShmRing}
+					copy(m.pub[:], squatter.pub)
+					_, _ = uc.Write(encodeShmHello(make([]byte, shmMaxMsgLen), &m))
+					_, _ = uc.Read(buf) // until the dialer hangs up
+				}
+				_ = uc.Close()
+			}
+		}()
+	}
+	roundTrip(t, a, a.importJetty(b), b)
+	if !sink.has("key's hash is not EID") {
+		t.Fatalf("A did not log the squatter it skipped: %q", sink.lines)
+	}
+}
+
 // A dialer refuses an answer that is not a HELLO_ACK, however well formed,
 // and says so.
 func TestShmDialerRefusesHostileAnswers(t *testing.T) {
@@ -866,6 +1007,21 @@ func TestShmDialerRefusesHostileAnswers(t *testing.T) {
 			return encodeShmHello(make([]byte, shmMaxMsgLen), &m)
 		}, "not a HELLO_ACK"},
 		{"garbage", func(urma.EID, shmHelloMsg) []byte { return []byte("HTTP/1.1 400 Bad Request") }, "magic"},
+		// A squatter: a socket named after the EID, answering with a key
+		// of its own and a good signature under it.
+		{"an ACK signed with another key", func(fake urma.EID, h shmHelloMsg) []byte {
+			squatter := testShmIdentity(t)
+			m := shmHelloMsg{typ: shmMsgHelloAck, src: fake, dst: h.src, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
+			copy(m.pub[:], squatter.pub)
+			ack := encodeShmHello(make([]byte, shmMaxMsgLen), &m)
+			hello := encodeShmHello(make([]byte, shmMaxMsgLen), &h)
+			copy(m.sig[:], ed25519.Sign(squatter.key, shmTranscript(shmSignAcceptor, hello, ack, 0)))
+			return encodeShmHello(make([]byte, shmMaxMsgLen), &m)
+		}, "its key's hash is not EID"},
+		{"an ACK without a signature", func(fake urma.EID, h shmHelloMsg) []byte {
+			m := shmHelloMsg{typ: shmMsgHelloAck, src: fake, dst: h.src, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
+			return encodeShmHello(make([]byte, shmMaxMsgLen), &m)
+		}, "does not prove the EID"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -1103,19 +1259,13 @@ func TestShmNoDescriptorOrRingLeaks(t *testing.T) {
 			var pipe [2]int
 			mustOK(t, unix.Pipe2(pipe[:], unix.O_CLOEXEC), "pipe")
 			defer closeAll(pipe[:])
-			me, _ := ShmEID()
-			h := shmHelloMsg{typ: shmMsgHello, src: me, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
-			_, _, err = nc.(*net.UnixConn).WriteMsgUnix(encodeShmHello(make([]byte, shmMaxMsgLen), &h), unix.UnixRights(e.localRO, pipe[0], pipe[1]), nil)
-			mustOK(t, err, "send HELLO")
-			buf := make([]byte, shmMaxMsgLen+1)
-			n, fds, err := readShmMsg(nc.(*net.UnixConn), buf, shmHelloFds)
+			d := shmGreetAs(t, nc.(*net.UnixConn), testShmIdentity(t), sd.eid, sd.shm.bootID, MinShmRing)
+			status, fds, err := d.prove(d.sign(), []int{e.localRO, pipe[0], pipe[1]})
 			closeAll(fds)
-			if err == nil {
-				if a, err := decodeShmHello(buf[:n]); err != nil || a.status != helloRefused {
-					t.Fatalf("answer %+v, %v: want a refusal", a, err)
-				}
+			if err == nil && status != helloRefused {
+				t.Fatalf("READY %d: want a refusal", status)
 			}
-			_, _ = nc.Read(buf) // until the device hangs up
+			_, _ = nc.Read(make([]byte, 16)) // until the device hangs up
 		}},
 	}
 	for _, c := range cases {

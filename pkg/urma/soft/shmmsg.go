@@ -14,17 +14,25 @@ import (
 // message starts with the magic "SRMS", the version, the type and a status.
 // docs/software-provider.md has the layouts.
 const (
-	shmMsgMagic   = "SRMS"
-	shmMsgVersion = 1
+	shmMsgMagic = "SRMS"
+	// shmMsgVersion 2 added the identity proof (shmid.go); a peer
+	// speaking 1 is refused at HELLO.
+	shmMsgVersion = 2
 
-	shmMsgHello     = 1 // dialer's first message; descriptors: region, data eventfd, space eventfd
-	shmMsgHelloAck  = 2 // acceptor's answer; the same descriptors when the status is OK
+	shmMsgHello     = 1 // dialer's first message: its EID, key and nonce; no descriptors
+	shmMsgHelloAck  = 2 // acceptor's answer: its EID, key, nonce and signature of the transcript
 	shmMsgSegMap    = 3 // a read-only descriptor of a registered segment, under a handle
 	shmMsgSegMapped = 4 // the receiver mapped the handle (status OK) or refused it
 	shmMsgSegUnmap  = 5 // the segment is gone: forget the handle
+	shmMsgProof     = 6 // dialer's signature of the transcript; descriptors: region, data eventfd, space eventfd
+	shmMsgReady     = 7 // acceptor's last word; the same descriptors when the status is OK
 
 	shmMsgHdrLen   = 8
-	shmHelloLen    = shmMsgHdrLen + 88
+	shmNonceLen    = 32
+	shmSigLen      = 64
+	shmHelloLen    = shmMsgHdrLen + 72 + shmNonceLen + 32 + shmSigLen
+	shmProofLen    = shmMsgHdrLen + shmSigLen
+	shmReadyLen    = shmMsgHdrLen
 	shmSegMsgLen   = shmMsgHdrLen + 16
 	shmMaxMsgLen   = shmHelloLen
 	shmHelloFds    = 3
@@ -34,11 +42,11 @@ const (
 	shmRingSizeMin = MinShmRing
 )
 
-// HELLO_ACK statuses beyond the socket fabric's (helloOK, helloDuplicate,
-// helloWrongEID).
+// HELLO_ACK and READY statuses beyond the socket fabric's (helloOK,
+// helloDuplicate, helloWrongEID, helloConnLimit).
 const (
 	helloWrongHost = 3 // another boot id: not the same host, or not the same boot
-	helloRefused   = 4 // the dialer's credentials are not allowed
+	helloRefused   = 4 // the dialer's credentials are not allowed, or it did not prove its EID
 	helloResources = 5 // the acceptor could not create its ring
 )
 
@@ -50,8 +58,11 @@ type shmHelloMsg struct {
 	src, dst urma.EID // the sender's and the receiver's device
 	maxMsg   uint64
 	bootID   [bootIDLen]byte
-	ringSize uint32
+	ringSize uint32 // the ring the sender writes into (HELLO_ACK: at most the HELLO's)
 	pid      uint32 // the sender's process id, for logs
+	nonce    [shmNonceLen]byte
+	pub      [32]byte        // the sender's ed25519 public key, whose hash is src
+	sig      [shmSigLen]byte // HELLO_ACK: the acceptor's signature of the transcript; HELLO: zero
 }
 
 func encodeShmHello(b []byte, h *shmHelloMsg) []byte {
@@ -67,7 +78,18 @@ func encodeShmHello(b []byte, h *shmHelloMsg) []byte {
 	copy(p[48:64], h.bootID[:])
 	be.PutUint32(p[64:], h.ringSize)
 	be.PutUint32(p[68:], h.pid)
+	copy(p[72:104], h.nonce[:])
+	copy(p[104:136], h.pub[:])
+	copy(p[136:200], h.sig[:])
 	return b
+}
+
+// unsigned is an encoded HELLO_ACK with its signature field zero, as the
+// transcript holds it.
+func unsignedShmHello(b []byte) []byte {
+	u := append([]byte(nil), b...)
+	clear(u[shmMsgHdrLen+136 : shmMsgHdrLen+200])
+	return u
 }
 
 // decodeShmMsgHeader checks a message's fixed start and returns its type
@@ -107,15 +129,68 @@ func decodeShmHello(b []byte) (shmHelloMsg, error) {
 		ringSize: be.Uint32(p[64:]), pid: be.Uint32(p[68:]),
 	}
 	copy(h.bootID[:], p[48:64])
+	copy(h.nonce[:], p[72:104])
+	copy(h.pub[:], p[104:136])
+	copy(h.sig[:], p[136:200])
 	switch {
-	case !zero(p[72:]):
-		return h, fmt.Errorf("shm hello reserved bytes are not zero")
 	case h.src.IsZero():
 		return h, fmt.Errorf("shm hello from a zero EID")
+	case typ == shmMsgHello && !zero(h.sig[:]):
+		return h, fmt.Errorf("shm HELLO carries a signature")
 	case status == helloOK && !validRingSize(int(h.ringSize)):
 		return h, fmt.Errorf("shm hello ring size %d is not a power of two in %d..%d", h.ringSize, MinShmRing, MaxShmRing)
 	}
 	return h, nil
+}
+
+// encodeShmProof encodes a PROOF: the dialer's signature of the transcript.
+func encodeShmProof(b []byte, sig []byte) []byte {
+	b = b[:shmProofLen]
+	clear(b)
+	copy(b, shmMsgMagic)
+	b[4], b[5] = shmMsgVersion, shmMsgProof
+	copy(b[shmMsgHdrLen:], sig)
+	return b
+}
+
+func decodeShmProof(b []byte) (sig [shmSigLen]byte, err error) {
+	typ, status, err := decodeShmMsgHeader(b)
+	switch {
+	case err != nil:
+		return sig, err
+	case typ != shmMsgProof:
+		return sig, fmt.Errorf("shm message type %d, want a PROOF", typ)
+	case len(b) != shmProofLen:
+		return sig, fmt.Errorf("shm PROOF of %d bytes, want %d", len(b), shmProofLen)
+	case status != 0:
+		return sig, fmt.Errorf("shm PROOF status %d not allowed", status)
+	}
+	copy(sig[:], b[shmMsgHdrLen:])
+	return sig, nil
+}
+
+// encodeShmReady encodes a READY with its status.
+func encodeShmReady(b []byte, status uint8) []byte {
+	b = b[:shmReadyLen]
+	clear(b)
+	copy(b, shmMsgMagic)
+	b[4], b[5], b[6] = shmMsgVersion, shmMsgReady, status
+	return b
+}
+
+func decodeShmReady(b []byte) (status uint8, err error) {
+	typ, status, err := decodeShmMsgHeader(b)
+	switch {
+	case err != nil:
+		return 0, err
+	case typ != shmMsgReady:
+		return 0, fmt.Errorf("shm message type %d, want a READY", typ)
+	case len(b) != shmReadyLen:
+		return 0, fmt.Errorf("shm READY of %d bytes, want %d", len(b), shmReadyLen)
+	case status > helloConnLimit:
+		return 0, fmt.Errorf("shm READY status %d not allowed", status)
+	}
+	return status, nil
 }
 
 func validRingSize(n int) bool {

@@ -1,0 +1,230 @@
+package soft
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/pkg/urma"
+)
+
+// The attacks on the shm fabric that a process of another pod on the node
+// can try: it reaches the shm directory, sees every device's EID in the
+// names of their sockets, and can read every public key a device sends.
+
+const (
+	attackSocketEnv = "URMA_ATTACK_SOCKET" // the victim device's socket
+	attackVictimEnv = "URMA_ATTACK_VICTIM" // the victim device's EID
+	attackClaimEnv  = "URMA_ATTACK_CLAIM"  // the EID the attacker claims
+	attackPubEnv    = "URMA_ATTACK_PUB"    // the claimed device's public key, in hex
+	takeoverSecret  = "tenant-B secret meant for A only"
+)
+
+// TestShmTakeoverAttacker is the attacking process of
+// TestShmTakeoverAttackFails: it dials B's socket claiming A's EID, with
+// A's public key and the best signature it can make, and if B takes it,
+// reads what B writes into the ring B shares with it.
+func TestShmTakeoverAttacker(t *testing.T) {
+	if !isChild("takeover-attacker") {
+		t.Skip("helper process for TestShmTakeoverAttackFails")
+	}
+	victim, err := urma.ParseEID(os.Getenv(attackVictimEnv))
+	mustOK(t, err, "victim EID")
+	claim, err := urma.ParseEID(os.Getenv(attackClaimEnv))
+	mustOK(t, err, "claimed EID")
+	pub, err := hex.DecodeString(os.Getenv(attackPubEnv))
+	mustOK(t, err, "claimed key")
+	ring, why := claimShmIdentity(t, os.Getenv(attackSocketEnv), victim, claim, pub)
+	if ring == nil {
+		fmt.Printf("HANDSHAKE refused: %s\n", strings.ReplaceAll(why, "\n", " "))
+	} else {
+		fmt.Println("HANDSHAKE taken")
+	}
+	parent := newParentLines()
+	parent.expect(t, "SCAN")
+	if ring != nil && bytes.Contains(ring, []byte(takeoverSecret)) {
+		fmt.Printf("SCANNED leaked %s\n", strings.ReplaceAll(takeoverSecret, " ", "_"))
+	} else {
+		fmt.Println("SCANNED clean")
+	}
+	parent.waitEOF()
+}
+
+// claimShmIdentity handshakes with the device at path as the device claim,
+// whose public key is pub, and returns the device's ring mapped, or nil
+// and why it was refused. The connection stays open for the process's
+// life.
+func claimShmIdentity(t *testing.T, path string, victim, claim urma.EID, pub []byte) ([]byte, string) {
+	nc, err := net.Dial("unixpacket", path)
+	mustOK(t, err, "dial the victim")
+	boot, err := BootID()
+	mustOK(t, err, "boot id")
+	mine := testShmIdentity(t)
+	h := shmHelloMsg{typ: shmMsgHello, session: 1, src: claim, dst: victim, maxMsg: 1 << 20, bootID: boot, ringSize: MinShmRing, pid: uint32(os.Getpid())}
+	copy(h.pub[:], pub)
+	d := shmGreetWith(t, nc.(*net.UnixConn), mine, h)
+	if d.ack.status != helloOK {
+		return nil, fmt.Sprintf("HELLO_ACK status %d", d.ack.status)
+	}
+	// The attacker has no key of A's: it signs with its own.
+	ends, err := newShmEnds(MinShmRing)
+	mustOK(t, err, "ring")
+	status, fds, err := d.prove(ed25519.Sign(mine.key, shmTranscript(shmSignDialer, d.helloMsg, d.ackMsg, d.ino)), ends.fds())
+	if err != nil || status != helloOK {
+		return nil, fmt.Sprintf("READY status %d, %v", status, err)
+	}
+	b, err := unix.Mmap(fds[0], 0, shmCtlSize+int(d.ack.ringSize), unix.PROT_READ, unix.MAP_SHARED)
+	mustOK(t, err, "map the victim's ring")
+	return b, ""
+}
+
+// Attack 1: a process dials device B's socket claiming device A's EID
+// while A and B talk. B must not take it for A: its next message for A
+// reaches A, and the attacker reads none of it.
+func TestShmTakeoverAttackFails(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an attacking process")
+	}
+	opts := shmOpts(t)
+	pa, pb := newProvider(t, opts), newProvider(t, opts)
+	a := newSide(t, pa, urma.JettyConfig{}, 64)
+	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	// A dials B: B's side of the connection is not its own dial, the kind
+	// a peer's new dial replaces.
+	toB := a.importJetty(b)
+	toA := b.importJetty(a)
+	b.postRecv(1, 0, 64)
+	mustOK(t, a.send(toB, 1, 0, 64, 0), "A to B")
+	pollN(t, a.sjfc, 1, 10*time.Second)
+	pollN(t, b.rjfc, 1, 10*time.Second)
+
+	aEID, bEID := a.jetty.ID().EID, b.jetty.ID().EID
+	attacker := startChild(t, "TestShmTakeoverAttacker", "takeover-attacker",
+		attackSocketEnv+"="+ShmSocketPath(opts.ShmDir, bEID), attackVictimEnv+"="+bEID.String(),
+		attackClaimEnv+"="+aEID.String(), attackPubEnv+"="+hex.EncodeToString(pa.devices[0].sock.shm.id.pub))
+	got := attacker.expect("HANDSHAKE", childStartTimeout)
+	t.Logf("attacker's handshake: %s", strings.Join(got, " "))
+
+	a.postRecv(1, 0, 64)
+	copy(b.mem.Bytes()[4096:], takeoverSecret)
+	mustOK(t, b.send(toA, 2, 4096, len(takeoverSecret), 0), "B to A")
+	rc, recvErr := pollFor(a.rjfc, 1, 5*time.Second)
+	attacker.say("SCAN")
+	scan := attacker.expect("SCANNED", 10*time.Second)
+	t.Logf("attacker's scan of the ring B shares with it: %s", strings.Join(scan, " "))
+	if got[0] != "refused:" {
+		t.Errorf("B took the attacker's connection as A's")
+	}
+	if scan[0] != "clean" {
+		t.Errorf("the attacker read B's message for A: %s", strings.Join(scan[1:], " "))
+	}
+	if recvErr != nil {
+		t.Fatalf("A did not receive B's message: %v", recvErr)
+	}
+	if msg := string(a.mem.Bytes()[:rc[0].CompletionLen]); rc[0].Status != urma.StatusSuccess || msg != takeoverSecret {
+		t.Fatalf("A received %q (%v), want %q", msg, rc[0].Status, takeoverSecret)
+	}
+}
+
+// relayShm accepts on ln and relays every message, descriptors and all,
+// between each connection and a connection of its own to target: a
+// process in the middle, which a dialer that greets ln would reach
+// instead of target. It counts the messages that carried descriptors
+// towards target.
+func relayShm(t *testing.T, ln *net.UnixListener, target string) (fdsRelayed func() int) {
+	var mu sync.Mutex
+	n := 0
+	pump := func(from, to *net.UnixConn, count bool) {
+		buf := make([]byte, shmMaxMsgLen+1)
+		for {
+			k, fds, err := readShmMsg(from, buf, shmMaxFds)
+			if err != nil {
+				_ = to.Close()
+				return
+			}
+			var oob []byte
+			if len(fds) > 0 {
+				oob = unix.UnixRights(fds...)
+				if count {
+					mu.Lock()
+					n++
+					mu.Unlock()
+				}
+			}
+			_, _, err = to.WriteMsgUnix(buf[:k], oob, nil)
+			closeAll(fds)
+			if err != nil {
+				_ = from.Close()
+				return
+			}
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			in, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("unixpacket", target)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			go pump(in, out.(*net.UnixConn), true)
+			go pump(out.(*net.UnixConn), in, false)
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close(); <-done })
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+}
+
+// A process that names a socket after B's EID where A looks first and
+// relays between A and B, descriptors and all, sits where neither sees it
+// but both would share their rings with it. Each side's signature covers
+// the socket it is connected to, so the relayed handshake fails: A skips
+// the relay's socket for B's own, and nothing of A's reaches B through it.
+func TestShmRelayIsRefused(t *testing.T) {
+	opts := shmOpts(t)
+	var sink logSink
+	bOpts := opts
+	bOpts.ShmSocketDir = filepath.Join(opts.ShmDir, "pod-b")
+	bOpts.Logger = sink.logger()
+	pa, pb := newProvider(t, opts), newProvider(t, bOpts)
+	a := newSide(t, pa, urma.JettyConfig{}, 64)
+	b := newSide(t, pb, urma.JettyConfig{}, 64)
+	bEID := b.jetty.ID().EID
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: ShmSocketPath(opts.ShmDir, bEID), Net: "unixpacket"})
+	mustOK(t, err, "listen where A looks first")
+	relayed := relayShm(t, ln, pb.devices[0].sock.shm.path)
+
+	toB := a.importJetty(b)
+	b.postRecv(1, 0, 64)
+	copy(a.mem.Bytes(), takeoverSecret)
+	mustOK(t, a.send(toB, 1, 0, len(takeoverSecret), 0), "A to B")
+	if c := pollN(t, b.rjfc, 1, 10*time.Second)[0]; string(b.mem.Bytes()[:c.CompletionLen]) != takeoverSecret {
+		t.Fatalf("B received %q", b.mem.Bytes()[:c.CompletionLen])
+	}
+	if n := relayed(); n != 0 {
+		t.Fatalf("the relay passed %d messages with descriptors from A to B", n)
+	}
+	waitUntil(t, "B to log the relay's unfinished handshake", func() bool { return sink.has("bad PROOF") })
+	if c := pb.conns(); len(c) != 1 || c[0].peerEID != a.jetty.ID().EID {
+		t.Fatalf("B holds %d connections, want the one with A", len(c))
+	}
+}
