@@ -45,6 +45,10 @@ const (
 	// device plugin mounts the host's /var/run/urma-k8s/shm there). Unset,
 	// it is urma-k8s-shm-<uid> in the temporary directory.
 	EnvShmDir = "URMA_SHM_DIR"
+	// EnvShmSocketDir is where this process's shm device creates its
+	// socket: the pod's own subdirectory of EnvShmDir, the one it may
+	// write to. Unset, it is EnvShmDir itself.
+	EnvShmSocketDir = "URMA_SHM_SOCKET_DIR"
 	// EnvPodIP is the pod's address (the downward API's status.podIP): the
 	// socket fabric listens there when a connection's own address is
 	// unspecified.
@@ -68,6 +72,7 @@ func hostIDBoot(id string) [handshake.BootIDLen]byte {
 type fabricSettings struct {
 	choice   string // auto, shm or socket
 	shmDir   string
+	sockDir  string // EnvShmSocketDir, "" when unset
 	ringSize int
 	podIP    string // EnvPodIP, "" when unset
 }
@@ -98,6 +103,9 @@ func resolveFabric(cfg string, env func(string) (string, bool), f flags.Flags) (
 		fs.shmDir = strings.TrimSpace(v)
 	} else {
 		fs.shmDir = filepath.Join(os.TempDir(), fmt.Sprintf("urma-k8s-shm-%d", os.Geteuid()))
+	}
+	if v, ok := env(EnvShmSocketDir); ok {
+		fs.sockDir = strings.TrimSpace(v)
 	}
 	return fs, nil
 }
@@ -146,7 +154,7 @@ func (e *engine) newSoftProvider(local netip.Addr) (*soft.Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("urma_soft_fabric=%s: %w", fs.choice, err)
 	}
-	opts.ShmDir, opts.ShmRingSize = fs.shmDir, fs.ringSize
+	opts.ShmDir, opts.ShmSocketDir, opts.ShmRingSize = fs.shmDir, fs.sockDir, fs.ringSize
 	e.fabric = fabricState{name: FabricShm, bootID: boot}
 	if fs.choice == FabricAuto {
 		// The device's socket side, for peers on other hosts.
@@ -245,12 +253,12 @@ func (e *engine) shmPath(h handshake.Hello) *fallback {
 	case !soft.IsShmEID(h.EID):
 		return fallbackf(ReasonNoFastPath, "the peer is on this host but its software provider does not use shared memory (urma_soft_fabric=socket there)")
 	}
-	path := soft.ShmSocketPath(e.s.fabric.shmDir, h.EID)
-	if _, err := os.Stat(path); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return fallbackf(ReasonNoFastPath, "the peer is on this host but meets its peers in another shm directory than %s=%s", EnvShmDir, e.s.fabric.shmDir)
-		}
+	paths, err := soft.ShmSocketCandidates(e.s.fabric.shmDir, h.EID)
+	switch {
+	case err != nil:
 		return fallbackf(ReasonNoFastPath, "the peer's shm socket: %v", err)
+	case len(paths) == 0:
+		return fallbackf(ReasonNoFastPath, "the peer is on this host but meets its peers in another shm directory than %s=%s", EnvShmDir, e.s.fabric.shmDir)
 	}
 	return nil
 }

@@ -28,13 +28,17 @@ func TestSoftFabricResolve(t *testing.T) {
 		flags   flags.Flags
 		want    string
 		wantDir string
-		wantErr string
+		// wantSockDir is URMA_SHM_SOCKET_DIR resolved: "" when unset,
+		// which the provider takes as the shm directory itself.
+		wantSockDir string
+		wantErr     string
 	}{
 		{name: "default", flags: def, want: FabricAuto, wantDir: filepath.Join(os.TempDir(), "urma-k8s-shm-")},
 		{name: "flag", flags: shm, want: FabricShm},
 		{name: "environment over flag", flags: shm, env: map[string]string{EnvSoftFabric: " Socket "}, want: FabricSocket},
 		{name: "Config over environment", cfg: FabricShm, flags: def, env: map[string]string{EnvSoftFabric: "socket"}, want: FabricShm},
 		{name: "shm directory", flags: def, env: map[string]string{EnvShmDir: "/var/run/urma-k8s/shm"}, want: FabricAuto, wantDir: "/var/run/urma-k8s/shm"},
+		{name: "shm socket directory", flags: def, env: map[string]string{EnvShmDir: "/run/shm", EnvShmSocketDir: " /run/shm/pod1 "}, want: FabricAuto, wantDir: "/run/shm", wantSockDir: "/run/shm/pod1"},
 		{name: "bad Config", cfg: "rdma", flags: def, wantErr: `Config.SoftFabric="rdma": want one of auto, shm, socket`},
 		{name: "bad environment", flags: def, env: map[string]string{EnvSoftFabric: "tcp"}, wantErr: `URMA_SOFT_FABRIC="tcp"`},
 	}
@@ -50,7 +54,7 @@ func TestSoftFabricResolve(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.choice != tc.want || !strings.HasPrefix(got.shmDir, tc.wantDir) || got.ringSize != def.ShmRingSize {
+			if got.choice != tc.want || !strings.HasPrefix(got.shmDir, tc.wantDir) || got.sockDir != tc.wantSockDir || got.ringSize != def.ShmRingSize {
 				t.Fatalf("resolved %+v, want %s in %s", got, tc.want, tc.wantDir)
 			}
 		})
@@ -94,6 +98,14 @@ func withHostID(cfg Config, id string) Config {
 	return cfg
 }
 
+// podCfg is fabricCfg for a pod that creates its shm socket in a
+// subdirectory of its own (URMA_SHM_SOCKET_DIR) of the shared directory.
+func podCfg(fabric, dir, pod string) Config {
+	c := fabricCfg(fabric, dir, nil)
+	c.LookupEnv = envOf(map[string]string{EnvShmDir: dir, EnvShmSocketDir: filepath.Join(dir, pod)})
+	return c
+}
+
 // TestSoftFabricPerConnection: the transport picks the fabric per
 // connection. Shared memory carries a connection to a peer on this host
 // that meets its peers in the same directory; the socket fabric one to a
@@ -111,6 +123,8 @@ func TestSoftFabricPerConnection(t *testing.T) {
 		serverReason, clientReason string
 	}{
 		{name: "auto, same host and directory", server: fabricCfg(FabricAuto, dir, nil), client: fabricCfg(FabricAuto, dir, nil),
+			wantMode: ModeURMA, wantFabric: FabricShm},
+		{name: "pods in subdirectories of one directory", server: podCfg(FabricAuto, dir, "pod-server"), client: podCfg(FabricAuto, dir, "pod-client"),
 			wantMode: ModeURMA, wantFabric: FabricShm},
 		{name: "shm forced", server: fabricCfg(FabricShm, dir, nil), client: fabricCfg(FabricAuto, dir, nil),
 			wantMode: ModeURMA, wantFabric: FabricShm},
