@@ -87,7 +87,7 @@ fuzz: ## run every fuzz target for FUZZTIME each
 	hack/fuzz.sh $(FUZZTIME)
 
 .PHONY: mutation
-mutation: gremlins ## mutation testing of the core packages, not part of `test` (slow: docs/contributing.md); PKGS=./pkg/tuning narrows it
+mutation: gremlins ## mutation testing of the core packages, not part of `test` (slow: docs/contributing.md); PKGS=./internal/operator/tuning narrows it
 	GREMLINS=$(GREMLINS) hack/mutation.sh $(if $(filter-out ./...,$(PKGS)),$(PKGS))
 
 .PHONY: lint

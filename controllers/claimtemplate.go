@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 )
 
 // +kubebuilder:rbac:groups=resource.k8s.io,resources=resourceclaimtemplates,verbs=get;list;watch;create;delete

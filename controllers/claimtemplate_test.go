@@ -19,8 +19,8 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
-	"github.com/openeuler/urma-k8s/controllers/plan"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
 // With the DRA driver the operator keeps a ResourceClaimTemplate per

@@ -17,7 +17,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
-	"github.com/openeuler/urma-k8s/controllers/plan"
+	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
 // TestPredecessorsObjectAwaitsGarbageCollection: an endpoint deleted and

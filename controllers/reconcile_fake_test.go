@@ -18,7 +18,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
 
 // TestInvalidSpecKeepsLastFlags drives Reconcile directly with a fake

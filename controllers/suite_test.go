@@ -35,7 +35,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
-	"github.com/openeuler/urma-k8s/pkg/webhook"
+	"github.com/openeuler/urma-k8s/internal/operator/webhook"
 )
 
 // suite is the shared environment.

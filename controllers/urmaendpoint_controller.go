@@ -31,7 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/controllers/plan"
+	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
 // Labels the operator puts on the ConfigMaps it renders; its cache only

@@ -21,10 +21,10 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
-	"github.com/openeuler/urma-k8s/controllers/plan"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/operator/plan"
+	"github.com/openeuler/urma-k8s/internal/operator/tuning"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
-	"github.com/openeuler/urma-k8s/pkg/tuning"
 )
 
 // expected derives what the operator should render for ep against facts.
@@ -460,7 +460,7 @@ func TestPodInjectionAndCounting(t *testing.T) {
 // An endpoint and its Deployment applied in one file: the pod's admission
 // may come before the endpoint reaches the webhook's cache. The webhook
 // reads it from the API server then, so the pod gets its flags. Here the
-// cache is usually quick enough anyway; pkg/webhook's
+// cache is usually quick enough anyway; internal/operator/webhook's
 // TestPodInjectorHandle makes the miss certain with a stale cache.
 func TestEndpointCreatedJustBeforeItsPod(t *testing.T) {
 	ns := newNamespace(t)

@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
 
 // podToEndpoint maps a pod to the endpoint its label names.

@@ -24,7 +24,7 @@ fi
 cd "$TREE"
 # Packages that carry markers. Listed, not ./..., so that other packages
 # being edited do not break generation.
-MARKER_PATHS=(paths=./api/... paths=./controllers/... paths=./pkg/webhook/...)
+MARKER_PATHS=(paths=./api/... paths=./controllers/... paths=./internal/operator/...)
 
 "$CONTROLLER_GEN" object:headerFile=hack/boilerplate.go.txt paths=./api/...
 

@@ -8,7 +8,7 @@
 # change behaviour. See docs/contributing.md for when to run it.
 #
 # Usage: hack/mutation.sh [PKG...]    default: the core packages below
-#   PKG is a package directory (./pkg/tuning) or a pattern (./pkg/deviceplugin/...);
+#   PKG is a package directory (./internal/operator/tuning) or a pattern (./internal/deviceplugin/...);
 #   each package is mutated on its own, against its own tests.
 #
 # Environment:
@@ -32,17 +32,27 @@ CORE_PKGS=(
 	./pkg/transport/handshake
 	./pkg/urma/soft
 	./pkg/urma/sysfs
-	./pkg/deviceplugin/...
-	./pkg/tuning
-	./pkg/webhook/...
-	./controllers/plan
-	# The DRA driver's logic (issue 13), as pkg/deviceplugin/... is the
-	# device plugin's; not pkg/dra itself, which only wires them (like cmd/)
+	# The node core both drivers share (not internal/node/shmdir, which
+	# only creates a directory), then the device plugin's own packages.
+	./internal/node/budget
+	./internal/node/devpath
+	./internal/node/discover
+	./internal/node/health
+	./internal/node/inventory
+	./internal/node/metrics
+	./internal/node/selection
+	./internal/node/watch
+	./internal/deviceplugin/...
+	./internal/operator/tuning
+	./internal/operator/webhook/...
+	./internal/operator/plan
+	# The DRA driver's logic (issue 13), as internal/deviceplugin/... is the
+	# device plugin's; not internal/dra itself, which only wires them (like cmd/)
 	# and whose tests need kube-apiserver.
-	./pkg/dra/checkpoint
-	./pkg/dra/claimspec
-	./pkg/dra/plugin
-	./pkg/dra/slices
+	./internal/dra/checkpoint
+	./internal/dra/claimspec
+	./internal/dra/plugin
+	./internal/dra/slices
 )
 
 GREMLINS=${GREMLINS:-$ROOT/bin/gremlins}

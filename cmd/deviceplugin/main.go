@@ -17,8 +17,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/openeuler/urma-k8s/internal/deviceplugin"
 	"github.com/openeuler/urma-k8s/internal/stopsignal"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin"
 )
 
 func main() {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin"
+	"github.com/openeuler/urma-k8s/internal/deviceplugin"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 

@@ -7,8 +7,8 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/internal/deviceplugin"
 	"github.com/openeuler/urma-k8s/internal/stopsignal/stopsignaltest"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin"
 )
 
 // TestMain lets the test binary play urma-device-plugin serve, its

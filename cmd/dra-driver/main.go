@@ -16,8 +16,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/openeuler/urma-k8s/internal/dra"
 	"github.com/openeuler/urma-k8s/internal/stopsignal"
-	"github.com/openeuler/urma-k8s/pkg/dra"
 )
 
 func main() {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/openeuler/urma-k8s/pkg/dra"
+	"github.com/openeuler/urma-k8s/internal/dra"
 )
 
 // withNode is an environment that names the node and nothing else.

@@ -7,8 +7,8 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/internal/dra"
 	"github.com/openeuler/urma-k8s/internal/stopsignal/stopsignaltest"
-	"github.com/openeuler/urma-k8s/pkg/dra"
 )
 
 // TestMain lets the test binary play urma-dra-driver, its shutdown held

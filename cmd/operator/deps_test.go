@@ -11,8 +11,8 @@ import (
 
 // TestArchitectureDocNamesOperatorImports keeps docs/architecture.md's
 // account of what the operator and the device plugin import of each other
-// true: the operator reaches the device plugin's packages through
-// pkg/dra/slices, and the page names exactly which.
+// true: the operator reaches the node core's packages through
+// internal/dra/slices, and the page names exactly which.
 func TestArchitectureDocNamesOperatorImports(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
@@ -34,7 +34,7 @@ func TestArchitectureDocNamesOperatorImports(t *testing.T) {
 
 	var fromPlugin []string
 	for _, d := range deps("./cmd/operator") {
-		if name, ok := strings.CutPrefix(d, module+"pkg/deviceplugin/"); ok {
+		if name, ok := strings.CutPrefix(d, module+"internal/node/"); ok {
 			fromPlugin = append(fromPlugin, name)
 		}
 	}
@@ -43,12 +43,12 @@ func TestArchitectureDocNamesOperatorImports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "`pkg/deviceplugin/{" + strings.Join(fromPlugin, ",") + "}`"; !strings.Contains(string(doc), want) {
+	if want := "`internal/node/{" + strings.Join(fromPlugin, ",") + "}`"; !strings.Contains(string(doc), want) {
 		t.Errorf("docs/architecture.md does not name what the operator imports of the device plugin: want %s", want)
 	}
 
 	for _, d := range deps("./cmd/deviceplugin") {
-		for _, op := range []string{"controllers", "pkg/webhook", "pkg/tuning", "api/"} {
+		for _, op := range []string{"controllers", "internal/operator/", "api/"} {
 			if strings.HasPrefix(d, module+op) {
 				t.Errorf("the device plugin imports %s, which docs/architecture.md says it never does", d)
 			}

@@ -31,10 +31,10 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
-	"github.com/openeuler/urma-k8s/controllers/plan"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
-	"github.com/openeuler/urma-k8s/pkg/webhook"
-	"github.com/openeuler/urma-k8s/pkg/webhook/certs"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/operator/plan"
+	"github.com/openeuler/urma-k8s/internal/operator/webhook"
+	"github.com/openeuler/urma-k8s/internal/operator/webhook/certs"
 )
 
 // options are the command line.

@@ -36,8 +36,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/pkg/webhook"
-	"github.com/openeuler/urma-k8s/pkg/webhook/certs"
+	"github.com/openeuler/urma-k8s/internal/operator/webhook"
+	"github.com/openeuler/urma-k8s/internal/operator/webhook/certs"
 )
 
 func TestParseFlags(t *testing.T) {

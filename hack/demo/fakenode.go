@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/openeuler/urma-k8s/hack/internal/proc"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/discover"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/node/discover"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )

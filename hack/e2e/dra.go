@@ -20,11 +20,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/discover"
-	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
+	"github.com/openeuler/urma-k8s/internal/node/discover"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 

@@ -13,8 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/discover"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/node/discover"
 )
 
 func TestExpectedDRADevicesAreTheAdvertisedBudgetsBeforeUnits(t *testing.T) {

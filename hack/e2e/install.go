@@ -25,7 +25,7 @@ import (
 
 	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/hack/internal/proc"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
 
 // helm runs bin/helm against the cluster; its output goes to helm.log too.

@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/discover"
+	"github.com/openeuler/urma-k8s/internal/node/discover"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 

@@ -19,8 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
 
 // perfPort is where urma-perf servers listen in the test pods.

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/openeuler/urma-k8s/hack/internal/proc"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/discover"
+	"github.com/openeuler/urma-k8s/internal/node/discover"
 )
 
 // Names of the cluster this run creates.

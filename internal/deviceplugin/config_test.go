@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/internal/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/internal/node/selection"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 

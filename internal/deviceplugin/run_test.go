@@ -20,12 +20,12 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openeuler/urma-k8s/internal/deviceplugin/kubelettest"
+	"github.com/openeuler/urma-k8s/internal/deviceplugin/server"
 	"github.com/openeuler/urma-k8s/internal/logtest"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/kubelettest"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/watch"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/watch"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )

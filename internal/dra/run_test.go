@@ -26,8 +26,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/openeuler/urma-k8s/pkg/dra"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/dra"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
@@ -43,7 +43,7 @@ func runMain(m *testing.M) int {
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
 		fmt.Fprintln(os.Stderr, "FAIL: KUBEBUILDER_ASSETS is not set: these tests need kube-apiserver and etcd. "+
-			"Run them with `make test`, or KUBEBUILDER_ASSETS=$PWD/bin/k8s go test ./pkg/dra/")
+			"Run them with `make test`, or KUBEBUILDER_ASSETS=$PWD/bin/k8s go test ./internal/dra/")
 		return 1
 	}
 	env := &envtest.Environment{BinaryAssetsDirectory: assets}

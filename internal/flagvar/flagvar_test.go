@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/openeuler/urma-k8s/pkg/flagvar"
+	"github.com/openeuler/urma-k8s/internal/flagvar"
 )
 
 func TestListAndUint32(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/openeuler/urma-k8s/pkg/kubeclient"
+	"github.com/openeuler/urma-k8s/internal/kubeclient"
 )
 
 func TestNew(t *testing.T) {

@@ -278,7 +278,7 @@ func (e *engine) checkDevice() *fallback {
 
 // jfcDepth holds every completion a connection with a send queue of depth
 // sq can have outstanding: its sends, its receives, and the flush-done
-// record (flags.JFCSpare, which pkg/tuning budgets for too).
+// record (flags.JFCSpare, which internal/operator/tuning budgets for too).
 func (e *engine) jfcDepth(sq int) int { return sq + e.rqSize + flags.JFCSpare }
 
 // registerMemory maps and registers the buffer pool (registerPool) and

@@ -9,8 +9,8 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/internal/operator/tuning"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
-	"github.com/openeuler/urma-k8s/pkg/tuning"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
@@ -70,7 +70,7 @@ func TestDeviceQueueLimits(t *testing.T) {
 	}
 }
 
-// TestTunedFlagsFitTheDevice: the flags the operator derives (pkg/tuning)
+// TestTunedFlagsFitTheDevice: the flags the operator derives (internal/operator/tuning)
 // for a device whose completion queues are the limit are flags the transport
 // accepts on that device: URMA, not a device_unsuitable fallback to TCP.
 func TestTunedFlagsFitTheDevice(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 )
 
 // TestDRADriver renders driver: dra and checks what the DRA driver needs:
@@ -119,7 +119,7 @@ func TestDRADriver(t *testing.T) {
 	}
 	want := draslices.DeviceClass()
 	if dc.Name != want.Name || !equality.Semantic.DeepEqual(dc.Spec, want.Spec) {
-		t.Errorf("chart DeviceClass %s %+v, want %s %+v (pkg/dra/slices)", dc.Name, dc.Spec, want.Name, want.Spec)
+		t.Errorf("chart DeviceClass %s %+v, want %s %+v (internal/dra/slices)", dc.Name, dc.Spec, want.Name, want.Spec)
 	}
 
 	// The default is the device plugin, with no DRA object at all.

@@ -20,9 +20,9 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
-	"github.com/openeuler/urma-k8s/pkg/dra/dratest"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/dra/dratest"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 

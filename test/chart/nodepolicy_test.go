@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/nodelabel"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/deviceplugin/nodelabel"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
 
 // nodeNameExtra is where the API server puts the node of a pod-bound

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin"
-	"github.com/openeuler/urma-k8s/pkg/dra"
+	"github.com/openeuler/urma-k8s/internal/deviceplugin"
+	"github.com/openeuler/urma-k8s/internal/dra"
 )
 
 const (
@@ -421,7 +421,7 @@ func TestTemplateValues(t *testing.T) {
 		values: []string{"--set", "driver=dra", "--set", "devicePlugin.jettiesPerUnit=8", "--set", "draDriver.jettyRequest.default=32", "--set", "draDriver.jettyRequest.min=8", "--set", "draDriver.jettyRequest.step=8"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			// The driver's node facts give the default request as the unit
-			// (pkg/dra/slices): before they exist the operator must assume it.
+			// (internal/dra/slices): before they exist the operator must assume it.
 			opArgs := args(t, container(t, one(t, objs, "Deployment"), "operator"))
 			if got, ok := argValue(opArgs, "--default-jetties-per-unit"); !ok || got != "32" {
 				t.Errorf("operator --default-jetties-per-unit = %q (present %v), want the DRA driver's default request 32; args %v", got, ok, opArgs)

@@ -30,9 +30,9 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/devpath"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/internal/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/internal/node/devpath"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
 )
 
 // Defaults.

@@ -26,9 +26,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/metrics"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
 
 // FeatureFileName is the NFD feature file written into the features dir.

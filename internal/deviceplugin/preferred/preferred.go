@@ -13,7 +13,7 @@ import (
 	"cmp"
 	"slices"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
 )
 
 // Device is what packing needs to know about a device.

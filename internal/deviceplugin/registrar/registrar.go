@@ -29,7 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
+	"github.com/openeuler/urma-k8s/internal/node/metrics"
 )
 
 // Defaults.

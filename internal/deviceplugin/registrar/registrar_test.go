@@ -18,12 +18,12 @@ import (
 	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/openeuler/urma-k8s/internal/deviceplugin/kubelettest"
+	"github.com/openeuler/urma-k8s/internal/deviceplugin/server"
 	"github.com/openeuler/urma-k8s/internal/logtest"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/kubelettest"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/metrics"
 )
 
 const resource = "urma.openeuler.org/jetty"

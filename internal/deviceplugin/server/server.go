@@ -21,12 +21,12 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/devpath"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/metrics"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/preferred"
-	"github.com/openeuler/urma-k8s/pkg/shmdir"
+	"github.com/openeuler/urma-k8s/internal/deviceplugin/preferred"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
+	"github.com/openeuler/urma-k8s/internal/node/devpath"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/metrics"
+	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 )
 
 // Environment variables Allocate sets; pkg/transport reads them.

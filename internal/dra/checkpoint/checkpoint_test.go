@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/openeuler/urma-k8s/pkg/dra/checkpoint"
+	"github.com/openeuler/urma-k8s/internal/dra/checkpoint"
 )
 
 func sample() checkpoint.Claims {

@@ -23,7 +23,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/openeuler/urma-k8s/pkg/shmdir"
+	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 )
 
 // Environment variables a container of a claim gets; pkg/transport reads

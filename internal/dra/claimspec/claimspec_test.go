@@ -10,8 +10,8 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/server"
-	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
+	"github.com/openeuler/urma-k8s/internal/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
 	"github.com/openeuler/urma-k8s/pkg/transport"
 )
 

@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )

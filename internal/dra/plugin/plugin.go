@@ -28,11 +28,11 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/devpath"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
-	"github.com/openeuler/urma-k8s/pkg/dra/checkpoint"
-	"github.com/openeuler/urma-k8s/pkg/dra/claimspec"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/dra/checkpoint"
+	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/node/devpath"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
 )
 
 // DefaultStaleClaimCheck is how often prepared claims are checked against

@@ -19,8 +19,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 
-	"github.com/openeuler/urma-k8s/pkg/dra/dratest"
-	"github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/dra/dratest"
+	"github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )

@@ -6,7 +6,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
 
 // ErrPoolIncomplete says a pool of this driver has, at its newest

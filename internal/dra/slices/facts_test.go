@@ -9,9 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
 
-	"github.com/openeuler/urma-k8s/pkg/dra/dratest"
-	"github.com/openeuler/urma-k8s/pkg/dra/slices"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/dra/dratest"
+	"github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )

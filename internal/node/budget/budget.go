@@ -14,7 +14,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 

@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
 

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"

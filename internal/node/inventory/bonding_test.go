@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
+	"github.com/openeuler/urma-k8s/internal/node/health"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/selection"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )

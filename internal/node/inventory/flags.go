@@ -3,8 +3,8 @@ package inventory
 import (
 	"flag"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
-	"github.com/openeuler/urma-k8s/pkg/flagvar"
+	"github.com/openeuler/urma-k8s/internal/flagvar"
+	"github.com/openeuler/urma-k8s/internal/node/selection"
 )
 
 // AddFlags registers the flags every command that discovers devices takes

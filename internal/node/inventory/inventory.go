@@ -12,7 +12,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 

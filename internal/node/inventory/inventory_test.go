@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/selection"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
+	"github.com/openeuler/urma-k8s/internal/node/health"
+	"github.com/openeuler/urma-k8s/internal/node/selection"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )

@@ -9,8 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
 )
 
 func TestObserveSnapshot(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/openeuler/urma-k8s/pkg/shmdir"
+	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 )
 
 func TestPrepare(t *testing.T) {

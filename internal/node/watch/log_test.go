@@ -4,9 +4,9 @@ import (
 	"testing"
 
 	"github.com/openeuler/urma-k8s/internal/logtest"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/budget"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/health"
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/budget"
+	"github.com/openeuler/urma-k8s/internal/node/health"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )

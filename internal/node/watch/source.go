@@ -5,7 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/openeuler/urma-k8s/pkg/deviceplugin/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
 

@@ -12,8 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
 
 // Driver is the node agent that offers URMA devices to pods, and so where

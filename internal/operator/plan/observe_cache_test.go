@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/pkg/dra/dratest"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/dra/dratest"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/pkg/tuning"
+	"github.com/openeuler/urma-k8s/internal/operator/tuning"
 )
 
 // ObserveConfigMap takes the limits recorded on the endpoint's own

@@ -1,6 +1,6 @@
 // Package plan decides what an UrmaEndpoint should render: it turns the spec
 // into a tuning profile, groups the relevant nodes by their device limits,
-// picks the limits to tune against and runs pkg/tuning. Make is pure; Observe
+// picks the limits to tune against and runs internal/operator/tuning. Make is pure; Observe
 // does the reads Make needs. Both the reconciler and the admission webhook
 // use it, so a warning at admission and a condition in status say the same.
 package plan
@@ -22,8 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
-	"github.com/openeuler/urma-k8s/pkg/tuning"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/operator/tuning"
 )
 
 // MaxGroupsInStatus and MaxNodesPerGroup bound what status lists.
@@ -46,7 +46,7 @@ type Node struct {
 	JettiesPerUnit int64
 }
 
-// NodeFromAnnotations parses a node's URMA facts (pkg/nodefacts) from its
+// NodeFromAnnotations parses a node's URMA facts (internal/nodefacts) from its
 // annotations, which the device plugin writes, or, on a node without them,
 // from its labels: Node Feature Discovery publishes the plugin's feature
 // file (--nfd-features-dir) as labels of the same names, so a plugin that

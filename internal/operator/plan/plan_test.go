@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
-	"github.com/openeuler/urma-k8s/pkg/tuning"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/operator/tuning"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
@@ -490,7 +490,7 @@ func TestExamplesRenderAsDocumented(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.file, func(t *testing.T) {
-			raw, err := os.ReadFile(filepath.Join("..", "..", "examples", "urmaendpoint-"+c.file+".yaml"))
+			raw, err := os.ReadFile(filepath.Join("..", "..", "..", "examples", "urmaendpoint-"+c.file+".yaml"))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -132,7 +132,7 @@ type Limits struct {
 
 // SoftwareLimits are the limits assumed where no node reports facts: the
 // default capabilities of pkg/urma/soft's devices (a test in
-// controllers/plan keeps them equal), one device per node.
+// internal/operator/plan keeps them equal), one device per node.
 func SoftwareLimits() Limits {
 	return Limits{
 		MaxJFSDepth:      1 << 14,

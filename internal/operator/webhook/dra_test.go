@@ -19,9 +19,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/controllers/plan"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
-	"github.com/openeuler/urma-k8s/pkg/nodefacts"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
 func podClaims(p *corev1.Pod) map[string]string {

@@ -10,8 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/openeuler/urma-k8s/controllers/plan"
-	draslices "github.com/openeuler/urma-k8s/pkg/dra/slices"
+	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
 // A ResourceClaimTemplate applied with its Deployment (one kubectl apply)

@@ -10,8 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/controllers/plan"
-	"github.com/openeuler/urma-k8s/pkg/tuning"
+	"github.com/openeuler/urma-k8s/internal/operator/plan"
+	"github.com/openeuler/urma-k8s/internal/operator/tuning"
 )
 
 // MaxWarningLen keeps each admission warning short: the API server drops

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/controllers/plan"
+	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
 // Names of the webhook configurations (config/webhook/manifests.yaml); the

@@ -54,7 +54,7 @@ type Spec struct {
 // flush-done record (StatusWRFlushErrDone) the jetty posts when closing moves
 // it to ERROR. A device whose max_jfc_depth is below
 // urma_sq_size + urma_rq_size + JFCSpare is refused, and the connection falls
-// back to TCP; pkg/tuning keeps the queues within it.
+// back to TCP; internal/operator/tuning keeps the queues within it.
 const JFCSpare = 1
 
 // Range says what values are allowed, for error messages and docs.
