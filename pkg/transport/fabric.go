@@ -136,6 +136,12 @@ func (e *engine) newSoftProvider(local netip.Addr) (*soft.Provider, error) {
 		MaxConns: e.s.flags.SoftMaxConns,
 		Logger:   e.log.WithName("soft").V(1), // its connection events are detail; errors still show
 	}
+	// A peer that shares its whole pool (urma_pool_remote_read) makes
+	// this side map that much of it: room for a pool as large as this
+	// side's, the peers' flags being this side's.
+	if pool := uint64(e.s.flags.BufferSize) * uint64(e.s.flags.BufferCount); pool > soft.DefaultMaxMappedPerConn {
+		opts.MaxMappedPerConn, opts.MaxMappedBytes = pool, max(soft.DefaultMaxMappedBytes, 16*pool)
+	}
 	fs := e.s.fabric
 	opts.Listen = net.JoinHostPort(advertiseAddr(local, fs.podIP).String(), "0")
 	if fs.choice == FabricSocket {

@@ -228,3 +228,121 @@ func TestShmRelayIsRefused(t *testing.T) {
 		t.Fatalf("B holds %d connections, want the one with A", len(c))
 	}
 }
+
+// sparseSealedMemfd is a memfd of size bytes that holds no page: it costs
+// its maker nothing, whatever its size.
+func sparseSealedMemfd(t *testing.T, size int64) int {
+	t.Helper()
+	fd, err := unix.MemfdCreate("sparse", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	mustOK(t, err, "memfd")
+	mustOK(t, unix.Ftruncate(fd, size), "size memfd")
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+	mustOK(t, err, "seal")
+	return fd
+}
+
+// peerMappedBytes is how many bytes of its peers' segments p's
+// connections map.
+func peerMappedBytes(p *Provider) (n uint64) {
+	for _, c := range p.conns() {
+		s := c.io.(*shmIO)
+		s.pull.mapMu.RLock()
+		for _, b := range s.pull.mapped {
+			n += uint64(len(b))
+		}
+		s.pull.mapMu.RUnlock()
+	}
+	return n
+}
+
+// Attack 3: a peer shares segments of sparse memfds, terabytes that cost
+// it nothing, and the receiver maps them all until its address space is
+// gone and its next allocation kills it. The receiver maps at most
+// Options.MaxMappedPerConn of one peer's and Options.MaxMappedBytes of all
+// peers', refuses the rest (the peer would send from them by copy) and
+// logs the bound that refused them.
+func TestShmMappingAttackIsBounded(t *testing.T) {
+	const segment = 64 << 30 // 64 GiB each, 64 of them: 4 TiB
+	cases := []struct {
+		name   string
+		opts   func(o *Options)
+		peers  int
+		most   uint64 // the most the receiver may map
+		reason string
+	}{
+		{"one peer, the defaults", func(*Options) {}, 1, DefaultMaxMappedPerConn, "Options.MaxMappedPerConn"},
+		{"two peers, a process bound", func(o *Options) { o.MaxMappedPerConn, o.MaxMappedBytes = 96<<30, 100<<30 }, 2, 100 << 30, "Options.MaxMappedBytes"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			opts := shmOpts(t)
+			c.opts(&opts)
+			p, sink := loggedProvider(t, opts)
+			var fakes []*shmIO
+			for range c.peers {
+				f, _ := fakeShmPeer(t, p.devices[0].sock)
+				fakes = append(fakes, f)
+			}
+			waitUntil(t, "the receiver to adopt the peers", func() bool { return len(p.conns()) == c.peers })
+			const each = 64
+			for _, f := range fakes {
+				for h := uint32(1); h <= each; h++ {
+					fd := sparseSealedMemfd(t, segment)
+					m := encodeShmSeg(make([]byte, shmSegMsgLen), &shmSegMsg{typ: shmMsgSegMap, handle: h, length: segment})
+					err := unix.Sendmsg(f.ctlFd, m, unix.UnixRights(fd), nil, unix.MSG_NOSIGNAL)
+					_ = unix.Close(fd)
+					mustOK(t, err, "SEG_MAP")
+				}
+			}
+			waitUntil(t, "the receiver to answer every SEG_MAP", func() bool {
+				for _, c := range p.conns() {
+					s := c.io.(*shmIO)
+					s.pull.mapMu.RLock()
+					done := s.pull.announced >= each+1
+					s.pull.mapMu.RUnlock()
+					if !done {
+						return false
+					}
+				}
+				return true
+			})
+			got := peerMappedBytes(p)
+			t.Logf("the receiver maps %d GiB of its peers' segments", got>>30)
+			if got > c.most {
+				t.Fatalf("the receiver maps %d GiB of %d GiB its peers shared, more than %d GiB", got>>30, uint64(c.peers*each*segment)>>30, c.most>>30)
+			}
+			if !sink.has(c.reason) {
+				t.Fatalf("no log line names %s", c.reason)
+			}
+		})
+	}
+}
+
+// Attack 4: a peer dials a device over and over under made-up EIDs (fresh
+// keys cost nothing), each connection with the smallest ring. The device
+// pays for its own ring of each connection, charged to its memory limit:
+// never more than the dialer pays for its own.
+func TestShmAmplificationAttackIsBounded(t *testing.T) {
+	p := newProvider(t, shmOpts(t)) // the default ring, 2 MiB
+	sd := p.devices[0].sock
+	const links = 64
+	for range links {
+		nc, err := net.Dial("unixpacket", sd.shm.path)
+		mustOK(t, err, "dial")
+		ends, err := newShmEnds(MinShmRing)
+		mustOK(t, err, "the attacker's ring")
+		_, fds, _ := shmHello(t, nc, ends, sd)
+		closeAll(fds)
+		t.Cleanup(func() { _ = nc.Close(); ends.release() })
+	}
+	waitUntil(t, "the device to adopt every connection", func() bool { return len(p.conns()) == links })
+	var victim uint64
+	for _, c := range p.conns() {
+		victim += shmCtlSize + c.io.(*shmIO).wsize
+	}
+	attacker := uint64(links * (shmCtlSize + MinShmRing))
+	t.Logf("%d connections cost the device %d KiB of rings, the attacker %d KiB", links, victim>>10, attacker>>10)
+	if victim > attacker {
+		t.Fatalf("the device pays %d KiB of rings for %d connections the attacker paid %d KiB for", victim>>10, links, attacker>>10)
+	}
+}

@@ -116,6 +116,19 @@ type Options struct {
 	// is not, and this side's own dials are never refused. Zero or
 	// negative means DefaultMaxConns.
 	MaxConns int
+	// MaxPeerSegments bounds the segments one peer connection may make
+	// this side map for one-copy SENDs (shm fabric); zero or negative
+	// means DefaultMaxPeerSegments. A SEG_MAP past it is refused, and the
+	// peer sends from that segment by copy.
+	MaxPeerSegments int
+	// MaxMappedPerConn bounds the bytes of peer segments one shm
+	// connection may make this side map; 0 means DefaultMaxMappedPerConn.
+	MaxMappedPerConn uint64
+	// MaxMappedBytes bounds the bytes of peer segments all of this
+	// provider's shm connections together may make it map (address
+	// space, not memory: the memory is the peers'); 0 means
+	// DefaultMaxMappedBytes.
+	MaxMappedBytes uint64
 	// Logger receives connection events and protocol errors; zero discards.
 	Logger logr.Logger
 }

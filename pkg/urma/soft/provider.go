@@ -20,6 +20,7 @@ type Provider struct {
 	fabric  *Fabric
 	opts    Options
 	devices []*device
+	maps    *mapBudget // what peers may make this process map (shm)
 
 	mu       sync.Mutex
 	closed   bool
@@ -57,6 +58,7 @@ func New(opts Options) (*Provider, error) {
 		log:      opts.Logger,
 		fabric:   opts.Fabric,
 		opts:     opts,
+		maps:     newMapBudget(opts),
 		contexts: make(map[*devContext]struct{}),
 		done:     make(chan struct{}),
 	}

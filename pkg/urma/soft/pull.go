@@ -37,8 +37,6 @@ const (
 	// pullMin is the smallest payload sent by reference: below it the
 	// ring's copy costs less than the receiver's reach into other memory.
 	pullMin = 4 << 10
-	// maxPeerSegments bounds the segments a peer may make this side map.
-	maxPeerSegments = 1024
 )
 
 // share is a segment this side shared with the peer, or tried to.
@@ -63,7 +61,7 @@ type pullState struct {
 	// answer the other's SEG_MAPs, each socket full of its own side's,
 	// would wait for each other for good. A lost SEG_UNMAP would leave
 	// the peer mapping memory this side unregistered, and counting it
-	// against maxPeerSegments, for the connection's life; a lost answer
+	// against Options.MaxPeerSegments, for the connection's life; a lost answer
 	// would leave the peer copying from that segment. answers counts the
 	// SEG_MAPPEDs among queued (maxQueuedAnswers).
 	queued  []shmSegMsg
@@ -76,6 +74,10 @@ type pullState struct {
 	// hold mapMu while they copy, so an unmap waits for them.
 	mapMu  sync.RWMutex
 	mapped map[uint32][]byte
+	// mappedBytes is the sum of mapped's lengths, bounded by
+	// budget.perConn; the provider's budget holds them too.
+	mappedBytes uint64
+	budget      *mapBudget
 	// announced is one past the highest handle the peer announced in a
 	// SEG_MAP, mapped or refused (0: none). The peer allocates handles
 	// increasing and never reuses one, so a handle below announced that is
@@ -206,7 +208,7 @@ func (s *shmIO) sendCtlLocked(m shmSegMsg) error {
 // (they are queued too), so an honest peer leaves answers unread only for
 // the moment its reader is busy, far fewer than this; one that sends
 // SEG_MAPs and never reads would otherwise grow the queue without end.
-const maxQueuedAnswers = 4 * maxPeerSegments
+const maxQueuedAnswers = 4 * DefaultMaxPeerSegments
 
 // sendQueued sends the queued control messages in order, each waiting for
 // room in the unix socket, until none is left or the socket breaks. It
@@ -285,6 +287,9 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 		status := uint8(0)
 		if err := s.mapPeerSegment(m.handle, m.length, fds[0]); err != nil {
 			status = 1 // refused: the peer sends by copy
+			if s.refusedMap != nil {
+				s.refusedMap(m.handle, err)
+			}
 		}
 		// Never a blocking send: this goroutine must read on (sendCtlLocked).
 		p.shareMu.Lock()
@@ -305,12 +310,13 @@ func (s *shmIO) onControl(msg []byte, fds []int) error {
 	case shmMsgSegUnmap:
 		p.mapMu.Lock()
 		b, ok := p.mapped[m.handle]
-		delete(p.mapped, m.handle)
+		if ok {
+			p.unmapLocked(m.handle, b)
+		}
 		retired := !ok && p.retired(m.handle)
 		p.mapMu.Unlock()
 		switch {
 		case ok:
-			_ = unix.Munmap(b)
 		case !retired:
 			return protocolError{fmt.Errorf("SEG_UNMAP of handle %d, which the peer never shared", m.handle)}
 		}
@@ -334,15 +340,16 @@ func (s *shmIO) mapPeerSegment(handle uint32, length uint64, fd int) error {
 	// happens before the answer, the only thing the peer waits for.
 	p.announced = max(p.announced, uint64(handle)+1)
 	p.mapMu.Unlock()
+	b := p.budget
 	switch {
 	case dup:
 		return fmt.Errorf("handle %d is already mapped", handle)
 	case reused:
 		return fmt.Errorf("handle %d was shared before", handle)
-	case n >= maxPeerSegments:
-		return fmt.Errorf("the peer shares more than %d segments", maxPeerSegments)
-	case length == 0 || length > 1<<40:
-		return fmt.Errorf("segment of %d bytes", length)
+	case n >= b.perConnCount:
+		return fmt.Errorf("the peer shares more than %d segments, the most Options.MaxPeerSegments allows", b.perConnCount)
+	case length == 0:
+		return errors.New("segment of 0 bytes")
 	}
 	size, err := sealedSize(fd)
 	if err != nil {
@@ -351,17 +358,41 @@ func (s *shmIO) mapPeerSegment(handle uint32, length uint64, fd int) error {
 	if uint64(size) < length {
 		return fmt.Errorf("segment memfd of %d bytes, %d announced", size, length)
 	}
-	b, err := unix.Mmap(fd, 0, int(length), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
+	// Reserve before mapping, both bounds, so that no two SEG_MAPs pass
+	// one bound together.
+	p.mapMu.Lock()
+	if length > b.perConn || p.mappedBytes > b.perConn-length {
+		p.mapMu.Unlock()
+		return fmt.Errorf("a segment of %d bytes would make %d bytes mapped from this peer, more than Options.MaxMappedPerConn (%d) allows", length, p.mappedBytes+length, b.perConn)
+	}
+	if err := b.take(length); err != nil {
+		p.mapMu.Unlock()
 		return err
 	}
+	p.mappedBytes += length
+	p.mapMu.Unlock()
+	m, err := unix.Mmap(fd, 0, int(length), unix.PROT_READ, unix.MAP_SHARED)
 	p.mapMu.Lock()
+	defer p.mapMu.Unlock()
+	if err != nil {
+		p.mappedBytes -= length
+		b.give(length)
+		return fmt.Errorf("map the peer's segment of %d bytes: %w", length, err)
+	}
 	if p.mapped == nil {
 		p.mapped = make(map[uint32][]byte)
 	}
-	p.mapped[handle] = b
-	p.mapMu.Unlock()
+	p.mapped[handle] = m
 	return nil
+}
+
+// unmapLocked unmaps a peer segment and returns its bytes to the bounds;
+// the caller holds mapMu.
+func (p *pullState) unmapLocked(handle uint32, b []byte) {
+	delete(p.mapped, handle)
+	_ = unix.Munmap(b)
+	p.mappedBytes -= uint64(len(b))
+	p.budget.give(uint64(len(b)))
 }
 
 // unmapAll drops every peer segment (the connection is gone).
@@ -369,8 +400,7 @@ func (p *pullState) unmapAll() {
 	p.mapMu.Lock()
 	defer p.mapMu.Unlock()
 	for h, b := range p.mapped {
-		_ = unix.Munmap(b)
-		delete(p.mapped, h)
+		p.unmapLocked(h, b)
 	}
 }
 

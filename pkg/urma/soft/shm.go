@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -36,6 +37,8 @@ type shmNet struct {
 	dir      string // where peers' sockets are found (Options.ShmDir)
 	path     string // this device's socket, in Options.ShmSocketDir
 	id       *shmIdentity
+	budget   *mapBudget // the provider's bounds on peer segments
+	log      logr.Logger
 	ringSize int
 	spin     time.Duration
 	bootID   [bootIDLen]byte
@@ -66,6 +69,13 @@ func (n *shmNet) join(ends *shmEnds, ring, peerRing int, peerFds []int) (*shmIO,
 	}
 	if err == nil && n.peerTO > 0 {
 		sio.stall = n.peerTO
+	}
+	if err == nil {
+		sio.pull.budget = n.budget
+		log := n.log
+		sio.refusedMap = func(handle uint32, err error) {
+			log.Info("refusing a peer's segment: it sends from it by copy", "handle", handle, "reason", err.Error())
+		}
 	}
 	return sio, err
 }
@@ -163,7 +173,7 @@ func listenShm(sd *sockDevice, spec DeviceSpec, opts Options) error {
 		return fmt.Errorf("device %s: open %s to peers: %w", spec.Name, path, err)
 	}
 	sd.ln = ln
-	sd.shm = &shmNet{dir: opts.ShmDir, path: path, id: id, ringSize: ring, spin: spin, bootID: boot, allowUID: allow, peerTO: opts.PeerTimeout}
+	sd.shm = &shmNet{dir: opts.ShmDir, path: path, id: id, budget: sd.prov.maps, log: sd.log(), ringSize: ring, spin: spin, bootID: boot, allowUID: allow, peerTO: opts.PeerTimeout}
 	return nil
 }
 

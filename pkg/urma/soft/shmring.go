@@ -425,6 +425,8 @@ type shmIO struct {
 	unmapped bool
 
 	pull pullState // one-copy SENDs (pull.go)
+	// refusedMap, when set, hears of each peer segment refused (logs).
+	refusedMap func(handle uint32, err error)
 	// afterPullChunk, set by tests, runs after each chunk a pull copies.
 	afterPullChunk atomic.Pointer[func()]
 }
@@ -514,6 +516,7 @@ func newShmIO(e *shmEnds, ringSize, peerRing int, peerFds []int, spin time.Durat
 		pollers: new(pollStats), pollingEnd: pollingEnd, pollerBudget: pollerReadBudget,
 		stall: defaultPeerTimeout,
 	}
+	sio.pull.budget = newMapBudget(Options{})          // its own; shmNet.join gives the provider's
 	*e = shmEnds{localRO: -1, dataFd: -1, spaceFd: -1} // sio owns them now
 	// The eventfds belong to their waiters from here on (os.File closes them).
 	if sio.data, err = newEventWaiter(sio.dataFd, "shm data eventfd"); err == nil {
