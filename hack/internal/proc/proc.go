@@ -1,6 +1,7 @@
 // Package proc runs the helper programs of make demo and make e2e as
 // children in process groups of their own, each with a log file, and waits
-// on what they print rather than on time.
+// on what they print rather than on time. A child dies with this process
+// (Start), or outlives it (StartDetached: make e2e's -keep).
 package proc
 
 import (
@@ -35,6 +36,8 @@ type Child struct {
 	logPath string
 	logFile *os.File
 	out     *lineBuffer
+	// detached: started by StartDetached; its stdout is only in its log.
+	detached bool
 
 	done    chan struct{} // closed when the process has exited and its output is drained
 	waitErr error         // set before done is closed
@@ -42,8 +45,25 @@ type Child struct {
 
 // Start starts path with args and env added to this process's environment.
 // stdout is kept in memory (and copied to the log); stderr goes to the log
-// only. The log lives in logDir as <name>.log.
+// only. The log lives in logDir as <name>.log. On Linux the child is killed
+// should this process die without stopping it.
 func Start(logDir, name, path string, args, env []string) (*Child, error) {
+	return start(logDir, name, path, args, env, false)
+}
+
+// StartDetached starts a child that outlives this process: in a session of
+// its own (no terminal's hangup reaches it, nor a signal to this process's
+// group), without the parent-death signal, and with stdout and stderr
+// written straight into its log file. Through a pipe to this process the
+// child's next write after this process ended would fail (a Go program
+// dies of SIGPIPE on its stdout), so nothing of its output passes through
+// this process: Lines is empty and WaitLine fails. Wait and Stop work as
+// for Start while this process runs.
+func StartDetached(logDir, name, path string, args, env []string) (*Child, error) {
+	return start(logDir, name, path, args, env, true)
+}
+
+func start(logDir, name, path string, args, env []string, detached bool) (*Child, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
@@ -53,12 +73,17 @@ func Start(logDir, name, path string, args, env []string) (*Child, error) {
 		return nil, fmt.Errorf("start %s: create its log: %w", name, err)
 	}
 	fmt.Fprintf(logFile, "# %s %s\n", path, strings.Join(args, " "))
-	c := &Child{name: name, logPath: logPath, logFile: logFile, out: newLineBuffer(maxKeptOutput), done: make(chan struct{})}
+	c := &Child{name: name, logPath: logPath, logFile: logFile, out: newLineBuffer(maxKeptOutput), done: make(chan struct{}), detached: detached}
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout = io.MultiWriter(c.out, &lockedWriter{w: logFile})
-	cmd.Stderr = &lockedWriter{w: logFile}
-	cmd.SysProcAttr = procAttr()
+	if detached {
+		// An *os.File is handed to the child as it is: no copying.
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+	} else {
+		cmd.Stdout = io.MultiWriter(c.out, &lockedWriter{w: logFile})
+		cmd.Stderr = &lockedWriter{w: logFile}
+	}
+	cmd.SysProcAttr = procAttr(detached)
 	// Output copying must not outlive the process by much, even if it
 	// started grandchildren that keep the pipe open.
 	cmd.WaitDelay = stopGrace
@@ -82,7 +107,8 @@ func (c *Child) Name() string { return c.name }
 // LogPath is the file holding the child's stdout and stderr.
 func (c *Child) LogPath() string { return c.logPath }
 
-// Pid is the child's process id (and its process group's).
+// Pid is the child's process id (and its process group's; a detached
+// child's session's too).
 func (c *Child) Pid() int { return c.cmd.Process.Pid }
 
 // Done is closed when the child has exited and its output is drained.
@@ -137,6 +163,9 @@ func (c *Child) Wait(ctx context.Context, timeout time.Duration) ([]byte, error)
 // returns ok, and returns match's value. It fails when the child exits
 // first, on timeout, and when ctx ends.
 func (c *Child) WaitLine(ctx context.Context, timeout time.Duration, what string, match func(string) (string, bool)) (string, error) {
+	if c.detached {
+		return "", fmt.Errorf("waiting for %s to print %s: it was started detached, so its output is only in %s", c.name, what, c.logPath)
+	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	seen := 0

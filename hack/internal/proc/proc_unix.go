@@ -5,8 +5,13 @@ package proc
 import "syscall"
 
 // procAttr puts a child in a process group of its own, and on Linux asks the
-// kernel to kill it should the parent itself die without cleaning up.
-func procAttr() *syscall.SysProcAttr {
+// kernel to kill it should the parent itself die without cleaning up. A
+// detached child gets a session of its own instead (which makes it the
+// leader of a new process group too) and no such signal.
+func procAttr(detached bool) *syscall.SysProcAttr {
+	if detached {
+		return &syscall.SysProcAttr{Setsid: true}
+	}
 	a := &syscall.SysProcAttr{Setpgid: true}
 	setParentDeathSignal(a)
 	return a
