@@ -132,7 +132,10 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	}
 	var teardownErr error
 	if o.keep && runErr == nil {
-		fmt.Fprintf(stdout, "\n==> -keep: the cluster keeps running; kubeconfig %s\n    tear it down with: %s -cleanup -work %s\n", r.adminKubeconfig, os.Args[0], o.work)
+		fmt.Fprintf(stdout, "\n==> -keep: the cluster keeps running after this command (its components' pids are in %s)\n"+
+			"    %s --kubeconfig %s get pods -A\n"+
+			"    tear it down with: hack/e2e.sh -cleanup -work %s   (or make e2e E2E_FLAGS=-cleanup for the default -work)\n",
+			r.pidsFile(), r.bin("k8s/kubectl"), r.adminKubeconfig, o.work)
 	} else {
 		// Teardown needs no context: ctx may be over, and every stop it does is bounded.
 		teardownErr = r.teardown()

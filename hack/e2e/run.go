@@ -189,9 +189,16 @@ func (r *run) printSummary(total time.Duration) {
 	fmt.Fprintf(r.out, "    logs of every component: %s\n", r.o.logs)
 }
 
-// start runs a component as a child that teardown stops.
+// start runs a component as a child that teardown stops. Under -keep it
+// is detached (proc.StartDetached), so that the cluster outlives this
+// process; either way its pid is recorded under -work, where -cleanup (a
+// later process) finds it.
 func (r *run) start(name, path string, args ...string) (*proc.Child, error) {
-	c, err := proc.Start(r.o.logs, name, path, args, nil)
+	startChild := proc.Start
+	if r.o.keep {
+		startChild = proc.StartDetached
+	}
+	c, err := startChild(r.o.logs, name, path, args, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -201,6 +208,10 @@ func (r *run) start(name, path string, args ...string) (*proc.Child, error) {
 		r.order = append(r.order, name)
 	}
 	r.children[name] = c
+	if err := recordPid(r.pidsFile(), name, c.Pid()); err != nil {
+		// Teardown still finds it by its command line.
+		r.say("warning: %v", err)
+	}
 	return c, nil
 }
 

@@ -45,8 +45,17 @@ func (r *run) teardown() error {
 		}
 	}
 
-	// 1. kubelet first, so it restarts nothing while the rest goes.
-	r.stopChildren(func(name string) bool { return strings.HasPrefix(name, "kubelet") })
+	// 1. kubelet first, so it restarts nothing while the rest goes. What
+	// this process started it stops itself; what an earlier one started
+	// (a -keep run's cluster) it finds in the pids file, then by command
+	// line.
+	isKubelet := func(name string) bool { return strings.HasPrefix(name, "kubelet") }
+	r.stopChildren(isKubelet)
+	n, err := stopRecorded(r.pidsFile(), isKubelet)
+	fail(err)
+	if n > 0 {
+		did("stopped %d recorded kubelet process(es)", n)
+	}
 	if n := killByCmdline(r.o.work, "kubelet"); n > 0 {
 		did("stopped %d leftover kubelet process(es)", n)
 	}
@@ -58,7 +67,10 @@ func (r *run) teardown() error {
 	}
 	// 3. Every other component, last started first; then anything left
 	// whose command line names -work (shims, a killed run's children).
-	n := r.stopChildren(func(string) bool { return true })
+	n = r.stopChildren(func(string) bool { return true })
+	recorded, err := stopRecorded(r.pidsFile(), func(string) bool { return true })
+	fail(err)
+	n += recorded
 	n += killByCmdline(r.o.work, "")
 	if n > 0 {
 		did("stopped %d process(es)", n)
