@@ -13,6 +13,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -239,6 +240,32 @@ func (w *Writer) Write(claimUID string, devs []Device) ([]string, error) {
 func (w *Writer) Exists(claimUID string) bool {
 	_, err := os.Stat(filepath.Join(w.cfg.Dir, w.FileName(claimUID)))
 	return err == nil
+}
+
+// ClaimUIDs lists the claims whose spec files this writer's kind has in the
+// spec directory (the files FileName names), sorted; other files are left
+// out; a directory that is not there holds none. A driver that lost its
+// record of prepared claims finds them here.
+func (w *Writer) ClaimUIDs() ([]string, error) {
+	entries, err := os.ReadDir(w.cfg.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list the CDI spec directory %s: %w", w.cfg.Dir, err)
+	}
+	prefix, suffix, _ := strings.Cut(w.FileName("\x00"), "\x00")
+	var uids []string
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, prefix) || !strings.HasSuffix(name, suffix) ||
+			len(name) <= len(prefix)+len(suffix) {
+			continue
+		}
+		uids = append(uids, name[len(prefix):len(name)-len(suffix)])
+	}
+	slices.Sort(uids)
+	return uids, nil
 }
 
 // Remove deletes a claim's spec; a missing spec is not an error.

@@ -233,3 +233,47 @@ func TestEnvironmentNamesMatchTheTransport(t *testing.T) {
 		}
 	}
 }
+
+// ClaimUIDs finds the specs this writer wrote, and only those: other
+// vendors' specs, other kinds', directories and names that only look alike
+// are left out.
+func TestClaimUIDs(t *testing.T) {
+	w, dir := writer(t, "")
+	for _, uid := range []string{"uid-2", "uid-1"} {
+		if _, err := w.Write(uid, []claimspec.Device{{Name: "soft0", URMADevice: "soft0", Jetties: 16, Software: true}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	others := []string{
+		"nvidia.com-gpu_uid-3.yaml",                  // another vendor
+		"urma.openeuler.org-other_uid-4.yaml",        // another class
+		"urma.openeuler.org-claim_uid-5.json",        // not what Write writes
+		"urma.openeuler.org-claim_.yaml",             // no UID
+		"x-urma.openeuler.org-claim_uid-6.yaml",      // only looks alike
+		".urma.openeuler.org-claim_uid-7.yaml.tmp.1", // a writer's temporary file
+	}
+	for _, name := range others {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, w.FileName("uid-8")), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got, err := w.ClaimUIDs()
+	if err != nil || !slices.Equal(got, []string{"uid-1", "uid-2"}) {
+		t.Fatalf("ClaimUIDs = %q, %v; want [uid-1 uid-2]", got, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := w.ClaimUIDs(); err != nil || len(got) != 0 {
+		t.Fatalf("ClaimUIDs of a missing directory = %q, %v; want none", got, err)
+	}
+	if err := os.WriteFile(dir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.ClaimUIDs(); err == nil || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("ClaimUIDs with a file in the directory's place = %v, want an error naming it", err)
+	}
+}
