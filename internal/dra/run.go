@@ -19,7 +19,9 @@ import (
 	"golang.org/x/sync/errgroup"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/pager"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
@@ -217,7 +219,11 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	g.Go(func() error { return watcher.Run(gctx) })
 	g.Go(func() error { return plug.Publish(gctx, helper) })
 	g.Go(func() error {
-		plug.CleanStaleClaims(gctx, claimGetter{client})
+		plug.RebuildUntilDone(gctx, claimReader{client}, 0)
+		return nil
+	})
+	g.Go(func() error {
+		plug.CleanStaleClaims(gctx, claimReader{client})
 		return nil
 	})
 	err = g.Wait()
@@ -228,10 +234,27 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	return err
 }
 
-// claimGetter reads claims straight from the API server (no cache: a claim
+// claimReader reads claims straight from the API server (no cache: a claim
 // prepared a moment ago must be found).
-type claimGetter struct{ client kubernetes.Interface }
+type claimReader struct{ client kubernetes.Interface }
 
-func (g claimGetter) GetClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+func (g claimReader) GetClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
 	return g.client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+// ListClaims lists every namespace's claims, a page at a time.
+func (g claimReader) ListClaims(ctx context.Context) ([]resourceapi.ResourceClaim, error) {
+	var out []resourceapi.ResourceClaim
+	p := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		return g.client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, opts)
+	})
+	err := p.EachListItem(ctx, metav1.ListOptions{}, func(obj runtime.Object) error {
+		c, ok := obj.(*resourceapi.ResourceClaim)
+		if !ok {
+			return fmt.Errorf("listing ResourceClaims returned a %T", obj)
+		}
+		out = append(out, *c)
+		return nil
+	})
+	return out, err
 }

@@ -18,15 +18,21 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/openeuler/urma-k8s/internal/dra"
+	"github.com/openeuler/urma-k8s/internal/dra/checkpoint"
+	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
 	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
@@ -349,5 +355,110 @@ func TestUnusableShmDirDoesNotStopTheDriver(t *testing.T) {
 	}
 	if fi, err := os.Stat(cfg.CDI.ShmDir); err != nil || fi.Mode().Perm() != 0o755 || fi.Mode()&os.ModeSticky != 0 {
 		t.Errorf("directory %s: %v %v, want it left drwxr-xr-x", cfg.CDI.ShmDir, fi, err)
+	}
+}
+
+// A driver whose checkpoint is corrupted moves it aside, rebuilds the
+// claims prepared for running pods from the API server and its CDI specs,
+// unprepares a spec it cannot account for, and answers kubelet as before.
+func TestRunRebuildsACorruptedCheckpoint(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	n, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{GenerateName: "dra-rebuild-node-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := testNamespace(ctx, t, "dra-rebuild-")
+	claim, err := kube.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "jetties"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "jetties", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: draslices.DriverName},
+		}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	share := types.UID("6a0e3f5e-6b2b-4b8e-9d55-2f5c1b8f3a10")
+	claim.Status = resourceapi.ResourceClaimStatus{
+		Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+			Request: "jetties", Driver: draslices.DriverName, Pool: n.Name, Device: "udma0", ShareID: &share,
+			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{draslices.CapacityJetties: resource.MustParse("100")},
+		}}}},
+		ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "app", UID: "0b7e5c1e-1f7a-4d6e-8d8c-3c2f4a9e6b21"}},
+	}
+	if claim, err = kube.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	root, err := os.MkdirTemp("", "dra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	cfg := dra.Default()
+	cfg.NodeName = n.Name
+	cfg.Sysfs = tree.Options()
+	cfg.CDI.Dir = filepath.Join(root, "cdi")
+	cfg.CDI.ShmDir = ""
+	cfg.PluginDataDir = filepath.Join(root, "d")
+	cfg.RegistrarDir = filepath.Join(root, "r")
+	for _, d := range []string{cfg.RegistrarDir, cfg.PluginDataDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What an earlier driver left: the claim's spec, the spec of a claim
+	// the API server no longer has, and a corrupted checkpoint.
+	specs, err := claimspec.New(cfg.CDI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, uid := range []string{string(claim.UID), "uid-of-a-deleted-claim"} {
+		if _, err := specs.Write(uid, []claimspec.Device{{Name: "udma0.jetties", URMADevice: "udma0", Jetties: 100}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(cfg.PluginDataDir, checkpoint.FileName)
+	if err := os.WriteFile(path, []byte(`{"version": 1, "checksum": "0", "claims": {}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- dra.Run(runCtx, testr.New(t), cfg, dra.Deps{KubeClient: kube}) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	// Kubelet's prepare is answered once the rebuild is done.
+	conn, err := grpc.NewClient("unix://"+filepath.Join(cfg.PluginDataDir, "dra.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := drapb.NewDRAPluginClient(conn).NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: ns, Name: claim.Name, Uid: string(claim.UID)}}}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := resp.Claims[string(claim.UID)]
+	if want := specs.DeviceID(string(claim.UID), "udma0.jetties"); r == nil || r.Error != "" || len(r.Devices) != 1 || !slices.Equal(r.Devices[0].CdiDeviceIds, []string{want}) {
+		t.Fatalf("prepare after the rebuild: %+v, want the CDI device %s", r, want)
+	}
+	rebuilt, err := checkpoint.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := rebuilt[string(claim.UID)]; len(rebuilt) != 1 || !ok || c.Devices[0].Jetties != 100 || c.Devices[0].ShareID != string(share) {
+		t.Fatalf("rebuilt checkpoint %+v, want the claim with its 100 jetties and share", rebuilt)
+	}
+	if aside, _ := filepath.Glob(path + ".unusable-*"); len(aside) != 1 {
+		t.Errorf("moved aside: %q, want the corrupted checkpoint", aside)
+	}
+	if uids, err := specs.ClaimUIDs(); err != nil || !slices.Equal(uids, []string{string(claim.UID)}) {
+		t.Errorf("CDI specs after the rebuild %q, %v; want only the claim's", uids, err)
 	}
 }

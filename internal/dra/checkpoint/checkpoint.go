@@ -6,8 +6,10 @@
 // The file is JSON with a checksum over its content; it is replaced
 // atomically (write to a temporary file, fsync, rename, fsync the
 // directory), so a crash leaves the old or the new version, never a torn
-// one. A file that fails its checksum or cannot be parsed is an error that
-// names the file: it is never overwritten silently.
+// one. A file that cannot be read, parsed or verified, or is of another
+// format version, is an error wrapping ErrUnusable that names the file and
+// why; it is never overwritten: MoveAside keeps it for inspection under a
+// name with the time, and the driver rebuilds what it held (package plugin).
 package checkpoint
 
 import (
@@ -20,7 +22,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 )
 
 // Version is the format version written; a file of another version is an
@@ -29,6 +33,24 @@ const Version = 1
 
 // FileName is the checkpoint's name in the plugin data directory.
 const FileName = "checkpoint.json"
+
+// ErrUnusable is wrapped by Load's errors for a checkpoint that is there but
+// cannot be used: unreadable, not JSON, failing its checksum, or of another
+// format version.
+var ErrUnusable = errors.New("checkpoint unusable")
+
+// MaxMovedAside is how many checkpoints MoveAside keeps for inspection; it
+// removes older ones, so that a node whose checkpoint keeps breaking does
+// not fill its disk.
+const MaxMovedAside = 5
+
+// movedAsideInfix and movedAsideTime make the name MoveAside gives:
+// checkpoint.json.unusable-20261203T101502.000000001Z. The time, in UTC
+// with nanoseconds, sorts as text.
+const (
+	movedAsideInfix = ".unusable-"
+	movedAsideTime  = "20060102T150405.000000000Z"
+)
 
 // Claims are the prepared claims by UID.
 type Claims map[string]Claim
@@ -86,10 +108,10 @@ func tempPrefix(path string) string { return "." + filepath.Base(path) + "." }
 
 const tempSuffix = ".tmp"
 
-// removeLeftovers removes temporary files a Save that crashed before its
+// RemoveLeftovers removes temporary files a Save that crashed before its
 // rename left next to path: nothing else removes them. Only one driver
-// runs per node, so no Save is under way while Load runs at start.
-func removeLeftovers(path string) error {
+// runs per node, so no Save is under way when it runs at start.
+func RemoveLeftovers(path string) error {
 	dir, prefix := filepath.Dir(path), tempPrefix(path)
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -112,42 +134,70 @@ func removeLeftovers(path string) error {
 	return errors.Join(errs...)
 }
 
-// Load reads the checkpoint at path; a missing file is an empty set. It
-// first removes temporary files an interrupted Save left in path's
-// directory.
+// Load reads the checkpoint at path. A missing file is an error for which
+// errors.Is(err, fs.ErrNotExist) holds; a file that is there but cannot be
+// used, one that wraps ErrUnusable and says why.
 func Load(path string) (Claims, error) {
-	if err := removeLeftovers(path); err != nil {
-		return nil, err
-	}
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return Claims{}, nil
+		return nil, fmt.Errorf("no checkpoint %s: %w", path, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read checkpoint %s: %w", path, err)
+		return nil, fmt.Errorf("%w: read checkpoint %s: %w", ErrUnusable, path, err)
 	}
 	var f file
 	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("checkpoint %s is not valid JSON (left in place for inspection): %w", path, err)
+		return nil, fmt.Errorf("%w: checkpoint %s is not valid JSON: %w", ErrUnusable, path, err)
 	}
 	if f.Version != Version {
-		return nil, fmt.Errorf("checkpoint %s has version %d, this driver reads version %d", path, f.Version, Version)
+		return nil, fmt.Errorf("%w: checkpoint %s has version %d, this driver reads version %d", ErrUnusable, path, f.Version, Version)
 	}
 	var claims Claims
 	if err := json.Unmarshal(f.Claims, &claims); err != nil {
-		return nil, fmt.Errorf("checkpoint %s is not valid JSON (left in place for inspection): %w", path, err)
+		return nil, fmt.Errorf("%w: checkpoint %s is not valid JSON: %w", ErrUnusable, path, err)
 	}
 	if claims == nil {
 		claims = Claims{}
 	}
 	want, err := checksum(f.Claims)
 	if err != nil {
-		return nil, fmt.Errorf("checksum checkpoint %s: %w", path, err)
+		return nil, fmt.Errorf("%w: checksum checkpoint %s: %w", ErrUnusable, path, err)
 	}
 	if f.Checksum != want {
-		return nil, fmt.Errorf("checkpoint %s fails its checksum (corrupted or edited; left in place for inspection)", path)
+		return nil, fmt.Errorf("%w: checkpoint %s fails its checksum (corrupted or edited)", ErrUnusable, path)
 	}
 	return claims, nil
+}
+
+// MoveAside renames the checkpoint at path to one named with the time,
+// now, in the same directory (checkpoint.json.unusable-<UTC time>), and
+// returns the new name; then it removes all but the newest MaxMovedAside
+// of those. A failed rename returns "" and the error; a failed removal of
+// an old one returns the new name and the error.
+func MoveAside(path string, now time.Time) (string, error) {
+	aside := path + movedAsideInfix + now.UTC().Format(movedAsideTime)
+	if err := os.Rename(path, aside); err != nil {
+		return "", fmt.Errorf("move the unusable checkpoint %s aside: %w", path, err)
+	}
+	dir, prefix := filepath.Dir(path), filepath.Base(path)+movedAsideInfix
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return aside, fmt.Errorf("list %s for checkpoints moved aside earlier: %w", dir, err)
+	}
+	var old []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			old = append(old, e.Name())
+		}
+	}
+	slices.Sort(old) // oldest first: the names end in the time
+	var errs []error
+	for _, name := range old[:max(len(old)-MaxMovedAside, 0)] {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			errs = append(errs, fmt.Errorf("remove a checkpoint moved aside earlier: %w", err))
+		}
+	}
+	return aside, errors.Join(errs...)
 }
 
 // Save replaces the checkpoint at path atomically.

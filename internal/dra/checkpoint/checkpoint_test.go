@@ -5,11 +5,16 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/openeuler/urma-k8s/internal/dra/checkpoint"
 )
@@ -25,9 +30,9 @@ func sample() checkpoint.Claims {
 
 func TestSaveLoadRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), checkpoint.FileName)
-	empty, err := checkpoint.Load(path)
-	if err != nil || len(empty) != 0 {
-		t.Fatalf("Load of a missing file = %v, %v; want empty, nil", empty, err)
+	missing, err := checkpoint.Load(path)
+	if !errors.Is(err, fs.ErrNotExist) || errors.Is(err, checkpoint.ErrUnusable) || missing != nil {
+		t.Fatalf("Load of a missing file = %v, %v; want an error for which fs.ErrNotExist holds", missing, err)
 	}
 	if err := checkpoint.Save(path, sample()); err != nil {
 		t.Fatal(err)
@@ -52,7 +57,10 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	}
 }
 
-func TestLoadRefusesDamagedFiles(t *testing.T) {
+// Whatever is wrong with a checkpoint that is there, Load says what and
+// where, marks it unusable (the driver then moves it aside and rebuilds),
+// and leaves the file as it was.
+func TestLoadRefusesUnusableFiles(t *testing.T) {
 	path := filepath.Join(t.TempDir(), checkpoint.FileName)
 	if err := checkpoint.Save(path, sample()); err != nil {
 		t.Fatal(err)
@@ -61,22 +69,85 @@ func TestLoadRefusesDamagedFiles(t *testing.T) {
 	for _, tc := range []struct {
 		name, content, want string
 	}{
-		{"edited", strings.Replace(string(good), `"jetties": 100`, `"jetties": 900`, 1), "checksum"},
+		{"corrupted", strings.Replace(string(good), `"jetties": 100`, `"jetties": 900`, 1), "fails its checksum"},
+		{"bit flip in the checksum", strings.Replace(string(good), `"checksum": "`, `"checksum": "0`, 1), "fails its checksum"},
 		{"truncated", string(good[:len(good)/2]), "not valid JSON"},
-		{"other version", strings.Replace(string(good), `"version": 1`, `"version": 7`, 1), "version 7"},
+		{"empty", "", "not valid JSON"},
+		{"claims of the wrong shape", `{"version": 1, "checksum": "", "claims": []}`, "not valid JSON"},
+		{"older version", strings.Replace(string(good), `"version": 1`, `"version": 0`, 1), "has version 0, this driver reads version 1"},
+		{"without a version (older format)", `{"claims": {}}`, "has version 0"},
+		{"newer version", strings.Replace(string(good), `"version": 1`, `"version": 7`, 1), "has version 7"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			_, err := checkpoint.Load(path)
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
-				t.Fatalf("Load = %v, want an error naming the file and %q", err, tc.want)
+			if !errors.Is(err, checkpoint.ErrUnusable) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("Load = %v, want ErrUnusable naming the file and %q", err, tc.want)
 			}
 			if after, _ := os.ReadFile(path); string(after) != tc.content {
-				t.Fatal("a damaged checkpoint was changed by Load")
+				t.Fatal("an unusable checkpoint was changed by Load")
 			}
 		})
+	}
+	t.Run("unreadable", func(t *testing.T) {
+		// A directory in its place: reading fails whoever runs the test
+		// (permissions do not stop root).
+		path := filepath.Join(t.TempDir(), checkpoint.FileName)
+		if err := os.Mkdir(path, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		_, err := checkpoint.Load(path)
+		if !errors.Is(err, checkpoint.ErrUnusable) || !strings.Contains(err.Error(), "read checkpoint "+path) {
+			t.Fatalf("Load = %v, want ErrUnusable saying the file could not be read", err)
+		}
+	})
+}
+
+func TestMoveAsideKeepsTheNewestFew(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, checkpoint.FileName)
+	base := time.Date(2026, 12, 3, 10, 15, 2, 5, time.FixedZone("CST", 8*3600))
+	var names []string
+	for i := range checkpoint.MaxMovedAside + 2 {
+		content := fmt.Sprintf("broken %d", i)
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		aside, err := checkpoint.MoveAside(path, base.Add(time.Duration(i)*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := os.ReadFile(aside); string(got) != content {
+			t.Fatalf("%s holds %q, want the checkpoint moved there, %q", aside, got, content)
+		}
+		names = append(names, filepath.Base(aside))
+	}
+	// Named with the time, in UTC.
+	if want := "checkpoint.json.unusable-20261203T021502.000000005Z"; names[0] != want {
+		t.Errorf("first moved aside as %s, want %s", names[0], want)
+	}
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the checkpoint is still at %s after MoveAside (%v)", path, err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, e := range entries {
+		kept = append(kept, e.Name())
+	}
+	if want := names[len(names)-checkpoint.MaxMovedAside:]; !slices.Equal(kept, want) {
+		t.Errorf("directory holds %q, want the newest %d moved aside, %q", kept, checkpoint.MaxMovedAside, want)
+	}
+}
+
+func TestMoveAsideOfAMissingFileFails(t *testing.T) {
+	path := filepath.Join(t.TempDir(), checkpoint.FileName)
+	if aside, err := checkpoint.MoveAside(path, time.Now()); aside != "" || !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("MoveAside of a missing file = %q, %v; want an error naming it", aside, err)
 	}
 }
 
@@ -117,7 +188,7 @@ func FuzzLoad(f *testing.F) {
 }
 
 // A crash between creating Save's temporary file and renaming it leaves the
-// file behind; the next Load (at start) removes such leftovers, and only
+// file behind; RemoveLeftovers (at start) removes such leftovers, and only
 // those: other files in the directory and the checkpoint itself stay.
 func TestLoadRemovesLeftoverTemporaryFiles(t *testing.T) {
 	for _, tc := range []struct {
@@ -146,21 +217,20 @@ func TestLoadRemovesLeftoverTemporaryFiles(t *testing.T) {
 				t.Fatal(err)
 			}
 			kept = append(kept, ".checkpoint.json.7.tmp") // not a file Save writes
-			got, err := checkpoint.Load(path)
-			if err != nil {
+			if err := checkpoint.RemoveLeftovers(path); err != nil {
 				t.Fatal(err)
 			}
-			if tc.checkpoint && !reflect.DeepEqual(got, sample()) {
-				t.Fatalf("loaded %+v, want %+v", got, sample())
+			if got, err := checkpoint.Load(path); tc.checkpoint && (err != nil || !reflect.DeepEqual(got, sample())) {
+				t.Fatalf("loaded %+v, %v; want %+v", got, err, sample())
 			}
 			for _, name := range leftovers {
 				if _, err := os.Lstat(filepath.Join(dir, name)); !os.IsNotExist(err) {
-					t.Errorf("leftover %s still there after Load (%v)", name, err)
+					t.Errorf("leftover %s still there after RemoveLeftovers (%v)", name, err)
 				}
 			}
 			for _, name := range kept {
 				if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
-					t.Errorf("%s was removed by Load: %v", name, err)
+					t.Errorf("%s was removed by RemoveLeftovers: %v", name, err)
 				}
 			}
 		})

@@ -3,7 +3,9 @@
 // kubelet's gRPC API: NodePrepareResources writes a CDI spec per claim for
 // the URMA devices and jetties the scheduler allocated, and
 // NodeUnprepareResources removes it, both idempotent and checkpointed, so a
-// restarted driver answers as before. It also publishes the node's
+// restarted driver answers as before. A checkpoint that is missing or
+// unusable is rebuilt from the API server and the CDI specs on disk (see
+// Rebuild). It also publishes the node's
 // ResourceSlices whenever the inventory changes (health included) and
 // reports device health to kubelet.
 package plugin
@@ -100,6 +102,12 @@ type Plugin struct {
 
 	mu       sync.Mutex
 	prepared checkpoint.Claims
+	// settled is closed once prepared is known: loaded from the checkpoint
+	// or rebuilt (Rebuild). Until then prepare waits, and unprepare
+	// records in unpreparedEarly what the rebuild must leave out.
+	settled         chan struct{}
+	unpreparedEarly map[string]bool
+	lastRebuildErr  error
 }
 
 var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)
@@ -123,12 +131,14 @@ func New(cfg Config, inv *inventory.Inventory, specs *claimspec.Writer, log logr
 	if cfg.StaleClaimCheck <= 0 {
 		cfg.StaleClaimCheck = DefaultStaleClaimCheck
 	}
-	prepared, err := checkpoint.Load(filepath.Join(cfg.DataDir, checkpoint.FileName))
-	if err != nil {
+	if specs == nil {
+		return nil, errors.New("no CDI spec writer")
+	}
+	p := &Plugin{cfg: cfg, inv: inv, specs: specs, log: log, fatal: fatal, settled: make(chan struct{}), unpreparedEarly: map[string]bool{}}
+	if err := p.loadCheckpoint(); err != nil {
 		return nil, err
 	}
-	log.Info("prepared claims restored from the checkpoint", "claims", len(prepared))
-	return &Plugin{cfg: cfg, inv: inv, specs: specs, log: log, fatal: fatal, prepared: prepared}, nil
+	return p, nil
 }
 
 // HelperOptions are the kubeletplugin options the plugin must be served
@@ -152,6 +162,9 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	}
 	if _, ok := p.inv.WaitScanned(ctx); !ok {
 		return nil, fmt.Errorf("prepare claims: no device scan has finished yet, so there are no devices to check them against: %w", ctx.Err())
+	}
+	if err := p.waitSettled(ctx); err != nil {
+		return nil, fmt.Errorf("prepare claims: %w", err)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -370,6 +383,8 @@ func (p *Plugin) checkpointPath() string { return filepath.Join(p.cfg.DataDir, c
 
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin. A claim that
 // is not prepared is not an error: kubelet may ask twice.
+// It does not wait for a rebuild: the claims it unprepares meanwhile are left
+// out of the rebuilt set.
 func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -387,6 +402,12 @@ func (p *Plugin) unprepare(c kubeletplugin.NamespacedObject) error {
 	if err := p.specs.Remove(uid); err != nil {
 		return err
 	}
+	if p.unpreparedEarly != nil {
+		// Rebuilding: the claim's spec is gone now, so the rebuild will
+		// not find it; recorded in case the rebuild listed the specs
+		// before.
+		p.unpreparedEarly[uid] = true
+	}
 	if _, ok := p.prepared[uid]; !ok {
 		return nil
 	}
@@ -402,7 +423,11 @@ func (p *Plugin) unprepare(c kubeletplugin.NamespacedObject) error {
 
 // CleanStaleClaims runs DropStaleClaims now and every StaleClaimCheck until
 // ctx ends. Failures are logged and retried at the next round.
+// It starts once the prepared claims are known (see Rebuild).
 func (p *Plugin) CleanStaleClaims(ctx context.Context, claims ClaimGetter) {
+	if p.waitSettled(ctx) != nil {
+		return
+	}
 	t := time.NewTicker(p.cfg.StaleClaimCheck)
 	defer t.Stop()
 	for {
@@ -426,8 +451,12 @@ func (p *Plugin) CleanStaleClaims(ctx context.Context, claims ClaimGetter) {
 // here (deallocated, or allocated again: share IDs are new per allocation).
 // A claim that still holds that allocation is kept whatever else, and so is
 // every claim whose lookup fails otherwise. Its CDI spec goes with it.
-// It returns the UIDs it dropped.
+// It returns the UIDs it dropped. Before the prepared claims are known it
+// does nothing.
 func (p *Plugin) DropStaleClaims(ctx context.Context, claims ClaimGetter) ([]string, error) {
+	if !p.isSettled() {
+		return nil, nil
+	}
 	p.mu.Lock()
 	prepared := p.prepared
 	p.mu.Unlock()
