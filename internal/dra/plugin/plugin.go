@@ -642,15 +642,20 @@ func (p *Plugin) healthReport(snap *inventory.Snapshot, now time.Time) kubeletpl
 }
 
 // Publish publishes the node's slices after the first scan and again on
-// every inventory change, until ctx ends. It never publishes before the
-// first scan: an empty set then would delete what a previous process
-// published.
+// every inventory change, until ctx ends (which is no error, even when it
+// ends a publication under way). It never publishes before the first scan:
+// an empty set then would delete what a previous process published.
 func (p *Plugin) Publish(ctx context.Context, pub Publisher) error {
 	var last uint64
 	for {
 		snap, changed := p.inv.Current()
 		if snap.Scanned && snap.Generation != last {
 			if err := pub.PublishResources(ctx, draslices.Resources(p.cfg.NodeName, snap, p.cfg.Policy)); err != nil {
+				if ctx.Err() != nil {
+					// Stopped while the helper was starting its slice
+					// controller: a shutdown, not a failure.
+					return nil
+				}
 				return fmt.Errorf("publish ResourceSlices: %w", err)
 			}
 			last = snap.Generation

@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -756,6 +757,37 @@ func TestPublishWaitsForTheFirstScanAndFollowsChanges(t *testing.T) {
 	devs := rec.got[1].Pools[node].Slices[0].Devices
 	if len(devs) != 1 || len(devs[0].Taints) != 1 || devs[0].Taints[0].Key != draslices.TaintUnhealthy {
 		t.Fatalf("after the health flip: %+v, want udma0 tainted unhealthy", devs)
+	}
+}
+
+// publisherFunc is a Publisher of a test's making.
+type publisherFunc func(context.Context, resourceslice.DriverResources) error
+
+func (f publisherFunc) PublishResources(ctx context.Context, res resourceslice.DriverResources) error {
+	return f(ctx, res)
+}
+
+// A driver stopped while the helper starts its slice controller (which then
+// fails with the context's error) has stopped, not failed; a publication
+// that fails otherwise is an error.
+func TestPublishStoppedWhileStartingIsNoError(t *testing.T) {
+	h := newHost(t, sysfstest.DefaultDevice("udma0"))
+	specs, _ := claimspec.New(claimspec.Config{Dir: h.cdiDir, Kind: claimspec.DefaultKind})
+	p, err := plugin.New(plugin.Config{NodeName: node, DataDir: h.dataDir, Policy: draslices.DefaultRequestPolicy()}, h.inv, specs, logr.Discard(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopping := publisherFunc(func(ctx context.Context, _ resourceslice.DriverResources) error {
+		cancel()
+		return fmt.Errorf("start ResourceSlice controller: sync ResourceSlice informer: %w", ctx.Err())
+	})
+	if err := p.Publish(ctx, stopping); err != nil {
+		t.Fatalf("Publish stopped during its first publication = %v, want nil", err)
+	}
+	failing := publisherFunc(func(context.Context, resourceslice.DriverResources) error { return errors.New("forbidden") })
+	if err := p.Publish(context.Background(), failing); err == nil || !strings.Contains(err.Error(), "forbidden") {
+		t.Fatalf("Publish with a failing publication = %v, want its error", err)
 	}
 }
 
