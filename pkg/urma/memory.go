@@ -24,7 +24,7 @@ import (
 // with huge pages.
 type Memory struct {
 	buf     []byte
-	mapping []byte // the whole mmap'd range buf lies in, for Free
+	mapping []byte // the whole mmap'd range buf lies in, for Free; nil for WrapMemory's
 	fd      int
 }
 
@@ -168,6 +168,21 @@ func OpenMemory(fd int) (*Memory, error) {
 	return &Memory{buf: b, mapping: b, fd: fd}, nil
 }
 
+// WrapMemory makes memory that the caller mapped, and keeps mapped, a
+// Memory a provider can register: a C program's own buffer, registered
+// through liburma's ABI, is its memory, not the provider's. b must lie
+// outside the Go heap (mmap'd or C-allocated memory), which the garbage
+// collector would otherwise free under a device still using it, and must
+// stay mapped, readable and writable until Free. Free forgets it without
+// unmapping it. Its Fd is -1: a provider cannot hand it to a peer, so on the
+// shm fabric it travels by copy.
+func WrapMemory(b []byte) (*Memory, error) {
+	if len(b) == 0 {
+		return nil, errors.New("wrap registered memory: the region is empty")
+	}
+	return &Memory{buf: b, fd: -1}, nil
+}
+
 // Bytes is the mapped region.
 func (m *Memory) Bytes() []byte { return m.buf }
 
@@ -183,8 +198,13 @@ func (m *Memory) Fd() int {
 
 // Free unmaps the region and closes its file; it must no longer be
 // registered. A peer that mapped the file keeps its pages until it unmaps.
+// A WrapMemory region is only forgotten: its owner unmaps it.
 func (m *Memory) Free() error {
 	if m.buf == nil {
+		return nil
+	}
+	if m.mapping == nil {
+		m.buf = nil
 		return nil
 	}
 	err := unix.Munmap(m.mapping)

@@ -389,3 +389,48 @@ func TestHugePageSize(t *testing.T) {
 		t.Fatalf("hugePageSize of a missing file = %d, want 0", got)
 	}
 }
+
+func TestWrapMemory(t *testing.T) {
+	region, err := unix.Mmap(-1, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Munmap(region); err != nil {
+			t.Error(err)
+		}
+	})
+	part := region[100:4196]
+	m, err := WrapMemory(part)
+	if err != nil {
+		t.Fatalf("WrapMemory: %v", err)
+	}
+	if got := m.Bytes(); uintptrOf(got) != uintptrOf(part) || len(got) != len(part) {
+		t.Fatalf("Bytes = %#x+%d, want the wrapped region %#x+%d", uintptrOf(got), len(got), uintptrOf(part), len(part))
+	}
+	if m.Fd() != -1 {
+		t.Fatalf("Fd = %d, want -1: the caller's memory has no file a peer could map", m.Fd())
+	}
+	if err := m.Free(); err != nil {
+		t.Fatalf("Free: %v", err)
+	}
+	if m.Bytes() != nil {
+		t.Fatalf("Bytes after Free = %d bytes, want nil", len(m.Bytes()))
+	}
+	// Free forgets the region; it stays the caller's, mapped and usable.
+	part[0], part[len(part)-1] = 1, 2
+	if part[0] != 1 || part[len(part)-1] != 2 {
+		t.Fatal("the wrapped region does not hold what was written after Free")
+	}
+	if err := m.Free(); err != nil {
+		t.Fatalf("second Free: %v, want nil (idempotent)", err)
+	}
+}
+
+func TestWrapMemoryRefusesAnEmptyRegion(t *testing.T) {
+	for _, b := range [][]byte{nil, {}} {
+		if m, err := WrapMemory(b); err == nil || m != nil || !strings.Contains(err.Error(), "empty") {
+			t.Fatalf("WrapMemory(%v) = %v, %v; want nil and an 'empty' error", b, m, err)
+		}
+	}
+}
