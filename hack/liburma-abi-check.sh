@@ -7,6 +7,10 @@
 #   hack/liburma-abi-check.sh /path/to/umdk            # native compiler
 #   CC=aarch64-linux-gnu-gcc hack/liburma-abi-check.sh /path/to/umdk
 #
+# It also compiles cmd/liburma-soft/abi.c, liburma.so.0 over the software
+# provider, against UMDK's urma_api.h instead of urma_compat.h: every
+# function it defines must have liburma's own prototype.
+#
 # The UMDK checkout provides src/urma/lib/urma/core/include/urma_api.h; it is
 # read, never copied. With a cross compiler the program is not run: the
 # values are read back from the object file's symbol sizes.
@@ -62,6 +66,10 @@ types = {
  'urma_jfr_wr_t': ['src', 'user_ctx', 'next'],
  'urma_cr_t': ['status', 'user_ctx', 'opcode', 'flag', 'completion_len', 'local_id', 'remote_id', 'imm_data',
                'invalid_token', 'tpn', 'user_data'],
+ 'urma_rw_wr_t': ['src', 'dst', 'target_hint', 'notify_data'],
+ 'urma_user_ctl_in_t': ['addr', 'len', 'opcode'],
+ 'urma_user_ctl_out_t': ['addr', 'len', 'reserved'],
+ 'urma_vlog_level_t': [],
 }
 bits = {
  'urma_jfr_flag_t': ['token_policy', 'order_type'], 'urma_reg_seg_flag_t': ['token_policy', 'access', 'token_id_valid'],
@@ -96,6 +104,15 @@ if [ "$("$cc" -dumpmachine)" = "$(cc -dumpmachine)" ]; then
     "$cc" -DHDR="$hdr" -I"$inc" -o "$tmp/bits-$side" "$tmp/bits.c"
     "$tmp/bits-$side" >> "$tmp/$side.txt"
   done
+fi
+# abi.c against UMDK's prototypes: an urma_compat.h that is UMDK's, and no
+# cgo export header (lsoft.h declares the Go half).
+mkdir "$tmp/umdk-compat"
+echo '#include "urma_api.h"' > "$tmp/umdk-compat/urma_compat.h"
+: > "$tmp/umdk-compat/_cgo_export.h"
+if ! "$cc" -c -Wall -Werror -I"$tmp/umdk-compat" -I"$inc" -I"$here/cmd/liburma-soft" -o "$tmp/abi.o" "$here/cmd/liburma-soft/abi.c"; then
+  echo "cmd/liburma-soft/abi.c does not compile against $umdk's urma_api.h" >&2
+  exit 1
 fi
 if diff -u "$tmp/theirs.txt" "$tmp/ours.txt"; then
   echo "urma_compat.h matches $umdk ($(wc -l < "$tmp/ours.txt") sizes, offsets and flag bits, $("$cc" -dumpmachine))"

@@ -1,6 +1,7 @@
 /*
  * urma_compat.h: our own declarations of the part of liburma that
- * pkg/urma/liburma calls, written for urma-k8s.
+ * pkg/urma/liburma calls and cmd/liburma-soft implements, written for
+ * urma-k8s.
  *
  * Pinned to UMDK 26.06.0 (openeuler-mirror/umdk commit 00cc16f1,
  * URMA_API_VERSION 0.9). Every type keeps liburma's name and is declared in
@@ -9,11 +10,13 @@
  * liburma's layouts change without a version bump (its SONAME stays
  * liburma.so.0 and it has no symbol versions), so moving to another UMDK
  * release means re-checking every declaration below against that release's
- * urma_types.h and urma_opcode.h; shim.c asserts the sizes and offsets this
- * package relies on.
+ * urma_types.h and urma_opcode.h (hack/liburma-abi-check.sh does); shim.c
+ * and abi.c assert the sizes and offsets they rely on.
  *
- * Only shim.c (and the test fake in testdata/fakeurma) include this header.
- * Nothing here is linked: the functions are resolved with dlsym.
+ * shim.c (with the test fake in testdata/fakeurma) and cmd/liburma-soft's
+ * abi.c, which implements these functions over the software provider,
+ * include this header. The provider links nothing: it resolves the
+ * functions with dlsym.
  */
 #ifndef URMA_K8S_URMA_COMPAT_H
 #define URMA_K8S_URMA_COMPAT_H
@@ -909,7 +912,33 @@ typedef struct urma_cr {
     uintptr_t user_data;
 } urma_cr_t;
 
-/* ---- the functions this package calls (urma_api.h) ---- */
+/* ---- driver commands and logging (urma_types.h) ---- */
+
+typedef struct urma_user_ctl_in {
+    uint64_t addr; /* the command's input */
+    uint32_t len;
+    uint32_t opcode; /* the driver's command */
+} urma_user_ctl_in_t;
+
+typedef struct urma_user_ctl_out {
+    uint64_t addr; /* where the driver writes its answer */
+    uint32_t len;
+    uint32_t reserved;
+} urma_user_ctl_out_t;
+
+typedef enum urma_vlog_level {
+    URMA_VLOG_LEVEL_EMERG = 0,
+    URMA_VLOG_LEVEL_ALERT = 1,
+    URMA_VLOG_LEVEL_CRIT = 2,
+    URMA_VLOG_LEVEL_ERR = 3,
+    URMA_VLOG_LEVEL_WARNING = 4,
+    URMA_VLOG_LEVEL_NOTICE = 5,
+    URMA_VLOG_LEVEL_INFO = 6,
+    URMA_VLOG_LEVEL_DEBUG = 7,
+    URMA_VLOG_LEVEL_MAX = 8,
+} urma_vlog_level_t;
+
+/* ---- the functions pkg/urma/liburma calls (urma_api.h) ---- */
 
 urma_status_t urma_init(urma_init_attr_t *conf);
 urma_status_t urma_uninit(void);
@@ -946,5 +975,13 @@ int urma_poll_jfc(urma_jfc_t *jfc, int cr_cnt, urma_cr_t *cr);
 urma_status_t urma_rearm_jfc(urma_jfc_t *jfc, bool solicited_only);
 int urma_wait_jfc(urma_jfce_t *jfce, uint32_t jfc_cnt, int time_out, urma_jfc_t *jfc[]);
 void urma_ack_jfc(urma_jfc_t *jfc[], uint32_t nevents[], uint32_t jfc_cnt);
+
+/* ---- and those cmd/liburma-soft implements besides ---- */
+
+urma_status_t urma_user_ctl(urma_context_t *ctx, urma_user_ctl_in_t *in, urma_user_ctl_out_t *out);
+urma_device_t *urma_get_device_by_eid(urma_eid_t eid, urma_transport_type_t type);
+urma_status_t urma_post_jetty_recv_wr(urma_jetty_t *jetty, urma_jfr_wr_t *wr, urma_jfr_wr_t **bad_wr);
+urma_vlog_level_t urma_log_get_level(void);
+void urma_log_set_level(urma_vlog_level_t level);
 
 #endif /* URMA_K8S_URMA_COMPAT_H */
