@@ -18,24 +18,32 @@ help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-12s %s\n", $$1, $$2}'
 
 .PHONY: build
-build: ## build every binary into bin/ (urma-device-plugin, urma-dra-driver, urma-operator, urma-perf)
+build: ## build every binary into bin/ (urma-device-plugin, urma-dra-driver, urma-operator, urma-perf, liburma.so.0)
 	$(GO) build -o bin/urma-device-plugin ./cmd/deviceplugin
 	$(GO) build -o bin/urma-dra-driver ./cmd/dra-driver
 	$(GO) build -o bin/urma-operator ./cmd/operator
 	$(GO) build -o bin/urma-perf ./cmd/urma-perf
+	GO="$(GO)" hack/build-liburma-soft.sh bin/liburma.so.0
 
 .PHONY: vet
 vet: ## go vet and gofmt check
 	$(GO) vet $(PKGS)
 	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# liburma.so.0 over the software provider is built once per run, into a
+# temporary directory, for every test that loads it (test/liburma, and
+# hack/test-liburma.sh's run of pkg/urma/liburma against it).
 .PHONY: test
 test: vet verify-generated envtest-assets helm ## run all tests with -race (first run builds kube-apiserver, etcd and helm into bin/)
 	hack/sync-chart-crds.sh --check
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	GO="$(GO)" hack/build-liburma-soft.sh "$$tmp/liburma.so.0" && \
 	KUBEBUILDER_ASSETS=$(ENVTEST_ASSETS) HELM=$(HELM) \
 	KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
-	$(GO) test $(GOTEST_FLAGS) $(PKGS)
-	@if [ "$(PKGS)" = "./..." ]; then GO="$(GO)" GOTEST_FLAGS="$(GOTEST_FLAGS)" hack/test-liburma.sh; fi
+	URMA_TEST_LIBURMA_SOFT="$$tmp/liburma.so.0" \
+	$(GO) test $(GOTEST_FLAGS) $(PKGS) && \
+	if [ "$(PKGS)" = "./..." ]; then \
+		GO="$(GO)" GOTEST_FLAGS="$(GOTEST_FLAGS)" URMA_TEST_LIBURMA_SOFT="$$tmp/liburma.so.0" hack/test-liburma.sh; fi
 	@$(MAKE) --no-print-directory test-allocs
 
 # Allocation tests skip under -race (the detector allocates on its own), so
