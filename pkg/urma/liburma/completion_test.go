@@ -13,6 +13,7 @@ import (
 // remote jetty's uasid. The fake writes garbage there; a completion must
 // not report it. RemoteID carries the EID and id udma fills, and UASID 0.
 func TestCompletionIgnoresFieldsUdmaLeaves(t *testing.T) {
+	requireFake(t) // the garbage is the fake's
 	for _, imm := range []bool{false, true} {
 		e := newPairEnds(t, urma.RM)
 		swr := &urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: e.target, UserCtx: 2,

@@ -91,6 +91,7 @@ func TestJettyCloseUnbindFails(t *testing.T) {
 // fails.
 func boundRCPair(t *testing.T, p *Provider) *pairEnds {
 	t.Helper()
+	requireFake(t)
 	e := newPairEndsOn(t, p, urma.RC)
 	if err := e.bjfr.PostRecv(&urma.RecvWR{UserCtx: 1}); err != nil {
 		t.Fatal(err)

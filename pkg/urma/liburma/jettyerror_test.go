@@ -17,6 +17,7 @@ import (
 // Left READY, the jetty took posts that udma queues on a flushed jetty and
 // never completes.
 func TestDeviceErroredJettyIsError(t *testing.T) {
+	requireFake(t)
 	p := newTestProvider(t)
 	a, b := openFlushPeer(t, p, "udma0", 4), openFlushPeer(t, p, "udma1", 4)
 	target := importPeer(t, a, b)

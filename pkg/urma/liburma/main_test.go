@@ -13,12 +13,35 @@ import (
 
 // TestMain builds the fake liburma (testdata/fakeurma) into a shared object
 // and points URMA_LIBRARY at it, so every test here runs through cgo, the
-// shim and liburma's ABI, on a machine without UB hardware.
+// shim and liburma's ABI, on a machine without UB hardware. With
+// URMA_TEST_LIBURMA set, the tests run against that library instead
+// (hack/test-liburma.sh: cmd/liburma-soft's liburma.so.0, in a process of
+// their own), those that need the fake's test hooks skipped.
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
 
+// libraryUnderTest is the liburma other than the fake the tests run
+// against, "" for the fake.
+var libraryUnderTest = os.Getenv("URMA_TEST_LIBURMA")
+
+// requireFake skips a test that needs the fake liburma's test hooks (or
+// builds a fake of its own) when the tests run against another library.
+func requireFake(t testing.TB) {
+	t.Helper()
+	if libraryUnderTest != "" {
+		t.Skipf("needs the fake liburma's test hooks; the tests run against %s", libraryUnderTest)
+	}
+}
+
 func run(m *testing.M) int {
+	if libraryUnderTest != "" {
+		if err := os.Setenv(EnvLibrary, libraryUnderTest); err != nil {
+			fmt.Fprintln(os.Stderr, "liburma under test:", err)
+			return 1
+		}
+		return m.Run()
+	}
 	dir, err := os.MkdirTemp("", "fakeurma")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fakeurma:", err)

@@ -22,6 +22,7 @@ import (
 // drops what comes with it. Every send but the bad CQE completes, in order,
 // and the error is seen once.
 func TestPollErrorKeepsRecordsBeforeIt(t *testing.T) {
+	requireFake(t)
 	for _, tc := range []struct {
 		name          string
 		before, after int // sends completed before and after the bad CQE

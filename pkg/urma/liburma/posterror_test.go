@@ -18,6 +18,7 @@ import (
 // test holds the jetty as a PostSend past its check does and polls the
 // error: Poll must wait for the jetty, not flush it under the post.
 func TestSendErrorWaitsForAPostInProgress(t *testing.T) {
+	requireFake(t) // the send fails before PostSend returns only in the fake
 	p := newTestProvider(t)
 	a, b := openFlushPeer(t, p, "udma0", 4), openFlushPeer(t, p, "udma1", 4)
 	// No retries: B posts no receive, so the send fails at once.

@@ -180,6 +180,7 @@ func TestContextDeletedOnce(t *testing.T) {
 
 // Devices reports what liburma's device list, query_device and eid list say.
 func TestDevices(t *testing.T) {
+	requireFake(t) // the fake's devices
 	p := newTestProvider(t)
 	devs, err := p.Devices()
 	if err != nil {
@@ -334,6 +335,7 @@ func TestDeviceSGEsClampedToWhatCanBePosted(t *testing.T) {
 // providerOfFake loads testdata/<name>/<name>.c built with flags into a
 // provider of its own, closed when the test ends.
 func providerOfFake(t *testing.T, name string, flags ...string) *Provider {
+	requireFake(t)
 	t.Helper()
 	lib, err := buildFake(t.TempDir(), "lib"+name+".so", filepath.Join("testdata", name, name+".c"), flags...)
 	if err != nil {
