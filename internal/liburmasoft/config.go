@@ -17,15 +17,24 @@ const (
 	EnvDevices    = "URMA_DEVICES"
 	EnvSoftFabric = "URMA_SOFT_FABRIC"
 	EnvShmDir     = "URMA_SHM_DIR"
-	EnvPodIP      = "POD_IP"
+	// EnvShmSocketDir is the pod's own subdirectory of URMA_SHM_DIR, where
+	// its devices create their sockets.
+	EnvShmSocketDir = "URMA_SHM_SOCKET_DIR"
+	EnvPodIP        = "POD_IP"
 	// EnvLogLevel is liburma's own: error (the default), warning, info or
 	// debug.
 	EnvLogLevel = "URMA_LOG_LEVEL"
 )
 
-// Fabrics the library can run on.
+// Fabrics the library can run on, as pkg/transport's urma_soft_fabric
+// names them.
 const (
-	FabricShm    = "shm"
+	// FabricAuto puts each device on both fabrics: shared memory at EID
+	// index 0 for processes on this host, TCP at index 1 for other hosts.
+	FabricAuto = "auto"
+	// FabricShm is shared memory only.
+	FabricShm = "shm"
+	// FabricSocket is TCP only.
 	FabricSocket = "socket"
 )
 
@@ -48,11 +57,13 @@ const (
 
 // Config is what urma_init sets the software provider up with.
 type Config struct {
-	// Fabric is FabricShm (devices of processes on this host, through
-	// shared memory) or FabricSocket (URMA semantics over TCP).
+	// Fabric is FabricAuto, FabricShm or FabricSocket.
 	Fabric string
 	// ShmDir is where shm devices meet.
 	ShmDir string
+	// ShmSocketDir is where this process's shm devices create their
+	// sockets; "" means ShmDir.
+	ShmSocketDir string
 	// Devices are the device names, each a soft device of its own.
 	Devices []string
 	// ListenIP is the address socket devices listen on and their EIDs
@@ -64,12 +75,12 @@ type Config struct {
 
 // ConfigFromEnv reads the configuration from the environment: the devices
 // in URMA_DEVICE then URMA_DEVICES (soft0 when neither names one), the
-// fabric in URMA_SOFT_FABRIC (auto and shm mean shared memory, socket
-// TCP), the shm directory in URMA_SHM_DIR (urma-k8s-shm-<uid> in the
-// temporary directory when unset, as pkg/transport does), the socket
-// fabric's address in POD_IP (else the host's first non-loopback IPv4
-// address, else 127.0.0.1). An error names the variable and what it
-// should hold.
+// fabric in URMA_SOFT_FABRIC (auto when unset), the shm directory in
+// URMA_SHM_DIR (urma-k8s-shm-<uid> in the temporary directory when unset,
+// as pkg/transport does) and the socket directory in
+// URMA_SHM_SOCKET_DIR, the socket fabric's address in POD_IP (else the
+// host's first non-loopback IPv4 address, else 127.0.0.1). An error
+// names the variable and what it should hold.
 func ConfigFromEnv(env func(string) (string, bool)) (Config, error) {
 	var c Config
 	get := func(name string) string {
@@ -82,10 +93,10 @@ func ConfigFromEnv(env func(string) (string, bool)) (Config, error) {
 	}
 	c.Devices = devices
 	switch f := strings.ToLower(get(EnvSoftFabric)); f {
-	case "", "auto", FabricShm:
-		c.Fabric = FabricShm
-	case FabricSocket:
-		c.Fabric = FabricSocket
+	case "", FabricAuto:
+		c.Fabric = FabricAuto
+	case FabricShm, FabricSocket:
+		c.Fabric = f
 	default:
 		return Config{}, fmt.Errorf("%s=%q: want auto, shm or socket", EnvSoftFabric, f)
 	}
@@ -93,6 +104,7 @@ func ConfigFromEnv(env func(string) (string, bool)) (Config, error) {
 	if c.ShmDir == "" {
 		c.ShmDir = filepath.Join(os.TempDir(), fmt.Sprintf("urma-k8s-shm-%d", os.Geteuid()))
 	}
+	c.ShmSocketDir = get(EnvShmSocketDir)
 	c.ListenIP = listenIP(get(EnvPodIP))
 	switch l := strings.ToLower(get(EnvLogLevel)); l {
 	case "", "error", "fatal":

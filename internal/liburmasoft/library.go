@@ -39,20 +39,23 @@ func NewLibrary(newProvider NewProviderFunc, log logr.Logger) *Library {
 }
 
 // NewSoftProvider creates the software provider a Config describes: one
-// device per name, on the shm fabric in cfg.ShmDir or on the socket
-// fabric at cfg.ListenIP.
+// device per name, on the shm fabric in cfg.ShmDir, on the socket fabric
+// at cfg.ListenIP, or (auto) on both.
 func NewSoftProvider(cfg Config, log logr.Logger) (urma.Provider, error) {
 	opts := soft.Options{Logger: log.WithName("soft")}
 	for _, name := range cfg.Devices {
 		opts.Devices = append(opts.Devices, soft.DeviceSpec{Name: name})
 	}
+	listen := net.JoinHostPort(cfg.ListenIP.String(), "0")
 	switch cfg.Fabric {
+	case FabricAuto:
+		opts.ShmDir, opts.ShmSocketDir, opts.AlsoSocket, opts.Listen = cfg.ShmDir, cfg.ShmSocketDir, true, listen
 	case FabricShm:
-		opts.ShmDir = cfg.ShmDir
+		opts.ShmDir, opts.ShmSocketDir = cfg.ShmDir, cfg.ShmSocketDir
 	case FabricSocket:
-		opts.Listen = net.JoinHostPort(cfg.ListenIP.String(), "0")
+		opts.Listen = listen
 	default:
-		return nil, fmt.Errorf("fabric %q: want %s or %s", cfg.Fabric, FabricShm, FabricSocket)
+		return nil, fmt.Errorf("fabric %q: want %s, %s or %s", cfg.Fabric, FabricAuto, FabricShm, FabricSocket)
 	}
 	p, err := soft.New(opts)
 	if err != nil {

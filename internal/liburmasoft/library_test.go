@@ -3,6 +3,9 @@ package liburmasoft
 import (
 	"errors"
 	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -570,5 +573,39 @@ func TestStatus(t *testing.T) {
 		if got := Status(tc.err); got != tc.want {
 			t.Errorf("Status(%v) = %d, want %d", tc.err, got, tc.want)
 		}
+	}
+}
+
+// Each fabric's provider: auto puts a device on both, shm EID first.
+func TestNewSoftProvider(t *testing.T) {
+	for _, tc := range []struct {
+		fabric string
+		eids   int
+		shm    bool // the first EID is an shm one
+	}{{FabricAuto, 2, true}, {FabricShm, 1, true}, {FabricSocket, 1, false}} {
+		t.Run(tc.fabric, func(t *testing.T) {
+			dir := t.TempDir()
+			p, err := NewSoftProvider(Config{Fabric: tc.fabric, ShmDir: dir, ShmSocketDir: filepath.Join(dir, "own"),
+				Devices: []string{"soft0", "soft1"}, ListenIP: netip.MustParseAddr("127.0.0.1")}, logr.Discard())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = p.Close() })
+			devs, err := p.Devices()
+			if err != nil || len(devs) != 2 || devs[0].Name != "soft0" || devs[1].Name != "soft1" {
+				t.Fatalf("devices %+v, %v; want soft0 and soft1", devs, err)
+			}
+			if n := len(devs[0].EIDs); n != tc.eids || soft.IsShmEID(devs[0].EIDs[0].EID) != tc.shm {
+				t.Errorf("EIDs %+v, want %d, the first shm %v", devs[0].EIDs, tc.eids, tc.shm)
+			}
+			if tc.shm {
+				if _, err := os.Stat(filepath.Join(dir, "own")); err != nil {
+					t.Errorf("the shm sockets are not in URMA_SHM_SOCKET_DIR: %v", err)
+				}
+			}
+		})
+	}
+	if _, err := NewSoftProvider(Config{Fabric: "rdma"}, logr.Discard()); err == nil {
+		t.Error("an unknown fabric was taken")
 	}
 }

@@ -32,18 +32,18 @@ func pattern(msg, i uint32) byte { return byte(msg*31 + i*7) }
 
 // TestBrpcCallSequence runs brpcflow.c, which drives liburma.so.0 through
 // brpc's UrmaTransport calls in brpc's order, against a Go peer on
-// pkg/urma/soft, on both fabrics: ids exchanged out of band, receives
+// pkg/urma/soft, on each fabric (auto: the C program's shm EID, index 0): ids exchanged out of band, receives
 // posted first, SEND and SEND_IMM both ways with their immediates, events
 // taken from the JFCE fd in epoll edge-triggered, tokens checked per
 // message, the two-phase flush, completion fields, teardown in brpc's
 // order. The C program checks its side and says OK; this test checks the
 // peer's.
 func TestBrpcCallSequence(t *testing.T) {
-	for _, fabric := range []string{"shm", "socket"} {
+	for _, fabric := range []string{"auto", "shm", "socket"} {
 		t.Run(fabric, func(t *testing.T) {
 			dir := t.TempDir()
 			opts := soft.Options{Logger: logr.Discard(), ShmDir: dir}
-			env := []string{"URMA_SHM_DIR=" + dir, "URMA_DEVICE=soft0", "URMA_SOFT_FABRIC=" + fabric}
+			env := []string{"URMA_SHM_DIR=" + dir, "URMA_SHM_SOCKET_DIR=" + dir + "/c", "URMA_DEVICE=soft0", "URMA_SOFT_FABRIC=" + fabric}
 			if fabric == "socket" {
 				opts = soft.Options{Logger: logr.Discard(), Listen: "127.0.0.1:0"}
 				env = append(env, "POD_IP=127.0.0.1")
