@@ -413,14 +413,13 @@ func TestBrpcClient(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		cfg      func(c *Config)
-		tokenful bool // the listener registers its own jetties with a token
 		wantURMA bool
 	}{
-		{"served without a token by default", func(*Config) {}, true, true},
-		{"a NoToken listener", func(c *Config) { c.NoToken = true }, false, true},
-		{"Config.RequireToken", func(c *Config) { c.RequireToken = true }, true, false},
-		{"URMA_REQUIRE_TOKEN", func(c *Config) { c.LookupEnv = envOf(map[string]string{EnvRequireToken: "true"}) }, true, false},
-		{"--urma_require_token", func(c *Config) { c.Flags = &requireByFlag }, true, false},
+		{"served without a token by default", func(*Config) {}, true},
+		{"a NoToken listener", func(c *Config) { c.NoToken = true }, true},
+		{"Config.RequireToken", func(c *Config) { c.RequireToken = true }, false},
+		{"URMA_REQUIRE_TOKEN", func(c *Config) { c.LookupEnv = envOf(map[string]string{EnvRequireToken: "true"}) }, false},
+		{"--urma_require_token", func(c *Config) { c.Flags = &requireByFlag }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := fabricPair(t)
@@ -472,8 +471,8 @@ func TestBrpcClient(t *testing.T) {
 			if b.peer.HasToken {
 				t.Error("the hello to a brpc client names a token it cannot present")
 			}
-			if tc.tokenful && b.peer.SegVA == ln.e.hello.seg.ID().VA {
-				t.Error("the brpc client was given the listener's token-guarded hello page, not one of its own")
+			if uc := c.(*urmaConn); uc.res.token != 0 || uc.res.hello.seg.ID().VA != b.peer.SegVA {
+				t.Errorf("the brpc client was given the hello page at %#x, want its connection's own (%#x), without a token (the jetty's is %#x)", b.peer.SegVA, uc.res.hello.seg.ID().VA, uc.res.token)
 			}
 			// More than a window each way: credits flow by brpc's rules.
 			streamBoth(t, b, c, 4*13*1024)

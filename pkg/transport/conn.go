@@ -27,16 +27,15 @@ import (
 // Order: readMu -> pollMu -> mu; writeMu -> mu. Provider calls never call
 // back, so they may be made under any of them.
 type urmaConn struct {
-	e        *engine
-	res      *jettyRes
-	spec     jettySpec   // what res is: send queue depth, token or none
-	ownHello *helloPage  // the hello page of a connection without the engine's token
-	pool     *bufferPool // the engine's: receives, and sends without ownSend
-	ownSend  *bufferPool // the connection's own send buffers (sendbuffers.go), or nil
-	tcp      net.Conn
-	role     string
-	log      logr.Logger
-	version  int
+	e       *engine
+	res     *jettyRes
+	spec    jettySpec   // what res is: send queue depth, token or none
+	pool    *bufferPool // the engine's: receives, and sends without ownSend
+	ownSend *bufferPool // the connection's own send buffers (sendbuffers.go), or nil
+	tcp     net.Conn
+	role    string
+	log     logr.Logger
+	version int
 	// limitMark is the engine's connLimitRefusals when the handshake
 	// began (peerDeclined).
 	limitMark uint64
@@ -108,9 +107,9 @@ var (
 )
 
 // newURMAConn takes what a connection needs from the engine (a reference,
-// a jetty of spec, its receive buffers, a hello page of its own when it
-// goes without the engine's token) and posts the receives. On failure it
-// gives everything back and says why the connection must use TCP.
+// a jetty of spec with its token and hello page, its receive buffers) and
+// posts the receives. On failure it gives everything back and says why
+// the connection must use TCP.
 func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaConn, *fallback) {
 	if !e.ref() {
 		return nil, fallbackf(ReasonResources, "the transport is shutting down")
@@ -156,14 +155,6 @@ func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaCon
 		}
 		c.ownSend = sb
 	}
-	if spec.tokenless && !e.s.noToken {
-		page, err := e.newHelloPage(true)
-		if err != nil {
-			c.release()
-			return nil, fallbackf(ReasonResources, "%v", err)
-		}
-		c.ownHello = page
-	}
 	c.mu.Lock()
 	var err error
 	for i := range rx {
@@ -179,19 +170,15 @@ func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaCon
 	return c, nil
 }
 
-// localHello describes our side for the peer. The EID is the context's, as
-// brpc advertises it: on a bonding device the jetty's own is a port's. A
-// connection routed over the socket fabric of a device on both fabrics (a
-// server's, which routes before it answers) names the device's socket EID
-// instead, the one the peer reaches; every hello of such a device offers
-// that EID.
+// localHello describes our side for the peer: the connection's jetty, its
+// hello page and its token. The EID is the context's, as brpc advertises
+// it: on a bonding device the jetty's own is a port's. A connection routed
+// over the socket fabric of a device on both fabrics (a server's, which
+// routes before it answers) names the device's socket EID instead, the one
+// the peer reaches; every hello of such a device offers that EID.
 func (c *urmaConn) localHello() handshake.Hello {
 	id := c.res.jetty.ID()
-	page := c.e.hello
-	if c.ownHello != nil {
-		page = c.ownHello
-	}
-	seg := page.seg.ID()
+	seg := c.res.hello.seg.ID()
 	h := handshake.Hello{
 		BufferSize:    uint32(c.e.bufSize),
 		RecvBufferCnt: uint32(c.e.rqSize - 1),
@@ -213,7 +200,7 @@ func (c *urmaConn) localHello() handshake.Hello {
 		h.EID, h.SegEID = c.e.fabric.socketEID, c.e.fabric.socketEID
 	}
 	if !c.spec.tokenless {
-		h.Token, h.HasToken = uint32(c.e.token), true
+		h.Token, h.HasToken = uint32(c.res.token), true
 	}
 	return h
 }

@@ -444,10 +444,5 @@ func (c *urmaConn) release() {
 			c.log.Error(err, "releasing the connection's send buffers")
 		}
 	}
-	if c.ownHello != nil {
-		if err := c.ownHello.close(); err != nil {
-			c.log.Error(err, "releasing the connection's hello page")
-		}
-	}
 	c.e.unref()
 }

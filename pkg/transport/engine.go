@@ -53,8 +53,6 @@ type engine struct {
 	uctx     urma.Context
 	dev      urma.DeviceInfo
 	pool     *bufferPool
-	hello    *helloPage // what peers import before our jetty
-	token    urma.Token
 	jetties  *jettyPool
 	pollers  *pollerGroup
 	sqSize   int
@@ -206,10 +204,7 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 	if err != nil {
 		return fallbackf(ReasonDeviceMissing, "open device %s: %v", dev.Name, err)
 	}
-	if !e.s.noToken {
-		e.token = randomToken()
-	}
-	if err := e.registerMemory(); err != nil {
+	if err := e.registerPool(); err != nil {
 		return fallbackf(ReasonResources, "%v", err)
 	}
 	e.jetties = newJettyPool(e)
@@ -281,17 +276,14 @@ func (e *engine) checkDevice() *fallback {
 // record (flags.JFCSpare, which internal/operator/tuning budgets for too).
 func (e *engine) jfcDepth(sq int) int { return sq + e.rqSize + flags.JFCSpare }
 
-// registerMemory maps and registers the buffer pool (registerPool) and
-// the hello page with the token: what peers import before our jetty, as
-// brpc's handshake demands.
-func (e *engine) registerMemory() error {
-	pool, err := allocPool(e.bufSize, e.s.flags.BufferCount, e.allocPoolMemory, e.registerPool)
+// registerPool maps and registers the buffer pool (registerPoolMemory).
+func (e *engine) registerPool() error {
+	pool, err := allocPool(e.bufSize, e.s.flags.BufferCount, e.allocPoolMemory, e.registerPoolMemory)
 	if err != nil {
 		return fmt.Errorf("buffer pool: %w", err)
 	}
 	e.pool = pool
-	e.hello, err = e.newHelloPage(e.s.noToken)
-	return err
+	return nil
 }
 
 // allocPoolMemory maps the engine pool. The shm fabric hands memory to its
@@ -308,14 +300,18 @@ func (e *engine) allocPoolMemory(size int) (*urma.Memory, error) {
 	return urma.AllocMemory(size)
 }
 
-// registerPool registers the pool local-only when the provider allows it (a
-// SEND lands in posted receives without any remote access right), so that
-// no peer can read what the pool holds for another. urma_pool_remote_read
-// opts in to remote reads: a provider that sends by reference (the shm
-// fabric) then copies each byte once instead of twice.
-func (e *engine) registerPool(mem *urma.Memory) (urma.Segment, error) {
+// registerPoolMemory registers the pool local-only when the provider
+// allows it (a SEND lands in posted receives without any remote access
+// right), so that no peer can read what the pool holds for another.
+// urma_pool_remote_read opts in to remote reads: a provider that sends by
+// reference (the shm fabric) then copies each byte once instead of twice.
+// Remote access always comes with a token of the pool's own that no hello
+// carries: our protocol has no peer access the pool by its token, so none
+// needs it, and on hardware, which checks the token on every access, no
+// peer can reach the pool, which holds every connection's data.
+func (e *engine) registerPoolMemory(mem *urma.Memory) (urma.Segment, error) {
 	if e.s.flags.PoolRemoteRead {
-		seg, err := e.uctx.RegisterSegment(mem, e.remoteSegmentConfig(urma.AccessRead))
+		seg, err := e.uctx.RegisterSegment(mem, secretSegmentConfig(urma.AccessRead))
 		if err != nil {
 			return nil, fmt.Errorf("with remote read (urma_pool_remote_read): %w", err)
 		}
@@ -325,19 +321,14 @@ func (e *engine) registerPool(mem *urma.Memory) (urma.Segment, error) {
 	if err == nil {
 		return seg, nil
 	}
-	e.log.Info("provider refused a local-only registration; registering the pool with remote access and the token", "error", err.Error())
-	return e.uctx.RegisterSegment(mem, e.remoteSegmentConfig(urma.AccessRead|urma.AccessWrite))
+	e.log.Info("provider refused a local-only registration; registering the pool with remote access under a token of its own, which no peer is told", "error", err.Error())
+	return e.uctx.RegisterSegment(mem, secretSegmentConfig(urma.AccessRead|urma.AccessWrite))
 }
 
-func (e *engine) remoteSegmentConfig(a urma.Access) urma.SegmentConfig {
-	return e.segmentConfig(a, e.s.noToken)
-}
-
-func (e *engine) segmentConfig(a urma.Access, tokenless bool) urma.SegmentConfig {
-	if tokenless {
-		return urma.SegmentConfig{Access: a, TokenPolicy: urma.TokenNone}
-	}
-	return urma.SegmentConfig{Access: a, TokenPolicy: urma.TokenPlainText, Token: e.token}
+// secretSegmentConfig is access a under a random token that is never sent:
+// remote access no peer can use.
+func secretSegmentConfig(a urma.Access) urma.SegmentConfig {
+	return urma.SegmentConfig{Access: a, TokenPolicy: urma.TokenPlainText, Token: randomToken()}
 }
 
 // helloAccess is what brpc asks for when it imports the segment a hello
@@ -353,14 +344,19 @@ type helloPage struct {
 	seg urma.Segment
 }
 
-// newHelloPage maps and registers a hello page, with the engine's token or
-// none.
-func (e *engine) newHelloPage(tokenless bool) (*helloPage, error) {
-	mem, err := urma.AllocMemory(os.Getpagesize())
+// newHelloPage maps and registers a jetty's hello page, with the jetty's
+// token, or none when tokenless. The page is private memory: no peer maps
+// it, and it costs no file descriptor.
+func (e *engine) newHelloPage(token urma.Token, tokenless bool) (*helloPage, error) {
+	mem, err := urma.AllocPrivateMemory(os.Getpagesize())
 	if err != nil {
 		return nil, fmt.Errorf("allocate handshake segment: %w", err)
 	}
-	seg, err := e.uctx.RegisterSegment(mem, e.segmentConfig(helloAccess, tokenless))
+	cfg := urma.SegmentConfig{Access: helloAccess, TokenPolicy: urma.TokenPlainText, Token: token}
+	if tokenless {
+		cfg = urma.SegmentConfig{Access: helloAccess, TokenPolicy: urma.TokenNone}
+	}
+	seg, err := e.uctx.RegisterSegment(mem, cfg)
 	if err != nil {
 		_ = mem.Free()
 		return nil, fmt.Errorf("register handshake segment: %w", err)
@@ -389,7 +385,8 @@ func randomToken() urma.Token {
 }
 
 // registeredBytes is what the engine registers, which a hardware provider
-// pins: the buffer pool and the hello page.
+// pins: the buffer pool, and a hello page (one per jetty, which the pool
+// dwarfs).
 func (e *engine) registeredBytes() int64 {
 	return int64(e.bufSize)*int64(e.s.flags.BufferCount) + int64(os.Getpagesize())
 }
@@ -502,11 +499,6 @@ func (e *engine) teardownResources() {
 		e.jetties.drain()
 	}
 	var errs []error
-	if e.hello != nil {
-		step("unregistering the hello page")
-		errs = append(errs, e.hello.close())
-		e.hello = nil
-	}
 	if e.pool != nil {
 		step("unregistering the buffer pool")
 		errs = append(errs, e.pool.unregister(e.log, "the buffer pool"))

@@ -30,6 +30,9 @@ type faultConfig struct {
 	// jettyEID, when set, is the EID jetties report in their ID, as a
 	// bonding device's jetties report a port's EID, not the context's.
 	jettyEID *urma.EID
+	// refuseLocalOnly makes RegisterSegment refuse AccessLocalOnly, as a
+	// provider that cannot register memory without remote access would.
+	refuseLocalOnly bool
 }
 
 // segmentReg is one RegisterSegment call that succeeded.
@@ -46,7 +49,8 @@ type faults struct {
 	live  map[string]int
 	tried map[string]int // Create<verb> calls, failed ones included
 	segs  []segmentReg
-	waits int // JFCE.Wait calls
+	jfrs  []urma.JFRConfig // CreateJFR calls that succeeded
+	waits int              // JFCE.Wait calls
 }
 
 // waitCalls is how many JFCE waits there were: an event loop makes its
@@ -97,6 +101,13 @@ func (f *faults) registrations() []segmentReg {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]segmentReg(nil), f.segs...)
+}
+
+// receiveQueues lists the configurations of the JFRs created so far.
+func (f *faults) receiveQueues() []urma.JFRConfig {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]urma.JFRConfig(nil), f.jfrs...)
 }
 
 // attempts is how many times Create<verb> was called.
@@ -219,6 +230,9 @@ func (c *faultContext) CreateJFR(cfg urma.JFRConfig) (urma.JFR, error) {
 		c.f.destroyed("jfr")
 		return nil, err
 	}
+	c.f.mu.Lock()
+	c.f.jfrs = append(c.f.jfrs, cfg)
+	c.f.mu.Unlock()
 	return &faultJFR{JFR: x, f: c.f}, nil
 }
 
@@ -239,6 +253,9 @@ func (c *faultContext) CreateJetty(cfg urma.JettyConfig) (urma.Jetty, error) {
 }
 
 func (c *faultContext) RegisterSegment(mem *urma.Memory, cfg urma.SegmentConfig) (urma.Segment, error) {
+	if cfg.Access == urma.AccessLocalOnly && c.f.get().refuseLocalOnly {
+		return nil, urma.Errorf("register_seg", urma.CodeInval, "local-only registration refused by the test")
+	}
 	seg, err := c.Context.RegisterSegment(mem, cfg)
 	if err == nil {
 		c.f.mu.Lock()

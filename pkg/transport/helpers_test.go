@@ -38,22 +38,31 @@ func smallFlags() flags.Flags {
 }
 
 // fabricPair returns two providers on one in-process fabric: two "hosts"
-// (or two liburma providers, see testProviderPair).
+// (or two liburma providers, see testProviders).
 func fabricPair(t testing.TB) (urma.Provider, urma.Provider) {
 	t.Helper()
-	if a, b, ok := testProviderPair(t); ok {
-		return a, b
+	ps := fabricOf(t, 2)
+	return ps[0], ps[1]
+}
+
+// fabricOf returns n providers that reach each other: n "hosts" on one
+// in-process fabric (or n liburma providers, see testProviders).
+func fabricOf(t testing.TB, n int) []urma.Provider {
+	t.Helper()
+	if ps, ok := testProviders(t, n); ok {
+		return ps
 	}
 	f := soft.NewFabric()
-	mk := func() urma.Provider {
+	ps := make([]urma.Provider, n)
+	for i := range ps {
 		p, err := soft.New(soft.Options{Fabric: f, Logger: logr.Discard()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = p.Close() })
-		return p
+		ps[i] = p
 	}
-	return mk(), mk()
+	return ps
 }
 
 // cfgWith builds a test Config on provider p with flags f.

@@ -9,12 +9,19 @@ import (
 )
 
 // jettyRes is one connection's queues: completion channel (event mode),
-// completion queue, receive queue, and the jetty sharing it.
+// completion queue, receive queue, and the jetty sharing it; and the
+// token that guards its receive queue and its hello page, drawn for this
+// jetty alone. A jetty serves one connection and is destroyed with it, so
+// its token reaches one peer, in that connection's hello, and no other:
+// a prepared jetty's token is drawn before its connection exists, and
+// nobody learns it until then.
 type jettyRes struct {
 	jfce  urma.JFCE // nil in polling mode
 	jfc   urma.JFC
 	jfr   urma.JFR
 	jetty urma.Jetty
+	token urma.Token // 0 when tokenless
+	hello *helloPage // what the peer imports before the jetty
 }
 
 // jettySpec is what a connection's queues must be. Prepared jetties have
@@ -26,7 +33,7 @@ type jettySpec struct {
 }
 
 // spec is the engine's own jetty spec: the configured send queue depth,
-// and a token unless Config.NoToken.
+// and a token of its own unless Config.NoToken.
 func (e *engine) spec() jettySpec { return jettySpec{sq: e.sqSize, tokenless: e.s.noToken} }
 
 // createJetty builds a jettyRes in liburma's order. On failure it destroys
@@ -59,13 +66,13 @@ func (e *engine) buildJetty(r *jettyRes, spec jettySpec) error {
 		return fmt.Errorf("create JFC of depth %d: %w", depth, err)
 	}
 	r.jfc = jfc
-	policy, token := urma.TokenPlainText, e.token
-	if spec.tokenless {
-		policy, token = urma.TokenNone, 0
+	policy := urma.TokenNone
+	if !spec.tokenless {
+		policy, r.token = urma.TokenPlainText, randomToken()
 	}
 	jfr, err := e.uctx.CreateJFR(urma.JFRConfig{
 		Mode: urma.RM, Depth: uint32(e.rqSize), MaxSGE: 1, JFC: r.jfc, MinRNRTimer: minRNRTimer,
-		TokenPolicy: policy, Token: token,
+		TokenPolicy: policy, Token: r.token,
 	})
 	if err != nil {
 		return fmt.Errorf("create JFR of depth %d: %w", e.rqSize, err)
@@ -79,6 +86,11 @@ func (e *engine) buildJetty(r *jettyRes, spec jettySpec) error {
 		return fmt.Errorf("create jetty of SQ depth %d: %w", spec.sq, err)
 	}
 	r.jetty = jetty
+	hello, err := e.newHelloPage(r.token, spec.tokenless)
+	if err != nil {
+		return err
+	}
+	r.hello = hello
 	return nil
 }
 
@@ -94,6 +106,9 @@ const (
 // destroy tears a jettyRes down in reverse order.
 func (r *jettyRes) destroy() error {
 	var errs []error
+	if r.hello != nil {
+		errs = append(errs, r.hello.close())
+	}
 	if r.jetty != nil {
 		errs = append(errs, r.jetty.Close())
 	}

@@ -18,23 +18,23 @@ import (
 // liburma's ABI too.
 const envTestProvider = "URMA_TEST_PROVIDER"
 
-// testProviderPair returns two liburma providers when envTestProvider asks
-// for them; both sides then open the first device, as two processes of one
-// host would.
-func testProviderPair(t testing.TB) (urma.Provider, urma.Provider, bool) {
+// testProviders returns n liburma providers when envTestProvider asks for
+// them; they all open the first device, as processes of one host would.
+func testProviders(t testing.TB, n int) ([]urma.Provider, bool) {
 	t.Helper()
 	if os.Getenv(envTestProvider) != ProviderLiburma {
-		return nil, nil, false
+		return nil, false
 	}
-	mk := func() urma.Provider {
+	ps := make([]urma.Provider, n)
+	for i := range ps {
 		p, err := liburma.New(liburma.Options{Logger: logr.Discard()})
 		if err != nil {
 			t.Fatalf("%s=%s: %v", envTestProvider, ProviderLiburma, err)
 		}
 		t.Cleanup(func() { _ = p.Close() })
-		return p
+		ps[i] = p
 	}
-	return mk(), mk(), true
+	return ps, true
 }
 
 // testDevice is the device fabricPair's providers open first.
