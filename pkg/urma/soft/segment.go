@@ -55,10 +55,13 @@ func newSegment(c *devContext, mem *urma.Memory, cfg urma.SegmentConfig) (*segme
 		VA:    uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
 		Len:   uint64(len(buf)),
 	}
+	// The id is whole before the context adopts the segment: from then on
+	// a Provider.Close running meanwhile may unregister it (ForceClose).
+	s.id.TokenID = c.dev.addSegment(s)
 	if err := c.adopt(s, op); err != nil {
+		c.dev.removeSegment(s.id.TokenID)
 		return nil, err
 	}
-	s.id.TokenID = c.dev.addSegment(s)
 	return s, nil
 }
 
