@@ -64,6 +64,7 @@ type urmaConn struct {
 	remoteRQWindow int // receives the peer has posted for us
 	creditWRs      int // of the reserved credit WRs, free
 	pendingCredits int // receives reposted, not yet returned to the peer
+	foreignDropped int // messages dropped for their source (dropForeignLocked)
 	creditWR       urma.SendWR
 	direct         directPlacement // conn_place.go
 	recvWR         urma.RecvWR
@@ -267,6 +268,11 @@ func (c *urmaConn) applyPeer(ctx context.Context, h handshake.Hello) *fallback {
 	}
 	c.remoteSeg = seg
 	c.remoteID = urma.JettyID{EID: h.EID, UASID: h.UASID, ID: h.JettyID}
+	if c.direct.p != nil {
+		// A reader's slice takes the peer's messages only: another's
+		// passes it by and is dropped when its receive completes.
+		c.direct.p.From(c.remoteID)
+	}
 	rj, err := c.e.uctx.ImportJetty(ctx, c.remoteID, urma.RM, token)
 	if err != nil {
 		return c.importFailed(fmt.Errorf("import the peer's jetty %s/%d: %w", h.EID, h.JettyID, err))

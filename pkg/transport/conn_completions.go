@@ -149,6 +149,13 @@ func (c *urmaConn) handleBatch(cs []urma.Completion) {
 // whether readers or writers should look again, and any error that breaks
 // the connection.
 func (c *urmaConn) handleLocked(cr *urma.Completion) (readable, writable bool, err error) {
+	// A message from any jetty but the peer's is dropped before anything
+	// in it is believed: another client's, or an old peer's whose jetty
+	// id a new connection reuses, must not deliver bytes, return credits,
+	// end the connection or break it. Two fields of the record decide.
+	if cr.Recv && (cr.RemoteID.ID != c.remoteID.ID || cr.RemoteID.EID != c.remoteID.EID) && carriesMessage(cr.Status) {
+		return false, false, c.dropForeignLocked(cr)
+	}
 	if cr.Status != urma.StatusSuccess {
 		return c.handleErrorLocked(cr)
 	}
@@ -213,6 +220,46 @@ func (c *urmaConn) handleLocked(cr *urma.Completion) (readable, writable bool, e
 	c.counters.MessagesReceived.Inc()
 	return true, writable, nil
 }
+
+// carriesMessage reports whether a receive completed with status holds a
+// message from the fabric, whose source it names: one delivered, or one
+// too large for the receive buffer (LOC_LEN). A flushed receive, or one
+// failed by its own buffer, has no source.
+func carriesMessage(s urma.Status) bool {
+	return s == urma.StatusSuccess || s == urma.StatusLocLen
+}
+
+// dropForeignLocked drops a message whose source is not the peer's jetty:
+// its receive is reposted at once, as if never taken (the peer did not use
+// it, so no credit is owed for it), and it is counted and logged. The
+// receive's slot must be one we posted, as for any receive completion.
+// c.mu is held.
+func (c *urmaConn) dropForeignLocked(cr *urma.Completion) error {
+	slot := int(cr.UserCtx) - 1
+	if slot < 0 || slot >= len(c.rx) || c.rxState[slot] != rxPosted {
+		return fmt.Errorf("receive completion names slot %d, not a posted receive", slot)
+	}
+	c.noteCompletedLocked(int32(slot))
+	c.foreignDropped++
+	c.e.metrics.ForeignMessages(c.role, 1)
+	if c.foreignDropped <= foreignLogLimit {
+		// At a debug level, and a few per connection: the sender chooses
+		// how many there are.
+		c.log.V(1).Info("dropped a message from a jetty that is not the connection's peer",
+			"fromEID", cr.RemoteID.EID.String(), "fromJetty", cr.RemoteID.ID,
+			"peerEID", c.remoteID.EID.String(), "peerJetty", c.remoteID.ID,
+			"status", cr.Status.String(), "bytes", cr.CompletionLen, "dropped", c.foreignDropped,
+			"more", c.foreignDropped == foreignLogLimit)
+	}
+	if err := c.postRecvLocked(int32(slot)); err != nil {
+		return fmt.Errorf("repost receive: %w", err)
+	}
+	return nil
+}
+
+// foreignLogLimit is how many dropped foreign messages a connection logs;
+// the metric counts them all.
+const foreignLogLimit = 8
 
 // handleCloseMarkerLocked takes the peer's close marker: everything it
 // sent came before (RM delivers in order), so the stream ends cleanly here.

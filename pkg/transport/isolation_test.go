@@ -5,13 +5,16 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
 // The attacks of issue 40 on the transport: a third party that completed a
@@ -81,6 +84,7 @@ func TestForeignJettyCannotReachAConnection(t *testing.T) {
 		noToken bool
 	}{
 		{"a token per connection", false},
+		{"no tokens: the source check", true},
 	} {
 		for _, attack := range foreignAttacks {
 			t.Run(mode.name+"/"+attack.name, func(t *testing.T) {
@@ -161,7 +165,7 @@ func TestForeignJettyCannotReachAConnection(t *testing.T) {
 // connection.
 func TestOldPeerCannotReachANewConnection(t *testing.T) {
 	checkNoLeaks(t)
-	for _, noToken := range []bool{false} {
+	for _, noToken := range []bool{false, true} {
 		t.Run(fmt.Sprintf("NoToken=%v", noToken), func(t *testing.T) {
 			ps := fabricOf(t, 3)
 			reg := prometheus.NewRegistry()
@@ -366,5 +370,65 @@ func TestTokenPerConnection(t *testing.T) {
 	}
 	if st := peers[0].injectInto(conns[1].Debug().LocalJetty, urma.Token(a.Token), urma.OpSend, []byte(injected), 0); st != urma.StatusRemAccessAbort {
 		t.Errorf("client 0's send with its token to client 1's connection completed with %s, want %s", st, urma.StatusRemAccessAbort)
+	}
+}
+
+// TestForeignMessageNeverPlacedInARead: a Read that waits offers its slice
+// to the software provider for the next message (urma_read_direct), which
+// then copies that message straight into it and completes the read before
+// the receive's completion, which names the source, is handled. A
+// foreign message must pass the offer by (Placement.From): the reader
+// returns only its peer's bytes.
+func TestForeignMessageNeverPlacedInARead(t *testing.T) {
+	checkNoLeaks(t)
+	ps := make([]urma.Provider, 3)
+	for i := range ps {
+		p, err := soft.New(soft.Options{Listen: "127.0.0.1:0", Logger: logr.Discard()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		ps[i] = p
+	}
+	reg := prometheus.NewRegistry()
+	scfg := cfgWith(ps[0], smallFlags())
+	scfg.Registerer, scfg.NoToken = reg, true // the message reaches the jetty
+	ln, d := listenAndDialer(t, scfg, cfgWith(ps[1], smallFlags()))
+	victim := dialAccept(t, ln, d)
+	requireURMA(t, "victim", victim.client, victim.server)
+	attacker := newOurRawPeer(t, ps[2], ln.Addr().String())
+	ac, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ac.Close() })
+
+	type read struct {
+		b   []byte
+		err error
+	}
+	got := make(chan read, 1)
+	go func() {
+		buf := make([]byte, 64<<10) // room to offer: urma_zerocopy_min_size and more
+		_ = victim.server.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := victim.server.Read(buf)
+		got <- read{buf[:n], err}
+	}()
+	uc := victim.server.(*urmaConn)
+	waitFor(t, "the victim's read to wait with its slice offered", 10*time.Second, func() bool { return uc.readSleeps.Load() > 0 })
+	payload := []byte(strings.Repeat(injected, 30))[:800] // above urma_zerocopy_min_size, within a buffer
+	if st := attacker.injectInto(victim.server.Debug().LocalJetty, 0, urma.OpSend, payload, 0); st != urma.StatusSuccess {
+		t.Fatalf("the attacker's send completed with %s; the test needs it delivered", st)
+	}
+	legit := "legit bytes from the victim's client"
+	if _, err := victim.client.Write([]byte(legit)); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil || string(r.b) != legit {
+		t.Fatalf("the victim's read returned %q, %v; want only its client's %q", r.b, r.err, legit)
+	}
+	if v := counterValue(t, reg, "urma_transport_foreign_messages_total", map[string]string{"role": "server"}); v != 1 {
+		t.Errorf("urma_transport_foreign_messages_total = %v, want 1", v)
 	}
 }

@@ -24,8 +24,17 @@ import (
 //
 // Before the reader returns, and so gives up its memory, it must Withdraw
 // or, if that fails, Wait: the provider may be copying into it until then.
+//
+// A consumer that serves one peer restricts the placement to that peer's
+// jetty (From): a message from any other passes it by, so a reader's memory
+// only ever holds its peer's bytes, and the consumer, which drops a foreign
+// message on its completion, never has to take one back from a reader.
 type Placement struct {
 	dst []byte // read by a provider only once it claimed p
+	// from and fromSet restrict p to one source jetty; set before p is
+	// first offered, read by providers after (the offer orders them).
+	from    JettyID
+	fromSet bool
 	// userCtx and size are the arming's, atomic because a provider binding
 	// an old arming may read them while the reader arms anew.
 	userCtx atomic.Uint64
@@ -54,6 +63,17 @@ const waitSpins = 1000
 func NewPlacement() *Placement { return &Placement{done: make(chan struct{}, 1)} }
 
 func (p *Placement) stage() uint64 { return p.state.Load() & 0xff }
+
+// From restricts p to messages from the jetty src: a message from any other
+// passes p by. Jetties are compared by EID and id; the uasid, which
+// hardware leaves unfilled in completions, is not compared. Call it before
+// p is first offered.
+func (p *Placement) From(src JettyID) { p.from, p.fromSet = src, true }
+
+// admits reports whether a message from src may be placed in p.
+func (p *Placement) admits(src JettyID) bool {
+	return !p.fromSet || (src.ID == p.from.ID && src.EID == p.from.EID)
+}
 
 // Arm readies p for the message that lands in the receive posted with
 // userCtx, to be copied into dst. p must not be offered: new, withdrawn or
@@ -163,15 +183,16 @@ type PlacementTicket struct {
 // Offered reports whether the ticket holds an offer, claimed or not.
 func (t PlacementTicket) Offered() bool { return t.p != nil }
 
-// Claim takes the placement for a message of length bytes and returns
-// where to copy it; the caller must Settle. It misses, and returns false,
-// when the message is empty or does not fit, or the reader withdrew.
-func (t PlacementTicket) Claim(length int) ([]byte, bool) {
+// Claim takes the placement for a message of length bytes from the jetty
+// src and returns where to copy it; the caller must Settle. It misses, and
+// returns false, when the message is empty or does not fit, comes from a
+// jetty the placement does not admit (From), or the reader withdrew.
+func (t PlacementTicket) Claim(length int, src JettyID) ([]byte, bool) {
 	if t.p == nil {
 		return nil, false
 	}
 	armed := t.gen<<32 | placeArmed
-	if length <= 0 || length > t.size {
+	if length <= 0 || length > t.size || !t.p.admits(src) {
 		t.p.state.CompareAndSwap(armed, t.gen<<32|placeMissed)
 		return nil, false
 	}

@@ -39,12 +39,12 @@ func TestPlacement(t *testing.T) {
 				if !p.Withdraw() || p.Pending() {
 					t.Fatal("Withdraw of an unclaimed offer failed, or left it pending")
 				}
-				if _, ok := tk.Claim(tc.length); ok {
+				if _, ok := tk.Claim(tc.length, JettyID{}); ok {
 					t.Fatal("claimed a withdrawn offer")
 				}
 				return
 			}
-			into, claimed := tk.Claim(tc.length)
+			into, claimed := tk.Claim(tc.length, JettyID{})
 			if claimed != tc.wantClaim {
 				t.Fatalf("claimed %v, want %v", claimed, tc.wantClaim)
 			}
@@ -94,11 +94,53 @@ func TestPlacementStaleTicket(t *testing.T) {
 	if !p.Armed() {
 		t.Fatal("an old ticket's Miss passed the new offer by")
 	}
-	if _, ok := old.Claim(4); ok {
+	if _, ok := old.Claim(4, JettyID{}); ok {
 		t.Fatal("an old ticket claimed the new offer")
 	}
-	if _, ok := p.Bind(1).Claim(4); !ok {
+	if _, ok := p.Bind(1).Claim(4, JettyID{}); !ok {
 		t.Fatal("the new offer could not be claimed")
+	}
+}
+
+// A placement restricted to one jetty (From) takes only that jetty's
+// messages: one from another jetty, of another device or of the same
+// device, passes it by, so the reader's memory never holds it; the uasid,
+// which hardware leaves unfilled, does not count.
+func TestPlacementFrom(t *testing.T) {
+	peer := JettyID{EID: EID{0xfd, 15: 1}, UASID: 7, ID: 3}
+	for _, tc := range []struct {
+		name  string
+		src   JettyID
+		claim bool
+	}{
+		{"the peer", peer, true},
+		{"the peer, uasid unfilled", JettyID{EID: peer.EID, ID: peer.ID}, true},
+		{"another jetty of the peer's device", JettyID{EID: peer.EID, UASID: 7, ID: 4}, false},
+		{"the same id on another device", JettyID{EID: EID{0xfd, 15: 2}, UASID: 7, ID: 3}, false},
+		{"no source", JettyID{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewPlacement()
+			p.From(peer)
+			dst := make([]byte, 8)
+			p.Arm(dst, 1)
+			tk := p.Bind(1)
+			into, ok := tk.Claim(4, tc.src)
+			if ok != tc.claim {
+				t.Fatalf("claimed %v for a message from %+v, want %v", ok, tc.src, tc.claim)
+			}
+			if !ok {
+				if p.Armed() || p.Pending() || p.Placed() {
+					t.Fatal("a message passed by left the offer armed, pending or placed")
+				}
+				return
+			}
+			copy(into, "data")
+			tk.Settle(4, true)
+			if n, placed := p.Wait(); !placed || n != 4 || string(dst[:4]) != "data" {
+				t.Fatalf("Wait: %d, %v, %q", n, placed, dst[:4])
+			}
+		})
 	}
 }
 
@@ -106,12 +148,12 @@ func TestPlacementStaleTicket(t *testing.T) {
 // ticket that claims nothing.
 func TestPlacementBindUnarmed(t *testing.T) {
 	p := NewPlacement()
-	if _, ok := p.Bind(0).Claim(1); ok {
+	if _, ok := p.Bind(0).Claim(1, JettyID{}); ok {
 		t.Fatal("claimed an idle placement")
 	}
 	p.Arm(make([]byte, 8), 3)
 	p.Bind(4) // passed by
-	if _, ok := p.Bind(3).Claim(1); ok {
+	if _, ok := p.Bind(3).Claim(1, JettyID{}); ok {
 		t.Fatal("claimed a placement another message passed by")
 	}
 	var zero PlacementTicket
@@ -123,7 +165,7 @@ func TestPlacementBindUnarmed(t *testing.T) {
 		t.Fatal("a ticket bound to an armed offer holds none")
 	}
 	zero.Miss() // the zero ticket is inert
-	if _, ok := zero.Claim(1); ok {
+	if _, ok := zero.Claim(1, JettyID{}); ok {
 		t.Fatal("the zero ticket claimed")
 	}
 }
@@ -153,7 +195,7 @@ func TestPlacementIdle(t *testing.T) {
 			if tc.bindCtx != 0 {
 				tk := p.Bind(tc.bindCtx)
 				if tc.claim {
-					if _, ok := tk.Claim(4); !ok {
+					if _, ok := tk.Claim(4, JettyID{}); !ok {
 						t.Fatal("claim failed")
 					}
 				}
@@ -170,7 +212,7 @@ func TestPlacementIdle(t *testing.T) {
 					t.Fatal("an idled placement still reports an outcome or an offer")
 				}
 				p.Arm(make([]byte, 8), 3)
-				if _, ok := p.Bind(3).Claim(4); !ok {
+				if _, ok := p.Bind(3).Claim(4, JettyID{}); !ok {
 					t.Fatal("an idled placement could not be armed and claimed again")
 				}
 				return

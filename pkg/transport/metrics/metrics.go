@@ -40,6 +40,7 @@ type Metrics struct {
 	messages       *prometheus.CounterVec
 	windowStalls   *prometheus.CounterVec
 	protocolErrors prometheus.Counter
+	foreign        *prometheus.CounterVec
 	tokenless      *prometheus.CounterVec
 	handshake      *prometheus.HistogramVec
 	resources      *resourceCollector
@@ -80,6 +81,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "protocol_errors_total",
 			Help: "Connections closed because the peer broke the data-plane protocol (bad credit, bad completion).",
 		}),
+		foreign: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "foreign_messages_total",
+			Help: "URMA messages a connection dropped, by role, because they came from a jetty other than its peer's: another client's, or one whose connection ended.",
+		}, []string{"role"}),
 		tokenless: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "tokenless_connections_total",
 			Help: "URMA connections whose jetty takes messages without a token: peers that cannot present one (brpc), or Config.NoToken.",
@@ -116,7 +121,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.connsOpen, m.connsTotal, m.fallbacks, m.bytes, m.messages, m.windowStalls,
-		m.protocolErrors, m.tokenless, m.handshake, m.resources, m.fabricConns,
+		m.protocolErrors, m.foreign, m.tokenless, m.handshake, m.resources, m.fabricConns,
 	}
 }
 
@@ -154,6 +159,8 @@ func (m *Metrics) adopt(c, existing prometheus.Collector) error {
 		swap(&m.windowStalls)
 	case m.protocolErrors:
 		swap(&m.protocolErrors)
+	case m.foreign:
+		swap(&m.foreign)
 	case m.tokenless:
 		swap(&m.tokenless)
 	case m.handshake:
@@ -217,6 +224,15 @@ func (m *Metrics) TokenlessConn(role string) {
 		return
 	}
 	m.tokenless.WithLabelValues(role).Inc()
+}
+
+// ForeignMessages counts n messages a connection of role dropped because
+// they did not come from its peer's jetty.
+func (m *Metrics) ForeignMessages(role string, n int) {
+	if m == nil {
+		return
+	}
+	m.foreign.WithLabelValues(role).Add(float64(n))
 }
 
 // ProtocolError counts a connection closed for a protocol violation.

@@ -24,6 +24,8 @@ func TestCountersAndGauges(t *testing.T) {
 	m.Fallback("jetty_budget_exhausted", RoleServer)
 	m.Handshake(ResultURMA, RoleClient, 0.002)
 	m.ProtocolError()
+	m.ForeignMessages(RoleServer, 2)
+	m.ForeignMessages(RoleServer, 1)
 	m.TokenlessConn(RoleServer)
 	d := m.Data(ModeURMA)
 	d.BytesSent.Add(100)
@@ -44,6 +46,7 @@ func TestCountersAndGauges(t *testing.T) {
 		{"messages sent", testutil.ToFloat64(m.messages.WithLabelValues(DirSent)), 1},
 		{"remote rq stalls", testutil.ToFloat64(m.windowStalls.WithLabelValues(WindowRemoteRQ)), 1},
 		{"protocol errors", testutil.ToFloat64(m.protocolErrors), 1},
+		{"foreign messages dropped by servers", testutil.ToFloat64(m.foreign.WithLabelValues(RoleServer)), 3},
 		{"tokenless server conns", testutil.ToFloat64(m.tokenless.WithLabelValues(RoleServer)), 1},
 		{"shm client conns", testutil.ToFloat64(m.fabricConns.WithLabelValues("shm", RoleClient)), 1},
 	}
@@ -294,6 +297,7 @@ func TestNilMetricsRecordNothing(t *testing.T) {
 	m.Fallback("x", RoleClient)
 	m.Handshake(ResultError, RoleServer, 1)
 	m.ProtocolError()
+	m.ForeignMessages(RoleClient, 1)
 	m.TokenlessConn(RoleServer)
 	if b, n := m.Memlock(1); b != 0 || n != 0 {
 		t.Errorf("nil Metrics: Memlock = %d, %d; want 0, 0", b, n)

@@ -874,7 +874,7 @@ func (c *conn) place(h *sendHeader, p payload, refused bool) error {
 		}
 		t.place = tj.jfr.awaitOffer(t.userCtx, c.offerTimer)
 	}
-	if dst, ok := t.place.Claim(int(h.length)); ok {
+	if dst, ok := t.place.Claim(int(h.length), meta.remote); ok {
 		// A reader waits for this message with room for it: copy it
 		// there, not into the receive buffer it would copy it out of.
 		err := p.read(dst)

@@ -131,7 +131,7 @@ func lastOfferPlaced(t *testing.T, r *jfr) {
 	last := urma.NewPlacement()
 	last.Arm(make([]byte, 1), 42)
 	tk := last.Bind(42)
-	if _, ok := tk.Claim(1); !ok {
+	if _, ok := tk.Claim(1, urma.JettyID{}); !ok {
 		t.Fatal("could not claim the last offer")
 	}
 	tk.Settle(1, true)
