@@ -269,6 +269,43 @@ func (e *engine) shmPath(h handshake.Hello) *fallback {
 	return nil
 }
 
+// checkClientAddress says why a server will not import, over the socket
+// fabric, the device a client's hello names; nil when it may, and when the
+// connection does not go over the socket fabric (routeTo). A socket-fabric
+// EID encodes the IPv4 address and port its device listens on, and
+// importing the segment and jetty connects there: a client that could name
+// any address would make the server connect wherever it likes. So the EIDs
+// the server would import (the hello's, or the socket EID it offers for
+// other hosts) must name the address the client's connection comes from
+// (remote); the port cannot be checked.
+func (e *engine) checkClientAddress(h handshake.Hello, remote net.Addr) *fallback {
+	route, fb := e.routeTo(h)
+	if fb != nil || route.fabric != FabricSocket {
+		return nil // routeTo's fallback, if any, comes when the peer is applied
+	}
+	named := []struct {
+		what string
+		eid  urma.EID
+	}{{"jetty", h.EID}, {"segment", h.SegEID}}
+	if !route.eid.IsZero() {
+		named = named[:1]
+		named[0].what, named[0].eid = "device's socket side", route.eid
+	}
+	from, err := netip.ParseAddrPort(remote.String())
+	if err != nil {
+		return fallbackf(ReasonPeerAddress, "cannot tell the address of the client's connection (%s), which is the only one the server connects to on the socket fabric: %v", remote, err)
+	}
+	for _, n := range named {
+		ap, ok := soft.SocketAddr(n.eid)
+		if ok && ap.Addr() != from.Addr().Unmap() {
+			return fallbackf(ReasonPeerAddress,
+				"the client's hello names its %s on a socket-fabric device at %s, but the client connects from %s: the server connects only to the address a client connects from",
+				n.what, ap, from.Addr().Unmap())
+		}
+	}
+	return nil
+}
+
 // fabricName names the fabric a connection of this engine runs on by
 // default, for Debug and metrics: shm or socket for the software provider
 // the engine made, else the provider's name. A connection's own route

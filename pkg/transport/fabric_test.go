@@ -2,6 +2,8 @@ package transport
 
 import (
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
+	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
@@ -264,4 +267,63 @@ func TestShmFabricUnavailable(t *testing.T) {
 		t.Fatalf("client fallback %q", got)
 	}
 	exchange(t, p.client, p.server, "TCP without a fast path")
+}
+
+// TestCheckClientAddress: a server imports over the socket fabric only
+// devices at the address its client connects from (the port cannot be
+// checked): the hello's EIDs on a socket engine, or the socket EID a
+// client on another host offers to an auto engine on both fabrics. Any
+// other EID is not an address it connects to, and a connection that does
+// not go over the socket fabric checks nothing.
+func TestCheckClientAddress(t *testing.T) {
+	at := func(s string) urma.EID {
+		e, err := soft.SocketEID(netip.MustParseAddrPort(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	client := &net.TCPAddr{IP: net.ParseIP("10.0.0.7"), Port: 40000}
+	mapped := &net.TCPAddr{IP: net.ParseIP("::ffff:10.0.0.7"), Port: 40000}
+	shm, err := soft.ShmEID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	here, there := [handshake.BootIDLen]byte{1}, [handshake.BootIDLen]byte{2}
+	socketOnly := fabricState{name: FabricSocket, bootID: here}
+	both := fabricState{name: FabricShm, bootID: here, socketEID: at("10.0.0.1:7000")}
+	fromThere := func(offered urma.EID) handshake.Hello {
+		return handshake.Hello{EID: shm, SegEID: shm, BootID: there, SocketEID: offered}
+	}
+	tests := []struct {
+		name        string
+		fabric      fabricState
+		hello       handshake.Hello
+		remote      net.Addr
+		wantRefusal string // in the detail; "" when allowed
+	}{
+		{"the client's own address", socketOnly, handshake.Hello{EID: at("10.0.0.7:5000"), SegEID: at("10.0.0.7:5000")}, client, ""},
+		{"the client's address, another port", socketOnly, handshake.Hello{EID: at("10.0.0.7:5001"), SegEID: at("10.0.0.7:6000")}, client, ""},
+		{"an IPv4-mapped connection", socketOnly, handshake.Hello{EID: at("10.0.0.7:5000"), SegEID: at("10.0.0.7:5000")}, mapped, ""},
+		{"the jetty elsewhere", socketOnly, handshake.Hello{EID: at("10.0.0.8:5000"), SegEID: at("10.0.0.7:5000")}, client, "its jetty on a socket-fabric device at 10.0.0.8:5000, but the client connects from 10.0.0.7"},
+		{"the segment elsewhere", socketOnly, handshake.Hello{EID: at("10.0.0.7:5000"), SegEID: at("127.0.0.1:22")}, client, "its segment on a socket-fabric device at 127.0.0.1:22"},
+		{"an shm device (no_fast_path later)", socketOnly, handshake.Hello{EID: shm, SegEID: shm}, client, ""},
+		{"auto: another host's socket side at its address", both, fromThere(at("10.0.0.7:9000")), client, ""},
+		{"auto: another host's socket side elsewhere", both, fromThere(at("10.0.0.9:9000")), client, "its device's socket side on a socket-fabric device at 10.0.0.9:9000"},
+		{"auto: another host's socket device elsewhere", both, handshake.Hello{EID: at("10.0.0.9:9000"), SegEID: at("10.0.0.9:9000"), BootID: there}, client, "its jetty on a socket-fabric device at 10.0.0.9:9000"},
+		{"auto: no boot id (no_fast_path later)", both, handshake.Hello{EID: at("10.0.0.9:9000"), SegEID: at("10.0.0.9:9000")}, client, ""},
+		{"no address to compare", socketOnly, handshake.Hello{EID: at("10.0.0.7:5000"), SegEID: at("10.0.0.7:5000")}, &net.UnixAddr{Name: "@x", Net: "unix"}, "cannot tell the address of the client's connection"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &engine{fabric: tc.fabric}
+			fb := e.checkClientAddress(tc.hello, tc.remote)
+			switch {
+			case tc.wantRefusal == "" && fb != nil:
+				t.Fatalf("refused: %s", fb)
+			case tc.wantRefusal != "" && (fb == nil || fb.reason != ReasonPeerAddress || !strings.Contains(fb.detail, tc.wantRefusal)):
+				t.Fatalf("got %v, want %s saying %q", fb, ReasonPeerAddress, tc.wantRefusal)
+			}
+		})
+	}
 }

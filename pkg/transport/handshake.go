@@ -447,6 +447,10 @@ func (s *serverSide) decide(ctx context.Context, helloErr error) {
 		s.why = e.unavailable()
 		return
 	}
+	if fb := e.checkClientAddress(s.hello, s.tcp.RemoteAddr()); fb != nil {
+		s.why = fb
+		return
+	}
 	spec, fb := e.specFor(s.hello)
 	if fb != nil {
 		s.why = fb

@@ -2,9 +2,11 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -255,6 +257,81 @@ func bringUp(t *testing.T, d *Dialer) {
 		prepared, _ := d.e.jetties.stats()
 		return prepared == d.e.jetties.target
 	})
+}
+
+// TestSocketFabricDialsOnlyTheClientsAddress is attack 7b of issue 40: on
+// the socket fabric a device's EID encodes the IPv4 address and port it
+// listens on, and importing the segment and jetty a client's hello names
+// makes the server connect there. A client whose hello names a device at
+// an address other than the one its connection comes from must not make
+// the server connect anywhere: the server falls back
+// (peer_address_mismatch) and a bystander at that address sees nothing.
+func TestSocketFabricDialsOnlyTheClientsAddress(t *testing.T) {
+	checkNoLeaks(t)
+	bystander, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan int, 1)
+	go func() {
+		n := 0
+		for {
+			c, err := bystander.Accept()
+			if err != nil {
+				accepted <- n
+				return
+			}
+			n++
+			_ = c.Close() // the server's import fails at once instead of waiting
+		}
+	}()
+	cfg := fabricCfg(FabricSocket, t.TempDir(), nil)
+	ln := listenLoopback(t, cfg)
+	if reason := ln.FallbackReason(); reason != "" {
+		t.Fatalf("the listener cannot use the socket fabric: %s", reason)
+	}
+	elsewhere, err := soft.SocketEID(netip.MustParseAddrPort(bystander.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello := handshake.Hello{
+		BufferSize: rawBuf, RecvBufferCnt: 15, JettyID: 1, EID: elsewhere, TPType: handshake.TPCTP,
+		SegEID: elsewhere, SegVA: 0x10000, SegLen: rawBuf, SegTokenID: 1,
+		SQSize: 16, Token: 1, HasToken: true, CloseMarker: true,
+	}
+	tcp, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	_ = tcp.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := tcp.Write(handshake.AppendV2(nil, hello)); err != nil {
+		t.Fatal(err)
+	}
+	magic := make([]byte, handshake.MagicLen)
+	if _, err := io.ReadFull(tcp, magic); err != nil {
+		t.Fatal(err)
+	}
+	reply, _, err := handshake.ReadHello(tcp, magic)
+	if !errors.Is(err, handshake.ErrInvalidHello) || !handshake.IsFallback(reply) {
+		t.Errorf("the server answered %+v, %v; want its fallback hello", reply, err)
+	}
+	if _, err := tcp.Write(handshake.AppendAck(nil, false)); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = bystander.Close()
+	if n := <-accepted; n != 0 {
+		t.Errorf("the server connected %d time(s) to %s, the address the client's hello named, not the one it connects from", n, bystander.Addr())
+	}
+	reason := c.(Conn).FallbackReason()
+	if !strings.HasPrefix(reason, string(ReasonPeerAddress)) || !strings.Contains(reason, bystander.Addr().String()) || !strings.Contains(reason, "127.0.0.1") {
+		t.Errorf("fallback %q, want peer_address_mismatch naming %s and the client's address 127.0.0.1", reason, bystander.Addr())
+	}
 }
 
 // TestPoolTokenNeverSent is attack 7a of issue 40: a provider that refuses

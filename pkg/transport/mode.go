@@ -68,6 +68,11 @@ const (
 	// socket fabric), and its socket fabric would be slower than plain TCP
 	// (urma_soft_fabric=auto or shm).
 	ReasonNoFastPath Reason = "no_fast_path"
+	// ReasonPeerAddress: on the socket fabric, the client's hello names a
+	// device (its EID encodes an IPv4 address and port) at another address
+	// than the one its connection comes from; the server connects only to
+	// a client's own address.
+	ReasonPeerAddress Reason = "peer_address_mismatch"
 	// ReasonTokenMismatch: the two ends disagree on tokens, so the first
 	// SEND would be refused: a brpc server (no token, no extension) dialed
 	// with a token (dial with Config.NoToken), or a brpc client refused by
