@@ -142,6 +142,15 @@ func TestBufferOutlivesTransport(t *testing.T) {
 	_ = p.server.Close()
 	_ = d.Close()
 	_ = ln.Close()
+	// The last reference may be the bring-up goroutine's, which drops it
+	// just after the engine is up: wait for the teardown wherever it runs.
+	for _, e := range []*engine{d.e, ln.e} {
+		select {
+		case <-e.released:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the %s's engine was not torn down", e.role)
+		}
+	}
 
 	// Both buffers are still mapped: read and write them.
 	if !bytes.Equal(received.Bytes(), msg) {
