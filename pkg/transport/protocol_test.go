@@ -19,7 +19,7 @@ import (
 // the handshake codec, that can break the data-plane rules on purpose (and
 // stands in for a brpc peer: no token, no extension).
 type rawPeer struct {
-	t       *testing.T
+	t       testing.TB
 	ctx     urma.Context
 	jfc     urma.JFC
 	jfr     urma.JFR
@@ -84,14 +84,14 @@ func newOurRawPeer(t *testing.T, prov urma.Provider, addr string) *rawPeer {
 
 // newRawQueues opens a context on prov and creates the peer's queues and
 // memory, its 16 receives posted; no connection yet.
-func newRawQueues(t *testing.T, prov urma.Provider) *rawPeer {
+func newRawQueues(t testing.TB, prov urma.Provider) *rawPeer {
 	t.Helper()
 	return newRawQueuesPosting(t, prov, 16)
 }
 
 // newRawQueuesPosting is newRawQueues with posted of the 16 receives
 // posted: a peer that posts none never takes a SEND (RNR, forever).
-func newRawQueuesPosting(t *testing.T, prov urma.Provider, posted int) *rawPeer {
+func newRawQueuesPosting(t testing.TB, prov urma.Provider, posted int) *rawPeer {
 	t.Helper()
 	must := func(err error) {
 		t.Helper()

@@ -2,6 +2,7 @@ package handshake
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"testing"
 )
@@ -85,8 +86,38 @@ func FuzzReadHello(f *testing.F) {
 				t.Fatalf("ReadHello accepted an invalid hello: %v", verr)
 			}
 		}
-		if r.Len() > len(stream) {
-			t.Fatal("reader grew")
+		read := len(stream) - MagicLen - r.Len()
+		if want, ok := helloLen(stream); ok {
+			// The hello says how long it is, and the stream holds it all:
+			// exactly that is read, valid or not, so the ACK after it is
+			// read in step.
+			if read != want {
+				t.Fatalf("read %d bytes of a hello that says it has %d (%v)", read, want, err)
+			}
+		} else if read > 4+V3MaxBodyLen {
+			t.Fatalf("read %d bytes, more than any hello holds", read)
 		}
 	})
+}
+
+// helloLen is how many bytes after the magic the hello at the start of
+// stream says it has, when it says so within the bounds and the stream
+// holds them all.
+func helloLen(stream []byte) (int, bool) {
+	rest := stream[MagicLen:]
+	switch string(stream[:MagicLen]) {
+	case MagicV2:
+		if len(rest) < 2 {
+			return 0, false
+		}
+		n := int(binary.BigEndian.Uint16(rest)) - MagicLen
+		return n, n >= V2BodyLen && n <= V2MaxMsgLen-MagicLen && len(rest) >= n
+	case MagicV3:
+		if len(rest) < 4 {
+			return 0, false
+		}
+		n := binary.BigEndian.Uint32(rest)
+		return 4 + int(n), n >= 1 && n <= V3MaxBodyLen && len(rest) >= 4+int(n)
+	}
+	return 0, false
 }
