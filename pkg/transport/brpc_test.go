@@ -39,6 +39,10 @@ type brpcPeer struct {
 	rseg   urma.RemoteSegment
 	tcp    net.Conn
 	peer   handshake.Hello // the other side's hello
+	// presents makes the peer one that sends the token it is given: its
+	// hello carries our extension (its SQ depth), and it imports the
+	// other side's jetty and segment with the token of that side's hello.
+	presents bool
 
 	// brpc's windows (ApplyRemoteHello) and credit state (SendAck).
 	remoteBlock          int
@@ -98,26 +102,35 @@ func (b *brpcPeer) postRecv(slot int) error {
 // segment, no extension.
 func (b *brpcPeer) hello() handshake.Hello {
 	id, sid := b.jetty.ID(), b.seg.ID()
-	return handshake.Hello{
+	h := handshake.Hello{
 		BufferSize: brpcBlock, RecvBufferCnt: uint32(b.rq - 1), JettyID: id.ID, EID: b.ctx.EID(), UASID: id.UASID,
 		TPType: handshake.TPCTP, SegEID: sid.EID, SegUASID: sid.UASID, SegVA: sid.VA, SegLen: sid.Len, SegTokenID: sid.TokenID,
 	}
+	if b.presents {
+		h.SQSize = uint32(b.sq)
+	}
+	return h
 }
 
 // importPeer is brpc's ApplyRemoteHello and ImportPeer: windows from the
-// peer's hello, its segment then its jetty, with no token.
+// peer's hello, its segment then its jetty, with no token (or, presenting,
+// the token of that hello).
 func (b *brpcPeer) importPeer(h handshake.Hello) error {
 	b.peer = h
 	b.remoteBlock = int(h.BufferSize)
 	b.localCap = min(b.sq, int(h.RecvBufferCnt)+1) - creditWRs
 	b.remoteCap = b.rq - creditWRs
 	b.immWin, b.sqWin, b.rqWin = creditWRs, b.localCap, b.localCap
-	rseg, err := b.ctx.ImportSegment(urma.SegmentID{EID: h.SegEID, UASID: h.SegUASID, VA: h.SegVA, Len: h.SegLen, TokenID: h.SegTokenID}, 0)
+	token := urma.Token(0)
+	if b.presents && h.HasToken {
+		token = urma.Token(h.Token)
+	}
+	rseg, err := b.ctx.ImportSegment(urma.SegmentID{EID: h.SegEID, UASID: h.SegUASID, VA: h.SegVA, Len: h.SegLen, TokenID: h.SegTokenID}, token)
 	if err != nil {
 		return fmt.Errorf("import segment: %w", err)
 	}
 	b.rseg = rseg
-	target, err := b.ctx.ImportJetty(context.Background(), urma.JettyID{EID: h.EID, UASID: h.UASID, ID: h.JettyID}, urma.RM, 0)
+	target, err := b.ctx.ImportJetty(context.Background(), urma.JettyID{EID: h.EID, UASID: h.UASID, ID: h.JettyID}, urma.RM, token)
 	if err != nil {
 		return fmt.Errorf("import jetty: %w", err)
 	}
@@ -405,7 +418,8 @@ func streamBoth(t *testing.T, b *brpcPeer, c net.Conn, n int) {
 // no token) is served on URMA by default, on a jetty and hello page
 // registered without a token for its connection only, and counted; with
 // urma_require_token (Config, environment or flag) it is served on TCP
-// instead, never failed (issue 9, item 7).
+// instead, never failed (issue 9, item 7). A brpc peer that sends the
+// token it is given gets a jetty with a token of its connection's own.
 func TestBrpcClient(t *testing.T) {
 	checkNoLeaks(t)
 	requireByFlag := smallFlags()
@@ -413,13 +427,15 @@ func TestBrpcClient(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		cfg      func(c *Config)
+		presents bool // the peer sends the token it is given
 		wantURMA bool
 	}{
-		{"served without a token by default", func(*Config) {}, true},
-		{"a NoToken listener", func(c *Config) { c.NoToken = true }, true},
-		{"Config.RequireToken", func(c *Config) { c.RequireToken = true }, false},
-		{"URMA_REQUIRE_TOKEN", func(c *Config) { c.LookupEnv = envOf(map[string]string{EnvRequireToken: "true"}) }, false},
-		{"--urma_require_token", func(c *Config) { c.Flags = &requireByFlag }, false},
+		{"served without a token by default", func(*Config) {}, false, true},
+		{"a NoToken listener", func(c *Config) { c.NoToken = true }, false, true},
+		{"Config.RequireToken", func(c *Config) { c.RequireToken = true }, false, false},
+		{"URMA_REQUIRE_TOKEN", func(c *Config) { c.LookupEnv = envOf(map[string]string{EnvRequireToken: "true"}) }, false, false},
+		{"--urma_require_token", func(c *Config) { c.Flags = &requireByFlag }, false, false},
+		{"a peer sending the token of its connection", func(c *Config) { c.RequireToken = true }, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := fabricPair(t)
@@ -435,6 +451,7 @@ func TestBrpcClient(t *testing.T) {
 			}
 			defer ln.Close()
 			b := newBrpcPeer(t, pb, 16, 16)
+			b.presents = tc.presents
 			negotiated, err := b.dial(ln.Addr().String())
 			if err != nil {
 				t.Fatalf("brpc client handshake: %v", err)
@@ -468,16 +485,23 @@ func TestBrpcClient(t *testing.T) {
 			if !negotiated || c.(Conn).Mode() != ModeURMA {
 				t.Fatalf("brpc client negotiated %v, server mode %s (%s)", negotiated, c.(Conn).Mode(), c.(Conn).FallbackReason())
 			}
-			if b.peer.HasToken {
-				t.Error("the hello to a brpc client names a token it cannot present")
+			uc := c.(*urmaConn)
+			if uc.res.hello.seg.ID().VA != b.peer.SegVA {
+				t.Errorf("the brpc client was given the hello page at %#x, want its connection's own (%#x)", b.peer.SegVA, uc.res.hello.seg.ID().VA)
 			}
-			if uc := c.(*urmaConn); uc.res.token != 0 || uc.res.hello.seg.ID().VA != b.peer.SegVA {
-				t.Errorf("the brpc client was given the hello page at %#x, want its connection's own (%#x), without a token (the jetty's is %#x)", b.peer.SegVA, uc.res.hello.seg.ID().VA, uc.res.token)
+			tokenless := 1.0
+			if tc.presents {
+				tokenless = 0
+				if !b.peer.HasToken || b.peer.Token == 0 || urma.Token(b.peer.Token) != uc.res.token {
+					t.Errorf("the hello names token %#x (%v), the connection's jetty has %#x: want its own, non-zero", b.peer.Token, b.peer.HasToken, uc.res.token)
+				}
+			} else if b.peer.HasToken || uc.res.token != 0 {
+				t.Errorf("the hello to a brpc client names a token it cannot present (%#x), or its jetty has one (%#x)", b.peer.Token, uc.res.token)
 			}
 			// More than a window each way: credits flow by brpc's rules.
 			streamBoth(t, b, c, 4*13*1024)
-			if v := counterValue(t, reg, "urma_transport_tokenless_connections_total", map[string]string{"role": "server"}); v != 1 {
-				t.Errorf("urma_transport_tokenless_connections_total{role=server} = %v, want 1", v)
+			if v := counterValue(t, reg, "urma_transport_tokenless_connections_total", map[string]string{"role": "server"}); v != tokenless {
+				t.Errorf("urma_transport_tokenless_connections_total{role=server} = %v, want %v", v, tokenless)
 			}
 			// The connection's own hello page goes with it, quietly.
 			if err := c.Close(); err != nil {
