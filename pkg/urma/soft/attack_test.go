@@ -1,11 +1,15 @@
 package soft
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"crypto/ed25519"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -344,5 +348,93 @@ func TestShmAmplificationAttackIsBounded(t *testing.T) {
 	t.Logf("%d connections cost the device %d KiB of rings, the attacker %d KiB", links, victim>>10, attacker>>10)
 	if victim > attacker {
 		t.Fatalf("the device pays %d KiB of rings for %d connections the attacker paid %d KiB for", victim>>10, links, attacker>>10)
+	}
+}
+
+// The socket fabric's attack: a socket device's EID names the address it
+// listens at, and a device took any dialer for the EID its HELLO claims.
+// A process that reaches B's port claimed the EID of a device on another
+// host; B's import of that device's jetty and its message went to the
+// claimant. B refuses a dialer whose connection does not come from the
+// address its EID names, so B's import reaches (here: fails to reach) the
+// real device, and the claimant reads nothing.
+func TestSocketClaimOfAnotherHostsEIDFails(t *testing.T) {
+	p := newProvider(t, socketOpts())
+	b := newSide(t, p, urma.JettyConfig{}, 64)
+	claimed, err := SocketEID(netip.MustParseAddrPort("192.0.2.77:4000")) // a device on another host
+	mustOK(t, err, "EID")
+	nc, err := net.Dial("tcp", p.addr()) // from 127.0.0.1
+	mustOK(t, err, "dial B")
+	defer nc.Close()
+	var hb [4 + helloLen]byte
+	_, err = nc.Write(encodeHello(hb[:], &hello{session: 1, src: claimed, dst: b.jetty.ID().EID, maxMsg: 1 << 20}))
+	mustOK(t, err, "HELLO")
+	br := bufio.NewReader(nc)
+	var ab [4 + helloAckLen]byte
+	_, err = io.ReadFull(br, ab[:])
+	mustOK(t, err, "HELLO_ACK")
+	ack, err := decodeHelloAck(ab[:])
+	mustOK(t, err, "decode HELLO_ACK")
+	leaked := make(chan int, 1)
+	go func() { // the claimant answers B's import and reads B's message
+		var ib [4 + importJettyLen]byte
+		if _, err := io.ReadFull(br, ib[:]); err != nil {
+			leaked <- 0
+			return
+		}
+		r, _ := decodeImportJetty(ib[4:])
+		var rb [4 + importRespLen]byte
+		_, _ = nc.Write(encodeImportResp(rb[:], r.req, urma.CodeSuccess))
+		h, err := readSend(br)
+		if err != nil {
+			leaked <- 0
+			return
+		}
+		leaked <- int(h.length)
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	target, ierr := b.ctx.ImportJetty(ctx, urma.JettyID{EID: claimed, ID: 5}, urma.RC, 7)
+	if ierr == nil {
+		copy(b.mem.Bytes(), takeoverSecret)
+		mustOK(t, b.send(target, 1, 0, len(takeoverSecret), 0), "B's message for the device it imported")
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n := <-leaked
+	t.Logf("HELLO_ACK status %d; B's import: %v; the claimant read %d bytes of B's message", ack.status, ierr, n)
+	if ack.status == helloOK {
+		t.Errorf("B took a connection from 127.0.0.1 as device %s", claimed)
+	}
+	if n > 0 {
+		t.Fatalf("the claimant read B's %d-byte message for device %s", n, claimed)
+	}
+}
+
+// Which socket-fabric dialers a device takes for the EID they claim.
+func TestCheckSourceAddr(t *testing.T) {
+	eid := func(s string) urma.EID {
+		e, err := SocketEID(netip.MustParseAddrPort(s))
+		mustOK(t, err, "EID")
+		return e
+	}
+	from := func(s string) net.Addr { return &net.TCPAddr{IP: net.ParseIP(s), Port: 5555} }
+	explicit := urma.EID{0x20, 1}
+	cases := []struct {
+		name   string
+		remote net.Addr
+		eid    urma.EID
+		ok     bool
+	}{
+		{"from the EID's address", from("10.0.0.5"), eid("10.0.0.5:4000"), true},
+		{"from another address", from("10.0.0.9"), eid("10.0.0.5:4000"), false},
+		{"over loopback, a loopback EID", from("127.0.0.1"), eid("127.0.0.9:4000"), true},
+		{"over loopback, another host's EID", from("127.0.0.1"), eid("192.0.2.77:4000"), false},
+		{"an IPv4-mapped source", from("::ffff:10.0.0.5"), eid("10.0.0.5:4000"), true},
+		{"an explicit EID", from("10.0.0.9"), explicit, true},
+	}
+	for _, c := range cases {
+		if err := checkSourceAddr(c.remote, c.eid); (err == nil) != c.ok {
+			t.Errorf("%s: %v, want allowed %v", c.name, err, c.ok)
+		}
 	}
 }

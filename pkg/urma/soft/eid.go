@@ -3,6 +3,7 @@ package soft
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -60,6 +61,50 @@ func SocketAddr(e urma.EID) (ap netip.AddrPort, ok bool) {
 		return netip.AddrPort{}, false
 	}
 	return netip.AddrPortFrom(a, port), true
+}
+
+// checkSourceAddr refuses a socket-fabric dialer whose EID names an
+// address (SocketEID) other than the one its connection comes from: a
+// process that reaches a device's port could otherwise claim another
+// device's EID and take its connection, and the messages meant for it. A
+// connection over loopback comes from this network namespace, whose
+// processes can listen on any of its addresses anyway: it passes when the
+// EID names one of them. An explicit EID (DeviceSpec.EIDs, reached through
+// a Resolver) names no address and is not checked.
+func checkSourceAddr(remote net.Addr, eid urma.EID) error {
+	ap, ok := SocketAddr(eid)
+	ta, isTCP := remote.(*net.TCPAddr)
+	if !ok || !isTCP {
+		return nil
+	}
+	src, _ := netip.AddrFromSlice(ta.IP)
+	src = src.Unmap()
+	switch {
+	case src == ap.Addr():
+		return nil
+	case src.IsLoopback() && isLocalAddr(ap.Addr()):
+		return nil
+	}
+	return fmt.Errorf("the connection comes from %s, not from %s, the address its EID %s names", src, ap.Addr(), eid)
+}
+
+// isLocalAddr reports whether a is an address of this network namespace.
+func isLocalAddr(a netip.Addr) bool {
+	if a.IsLoopback() {
+		return true
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false
+	}
+	for _, x := range addrs {
+		if n, ok := x.(*net.IPNet); ok {
+			if b, ok := netip.AddrFromSlice(n.IP); ok && b.Unmap() == a {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // inprocEID is the default EID of the n-th device of an in-process fabric.

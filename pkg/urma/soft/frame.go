@@ -202,7 +202,7 @@ func decodeHelloAck(b []byte) (helloAck, error) {
 		return a, fmt.Errorf("answer to HELLO has type %d", body[0])
 	case string(body[4:8]) != protoMagic:
 		return a, fmt.Errorf("HELLO_ACK magic %q, want %q", body[4:8], protoMagic)
-	case body[1] > helloWrongEID && body[1] != helloConnLimit:
+	case body[1] > helloWrongEID && body[1] != helloConnLimit && body[1] != helloRefused:
 		return a, fmt.Errorf("HELLO_ACK status %d unknown", body[1])
 	case !zero(body[2:4]):
 		return a, fmt.Errorf("HELLO_ACK reserved bytes are not zero")

@@ -273,6 +273,13 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
+	if err := checkSourceAddr(nc.RemoteAddr(), h.src); err != nil {
+		ack.status = helloRefused
+		_, _ = nc.Write(encodeHelloAck(ackBuf[:], &ack))
+		sd.log().Info("refusing connection", "remote", nc.RemoteAddr().String(), "from", h.src.String(), "reason", err.Error())
+		_ = nc.Close()
+		return
+	}
 	p, err := sd.peer(h.src)
 	if err != nil {
 		_ = nc.Close()
@@ -752,6 +759,9 @@ func (p *peer) dialOnce(ctx context.Context) error {
 	case a.status == helloDuplicate:
 		_ = nc.Close()
 		return errDuplicate
+	case a.status == helloRefused:
+		_ = nc.Close()
+		return fmt.Errorf("%s refused this device: its connection does not come from the address its EID %s names", addr, sd.eid)
 	case a.status == helloConnLimit:
 		_ = nc.Close()
 		return fmt.Errorf("%s refused the connection: device %s holds as many connections as it may, %w", addr, p.eid, ErrConnLimit)
