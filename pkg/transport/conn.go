@@ -66,7 +66,7 @@ type urmaConn struct {
 	pendingCredits int // receives reposted, not yet returned to the peer
 	foreignDropped int // messages dropped for their source (dropForeignLocked)
 	creditWR       urma.SendWR
-	direct         directPlacement // conn_place.go
+	direct         directPlacement // conn_placement.go
 	recvWR         urma.RecvWR
 	recvSGE        [1]urma.SGE
 
