@@ -97,14 +97,6 @@ func newEngine(s settings, role string, m *metrics.Metrics) *engine {
 	}
 }
 
-// setupsFor is how many jetty setups an engine of role runs at once.
-func setupsFor(s settings, role string) int {
-	if role == metrics.RoleClient {
-		return DefaultAcceptBacklog
-	}
-	return max(1, s.acceptBacklog)
-}
-
 // start brings URMA up once, on the host address local (where the software
 // provider's fabric listens). Failure is not an error: it records why every
 // connection of this engine will use TCP.

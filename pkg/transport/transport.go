@@ -172,23 +172,3 @@ func (d DebugInfo) String() string {
 	}
 	return b.String()
 }
-
-// fallback is a reason with its detail.
-type fallback struct {
-	reason Reason
-	detail string
-}
-
-func (f fallback) String() string {
-	if f.reason == "" {
-		return ""
-	}
-	if f.detail == "" {
-		return string(f.reason)
-	}
-	return string(f.reason) + ": " + f.detail
-}
-
-func fallbackf(r Reason, format string, args ...any) *fallback {
-	return &fallback{reason: r, detail: fmt.Sprintf(format, args...)}
-}
