@@ -106,6 +106,16 @@ lint: golangci-lint ## golangci-lint (built into bin/ on first use)
 images: ## build container images with docker or podman, where an engine runs
 	hack/images.sh
 
+# The images without a container engine: static binaries packed by the
+# project's own OCI writer, one archive per image in bin/images/, named as
+# the chart's defaults (REGISTRY=, TAG= and ARCH= change that).
+REGISTRY ?= ghcr.io/openeuler
+TAG ?=
+ARCH ?= $(shell $(GO) env GOARCH)
+.PHONY: image-archives
+image-archives: ## the images as OCI archives in bin/images/, no container engine needed (REGISTRY=, TAG=, ARCH=)
+	$(GO) run ./hack/imagearchives -registry '$(REGISTRY)' -tag '$(TAG)' -arch '$(ARCH)'
+
 .PHONY: e2e
 e2e: ## the whole product on a real one-node Kubernetes, as root (not part of test; see docs/e2e.md)
 	hack/e2e.sh $(E2E_FLAGS)
