@@ -214,9 +214,13 @@ func (r *run) checkDRAPods(ctx context.Context) error {
 	if err := removeHostShmDir(); err != nil {
 		return err
 	}
-	for _, name := range names {
-		if _, err := r.cs.CoreV1().Pods(testNS).Create(ctx, perfPod(name, endpointName, nil), metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create pod %s: %w", name, err)
+	perfPods, err := r.quickStartPods(draServerPod, draClientPod)
+	if err != nil {
+		return err
+	}
+	for _, p := range perfPods {
+		if _, err := r.cs.CoreV1().Pods(testNS).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create pod %s (examples/quick-start/pods.yaml): %w", p.Name, err)
 		}
 	}
 	pods, err := r.waitPodsRunning(ctx, testNS, names, 3*time.Minute)

@@ -284,3 +284,42 @@ func TestHostDirsCoverTheChartsShmDirs(t *testing.T) {
 		}
 	}
 }
+
+// TestQuickStartPods checks that the run creates the quick start's own pods
+// (examples/quick-start/pods.yaml): renamed, in the run's namespace, on the
+// run's image, with everything else, the pod affinity included, as a reader
+// applies it.
+func TestQuickStartPods(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "examples", "quick-start", "pods.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := parseQuickStartPods(b, "s", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods) != 2 || pods[0].Name != "s" || pods[1].Name != "c" {
+		t.Fatalf("pods = %v, want s and c", pods)
+	}
+	for _, p := range pods {
+		c := p.Spec.Containers[0]
+		if p.Namespace != testNS || c.Image != imageName("urma-perf") || c.ImagePullPolicy != "Never" {
+			t.Errorf("pod %s: namespace %s, image %s (%s); want %s, %s, Never", p.Name, p.Namespace, c.Image, c.ImagePullPolicy, testNS, imageName("urma-perf"))
+		}
+	}
+	if a := pods[1].Spec.Affinity; a == nil || a.PodAffinity == nil || len(a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution) != 1 {
+		t.Errorf("the client lost the manifest's pod affinity: %+v", a)
+	}
+
+	for _, bad := range []struct{ name, from, to, want string }{
+		{"another endpoint", "urma.openeuler.org/endpoint: perf", "urma.openeuler.org/endpoint: other", `labelled for endpoint "other"`},
+		{"another image", "ghcr.io/openeuler/urma-perf:", "ghcr.io/openeuler/urma-operator:", "not urma-perf"},
+		{"a misspelt field", "containerPort:", "containerPorts:", "containerPorts"},
+		{"a pod missing", "name: perf-client", "name: perf-other", "no pod perf-client"},
+	} {
+		_, err := parseQuickStartPods([]byte(strings.ReplaceAll(string(b), bad.from, bad.to)), "s", "c")
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: err = %v, want one saying %q", bad.name, err, bad.want)
+		}
+	}
+}

@@ -45,8 +45,7 @@ func imageName(name string) string { return imageRepo + name + ":" + imageTag }
 func buildImage(spec imagespec.Spec, binary []byte) ociimage.Image {
 	img := spec.Image(imageName(spec.Name), imageTag, runtime.GOARCH, binary)
 	if spec.Name == pauseImage.Name {
-		files := imagespec.BaseFiles()
-		img.Files = append(files, ociimage.File{Path: "/pause", Mode: 0o755, Data: binary})
+		img.Files = append(imagespec.BaseFiles(), ociimage.File{Path: "/pause", Mode: 0o755, Data: binary})
 		img.Config.Entrypoint = []string{"/pause"}
 		img.Config.User = "65535:65535"
 	}

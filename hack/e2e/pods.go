@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
@@ -62,6 +63,60 @@ func perfPod(name, endpoint string, args []string) *corev1.Pod {
 	}
 }
 
+// quickStartPods are the urma-perf pods of docs/quick-start.md, read from
+// examples/quick-start/pods.yaml as a reader applies them, renamed server
+// and client, in this run's namespace and on this run's image (never
+// pulled). They are labelled for the quick start's endpoint, which must be
+// the one this run declares.
+func (r *run) quickStartPods(server, client string) ([]*corev1.Pod, error) {
+	path := filepath.Join(r.o.root, "examples", "quick-start", "pods.yaml")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read the quick start's pods: %w", err)
+	}
+	return parseQuickStartPods(b, server, client)
+}
+
+// parseQuickStartPods decodes pods.yaml's perf-server and perf-client as
+// server and client (in that order), for this run.
+func parseQuickStartPods(manifest []byte, server, client string) ([]*corev1.Pod, error) {
+	objs, err := parseManifest(string(manifest))
+	if err != nil {
+		return nil, fmt.Errorf("examples/quick-start/pods.yaml: %w", err)
+	}
+	byName := map[string]*corev1.Pod{}
+	for _, o := range objs {
+		var p corev1.Pod
+		if o.GetKind() != "Pod" {
+			return nil, fmt.Errorf("examples/quick-start/pods.yaml holds a %s, want only Pods", o.GetKind())
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, &p, true); err != nil {
+			return nil, fmt.Errorf("examples/quick-start/pods.yaml: pod %s: %w", o.GetName(), err)
+		}
+		byName[p.Name] = &p
+	}
+	var out []*corev1.Pod
+	for _, n := range []struct{ manifest, as string }{{"perf-server", server}, {"perf-client", client}} {
+		p := byName[n.manifest]
+		if p == nil {
+			return nil, fmt.Errorf("examples/quick-start/pods.yaml has no pod %s", n.manifest)
+		}
+		if got := p.Labels[urmav1.LabelEndpoint]; got != endpointName {
+			return nil, fmt.Errorf("examples/quick-start/pods.yaml: %s is labelled for endpoint %q, this run declares %q", n.manifest, got, endpointName)
+		}
+		p.Name, p.Namespace = n.as, testNS
+		for i := range p.Spec.Containers {
+			if !strings.Contains(p.Spec.Containers[i].Image, "/urma-perf:") {
+				return nil, fmt.Errorf("examples/quick-start/pods.yaml: %s runs %s, not urma-perf", n.manifest, p.Spec.Containers[i].Image)
+			}
+			p.Spec.Containers[i].Image = imageName("urma-perf")
+			p.Spec.Containers[i].ImagePullPolicy = corev1.PullNever
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
 func (r *run) checkPods(ctx context.Context) error {
 	before, err := r.kubeletJetties(ctx)
 	if err != nil {
@@ -71,9 +126,13 @@ func (r *run) checkPods(ctx context.Context) error {
 	if err := removeHostShmDir(); err != nil {
 		return err
 	}
-	for _, name := range []string{serverPod, clientPod} {
-		if _, err := r.cs.CoreV1().Pods(testNS).Create(ctx, perfPod(name, endpointName, nil), metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create pod %s: %w", name, err)
+	perfPods, err := r.quickStartPods(serverPod, clientPod)
+	if err != nil {
+		return err
+	}
+	for _, p := range perfPods {
+		if _, err := r.cs.CoreV1().Pods(testNS).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create pod %s (examples/quick-start/pods.yaml): %w", p.Name, err)
 		}
 	}
 	pods, err := r.waitPodsRunning(ctx, testNS, []string{serverPod, clientPod}, 3*time.Minute)
