@@ -29,6 +29,8 @@ func TestInstallOnAPIServer(t *testing.T) {
 		// With the stand-in CRDs, for the ServiceMonitor below.
 		env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("testdata", "crds")}, ErrorIfCRDPathMissing: true}
 		kubeconfig := envtestKubeconfig(t, env)
+		// docs/quick-start.md's install, on this API server too.
+		checkQuickStart(t, kubeconfig, env.Config)
 		rel := installDryRun(t, kubeconfig, "--set", "driver=dra")
 		dc := one(t, rel.objs, "DeviceClass")
 		if dc.GetAPIVersion() != "resource.k8s.io/v1" {
