@@ -273,3 +273,62 @@ func firstLineWith(text, substr string) string {
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// TestExampleDockerfiles checks the Dockerfiles of the examples: the Go
+// version of go.mod, a package of this module that exists, the license
+// label; and the hardware recipe (examples/liburma) builds with cgo and
+// puts UMDK's liburma runtime into the image it runs.
+func TestExampleDockerfiles(t *testing.T) {
+	root := repoRoot(t)
+	files, err := filepath.Glob(filepath.Join(root, "examples", "*", "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"grpc-over-urma": false, "liburma": false}
+	goLine := regexp.MustCompile(`(?m)^go (\S+)$`).FindStringSubmatch(readFile(t, filepath.Join(root, "go.mod")))
+	for _, f := range files {
+		example := filepath.Base(filepath.Dir(f))
+		want[example] = true
+		t.Run(example, func(t *testing.T) {
+			text := readFile(t, f)
+			if arg := regexp.MustCompile(`(?m)^ARG GO_VERSION=(\S+)$`).FindStringSubmatch(text); goLine == nil || arg == nil || arg[1] != goLine[1] {
+				t.Errorf("GO_VERSION %v differs from go.mod's go line %v", arg, goLine)
+			}
+			if !strings.Contains(text, `org.opencontainers.image.licenses="Apache-2.0"`) {
+				t.Error("no org.opencontainers.image.licenses=\"Apache-2.0\" label")
+			}
+			pkgs := regexp.MustCompile(`(?m)(?:go build [^\n]* |ARG PACKAGE=)(\./\S+)\s*$`).FindAllStringSubmatch(text, -1)
+			if len(pkgs) == 0 {
+				t.Fatal("builds no package of this module")
+			}
+			for _, p := range pkgs {
+				if _, err := os.Stat(filepath.Join(root, p[1], "main.go")); err != nil {
+					t.Errorf("builds %s, which has no main.go: %v", p[1], err)
+				}
+			}
+			if example != "liburma" {
+				return
+			}
+			final := text[strings.LastIndex(text, "\nFROM "):]
+			for _, c := range []struct{ what, re string }{
+				{"a cgo build", `(?m)CGO_ENABLED=1 `},
+				{"a C compiler in the builder", `(?m)^RUN dnf install -y gcc `},
+				{"the UMDK runtime package, umdk-urma-lib", `(?m)^ARG UMDK_PACKAGE=umdk-urma-lib$`},
+			} {
+				if !regexp.MustCompile(c.re).MatchString(text) {
+					t.Errorf("want %s", c.what)
+				}
+			}
+			for _, c := range []string{"dnf install -y ${UMDK_PACKAGE}", "liburma\\.so\\.0", "ENV URMA_PROVIDER=liburma"} {
+				if !strings.Contains(final, c) {
+					t.Errorf("the final stage lacks %q: the image must carry liburma and refuse to run on the software provider unseen", c)
+				}
+			}
+		})
+	}
+	for example, found := range want {
+		if !found {
+			t.Errorf("examples/%s/Dockerfile is missing", example)
+		}
+	}
+}
