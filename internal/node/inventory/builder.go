@@ -10,7 +10,6 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/health"
 	"github.com/openeuler/urma-k8s/internal/node/selection"
 	"github.com/openeuler/urma-k8s/pkg/urma"
-	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
 
@@ -266,8 +265,8 @@ func SoftDevices(cfg Config) []Device {
 }
 
 // SoftDriver is the driver name software devices report.
-const SoftDriver = soft.Driver
+const SoftDriver = urma.SoftDriver
 
 // softCaps are the limits the software provider enforces; the node facts
 // the operator tunes against come from here.
-func softCaps() urma.DeviceCaps { return soft.DefaultCaps() }
+func softCaps() urma.DeviceCaps { return urma.SoftDeviceCaps() }

@@ -15,7 +15,6 @@ import (
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/internal/operator/tuning"
-	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
 func spec() v1alpha1.UrmaEndpointSpec {
@@ -448,19 +447,6 @@ func TestHash(t *testing.T) {
 	a, b := Hash("--urma_sq_size=16\n"), Hash("--urma_sq_size=32\n")
 	if len(a) != 16 || a == b || a != Hash("--urma_sq_size=16\n") {
 		t.Errorf("Hash: %q %q", a, b)
-	}
-}
-
-// TestSoftwareLimitsMatchSoftProvider keeps tuning's assumption for nodes
-// without facts equal to what pkg/urma/soft's devices actually allow.
-func TestSoftwareLimitsMatchSoftProvider(t *testing.T) {
-	caps := soft.DefaultCaps()
-	want := tuning.Limits{
-		MaxJFSDepth: int64(caps.MaxJFSDepth), MaxJFRDepth: int64(caps.MaxJFRDepth), MaxJFCDepth: int64(caps.MaxJFCDepth),
-		MaxMsgSize: int64(caps.MaxMsgSize), JettiesPerDevice: int64(caps.MaxJetty), DeviceCount: 1,
-	}
-	if got := tuning.SoftwareLimits(); got != want {
-		t.Errorf("tuning.SoftwareLimits() = %+v, soft.DefaultCaps() gives %+v", got, want)
 	}
 }
 

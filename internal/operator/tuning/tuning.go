@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
+	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
 // Objective is what a workload optimises for.
@@ -131,15 +132,14 @@ type Limits struct {
 }
 
 // SoftwareLimits are the limits assumed where no node reports facts: the
-// default capabilities of pkg/urma/soft's devices (a test in
-// internal/operator/plan keeps them equal), one device per node.
+// software provider's devices (urma.SoftDeviceCaps), one device per node.
 func SoftwareLimits() Limits {
 	return Limits{
-		MaxJFSDepth:      1 << 14,
-		MaxJFRDepth:      1 << 16,
-		MaxJFCDepth:      1 << 20,
-		MaxMsgSize:       16 << 20,
-		JettiesPerDevice: 1024,
+		MaxJFSDepth:      urma.SoftMaxJFSDepth,
+		MaxJFRDepth:      urma.SoftMaxJFRDepth,
+		MaxJFCDepth:      urma.SoftMaxJFCDepth,
+		MaxMsgSize:       urma.SoftMaxMsgSize,
+		JettiesPerDevice: urma.SoftMaxJetty,
 		DeviceCount:      1,
 	}
 }

@@ -16,7 +16,7 @@ import (
 // never for more.
 const (
 	// MaxSGE is the most scatter/gather elements a work request can carry.
-	MaxSGE = 16
+	MaxSGE = urma.SoftMaxSGE
 	// MaxMsgSizeLimit bounds DeviceCaps.MaxMsgSize, and with it the largest
 	// frame the socket fabric accepts.
 	MaxMsgSizeLimit = 1 << 30
@@ -24,7 +24,7 @@ const (
 	// lists none.
 	DefaultDevice = "soft0"
 	// Driver is the driver name soft devices report.
-	Driver = "soft"
+	Driver = urma.SoftDriver
 	// DefaultMaxConns is Options.MaxConns when left zero.
 	DefaultMaxConns = 1024
 )
@@ -172,25 +172,7 @@ type DeviceSpec struct {
 }
 
 // DefaultCaps are the capabilities of a device whose DeviceSpec leaves them zero.
-func DefaultCaps() urma.DeviceCaps {
-	return urma.DeviceCaps{
-		MaxJFC:           1024,
-		MaxJFS:           1024,
-		MaxJFR:           1024,
-		MaxJetty:         1024,
-		MaxJFCDepth:      1 << 20,
-		MaxJFSDepth:      1 << 14,
-		MaxJFRDepth:      1 << 16,
-		MaxJFSInlineSize: 256,
-		MaxJFSSge:        MaxSGE,
-		MaxJFSRsge:       MaxSGE,
-		MaxJFRSge:        MaxSGE,
-		MaxMsgSize:       16 << 20,
-		TransMode:        urma.TransModeRC | urma.TransModeRM,
-		MaxEIDCnt:        16,
-		OrderedRM:        true,
-	}
-}
+func DefaultCaps() urma.DeviceCaps { return urma.SoftDeviceCaps() }
 
 const (
 	defaultPeerTimeout = 3 * time.Second
