@@ -30,7 +30,6 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/openeuler/urma-k8s/internal/deviceplugin/server"
 	"github.com/openeuler/urma-k8s/internal/node/devpath"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 )
@@ -126,7 +125,7 @@ func (w *Writer) Build(snap *inventory.Snapshot) (spec *specs.Spec, ok bool) {
 	if p := devpath.ToHost(w.cfg.DevRoot, snap.UMMUNode); p != "" {
 		common = append(common, p)
 	}
-	for _, local := range server.ExistingNodes(w.cfg.DevRoot, w.cfg.ExtraDevNodes, w.log) {
+	for _, local := range devpath.Existing(w.cfg.DevRoot, w.cfg.ExtraDevNodes, w.log) {
 		if p := devpath.ToHost(w.cfg.DevRoot, local); p != "" && !slices.Contains(common, p) {
 			common = append(common, p)
 		}

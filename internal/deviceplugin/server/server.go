@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -508,23 +507,5 @@ func (s *Server) HostPath(pluginPath string) string {
 // ExtraNodes returns the configured extra device nodes that exist, as paths
 // under DevRoot, logging the ones that do not.
 func (s *Server) ExtraNodes() []string {
-	return ExistingNodes(s.cfg.DevRoot, s.cfg.ExtraDevNodes, s.log)
-}
-
-// ExistingNodes maps host /dev/... paths to paths under devRoot and keeps
-// those that exist, logging the others.
-func ExistingNodes(devRoot string, hostPaths []string, log logr.Logger) []string {
-	var out []string
-	for _, p := range hostPaths {
-		local := devpath.ToLocal(devRoot, p)
-		if local == "" {
-			continue
-		}
-		if _, err := os.Stat(local); err != nil {
-			log.Info("extra device node not found; not giving it to containers", "node", p, "lookedAt", local)
-			continue
-		}
-		out = append(out, local)
-	}
-	return out
+	return devpath.Existing(s.cfg.DevRoot, s.cfg.ExtraDevNodes, s.log)
 }

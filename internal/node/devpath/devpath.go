@@ -4,8 +4,11 @@
 package devpath
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/go-logr/logr"
 )
 
 // HostDev is the host's device directory.
@@ -38,4 +41,22 @@ func ToLocal(devRoot, host string) string {
 		return ""
 	}
 	return filepath.Join(devRoot, rel)
+}
+
+// Existing maps host /dev/... paths to paths under devRoot and keeps
+// those that exist, logging the others.
+func Existing(devRoot string, hostPaths []string, log logr.Logger) []string {
+	var out []string
+	for _, p := range hostPaths {
+		local := ToLocal(devRoot, p)
+		if local == "" {
+			continue
+		}
+		if _, err := os.Stat(local); err != nil {
+			log.Info("extra device node not found; not giving it to containers", "node", p, "lookedAt", local)
+			continue
+		}
+		out = append(out, local)
+	}
+	return out
 }

@@ -1,6 +1,13 @@
 package devpath
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/go-logr/logr/testr"
+)
 
 func TestToHost(t *testing.T) {
 	tests := []struct{ root, in, want string }{
@@ -51,4 +58,18 @@ func FuzzRoundTrip(f *testing.F) {
 			t.Fatalf("%q -> %q -> %q does not round-trip", local, host, back)
 		}
 	})
+}
+
+func TestExisting(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "ummu"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "ummu", "tid"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := Existing(root, []string{"/dev/ummu/tid", "/dev/missing", "/etc/passwd", ""}, testr.New(t))
+	if want := []string{filepath.Join(root, "ummu", "tid")}; !slices.Equal(got, want) {
+		t.Errorf("Existing = %q, want %q (only the node that is there, inside the dev root)", got, want)
+	}
 }
