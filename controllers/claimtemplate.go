@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 )
 
 // +kubebuilder:rbac:groups=resource.k8s.io,resources=resourceclaimtemplates,verbs=get;list;watch;create;delete
@@ -30,11 +30,11 @@ func ClaimTemplateSpec(ep *v1alpha1.UrmaEndpoint) resourceapi.ResourceClaimTempl
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
 			Name: "jetties",
 			Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: draslices.DriverName,
+				DeviceClassName: slicefacts.DriverName,
 				AllocationMode:  resourceapi.DeviceAllocationModeExactCount,
 				Count:           1,
 				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
-					draslices.CapacityJetties: *resource.NewQuantity(int64(ep.Spec.JettyBudget), resource.DecimalSI),
+					slicefacts.CapacityJetties: *resource.NewQuantity(int64(ep.Spec.JettyBudget), resource.DecimalSI),
 				}},
 			},
 		}}}},

@@ -19,7 +19,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
@@ -40,8 +40,8 @@ func TestClaimTemplateUnderTheDRADriver(t *testing.T) {
 			t.Fatalf("template: %v", err)
 		}
 		req := tmpl.Spec.Spec.Devices.Requests[0].Exactly
-		q := req.Capacity.Requests[draslices.CapacityJetties]
-		if req.DeviceClassName != draslices.DriverName || req.Count != 1 {
+		q := req.Capacity.Requests[slicefacts.CapacityJetties]
+		if req.DeviceClassName != slicefacts.DriverName || req.Count != 1 {
 			t.Fatalf("template request %+v", req)
 		}
 		return q.Value(), &tmpl

@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 )
 
 // podToEndpoint maps a pod to the endpoint its label names.
@@ -101,6 +101,6 @@ func (r *UrmaEndpointReconciler) allEndpoints(ctx context.Context, _ client.Obje
 func ownDriverSlices() predicate.Predicate {
 	return predicate.NewPredicateFuncs(func(o client.Object) bool {
 		s, ok := o.(*resourceapi.ResourceSlice)
-		return ok && s.Spec.Driver == draslices.DriverName
+		return ok && s.Spec.Driver == slicefacts.DriverName
 	})
 }

@@ -7,7 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 )
 
 // TestOwnDriverSlices: every endpoint retunes on a ResourceSlice event, so
@@ -22,7 +22,7 @@ func TestOwnDriverSlices(t *testing.T) {
 	for _, c := range []struct {
 		driver string
 		want   bool
-	}{{draslices.DriverName, true}, {"gpu.example.com", false}, {"", false}} {
+	}{{slicefacts.DriverName, true}, {"gpu.example.com", false}, {"", false}} {
 		s := slice(c.driver)
 		got := map[string]bool{
 			"create":  p.Create(event.CreateEvent{Object: s}),

@@ -21,10 +21,10 @@ import (
 
 	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/node/budget"
 	"github.com/openeuler/urma-k8s/internal/node/discover"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -62,18 +62,18 @@ func expectedDRADevices(found []discover.Device) map[string]int64 {
 func publishedDRADevices(sl []resourcev1.ResourceSlice) map[string]draDevice {
 	out := map[string]draDevice{}
 	for _, s := range sl {
-		if s.Spec.Driver != draslices.DriverName || s.Spec.NodeName == nil || *s.Spec.NodeName != nodeName {
+		if s.Spec.Driver != slicefacts.DriverName || s.Spec.NodeName == nil || *s.Spec.NodeName != nodeName {
 			continue
 		}
 		for _, d := range s.Spec.Devices {
 			dev := draDevice{}
-			if a, ok := d.Attributes[draslices.AttrDevice]; ok && a.StringValue != nil {
+			if a, ok := d.Attributes[slicefacts.AttrDevice]; ok && a.StringValue != nil {
 				dev.urmaName = *a.StringValue
 			}
-			if a, ok := d.Attributes[draslices.AttrEID]; ok && a.StringValue != nil {
+			if a, ok := d.Attributes[slicefacts.AttrEID]; ok && a.StringValue != nil {
 				dev.eid = *a.StringValue
 			}
-			if c, ok := d.Capacity[draslices.CapacityJetties]; ok {
+			if c, ok := d.Capacity[slicefacts.CapacityJetties]; ok {
 				dev.jetties = c.Value.Value()
 			}
 			out[d.Name] = dev
@@ -174,8 +174,8 @@ func (r *run) checkDRAInstall(ctx context.Context) error {
 	slices.Sort(names)
 	r.note("DRA driver: ResourceSlices of %s publish %s, as discover reported", nodeName, strings.Join(names, ", "))
 
-	if _, err := r.cs.ResourceV1().DeviceClasses().Get(ctx, draslices.DriverName, metav1.GetOptions{}); err != nil {
-		return fmt.Errorf("DeviceClass %s: %w", draslices.DriverName, err)
+	if _, err := r.cs.ResourceV1().DeviceClasses().Get(ctx, slicefacts.DriverName, metav1.GetOptions{}); err != nil {
+		return fmt.Errorf("DeviceClass %s: %w", slicefacts.DriverName, err)
 	}
 	// The operator, now in DRA mode, keeps a claim template for the
 	// endpoint step 2 made (kept by helm uninstall), asking for its budget.
@@ -193,12 +193,12 @@ func (r *run) checkDRAInstall(ctx context.Context) error {
 		return err
 	}
 	reqs := tmpl.Spec.Spec.Devices.Requests
-	if len(reqs) != 1 || reqs[0].Exactly == nil || reqs[0].Exactly.DeviceClassName != draslices.DriverName || reqs[0].Exactly.Capacity == nil {
-		return fmt.Errorf("ResourceClaimTemplate %s: want one request of DeviceClass %s with a jetty capacity, got %+v", tmplName, draslices.DriverName, reqs)
+	if len(reqs) != 1 || reqs[0].Exactly == nil || reqs[0].Exactly.DeviceClassName != slicefacts.DriverName || reqs[0].Exactly.Capacity == nil {
+		return fmt.Errorf("ResourceClaimTemplate %s: want one request of DeviceClass %s with a jetty capacity, got %+v", tmplName, slicefacts.DriverName, reqs)
 	}
-	q := reqs[0].Exactly.Capacity.Requests[draslices.CapacityJetties]
+	q := reqs[0].Exactly.Capacity.Requests[slicefacts.CapacityJetties]
 	r.draBudget = q.Value()
-	r.say("DeviceClass %s; ResourceClaimTemplate %s/%s asks for %s jetties", draslices.DriverName, testNS, tmplName, q.String())
+	r.say("DeviceClass %s; ResourceClaimTemplate %s/%s asks for %s jetties", slicefacts.DriverName, testNS, tmplName, q.String())
 	return nil
 }
 
@@ -264,7 +264,7 @@ func (r *run) checkClaimPod(ctx context.Context, p corev1.Pod) error {
 	if err != nil {
 		return fmt.Errorf("ResourceClaim %s: %w", claimName, err)
 	}
-	consumed := res.ConsumedCapacity[draslices.CapacityJetties]
+	consumed := res.ConsumedCapacity[slicefacts.CapacityJetties]
 	if consumed.Value() != r.draBudget {
 		return fmt.Errorf("ResourceClaim %s consumed %s jetties of %s, the template asks for %d", claimName, consumed.String(), res.Device, r.draBudget)
 	}
@@ -333,8 +333,8 @@ func claimResult(claim *resourcev1.ResourceClaim, pod types.UID) (resourcev1.Dev
 		return none, fmt.Errorf("allocated %d devices, want 1: %+v", len(results), results)
 	}
 	res := results[0]
-	if res.Driver != draslices.DriverName || res.Pool != nodeName {
-		return none, fmt.Errorf("allocated from driver %s pool %s, want %s pool %s", res.Driver, res.Pool, draslices.DriverName, nodeName)
+	if res.Driver != slicefacts.DriverName || res.Pool != nodeName {
+		return none, fmt.Errorf("allocated from driver %s pool %s, want %s pool %s", res.Driver, res.Pool, slicefacts.DriverName, nodeName)
 	}
 	if !slices.ContainsFunc(claim.Status.ReservedFor, func(c resourcev1.ResourceClaimConsumerReference) bool { return c.UID == pod }) {
 		return none, fmt.Errorf("not reserved for the pod (reservedFor %+v)", claim.Status.ReservedFor)

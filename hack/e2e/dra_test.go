@@ -13,8 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/node/discover"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 )
 
 func TestExpectedDRADevicesAreTheAdvertisedBudgetsBeforeUnits(t *testing.T) {
@@ -40,19 +40,19 @@ func device(name, urmaName, eid string, jetties int64) resourcev1.Device {
 	return resourcev1.Device{
 		Name: name,
 		Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
-			draslices.AttrDevice: {StringValue: &urmaName},
-			draslices.AttrEID:    {StringValue: &eid},
+			slicefacts.AttrDevice: {StringValue: &urmaName},
+			slicefacts.AttrEID:    {StringValue: &eid},
 		},
 		Capacity: map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{
-			draslices.CapacityJetties: {Value: *resource.NewQuantity(jetties, resource.DecimalSI)},
+			slicefacts.CapacityJetties: {Value: *resource.NewQuantity(jetties, resource.DecimalSI)},
 		},
 	}
 }
 
 func TestPublishedDRADevicesReadsOnlyThisDriverOnThisNode(t *testing.T) {
 	got := publishedDRADevices([]resourcev1.ResourceSlice{
-		slice(nodeName, draslices.DriverName, device("udma0", "udma0", "eid-a", 1020)),
-		slice("other-node", draslices.DriverName, device("udma9", "udma9", "", 5)),
+		slice(nodeName, slicefacts.DriverName, device("udma0", "udma0", "eid-a", 1020)),
+		slice("other-node", slicefacts.DriverName, device("udma9", "udma9", "", 5)),
 		slice(nodeName, "gpu.example.com", device("gpu0", "", "", 0)),
 	})
 	if len(got) != 1 || got["udma0"] != (draDevice{urmaName: "udma0", eid: "eid-a", jetties: 1020}) {
@@ -87,7 +87,7 @@ func TestClaimResult(t *testing.T) {
 	good := func() *resourcev1.ResourceClaim {
 		return &resourcev1.ResourceClaim{Status: resourcev1.ResourceClaimStatus{
 			Allocation: &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{
-				Results: []resourcev1.DeviceRequestAllocationResult{{Request: "jetties", Driver: draslices.DriverName, Pool: nodeName, Device: "udma0"}},
+				Results: []resourcev1.DeviceRequestAllocationResult{{Request: "jetties", Driver: slicefacts.DriverName, Pool: nodeName, Device: "udma0"}},
 			}},
 			ReservedFor: []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: pod}},
 		}}

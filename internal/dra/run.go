@@ -35,6 +35,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/selection"
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/node/watch"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
 
@@ -85,7 +86,7 @@ func Default() Config {
 		Watch:           watch.Config{PollInterval: watch.DefaultPollInterval, Settle: watch.DefaultSettle},
 		Policy:          slices.DefaultRequestPolicy(),
 		CDI:             claimspec.Config{Dir: claimspec.DefaultDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir},
-		PluginDataDir:   filepath.Join(kubeletplugin.KubeletPluginsDir, slices.DriverName),
+		PluginDataDir:   filepath.Join(kubeletplugin.KubeletPluginsDir, slicefacts.DriverName),
 		RegistrarDir:    kubeletplugin.KubeletRegistryDir,
 		HealthResend:    plugin.DefaultHealthResend,
 		StaleClaimCheck: plugin.DefaultStaleClaimCheck,
@@ -200,7 +201,7 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	}
 	helper, err := kubeletplugin.Start(klog.NewContext(ctx, log.WithName("kubeletplugin")), plug,
 		append(plugin.HelperOptions(),
-			kubeletplugin.DriverName(slices.DriverName),
+			kubeletplugin.DriverName(slicefacts.DriverName),
 			kubeletplugin.KubeClient(client),
 			kubeletplugin.NodeName(cfg.NodeName),
 			kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir),
@@ -211,7 +212,7 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 		return fmt.Errorf("start the kubelet plugin: %w", err)
 	}
 	defer helper.Stop()
-	log.Info("urma-dra-driver started", "driver", slices.DriverName, "node", cfg.NodeName,
+	log.Info("urma-dra-driver started", "driver", slicefacts.DriverName, "node", cfg.NodeName,
 		"pluginDataDir", cfg.PluginDataDir, "registrarDir", cfg.RegistrarDir, "cdiSpecDir", cfg.CDI.Dir,
 		"sysfsRoot", cfg.Sysfs.SysfsRoot, "devRoot", cfg.Sysfs.DevRoot, "requestPolicy", cfg.Policy)
 

@@ -34,6 +34,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/dra/checkpoint"
 	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
 	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
@@ -172,12 +173,12 @@ func TestSlicesPublishedAndFollowHealth(t *testing.T) {
 		t.Fatalf("shm directory %s: %v %v, want drwxrwxrwt", cfg.CDI.ShmDir, fi, err)
 	}
 	s := got[0]
-	if s.Spec.Driver != draslices.DriverName || s.Spec.Pool.Name != node || len(s.OwnerReferences) != 1 || s.OwnerReferences[0].Kind != "Node" {
-		t.Fatalf("slice %+v: want driver %s, pool %s, owned by the Node", s.ObjectMeta, draslices.DriverName, node)
+	if s.Spec.Driver != slicefacts.DriverName || s.Spec.Pool.Name != node || len(s.OwnerReferences) != 1 || s.OwnerReferences[0].Kind != "Node" {
+		t.Fatalf("slice %+v: want driver %s, pool %s, owned by the Node", s.ObjectMeta, slicefacts.DriverName, node)
 	}
 	devs := devicesOf(got)
 	udma0 := devs["udma0"]
-	c := udma0.Capacity[draslices.CapacityJetties]
+	c := udma0.Capacity[slicefacts.CapacityJetties]
 	if c.Value.Value() != 1008 || c.RequestPolicy == nil || c.RequestPolicy.Default.Value() != 16 || udma0.AllowMultipleAllocations == nil || !*udma0.AllowMultipleAllocations {
 		t.Fatalf("udma0 as stored: capacity %+v, shared %v", c, udma0.AllowMultipleAllocations)
 	}
@@ -187,7 +188,7 @@ func TestSlicesPublishedAndFollowHealth(t *testing.T) {
 	if !tainted(devs["udma1"], draslices.TaintNoBudget) {
 		t.Fatalf("udma1 (4 jetties) not tainted %s: %+v", draslices.TaintNoBudget, devs["udma1"].Taints)
 	}
-	if sw := devs["soft0"]; sw.Attributes[draslices.AttrSoftware].BoolValue == nil || !*sw.Attributes[draslices.AttrSoftware].BoolValue {
+	if sw := devs["soft0"]; sw.Attributes[slicefacts.AttrSoftware].BoolValue == nil || !*sw.Attributes[slicefacts.AttrSoftware].BoolValue {
 		t.Fatalf("soft0 not marked software: %+v", sw.Attributes)
 	}
 
@@ -372,7 +373,7 @@ func TestRunRebuildsACorruptedCheckpoint(t *testing.T) {
 	claim, err := kube.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "jetties"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name: "jetties", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: draslices.DriverName},
+			Name: "jetties", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: slicefacts.DriverName},
 		}}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -381,8 +382,8 @@ func TestRunRebuildsACorruptedCheckpoint(t *testing.T) {
 	share := types.UID("6a0e3f5e-6b2b-4b8e-9d55-2f5c1b8f3a10")
 	claim.Status = resourceapi.ResourceClaimStatus{
 		Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
-			Request: "jetties", Driver: draslices.DriverName, Pool: n.Name, Device: "udma0", ShareID: &share,
-			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{draslices.CapacityJetties: resource.MustParse("100")},
+			Request: "jetties", Driver: slicefacts.DriverName, Pool: n.Name, Device: "udma0", ShareID: &share,
+			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{slicefacts.CapacityJetties: resource.MustParse("100")},
 		}}}},
 		ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "app", UID: "0b7e5c1e-1f7a-4d6e-8d8c-3c2f4a9e6b21"}},
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 )
 
 // TestDRADriver renders driver: dra and checks what the DRA driver needs:
@@ -88,8 +89,8 @@ func TestDRADriver(t *testing.T) {
 	if conds, want := fmt.Sprint(field(t, vap, "spec", "matchConditions")), "system:serviceaccount:"+releaseNS+":"+draName; !strings.Contains(conds, want) {
 		t.Errorf("policy %s matches %s, want the driver's ServiceAccount %s", vap.GetName(), conds, want)
 	}
-	if rules := fmt.Sprint(field(t, vap, "spec", "validations")); !strings.Contains(rules, "'"+draslices.DriverName+"'") {
-		t.Errorf("policy %s does not name driver %s: %s", vap.GetName(), draslices.DriverName, rules)
+	if rules := fmt.Sprint(field(t, vap, "spec", "validations")); !strings.Contains(rules, "'"+slicefacts.DriverName+"'") {
+		t.Errorf("policy %s does not name driver %s: %s", vap.GetName(), slicefacts.DriverName, rules)
 	}
 	binding := one(t, objs, "ValidatingAdmissionPolicyBinding")
 	if got := field(t, binding, "spec", "policyName"); got != vap.GetName() {

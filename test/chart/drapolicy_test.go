@@ -23,6 +23,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/dra/dratest"
 	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 
@@ -31,7 +32,7 @@ const draName = releaseName + "-urma-k8s-dra-driver"
 // Denials of the chart's ResourceSlice policy (templates/dra/admissionpolicy.yaml).
 const (
 	denyOtherNode   = "may change only ResourceSlices of that node"
-	denyOtherDriver = "may change only ResourceSlices of driver " + draslices.DriverName
+	denyOtherDriver = "may change only ResourceSlices of driver " + slicefacts.DriverName
 	denyNoNode      = "this request's token names none"
 )
 
@@ -60,7 +61,7 @@ func TestDRASlicePolicyOnTheAPIServer(t *testing.T) {
 	// the driver is refused another node's slice (a dry run, so that nothing
 	// is created while the policy is not yet in force).
 	poll(t, "the policy to refuse another node's slice", func() error {
-		_, err := driverA.ResourceV1().ResourceSlices().Create(ctx, testSlice("probe", "node-b", draslices.DriverName), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		_, err := driverA.ResourceV1().ResourceSlices().Create(ctx, testSlice("probe", "node-b", slicefacts.DriverName), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err == nil {
 			return errors.New("creating a slice of node-b was allowed")
 		}
@@ -106,7 +107,7 @@ func TestDRASlicePolicyOnTheAPIServer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			driver := tc.driver
 			if driver == "" {
-				driver = draslices.DriverName
+				driver = slicefacts.DriverName
 			}
 			slice := testSlice(fmt.Sprintf("case-%d", i), tc.node, driver)
 			slices := tc.as.ResourceV1().ResourceSlices()
@@ -158,7 +159,7 @@ func TestDRASlicePolicyOnTheAPIServer(t *testing.T) {
 	// The driver uses neither verb, and RBAC can no more than the policy
 	// narrow them to one node: the ClusterRole does not grant them.
 	t.Run("driver may not patch or delete collections", func(t *testing.T) {
-		if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, testSlice("patch-target", "node-a", draslices.DriverName), metav1.CreateOptions{}); err != nil {
+		if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, testSlice("patch-target", "node-a", slicefacts.DriverName), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		_, err := driverA.ResourceV1().ResourceSlices().Patch(ctx, "patch-target", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
@@ -214,7 +215,7 @@ func publishLikeTheDriver(ctx context.Context, t *testing.T, admin, driver kuber
 	var mu sync.Mutex
 	var failures []error
 	ctrl, err := resourceslice.StartController(klog.NewContext(ctx, testr.New(t)), resourceslice.Options{
-		DriverName: draslices.DriverName,
+		DriverName: slicefacts.DriverName,
 		KubeClient: driver,
 		Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: node},
 		Resources:  &many,
@@ -257,7 +258,7 @@ func publishLikeTheDriver(ctx context.Context, t *testing.T, admin, driver kuber
 				t.Fatalf("%s: the slice controller failed: %v", step.name, refused)
 			}
 			list, err := admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-				FieldSelector: "spec.nodeName=" + node + ",spec.driver=" + draslices.DriverName,
+				FieldSelector: "spec.nodeName=" + node + ",spec.driver=" + slicefacts.DriverName,
 			})
 			if err != nil {
 				return fmt.Errorf("listing the slices of %s: %w", node, err)

@@ -35,6 +35,7 @@ import (
 	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/node/devpath"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 )
 
 // DefaultStaleClaimCheck is how often prepared claims are checked against
@@ -212,7 +213,7 @@ func (p *Plugin) prepare(claim *resourceapi.ResourceClaim, snap *inventory.Snaps
 	var shares []checkpoint.Device
 	inUse := p.jettiesInUse(uid)
 	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver != draslices.DriverName {
+		if r.Driver != slicefacts.DriverName {
 			continue
 		}
 		share, err := p.share(claim, r, snap, inUse)
@@ -270,17 +271,17 @@ func (p *Plugin) share(claim *resourceapi.ResourceClaim, r resourceapi.DeviceReq
 	if !d.Healthy && !tolerated(r.Tolerations, draslices.UnhealthyTaint(d)) {
 		return checkpoint.Device{}, fmt.Errorf("%s: device %s is unhealthy: %s", where, d.Name, d.Reason)
 	}
-	q, ok := r.ConsumedCapacity[draslices.CapacityJetties]
+	q, ok := r.ConsumedCapacity[slicefacts.CapacityJetties]
 	if !ok {
 		// An API server or scheduler without consumable capacity drops the
 		// slices' capacity fields and allocates whole devices: every claim
 		// ends here, and this is the one place a user sees why.
 		return checkpoint.Device{}, fmt.Errorf("%s: the allocation consumed no jetties: capacity %q is missing from the result, "+
 			"so the cluster allocated the device without consumable capacity (is the DRAConsumableCapacity feature gate off on the API server or the scheduler?)",
-			where, draslices.CapacityJetties)
+			where, slicefacts.CapacityJetties)
 	}
 	if q.Value() <= 0 {
-		return checkpoint.Device{}, fmt.Errorf("%s: the allocation consumed no jetties (%s of capacity %q)", where, q.String(), draslices.CapacityJetties)
+		return checkpoint.Device{}, fmt.Errorf("%s: the allocation consumed no jetties (%s of capacity %q)", where, q.String(), slicefacts.CapacityJetties)
 	}
 	jetties := q.Value()
 	// The last line of defense against over-allocation: the scheduler
@@ -545,7 +546,7 @@ func holds(r resourceapi.DeviceRequestAllocationResult, d checkpoint.Device) boo
 	if r.ShareID != nil {
 		share = string(*r.ShareID)
 	}
-	return r.Driver == draslices.DriverName && r.Pool == d.Pool && r.Device == d.Device &&
+	return r.Driver == slicefacts.DriverName && r.Pool == d.Pool && r.Device == d.Device &&
 		share == d.ShareID && slices.Contains(d.Requests, r.Request)
 }
 

@@ -44,6 +44,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/internal/node/health"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
@@ -122,7 +123,7 @@ func (h *host) serve(p *plugin.Plugin) *driver {
 	h.t.Helper()
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), testr.New(h.t)))
 	helper, err := kubeletplugin.Start(ctx, p, append(plugin.HelperOptions(),
-		kubeletplugin.DriverName(draslices.DriverName), kubeletplugin.KubeClient(h.kube), kubeletplugin.NodeName(node),
+		kubeletplugin.DriverName(slicefacts.DriverName), kubeletplugin.KubeClient(h.kube), kubeletplugin.NodeName(node),
 		kubeletplugin.PluginDataDirectoryPath(h.dataDir), kubeletplugin.RegistrarDirectoryPath(h.regDir),
 		kubeletplugin.GRPCVerbosity(-1))...)
 	if err != nil {
@@ -156,9 +157,9 @@ func (h *host) claim(jetties int64, devices ...string) *resourceapi.ResourceClai
 	}
 	for i, dev := range devices {
 		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results, resourceapi.DeviceRequestAllocationResult{
-			Request: "jetties", Driver: draslices.DriverName, Pool: node, Device: dev,
+			Request: "jetties", Driver: slicefacts.DriverName, Pool: node, Device: dev,
 			ShareID:          ptr.To(types.UID("share-" + name + string(rune('0'+i)))),
-			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{draslices.CapacityJetties: *resource.NewQuantity(jetties, resource.DecimalSI)},
+			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{slicefacts.CapacityJetties: *resource.NewQuantity(jetties, resource.DecimalSI)},
 		})
 	}
 	created, err := h.kube.ResourceV1().ResourceClaims("default").Create(context.Background(), c, metav1.CreateOptions{})
@@ -1232,7 +1233,7 @@ func TestPublishReportsAClusterWithoutConsumableCapacity(t *testing.T) {
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), testr.New(t)))
 	defer cancel()
 	helper, err := kubeletplugin.Start(ctx, p,
-		kubeletplugin.DriverName(draslices.DriverName), kubeletplugin.KubeClient(h.kube), kubeletplugin.NodeName(node),
+		kubeletplugin.DriverName(slicefacts.DriverName), kubeletplugin.KubeClient(h.kube), kubeletplugin.NodeName(node),
 		kubeletplugin.PluginDataDirectoryPath(h.dataDir), kubeletplugin.RegistrarDirectoryPath(h.regDir),
 		kubeletplugin.GRPCVerbosity(-1))
 	if err != nil {
@@ -1266,7 +1267,7 @@ func TestPrepareFollowsANewAllocationOfAPreparedClaim(t *testing.T) {
 	// Allocated anew: another device, a new share.
 	res := &c.Status.Allocation.Devices.Results[0]
 	res.Device, res.ShareID = "udma1", ptr.To(types.UID("share-of-the-new-allocation"))
-	res.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{draslices.CapacityJetties: *resource.NewQuantity(100, resource.DecimalSI)}
+	res.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{slicefacts.CapacityJetties: *resource.NewQuantity(100, resource.DecimalSI)}
 	c, err := h.kube.ResourceV1().ResourceClaims("default").UpdateStatus(context.Background(), c, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -12,9 +12,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/dra/checkpoint"
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 )
 
 // The checkpoint is the driver's record of the claims it prepared; when it
@@ -249,13 +249,13 @@ func (p *Plugin) restore(c *resourceapi.ResourceClaim, snap *inventory.Snapshot)
 	uid := string(c.UID)
 	var shares []checkpoint.Device
 	for _, r := range c.Status.Allocation.Devices.Results {
-		if r.Driver != draslices.DriverName {
+		if r.Driver != slicefacts.DriverName {
 			continue
 		}
 		if r.Pool != p.cfg.NodeName {
 			return checkpoint.Claim{}, fmt.Sprintf("request %s: device %s/%s is in another node's pool", r.Request, r.Pool, r.Device)
 		}
-		q, ok := r.ConsumedCapacity[draslices.CapacityJetties]
+		q, ok := r.ConsumedCapacity[slicefacts.CapacityJetties]
 		if !ok || q.Value() <= 0 {
 			// Prepare refuses such a result: it was never prepared.
 			return checkpoint.Claim{}, fmt.Sprintf("request %s: the allocation consumed no jetties of device %s", r.Request, r.Device)
@@ -275,7 +275,7 @@ func (p *Plugin) restore(c *resourceapi.ResourceClaim, snap *inventory.Snapshot)
 		shares = append(shares, share)
 	}
 	if len(shares) == 0 {
-		return checkpoint.Claim{}, "no device of " + draslices.DriverName + " in its allocation"
+		return checkpoint.Claim{}, "no device of " + slicefacts.DriverName + " in its allocation"
 	}
 	return checkpoint.Claim{Namespace: c.Namespace, Name: c.Name, Devices: shares}, ""
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/openeuler/urma-k8s/internal/dra/dratest"
 	"github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
@@ -55,7 +56,7 @@ func newCluster(t *testing.T, devs ...sysfstest.Device) *cluster {
 	t.Helper()
 	snap := dratest.Snapshot(t, dratest.Config(0), devs...)
 	res := slices.Resources(nodeName, snap, slices.DefaultRequestPolicy())
-	return &cluster{t: t, slices: dratest.ResourceSlices(slices.DriverName, nodeName, res)}
+	return &cluster{t: t, slices: dratest.ResourceSlices(slicefacts.DriverName, nodeName, res)}
 }
 
 // state is what the scheduler derives from the allocated claims: shared
@@ -107,13 +108,13 @@ var claimSeq int
 // (0: the request policy's default).
 func request(name string, count, jetties int64, selectors ...string) resourceapi.DeviceRequest {
 	r := resourceapi.DeviceRequest{Name: name, Exactly: &resourceapi.ExactDeviceRequest{
-		DeviceClassName: slices.DriverName,
+		DeviceClassName: slicefacts.DriverName,
 		AllocationMode:  resourceapi.DeviceAllocationModeExactCount,
 		Count:           count,
 	}}
 	if jetties > 0 {
 		r.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
-			slices.CapacityJetties: *resource.NewQuantity(jetties, resource.DecimalSI),
+			slicefacts.CapacityJetties: *resource.NewQuantity(jetties, resource.DecimalSI),
 		}}
 	}
 	for _, s := range selectors {
@@ -137,7 +138,7 @@ func jettyClaim(jetties int64) *resourceapi.ResourceClaim {
 
 func consumed(t *testing.T, r resourceapi.DeviceRequestAllocationResult) int64 {
 	t.Helper()
-	q, ok := r.ConsumedCapacity[slices.CapacityJetties]
+	q, ok := r.ConsumedCapacity[slicefacts.CapacityJetties]
 	if !ok {
 		t.Fatalf("result %+v consumed no jetties", r)
 	}
@@ -167,8 +168,8 @@ func TestAllocateJettiesFromOneDevice(t *testing.T) {
 				return
 			}
 			r := res.Devices.Results[0]
-			if r.Driver != slices.DriverName || r.Pool != nodeName || r.Device != "udma0" || r.ShareID == nil {
-				t.Errorf("result %+v, want a share of %s/%s/udma0", r, slices.DriverName, nodeName)
+			if r.Driver != slicefacts.DriverName || r.Pool != nodeName || r.Device != "udma0" || r.ShareID == nil {
+				t.Errorf("result %+v, want a share of %s/%s/udma0", r, slicefacts.DriverName, nodeName)
 			}
 			if got := consumed(t, r); got != tc.jetties {
 				t.Errorf("consumed %d jetties, want %d (no unit rounding)", got, tc.jetties)
@@ -186,7 +187,7 @@ func TestAllocateDefaultAndRoundedRequests(t *testing.T) {
 	// A policy with a step rounds requests up.
 	snap := dratest.Snapshot(t, dratest.Config(0), sysfstest.DefaultDevice("udma0"))
 	res8 := slices.Resources(nodeName, snap, slices.RequestPolicy{Default: 8, Min: 8, Step: 8})
-	c = &cluster{t: t, slices: dratest.ResourceSlices(slices.DriverName, nodeName, res8)}
+	c = &cluster{t: t, slices: dratest.ResourceSlices(slicefacts.DriverName, nodeName, res8)}
 	if res := c.allocate(jettyClaim(10)); res == nil || consumed(t, res.Devices.Results[0]) != 16 {
 		t.Fatalf("10 jetties with min 8 step 8: %+v, want 16 consumed", res)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/dra/dratest"
 	"github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
@@ -20,7 +21,7 @@ func published(t *testing.T, policy slices.RequestPolicy, devs ...sysfstest.Devi
 	t.Helper()
 	snap := dratest.Snapshot(t, dratest.Config(0), devs...)
 	var out []resourceapi.ResourceSlice
-	for _, s := range dratest.ResourceSlices(slices.DriverName, "n", slices.Resources("n", snap, policy)) {
+	for _, s := range dratest.ResourceSlices(slicefacts.DriverName, "n", slices.Resources("n", snap, policy)) {
 		out = append(out, *s)
 	}
 	return out
@@ -33,7 +34,7 @@ func TestFactsFromSlices(t *testing.T) {
 	down := sysfstest.DefaultDevice("udma2") // unhealthy: its tiny limits must not count
 	down.Ports = []urma.PortState{urma.PortDown}
 	down.Caps.MaxJFRDepth = 1
-	got, err := slices.Facts(published(t, slices.RequestPolicy{Default: 32, Min: 1, Step: 1}, a, b, down))
+	got, err := slicefacts.Facts(published(t, slices.RequestPolicy{Default: 32, Min: 1, Step: 1}, a, b, down))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +48,7 @@ func TestFactsFromSlices(t *testing.T) {
 }
 
 func TestFactsOfSoftwareAndEmptyNodes(t *testing.T) {
-	none, err := slices.Facts(nil)
+	none, err := slicefacts.Facts(nil)
 	if err != nil || none.Present() {
 		t.Fatalf("no slices: %+v, %v", none, err)
 	}
@@ -55,10 +56,10 @@ func TestFactsOfSoftwareAndEmptyNodes(t *testing.T) {
 	cfg.SoftDevices, cfg.SoftJetties = 1, 64
 	snap := dratest.Snapshot(t, cfg)
 	var ss []resourceapi.ResourceSlice
-	for _, s := range dratest.ResourceSlices(slices.DriverName, "n", slices.Resources("n", snap, slices.DefaultRequestPolicy())) {
+	for _, s := range dratest.ResourceSlices(slicefacts.DriverName, "n", slices.Resources("n", snap, slices.DefaultRequestPolicy())) {
 		ss = append(ss, *s)
 	}
-	f, err := slices.Facts(ss)
+	f, err := slicefacts.Facts(ss)
 	if err != nil || !f.Software || f.DeviceCount != 1 || f.JettiesPerDevice != 64 {
 		t.Fatalf("software node: %+v, %v", f, err)
 	}
@@ -75,7 +76,7 @@ func TestFactsIgnoreOtherDriversAndOldGenerations(t *testing.T) {
 	old := ss[0]
 	old.Spec.Pool.Generation = -1
 	old.Spec.Devices = []resourceapi.Device{{Name: "stale"}}
-	f, err := slices.Facts(append(ss, other, old))
+	f, err := slicefacts.Facts(append(ss, other, old))
 	if err != nil || f.DeviceCount != 1 {
 		t.Fatalf("facts %+v, %v; want the one current device", f, err)
 	}
@@ -90,7 +91,7 @@ func TestFactsOfIncompletePools(t *testing.T) {
 	cfg.SoftDevices, cfg.SoftJetties = 70, 64
 	snap := dratest.Snapshot(t, cfg)
 	var pool []resourceapi.ResourceSlice // slices of 64 and 6 devices
-	for _, s := range dratest.ResourceSlices(slices.DriverName, "n", slices.Resources("n", snap, slices.DefaultRequestPolicy())) {
+	for _, s := range dratest.ResourceSlices(slicefacts.DriverName, "n", slices.Resources("n", snap, slices.DefaultRequestPolicy())) {
 		pool = append(pool, *s)
 	}
 	if len(pool) != 2 {
@@ -122,9 +123,9 @@ func TestFactsOfIncompletePools(t *testing.T) {
 		{"another driver's pool incomplete", append(at(1, pool...), otherDriver), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f, err := slices.Facts(tc.slices)
+			f, err := slicefacts.Facts(tc.slices)
 			if tc.incomplete {
-				if !errors.Is(err, slices.ErrPoolIncomplete) || f.Present() {
+				if !errors.Is(err, slicefacts.ErrPoolIncomplete) || f.Present() {
 					t.Fatalf("Facts = %+v, %v; want no facts and ErrPoolIncomplete", f, err)
 				}
 				return
@@ -142,24 +143,24 @@ func TestFactsRejectMalformedDevices(t *testing.T) {
 		breakIt func(*resourceapi.Device)
 		want    string
 	}{
-		{"missing depth", func(d *resourceapi.Device) { delete(d.Attributes, slices.AttrMaxJFSDepth) }, "maxJfsDepth"},
+		{"missing depth", func(d *resourceapi.Device) { delete(d.Attributes, slicefacts.AttrMaxJFSDepth) }, "maxJfsDepth"},
 		{"negative depth", func(d *resourceapi.Device) {
-			d.Attributes[slices.AttrMaxJFRDepth] = resourceapi.DeviceAttribute{IntValue: ptr.To[int64](-1)}
+			d.Attributes[slicefacts.AttrMaxJFRDepth] = resourceapi.DeviceAttribute{IntValue: ptr.To[int64](-1)}
 		}, "maxJfrDepth"},
 		{"string msg size", func(d *resourceapi.Device) {
-			d.Attributes[slices.AttrMaxMsgSize] = resourceapi.DeviceAttribute{StringValue: ptr.To("big")}
+			d.Attributes[slicefacts.AttrMaxMsgSize] = resourceapi.DeviceAttribute{StringValue: ptr.To("big")}
 		}, "maxMsgSize"},
-		{"no software flag", func(d *resourceapi.Device) { delete(d.Attributes, slices.AttrSoftware) }, "software"},
+		{"no software flag", func(d *resourceapi.Device) { delete(d.Attributes, slicefacts.AttrSoftware) }, "software"},
 		{"no policy", func(d *resourceapi.Device) {
-			c := d.Capacity[slices.CapacityJetties]
+			c := d.Capacity[slicefacts.CapacityJetties]
 			c.RequestPolicy = nil
-			d.Capacity[slices.CapacityJetties] = c
+			d.Capacity[slicefacts.CapacityJetties] = c
 		}, "request policy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ss := published(t, slices.DefaultRequestPolicy(), sysfstest.DefaultDevice("udma0"))
 			tc.breakIt(&ss[0].Spec.Devices[0])
-			_, err := slices.Facts(ss)
+			_, err := slicefacts.Facts(ss)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "udma0") {
 				t.Fatalf("Facts = %v, want an error naming udma0 and %s", err, tc.want)
 			}
@@ -175,10 +176,10 @@ func TestFactsRangeEdges(t *testing.T) {
 	}
 	setCap := func(jetties, unit int64) func(*resourceapi.Device) {
 		return func(d *resourceapi.Device) {
-			c := d.Capacity[slices.CapacityJetties]
+			c := d.Capacity[slicefacts.CapacityJetties]
 			c.Value = *resource.NewQuantity(jetties, resource.DecimalSI)
 			c.RequestPolicy.Default = resource.NewQuantity(unit, resource.DecimalSI)
-			d.Capacity[slices.CapacityJetties] = c
+			d.Capacity[slicefacts.CapacityJetties] = c
 		}
 	}
 	for _, tc := range []struct {
@@ -186,12 +187,12 @@ func TestFactsRangeEdges(t *testing.T) {
 		set  func(*resourceapi.Device)
 		ok   bool
 	}{
-		{"depth 1", setInt(slices.AttrMaxJFSDepth, 1), true},
-		{"depth 0", setInt(slices.AttrMaxJFSDepth, 0), false},
-		{"depth 2^32-1", setInt(slices.AttrMaxJFRDepth, 1<<32-1), true},
-		{"depth 2^32", setInt(slices.AttrMaxJFCDepth, 1<<32), false},
-		{"message size 1", setInt(slices.AttrMaxMsgSize, 1), true},
-		{"message size 0", setInt(slices.AttrMaxMsgSize, 0), false},
+		{"depth 1", setInt(slicefacts.AttrMaxJFSDepth, 1), true},
+		{"depth 0", setInt(slicefacts.AttrMaxJFSDepth, 0), false},
+		{"depth 2^32-1", setInt(slicefacts.AttrMaxJFRDepth, 1<<32-1), true},
+		{"depth 2^32", setInt(slicefacts.AttrMaxJFCDepth, 1<<32), false},
+		{"message size 1", setInt(slicefacts.AttrMaxMsgSize, 1), true},
+		{"message size 0", setInt(slicefacts.AttrMaxMsgSize, 0), false},
 		{"one jetty, unit 1", setCap(1, 1), true},
 		{"no jetties", setCap(0, 1), false},
 		{"2^32-1 jetties", setCap(1<<32-1, 16), true},
@@ -203,7 +204,7 @@ func TestFactsRangeEdges(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ss := published(t, slices.DefaultRequestPolicy(), sysfstest.DefaultDevice("udma0"))
 			tc.set(&ss[0].Spec.Devices[0])
-			_, err := slices.Facts(ss)
+			_, err := slicefacts.Facts(ss)
 			if (err == nil) != tc.ok {
 				t.Fatalf("Facts = %v, want ok %v", err, tc.ok)
 			}

@@ -24,39 +24,8 @@ import (
 
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
-)
-
-// DriverName is the DRA driver's name; it is also the domain of the
-// attributes and capacity and the name of the DeviceClass.
-const DriverName = "urma.openeuler.org"
-
-// CapacityJetties is the consumable capacity: the device's jetty budget.
-const CapacityJetties resourceapi.QualifiedName = "jetties"
-
-// Attribute names (in the driver's domain, e.g. urma.openeuler.org/numaNode
-// in a CEL selector or a matchAttribute constraint).
-const (
-	AttrDevice           resourceapi.QualifiedName = "device"    // URMA device name, e.g. udma0
-	AttrDriver           resourceapi.QualifiedName = "driver"    // kernel driver, e.g. udma
-	AttrTransport        resourceapi.QualifiedName = "transport" // UB, IB, IP, HNS_UB
-	AttrEID              resourceapi.QualifiedName = "eid"       // lowest-index EID (URMA_EID)
-	AttrEIDs             resourceapi.QualifiedName = "eids"      // EIDs, comma-separated, as many as fit
-	AttrEIDCount         resourceapi.QualifiedName = "eidCount"
-	AttrNUMANode         resourceapi.QualifiedName = "numaNode" // absent when unknown
-	AttrBonding          resourceapi.QualifiedName = "bonding"
-	AttrSoftware         resourceapi.QualifiedName = "software"
-	AttrPCIVendor        resourceapi.QualifiedName = "pciVendorID" // e.g. 0x19e5
-	AttrPCIDevice        resourceapi.QualifiedName = "pciDeviceID"
-	AttrGUID             resourceapi.QualifiedName = "guid"
-	AttrMaxJetty         resourceapi.QualifiedName = "maxJetty"
-	AttrMaxJFSDepth      resourceapi.QualifiedName = "maxJfsDepth"
-	AttrMaxJFRDepth      resourceapi.QualifiedName = "maxJfrDepth"
-	AttrMaxJFCDepth      resourceapi.QualifiedName = "maxJfcDepth"
-	AttrMaxJFSSge        resourceapi.QualifiedName = "maxJfsSge"
-	AttrMaxJFRSge        resourceapi.QualifiedName = "maxJfrSge"
-	AttrMaxMsgSize       resourceapi.QualifiedName = "maxMsgSize"
-	AttrMaxJFSInlineSize resourceapi.QualifiedName = "maxJfsInlineSize"
 )
 
 // Taint keys. Taints have effect NoSchedule: the scheduler allocates nothing
@@ -66,10 +35,10 @@ const (
 const (
 	// TaintUnhealthy marks a device failing the health rule; its value is
 	// a short reason code (see ReasonCode).
-	TaintUnhealthy = DriverName + "/unhealthy"
+	TaintUnhealthy = slicefacts.DriverName + "/unhealthy"
 	// TaintNoBudget marks a device whose jetty budget cannot satisfy the
 	// request policy (not even one minimum request fits).
-	TaintNoBudget = DriverName + "/no-budget"
+	TaintNoBudget = slicefacts.DriverName + "/no-budget"
 )
 
 // maxDevicesPerSlice is the API's limit for slices whose devices carry
@@ -130,11 +99,11 @@ func Device(d *inventory.Device, policy RequestPolicy) resourceapi.Device {
 		Attributes:               attributes(d),
 		AllowMultipleAllocations: ptr.To(true),
 		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-			CapacityJetties: {Value: *resource.NewQuantity(capacity, resource.DecimalSI)},
+			slicefacts.CapacityJetties: {Value: *resource.NewQuantity(capacity, resource.DecimalSI)},
 		},
 	}
 	if policy.fits(capacity) {
-		c := out.Capacity[CapacityJetties]
+		c := out.Capacity[slicefacts.CapacityJetties]
 		c.RequestPolicy = &resourceapi.CapacityRequestPolicy{
 			Default: resource.NewQuantity(policy.Default, resource.DecimalSI),
 			ValidRange: &resourceapi.CapacityRequestPolicyRange{
@@ -142,7 +111,7 @@ func Device(d *inventory.Device, policy RequestPolicy) resourceapi.Device {
 				Step: resource.NewQuantity(policy.Step, resource.DecimalSI),
 			},
 		}
-		out.Capacity[CapacityJetties] = c
+		out.Capacity[slicefacts.CapacityJetties] = c
 	} else {
 		out.Taints = append(out.Taints, resourceapi.DeviceTaint{
 			Key:    TaintNoBudget,
@@ -173,40 +142,40 @@ func attributes(d *inventory.Device) map[resourceapi.QualifiedName]resourceapi.D
 	info := &d.Info
 	caps := &info.Caps
 	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		AttrDevice:           str(d.Name),
-		AttrDriver:           str(info.Driver),
-		AttrTransport:        str(info.TransportType.String()),
-		AttrEIDCount:         num(int64(len(info.EIDs))),
-		AttrBonding:          flag(d.Bonding),
-		AttrSoftware:         flag(d.Software),
-		AttrMaxJetty:         num(int64(caps.MaxJetty)),
-		AttrMaxJFSDepth:      num(int64(caps.MaxJFSDepth)),
-		AttrMaxJFRDepth:      num(int64(caps.MaxJFRDepth)),
-		AttrMaxJFCDepth:      num(int64(caps.MaxJFCDepth)),
-		AttrMaxJFSSge:        num(int64(caps.MaxJFSSge)),
-		AttrMaxJFRSge:        num(int64(caps.MaxJFRSge)),
-		AttrMaxJFSInlineSize: num(int64(caps.MaxJFSInlineSize)),
+		slicefacts.AttrDevice:           str(d.Name),
+		slicefacts.AttrDriver:           str(info.Driver),
+		slicefacts.AttrTransport:        str(info.TransportType.String()),
+		slicefacts.AttrEIDCount:         num(int64(len(info.EIDs))),
+		slicefacts.AttrBonding:          flag(d.Bonding),
+		slicefacts.AttrSoftware:         flag(d.Software),
+		slicefacts.AttrMaxJetty:         num(int64(caps.MaxJetty)),
+		slicefacts.AttrMaxJFSDepth:      num(int64(caps.MaxJFSDepth)),
+		slicefacts.AttrMaxJFRDepth:      num(int64(caps.MaxJFRDepth)),
+		slicefacts.AttrMaxJFCDepth:      num(int64(caps.MaxJFCDepth)),
+		slicefacts.AttrMaxJFSSge:        num(int64(caps.MaxJFSSge)),
+		slicefacts.AttrMaxJFRSge:        num(int64(caps.MaxJFRSge)),
+		slicefacts.AttrMaxJFSInlineSize: num(int64(caps.MaxJFSInlineSize)),
 		// A uint64 beyond int64 cannot be an attribute; no device's
 		// message limit is near 8 EiB, so saturate rather than wrap.
-		AttrMaxMsgSize: num(int64(min(caps.MaxMsgSize, 1<<63-1))),
+		slicefacts.AttrMaxMsgSize: num(int64(min(caps.MaxMsgSize, 1<<63-1))),
 	}
 	if d.EID != "" {
-		a[AttrEID] = str(d.EID)
+		a[slicefacts.AttrEID] = str(d.EID)
 	}
 	if eids := joinFitting(info.EIDs, maxStringAttr); eids != "" {
-		a[AttrEIDs] = str(eids)
+		a[slicefacts.AttrEIDs] = str(eids)
 	}
 	if d.NUMANode >= 0 {
-		a[AttrNUMANode] = num(int64(d.NUMANode))
+		a[slicefacts.AttrNUMANode] = num(int64(d.NUMANode))
 	}
 	if d.VendorID != "" {
-		a[AttrPCIVendor] = str(d.VendorID)
+		a[slicefacts.AttrPCIVendor] = str(d.VendorID)
 	}
 	if d.DeviceID != "" {
-		a[AttrPCIDevice] = str(d.DeviceID)
+		a[slicefacts.AttrPCIDevice] = str(d.DeviceID)
 	}
 	if info.GUID != "" { // sysfs admits only EID text or a 64-bit number
-		a[AttrGUID] = str(info.GUID)
+		a[slicefacts.AttrGUID] = str(info.GUID)
 	}
 	return a
 }
@@ -328,10 +297,10 @@ const ExtendedResourceName = nodefacts.ResourceName
 func DeviceClass() *resourceapi.DeviceClass {
 	return &resourceapi.DeviceClass{
 		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
-		ObjectMeta: metav1.ObjectMeta{Name: DriverName},
+		ObjectMeta: metav1.ObjectMeta{Name: slicefacts.DriverName},
 		Spec: resourceapi.DeviceClassSpec{
 			Selectors: []resourceapi.DeviceSelector{{
-				CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + DriverName + `"`},
+				CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + slicefacts.DriverName + `"`},
 			}},
 			ExtendedResourceName: ptr.To(ExtendedResourceName),
 		},

@@ -12,6 +12,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/node/selection"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
@@ -63,14 +64,14 @@ func TestDeviceAttributes(t *testing.T) {
 		t.Errorf("name %q, want udma0", d.Name)
 	}
 	for attr, want := range map[resourceapi.QualifiedName]string{
-		slices.AttrDevice:    "udma0",
-		slices.AttrDriver:    "udma",
-		slices.AttrTransport: "UB",
-		slices.AttrEID:       "::ffff:10.0.0.1",
-		slices.AttrEIDs:      "::ffff:10.0.0.1,::ffff:10.0.0.9",
-		slices.AttrPCIVendor: "0x19e5",
-		slices.AttrPCIDevice: "0xa001",
-		slices.AttrGUID:      dev.GUID,
+		slicefacts.AttrDevice:    "udma0",
+		slicefacts.AttrDriver:    "udma",
+		slicefacts.AttrTransport: "UB",
+		slicefacts.AttrEID:       "::ffff:10.0.0.1",
+		slicefacts.AttrEIDs:      "::ffff:10.0.0.1,::ffff:10.0.0.9",
+		slicefacts.AttrPCIVendor: "0x19e5",
+		slicefacts.AttrPCIDevice: "0xa001",
+		slicefacts.AttrGUID:      dev.GUID,
 	} {
 		if got := str(t, d, attr); got != want {
 			t.Errorf("%s = %q, want %q", attr, got, want)
@@ -78,22 +79,22 @@ func TestDeviceAttributes(t *testing.T) {
 	}
 	c := dev.Caps
 	for attr, want := range map[resourceapi.QualifiedName]int64{
-		slices.AttrNUMANode:         1,
-		slices.AttrEIDCount:         2,
-		slices.AttrMaxJetty:         int64(c.MaxJetty),
-		slices.AttrMaxJFSDepth:      int64(c.MaxJFSDepth),
-		slices.AttrMaxJFRDepth:      int64(c.MaxJFRDepth),
-		slices.AttrMaxJFCDepth:      int64(c.MaxJFCDepth),
-		slices.AttrMaxJFSSge:        int64(c.MaxJFSSge),
-		slices.AttrMaxJFRSge:        int64(c.MaxJFRSge),
-		slices.AttrMaxMsgSize:       int64(c.MaxMsgSize),
-		slices.AttrMaxJFSInlineSize: int64(c.MaxJFSInlineSize),
+		slicefacts.AttrNUMANode:         1,
+		slicefacts.AttrEIDCount:         2,
+		slicefacts.AttrMaxJetty:         int64(c.MaxJetty),
+		slicefacts.AttrMaxJFSDepth:      int64(c.MaxJFSDepth),
+		slicefacts.AttrMaxJFRDepth:      int64(c.MaxJFRDepth),
+		slicefacts.AttrMaxJFCDepth:      int64(c.MaxJFCDepth),
+		slicefacts.AttrMaxJFSSge:        int64(c.MaxJFSSge),
+		slicefacts.AttrMaxJFRSge:        int64(c.MaxJFRSge),
+		slicefacts.AttrMaxMsgSize:       int64(c.MaxMsgSize),
+		slicefacts.AttrMaxJFSInlineSize: int64(c.MaxJFSInlineSize),
 	} {
 		if got := num(t, d, attr); got != want {
 			t.Errorf("%s = %d, want %d", attr, got, want)
 		}
 	}
-	if flag(t, d, slices.AttrBonding) || flag(t, d, slices.AttrSoftware) {
+	if flag(t, d, slicefacts.AttrBonding) || flag(t, d, slicefacts.AttrSoftware) {
 		t.Error("a plain hardware device is marked bonding or software")
 	}
 	if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
@@ -120,15 +121,15 @@ func TestDeviceWithoutNUMAOrPCI(t *testing.T) {
 	bond.Bonding = true
 	snap := dratest.Snapshot(t, dratest.Config(0), bond)
 	d := slices.Device(only(t, snap, "bonding_dev_0"), slices.DefaultRequestPolicy())
-	for _, attr := range []resourceapi.QualifiedName{slices.AttrNUMANode, slices.AttrPCIVendor, slices.AttrPCIDevice} {
+	for _, attr := range []resourceapi.QualifiedName{slicefacts.AttrNUMANode, slicefacts.AttrPCIVendor, slicefacts.AttrPCIDevice} {
 		if _, ok := d.Attributes[attr]; ok {
 			t.Errorf("attribute %s set for a bonding device without a parent", attr)
 		}
 	}
-	if !flag(t, d, slices.AttrBonding) {
+	if !flag(t, d, slicefacts.AttrBonding) {
 		t.Error("bonding device not marked bonding")
 	}
-	if str(t, d, slices.AttrDevice) != "bonding_dev_0" {
+	if str(t, d, slicefacts.AttrDevice) != "bonding_dev_0" {
 		t.Error("the device attribute must keep the URMA name")
 	}
 }
@@ -142,11 +143,11 @@ func TestEIDsAttributeKeepsWholeEntries(t *testing.T) {
 	}
 	snap := dratest.Snapshot(t, dratest.Config(0), dev)
 	d := slices.Device(only(t, snap, "udma0"), slices.DefaultRequestPolicy())
-	got := str(t, d, slices.AttrEIDs)
+	got := str(t, d, slicefacts.AttrEIDs)
 	if got != "1111:2222:3333:4444:5555:6666:7777:8888" {
 		t.Errorf("eids %q: want only the first EID (two do not fit 64 bytes)", got)
 	}
-	if num(t, d, slices.AttrEIDCount) != 3 {
+	if num(t, d, slicefacts.AttrEIDCount) != 3 {
 		t.Error("eidCount must count every EID")
 	}
 }
@@ -172,7 +173,7 @@ func TestJettyCapacityIsTheBudget(t *testing.T) {
 			dev.Caps.MaxJetty, dev.Reserved, dev.NoReserved = tc.maxJetty, tc.reserved, tc.noReserved
 			snap := dratest.Snapshot(t, dratest.Config(tc.hostReserve), dev)
 			d := slices.Device(only(t, snap, "udma0"), slices.DefaultRequestPolicy())
-			c := d.Capacity[slices.CapacityJetties]
+			c := d.Capacity[slicefacts.CapacityJetties]
 			if got := c.Value.Value(); got != tc.want {
 				t.Fatalf("jetties capacity %d, want %d", got, tc.want)
 			}
@@ -183,7 +184,7 @@ func TestJettyCapacityIsTheBudget(t *testing.T) {
 func TestRequestPolicy(t *testing.T) {
 	snap := dratest.Snapshot(t, dratest.Config(0), sysfstest.DefaultDevice("udma0"))
 	d := slices.Device(only(t, snap, "udma0"), slices.RequestPolicy{Default: 32, Min: 8, Step: 4})
-	p := d.Capacity[slices.CapacityJetties].RequestPolicy
+	p := d.Capacity[slicefacts.CapacityJetties].RequestPolicy
 	if p == nil || p.Default == nil || p.ValidRange == nil || p.ValidRange.Min == nil || p.ValidRange.Step == nil {
 		t.Fatalf("request policy incomplete: %+v", p)
 	}
@@ -230,7 +231,7 @@ func TestTooSmallBudgetIsTaintedWithoutPolicy(t *testing.T) {
 		dev.Caps.MaxJetty = maxJetty
 		snap := dratest.Snapshot(t, dratest.Config(0), dev)
 		d := slices.Device(only(t, snap, "udma0"), slices.DefaultRequestPolicy())
-		if d.Capacity[slices.CapacityJetties].RequestPolicy != nil {
+		if d.Capacity[slicefacts.CapacityJetties].RequestPolicy != nil {
 			t.Errorf("max_jetty %d: a request policy the API would refuse", maxJetty)
 		}
 		tn, ok := taint(d, slices.TaintNoBudget)
@@ -363,7 +364,7 @@ func sliceSizes(ss []resourceslice.Slice) []int {
 
 func TestDeviceClass(t *testing.T) {
 	dc := slices.DeviceClass()
-	if dc.Name != slices.DriverName || dc.Spec.ExtendedResourceName == nil || *dc.Spec.ExtendedResourceName != "urma.openeuler.org/jetty" {
+	if dc.Name != slicefacts.DriverName || dc.Spec.ExtendedResourceName == nil || *dc.Spec.ExtendedResourceName != "urma.openeuler.org/jetty" {
 		t.Fatalf("device class %+v", dc)
 	}
 	if len(dc.Spec.Selectors) != 1 || !strings.Contains(dc.Spec.Selectors[0].CEL.Expression, `"urma.openeuler.org"`) {
@@ -390,7 +391,7 @@ func TestPolicyMustFitTheCapacity(t *testing.T) {
 		snap := dratest.Snapshot(t, dratest.Config(0), dev)
 		d := slices.Device(only(t, snap, "udma0"), tc.policy)
 		_, tainted := taint(d, slices.TaintNoBudget)
-		hasPolicy := d.Capacity[slices.CapacityJetties].RequestPolicy != nil
+		hasPolicy := d.Capacity[slicefacts.CapacityJetties].RequestPolicy != nil
 		if hasPolicy != tc.fits || tainted == tc.fits {
 			t.Errorf("capacity %d, policy %+v: policy %v, no-budget taint %v; want fits=%v", tc.maxJetty-16, tc.policy, hasPolicy, tainted, tc.fits)
 		}
@@ -402,7 +403,7 @@ func TestHugeMessageSizeSaturates(t *testing.T) {
 	dev.Caps.MaxMsgSize = 1<<64 - 1
 	snap := dratest.Snapshot(t, dratest.Config(0), dev)
 	d := slices.Device(only(t, snap, "udma0"), slices.DefaultRequestPolicy())
-	if got := num(t, d, slices.AttrMaxMsgSize); got != 1<<63-1 {
+	if got := num(t, d, slicefacts.AttrMaxMsgSize); got != 1<<63-1 {
 		t.Fatalf("maxMsgSize %d, want the largest int64", got)
 	}
 }
@@ -422,13 +423,13 @@ func TestEIDsAttributeOrderAndEdge(t *testing.T) {
 	d := inventory.Device{Name: "udma0", Healthy: true, Info: urma.DeviceInfo{EIDs: []urma.EIDEntry{
 		{Index: 5, EID: eid(short)}, {Index: 2, EID: eid(long)},
 	}}}
-	got := str(t, slices.Device(&d, slices.DefaultRequestPolicy()), slices.AttrEIDs)
+	got := str(t, slices.Device(&d, slices.DefaultRequestPolicy()), slicefacts.AttrEIDs)
 	if got != long+","+short {
 		t.Fatalf("eids %q, want both, in index order, filling 64 bytes", got)
 	}
 	// One byte more and the second no longer fits, separator included.
 	d.Info.EIDs[0].EID = eid(short + "4")
-	if got := str(t, slices.Device(&d, slices.DefaultRequestPolicy()), slices.AttrEIDs); got != long {
+	if got := str(t, slices.Device(&d, slices.DefaultRequestPolicy()), slicefacts.AttrEIDs); got != long {
 		t.Fatalf("eids %q, want only %q (65 bytes do not fit)", got, long)
 	}
 }

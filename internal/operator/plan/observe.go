@@ -12,8 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 )
 
 // Driver is the node agent that offers URMA devices to pods, and so where
@@ -129,10 +129,10 @@ func Observe(ctx context.Context, c client.Reader, ep *v1alpha1.UrmaEndpoint, dr
 			obs.Input.Nodes = append(obs.Input.Nodes, NodeFromAnnotations(n.Name, n.Labels, n.Annotations))
 			continue
 		}
-		f, err := draslices.Facts(perNode[n.Name])
+		f, err := slicefacts.Facts(perNode[n.Name])
 		// A pool being published is a driver (re)starting, not malformed
 		// facts: the node has none yet, as while it publishes nothing.
-		if errors.Is(err, draslices.ErrPoolIncomplete) || err == nil && !f.Present() {
+		if errors.Is(err, slicefacts.ErrPoolIncomplete) || err == nil && !f.Present() {
 			err = nodefacts.ErrNoFacts
 		}
 		obs.Input.Nodes = append(obs.Input.Nodes, NodeFromFacts(n.Name, n.Labels, f, err))

@@ -21,6 +21,7 @@ import (
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/internal/dra/dratest"
 	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 
@@ -117,7 +118,7 @@ func cluster(tb testing.TB, ep *v1alpha1.UrmaEndpoint, nodes, pods int) []client
 			n.Annotations[k] = v
 		}
 		objs = append(objs, n)
-		for _, s := range dratest.ResourceSlices(draslices.DriverName, name, draslices.Resources(name, snap, draslices.DefaultRequestPolicy())) {
+		for _, s := range dratest.ResourceSlices(slicefacts.DriverName, name, draslices.Resources(name, snap, draslices.DefaultRequestPolicy())) {
 			objs = append(objs, s)
 		}
 	}

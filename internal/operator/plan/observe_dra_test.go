@@ -16,6 +16,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/dra/dratest"
 	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 
@@ -34,14 +35,14 @@ func TestObserveFactsFromResourceSlices(t *testing.T) {
 	}
 	dev := sysfstest.DefaultDevice("udma0")
 	snap := dratest.Snapshot(t, dratest.Config(0), dev)
-	for _, sl := range dratest.ResourceSlices(draslices.DriverName, "dra-node", draslices.Resources("dra-node", snap, draslices.DefaultRequestPolicy())) {
+	for _, sl := range dratest.ResourceSlices(slicefacts.DriverName, "dra-node", draslices.Resources("dra-node", snap, draslices.DefaultRequestPolicy())) {
 		objs = append(objs, sl)
 	}
-	bad := dratest.ResourceSlices(draslices.DriverName, "bad-node", draslices.Resources("bad-node", snap, draslices.DefaultRequestPolicy()))[0]
-	delete(bad.Spec.Devices[0].Attributes, draslices.AttrMaxJFSDepth)
+	bad := dratest.ResourceSlices(slicefacts.DriverName, "bad-node", draslices.Resources("bad-node", snap, draslices.DefaultRequestPolicy()))[0]
+	delete(bad.Spec.Devices[0].Attributes, slicefacts.AttrMaxJFSDepth)
 	objs = append(objs, bad)
 	// One of two slices published so far: facts not known yet, not malformed.
-	half := dratest.ResourceSlices(draslices.DriverName, "publishing-node", draslices.Resources("publishing-node", snap, draslices.DefaultRequestPolicy()))[0]
+	half := dratest.ResourceSlices(slicefacts.DriverName, "publishing-node", draslices.Resources("publishing-node", snap, draslices.DefaultRequestPolicy()))[0]
 	half.Spec.Pool.ResourceSliceCount = 2
 	objs = append(objs, half)
 	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()

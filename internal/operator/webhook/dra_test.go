@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
@@ -236,11 +236,11 @@ func TestRequestsJettyClass(t *testing.T) {
 	}{
 		{name: "no request"},
 		{name: "a GPU", requests: []resourceapi.DeviceRequest{exact(gpu)}},
-		{name: "URMA", requests: []resourceapi.DeviceRequest{exact(draslices.DriverName)}, want: true},
-		{name: "a GPU and URMA", requests: []resourceapi.DeviceRequest{exact(gpu), exact(draslices.DriverName)}, want: true},
+		{name: "URMA", requests: []resourceapi.DeviceRequest{exact(slicefacts.DriverName)}, want: true},
+		{name: "a GPU and URMA", requests: []resourceapi.DeviceRequest{exact(gpu), exact(slicefacts.DriverName)}, want: true},
 		{name: "GPU alternatives", requests: []resourceapi.DeviceRequest{alternatives(gpu, "other.example.com")}},
-		{name: "URMA second among alternatives", requests: []resourceapi.DeviceRequest{alternatives(gpu, draslices.DriverName)}, want: true},
-		{name: "URMA first among alternatives", requests: []resourceapi.DeviceRequest{alternatives(draslices.DriverName, gpu)}, want: true},
+		{name: "URMA second among alternatives", requests: []resourceapi.DeviceRequest{alternatives(gpu, slicefacts.DriverName)}, want: true},
+		{name: "URMA first among alternatives", requests: []resourceapi.DeviceRequest{alternatives(slicefacts.DriverName, gpu)}, want: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -259,10 +259,10 @@ func TestPodInjectorDRAModeReadsClaimTemplates(t *testing.T) {
 	ep := endpoint()
 	alt := claimTemplate("urma-alt", "")
 	alt.Spec.Spec.Devices.Requests[0] = resourceapi.DeviceRequest{Name: "dev", FirstAvailable: []resourceapi.DeviceSubRequest{
-		{Name: "a", DeviceClassName: "gpu.example.com"}, {Name: "b", DeviceClassName: draslices.DriverName},
+		{Name: "a", DeviceClassName: "gpu.example.com"}, {Name: "b", DeviceClassName: slicefacts.DriverName},
 	}}
 	objs := []client.Object{ep, ownedConfigMap(ep, "h1"),
-		claimTemplate("gpu-template", "gpu.example.com"), claimTemplate("my-urma", draslices.DriverName), alt}
+		claimTemplate("gpu-template", "gpu.example.com"), claimTemplate("my-urma", slicefacts.DriverName), alt}
 	pod := func() *corev1.Pod {
 		p := basePod()
 		p.Spec.InitContainers = nil
@@ -357,7 +357,7 @@ func TestPodInjectorDRAModeForeignClaimTemplate(t *testing.T) {
 	ep := endpoint()
 	name := v1alpha1.ClaimTemplateName("ep")
 	owned := func(owner *v1alpha1.UrmaEndpoint) *resourceapi.ResourceClaimTemplate {
-		tmpl := claimTemplate(name, draslices.DriverName)
+		tmpl := claimTemplate(name, slicefacts.DriverName)
 		tmpl.OwnerReferences = ownedConfigMap(owner, "").OwnerReferences
 		return tmpl
 	}

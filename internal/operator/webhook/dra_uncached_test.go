@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
@@ -24,7 +24,7 @@ func TestPodInjectorDRAModeReadsAClaimTemplateTheCacheLacks(t *testing.T) {
 	ep := endpoint()
 	cached := []client.Object{ep, ownedConfigMap(ep, "h1")}
 	cache := fake.NewClientBuilder().WithScheme(s).WithObjects(cached...).Build()
-	api := fake.NewClientBuilder().WithScheme(s).WithObjects(append(cached, claimTemplate("my-urma", draslices.DriverName))...).Build()
+	api := fake.NewClientBuilder().WithScheme(s).WithObjects(append(cached, claimTemplate("my-urma", slicefacts.DriverName))...).Build()
 	h := &PodInjector{Reader: cache, APIReader: api, Decoder: admission.NewDecoder(s), Driver: plan.DriverDRA}
 	p := basePod()
 	p.Spec.InitContainers = nil

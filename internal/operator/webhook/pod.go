@@ -26,8 +26,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
@@ -806,11 +806,11 @@ func (p *PodInjector) jettyClaims(ctx context.Context, ns string, pod *corev1.Po
 // DeviceClass, in a request or any of its alternatives.
 func requestsJettyClass(s *resourceapi.ResourceClaimSpec) bool {
 	for _, r := range s.Devices.Requests {
-		if r.Exactly != nil && r.Exactly.DeviceClassName == draslices.DriverName {
+		if r.Exactly != nil && r.Exactly.DeviceClassName == slicefacts.DriverName {
 			return true
 		}
 		for _, sub := range r.FirstAvailable {
-			if sub.DeviceClassName == draslices.DriverName {
+			if sub.DeviceClassName == slicefacts.DriverName {
 				return true
 			}
 		}

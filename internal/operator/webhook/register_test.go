@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/internal/operator/plan"
 )
 
@@ -53,7 +53,7 @@ func TestCachedTypesCoverWhatWebhooksRead(t *testing.T) {
 			ep := endpoint()
 			read := map[string]bool{}
 			cl := fake.NewClientBuilder().WithScheme(s).
-				WithObjects(ep, ownedConfigMap(ep, "h1"), claimTemplate("my-urma", draslices.DriverName)).
+				WithObjects(ep, ownedConfigMap(ep, "h1"), claimTemplate("my-urma", slicefacts.DriverName)).
 				WithInterceptorFuncs(interceptor.Funcs{
 					Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 						read[kindOf(t, s, obj)] = true

@@ -1,4 +1,12 @@
-package slices
+// Package slicefacts is the DRA driver's ResourceSlice schema as others
+// read it: the driver's name (also its DeviceClass's), its device
+// attributes and its consumable capacity, and Facts, which reads back from a
+// node's slices the node facts (package nodefacts) the device plugin writes
+// as annotations. It is the contract between the DRA driver, which
+// publishes the slices (internal/dra/slices), and the operator, which tunes
+// against them; it imports no part of either, so the operator links nothing
+// of the node's device model.
+package slicefacts
 
 import (
 	"errors"
@@ -7,6 +15,38 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+)
+
+// DriverName is the DRA driver's name; it is also the domain of the
+// attributes and capacity and the name of the DeviceClass.
+const DriverName = "urma.openeuler.org"
+
+// CapacityJetties is the consumable capacity: the device's jetty budget.
+const CapacityJetties resourceapi.QualifiedName = "jetties"
+
+// Attribute names (in the driver's domain, e.g. urma.openeuler.org/numaNode
+// in a CEL selector or a matchAttribute constraint).
+const (
+	AttrDevice           resourceapi.QualifiedName = "device"    // URMA device name, e.g. udma0
+	AttrDriver           resourceapi.QualifiedName = "driver"    // kernel driver, e.g. udma
+	AttrTransport        resourceapi.QualifiedName = "transport" // UB, IB, IP, HNS_UB
+	AttrEID              resourceapi.QualifiedName = "eid"       // lowest-index EID (URMA_EID)
+	AttrEIDs             resourceapi.QualifiedName = "eids"      // EIDs, comma-separated, as many as fit
+	AttrEIDCount         resourceapi.QualifiedName = "eidCount"
+	AttrNUMANode         resourceapi.QualifiedName = "numaNode" // absent when unknown
+	AttrBonding          resourceapi.QualifiedName = "bonding"
+	AttrSoftware         resourceapi.QualifiedName = "software"
+	AttrPCIVendor        resourceapi.QualifiedName = "pciVendorID" // e.g. 0x19e5
+	AttrPCIDevice        resourceapi.QualifiedName = "pciDeviceID"
+	AttrGUID             resourceapi.QualifiedName = "guid"
+	AttrMaxJetty         resourceapi.QualifiedName = "maxJetty"
+	AttrMaxJFSDepth      resourceapi.QualifiedName = "maxJfsDepth"
+	AttrMaxJFRDepth      resourceapi.QualifiedName = "maxJfrDepth"
+	AttrMaxJFCDepth      resourceapi.QualifiedName = "maxJfcDepth"
+	AttrMaxJFSSge        resourceapi.QualifiedName = "maxJfsSge"
+	AttrMaxJFRSge        resourceapi.QualifiedName = "maxJfrSge"
+	AttrMaxMsgSize       resourceapi.QualifiedName = "maxMsgSize"
+	AttrMaxJFSInlineSize resourceapi.QualifiedName = "maxJfsInlineSize"
 )
 
 // ErrPoolIncomplete says a pool of this driver has, at its newest
