@@ -23,6 +23,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
 	"github.com/openeuler/urma-k8s/internal/node/budget"
 	"github.com/openeuler/urma-k8s/internal/node/discover"
+	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -293,7 +294,7 @@ func (r *run) checkClaimPod(ctx context.Context, p corev1.Pod) error {
 		claimspec.EnvDevice:      dev.urmaName,
 		claimspec.EnvJettyBudget: strconv.FormatInt(consumed.Value(), 10),
 		claimspec.EnvEID:         dev.eid,
-		claimspec.EnvShmDir:      claimspec.DefaultShmDir,
+		claimspec.EnvShmDir:      shmdir.DefaultDir,
 	}
 	var wrong []string
 	for k, v := range wantEnv {
@@ -317,7 +318,7 @@ func (r *run) checkClaimPod(ctx context.Context, p corev1.Pod) error {
 	}
 	r.say("pod %s (%s, pid %d): claim %s allocated %s/%s, %s jetties; CDI spec %s; sees %s/%s (char %d:%d), the host's %s, %s",
 		p.Name, p.Status.PodIP, pid, claimName, res.Pool, res.Device, consumed.String(), w.FileName(string(claim.UID)),
-		hostDevDir, dev.urmaName, unix.Major(st.Rdev), unix.Minor(st.Rdev), claimspec.DefaultShmDir, urmaEnv(env))
+		hostDevDir, dev.urmaName, unix.Major(st.Rdev), unix.Minor(st.Rdev), shmdir.DefaultDir, urmaEnv(env))
 	return nil
 }
 

@@ -21,6 +21,7 @@ import (
 
 	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
+	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
 
@@ -250,8 +251,8 @@ func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if env[claimspec.EnvShmDir] != claimspec.DefaultShmDir {
-		return 0, fmt.Errorf("the container's %s is %q, want %s (the chart's devicePlugin.shmDir)", claimspec.EnvShmDir, env[claimspec.EnvShmDir], claimspec.DefaultShmDir)
+	if env[claimspec.EnvShmDir] != shmdir.DefaultDir {
+		return 0, fmt.Errorf("the container's %s is %q, want %s (the chart's devicePlugin.shmDir)", claimspec.EnvShmDir, env[claimspec.EnvShmDir], shmdir.DefaultDir)
 	}
 	if err := checkShmDir(pid); err != nil {
 		return 0, err
@@ -271,8 +272,8 @@ func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
 // into the driver, so that the driver makes it again, on the host and open
 // to every pod user, for the pods created next; checkShmDir then finds it.
 func removeHostShmDir() error {
-	if err := os.RemoveAll(claimspec.DefaultShmDir); err != nil {
-		return fmt.Errorf("remove the host's shm directory %s: %w", claimspec.DefaultShmDir, err)
+	if err := os.RemoveAll(shmdir.DefaultDir); err != nil {
+		return fmt.Errorf("remove the host's shm directory %s: %w", shmdir.DefaultDir, err)
 	}
 	return nil
 }
@@ -282,15 +283,15 @@ func removeHostShmDir() error {
 // after removeHostShmDir (a directory the runtime made for a missing mount
 // source would be root's alone, and pods of other users could not meet).
 func checkShmDir(pid int) error {
-	if err := checkSameDir(pid, claimspec.DefaultShmDir); err != nil {
+	if err := checkSameDir(pid, shmdir.DefaultDir); err != nil {
 		return err
 	}
-	fi, err := os.Stat(claimspec.DefaultShmDir)
+	fi, err := os.Stat(shmdir.DefaultDir)
 	if err != nil {
-		return fmt.Errorf("stat the host's %s: %w", claimspec.DefaultShmDir, err)
+		return fmt.Errorf("stat the host's %s: %w", shmdir.DefaultDir, err)
 	}
 	if want := os.ModeDir | os.ModeSticky | 0o777; fi.Mode()&(os.ModeType|os.ModeSticky|os.ModePerm) != want {
-		return fmt.Errorf("the host's %s, removed before the pods were created, has mode %v, want %v: the driver did not make it again", claimspec.DefaultShmDir, fi.Mode(), want)
+		return fmt.Errorf("the host's %s, removed before the pods were created, has mode %v, want %v: the driver did not make it again", shmdir.DefaultDir, fi.Mode(), want)
 	}
 	return nil
 }

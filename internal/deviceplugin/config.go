@@ -21,6 +21,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/health"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/node/selection"
+	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/node/watch"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
@@ -83,7 +84,7 @@ func Default() Config {
 			SoftJetties: DefaultSoftJetties,
 		},
 		Watch:  watch.Config{PollInterval: watch.DefaultPollInterval, Settle: watch.DefaultSettle},
-		Server: server.Config{Resync: server.DefaultResync, ShmDir: server.DefaultShmDir},
+		Server: server.Config{Resync: server.DefaultResync, ShmDir: shmdir.DefaultDir},
 		Registrar: registrar.Config{
 			SocketDir: registrar.DefaultSocketDir, SocketName: registrar.DefaultSocketName,
 			ResourceName: nodefacts.ResourceName, CheckInterval: registrar.DefaultCheckInterval,

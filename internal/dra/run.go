@@ -85,7 +85,7 @@ func Default() Config {
 		},
 		Watch:           watch.Config{PollInterval: watch.DefaultPollInterval, Settle: watch.DefaultSettle},
 		Policy:          slices.DefaultRequestPolicy(),
-		CDI:             claimspec.Config{Dir: claimspec.DefaultDir, Kind: claimspec.DefaultKind, ShmDir: claimspec.DefaultShmDir},
+		CDI:             claimspec.Config{Dir: claimspec.DefaultDir, Kind: claimspec.DefaultKind, ShmDir: shmdir.DefaultDir},
 		PluginDataDir:   filepath.Join(kubeletplugin.KubeletPluginsDir, slicefacts.DriverName),
 		RegistrarDir:    kubeletplugin.KubeletRegistryDir,
 		HealthResend:    plugin.DefaultHealthResend,

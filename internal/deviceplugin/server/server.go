@@ -48,8 +48,6 @@ const (
 	// EnvShmDir is the directory where the software provider of pods on one
 	// node meets for shared memory (Config.ShmDir, mounted at the same path).
 	EnvShmDir = "URMA_SHM_DIR"
-	// DefaultShmDir is the host directory Config.ShmDir defaults to.
-	DefaultShmDir = "/var/run/urma-k8s/shm"
 )
 
 // CDIStrategy is one way of handing CDI device names to the container

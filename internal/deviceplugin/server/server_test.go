@@ -26,6 +26,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/health"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/node/metrics"
+	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
@@ -542,7 +543,7 @@ func TestConfigValidate(t *testing.T) {
 		{Config{CDIKind: "a/b/c"}, false},
 		{Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyAnnotations, CDIStrategyCRI}}, true},
 		{Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{"volume-mounts"}}, false},
-		{Config{ShmDir: DefaultShmDir}, true},
+		{Config{ShmDir: shmdir.DefaultDir}, true},
 		{Config{ShmDir: "var/run/shm"}, false},
 		{Config{ShmDir: "/var/run/../shm"}, false},
 		{Config{ShmDir: "/"}, false},

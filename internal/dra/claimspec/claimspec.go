@@ -44,9 +44,6 @@ const (
 const (
 	DefaultDir  = "/var/run/cdi"
 	DefaultKind = "urma.openeuler.org/claim"
-	// DefaultShmDir is the host directory of the shm fabric's sockets; the
-	// same path inside containers.
-	DefaultShmDir = "/var/run/urma-k8s/shm"
 )
 
 // Config says where specs go and what every container gets.

@@ -10,7 +10,6 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
-	"github.com/openeuler/urma-k8s/internal/deviceplugin/server"
 	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
 	"github.com/openeuler/urma-k8s/pkg/transport"
 )
@@ -224,9 +223,6 @@ func TestEnvironmentNamesMatchTheTransport(t *testing.T) {
 		claimspec.EnvProvider:    transport.EnvProvider,
 		claimspec.ProviderSoft:   transport.ProviderSoft,
 		claimspec.EnvShmDir:      transport.EnvShmDir,
-		// The device plugin mounts the same directory, so pods on one
-		// node meet there whichever agent gave them their device.
-		claimspec.DefaultShmDir: server.DefaultShmDir,
 	} {
 		if mine != theirs {
 			t.Errorf("%s here, %s in pkg/transport", mine, theirs)

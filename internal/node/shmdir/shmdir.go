@@ -11,6 +11,11 @@ import (
 	"path/filepath"
 )
 
+// DefaultDir is the host directory both node drivers default to (the
+// device plugin's and the DRA driver's --shm-dir), so that pods of one node
+// meet there whichever driver gave them their device.
+const DefaultDir = "/var/run/urma-k8s/shm"
+
 // Check refuses a directory Prepare must not touch: one that is not a clean
 // absolute path (a trailing slash, "//", "." or ".." parts), which the
 // mount into containers and the agents' checks would read differently, or
