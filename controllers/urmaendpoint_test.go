@@ -24,6 +24,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/internal/operator/plan"
 	"github.com/openeuler/urma-k8s/internal/operator/tuning"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 )
 
@@ -348,7 +349,7 @@ func TestPodInjectionAndCounting(t *testing.T) {
 		}
 		env := ""
 		for _, e := range c.Env {
-			if e.Name == v1alpha1.EnvFlagsFile {
+			if e.Name == podenv.FlagsFile {
 				env = e.Value
 			}
 		}

@@ -28,9 +28,6 @@ const (
 	ConfigMapSuffix = "-urma-flags"
 	// FlagsMountPath is where the pod webhook mounts the ConfigMap.
 	FlagsMountPath = "/etc/urma"
-	// EnvFlagsFile is the environment variable pkg/transport reads the flags
-	// file's path from.
-	EnvFlagsFile = "URMA_FLAGS_FILE"
 )
 
 // ConfigMapName is the name of the ConfigMap the operator renders for the

@@ -26,6 +26,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -291,10 +292,10 @@ func (r *run) checkClaimPod(ctx context.Context, p corev1.Pod) error {
 		return err
 	}
 	wantEnv := map[string]string{
-		claimspec.EnvDevice:      dev.urmaName,
-		claimspec.EnvJettyBudget: strconv.FormatInt(consumed.Value(), 10),
-		claimspec.EnvEID:         dev.eid,
-		claimspec.EnvShmDir:      shmdir.DefaultDir,
+		podenv.Device:      dev.urmaName,
+		podenv.JettyBudget: strconv.FormatInt(consumed.Value(), 10),
+		podenv.EID:         dev.eid,
+		podenv.ShmDir:      shmdir.DefaultDir,
 	}
 	var wrong []string
 	for k, v := range wantEnv {
@@ -313,7 +314,7 @@ func (r *run) checkClaimPod(ctx context.Context, p corev1.Pod) error {
 	if err := checkShmDir(pid); err != nil {
 		return err
 	}
-	if _, err := r.checkFlagsFile(pid, env[urmav1.EnvFlagsFile]); err != nil {
+	if _, err := r.checkFlagsFile(pid, env[podenv.FlagsFile]); err != nil {
 		return err
 	}
 	r.say("pod %s (%s, pid %d): claim %s allocated %s/%s, %s jetties; CDI spec %s; sees %s/%s (char %d:%d), the host's %s, %s",

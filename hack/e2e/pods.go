@@ -20,9 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	urmav1 "github.com/openeuler/urma-k8s/api/v1alpha1"
-	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 )
 
 // perfPort is where urma-perf servers listen in the test pods.
@@ -216,7 +216,7 @@ func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
 	}
 	flagsFile := ""
 	for _, e := range c.Env {
-		if e.Name == urmav1.EnvFlagsFile {
+		if e.Name == podenv.FlagsFile {
 			flagsFile = e.Value
 		}
 	}
@@ -227,7 +227,7 @@ func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
 		}
 	}
 	if flagsFile == "" || !mounted {
-		return 0, fmt.Errorf("admitted without the flags (env %s=%q, mount at %s: %v)", urmav1.EnvFlagsFile, flagsFile, urmav1.FlagsMountPath, mounted)
+		return 0, fmt.Errorf("admitted without the flags (env %s=%q, mount at %s: %v)", podenv.FlagsFile, flagsFile, urmav1.FlagsMountPath, mounted)
 	}
 	if len(p.Status.ContainerStatuses) == 0 {
 		return 0, fmt.Errorf("no container status")
@@ -244,15 +244,15 @@ func (r *run) checkPodView(ctx context.Context, p corev1.Pod) (int64, error) {
 	if dev == "" || budget == "" {
 		return 0, fmt.Errorf("the container's environment lacks URMA_DEVICE (%q) or URMA_JETTY_BUDGET (%q)", dev, budget)
 	}
-	if env[urmav1.EnvFlagsFile] != flagsFile {
-		return 0, fmt.Errorf("the container's %s is %q, the pod spec says %q", urmav1.EnvFlagsFile, env[urmav1.EnvFlagsFile], flagsFile)
+	if env[podenv.FlagsFile] != flagsFile {
+		return 0, fmt.Errorf("the container's %s is %q, the pod spec says %q", podenv.FlagsFile, env[podenv.FlagsFile], flagsFile)
 	}
 	st, err := checkDevNode(pid, dev)
 	if err != nil {
 		return 0, err
 	}
-	if env[claimspec.EnvShmDir] != shmdir.DefaultDir {
-		return 0, fmt.Errorf("the container's %s is %q, want %s (the chart's devicePlugin.shmDir)", claimspec.EnvShmDir, env[claimspec.EnvShmDir], shmdir.DefaultDir)
+	if env[podenv.ShmDir] != shmdir.DefaultDir {
+		return 0, fmt.Errorf("the container's %s is %q, want %s (the chart's devicePlugin.shmDir)", podenv.ShmDir, env[podenv.ShmDir], shmdir.DefaultDir)
 	}
 	if err := checkShmDir(pid); err != nil {
 		return 0, err

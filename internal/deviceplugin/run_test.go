@@ -26,6 +26,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/node/watch"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
@@ -214,7 +215,7 @@ func TestHardwareLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.Envs[server.EnvDevice] != "udma0" || resp.Envs[server.EnvJettyBudget] != "64" || resp.Envs[server.EnvEID] != "::ffff:10.0.0.1" {
+	if resp.Envs[podenv.Device] != "udma0" || resp.Envs[podenv.JettyBudget] != "64" || resp.Envs[podenv.EID] != "::ffff:10.0.0.1" {
 		t.Errorf("env %v", resp.Envs)
 	}
 	var paths []string
@@ -343,15 +344,15 @@ func TestSoftDevicesOnANodeWithoutHardware(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.Envs[server.EnvProvider] != server.ProviderSoft || resp.Envs[server.EnvDevice] != "soft1" || resp.Envs[server.EnvJettyBudget] != "32" {
+	if resp.Envs[podenv.Provider] != podenv.ProviderSoft || resp.Envs[podenv.Device] != "soft1" || resp.Envs[podenv.JettyBudget] != "32" {
 		t.Errorf("env %v", resp.Envs)
 	}
 	if len(resp.Devices) != 0 {
 		t.Errorf("software device got device nodes: %v", resp.Devices)
 	}
 	// Only the shm directory, where pods on this node meet.
-	if len(resp.Mounts) != 1 || resp.Mounts[0].HostPath != shm || resp.Mounts[0].ContainerPath != shm || resp.Envs[server.EnvShmDir] != shm {
-		t.Errorf("mounts %v, %s=%q; want %s mounted and named", resp.Mounts, server.EnvShmDir, resp.Envs[server.EnvShmDir], shm)
+	if len(resp.Mounts) != 1 || resp.Mounts[0].HostPath != shm || resp.Mounts[0].ContainerPath != shm || resp.Envs[podenv.ShmDir] != shm {
+		t.Errorf("mounts %v, %s=%q; want %s mounted and named", resp.Mounts, podenv.ShmDir, resp.Envs[podenv.ShmDir], shm)
 	}
 	if st, err := os.Stat(shm); err != nil || st.Mode()&os.ModeSticky == 0 {
 		t.Errorf("shm directory not prepared: %v, %v", st, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/openeuler/urma-k8s/internal/podenv"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -17,16 +18,19 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
-// Environment variables the transport reads. The device plugin sets
-// URMA_DEVICE, URMA_EID, URMA_DEVICES and URMA_JETTY_BUDGET in the pods it
-// allocates to; the operator mounts the flags file named by URMA_FLAGS_FILE.
+// Environment variables the transport reads. The node drivers (device
+// plugin or DRA driver) set URMA_DEVICE, URMA_EID, URMA_DEVICES
+// ("udma0:64,udma1:32"), URMA_JETTY_BUDGET and URMA_PROVIDER in the
+// containers they give devices; the operator mounts the flags file named by
+// URMA_FLAGS_FILE. Their names and formats have one home, internal/podenv,
+// which writers and this reader share.
 const (
-	EnvFlagsFile   = "URMA_FLAGS_FILE"
-	EnvDevice      = "URMA_DEVICE"
-	EnvDevices     = "URMA_DEVICES"
-	EnvEID         = "URMA_EID"
-	EnvJettyBudget = "URMA_JETTY_BUDGET"
-	EnvProvider    = "URMA_PROVIDER"
+	EnvFlagsFile   = podenv.FlagsFile
+	EnvDevice      = podenv.Device
+	EnvDevices     = podenv.Devices
+	EnvEID         = podenv.EID
+	EnvJettyBudget = podenv.JettyBudget
+	EnvProvider    = podenv.Provider
 	// EnvRequireToken overrides urma_require_token ("true" or "false").
 	EnvRequireToken = "URMA_REQUIRE_TOKEN"
 	EnvLibrary      = liburma.EnvLibrary

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/podenv"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
@@ -44,11 +45,11 @@ const (
 	// EnvShmDir is the directory where same-host processes meet (the
 	// device plugin mounts the host's /var/run/urma-k8s/shm there). Unset,
 	// it is urma-k8s-shm-<uid> in the temporary directory.
-	EnvShmDir = "URMA_SHM_DIR"
+	EnvShmDir = podenv.ShmDir
 	// EnvShmSocketDir is where this process's shm device creates its
 	// socket: the pod's own subdirectory of EnvShmDir, the one it may
 	// write to. Unset, it is EnvShmDir itself.
-	EnvShmSocketDir = "URMA_SHM_SOCKET_DIR"
+	EnvShmSocketDir = podenv.ShmSocketDir
 	// EnvPodIP is the pod's address (the downward API's status.podIP): the
 	// socket fabric listens there when a connection's own address is
 	// unspecified.

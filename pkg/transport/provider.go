@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/internal/podenv"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/liburma"
 )
@@ -22,8 +23,9 @@ const (
 	// ProviderLiburma uses UB hardware through liburma; when that fails,
 	// connections fall back to TCP (provider_unavailable).
 	ProviderLiburma = "liburma"
-	// ProviderSoft uses the software provider on its socket fabric.
-	ProviderSoft = "soft"
+	// ProviderSoft uses the software provider on its socket fabric; the
+	// node drivers set URMA_PROVIDER to it for software devices.
+	ProviderSoft = podenv.ProviderSoft
 )
 
 // providerNames are the accepted urma_provider values, for error messages.

@@ -24,6 +24,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/budget"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/node/metrics"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 )
 
 const resource = "urma.openeuler.org/jetty"
@@ -171,7 +172,7 @@ func TestRegisters(t *testing.T) {
 	eventually(t, "registered state", func() bool { return p.reg.Serving() && p.reg.Registered() })
 	// kubelet allocates through the registered endpoint.
 	resp, err := k.Client(resource).Allocate(waitCtx(t), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"udma0-1"}}}})
-	if err != nil || resp.ContainerResponses[0].Envs[server.EnvJettyBudget] != "16" {
+	if err != nil || resp.ContainerResponses[0].Envs[podenv.JettyBudget] != "16" {
 		t.Fatalf("Allocate via kubelet: %v, %v", resp, err)
 	}
 }

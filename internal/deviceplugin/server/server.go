@@ -26,28 +26,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/node/metrics"
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
-)
-
-// Environment variables Allocate sets; pkg/transport reads them.
-const (
-	// EnvDevice names the device the container should open (the one holding
-	// most of its units).
-	EnvDevice = "URMA_DEVICE"
-	// EnvEID is EnvDevice's lowest-index EID (hardware devices only).
-	EnvEID = "URMA_EID"
-	// EnvJettyBudget is the jetties (not units) the container may use on
-	// EnvDevice.
-	EnvJettyBudget = "URMA_JETTY_BUDGET"
-	// EnvDevices lists every device with its jetties, "udma0:64,udma1:32",
-	// most jetties first, when a container's units span several devices.
-	EnvDevices = "URMA_DEVICES"
-	// EnvProvider is "soft" when EnvDevice is a software-provider device.
-	EnvProvider = "URMA_PROVIDER"
-	// ProviderSoft is EnvProvider's value for software devices.
-	ProviderSoft = "soft"
-	// EnvShmDir is the directory where the software provider of pods on one
-	// node meets for shared memory (Config.ShmDir, mounted at the same path).
-	EnvShmDir = "URMA_SHM_DIR"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 )
 
 // CDIStrategy is one way of handing CDI device names to the container
@@ -422,24 +401,24 @@ func (s *Server) containerResponse(snap *inventory.Snapshot, sh []Share) *plugin
 	primary := sh[0]
 	n := snap.JettiesPerUnit
 	env := map[string]string{
-		EnvDevice:      primary.Device.Name,
-		EnvJettyBudget: strconv.FormatUint(primary.Jetties(n), 10),
+		podenv.Device:      primary.Device.Name,
+		podenv.JettyBudget: strconv.FormatUint(primary.Jetties(n), 10),
 	}
 	if primary.Device.Software {
-		env[EnvProvider] = ProviderSoft
+		env[podenv.Provider] = podenv.ProviderSoft
 	} else if primary.Device.EID != "" {
-		env[EnvEID] = primary.Device.EID
+		env[podenv.EID] = primary.Device.EID
 	}
 	if len(sh) > 1 {
-		list := make([]string, len(sh))
+		list := make([]podenv.DeviceJetties, len(sh))
 		for i, x := range sh {
-			list[i] = fmt.Sprintf("%s:%d", x.Device.Name, x.Jetties(n))
+			list[i] = podenv.DeviceJetties{Device: x.Device.Name, Jetties: x.Jetties(n)}
 		}
-		env[EnvDevices] = strings.Join(list, ",")
+		env[podenv.Devices] = podenv.FormatDevices(list)
 	}
 	resp := &pluginapi.ContainerAllocateResponse{Envs: env}
 	if d := s.cfg.ShmDir; d != "" {
-		env[EnvShmDir] = d
+		env[podenv.ShmDir] = d
 		resp.Mounts = []*pluginapi.Mount{{ContainerPath: d, HostPath: d}}
 	}
 

@@ -27,6 +27,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/node/metrics"
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs"
 )
@@ -171,33 +172,33 @@ func TestAllocate(t *testing.T) {
 			name:        "one device: its node, ummu, existing extra",
 			cfg:         Config{ExtraDevNodes: []string{"/dev/present_extra", "/dev/missing_extra"}},
 			ids:         []string{"udma1-0", "udma1-3"},
-			wantEnv:     map[string]string{EnvDevice: "udma1", EnvJettyBudget: "32", EnvEID: "::ffff:10.0.0.1"},
+			wantEnv:     map[string]string{podenv.Device: "udma1", podenv.JettyBudget: "32", podenv.EID: "::ffff:10.0.0.1"},
 			wantDevices: []string{"/dev/uburma/udma1", "/dev/ummu/tid", "/dev/present_extra"},
 		},
 		{
 			name: "several devices: primary has most units, URMA_DEVICES lists all",
 			ids:  []string{"udma0-0", "udma1-0", "udma1-1", "udma1-2"},
-			wantEnv: map[string]string{EnvDevice: "udma1", EnvJettyBudget: "48", EnvEID: "::ffff:10.0.0.1",
-				EnvDevices: "udma1:48,udma0:16"},
+			wantEnv: map[string]string{podenv.Device: "udma1", podenv.JettyBudget: "48", podenv.EID: "::ffff:10.0.0.1",
+				podenv.Devices: "udma1:48,udma0:16"},
 			wantDevices: []string{"/dev/uburma/udma1", "/dev/uburma/udma0", "/dev/ummu/tid"},
 		},
 		{
 			name:    "software device: provider env, nothing mounted",
 			ids:     []string{"soft0-1", "soft0-2"},
-			wantEnv: map[string]string{EnvDevice: "soft0", EnvJettyBudget: "32", EnvProvider: ProviderSoft},
+			wantEnv: map[string]string{podenv.Device: "soft0", podenv.JettyBudget: "32", podenv.Provider: podenv.ProviderSoft},
 		},
 		{
 			name:    "CDI mode answers with CDI names",
 			cfg:     Config{CDIKind: "urma.openeuler.org/jetty"},
 			ids:     []string{"udma0-0"},
-			wantEnv: map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
+			wantEnv: map[string]string{podenv.Device: "udma0", podenv.JettyBudget: "16", podenv.EID: "::ffff:10.0.0.1"},
 			wantCDI: []string{"urma.openeuler.org/jetty=udma0"},
 		},
 		{
 			name:    "CDI annotation strategy: a cdi.k8s.io annotation instead of the field",
 			cfg:     Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyAnnotations}},
 			ids:     []string{"udma0-0", "udma1-0", "udma1-1"},
-			wantEnv: map[string]string{EnvDevice: "udma1", EnvJettyBudget: "32", EnvEID: "::ffff:10.0.0.1", EnvDevices: "udma1:32,udma0:16"},
+			wantEnv: map[string]string{podenv.Device: "udma1", podenv.JettyBudget: "32", podenv.EID: "::ffff:10.0.0.1", podenv.Devices: "udma1:32,udma0:16"},
 			wantAnnotations: map[string]string{
 				"cdi.k8s.io/urma.openeuler.org_jetty": "urma.openeuler.org/jetty=udma1,urma.openeuler.org/jetty=udma0",
 			},
@@ -206,7 +207,7 @@ func TestAllocate(t *testing.T) {
 			name:    "both CDI strategies",
 			cfg:     Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyCRI, CDIStrategyAnnotations}},
 			ids:     []string{"udma0-0"},
-			wantEnv: map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
+			wantEnv: map[string]string{podenv.Device: "udma0", podenv.JettyBudget: "16", podenv.EID: "::ffff:10.0.0.1"},
 			wantCDI: []string{"urma.openeuler.org/jetty=udma0"},
 			wantAnnotations: map[string]string{
 				"cdi.k8s.io/urma.openeuler.org_jetty": "urma.openeuler.org/jetty=udma0",
@@ -216,19 +217,19 @@ func TestAllocate(t *testing.T) {
 			name:    "CDI annotations for a software device: nothing to inject",
 			cfg:     Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyAnnotations}},
 			ids:     []string{"soft0-0"},
-			wantEnv: map[string]string{EnvDevice: "soft0", EnvJettyBudget: "16", EnvProvider: ProviderSoft},
+			wantEnv: map[string]string{podenv.Device: "soft0", podenv.JettyBudget: "16", podenv.Provider: podenv.ProviderSoft},
 		},
 		{
 			name:    "software device with the shm directory: mounted and named",
 			shm:     true,
 			ids:     []string{"soft0-1"},
-			wantEnv: map[string]string{EnvDevice: "soft0", EnvJettyBudget: "16", EnvProvider: ProviderSoft},
+			wantEnv: map[string]string{podenv.Device: "soft0", podenv.JettyBudget: "16", podenv.Provider: podenv.ProviderSoft},
 		},
 		{
 			name:        "hardware device with the shm directory: both",
 			shm:         true,
 			ids:         []string{"udma0-0"},
-			wantEnv:     map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
+			wantEnv:     map[string]string{podenv.Device: "udma0", podenv.JettyBudget: "16", podenv.EID: "::ffff:10.0.0.1"},
 			wantDevices: []string{"/dev/uburma/udma0", "/dev/ummu/tid"},
 		},
 		{
@@ -236,7 +237,7 @@ func TestAllocate(t *testing.T) {
 			cfg:     Config{CDIKind: "urma.openeuler.org/jetty"},
 			shm:     true,
 			ids:     []string{"udma0-0"},
-			wantEnv: map[string]string{EnvDevice: "udma0", EnvJettyBudget: "16", EnvEID: "::ffff:10.0.0.1"},
+			wantEnv: map[string]string{podenv.Device: "udma0", podenv.JettyBudget: "16", podenv.EID: "::ffff:10.0.0.1"},
 			wantCDI: []string{"urma.openeuler.org/jetty=udma0"},
 		},
 	}
@@ -246,7 +247,7 @@ func TestAllocate(t *testing.T) {
 			var wantMounts []string
 			if tt.shm {
 				cfg.ShmDir = filepath.Join(t.TempDir(), "shm")
-				wantEnv[EnvShmDir] = cfg.ShmDir
+				wantEnv[podenv.ShmDir] = cfg.ShmDir
 				wantMounts = []string{cfg.ShmDir}
 			}
 			f := newFixture(t, cfg)
@@ -392,7 +393,7 @@ func TestAllocateSeveralContainers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := []string{resp.ContainerResponses[0].Envs[EnvDevice], resp.ContainerResponses[1].Envs[EnvDevice]}; !slices.Equal(got, []string{"udma0", "udma1"}) {
+	if got := []string{resp.ContainerResponses[0].Envs[podenv.Device], resp.ContainerResponses[1].Envs[podenv.Device]}; !slices.Equal(got, []string{"udma0", "udma1"}) {
 		t.Fatalf("devices per container %v", got)
 	}
 }

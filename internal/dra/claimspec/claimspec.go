@@ -25,19 +25,7 @@ import (
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
-)
-
-// Environment variables a container of a claim gets; pkg/transport reads
-// them (its constants of the same names are checked by a test).
-const (
-	EnvDevice      = "URMA_DEVICE"
-	EnvEID         = "URMA_EID"
-	EnvJettyBudget = "URMA_JETTY_BUDGET"
-	EnvDevices     = "URMA_DEVICES"
-	EnvProvider    = "URMA_PROVIDER"
-	EnvShmDir      = "URMA_SHM_DIR"
-	// ProviderSoft is EnvProvider's value for software devices.
-	ProviderSoft = "soft"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 )
 
 // Defaults.
@@ -159,20 +147,20 @@ func (w *Writer) Build(claimUID string, devs []Device) (*specs.Spec, error) {
 	})
 	main := order[0]
 	spec := &specs.Spec{Kind: w.cfg.Kind}
-	env := []string{EnvDevice + "=" + main, EnvJettyBudget + "=" + strconv.FormatInt(perDevice[main], 10)}
+	env := []string{podenv.Device + "=" + main, podenv.JettyBudget + "=" + strconv.FormatInt(perDevice[main], 10)}
 	first := devs[slices.IndexFunc(devs, func(d Device) bool { return d.URMADevice == main })]
 	if first.EID != "" {
-		env = append(env, EnvEID+"="+first.EID)
+		env = append(env, podenv.EID+"="+first.EID)
 	}
 	if first.Software {
-		env = append(env, EnvProvider+"="+ProviderSoft)
+		env = append(env, podenv.Provider+"="+podenv.ProviderSoft)
 	}
 	if len(order) > 1 {
-		list := make([]string, len(order))
+		list := make([]podenv.DeviceJetties, len(order))
 		for i, name := range order {
-			list[i] = name + ":" + strconv.FormatInt(perDevice[name], 10)
+			list[i] = podenv.DeviceJetties{Device: name, Jetties: uint64(perDevice[name])}
 		}
-		env = append(env, EnvDevices+"="+strings.Join(list, ","))
+		env = append(env, podenv.Devices+"="+podenv.FormatDevices(list))
 	}
 	for _, d := range devs {
 		edits := specs.ContainerEdits{Env: env}
@@ -182,7 +170,7 @@ func (w *Writer) Build(claimUID string, devs []Device) (*specs.Spec, error) {
 		spec.Devices = append(spec.Devices, specs.Device{Name: cdiName(claimUID, d.Name), ContainerEdits: edits})
 	}
 	if w.cfg.ShmDir != "" {
-		spec.ContainerEdits.Env = []string{EnvShmDir + "=" + w.cfg.ShmDir}
+		spec.ContainerEdits.Env = []string{podenv.ShmDir + "=" + w.cfg.ShmDir}
 		spec.ContainerEdits.Mounts = append(spec.ContainerEdits.Mounts, &specs.Mount{
 			HostPath: w.cfg.ShmDir, ContainerPath: w.cfg.ShmDir, Type: "bind",
 			Options: []string{"rbind", "rw", "nosuid", "nodev"},

@@ -11,7 +11,6 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
-	"github.com/openeuler/urma-k8s/pkg/transport"
 )
 
 func writer(t *testing.T, shm string) (*claimspec.Writer, string) {
@@ -209,23 +208,6 @@ func TestConfigValidate(t *testing.T) {
 	} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: Validate = nil", c)
-		}
-	}
-}
-
-// The names are a contract with pkg/transport, which reads them.
-func TestEnvironmentNamesMatchTheTransport(t *testing.T) {
-	for mine, theirs := range map[string]string{
-		claimspec.EnvDevice:      transport.EnvDevice,
-		claimspec.EnvEID:         transport.EnvEID,
-		claimspec.EnvJettyBudget: transport.EnvJettyBudget,
-		claimspec.EnvDevices:     transport.EnvDevices,
-		claimspec.EnvProvider:    transport.EnvProvider,
-		claimspec.ProviderSoft:   transport.ProviderSoft,
-		claimspec.EnvShmDir:      transport.EnvShmDir,
-	} {
-		if mine != theirs {
-			t.Errorf("%s here, %s in pkg/transport", mine, theirs)
 		}
 	}
 }

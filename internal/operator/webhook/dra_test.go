@@ -22,6 +22,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/internal/operator/plan"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 )
 
 func podClaims(p *corev1.Pod) map[string]string {
@@ -64,7 +65,7 @@ func TestInjectClaims(t *testing.T) {
 				t.Errorf("app got units %s besides its claim", q)
 			}
 		}
-		if lastEnv(&c, v1alpha1.EnvFlagsFile) == nil {
+		if lastEnv(&c, podenv.FlagsFile) == nil {
 			t.Errorf("%s lost its flags", c.Name)
 		}
 	}
@@ -403,7 +404,7 @@ func TestPodInjectorDRAModeForeignClaimTemplate(t *testing.T) {
 				if claims := containerClaims(ctr); (len(claims) > 0) != c.wantClaims {
 					t.Errorf("%s lists claims %v, want claims: %v", ctr.Name, claims, c.wantClaims)
 				}
-				if lastEnv(&ctr, v1alpha1.EnvFlagsFile) == nil {
+				if lastEnv(&ctr, podenv.FlagsFile) == nil {
 					t.Errorf("%s lost its flags", ctr.Name)
 				}
 			}

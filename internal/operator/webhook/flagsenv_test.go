@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 )
 
 // flagsEnv sets the container's env to URMA_FLAGS_FILE entries of these
@@ -20,7 +21,7 @@ func flagsEnv(name string, values ...string) func(*corev1.Pod) {
 	return func(p *corev1.Pod) {
 		c := container(p, name)
 		for _, v := range values {
-			c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: v})
+			c.Env = append(c.Env, corev1.EnvVar{Name: podenv.FlagsFile, Value: v})
 		}
 	}
 }
@@ -99,7 +100,7 @@ func TestInjectKeepsTheContainersOwnFlagsFile(t *testing.T) {
 			mutate: []func(*corev1.Pod){withEnv("app", "DIR", "/etc/urma"), flagsEnv("app", "$$(DIR)/urma.flags")}},
 		{name: "a value from elsewhere the webhook cannot read",
 			mutate: []func(*corev1.Pod){func(p *corev1.Pod) {
-				container(p, "app").Env = []corev1.EnvVar{{Name: v1alpha1.EnvFlagsFile, ValueFrom: &corev1.EnvVarSource{
+				container(p, "app").Env = []corev1.EnvVar{{Name: podenv.FlagsFile, ValueFrom: &corev1.EnvVarSource{
 					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['flags']"}}}}
 			}}},
 	}
@@ -189,12 +190,12 @@ func TestPodInjectorWarnsOfContainersWithTheirOwnFlagsFile(t *testing.T) {
 			}
 			var got []string
 			for _, w := range resp.Warnings {
-				if strings.Contains(w, v1alpha1.EnvFlagsFile) {
+				if strings.Contains(w, podenv.FlagsFile) {
 					got = append(got, w)
 				}
 			}
 			if len(got) != len(c.warnings) {
-				t.Fatalf("warnings %q, want %d naming %s: %q", resp.Warnings, len(c.warnings), v1alpha1.EnvFlagsFile, c.warnings)
+				t.Fatalf("warnings %q, want %d naming %s: %q", resp.Warnings, len(c.warnings), podenv.FlagsFile, c.warnings)
 			}
 			for i, w := range c.warnings {
 				if !strings.Contains(got[i], w) {

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 )
 
 // ownFlagsVolume gives the pod its own VolumeName volume from the
@@ -63,7 +64,7 @@ func container(p *corev1.Pod, name string) *corev1.Container {
 
 func flagsFileEnv(c *corev1.Container) string {
 	for _, e := range c.Env {
-		if e.Name == v1alpha1.EnvFlagsFile {
+		if e.Name == podenv.FlagsFile {
 			return e.Value
 		}
 	}
@@ -153,7 +154,7 @@ func TestInjectFollowsThePodsOwnFlagsVolume(t *testing.T) {
 			Inject(p, Injection{Endpoint: "ep", Hash: "h1", JettyUnits: 3})
 			for name, want := range c.env {
 				if got := flagsFileEnv(container(p, name)); got != want {
-					t.Errorf("%s: %s=%q, want %q (mounts %+v)", name, v1alpha1.EnvFlagsFile, got, want, container(p, name).VolumeMounts)
+					t.Errorf("%s: %s=%q, want %q (mounts %+v)", name, podenv.FlagsFile, got, want, container(p, name).VolumeMounts)
 				}
 			}
 			if got := p.Annotations[v1alpha1.AnnotationFlagsHash] == "h1"; got != c.hashed {

@@ -29,6 +29,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/internal/operator/plan"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 )
 
 // Names the pod webhook uses.
@@ -168,17 +169,17 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	if blind := r.Blind; len(blind) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf(
 			"the pod's volume %s does not show key %s to containers %s (its items or projected sources, or their subPath, leave it out): no %s is set for them, and they do not count the pod as on the current flags",
-			VolumeName, v1alpha1.ConfigMapKeyFlags, strings.Join(blind, ", "), v1alpha1.EnvFlagsFile)))
+			VolumeName, v1alpha1.ConfigMapKeyFlags, strings.Join(blind, ", "), podenv.FlagsFile)))
 	}
 	if ownEnv := r.OwnEnv; len(ownEnv) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf(
 			"containers %s set their own %s, not the file where volume %s shows them key %s (if any): their value is kept, and they do not count the pod as on the current flags",
-			strings.Join(ownEnv, ", "), v1alpha1.EnvFlagsFile, VolumeName, v1alpha1.ConfigMapKeyFlags)))
+			strings.Join(ownEnv, ", "), podenv.FlagsFile, VolumeName, v1alpha1.ConfigMapKeyFlags)))
 	}
 	if len(r.EnvFrom) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf(
 			"containers %s take envFrom sources the webhook cannot read: its %s in env overrides one they may set; to use another file, set %s in env",
-			strings.Join(r.EnvFrom, ", "), v1alpha1.EnvFlagsFile, v1alpha1.EnvFlagsFile)))
+			strings.Join(r.EnvFrom, ", "), podenv.FlagsFile, podenv.FlagsFile)))
 	}
 	if len(r.Collisions) > 0 {
 		warnings = append(warnings, short(fmt.Sprintf(
@@ -391,7 +392,7 @@ func Inject(pod *corev1.Pod, in Injection) (r Report) {
 			}
 			file, own := flagsFile(c, inVolume)
 			mounted := slices.ContainsFunc(c.VolumeMounts, isFlagsVolume)
-			switch e := lastEnvIndex(c, v1alpha1.EnvFlagsFile); {
+			switch e := lastEnvIndex(c, podenv.FlagsFile); {
 			case e < 0:
 				if file != "" && !own {
 					seen = true
@@ -399,11 +400,11 @@ func Inject(pod *corev1.Pod, in Injection) (r Report) {
 					r.Blind = append(r.Blind, c.Name)
 				}
 				if !in.NoFlags && file != "" {
-					c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvFlagsFile, Value: file})
+					c.Env = append(c.Env, corev1.EnvVar{Name: podenv.FlagsFile, Value: file})
 					// An envFrom source's value of it is overridden
 					// by this entry: the pod reads what the webhook
 					// says, but the user may have meant another file.
-					if src := envFromSources(c, v1alpha1.EnvFlagsFile); len(src) > 0 {
+					if src := envFromSources(c, podenv.FlagsFile); len(src) > 0 {
 						r.EnvFrom = append(r.EnvFrom, c.Name+" ("+strings.Join(src, ", ")+")")
 					}
 				}

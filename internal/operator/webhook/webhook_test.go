@@ -21,6 +21,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
+	"github.com/openeuler/urma-k8s/internal/podenv"
 )
 
 func basePod() *corev1.Pod {
@@ -411,8 +412,8 @@ func TestPodInjectorHandle(t *testing.T) {
 				if q, _ := jettyRequest(ctr); (q == c.units) != urma {
 					t.Errorf("%s: jetty request %q; URMA container %v", ctr.Name, q, urma)
 				}
-				if flags := urma && !c.noFlags; (lastEnv(&ctr, v1alpha1.EnvFlagsFile) != nil) != flags || hasMount(&ctr) != flags {
-					t.Errorf("%s: flags file variable %v, mount %v; want %v", ctr.Name, lastEnv(&ctr, v1alpha1.EnvFlagsFile) != nil, hasMount(&ctr), flags)
+				if flags := urma && !c.noFlags; (lastEnv(&ctr, podenv.FlagsFile) != nil) != flags || hasMount(&ctr) != flags {
+					t.Errorf("%s: flags file variable %v, mount %v; want %v", ctr.Name, lastEnv(&ctr, podenv.FlagsFile) != nil, hasMount(&ctr), flags)
 				}
 			}
 		})
