@@ -240,11 +240,12 @@ func (c Config) resolve() (settings, error) {
 	}
 	if s.device == "" {
 		if v, ok := env(EnvDevices); ok {
-			for _, d := range strings.Split(v, ",") {
-				if d = strings.TrimSpace(d); d != "" {
-					s.device = d
-					break
-				}
+			list, err := podenv.ParseDevices(v)
+			if err != nil {
+				return settings{}, fmt.Errorf("transport config: %w", err)
+			}
+			if len(list) > 0 {
+				s.device = list[0].Device
 			}
 		}
 	}

@@ -299,6 +299,11 @@ func TestConfigResolve(t *testing.T) {
 		},
 		{
 			name:  "URMA_DEVICES first entry when URMA_DEVICE is unset",
+			env:   map[string]string{EnvDevices: "udma4:64,udma5:32"},
+			check: func(s settings) string { return expect(s.device == "udma4", "device udma4") },
+		},
+		{
+			name:  "URMA_DEVICES of bare names",
 			env:   map[string]string{EnvDevices: " udma4, udma5"},
 			check: func(s settings) string { return expect(s.device == "udma4", "device udma4") },
 		},
@@ -419,6 +424,7 @@ func TestConfigResolve(t *testing.T) {
 		{name: "bad budget", env: map[string]string{EnvJettyBudget: "many"}, wantErr: `URMA_JETTY_BUDGET="many" is not a non-negative integer`},
 		{name: "negative budget", env: map[string]string{EnvJettyBudget: "-2"}, wantErr: "URMA_JETTY_BUDGET"},
 		{name: "bad EID", env: map[string]string{EnvEID: "nope"}, wantErr: "URMA_EID: parse EID"},
+		{name: "bad URMA_DEVICES", env: map[string]string{EnvDevices: "udma0:lots"}, wantErr: `URMA_DEVICES entry "udma0:lots": jetties "lots" is not an integer`},
 		{name: "invalid Config.Flags", cfg: Config{Flags: func() *flags.Flags { f := smallFlags(); f.SQSize = 1; return &f }()}, wantErr: "urma_sq_size: 1 is out of range"},
 	}
 	for _, tc := range tests {
