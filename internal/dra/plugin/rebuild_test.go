@@ -18,12 +18,12 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
-	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/internal/dra/checkpoint"
 	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
 	"github.com/openeuler/urma-k8s/internal/dra/dratest"
 	"github.com/openeuler/urma-k8s/internal/dra/plugin"
 	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
 )
 
