@@ -80,6 +80,8 @@ type conn struct {
 	dialedByMe    bool
 	rx, tx        *atomic.Uint64 // bytes read and written, for the watchdog
 	gen           uint64         // its generation among the peer's connections (peer.gen)
+	proc          procKey        // the process that dialed it in (shm), for Options.MaxConnsPerProcess
+	seq           uint64         // the order it was adopted in, for eviction; under sd.mu
 
 	mu       sync.Mutex
 	q, spare []txItem
@@ -117,6 +119,9 @@ type conn struct {
 	refs    [MaxSGE]payloadRef
 	blocked map[blockKey]uint64
 	ticket  recvTicket
+	// sawUse says a send of the peer's passed a token check on this
+	// connection, so peer.used is set already.
+	sawUse bool
 	// offerTimer bounds a message's wait for a reader's offer (awaitOffer);
 	// made on first use, stopped between waits.
 	offerTimer *time.Timer
@@ -243,8 +248,7 @@ func (c *conn) fail(err error) {
 	}
 	p.mu.Unlock()
 	sd.mu.Lock()
-	delete(sd.conns, c)
-	sd.publishShmConnsLocked()
+	sd.dropConnLocked(c)
 	sd.mu.Unlock()
 }
 
@@ -830,6 +834,11 @@ func (c *conn) place(h *sendHeader, p payload, refused bool) error {
 			return err
 		}
 		return c.answer(h, urma.StatusRemAccessAbort, 0)
+	}
+	if !c.sawUse {
+		// The peer knows a token of this side's: a link in use.
+		c.sawUse = true
+		c.p.used.Store(true)
 	}
 	t := &c.ticket
 	res, rnr := tj.jfr.take(t)

@@ -11,7 +11,7 @@ import (
 )
 
 // A device takes at most Options.MaxConns connections from peer devices
-// dialing in: one more is refused, with the limit named in the dialer's
+// dialing in: one more, when every link is in use, is refused, with the limit named in the dialer's
 // error (ErrConnLimit) and in the device's log, and counted
 // (ConnLimitRefusals), while the peers it holds keep working,
 // one of them may replace its connection, and a new peer gets in once
@@ -65,6 +65,10 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 			mustOK(t, err, "first peer dials in")
 			d2, err := dialIn()
 			mustOK(t, err, "second peer dials in")
+			// Both links in use (a send of each passed the token check):
+			// the device has none to evict for the third.
+			sendOK(d1, "send of the first peer")
+			sendOK(d2, "send of the second peer")
 			_, err = dialIn()
 			// The refusal arrives as a status code; the dialer's error still
 			// carries ErrConnLimit, for the caller to name its own setting.
@@ -75,8 +79,8 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 			if n := pv.ConnLimitRefusals(); n != 1 {
 				t.Errorf("ConnLimitRefusals %d after refusing one peer, want 1", n)
 			}
-			sendOK(d1, "send of the first peer")
-			sendOK(d2, "send of the second peer")
+			sendOK(d1, "send of the first peer after the refusal")
+			sendOK(d2, "send of the second peer after the refusal")
 			// At the limit, a peer may still replace its connection.
 			old := pv.conns()
 			d1v, err := d1.p.devices[0].sock.peer(v.ctx.EID())

@@ -27,6 +27,10 @@ const (
 	Driver = urma.SoftDriver
 	// DefaultMaxConns is Options.MaxConns when left zero.
 	DefaultMaxConns = 1024
+	// DefaultMaxConnsPerProcess is Options.MaxConnsPerProcess when left
+	// zero: far more than the transport's one device per Listener or
+	// Dialer makes one process dial a device.
+	DefaultMaxConnsPerProcess = 64
 )
 
 // ErrConnLimit is under every error of a device refused for its
@@ -113,9 +117,24 @@ type Options struct {
 	// while the device holds MaxConns, counting those being accepted, is
 	// refused, and so is a dial in while MaxConns are in their handshake;
 	// a peer replacing its connection, or answering one this side dials,
-	// is not, and this side's own dials are never refused. Zero or
+	// is not, and this side's own dials are never refused. A full device
+	// first makes room by evicting the oldest connection dialed in that
+	// it never used (no import or send of its own over it, and no send of
+	// the peer's that passed a token check), so that peers with made-up
+	// identities, which cost nothing, cannot keep a legitimate peer out;
+	// only when every connection is in use is a peer refused. Zero or
 	// negative means DefaultMaxConns.
 	MaxConns int
+	// MaxConnsPerProcess bounds the connections, and the handshakes under
+	// way, that one process dialing in may hold at a device (shm fabric),
+	// where the kernel names the process that connected: by its pidfs
+	// inode (Linux 6.9 and later) in any pid namespace, else by its pid
+	// when it is in this process's pid namespace or one below; a dialer
+	// in another pod on an older kernel is bounded by MaxConns alone. A
+	// dial past it is refused like one past MaxConns (ErrConnLimit at
+	// the dialer), and the device logs the bound. Zero or negative means
+	// DefaultMaxConnsPerProcess.
+	MaxConnsPerProcess int
 	// MaxPeerSegments bounds the segments one peer connection may make
 	// this side map for one-copy SENDs (shm fabric); zero or negative
 	// means DefaultMaxPeerSegments. A SEG_MAP past it is refused, and the

@@ -47,6 +47,9 @@ func New(opts Options) (*Provider, error) {
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = DefaultMaxConns
 	}
+	if opts.MaxConnsPerProcess <= 0 {
+		opts.MaxConnsPerProcess = DefaultMaxConnsPerProcess
+	}
 	if opts.Listen == "" {
 		opts.Listen = "127.0.0.1:0"
 	}

@@ -252,7 +252,8 @@ func (s *remoteServer) do(q *RemoteReq, resp *RemoteResp) error {
 		// A kill -9 closes the sockets at once; the peer timeout only
 		// guards against a process that hangs, so it can be generous for
 		// a busy machine.
-		p, err := New(Options{ShmDir: q.Name, PeerTimeout: twoProcessPeerTimeout, DialTimeout: 5 * time.Second, Logger: quiet()})
+		// Index, when set, is Options.MaxConnsPerProcess.
+		p, err := New(Options{ShmDir: q.Name, PeerTimeout: twoProcessPeerTimeout, DialTimeout: 5 * time.Second, MaxConnsPerProcess: q.Index, Logger: quiet()})
 		if err != nil {
 			return err
 		}
@@ -507,6 +508,13 @@ type remoteProc struct {
 
 func startRemoteProc(t testing.TB) *remoteProc {
 	t.Helper()
+	return startRemoteProcIn(t, 0)
+}
+
+// startRemoteProcIn starts the child in the namespaces cloneflags makes
+// (syscall.CLONE_NEWPID: a pid namespace of its own).
+func startRemoteProcIn(t testing.TB, cloneflags uintptr) *remoteProc {
+	t.Helper()
 	calls, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	mustOK(t, err, "socketpair")
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -515,7 +523,18 @@ func startRemoteProc(t testing.TB) *remoteProc {
 	cmd.Env = append(os.Environ(), childRoleEnv+"=remote")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(calls[1]), "calls"), os.NewFile(uintptr(fds[1]), "fds")}
-	mustOK(t, cmd.Start(), "start child")
+	if cloneflags != 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cloneflags}
+	}
+	if err := cmd.Start(); err != nil {
+		_ = cmd.ExtraFiles[0].Close()
+		_ = cmd.ExtraFiles[1].Close()
+		closeAll([]int{calls[0], fds[0]})
+		if cloneflags != 0 {
+			t.Skipf("cannot start a child in namespaces of its own here (CAP_SYS_ADMIN): %v", err)
+		}
+		t.Fatalf("start child: %v", err)
+	}
 	_ = cmd.ExtraFiles[0].Close()
 	_ = cmd.ExtraFiles[1].Close()
 	// FileConn dups the descriptor. Close the File, not the number: a File
@@ -572,7 +591,14 @@ type remoteProvider struct {
 // shmDir, or on the socket fabric when it is "".
 func newRemoteProvider(t testing.TB, rp *remoteProc, shmDir string) *remoteProvider {
 	t.Helper()
-	resp, err := rp.call("new", RemoteReq{Name: shmDir})
+	return newRemoteProviderBounded(t, rp, shmDir, 0)
+}
+
+// newRemoteProviderBounded is newRemoteProvider with the child's
+// Options.MaxConnsPerProcess (0: the default).
+func newRemoteProviderBounded(t testing.TB, rp *remoteProc, shmDir string, maxPerProc int) *remoteProvider {
+	t.Helper()
+	resp, err := rp.call("new", RemoteReq{Name: shmDir, Index: maxPerProc})
 	mustOK(t, err, "create the child's provider")
 	p := &remoteProvider{rp: rp, h: resp.H, name: resp.Name + "@child"}
 	t.Cleanup(func() { _ = p.Close() })

@@ -307,7 +307,7 @@ func connInode(uc *net.UnixConn) (uint64, error) {
 // Nothing of this side is spent on the dialer (a peer entry, a connection
 // slot, a ring) before it proved the EID it claims; the rules for
 // duplicate connections are the socket fabric's (handshakeIn).
-func (sd *sockDevice) handshakeInShm(nc net.Conn) {
+func (sd *sockDevice) handshakeInShm(nc net.Conn, proc procKey) {
 	defer sd.endHandshake(nc)
 	uc := nc.(*net.UnixConn)
 	_ = uc.SetDeadline(time.Now().Add(sd.dialTO))
@@ -369,12 +369,12 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
-	sd.acceptProved(uc, h, helloMsg, ackMsg, ino)
+	sd.acceptProved(uc, proc, h, helloMsg, ackMsg, ino)
 }
 
 // acceptProved reads the dialer's PROOF and, once it verifies, sets up the
 // connection and answers READY with this side's ring.
-func (sd *sockDevice) acceptProved(uc *net.UnixConn, h shmHelloMsg, helloMsg, ackMsg []byte, ino uint64) {
+func (sd *sockDevice) acceptProved(uc *net.UnixConn, proc procKey, h shmHelloMsg, helloMsg, ackMsg []byte, ino uint64) {
 	var buf [shmMaxMsgLen + 1]byte
 	n, fds, err := readShmMsg(uc, buf[:], shmHelloFds)
 	var sig [shmSigLen]byte
@@ -391,7 +391,7 @@ func (sd *sockDevice) acceptProved(uc *net.UnixConn, h shmHelloMsg, helloMsg, ac
 	refuse := func(status uint8, why string) {
 		closeAll(fds)
 		_, _ = uc.Write(encodeShmReady(out[:], status))
-		sd.log().Info("refusing shm connection", "from", h.src.String(), "pid", h.pid, "reason", why)
+		sd.log().Info("refusing shm connection", "from", h.src.String(), "pid", h.pid, "process", proc.String(), "reason", why)
 		_ = uc.Close()
 	}
 	if err := checkShmProof(h.src, h.pub[:], sig[:], shmSignDialer, helloMsg, ackMsg, ino); err != nil {
@@ -408,14 +408,14 @@ func (sd *sockDevice) acceptProved(uc *net.UnixConn, h shmHelloMsg, helloMsg, ac
 		return
 	}
 	// Before the ring: a refused peer costs this side no shared memory.
-	reserved, err := sd.admit(p)
+	reserved, err := sd.admit(p, proc)
 	if err != nil {
 		refuse(helloConnLimit, err.Error())
 		return
 	}
 	defer func() {
 		if reserved {
-			sd.unreserve()
+			sd.unreserve(proc)
 		}
 	}()
 	ring := min(sd.shm.ringSize, int(h.ringSize))
@@ -453,6 +453,7 @@ func (sd *sockDevice) acceptProved(uc *net.UnixConn, h shmHelloMsg, helloMsg, ac
 	}
 	sio.pollers = &sd.pollers
 	c := newConn(sd, p, sio, hello{session: h.session, src: h.src, maxMsg: h.maxMsg}, false, sd.shm.path, fmt.Sprintf("pid %d", h.pid))
+	c.proc = proc
 	old := sd.adoptLocked(p, c, reserved)
 	reserved = false
 	p.mu.Unlock()
@@ -617,7 +618,7 @@ func (p *peer) proveShm(ctx context.Context, g *shmGreeting) error {
 	case helloRefused:
 		refused = fmt.Errorf("%s refused this process (its proof or its ring)", path)
 	case helloConnLimit:
-		refused = fmt.Errorf("%s refused the connection: device %s holds as many connections as it may, %w", path, p.eid, ErrConnLimit)
+		refused = fmt.Errorf("%s refused the connection: device %s holds as many connections as it may, from this process (its Options.MaxConnsPerProcess) or in all, %w", path, p.eid, ErrConnLimit)
 	default:
 		refused = fmt.Errorf("%s could not set up its ring", path)
 	}

@@ -39,7 +39,9 @@ type sockDevice struct {
 	// maxAnswers and maxCancels are the constants; tests lower them.
 	maxAnswers, maxCancels int
 	maxConns               int           // Options.MaxConns
-	limitRefusals          atomic.Uint64 // peers refused for maxConns (Provider.ConnLimitRefusals)
+	maxPerProc             int           // Options.MaxConnsPerProcess
+	limitRefusals          atomic.Uint64 // peers refused for maxConns or maxPerProc (Provider.ConnLimitRefusals)
+	evictions              atomic.Uint64 // connections evicted to make room (connslots.go)
 	// connDying, set by tests, runs in conn.fail between the connection's
 	// death and the failing of its peer's sends: a send posted there meets
 	// the dead connection before peerDown does.
@@ -57,10 +59,15 @@ type sockDevice struct {
 	// peers holds the peer entries weakly: see peer.
 	peers       map[urma.EID]weak.Pointer[peer]
 	conns       map[*conn]struct{}
-	handshaking map[net.Conn]struct{} // accepted, HELLO not yet answered
+	handshaking map[net.Conn]procKey // accepted, HELLO not yet answered; who dialed them
 	// reserved counts the connections dialed in that admit made room
 	// for and adoptLocked has not yet adopted.
 	reserved int
+	// byProc counts what each process that dialed in holds (shm), for
+	// Options.MaxConnsPerProcess; adoptSeq numbers the connections in the
+	// order they were adopted (conn.seq), for eviction.
+	byProc   map[procKey]*procCount
+	adoptSeq uint64
 }
 
 // listen opens the device's listener (TCP, or a unix socket for the shm
@@ -69,8 +76,9 @@ func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
 	sd := &sockDevice{
 		dev: d, prov: d.prov, session: rand.Uint64(), resolver: opts.Resolver,
 		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout, maxAnswers: maxAnswers, maxCancels: maxCancels, maxConns: opts.MaxConns,
-		peers: make(map[urma.EID]weak.Pointer[peer]), conns: make(map[*conn]struct{}),
-		handshaking: make(map[net.Conn]struct{}),
+		maxPerProc: opts.MaxConnsPerProcess,
+		peers:      make(map[urma.EID]weak.Pointer[peer]), conns: make(map[*conn]struct{}),
+		handshaking: make(map[net.Conn]procKey), byProc: make(map[procKey]*procCount),
 	}
 	sd.ctx, sd.cancel = context.WithCancel(context.Background())
 	var err error
@@ -232,11 +240,12 @@ func (sd *sockDevice) acceptLoop() {
 			}
 			continue
 		}
-		if !sd.beginHandshake(nc) {
+		proc, ok := sd.beginHandshake(nc)
+		if !ok {
 			continue
 		}
 		if sd.shm != nil {
-			sd.prov.goTracked(func() { sd.handshakeInShm(nc) })
+			sd.prov.goTracked(func() { sd.handshakeInShm(nc, proc) })
 		} else {
 			sd.prov.goTracked(func() { sd.handshakeIn(nc) })
 		}
@@ -285,7 +294,7 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
-	reserved, err := sd.admit(p)
+	reserved, err := sd.admit(p, procKey{})
 	if err != nil {
 		ack.status = helloConnLimit
 		_, _ = nc.Write(encodeHelloAck(ackBuf[:], &ack))
@@ -295,7 +304,7 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 	}
 	defer func() {
 		if reserved {
-			sd.unreserve()
+			sd.unreserve(procKey{})
 		}
 	}()
 	fd, local, remote, err := detachFD(nc)
@@ -355,67 +364,9 @@ func (sd *sockDevice) drive(polling bool) {
 	}
 }
 
-// beginHandshake records an accepted connection that Close must break, so
-// that a silent dialer cannot hold Close up; false, the connection closed,
-// when the device closes or already has MaxConns handshakes under way,
-// each holding a goroutine and a descriptor for up to DialTimeout.
-func (sd *sockDevice) beginHandshake(nc net.Conn) bool {
-	sd.mu.Lock()
-	closed, n := sd.closed, len(sd.handshaking)
-	if !closed && n < sd.maxConns {
-		sd.handshaking[nc] = struct{}{}
-	}
-	sd.mu.Unlock()
-	switch {
-	case closed:
-	case n >= sd.maxConns:
-		sd.limitRefusals.Add(1)
-		sd.log().Info("refusing connection", "remote", nc.RemoteAddr().String(),
-			"reason", fmt.Errorf("%d handshakes under way, %w", n, ErrConnLimit).Error())
-	default:
-		return true
-	}
-	_ = nc.Close()
-	return false
-}
-
-// admit makes room for a connection that peer p dialed in, or refuses it
-// with an error naming the limit. p takes no new room when it replaces its
-// connection or crosses this side's dial to it (which would take the room
-// anyway); otherwise admit reserves one of the device's MaxConns, and
-// reports so: the caller hands it to adoptLocked or gives it back
-// (unreserve).
-func (sd *sockDevice) admit(p *peer) (reserved bool, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conn != nil || p.dialing {
-		return false, nil
-	}
-	sd.mu.Lock()
-	defer sd.mu.Unlock()
-	if n := len(sd.conns) + sd.reserved; n >= sd.maxConns {
-		sd.limitRefusals.Add(1)
-		return false, fmt.Errorf("%d connections open or being accepted, %w", n, ErrConnLimit)
-	}
-	sd.reserved++
-	return true, nil
-}
-
-func (sd *sockDevice) unreserve() {
-	sd.mu.Lock()
-	sd.reserved--
-	sd.mu.Unlock()
-}
-
-func (sd *sockDevice) endHandshake(nc net.Conn) {
-	sd.mu.Lock()
-	delete(sd.handshaking, nc)
-	sd.mu.Unlock()
-}
-
 // adoptLocked makes c the peer's connection, hands it the sends waiting for
 // one and starts it; p.mu is held. reserved says that admit made room for
-// c, which it now takes. It returns the connection c replaces, which the
+// c (for the process c.proc), which it now takes. It returns the connection c replaces, which the
 // caller fails after unlocking.
 func (sd *sockDevice) adoptLocked(p *peer, c *conn, reserved bool) *conn {
 	c.gen = p.gen // the pending sends were given it
@@ -431,11 +382,19 @@ func (sd *sockDevice) adoptLocked(p *peer, c *conn, reserved bool) *conn {
 	if sd.closed {
 		// The pending sends are lost: the dial ends with no connection,
 		// and dialLoop fails generation p.gen.
+		if reserved {
+			sd.releaseLinkLocked(c.proc)
+		}
 		sd.mu.Unlock()
 		c.io.close()
 		return nil
 	}
+	if !reserved {
+		sd.holdLinkLocked(c.proc) // a replacement: counted from now, as its predecessor is until it goes
+	}
 	p.gen++
+	sd.adoptSeq++
+	c.seq = sd.adoptSeq
 	sd.conns[c] = struct{}{}
 	sd.publishShmConnsLocked()
 	sd.mu.Unlock()
@@ -579,6 +538,12 @@ func (sd *sockDevice) watchShm(c *conn, s *shmIO, awaited func() map[*peer]bool)
 type peer struct {
 	sd  *sockDevice
 	eid urma.EID
+	// used says this side uses its link to the peer: it dialed the peer,
+	// imported or sent over the link, or a send of the peer's passed a
+	// token check. A link dialed in that is not used may be evicted to
+	// make room (connslots.go). It outlives a connection for as long as
+	// the entry does, so a peer that replaces its link keeps it used.
+	used atomic.Bool
 
 	mu       sync.Mutex
 	conn     *conn
@@ -602,6 +567,9 @@ type peer struct {
 func (p *peer) send(j *jetty, seq uint64, tx, length uint32) (*conn, uint64, urma.Status) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if !p.used.Load() {
+		p.used.Store(true)
+	}
 	if c := p.conn; c != nil {
 		switch {
 		case uint64(length) > c.peerMax:
@@ -632,6 +600,7 @@ func (p *peer) cancel(j *jetty, seq uint64, dst uint32) {
 }
 
 func (p *peer) startDialLocked() {
+	p.used.Store(true)
 	if p.dialing {
 		return
 	}
@@ -798,6 +767,7 @@ func (p *peer) importSegment(ctx context.Context, id urma.SegmentID, token urma.
 }
 
 func (p *peer) ask(ctx context.Context, op string, encode func([]byte, uint32) []byte) (urma.Code, error) {
+	p.used.Store(true)
 	c, err := p.connect(ctx)
 	if err != nil {
 		return 0, err
