@@ -3,6 +3,7 @@
 //
 //	urma-perf server --listen ADDR [--echo] [--mode auto|tcp] [--grpc] [--json]
 //	urma-perf client --server ADDR --size N --concurrency N --duration D [--mode auto|urma|tcp] [--grpc] [--json]
+//	urma-perf stream --server ADDR [--concurrency N] [--interval D] [--redial D] [--duration D] [--mode auto|urma|tcp] [--json]
 //
 // The client runs request/response loops on concurrency connections and
 // prints QPS, throughput, latency percentiles and the mode of each
@@ -12,7 +13,11 @@
 // plugin's environment like any workload, and take any urma_* flag on the
 // command line (--urma_sq_size=256). With --grpc on both sides the server
 // serves gRPC's health service instead and the client times unary health
-// checks: gRPC over the transport. See docs/transport.md.
+// checks: gRPC over the transport. The stream command runs until it is
+// stopped, dials again whenever a connection fails, and prints its counts
+// (requests, dials by mode, reconnects, errors) every interval: a
+// workload's view of a disruption (make e2e's chaos steps). See
+// docs/transport.md.
 package main
 
 import (
@@ -49,6 +54,7 @@ func runWithSignals(args []string, stdout, stderr io.Writer, cmd func(context.Co
 
 const usage = `usage: urma-perf server --listen ADDR [--echo] [--mode auto|tcp] [--grpc] [--json] [--urma_*=V ...]
        urma-perf client --server ADDR [--size N] [--concurrency N] [--duration D] [--mode auto|urma|tcp] [--grpc] [--json] [--urma_*=V ...]
+       urma-perf stream --server ADDR [--size N] [--concurrency N] [--interval D] [--redial D] [--duration D] [--mode auto|urma|tcp] [--json] [--urma_*=V ...]
        urma-perf <command> -h   list a command's flags`
 
 // common are the flags both commands take.
@@ -135,6 +141,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runServer(ctx, args, stdout, stderr)
 	case "client":
 		err = runClient(ctx, args, stdout, stderr)
+	case "stream":
+		err = runStream(ctx, args, stdout, stderr)
 	case "help":
 		fmt.Fprintln(stdout, usage)
 		return 0

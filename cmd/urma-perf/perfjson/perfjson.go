@@ -86,3 +86,34 @@ type ServerEvent struct {
 	DirectReads uint64 `json:"directReads,omitempty"`
 	Error       string `json:"error,omitempty"`
 }
+
+// StreamReport is one line of `urma-perf stream`: the counts since the
+// stream started, printed every interval and once more at the end (Final).
+// A program watching a workload through a disruption compares two lines.
+type StreamReport struct {
+	Time           string  `json:"time"` // RFC 3339, UTC, nanoseconds
+	ElapsedSeconds float64 `json:"elapsedSeconds"`
+	// Requests answered in all, and since the line before.
+	Requests         uint64 `json:"requests"`
+	IntervalRequests uint64 `json:"intervalRequests"`
+	// Open is the connections open now, of Concurrency.
+	Open        int `json:"open"`
+	Concurrency int `json:"concurrency"`
+	// Dials are the connections made (header exchanged); of them URMADials
+	// ran on URMA and TCPDials fell back (or --mode tcp). Redials are the
+	// planned ones (--redial), Reconnects those after a failure.
+	Dials      uint64 `json:"dials"`
+	URMADials  uint64 `json:"urmaDials"`
+	TCPDials   uint64 `json:"tcpDials"`
+	Redials    uint64 `json:"redials"`
+	Reconnects uint64 `json:"reconnects"`
+	// Errors counts failed dials and connections that failed in use; the
+	// last one is LastError.
+	Errors             uint64 `json:"errors"`
+	LastError          string `json:"lastError,omitempty"`
+	LastFallbackReason string `json:"lastFallbackReason,omitempty"`
+	// Fabric is what carried the last URMA connection made ("shm",
+	// "socket", or the provider's name).
+	Fabric string `json:"fabric,omitempty"`
+	Final  bool   `json:"final,omitempty"`
+}
