@@ -79,14 +79,23 @@ func childRole() int {
 		}
 	}
 	sid, _ := unix.Getsid(0)
-	fmt.Printf("%s: pid %d session %d\n", childAfterParent, os.Getpid(), sid)
+	var open []string
+	entries, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range entries {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil {
+			open = append(open, e.Name()+"="+target)
+		}
+	}
+	fmt.Printf("%s: pid %d session %d fds %s\n", childAfterParent, os.Getpid(), sid, strings.Join(open, " "))
 	return 0
 }
 
 // runParent runs the parent role and returns its child's pid, once the
 // parent has exited. The test is the child subreaper meanwhile, so the
-// orphaned child becomes its child and can be waited for.
-func runParent(t *testing.T, role, logDir string) int {
+// orphaned child becomes its child and can be waited for. The parent
+// inherits inherited (as fd 3, without close-on-exec), as urma-e2e
+// inherits the lock of the flock it runs under.
+func runParent(t *testing.T, role, logDir string, inherited *os.File) int {
 	t.Helper()
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		t.Skipf("cannot become a child subreaper: %v", err)
@@ -94,6 +103,7 @@ func runParent(t *testing.T, role, logDir string) int {
 	t.Cleanup(func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), roleEnv+"="+role, logDirEnv+"="+logDir)
+	cmd.ExtraFiles = []*os.File{inherited}
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("parent %s: %v", role, err)
@@ -127,7 +137,8 @@ func waitOrphan(t *testing.T, pid int) (ws unix.WaitStatus, reapedByParent bool)
 }
 
 // A child of Start dies with its parent; a child of StartDetached lives on
-// after it, in a session of its own, and can still write its output.
+// after it, in a session of its own, can still write its output, and holds
+// none of the descriptors its parent inherited.
 func TestChildLifetimeAfterTheParentExits(t *testing.T) {
 	for _, tc := range []struct {
 		role     string
@@ -138,7 +149,18 @@ func TestChildLifetimeAfterTheParentExits(t *testing.T) {
 	} {
 		t.Run(tc.role, func(t *testing.T) {
 			logDir := t.TempDir()
-			pid := runParent(t, tc.role, logDir)
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pr.Close()
+			defer pw.Close()
+			var st unix.Stat_t
+			if err := unix.Fstat(int(pw.Fd()), &st); err != nil {
+				t.Fatal(err)
+			}
+			inherited := fmt.Sprintf("pipe:[%d]", st.Ino)
+			pid := runParent(t, tc.role, logDir, pw)
 			ws, reapedByParent := waitOrphan(t, pid)
 			log, err := os.ReadFile(filepath.Join(logDir, "child.log"))
 			if err != nil {
@@ -151,9 +173,12 @@ func TestChildLifetimeAfterTheParentExits(t *testing.T) {
 				}
 				return
 			}
-			want := fmt.Sprintf("%s: pid %d session %d", childAfterParent, pid, pid)
+			want := fmt.Sprintf("%s: pid %d session %d fds ", childAfterParent, pid, pid)
 			if reapedByParent || !ws.Exited() || ws.ExitStatus() != 0 || !strings.Contains(string(log), want) {
 				t.Fatalf("detached child: wait status %v, want exit 0 after printing %q; log:\n%s", ws, want, log)
+			}
+			if strings.Contains(string(log), inherited) {
+				t.Fatalf("detached child holds %s, which its parent inherited: it would hold it as long as it lives; log:\n%s", inherited, log)
 			}
 		})
 	}

@@ -57,9 +57,13 @@ func Start(logDir, name, path string, args, env []string) (*Child, error) {
 // written straight into its log file. Through a pipe to this process the
 // child's next write after this process ended would fail (a Go program
 // dies of SIGPIPE on its stdout), so nothing of its output passes through
-// this process: Lines is empty and WaitLine fails. Wait and Stop work as
-// for Start while this process runs.
+// this process: Lines is empty and WaitLine fails. Nor does it inherit
+// the descriptors this process inherited (see closeInheritedOnExec). Wait
+// and Stop work as for Start while this process runs.
 func StartDetached(logDir, name, path string, args, env []string) (*Child, error) {
+	if err := closeInheritedOnExec(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
 	return start(logDir, name, path, args, env, true)
 }
 
