@@ -19,6 +19,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/kubeclient"
 	"github.com/openeuler/urma-k8s/internal/node/discover"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/libinject"
 	"github.com/openeuler/urma-k8s/internal/node/metrics"
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/node/watch"
@@ -64,10 +65,11 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 			srvCfg.ShmDir = ""
 		}
 	}
+	srvCfg.Libs = prepareLibs(cfg.Libs, cfg.Inventory.SoftDevices > 0, log)
 	var cdiWriter *cdispec.Writer
 	if cfg.CDIEnabled {
 		cdiCfg := cfg.CDI
-		cdiCfg.DevRoot, cdiCfg.ExtraDevNodes = cfg.Sysfs.DevRoot, cfg.Server.ExtraDevNodes
+		cdiCfg.DevRoot, cdiCfg.ExtraDevNodes, cdiCfg.Libs = cfg.Sysfs.DevRoot, cfg.Server.ExtraDevNodes, srvCfg.Libs.Host
 		w, err := cdispec.New(cdiCfg, log.WithName("cdi"))
 		if err != nil {
 			return err
@@ -86,7 +88,7 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	}
 	watcher := watch.New(cfg.Watch, src, inventory.NewBuilder(cfg.Inventory), discovered, log.WithName("discovery"), m)
 
-	publisher, err := newPublisher(cfg, deps, log.WithName("node"), m)
+	publisher, err := newPublisher(cfg, deps, srvCfg.Libs, log.WithName("node"), m)
 	if err != nil {
 		return err
 	}
@@ -128,8 +130,24 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	return err
 }
 
-func newPublisher(cfg Config, deps Deps, log logr.Logger, m *metrics.Metrics) (*nodelabel.Publisher, error) {
-	pcfg := nodelabel.Config{FeaturesDir: cfg.FeaturesDir, RetryInitial: DefaultNodeRetry, Resync: cfg.NodeResync}
+// prepareLibs finds the host's liburma and publishes the software one,
+// and says what containers will get: a node without the host's libraries
+// advertises its devices all the same.
+func prepareLibs(c libinject.Config, softDevices bool, log logr.Logger) libinject.Set {
+	libs := libinject.Prepare(c, softDevices)
+	log.Info("liburma for C programs in containers", libs.Describe()...)
+	if c.Enabled && libs.Host.Empty() {
+		log.Info("containers given a UB device get no liburma: their image must carry one matching this host's UB driver", "why", libs.HostWhy)
+	}
+	if c.Enabled && softDevices && libs.Soft.Empty() {
+		log.Error(errors.New(libs.SoftWhy), "containers given a software device get no liburma")
+	}
+	return libs
+}
+
+func newPublisher(cfg Config, deps Deps, libs libinject.Set, log logr.Logger, m *metrics.Metrics) (*nodelabel.Publisher, error) {
+	pcfg := nodelabel.Config{FeaturesDir: cfg.FeaturesDir, RetryInitial: DefaultNodeRetry, Resync: cfg.NodeResync,
+		HostLiburma: !libs.Host.Empty(), SoftLiburma: !libs.Soft.Empty()}
 	client := deps.KubeClient
 	if cfg.LabelNode && cfg.NodeName != "" {
 		pcfg.NodeName = cfg.NodeName

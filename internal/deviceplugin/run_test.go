@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -77,6 +78,8 @@ func startWith(t *testing.T, tree *sysfstest.Tree, mutate func(*Config), deps De
 	cfg.NodeName = "node-a"
 	cfg.MetricsAddress = "127.0.0.1:0"
 	cfg.Server.ShmDir = filepath.Join(t.TempDir(), "shm")
+	// Nothing of this machine's: a host without liburma, no software one.
+	cfg.Libs.HostRoot, cfg.Libs.SoftLib = t.TempDir(), ""
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -372,6 +375,76 @@ func TestSoftDevicesOnANodeWithoutHardware(t *testing.T) {
 		l := n.nodeObj().Labels
 		return l[nodefacts.LabelSoftware] == "true" && l[nodefacts.LabelDeviceCount] == "2"
 	})
+}
+
+// A container given a UB device gets the host's liburma, one given a
+// software device urma-k8s's, and the node says so; on a host without
+// liburma the plugin advertises as before and says that too.
+func TestInjectsLiburma(t *testing.T) {
+	host := t.TempDir()
+	for _, p := range []string{"usr/lib64/liburma.so.0", "usr/lib64/urma/liburma-udma.so"} {
+		if err := os.MkdirAll(filepath.Join(host, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(host, p), []byte("lib"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	soft := filepath.Join(t.TempDir(), "liburma.so.0")
+	if err := os.WriteFile(soft, []byte("soft lib"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	softDir := filepath.Join(t.TempDir(), "published")
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	n := start(t, tree, func(c *Config) {
+		c.Inventory.SoftDevices = 1
+		c.Server.ShmDir = ""
+		c.Libs.HostRoot, c.Libs.SoftLib, c.Libs.SoftHostDir = host, soft, softDir
+	})
+	n.units("units", func(m map[string]*pluginapi.Device) bool {
+		return count("udma0-", pluginapi.Healthy)(m) > 0 && count("soft0-", pluginapi.Healthy)(m) > 0
+	})
+	for _, tc := range []struct {
+		id   string
+		want []string // host paths mounted
+	}{
+		{"udma0-0", []string{"/usr/lib64/liburma.so.0", "/usr/lib64/urma"}},
+		{"soft0-0", []string{filepath.Join(softDir, "liburma.so.0")}},
+	} {
+		resp, err := n.allocate(tc.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, m := range resp.Mounts {
+			got = append(got, m.HostPath)
+		}
+		if !slices.Equal(got, tc.want) || resp.Envs["LD_LIBRARY_PATH"] != "/opt/urma-k8s/lib" {
+			t.Errorf("%s: mounts %v, LD_LIBRARY_PATH %q; want %v and /opt/urma-k8s/lib", tc.id, got, resp.Envs["LD_LIBRARY_PATH"], tc.want)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(softDir, "liburma.so.0")); err != nil || string(b) != "soft lib" {
+		t.Errorf("the software liburma was not published: %q, %v", b, err)
+	}
+	eventually(t, "node labeled with both injections", func() bool {
+		l := n.nodeObj().Labels
+		return l[nodefacts.LabelHostLiburma] == "true" && l[nodefacts.LabelSoftLiburma] == "true"
+	})
+
+	bare := start(t, tree, nil) // a host without liburma
+	bare.units("units", func(m map[string]*pluginapi.Device) bool { return count("udma0-", pluginapi.Healthy)(m) > 0 })
+	resp, err := bare.allocate("udma0-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, set := resp.Envs["LD_LIBRARY_PATH"]; set || len(resp.Mounts) != 1 {
+		t.Errorf("a host without liburma: mounts %v, env %v; want only the shm directory", resp.Mounts, resp.Envs)
+	}
+	eventually(t, "host-liburma=false", func() bool { return bare.nodeObj().Labels[nodefacts.LabelHostLiburma] == "false" })
+	if !bare.logs.Contains("containers given a UB device get no liburma") || !bare.logs.Contains("no liburma on the host") {
+		t.Errorf("the log does not say that UB containers get no liburma, and why:\n%s", bare.logs.String())
+	}
 }
 
 func TestStartsWithoutDevicesAndSaysSo(t *testing.T) {

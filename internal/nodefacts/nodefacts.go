@@ -35,6 +35,13 @@ const (
 	// LabelSoftware is "true" when the advertised devices are software-provider
 	// devices (no UB hardware).
 	LabelSoftware = Prefix + "software"
+	// LabelHostLiburma is "true" when a container given one of the node's
+	// UB devices gets the host's liburma injected (the agent found it and
+	// injection is on), "false" otherwise: its image must bring liburma.
+	LabelHostLiburma = Prefix + "host-liburma"
+	// LabelSoftLiburma is "true" when a container given a software device
+	// gets urma-k8s's liburma over the software provider injected.
+	LabelSoftLiburma = Prefix + "soft-liburma"
 )
 
 // Annotation keys. Capability values are the minimum over the node's
@@ -62,7 +69,7 @@ func AnnotationKeys() []string {
 
 // LabelKeys lists every label key this package writes.
 func LabelKeys() []string {
-	return []string{LabelPresent, LabelDeviceCount, LabelSoftware}
+	return []string{LabelPresent, LabelDeviceCount, LabelSoftware, LabelHostLiburma, LabelSoftLiburma}
 }
 
 // ErrNoFacts is returned by Parse when a node carries none of the annotations:
@@ -87,6 +94,9 @@ type Facts struct {
 	JettiesPerDevice uint32
 	// JettiesPerUnit is how many jetties one unit of ResourceName stands for.
 	JettiesPerUnit uint32
+	// HostLiburma and SoftLiburma say which liburma containers get
+	// injected (LabelHostLiburma, LabelSoftLiburma); labels only.
+	HostLiburma, SoftLiburma bool
 }
 
 // Present reports whether the node advertises any URMA device.
@@ -127,6 +137,8 @@ func (f Facts) Labels() map[string]string {
 		LabelPresent:     strconv.FormatBool(f.Present()),
 		LabelDeviceCount: strconv.Itoa(f.DeviceCount),
 		LabelSoftware:    strconv.FormatBool(f.Software),
+		LabelHostLiburma: strconv.FormatBool(f.HostLiburma),
+		LabelSoftLiburma: strconv.FormatBool(f.SoftLiburma),
 	}
 }
 

@@ -38,9 +38,14 @@ func TestLabels(t *testing.T) {
 		f    Facts
 		want map[string]string
 	}{
-		{"hardware", hardwareFacts(), map[string]string{LabelPresent: "true", LabelDeviceCount: "2", LabelSoftware: "false"}},
-		{"none", Facts{}, map[string]string{LabelPresent: "false", LabelDeviceCount: "0", LabelSoftware: "false"}},
-		{"software", Facts{DeviceCount: 3, Software: true}, map[string]string{LabelPresent: "true", LabelDeviceCount: "3", LabelSoftware: "true"}},
+		{"hardware", hardwareFacts(), map[string]string{LabelPresent: "true", LabelDeviceCount: "2", LabelSoftware: "false",
+			LabelHostLiburma: "false", LabelSoftLiburma: "false"}},
+		{"none", Facts{}, map[string]string{LabelPresent: "false", LabelDeviceCount: "0", LabelSoftware: "false",
+			LabelHostLiburma: "false", LabelSoftLiburma: "false"}},
+		{"software", Facts{DeviceCount: 3, Software: true, SoftLiburma: true}, map[string]string{LabelPresent: "true", LabelDeviceCount: "3", LabelSoftware: "true",
+			LabelHostLiburma: "false", LabelSoftLiburma: "true"}},
+		{"hardware with the host's liburma", Facts{DeviceCount: 1, HostLiburma: true}, map[string]string{LabelPresent: "true", LabelDeviceCount: "1", LabelSoftware: "false",
+			LabelHostLiburma: "true", LabelSoftLiburma: "false"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -32,6 +32,7 @@ import (
 
 	"github.com/openeuler/urma-k8s/internal/node/devpath"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/libinject"
 )
 
 // Defaults.
@@ -50,6 +51,9 @@ type Config struct {
 	DevRoot string
 	// ExtraDevNodes are host /dev/... paths every hardware container gets.
 	ExtraDevNodes []string
+	// Libs is the host's liburma every hardware container gets
+	// (libinject.Host); empty injects none.
+	Libs libinject.Injection
 }
 
 // Validate checks the kind with the CDI parser's rules.
@@ -133,12 +137,27 @@ func (w *Writer) Build(snap *inventory.Snapshot) (spec *specs.Spec, ok bool) {
 	for _, p := range common {
 		spec.ContainerEdits.DeviceNodes = append(spec.ContainerEdits.DeviceNodes, &specs.DeviceNode{Path: p, HostPath: p, Permissions: "rw"})
 	}
+	spec.ContainerEdits.Mounts, spec.ContainerEdits.Env = LibEdits(w.cfg.Libs)
 	v, err := specs.MinimumRequiredVersion(spec)
 	if err != nil {
 		v = specs.CurrentVersion
 	}
 	spec.Version = v
 	return spec, true
+}
+
+// LibEdits are a liburma injection as CDI container edits: read-only bind
+// mounts, and the environment, which the runtime applies over the image's
+// and the pod spec's.
+func LibEdits(inj libinject.Injection) ([]*specs.Mount, []string) {
+	var mounts []*specs.Mount
+	for _, m := range inj.Mounts {
+		mounts = append(mounts, &specs.Mount{
+			HostPath: m.HostPath, ContainerPath: m.ContainerPath, Type: "bind",
+			Options: []string{"rbind", "ro", "nosuid", "nodev"},
+		})
+	}
+	return mounts, slices.Clone(inj.Env)
 }
 
 // Sync writes the spec for a snapshot if it differs from the last one
@@ -196,6 +215,10 @@ func render(s *specs.Spec) string {
 	for _, n := range s.ContainerEdits.DeviceNodes {
 		fmt.Fprintf(&b, "%s,", n.Path)
 	}
+	for _, m := range s.ContainerEdits.Mounts {
+		fmt.Fprintf(&b, "%s>%s,", m.HostPath, m.ContainerPath)
+	}
+	fmt.Fprintf(&b, "%q", s.ContainerEdits.Env)
 	for _, d := range s.Devices {
 		fmt.Fprintf(&b, "|%s:", d.Name)
 		for _, n := range d.ContainerEdits.DeviceNodes {

@@ -10,11 +10,13 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/openeuler/urma-k8s/internal/node/budget"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/libinject"
 )
 
 func devRoot(t *testing.T, nodes ...string) string {
@@ -349,5 +351,55 @@ func TestValidate(t *testing.T) {
 		if err := tc.c.Validate(); (err == nil) != tc.ok {
 			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.c, err, tc.ok)
 		}
+	}
+}
+
+// With the host's liburma found, every hardware container gets it through
+// the spec: read-only bind mounts, and LD_LIBRARY_PATH over the image's
+// and the pod's, as a container runtime applies the spec.
+func TestSpecInjectsTheHostsLiburma(t *testing.T) {
+	root := devRoot(t, "ummu/tid")
+	dir := t.TempDir()
+	libs := libinject.Injection{
+		Mounts: []libinject.Mount{{HostPath: "/usr/lib64/liburma.so.0", ContainerPath: libinject.ContainerLibDir + "/liburma.so.0"},
+			{HostPath: "/usr/lib64/urma", ContainerPath: "/usr/lib64/urma"}},
+		Env: []string{"LD_LIBRARY_PATH=" + libinject.ContainerLibDir},
+	}
+	w, err := New(Config{Dir: dir, Kind: DefaultKind, DevRoot: root, Libs: libs}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(snap(root)); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatalf("the runtime's CDI cache rejects our spec: %v", err)
+	}
+	dev := reader.GetDevice("urma.openeuler.org/jetty=udma1")
+	if dev == nil {
+		t.Fatal("udma1 is not in the spec")
+	}
+	// The spec-wide edits as the runtime applies them (its device nodes
+	// left out: this machine has no /dev/ummu/tid to stat).
+	read := dev.GetSpec().ContainerEdits
+	container := &oci.Spec{Process: &oci.Process{Env: []string{"PATH=/bin", "LD_LIBRARY_PATH=/opt/app/lib"}}}
+	edits := &cdi.ContainerEdits{ContainerEdits: &specs.ContainerEdits{Mounts: read.Mounts, Env: read.Env}}
+	if err := edits.Apply(container); err != nil {
+		t.Fatal(err)
+	}
+	var mounts []libinject.Mount
+	for _, m := range container.Mounts {
+		if !slices.Contains(m.Options, "ro") || !slices.Contains(m.Options, "nosuid") || !slices.Contains(m.Options, "nodev") {
+			t.Errorf("mount %+v: want ro, nosuid, nodev", m)
+		}
+		mounts = append(mounts, libinject.Mount{HostPath: m.Source, ContainerPath: m.Destination})
+	}
+	slices.SortFunc(mounts, func(a, b libinject.Mount) int { return strings.Compare(a.HostPath, b.HostPath) })
+	if !slices.Equal(mounts, libs.Mounts) {
+		t.Errorf("container mounts %v, want %v", mounts, libs.Mounts)
+	}
+	if !slices.Contains(container.Process.Env, "LD_LIBRARY_PATH="+libinject.ContainerLibDir) || slices.Contains(container.Process.Env, "LD_LIBRARY_PATH=/opt/app/lib") {
+		t.Errorf("container env %v: want LD_LIBRARY_PATH=%s in place of the image's", container.Process.Env, libinject.ContainerLibDir)
 	}
 }

@@ -128,6 +128,9 @@ type Config struct {
 	// Node and the feature file, and put back where they differ; 0 means
 	// DefaultResync.
 	Resync time.Duration
+	// HostLiburma and SoftLiburma are the injection facts, fixed at
+	// start (nodefacts.LabelHostLiburma, LabelSoftLiburma).
+	HostLiburma, SoftLiburma bool
 }
 
 // Publisher keeps the node facts in step with the inventory.
@@ -280,6 +283,7 @@ func (p *Publisher) Run(ctx context.Context, inv *inventory.Inventory) error {
 		snap, changed := inv.Current()
 		if snap.Generation > 0 {
 			f := FactsFor(snap)
+			f.HostLiburma, f.SoftLiburma = p.cfg.HostLiburma, p.cfg.SoftLiburma
 			switch {
 			case applied == nil || *applied != f:
 				err := p.Apply(ctx, f)

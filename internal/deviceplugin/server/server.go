@@ -24,6 +24,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/budget"
 	"github.com/openeuler/urma-k8s/internal/node/devpath"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/libinject"
 	"github.com/openeuler/urma-k8s/internal/node/metrics"
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/podenv"
@@ -93,6 +94,10 @@ type Config struct {
 	// provider of pods on this node meets for shared memory. Kubelet mounts
 	// it, so the pod spec needs no hostPath.
 	ShmDir string
+	// Libs is the liburma a container gets for a C program: the host's
+	// with a UB device (in CDI mode the CDI spec carries that one), the
+	// software one with software devices only.
+	Libs libinject.Set
 }
 
 // Validate checks that extra device nodes are /dev/... paths and the CDI
@@ -428,6 +433,9 @@ func (s *Server) containerResponse(snap *inventory.Snapshot, sh []Share) *plugin
 			hw = append(hw, x.Device)
 		}
 	}
+	if len(hw) == 0 || s.cfg.CDIKind == "" {
+		addLibs(resp, s.cfg.Libs.For(len(hw) > 0))
+	}
 	if len(hw) == 0 {
 		return resp // software devices need no device node
 	}
@@ -465,6 +473,19 @@ func (s *Server) containerResponse(snap *inventory.Snapshot, sh []Share) *plugin
 		add(p)
 	}
 	return resp
+}
+
+// addLibs mounts an injection's libraries, read-only, and sets its
+// environment (LD_LIBRARY_PATH), which replaces the image's and the pod
+// spec's value: kubelet applies a device plugin's environment last.
+func addLibs(resp *pluginapi.ContainerAllocateResponse, inj libinject.Injection) {
+	for _, m := range inj.Mounts {
+		resp.Mounts = append(resp.Mounts, &pluginapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: true})
+	}
+	for _, kv := range inj.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		resp.Envs[k] = v
+	}
 }
 
 func (s *Server) cdiVia(st CDIStrategy) bool {

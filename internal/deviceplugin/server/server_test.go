@@ -25,6 +25,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/budget"
 	"github.com/openeuler/urma-k8s/internal/node/health"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/libinject"
 	"github.com/openeuler/urma-k8s/internal/node/metrics"
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/podenv"
@@ -677,6 +678,60 @@ func TestDeviceWhoseNodeIsGoneIsNotAllocated(t *testing.T) {
 			}
 			if got := pref.ContainerResponses[0].DeviceIDs; len(got) != 0 {
 				t.Fatalf("preferred allocation %v, want none of the node-less device", got)
+			}
+		})
+	}
+}
+
+// A container gets a liburma for its C programs: the host's with a UB
+// device (in CDI mode the CDI spec carries it, not the answer), the
+// software one with software devices only; read-only, with
+// LD_LIBRARY_PATH.
+func TestAllocateInjectsLiburma(t *testing.T) {
+	host := libinject.Injection{
+		Mounts: []libinject.Mount{{HostPath: "/usr/lib64/liburma.so.0", ContainerPath: libinject.ContainerLibDir + "/liburma.so.0"},
+			{HostPath: "/usr/lib64/urma", ContainerPath: "/usr/lib64/urma"}},
+		Env: []string{"LD_LIBRARY_PATH=" + libinject.ContainerLibDir},
+	}
+	soft := libinject.Injection{
+		Mounts: []libinject.Mount{{HostPath: "/var/lib/urma-k8s/liburma/liburma.so.0", ContainerPath: libinject.ContainerLibDir + "/liburma.so.0"}},
+		Env:    []string{"LD_LIBRARY_PATH=" + libinject.ContainerLibDir},
+	}
+	both := libinject.Set{Host: host, Soft: soft}
+	tests := []struct {
+		name string
+		cfg  Config
+		ids  []string
+		want libinject.Injection
+	}{
+		{"UB device: the host's", Config{Libs: both}, []string{"udma0-0"}, host},
+		{"software device: urma-k8s's", Config{Libs: both}, []string{"soft0-0"}, soft},
+		{"UB and software devices: the host's", Config{Libs: both}, []string{"soft0-0", "soft0-1", "udma0-0"}, host},
+		{"UB device in CDI mode: the spec carries it", Config{Libs: both, CDIKind: "urma.openeuler.org/jetty"}, []string{"udma0-0"}, libinject.Injection{}},
+		{"software device in CDI mode: the answer carries it", Config{Libs: both, CDIKind: "urma.openeuler.org/jetty"}, []string{"soft0-0"}, soft},
+		{"no host liburma", Config{Libs: libinject.Set{Soft: soft}}, []string{"udma1-0"}, libinject.Injection{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, tt.cfg)
+			resp, err := f.client.Allocate(ctx(t), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: tt.ids}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cr := resp.ContainerResponses[0]
+			var got []libinject.Mount
+			for _, m := range cr.Mounts {
+				if !m.ReadOnly {
+					t.Errorf("mount %v is writable", m)
+				}
+				got = append(got, libinject.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath})
+			}
+			if !slices.Equal(got, tt.want.Mounts) {
+				t.Errorf("mounts %v, want %v", got, tt.want.Mounts)
+			}
+			path, set := cr.Envs["LD_LIBRARY_PATH"]
+			if wantSet := len(tt.want.Env) > 0; set != wantSet || (set && path != libinject.ContainerLibDir) {
+				t.Errorf("LD_LIBRARY_PATH %q (set %v), want %v", path, set, tt.want.Env)
 			}
 		})
 	}
