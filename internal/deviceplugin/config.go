@@ -139,19 +139,7 @@ func (c *Config) AddServeFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.FeaturesDir, "nfd-features-dir", c.FeaturesDir, "also write a Node Feature Discovery feature file into this features.d directory")
 	fs.DurationVar(&c.NodeResync, "node-facts-resync-interval", c.NodeResync, "check the node's labels and annotations and the feature file this often, and put back what someone else removed or changed")
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address serving /metrics and /healthz; empty disables")
-	AddLibFlags(fs, &c.Libs)
-}
-
-// AddLibFlags registers the flags of liburma injection, which the DRA
-// driver shares.
-func AddLibFlags(fs *flag.FlagSet, c *libinject.Config) {
-	fs.BoolVar(&c.Enabled, "inject-liburma", c.Enabled, "mount a liburma into every container given a device, for C and C++ programs: the host's (and its provider directory) with a UB device, urma-k8s's liburma over the software provider with software devices")
-	fs.StringVar(&c.HostRoot, "liburma-host-root", c.HostRoot, "where this process sees the host's filesystem for --liburma-host-dir and --liburma-provider-dir (containers are always given the host's paths); empty is /")
-	fs.StringVar(&c.HostLibDir, "liburma-host-dir", c.HostLibDir, "host directory holding liburma.so* and liburma_common.so* (UMDK's runtime package)")
-	fs.StringVar(&c.HostProviderDir, "liburma-provider-dir", c.HostProviderDir, "host directory liburma loads its providers from (UMDK compiles in /usr/lib64/urma); mounted at the same path")
-	fs.StringVar(&c.SoftLib, "liburma-soft", c.SoftLib, "urma-k8s's liburma.so.0 over the software provider, in this image; copied into --liburma-soft-dir for containers given a software device; empty injects none")
-	fs.StringVar(&c.SoftHostDir, "liburma-soft-dir", c.SoftHostDir, "host directory of this agent's own (mounted at the same path) that --liburma-soft is copied into")
-	fs.BoolVar(&c.SetLibraryPath, "liburma-library-path", c.SetLibraryPath, "set LD_LIBRARY_PATH="+libinject.ContainerLibDir+" in the container (it replaces the image's value); off, the libraries are only mounted there")
+	c.Libs.AddFlags(fs)
 }
 
 // Validate checks the whole configuration and names every problem.

@@ -65,7 +65,7 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 			srvCfg.ShmDir = ""
 		}
 	}
-	srvCfg.Libs = prepareLibs(cfg.Libs, cfg.Inventory.SoftDevices > 0, log)
+	srvCfg.Libs = libinject.Prepare(cfg.Libs, cfg.Inventory.SoftDevices > 0, log)
 	var cdiWriter *cdispec.Writer
 	if cfg.CDIEnabled {
 		cdiCfg := cfg.CDI
@@ -128,21 +128,6 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	err = g.Wait()
 	log.Info("urma-device-plugin stopped")
 	return err
-}
-
-// prepareLibs finds the host's liburma and publishes the software one,
-// and says what containers will get: a node without the host's libraries
-// advertises its devices all the same.
-func prepareLibs(c libinject.Config, softDevices bool, log logr.Logger) libinject.Set {
-	libs := libinject.Prepare(c, softDevices)
-	log.Info("liburma for C programs in containers", libs.Describe()...)
-	if c.Enabled && libs.Host.Empty() {
-		log.Info("containers given a UB device get no liburma: their image must carry one matching this host's UB driver", "why", libs.HostWhy)
-	}
-	if c.Enabled && softDevices && libs.Soft.Empty() {
-		log.Error(errors.New(libs.SoftWhy), "containers given a software device get no liburma")
-	}
-	return libs
 }
 
 func newPublisher(cfg Config, deps Deps, libs libinject.Set, log logr.Logger, m *metrics.Metrics) (*nodelabel.Publisher, error) {

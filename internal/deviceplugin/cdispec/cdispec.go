@@ -137,27 +137,13 @@ func (w *Writer) Build(snap *inventory.Snapshot) (spec *specs.Spec, ok bool) {
 	for _, p := range common {
 		spec.ContainerEdits.DeviceNodes = append(spec.ContainerEdits.DeviceNodes, &specs.DeviceNode{Path: p, HostPath: p, Permissions: "rw"})
 	}
-	spec.ContainerEdits.Mounts, spec.ContainerEdits.Env = LibEdits(w.cfg.Libs)
+	spec.ContainerEdits.Mounts, spec.ContainerEdits.Env = libinject.CDIEdits(w.cfg.Libs)
 	v, err := specs.MinimumRequiredVersion(spec)
 	if err != nil {
 		v = specs.CurrentVersion
 	}
 	spec.Version = v
 	return spec, true
-}
-
-// LibEdits are a liburma injection as CDI container edits: read-only bind
-// mounts, and the environment, which the runtime applies over the image's
-// and the pod spec's.
-func LibEdits(inj libinject.Injection) ([]*specs.Mount, []string) {
-	var mounts []*specs.Mount
-	for _, m := range inj.Mounts {
-		mounts = append(mounts, &specs.Mount{
-			HostPath: m.HostPath, ContainerPath: m.ContainerPath, Type: "bind",
-			Options: []string{"rbind", "ro", "nosuid", "nodev"},
-		})
-	}
-	return mounts, slices.Clone(inj.Env)
 }
 
 // Sync writes the spec for a snapshot if it differs from the last one

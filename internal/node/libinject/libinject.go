@@ -23,6 +23,7 @@ package libinject
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -31,6 +32,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/go-logr/logr"
+	specs "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // Defaults: where UMDK's runtime package installs liburma (umdk.spec's
@@ -86,6 +90,17 @@ func Default() Config {
 		Enabled: true, HostLibDir: DefaultHostLibDir, HostProviderDir: DefaultHostProviderDir,
 		SoftLib: DefaultSoftLib, SoftHostDir: DefaultSoftHostDir, SetLibraryPath: true,
 	}
+}
+
+// AddFlags registers the flags of injection (both agents have them).
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&c.Enabled, "inject-liburma", c.Enabled, "mount a liburma into every container given a device, for C and C++ programs: the host's (and its provider directory) with a UB device, urma-k8s's liburma over the software provider with software devices")
+	fs.StringVar(&c.HostRoot, "liburma-host-root", c.HostRoot, "where this process sees the host's filesystem for --liburma-host-dir and --liburma-provider-dir (containers are always given the host's paths); empty is /")
+	fs.StringVar(&c.HostLibDir, "liburma-host-dir", c.HostLibDir, "host directory holding liburma.so* and liburma_common.so* (UMDK's runtime package)")
+	fs.StringVar(&c.HostProviderDir, "liburma-provider-dir", c.HostProviderDir, "host directory liburma loads its providers from (UMDK compiles in /usr/lib64/urma); mounted at the same path")
+	fs.StringVar(&c.SoftLib, "liburma-soft", c.SoftLib, "urma-k8s's liburma.so.0 over the software provider, in this image; copied into --liburma-soft-dir for containers given a software device; empty injects none")
+	fs.StringVar(&c.SoftHostDir, "liburma-soft-dir", c.SoftHostDir, "host directory of this agent's own (mounted at the same path) that --liburma-soft is copied into")
+	fs.BoolVar(&c.SetLibraryPath, "liburma-library-path", c.SetLibraryPath, "set LD_LIBRARY_PATH="+ContainerLibDir+" in the container (it replaces the image's value); off, the libraries are only mounted there")
 }
 
 // Validate checks the paths: every host path is clean and absolute.
@@ -317,8 +332,10 @@ func (s Set) Describe() []any {
 }
 
 // Prepare finds the host's libraries and, when the node has software
-// devices, publishes the software one.
-func Prepare(c Config, softDevices bool) Set {
+// devices, publishes the software one, and logs what containers will get.
+// A node without the host's libraries advertises its devices all the
+// same: their containers' images must then carry liburma.
+func Prepare(c Config, softDevices bool, log logr.Logger) Set {
 	var s Set
 	var err error
 	if s.Host, err = Host(c); err != nil {
@@ -329,5 +346,26 @@ func Prepare(c Config, softDevices bool) Set {
 	} else if s.Soft, err = Soft(c); err != nil {
 		s.SoftWhy = err.Error()
 	}
+	log.Info("liburma for C programs in containers", s.Describe()...)
+	if c.Enabled && s.Host.Empty() {
+		log.Info("containers given a UB device get no liburma: their image must carry one matching this host's UB driver", "why", s.HostWhy)
+	}
+	if c.Enabled && softDevices && s.Soft.Empty() {
+		log.Error(errors.New(s.SoftWhy), "containers given a software device get no liburma")
+	}
 	return s
+}
+
+// CDIEdits are an injection as CDI container edits: read-only bind mounts,
+// and the environment, which the runtime applies over the image's and the
+// pod spec's.
+func CDIEdits(inj Injection) ([]*specs.Mount, []string) {
+	var mounts []*specs.Mount
+	for _, m := range inj.Mounts {
+		mounts = append(mounts, &specs.Mount{
+			HostPath: m.HostPath, ContainerPath: m.ContainerPath, Type: "bind",
+			Options: []string{"rbind", "ro", "nosuid", "nodev"},
+		})
+	}
+	return mounts, slices.Clone(inj.Env)
 }
