@@ -32,6 +32,7 @@ import (
 	"github.com/openeuler/urma-k8s/internal/node/budget"
 	"github.com/openeuler/urma-k8s/internal/node/health"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
+	"github.com/openeuler/urma-k8s/internal/node/libinject"
 	"github.com/openeuler/urma-k8s/internal/node/selection"
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/node/watch"
@@ -69,6 +70,8 @@ type Config struct {
 	// StaleClaimCheck is how often prepared claims are checked against the
 	// API server for ones kubelet will never unprepare.
 	StaleClaimCheck time.Duration
+	// Libs is the liburma injected into containers for C programs.
+	Libs libinject.Config
 }
 
 // Default returns the defaults.
@@ -90,6 +93,7 @@ func Default() Config {
 		RegistrarDir:    kubeletplugin.KubeletRegistryDir,
 		HealthResend:    plugin.DefaultHealthResend,
 		StaleClaimCheck: plugin.DefaultStaleClaimCheck,
+		Libs:            libinject.Default(),
 	}
 }
 
@@ -112,6 +116,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RegistrarDir, "registrar-dir", c.RegistrarDir, "kubelet's plugin registration directory; same path on the host")
 	fs.DurationVar(&c.HealthResend, "health-resend-interval", c.HealthResend, "resend device health to kubelet this often without a change")
 	fs.DurationVar(&c.StaleClaimCheck, "stale-claim-check-interval", c.StaleClaimCheck, "check prepared claims this often (and at start) against the API server, and forget those deleted or deallocated that kubelet will never unprepare")
+	c.Libs.AddFlags(fs)
 }
 
 // Validate checks the whole configuration and names every problem.
@@ -120,7 +125,7 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" {
 		errs = append(errs, errors.New("node name is empty: set NODE_NAME or --node-name"))
 	}
-	for _, err := range []error{c.Inventory.Validate(), c.Watch.Validate(), c.Policy.Validate(), c.CDI.Validate()} {
+	for _, err := range []error{c.Inventory.Validate(), c.Watch.Validate(), c.Policy.Validate(), c.CDI.Validate(), c.Libs.Validate()} {
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -183,6 +188,8 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 		}
 		client = c
 	}
+	libs := libinject.Prepare(cfg.Libs, cfg.Inventory.SoftDevices > 0, log)
+	cfg.CDI.Libs = libs
 	specs, err := claimspec.New(cfg.CDI)
 	if err != nil {
 		return err
@@ -195,6 +202,7 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	plug, err := plugin.New(plugin.Config{
 		NodeName: cfg.NodeName, DataDir: cfg.PluginDataDir, DevRoot: cfg.Sysfs.DevRoot,
 		Policy: cfg.Policy, HealthResend: cfg.HealthResend, StaleClaimCheck: cfg.StaleClaimCheck,
+		Liburma: slices.Liburma{Host: !libs.Host.Empty(), Soft: !libs.Soft.Empty()},
 	}, inv, specs, log.WithName("plugin"), fail)
 	if err != nil {
 		return err

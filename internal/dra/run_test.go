@@ -145,6 +145,7 @@ func TestSlicesPublishedAndFollowHealth(t *testing.T) {
 	}
 	defer os.RemoveAll(root)
 	cfg := dra.Default()
+	cfg.Libs.HostRoot, cfg.Libs.SoftLib = root, "" // nothing of this machine's
 	cfg.NodeName = node
 	cfg.Sysfs = tree.Options()
 	cfg.Inventory.SoftDevices = 1
@@ -321,6 +322,7 @@ func TestUnusableShmDirDoesNotStopTheDriver(t *testing.T) {
 	}
 	defer os.RemoveAll(root)
 	cfg := dra.Default()
+	cfg.Libs.HostRoot, cfg.Libs.SoftLib = root, "" // nothing of this machine's
 	cfg.NodeName = n.Name
 	cfg.Sysfs = tree.Options()
 	cfg.CDI.Dir = filepath.Join(root, "cdi")
@@ -399,6 +401,7 @@ func TestRunRebuildsACorruptedCheckpoint(t *testing.T) {
 	}
 	defer os.RemoveAll(root)
 	cfg := dra.Default()
+	cfg.Libs.HostRoot, cfg.Libs.SoftLib = root, "" // nothing of this machine's
 	cfg.NodeName = n.Name
 	cfg.Sysfs = tree.Options()
 	cfg.CDI.Dir = filepath.Join(root, "cdi")

@@ -24,6 +24,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/openeuler/urma-k8s/internal/node/libinject"
 	"github.com/openeuler/urma-k8s/internal/node/shmdir"
 	"github.com/openeuler/urma-k8s/internal/podenv"
 )
@@ -43,6 +44,9 @@ type Config struct {
 	// ShmDir, when set, is bind-mounted (same path) into every container
 	// and named by URMA_SHM_DIR.
 	ShmDir string
+	// Libs is the liburma a claim's containers get for C programs: the
+	// host's when the claim has a UB device, the software one otherwise.
+	Libs libinject.Set
 }
 
 // Validate checks the directory and kind.
@@ -176,6 +180,10 @@ func (w *Writer) Build(claimUID string, devs []Device) (*specs.Spec, error) {
 			Options: []string{"rbind", "rw", "nosuid", "nodev"},
 		})
 	}
+	hardware := slices.ContainsFunc(devs, func(d Device) bool { return !d.Software })
+	libMounts, libEnv := libinject.CDIEdits(w.cfg.Libs.For(hardware))
+	spec.ContainerEdits.Mounts = append(spec.ContainerEdits.Mounts, libMounts...)
+	spec.ContainerEdits.Env = append(spec.ContainerEdits.Env, libEnv...)
 	v, err := specs.MinimumRequiredVersion(spec)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: CDI spec version: %w", claimUID, err)

@@ -11,6 +11,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
+	"github.com/openeuler/urma-k8s/internal/node/libinject"
 )
 
 func writer(t *testing.T, shm string) (*claimspec.Writer, string) {
@@ -34,7 +35,16 @@ func inject(t *testing.T, dir string, ids ...string) *oci.Spec {
 	if errs := cache.GetErrors(); len(errs) > 0 {
 		t.Fatalf("CDI spec errors: %v", errs)
 	}
-	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	return injectInto(t, dir, &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}, ids...)
+}
+
+// injectInto is inject into a given container spec.
+func injectInto(t *testing.T, dir string, spec *oci.Spec, ids ...string) *oci.Spec {
+	t.Helper()
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatalf("CDI cache over %s: %v", dir, err)
+	}
 	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
 		t.Fatalf("injecting %v: unresolved %v: %v", ids, unresolved, err)
 	}
@@ -253,5 +263,62 @@ func TestClaimUIDs(t *testing.T) {
 	}
 	if _, err := w.ClaimUIDs(); err == nil || !strings.Contains(err.Error(), dir) {
 		t.Fatalf("ClaimUIDs with a file in the directory's place = %v, want an error naming it", err)
+	}
+}
+
+// A claim's containers get a liburma for their C programs, as the runtime
+// applies the spec: the host's with a UB device, the software one with
+// software devices only, read-only, with LD_LIBRARY_PATH over the image's.
+func TestSpecInjectsLiburma(t *testing.T) {
+	host := libinject.Injection{
+		Mounts: []libinject.Mount{{HostPath: "/usr/lib64/urma", ContainerPath: "/usr/lib64/urma"}},
+		Env:    []string{"LD_LIBRARY_PATH=" + libinject.ContainerLibDir},
+	}
+	soft := libinject.Injection{
+		Mounts: []libinject.Mount{{HostPath: "/var/lib/urma-k8s/liburma/liburma.so.0", ContainerPath: libinject.ContainerLibDir + "/liburma.so.0"}},
+		Env:    []string{"LD_LIBRARY_PATH=" + libinject.ContainerLibDir},
+	}
+	hw := claimspec.Device{Name: "udma0", URMADevice: "udma0", EID: "::1", Jetties: 16, DevNodes: []string{"/dev/null"}}
+	sw := claimspec.Device{Name: "soft0", URMADevice: "soft0", Jetties: 16, Software: true}
+	for _, tc := range []struct {
+		name string
+		libs libinject.Set
+		devs []claimspec.Device
+		want []string // host paths mounted
+	}{
+		{"UB device: the host's", libinject.Set{Host: host, Soft: soft}, []claimspec.Device{hw}, []string{"/usr/lib64/urma"}},
+		{"software device: urma-k8s's", libinject.Set{Host: host, Soft: soft}, []claimspec.Device{sw}, []string{"/var/lib/urma-k8s/liburma/liburma.so.0"}},
+		{"both: the host's", libinject.Set{Host: host, Soft: soft}, []claimspec.Device{sw, hw}, []string{"/usr/lib64/urma"}},
+		{"no host liburma", libinject.Set{Soft: soft}, []claimspec.Device{hw}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "cdi")
+			w, err := claimspec.New(claimspec.Config{Dir: dir, Kind: claimspec.DefaultKind, Libs: tc.libs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, err := w.Write("uid-9", tc.devs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Over an image that sets LD_LIBRARY_PATH itself.
+			spec := injectInto(t, dir, &oci.Spec{Process: &oci.Process{Env: []string{"LD_LIBRARY_PATH=/opt/app/lib"}}, Linux: &oci.Linux{}}, ids[0])
+			if tc.want != nil && slices.Contains(spec.Process.Env, "LD_LIBRARY_PATH=/opt/app/lib") {
+				t.Errorf("env %v keeps the image's LD_LIBRARY_PATH", spec.Process.Env)
+			}
+			var got []string
+			for _, m := range spec.Mounts {
+				if !slices.Contains(m.Options, "ro") {
+					t.Errorf("mount %+v is not read-only", m)
+				}
+				got = append(got, m.Source)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("mounts %v, want %v", got, tc.want)
+			}
+			if set := slices.Contains(spec.Process.Env, "LD_LIBRARY_PATH="+libinject.ContainerLibDir); set != (tc.want != nil) {
+				t.Errorf("env %v: LD_LIBRARY_PATH set %v, want %v", spec.Process.Env, set, tc.want != nil)
+			}
+		})
 	}
 }

@@ -79,6 +79,9 @@ type Config struct {
 	// StaleClaimCheck is how often DropStaleClaims runs in
 	// CleanStaleClaims; 0 means DefaultStaleClaimCheck.
 	StaleClaimCheck time.Duration
+	// Liburma is which liburma the devices' containers get (the devices'
+	// liburma attribute).
+	Liburma draslices.Liburma
 }
 
 // ClaimGetter reads a ResourceClaim from the API server (a client's
@@ -651,7 +654,9 @@ func (p *Plugin) Publish(ctx context.Context, pub Publisher) error {
 	for {
 		snap, changed := p.inv.Current()
 		if snap.Scanned && snap.Generation != last {
-			if err := pub.PublishResources(ctx, draslices.Resources(p.cfg.NodeName, snap, p.cfg.Policy)); err != nil {
+			res := draslices.Resources(p.cfg.NodeName, snap, p.cfg.Policy)
+			draslices.MarkLiburma(res, p.cfg.Liburma)
+			if err := pub.PublishResources(ctx, res); err != nil {
 				if ctx.Err() != nil {
 					// Stopped while the helper was starting its slice
 					// controller: a shutdown, not a failure.

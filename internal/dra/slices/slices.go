@@ -28,6 +28,31 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
+// Liburma is which liburma the driver injects: the host's for UB devices,
+// the software one for software devices.
+type Liburma struct{ Host, Soft bool }
+
+// MarkLiburma sets every device's liburma attribute in res: what a
+// container given it gets, by the device's software attribute.
+func MarkLiburma(res resourceslice.DriverResources, libs Liburma) {
+	for _, pool := range res.Pools {
+		for _, s := range pool.Slices {
+			for i := range s.Devices {
+				d := &s.Devices[i]
+				soft := d.Attributes[slicefacts.AttrSoftware].BoolValue
+				v := slicefacts.LiburmaNone
+				switch {
+				case soft != nil && *soft && libs.Soft:
+					v = slicefacts.LiburmaSoft
+				case (soft == nil || !*soft) && libs.Host:
+					v = slicefacts.LiburmaHost
+				}
+				d.Attributes[slicefacts.AttrLiburma] = resourceapi.DeviceAttribute{StringValue: ptr.To(v)}
+			}
+		}
+	}
+}
+
 // Taint keys. Taints have effect NoSchedule: the scheduler allocates nothing
 // new on the device, and pods already using it keep running, as with the
 // device plugin's Unhealthy (a flapping port must not kill workloads; an

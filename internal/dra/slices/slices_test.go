@@ -451,3 +451,29 @@ func TestVanishedDeviceIsTainted(t *testing.T) {
 		t.Fatalf("vanished device: taints %+v, want %s=%s NoSchedule", got.Taints, slices.TaintUnhealthy, slices.ReasonVanished)
 	}
 }
+
+// Each device says which liburma a container given it gets.
+func TestMarkLiburma(t *testing.T) {
+	cfg := dratest.Config(0)
+	cfg.SoftDevices = 1
+	snap := dratest.Snapshot(t, cfg, sysfstest.DefaultDevice("udma0"))
+	for _, tc := range []struct {
+		libs         slices.Liburma
+		udma0, soft0 string
+	}{
+		{slices.Liburma{Host: true, Soft: true}, slicefacts.LiburmaHost, slicefacts.LiburmaSoft},
+		{slices.Liburma{Soft: true}, slicefacts.LiburmaNone, slicefacts.LiburmaSoft},
+		{slices.Liburma{Host: true}, slicefacts.LiburmaHost, slicefacts.LiburmaNone},
+		{slices.Liburma{}, slicefacts.LiburmaNone, slicefacts.LiburmaNone},
+	} {
+		res := slices.Resources("n", snap, slices.DefaultRequestPolicy())
+		slices.MarkLiburma(res, tc.libs)
+		got := map[string]string{}
+		for _, d := range res.Pools["n"].Slices[0].Devices {
+			got[d.Name] = str(t, d, slicefacts.AttrLiburma)
+		}
+		if got["udma0"] != tc.udma0 || got["soft0"] != tc.soft0 || len(got) != 2 {
+			t.Errorf("%+v: liburma attributes %v, want udma0 %s, soft0 %s", tc.libs, got, tc.udma0, tc.soft0)
+		}
+	}
+}

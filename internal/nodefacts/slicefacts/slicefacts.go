@@ -47,6 +47,16 @@ const (
 	AttrMaxJFRSge        resourceapi.QualifiedName = "maxJfrSge"
 	AttrMaxMsgSize       resourceapi.QualifiedName = "maxMsgSize"
 	AttrMaxJFSInlineSize resourceapi.QualifiedName = "maxJfsInlineSize"
+	// AttrLiburma is the liburma a container given the device gets for
+	// its C programs: LiburmaHost, LiburmaSoft or LiburmaNone.
+	AttrLiburma resourceapi.QualifiedName = "liburma"
+)
+
+// AttrLiburma's values.
+const (
+	LiburmaHost = "host" // the host's liburma and providers
+	LiburmaSoft = "soft" // urma-k8s's liburma over the software provider
+	LiburmaNone = "none" // none: the image must carry liburma
 )
 
 // ErrPoolIncomplete says a pool of this driver has, at its newest
