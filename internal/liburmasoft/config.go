@@ -7,19 +7,19 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/openeuler/urma-k8s/internal/podenv"
 )
 
-// Environment variables the library reads at urma_init: the ones the device
-// plugin and the DRA driver set in a container given a software device, and
-// that pkg/transport reads too, with the same meaning.
+// Environment variables the library reads at urma_init: those the device
+// plugin and the DRA driver set in a container given a software device
+// (package podenv), and pkg/transport's, with the same meaning.
 const (
-	EnvDevice     = "URMA_DEVICE"
-	EnvDevices    = "URMA_DEVICES"
-	EnvSoftFabric = "URMA_SOFT_FABRIC"
-	EnvShmDir     = "URMA_SHM_DIR"
-	// EnvShmSocketDir is the pod's own subdirectory of URMA_SHM_DIR, where
-	// its devices create their sockets.
-	EnvShmSocketDir = "URMA_SHM_SOCKET_DIR"
+	EnvDevice       = podenv.Device
+	EnvDevices      = podenv.Devices
+	EnvShmDir       = podenv.ShmDir
+	EnvShmSocketDir = podenv.ShmSocketDir
+	EnvSoftFabric   = "URMA_SOFT_FABRIC"
 	EnvPodIP        = "POD_IP"
 	// EnvLogLevel is liburma's own: error (the default), warning, info or
 	// debug.
@@ -44,7 +44,7 @@ const (
 	MaxDevices = 16
 	// MaxNameLen is the longest device name: urma_device_t.name holds 64
 	// bytes with the terminating NUL.
-	MaxNameLen = 63
+	MaxNameLen = podenv.MaxDeviceName
 )
 
 // Log levels of URMA_LOG_LEVEL, as liburma names them.
@@ -148,9 +148,12 @@ func deviceNames(primary, list string) ([]string, error) {
 	if err := add(EnvDevice, primary); err != nil {
 		return nil, err
 	}
-	for _, item := range strings.Split(list, ",") {
-		name, _, _ := strings.Cut(strings.TrimSpace(item), ":")
-		if err := add(EnvDevices, strings.TrimSpace(name)); err != nil {
+	devs, err := podenv.ParseDevices(list)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range devs {
+		if err := add(EnvDevices, d.Device); err != nil {
 			return nil, err
 		}
 	}

@@ -38,7 +38,9 @@ func TestConfigFromEnv(t *testing.T) {
 		{name: "unknown fabric", env: map[string]string{EnvSoftFabric: "rdma"}, wantErr: "URMA_SOFT_FABRIC"},
 		{name: "unknown log level", env: map[string]string{EnvLogLevel: "loud"}, wantErr: "URMA_LOG_LEVEL"},
 		{name: "name too long", env: map[string]string{EnvDevice: strings.Repeat("d", MaxNameLen+1)}, wantErr: "longer than 63"},
-		{name: "name with a space", env: map[string]string{EnvDevices: "ok:1,not ok:2"}, wantErr: "printable"},
+		{name: "name with a space", env: map[string]string{EnvDevices: "ok:1,not ok:2"}, wantErr: "space"},
+		{name: "name with a control character", env: map[string]string{EnvDevice: "a\x01"}, wantErr: "printable"},
+		{name: "a bad jetty count", env: map[string]string{EnvDevices: "a:x"}, wantErr: "URMA_DEVICES"},
 		{name: "too many devices", env: map[string]string{EnvDevices: manyDevices(MaxDevices + 1)}, wantErr: "more than 16 devices"},
 	}
 	for _, tt := range tests {
@@ -76,18 +78,14 @@ func manyDevices(n int) string {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
-// The library reads the variables the drivers set and pkg/transport reads:
-// one name for one thing.
+// The library reads pkg/transport's own variables and values: one name for
+// one thing (the drivers' are podenv's).
 func TestEnvNamesAreTheTransports(t *testing.T) {
 	for _, tc := range []struct{ ours, theirs string }{
-		{EnvDevice, transport.EnvDevice},
-		{EnvDevices, transport.EnvDevices},
 		{EnvSoftFabric, transport.EnvSoftFabric},
 		{FabricAuto, transport.FabricAuto},
 		{FabricShm, transport.FabricShm},
 		{FabricSocket, transport.FabricSocket},
-		{EnvShmDir, transport.EnvShmDir},
-		{EnvShmSocketDir, transport.EnvShmSocketDir},
 		{EnvPodIP, transport.EnvPodIP},
 	} {
 		if tc.ours != tc.theirs {
