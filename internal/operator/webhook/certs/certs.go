@@ -13,32 +13,40 @@
 // configurations: a `helm upgrade --force` or a GitOps sync that replaces
 // them empties their caBundle, which would block every labelled pod until
 // the next check, so a change to them triggers a check at once.
+//
+// Files: certs.go is the Rotator and its check (Ensure: the Secret, the
+// files, the caBundle); bundle.go the CA and serving certificate as kept in
+// the Secret and how they are issued; cabundle.go the caBundle of the
+// webhook configurations; watch.go the watch of those configurations.
+//
+// Why not open-policy-agent's cert-controller, which kueue and gatekeeper
+// use (it builds against this module's controller-runtime): it gives the
+// webhook configurations the new CA alone when it rotates the CA, so a
+// replica still serving a certificate of the previous CA is refused until
+// it reloads, where this rotator keeps the previous CA in the caBundle
+// until it expires; and it watches the Secret and the webhook
+// configurations through an informer cache, which needs list and watch on
+// every Secret of the namespace and on every webhook configuration of the
+// cluster, where the chart grants get, create and update on one Secret and
+// watches exactly two configurations by name.
 package certs
 
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -165,87 +173,6 @@ func (r *Rotator) Start(ctx context.Context) error {
 			r.Log.Error(err, "webhook certificate check failed", "retryIn", retryIn)
 			retry.Reset(retryIn)
 		}
-	}
-}
-
-type watchedConfig struct {
-	name string
-	list client.ObjectList
-}
-
-func (r *Rotator) watched() []watchedConfig {
-	var out []watchedConfig
-	for _, n := range r.MutatingWebhooks {
-		out = append(out, watchedConfig{n, &admissionv1.MutatingWebhookConfigurationList{}})
-	}
-	for _, n := range r.ValidatingWebhooks {
-		out = append(out, watchedConfig{n, &admissionv1.ValidatingWebhookConfigurationList{}})
-	}
-	return out
-}
-
-// watch sends on changed (without blocking) at every event on the named
-// configuration, including the initial one of each new watch, until ctx
-// ends. A watch that fails or ends in an error is started again after a
-// growing delay.
-func (r *Rotator) watch(ctx context.Context, list client.ObjectList, name string, changed chan<- struct{}) {
-	backoff := time.Second
-	for ctx.Err() == nil {
-		began := time.Now()
-		w, err := r.Watcher.Watch(ctx, list, client.MatchingFields{"metadata.name": name})
-		failed := err != nil
-		if err != nil {
-			r.Log.Error(err, "cannot watch webhook configuration; relying on the periodic check until it works", "name", name, "retryIn", backoff)
-		} else {
-			// A watch the server ends at once is no better than an error:
-			// do not spin on it.
-			failed = r.drain(ctx, w, name, changed) || time.Since(began) < time.Second
-		}
-		if !failed {
-			backoff = time.Second
-			continue
-		}
-		wait := time.After
-		if r.after != nil {
-			wait = r.after
-		}
-		select {
-		case <-ctx.Done():
-		case <-wait(backoff):
-		}
-		backoff = min(backoff*2, maxWatchBackoff)
-	}
-}
-
-// drain forwards one watch's events and reports whether it ended in error.
-// It asks for a check once at the start too: a change between two watches
-// would go unseen otherwise.
-func (r *Rotator) drain(ctx context.Context, w watch.Interface, name string, changed chan<- struct{}) bool {
-	defer w.Stop()
-	notify(changed)
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return false // the server ended the watch (timeout): watch again
-			}
-			if ev.Type == watch.Error {
-				r.Log.Info("watch of webhook configuration ended in an error; watching again", "name", name,
-					"error", apierrors.FromObject(ev.Object).Error())
-				return true
-			}
-			notify(changed)
-		}
-	}
-}
-
-// notify asks for a check without blocking; one already due covers it.
-func notify(changed chan<- struct{}) {
-	select {
-	case changed <- struct{}{}:
-	default:
 	}
 }
 
@@ -395,238 +322,4 @@ func (r *Rotator) writeFiles(b *Bundle) error {
 		}
 	}
 	return nil
-}
-
-// patchCABundles sets caBundle on every webhook of the named configurations.
-// A configuration that does not exist is skipped (the chart may not install
-// the validating one); any other failure is returned.
-func (r *Rotator) patchCABundles(ctx context.Context, bundle []byte) error {
-	var errs []error
-	for _, name := range r.MutatingWebhooks {
-		var c admissionv1.MutatingWebhookConfiguration
-		errs = append(errs, r.patchOne(ctx, name, &c, func() bool {
-			changed := false
-			for i := range c.Webhooks {
-				changed = setBundle(&c.Webhooks[i].ClientConfig, bundle) || changed
-			}
-			return changed
-		}))
-	}
-	for _, name := range r.ValidatingWebhooks {
-		var c admissionv1.ValidatingWebhookConfiguration
-		errs = append(errs, r.patchOne(ctx, name, &c, func() bool {
-			changed := false
-			for i := range c.Webhooks {
-				changed = setBundle(&c.Webhooks[i].ClientConfig, bundle) || changed
-			}
-			return changed
-		}))
-	}
-	return errors.Join(errs...)
-}
-
-func (r *Rotator) patchOne(ctx context.Context, name string, obj client.Object, mutate func() bool) error {
-	if err := r.Reader.Get(ctx, client.ObjectKey{Name: name}, obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Log.V(1).Info("webhook configuration not installed; no caBundle to set", "name", name)
-			return nil
-		}
-		return fmt.Errorf("get webhook configuration %s: %w", name, err)
-	}
-	if !mutate() {
-		return nil
-	}
-	if err := r.Client.Update(ctx, obj); err != nil {
-		return fmt.Errorf("set caBundle of webhook configuration %s: %w", name, err)
-	}
-	r.Log.Info("set webhook caBundle", "configuration", name)
-	return nil
-}
-
-func setBundle(cc *admissionv1.WebhookClientConfig, bundle []byte) bool {
-	if bytes.Equal(cc.CABundle, bundle) {
-		return false
-	}
-	cc.CABundle = bytes.Clone(bundle)
-	return true
-}
-
-// Bundle is the CA and serving certificate kept in the Secret.
-type Bundle struct {
-	CACert     *x509.Certificate
-	CAKey      *ecdsa.PrivateKey
-	PreviousCA *x509.Certificate
-	ServerCert *x509.Certificate
-	ServerKey  *ecdsa.PrivateKey
-}
-
-// Data is the Secret's data for the bundle.
-func (b *Bundle) Data() map[string][]byte {
-	d := map[string][]byte{
-		KeyCA:    certPEM(b.CACert),
-		KeyCAKey: keyPEM(b.CAKey),
-		KeyCert:  b.ServerCertPEM(),
-		KeyKey:   b.ServerKeyPEM(),
-	}
-	if b.PreviousCA != nil {
-		d[KeyPreviousCA] = certPEM(b.PreviousCA)
-	}
-	return d
-}
-
-// CABundle is what webhook configurations trust: the CA, and the previous
-// CA while it is valid.
-func (b *Bundle) CABundle() []byte {
-	out := certPEM(b.CACert)
-	if b.PreviousCA != nil {
-		out = append(out, certPEM(b.PreviousCA)...)
-	}
-	return out
-}
-
-// ServerCertPEM is the serving certificate.
-func (b *Bundle) ServerCertPEM() []byte { return certPEM(b.ServerCert) }
-
-// ServerKeyPEM is the serving key.
-func (b *Bundle) ServerKeyPEM() []byte { return keyPEM(b.ServerKey) }
-
-// ParseBundle reads a Secret's data; it fails naming the first key that is
-// missing or malformed.
-func ParseBundle(d map[string][]byte) (*Bundle, error) {
-	var b Bundle
-	var err error
-	if b.CACert, err = parseCert(d, KeyCA); err != nil {
-		return nil, err
-	}
-	if b.CAKey, err = parseKey(d, KeyCAKey); err != nil {
-		return nil, err
-	}
-	if b.ServerCert, err = parseCert(d, KeyCert); err != nil {
-		return nil, err
-	}
-	if b.ServerKey, err = parseKey(d, KeyKey); err != nil {
-		return nil, err
-	}
-	if _, ok := d[KeyPreviousCA]; ok {
-		if b.PreviousCA, err = parseCert(d, KeyPreviousCA); err != nil {
-			return nil, err
-		}
-	}
-	if !b.CAKey.PublicKey.Equal(b.CACert.PublicKey) {
-		return nil, fmt.Errorf("%s does not match %s", KeyCAKey, KeyCA)
-	}
-	if !b.ServerKey.PublicKey.Equal(b.ServerCert.PublicKey) {
-		return nil, fmt.Errorf("%s does not match %s", KeyKey, KeyCert)
-	}
-	return &b, nil
-}
-
-func parseCert(d map[string][]byte, key string) (*x509.Certificate, error) {
-	blk, _ := pem.Decode(d[key])
-	if blk == nil || blk.Type != "CERTIFICATE" {
-		return nil, fmt.Errorf("secret key %s: no PEM certificate", key)
-	}
-	c, err := x509.ParseCertificate(blk.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("secret key %s: %w", key, err)
-	}
-	return c, nil
-}
-
-func parseKey(d map[string][]byte, key string) (*ecdsa.PrivateKey, error) {
-	blk, _ := pem.Decode(d[key])
-	if blk == nil || blk.Type != "EC PRIVATE KEY" {
-		return nil, fmt.Errorf("secret key %s: no PEM EC private key", key)
-	}
-	k, err := x509.ParseECPrivateKey(blk.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("secret key %s: %w", key, err)
-	}
-	return k, nil
-}
-
-func certPEM(c *x509.Certificate) []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
-}
-
-func keyPEM(k *ecdsa.PrivateKey) []byte {
-	der, err := x509.MarshalECPrivateKey(k)
-	if err != nil {
-		panic(fmt.Sprintf("marshal a P-256 key we generated: %v", err)) // cannot happen for P-256
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
-}
-
-func serial() (*big.Int, error) {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		return nil, fmt.Errorf("certificate serial number: %w", err)
-	}
-	return n, nil
-}
-
-func newCA(now time.Time, validity time.Duration) (*x509.Certificate, *ecdsa.PrivateKey, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, fmt.Errorf("generate CA key: %w", err)
-	}
-	sn, err := serial()
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          sn,
-		Subject:               pkix.Name{CommonName: fmt.Sprintf("urma-operator webhook CA %d", now.Unix())},
-		NotBefore:             now.Add(-time.Hour), // tolerate clock skew between replicas
-		NotAfter:              now.Add(validity),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLenZero:        true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("create CA certificate: %w", err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, nil, fmt.Errorf("parse CA certificate: %w", err)
-	}
-	return cert, key, nil
-}
-
-func newServerCert(now time.Time, validity time.Duration, ca *x509.Certificate, caKey *ecdsa.PrivateKey, dnsNames []string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
-	if len(dnsNames) == 0 {
-		return nil, nil, errors.New("serving certificate needs at least one DNS name")
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, fmt.Errorf("generate serving key: %w", err)
-	}
-	sn, err := serial()
-	if err != nil {
-		return nil, nil, err
-	}
-	notAfter := now.Add(validity)
-	if notAfter.After(ca.NotAfter) {
-		notAfter = ca.NotAfter
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: sn,
-		Subject:      pkix.Name{CommonName: dnsNames[0]},
-		DNSNames:     dnsNames,
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, nil, fmt.Errorf("create serving certificate: %w", err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, nil, fmt.Errorf("parse serving certificate: %w", err)
-	}
-	return cert, key, nil
 }
