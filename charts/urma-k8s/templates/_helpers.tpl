@@ -346,3 +346,69 @@ operator's, and the device plugin's when it is the node agent).
 {{- fail "operator.replicas=0 with webhook.enabled=true and webhook.failurePolicy=Fail blocks every pod labelled urma.openeuler.org/endpoint; set webhook.enabled=false or webhook.failurePolicy=Ignore" }}
 {{- end }}
 {{- end }}
+
+{{/*
+liburma injection (docs/liburma-soft.md), shared by both node agents: their
+flags, the read-only mounts through which they look for the host's liburma
+(the parents of liburma.hostLibDir and liburma.hostProviderDir under /host),
+and, with software devices (.soft), the directory they copy their own
+liburma into. Called with (dict "ctx" $ "soft" <bool>).
+*/}}
+{{- define "urma-k8s.liburma.args" -}}
+{{- $l := .ctx.Values.liburma }}
+- --inject-liburma={{ $l.inject }}
+{{- if $l.inject }}
+- --liburma-host-root=/host
+- --liburma-host-dir={{ $l.hostLibDir }}
+- --liburma-provider-dir={{ $l.hostProviderDir }}
+- --liburma-library-path={{ $l.setLibraryPath }}
+{{- if .soft }}
+- --liburma-soft-dir={{ $l.softDir }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "urma-k8s.liburma.separateProviderParent" -}}
+{{- $l := .ctx.Values.liburma }}
+{{- if not (hasPrefix (printf "%s/" (dir $l.hostLibDir)) (printf "%s/" (dir $l.hostProviderDir))) }}true{{ end }}
+{{- end }}
+
+{{- define "urma-k8s.liburma.volumeMounts" -}}
+{{- $l := .ctx.Values.liburma }}
+{{- if $l.inject }}
+- name: liburma-host
+  mountPath: /host{{ dir $l.hostLibDir }}
+  readOnly: true
+{{- if include "urma-k8s.liburma.separateProviderParent" . }}
+- name: liburma-providers
+  mountPath: /host{{ dir $l.hostProviderDir }}
+  readOnly: true
+{{- end }}
+{{- if .soft }}
+- name: liburma-soft
+  mountPath: {{ $l.softDir }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "urma-k8s.liburma.volumes" -}}
+{{- $l := .ctx.Values.liburma }}
+{{- if $l.inject }}
+- name: liburma-host
+  hostPath:
+    path: {{ dir $l.hostLibDir }}
+    type: Directory
+{{- if include "urma-k8s.liburma.separateProviderParent" . }}
+- name: liburma-providers
+  hostPath:
+    path: {{ dir $l.hostProviderDir }}
+    type: Directory
+{{- end }}
+{{- if .soft }}
+- name: liburma-soft
+  hostPath:
+    path: {{ $l.softDir }}
+    type: DirectoryOrCreate
+{{- end }}
+{{- end }}
+{{- end }}
