@@ -15,6 +15,8 @@
 #   bin/e2e/{urma-device-plugin,urma-dra-driver,urma-operator,urma-perf,pause}
 #                                   the project's binaries, static (CGO_ENABLED=0),
 #                                   which urma-e2e packs into OCI images
+#   bin/e2e/liburma.so.0            liburma over the software provider, which
+#                                   the node agents' images carry
 #
 # Usage: hack/e2e.sh [urma-e2e flags...]   e.g. hack/e2e.sh -keep; hack/e2e.sh -cleanup
 # (hack/e2e.sh -h lists them). Must run as root on Linux. Exit status: urma-e2e's
@@ -64,6 +66,9 @@ build urma-dra-driver ./cmd/dra-driver
 build urma-operator ./cmd/operator
 build urma-perf ./cmd/urma-perf
 build pause ./hack/e2e/pause
+start=$SECONDS
+hack/build-liburma-soft.sh bin/e2e/liburma.so.0
+if ((SECONDS - start > 5)); then log "built liburma.so.0 in $((SECONDS - start))s"; fi
 go build -o bin/e2e/urma-e2e ./hack/e2e
 
 # exec: Ctrl-C reaches urma-e2e directly, which tears the cluster down.

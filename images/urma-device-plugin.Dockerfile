@@ -26,6 +26,18 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH:-$(go env GOARCH)} GOFLAGS=-buildvcs=false \
     go build -trimpath -ldflags="-s -w -buildid=" -o /out/urma-device-plugin ./cmd/deviceplugin
 
+# liburma.so.0 over the software provider (cmd/liburma-soft), which the agent
+# copies to the host for containers given a software device
+# (docs/liburma-soft.md): a C shared library, so a cgo build on the target
+# platform, emulated when it is not the build host's.
+FROM docker.io/library/golang:${GO_VERSION} AS liburma
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY . .
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    GOFLAGS=-buildvcs=false hack/build-liburma-soft.sh /out/liburma.so.0
+
 FROM ${BASE_IMAGE}
 ARG VERSION=dev
 LABEL org.opencontainers.image.title="urma-device-plugin" \
@@ -34,5 +46,6 @@ LABEL org.opencontainers.image.title="urma-device-plugin" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
 COPY --from=build /out/urma-device-plugin /usr/local/bin/urma-device-plugin
+COPY --from=liburma /out/liburma.so.0 /usr/lib/urma-k8s/liburma.so.0
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/urma-device-plugin"]

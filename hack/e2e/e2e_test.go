@@ -212,7 +212,7 @@ func TestBuildImage(t *testing.T) {
 			perf = s
 		}
 	}
-	img := buildImage(perf, []byte("bin"))
+	img := buildImage(perf, []byte("bin"), []byte("lib"))
 	if img.Name != "e2e.local/urma-k8s/urma-perf:e2e" || img.Config.User != "65532:65532" || img.Config.Entrypoint[0] != "/usr/local/bin/urma-perf" {
 		t.Errorf("image = %+v", img)
 	}
@@ -228,7 +228,16 @@ func TestBuildImage(t *testing.T) {
 	if !found {
 		t.Error("the binary is not at /usr/local/bin/urma-perf, mode 0755")
 	}
-	p := buildImage(pauseImage, []byte("pause"))
+	for _, f := range img.Files {
+		if f.Path == imagespec.LiburmaPath {
+			t.Error("the urma-perf image carries liburma, which only the node agents' do")
+		}
+	}
+	dp := buildImage(imagespec.Project[0], []byte("bin"), []byte("lib"))
+	if f := dp.Files[len(dp.Files)-1]; f.Path != imagespec.LiburmaPath || string(f.Data) != "lib" {
+		t.Errorf("the %s image does not carry liburma at %s: %+v", imagespec.Project[0].Name, imagespec.LiburmaPath, f)
+	}
+	p := buildImage(pauseImage, []byte("pause"), nil)
 	if p.Config.Entrypoint[0] != "/pause" || p.Config.User != "65535:65535" {
 		t.Errorf("pause entrypoint = %v, user %s", p.Config.Entrypoint, p.Config.User)
 	}

@@ -28,8 +28,12 @@ func projectImages() []imagespec.Spec {
 	return append(slices.Clone(imagespec.Project), pauseImage)
 }
 
+// liburmaFile is liburma over the software provider, which hack/e2e.sh
+// builds beside the binaries and the node agents' images carry.
+var liburmaFile = filepath.Join("e2e", "liburma.so.0")
+
 func projectBinaries() []string {
-	var out []string
+	out := []string{liburmaFile}
 	for _, img := range projectImages() {
 		out = append(out, filepath.Join("e2e", img.Name))
 	}
@@ -41,9 +45,13 @@ func projectBinaries() []string {
 func imageName(name string) string { return imageRepo + name + ":" + imageTag }
 
 // buildImage is the image of one binary, as its Dockerfile would build it
-// (imagespec), the pause program at /pause running as 65535.
-func buildImage(spec imagespec.Spec, binary []byte) ociimage.Image {
+// (imagespec: a node agent's with liburma), the pause program at /pause
+// running as 65535.
+func buildImage(spec imagespec.Spec, binary, liburma []byte) ociimage.Image {
 	img := spec.Image(imageName(spec.Name), imageTag, runtime.GOARCH, binary)
+	if spec.Liburma {
+		imagespec.AddLiburma(&img, liburma)
+	}
 	if spec.Name == pauseImage.Name {
 		img.Files = append(imagespec.BaseFiles(), ociimage.File{Path: "/pause", Mode: 0o755, Data: binary})
 		img.Config.Entrypoint = []string{"/pause"}
@@ -55,12 +63,16 @@ func buildImage(spec imagespec.Spec, binary []byte) ociimage.Image {
 // packImages writes one OCI archive holding every project image.
 func (r *run) packImages() (string, error) {
 	var imgs []ociimage.Image
+	liburma, err := os.ReadFile(r.bin(liburmaFile))
+	if err != nil {
+		return "", fmt.Errorf("read liburma.so.0 (hack/e2e.sh builds it): %w", err)
+	}
 	for _, spec := range projectImages() {
 		bin, err := os.ReadFile(r.bin(filepath.Join("e2e", spec.Name)))
 		if err != nil {
 			return "", fmt.Errorf("read the %s binary: %w", spec.Name, err)
 		}
-		imgs = append(imgs, buildImage(spec, bin))
+		imgs = append(imgs, buildImage(spec, bin, liburma))
 	}
 	var buf bytes.Buffer
 	if err := ociimage.WriteArchive(&buf, imgs...); err != nil {

@@ -114,11 +114,19 @@ func specs(names []string) []imagespec.Spec {
 	return out
 }
 
-// writeArchive packs binary as spec's image named ref into path, through a
-// temporary file, so that a failed run leaves no half archive behind.
-func writeArchive(path string, spec imagespec.Spec, ref, version, arch string, binary []byte) error {
+// writeArchive packs binary (and, for a node agent's image, liburma) as
+// spec's image named ref into path, through a temporary file, so that a
+// failed run leaves no half archive behind.
+func writeArchive(path string, spec imagespec.Spec, ref, version, arch string, binary, liburma []byte) error {
+	img := spec.Image(ref, version, arch, binary)
+	if spec.Liburma {
+		if len(liburma) == 0 {
+			return fmt.Errorf("pack %s: the image carries liburma.so.0 and none was built", ref)
+		}
+		imagespec.AddLiburma(&img, liburma)
+	}
 	var buf bytes.Buffer
-	if err := ociimage.WriteArchive(&buf, spec.Image(ref, version, arch, binary)); err != nil {
+	if err := ociimage.WriteArchive(&buf, img); err != nil {
 		return fmt.Errorf("pack %s: %w", ref, err)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
@@ -160,6 +168,29 @@ func build(ctx context.Context, root, dir string, spec imagespec.Spec, arch stri
 	return b, nil
 }
 
+// buildLiburma builds liburma.so.0 over the software provider as the agents'
+// Dockerfiles do (hack/build-liburma-soft.sh), for linux/arch: a cgo
+// build, so another architecture than this one's needs a cross compiler in
+// CC.
+func buildLiburma(ctx context.Context, root, dir, arch string, stderr io.Writer) ([]byte, error) {
+	if arch != runtime.GOARCH && os.Getenv("CC") == "" {
+		return nil, fmt.Errorf("liburma.so.0 for linux/%s (in the node agents' images) is a cgo build: set CC to a C compiler for linux/%s, e.g. CC=aarch64-linux-gnu-gcc", arch, arch)
+	}
+	out := filepath.Join(dir, "liburma.so.0")
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "build-liburma-soft.sh"), out)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "GOOS=linux", "GOARCH="+arch, "GOFLAGS=-buildvcs=false")
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("build liburma.so.0 for linux/%s: %w", arch, err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		return nil, fmt.Errorf("read liburma.so.0: %w", err)
+	}
+	return b, nil
+}
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseOptions(args, stderr)
 	if err != nil {
@@ -186,14 +217,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("create a build directory: %w", err)
 	}
 	defer os.RemoveAll(tmp)
+	var liburma []byte
 	for _, spec := range specs(o.names) {
+		if spec.Liburma && liburma == nil {
+			if liburma, err = buildLiburma(ctx, o.root, tmp, o.arch, stderr); err != nil {
+				return err
+			}
+		}
 		bin, err := build(ctx, o.root, tmp, spec, o.arch, stderr)
 		if err != nil {
 			return err
 		}
 		ref := o.registry + "/" + spec.Name + ":" + o.tag
 		path := filepath.Join(o.out, spec.Name+".oci.tar")
-		if err := writeArchive(path, spec, ref, o.tag, o.arch, bin); err != nil {
+		if err := writeArchive(path, spec, ref, o.tag, o.arch, bin, liburma); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "%s\t%s\n", path, ref)

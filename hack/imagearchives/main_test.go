@@ -76,7 +76,7 @@ func TestWriteArchive(t *testing.T) {
 	spec := imagespec.Project[0]
 	path := filepath.Join(t.TempDir(), spec.Name+".oci.tar")
 	ref := "registry.example.com/urma/" + spec.Name + ":1.2.3"
-	if err := writeArchive(path, spec, ref, "1.2.3", "arm64", []byte("the binary")); err != nil {
+	if err := writeArchive(path, spec, ref, "1.2.3", "arm64", []byte("the binary"), []byte("the library")); err != nil {
 		t.Fatal(err)
 	}
 	files := untar(t, mustRead(t, path))
@@ -109,7 +109,7 @@ func TestWriteArchive(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr := tar.NewReader(bytes.NewReader(layer))
-	found := false
+	found, lib := false, false
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -122,9 +122,16 @@ func TestWriteArchive(t *testing.T) {
 			data, _ := io.ReadAll(tr)
 			found = string(data) == "the binary" && h.Mode&0o111 != 0
 		}
+		if h.Name == strings.TrimPrefix(imagespec.LiburmaPath, "/") {
+			data, _ := io.ReadAll(tr)
+			lib = string(data) == "the library"
+		}
 	}
 	if !found {
 		t.Errorf("the layer does not hold the binary at %s, executable", bin)
+	}
+	if !lib {
+		t.Errorf("the layer of %s does not hold liburma.so.0 at %s", spec.Name, imagespec.LiburmaPath)
 	}
 	// No temporary file is left beside the archive.
 	entries, err := os.ReadDir(filepath.Dir(path))
@@ -138,7 +145,7 @@ func TestWriteArchive(t *testing.T) {
 
 func TestWriteArchiveRefusesABadName(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.oci.tar")
-	if err := writeArchive(path, imagespec.Project[0], "no-tag", "1", "amd64", []byte("b")); err == nil {
+	if err := writeArchive(path, imagespec.Project[0], "no-tag", "1", "amd64", []byte("b"), []byte("l")); err == nil {
 		t.Fatal("an image name without a tag was packed")
 	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
@@ -188,5 +195,23 @@ func mustJSON(t *testing.T, b []byte, into any) {
 	t.Helper()
 	if err := json.Unmarshal(b, into); err != nil {
 		t.Fatalf("decode %T: %v", into, err)
+	}
+}
+
+// A node agent's image carries liburma.so.0: packing one without it fails,
+// and building it for another architecture needs a cross compiler, which
+// the error names.
+func TestAgentImagesNeedLiburma(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.oci.tar")
+	if err := writeArchive(path, imagespec.Project[0], "r/x:1", "1", "amd64", []byte("b"), nil); err == nil || !strings.Contains(err.Error(), "liburma.so.0") {
+		t.Errorf("an agent image without liburma: %v, want an error naming liburma.so.0", err)
+	}
+	other := "arm64"
+	if runtime.GOARCH == other {
+		other = "amd64"
+	}
+	t.Setenv("CC", "")
+	if _, err := buildLiburma(t.Context(), t.TempDir(), t.TempDir(), other, io.Discard); err == nil || !strings.Contains(err.Error(), "CC") {
+		t.Errorf("liburma for %s without a cross compiler: %v, want an error naming CC", other, err)
 	}
 }

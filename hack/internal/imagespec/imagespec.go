@@ -19,17 +19,30 @@ const License = "Apache-2.0"
 const Source = "https://github.com/openeuler/urma-k8s"
 
 // Spec is one image: its name (the binary's and the Dockerfile's), the Go
-// package of its binary, and its description label.
+// package of its binary, and its description label. Liburma marks a node
+// agent's image, which also carries liburma.so.0 over the software
+// provider at LiburmaPath (AddLiburma).
 type Spec struct {
 	Name, Package, Description string
+	Liburma                    bool
 }
 
 // Project is every image with a Dockerfile under images/.
 var Project = []Spec{
-	{"urma-device-plugin", "./cmd/deviceplugin", "URMA device plugin, advertises UB jetty budgets to kubelet"},
-	{"urma-dra-driver", "./cmd/dra-driver", "URMA DRA driver, publishes UB jetty budgets as ResourceSlices"},
-	{"urma-operator", "./cmd/operator", "URMA operator, reconciles UrmaEndpoint resources into tuned urma_* flags"},
-	{"urma-perf", "./cmd/urma-perf", "URMA transport benchmark, server and client"},
+	{"urma-device-plugin", "./cmd/deviceplugin", "URMA device plugin, advertises UB jetty budgets to kubelet", true},
+	{"urma-dra-driver", "./cmd/dra-driver", "URMA DRA driver, publishes UB jetty budgets as ResourceSlices", true},
+	{"urma-operator", "./cmd/operator", "URMA operator, reconciles UrmaEndpoint resources into tuned urma_* flags", false},
+	{"urma-perf", "./cmd/urma-perf", "URMA transport benchmark, server and client", false},
+}
+
+// LiburmaPath is where a node agent's image carries liburma-soft (the
+// agents' --liburma-soft default).
+const LiburmaPath = "/usr/lib/urma-k8s/liburma.so.0"
+
+// AddLiburma puts lib, liburma.so.0 built by hack/build-liburma-soft.sh
+// for the image's architecture, at LiburmaPath.
+func AddLiburma(img *ociimage.Image, lib []byte) {
+	img.Files = append(img.Files, ociimage.File{Path: LiburmaPath, Mode: 0o644, Data: lib})
 }
 
 // User is the user the images run as, distroless's nonroot.

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/openeuler/urma-k8s/hack/internal/repo"
+	"github.com/openeuler/urma-k8s/internal/node/libinject"
 )
 
 func root(t *testing.T) string {
@@ -86,6 +87,11 @@ func TestSpecsAreTheDockerfiles(t *testing.T) {
 			if !bin {
 				t.Errorf("the image has no executable %s holding the binary", img.Config.Entrypoint[0])
 			}
+			copyLib := "\nCOPY --from=liburma /out/liburma.so.0 " + LiburmaPath + "\n"
+			buildLib := regexp.MustCompile(`(?s)FROM [^\n]* AS liburma\n.*hack/build-liburma-soft\.sh /out/liburma\.so\.0\n`)
+			if has := strings.Contains(text, copyLib) && buildLib.MatchString(text); has != s.Liburma {
+				t.Errorf("the Dockerfile builds liburma-soft with hack/build-liburma-soft.sh and copies it to %s: %v; imagespec says %v", LiburmaPath, has, s.Liburma)
+			}
 		})
 	}
 }
@@ -108,5 +114,18 @@ func TestLicenseIsTheLicenseFile(t *testing.T) {
 		if !strings.Contains(string(data), w) {
 			t.Errorf("LICENSE does not contain %q, which the %s text has", w, License)
 		}
+	}
+}
+
+// The agents look for liburma-soft where the images put it.
+func TestLiburmaPathIsTheAgentsDefault(t *testing.T) {
+	if LiburmaPath != libinject.DefaultSoftLib {
+		t.Errorf("images carry liburma-soft at %s, the agents look for it at %s", LiburmaPath, libinject.DefaultSoftLib)
+	}
+	img := Project[0].Image("r/x:1", "1", "amd64", []byte("binary"))
+	AddLiburma(&img, []byte("lib"))
+	last := img.Files[len(img.Files)-1]
+	if last.Path != LiburmaPath || string(last.Data) != "lib" || last.Mode != 0o644 {
+		t.Errorf("AddLiburma added %+v", last)
 	}
 }
