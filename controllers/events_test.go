@@ -10,6 +10,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
+	"github.com/openeuler/urma-k8s/internal/eventually"
 )
 
 // TestLongMessagesStillRecordEvents: the events.k8s.io API refuses an
@@ -30,7 +31,7 @@ func TestLongMessagesStillRecordEvents(t *testing.T) {
 	if dg.Reason != v1alpha1.ReasonNodeGroupsDiffer || len(dg.Message) <= 1024 {
 		t.Fatalf("Degraded %s with a %d-byte message; the test needs NodeGroupsDiffer over 1024 bytes", dg.Reason, len(dg.Message))
 	}
-	eventually(t, "Degraded event", func() error {
+	eventually.Succeeds(t, "Degraded event", 0, func() error {
 		var evs eventsv1.EventList
 		if err := env.c.List(ctx(), &evs, client.InNamespace(ns)); err != nil {
 			return err

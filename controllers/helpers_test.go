@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,30 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
-
-const (
-	pollEvery   = 50 * time.Millisecond
-	waitTimeout = 30 * time.Second
-)
-
-// eventually polls f until it returns nil, failing with its last error at
-// the deadline.
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %v: %v", what, waitTimeout, err)
-		}
-		time.Sleep(pollEvery)
-	}
-}
 
 func ctx() context.Context { return context.Background() }
 
@@ -80,7 +58,7 @@ func newNode(t *testing.T, group string, facts *nodefacts.Facts) *corev1.Node {
 // node, so that what the test does next sees it as the operator will.
 func waitCached(t *testing.T, n *corev1.Node) {
 	t.Helper()
-	eventually(t, "node "+n.Name+" in the operator's cache", func() error {
+	eventually.Succeeds(t, "node "+n.Name+" in the operator's cache", 0, func() error {
 		m := &metav1.PartialObjectMetadata{}
 		m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
 		if err := env.cache.Get(ctx(), client.ObjectKeyFromObject(n), m); err != nil {
@@ -146,7 +124,7 @@ func getEndpoint(t *testing.T, ns, name string) *v1alpha1.UrmaEndpoint {
 func settled(t *testing.T, ns, name string, ready metav1.ConditionStatus) *v1alpha1.UrmaEndpoint {
 	t.Helper()
 	var ep v1alpha1.UrmaEndpoint
-	eventually(t, "endpoint "+name+" reconciled", func() error {
+	eventually.Succeeds(t, "endpoint "+name+" reconciled", 0, func() error {
 		if err := env.c.Get(ctx(), client.ObjectKey{Namespace: ns, Name: name}, &ep); err != nil {
 			return err
 		}

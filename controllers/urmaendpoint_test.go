@@ -21,6 +21,7 @@ import (
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
 	"github.com/openeuler/urma-k8s/controllers"
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 	"github.com/openeuler/urma-k8s/internal/operator/plan"
 	"github.com/openeuler/urma-k8s/internal/operator/tuning"
@@ -114,7 +115,7 @@ func TestCreateRendersConfigMapAndStatus(t *testing.T) {
 		t.Errorf("ownerReference controller=%v blockOwnerDeletion=%v, want both true", ref.Controller, ref.BlockOwnerDeletion)
 	}
 
-	eventually(t, "FlagsRendered event", func() error {
+	eventually.Succeeds(t, "FlagsRendered event", 0, func() error {
 		var evs eventsv1.EventList
 		if err := env.c.List(ctx(), &evs, client.InNamespace(ns)); err != nil {
 			return err
@@ -141,7 +142,7 @@ func TestUpdateRendersNewFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	var after *v1alpha1.UrmaEndpoint
-	eventually(t, "new flags for generation 2", func() error {
+	eventually.Succeeds(t, "new flags for generation 2", 0, func() error {
 		after = getEndpoint(t, ns, "api")
 		if after.Status.ObservedGeneration != after.Generation || after.Status.FlagsHash == before.Status.FlagsHash {
 			return fmt.Errorf("observedGeneration %d/%d hash %s", after.Status.ObservedGeneration, after.Generation, after.Status.FlagsHash)
@@ -264,7 +265,7 @@ func TestEmptyNodeReadKeepsLastLimits(t *testing.T) {
 	if err := env.c.Update(ctx(), n); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "NoNodeFacts with last known limits", func() error {
+	eventually.Succeeds(t, "NoNodeFacts with last known limits", 0, func() error {
 		got := getEndpoint(t, ns, "keep")
 		if got.Status.LimitsSource != v1alpha1.LimitsLastKnown {
 			return fmt.Errorf("limitsSource %s", got.Status.LimitsSource)
@@ -288,7 +289,7 @@ func TestEmptyNodeReadKeepsLastLimits(t *testing.T) {
 	if err := env.c.Update(ctx(), got); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "throughput flags with kept limits", func() error {
+	eventually.Succeeds(t, "throughput flags with kept limits", 0, func() error {
 		e := getEndpoint(t, ns, "keep")
 		if e.Status.ObservedGeneration != e.Generation || e.Status.Effective["urma_buffer_size"] != "65536" {
 			return fmt.Errorf("generation %d/%d buffer %s", e.Status.ObservedGeneration, e.Generation, e.Status.Effective["urma_buffer_size"])
@@ -410,11 +411,11 @@ func TestPodInjectionAndCounting(t *testing.T) {
 			return nil
 		}
 	}
-	eventually(t, "both pods counted on current flags", counts(2, 2))
+	eventually.Succeeds(t, "both pods counted on current flags", 0, counts(2, 2))
 
 	// spec.containers: only the named containers use URMA.
 	updateEndpoint(t, ns, "svc", func(e *v1alpha1.UrmaEndpoint) { e.Spec.Containers = []string{"sidecar", "missing"} })
-	eventually(t, "spec.containers in the webhook's cache", func() error {
+	eventually.Succeeds(t, "spec.containers in the webhook's cache", 0, func() error {
 		var cached v1alpha1.UrmaEndpoint
 		if err := env.cache.Get(ctx(), client.ObjectKey{Namespace: ns, Name: "svc"}, &cached); err != nil {
 			return err
@@ -439,23 +440,23 @@ func TestPodInjectionAndCounting(t *testing.T) {
 		t.Fatal(err)
 	}
 	updateEndpoint(t, ns, "svc", func(e *v1alpha1.UrmaEndpoint) { e.Spec.Containers = nil })
-	eventually(t, "pods counted again without the deleted one", counts(2, 2))
+	eventually.Succeeds(t, "pods counted again without the deleted one", 0, counts(2, 2))
 
 	// New flags: the running pods are now on old flags; a new pod is current.
 	updateEndpoint(t, ns, "svc", func(e *v1alpha1.UrmaEndpoint) { e.Spec.Profile.MessageSize = resource.MustParse("64Ki") })
-	eventually(t, "pods on old flags after a change", counts(2, 0))
+	eventually.Succeeds(t, "pods on old flags after a change", 0, counts(2, 0))
 	p3 := pod("p3", "svc", nil)
 	if h := p3.Annotations[v1alpha1.AnnotationFlagsHash]; h == h1 || h != getEndpoint(t, ns, "svc").Status.FlagsHash {
 		t.Errorf("new pod stamped %s; old hash %s, current %s", h, h1, getEndpoint(t, ns, "svc").Status.FlagsHash)
 	}
-	eventually(t, "new pod counted on current flags", counts(3, 1))
+	eventually.Succeeds(t, "new pod counted on current flags", 0, counts(3, 1))
 
 	// Finished pods are not counted.
 	p1.Status.Phase = corev1.PodSucceeded
 	if err := env.c.Status().Update(ctx(), p1); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "finished pod dropped", counts(2, 1))
+	eventually.Succeeds(t, "finished pod dropped", 0, counts(2, 1))
 }
 
 // An endpoint and its Deployment applied in one file: the pod's admission
@@ -609,7 +610,7 @@ func TestDeleteLeavesOwnedConfigMapToTheGarbageCollector(t *testing.T) {
 	if err := env.c.Delete(ctx(), ep); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "endpoint deleted", func() error {
+	eventually.Succeeds(t, "endpoint deleted", 0, func() error {
 		err := env.c.Get(ctx(), client.ObjectKeyFromObject(ep), &v1alpha1.UrmaEndpoint{})
 		if isNotFound(err) {
 			return nil
@@ -632,7 +633,7 @@ func TestEditedConfigMapIsRestored(t *testing.T) {
 	if err := env.c.Update(ctx(), cm); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "ConfigMap restored", func() error {
+	eventually.Succeeds(t, "ConfigMap restored", 0, func() error {
 		got := configMap(t, ns, "restore")
 		if plan.Hash(got.Data[v1alpha1.ConfigMapKeyFlags]) != ep.Status.FlagsHash {
 			return errors.New("still edited")
@@ -694,7 +695,7 @@ func TestSettledEndpointCausesNoWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	var after []reconcileOutcome
-	eventually(t, "node change reconciled", func() error {
+	eventually.Succeeds(t, "node change reconciled", 0, func() error {
 		if after = env.reconciles.of(key)[before:]; len(after) == 0 {
 			return errors.New("no reconcile finished yet")
 		}
@@ -719,7 +720,7 @@ func TestSettledEndpointCausesNoWrites(t *testing.T) {
 func waitReconcilesQuiet(t *testing.T, key types.NamespacedName) {
 	t.Helper()
 	last, since := len(env.reconciles.of(key)), time.Now()
-	eventually(t, "reconciles drained", func() error {
+	eventually.Succeeds(t, "reconciles drained", 0, func() error {
 		if now := len(env.reconciles.of(key)); now != last {
 			last, since = now, time.Now()
 		}
@@ -768,7 +769,7 @@ func TestAssumedLimitsAreNotKept(t *testing.T) {
 	if err := env.c.Update(ctx(), ep); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "generation 2 rendered", func() error {
+	eventually.Succeeds(t, "generation 2 rendered", 0, func() error {
 		got := getEndpoint(t, ns, "soft")
 		if got.Status.ObservedGeneration != got.Generation || got.Status.Effective["urma_sq_size"] != "67" {
 			return fmt.Errorf("generation %d/%d sq %s", got.Status.ObservedGeneration, got.Generation, got.Status.Effective["urma_sq_size"])

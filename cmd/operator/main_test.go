@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	v1alpha1 "github.com/openeuler/urma-k8s/api/v1alpha1"
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/internal/operator/webhook"
 	"github.com/openeuler/urma-k8s/internal/operator/webhook/certs"
 )
@@ -154,21 +155,6 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func poll(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 	te := &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases")},
@@ -210,7 +196,7 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 	go func() { done <- run(ctx, cfg, o, testr.New(t)) }()
 
 	// The operator's CA replaced envtest's in the webhook configuration.
-	poll(t, "caBundle set from the operator's Secret", func() error {
+	eventually.Succeeds(t, "caBundle set from the operator's Secret", time.Minute, func() error {
 		select {
 		case err := <-done:
 			t.Fatalf("run returned before it served: %v", err)
@@ -243,7 +229,7 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 	// /readyz/informers is asked for by name as well: it is wired only with
 	// webhooks, and says the informers they read have synced.
 	for _, path := range []string{"/readyz", "/readyz/informers"} {
-		poll(t, path, func() error {
+		eventually.Succeeds(t, path, time.Minute, func() error {
 			resp, err := http.Get("http://" + probe + path)
 			if err != nil {
 				return err
@@ -255,7 +241,7 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 			return nil
 		})
 	}
-	poll(t, "leader Lease", func() error {
+	eventually.Succeeds(t, "leader Lease", time.Minute, func() error {
 		return c.Get(ctx, client.ObjectKey{Namespace: "urma-system", Name: "urma-operator.urma.openeuler.org"}, &coordinationv1.Lease{})
 	})
 
@@ -274,7 +260,7 @@ func TestRunWiresOperatorWithSelfSignedWebhooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	var hash string
-	poll(t, "endpoint rendered", func() error {
+	eventually.Succeeds(t, "endpoint rendered", time.Minute, func() error {
 		var got v1alpha1.UrmaEndpoint
 		if err := c.Get(ctx, client.ObjectKeyFromObject(ep), &got); err != nil {
 			return err
@@ -341,7 +327,7 @@ func checkCABundleRestored(ctx context.Context, t *testing.T, c client.Client, s
 	if err := c.Update(ctx, &v); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "caBundle restored", func() error {
+	eventually.Succeeds(t, "caBundle restored", time.Minute, func() error {
 		if err := c.Get(ctx, client.ObjectKey{Name: webhook.MutatingConfigName}, &m); err != nil {
 			return err
 		}
@@ -414,7 +400,7 @@ func checkSecureMetrics(ctx context.Context, t *testing.T, cfg *rest.Config, c c
 		{"a ServiceAccount without the ClusterRole", denied, http.StatusForbidden},
 		{"a ServiceAccount allowed get on /metrics", allowed, http.StatusOK},
 	} {
-		poll(t, tc.who, func() error {
+		eventually.Succeeds(t, tc.who, time.Minute, func() error {
 			code, body, err := get(tc.token)
 			if err != nil {
 				return err

@@ -23,6 +23,7 @@ import (
 
 	"github.com/openeuler/urma-k8s/internal/deviceplugin/kubelettest"
 	"github.com/openeuler/urma-k8s/internal/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/node/watch"
@@ -181,19 +182,6 @@ func (n *node) get(path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// eventually polls for state that has no change notification (the fake
-// API server, the metrics endpoint).
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		runtime.Gosched()
-	}
-}
-
 func (n *node) nodeObj() *corev1.Node {
 	obj, err := n.client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
 	if err != nil {
@@ -229,7 +217,7 @@ func TestHardwareLifecycle(t *testing.T) {
 		t.Errorf("devices %v", paths)
 	}
 
-	eventually(t, "node labeled", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
+	eventually.Holds(t, "node labeled", deadline, func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
 	facts, err := nodefacts.Parse(n.nodeObj().Annotations)
 	if err != nil || facts.DeviceCount != 1 || facts.JettiesPerDevice != 1008 || facts.MaxJFSDepth != 8192 || facts.JettiesPerUnit != 16 {
 		t.Errorf("node facts %+v, %v", facts, err)
@@ -237,11 +225,11 @@ func TestHardwareLifecycle(t *testing.T) {
 
 	// kubelet may list the units (its ListAndWatch) before the plugin's
 	// Register call has returned and marked it registered.
-	eventually(t, "/healthz saying registered", func() bool {
+	eventually.Holds(t, "/healthz saying registered", deadline, func() bool {
 		code, body := n.get("/healthz")
 		return code == http.StatusOK && strings.Contains(body, "registered=true")
 	})
-	eventually(t, "metrics", func() bool {
+	eventually.Holds(t, "metrics", deadline, func() bool {
 		_, body := n.get("/metrics")
 		return strings.Contains(body, `urma_deviceplugin_units{device="udma0"} 63`) &&
 			strings.Contains(body, "urma_deviceplugin_registered 1") &&
@@ -273,7 +261,7 @@ func TestHardwareLifecycle(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "udma1-0") || !strings.Contains(err.Error(), "port0 DOWN") {
 		t.Errorf("allocating an unhealthy unit: %v", err)
 	}
-	eventually(t, "unhealthy reason metric", func() bool {
+	eventually.Holds(t, "unhealthy reason metric", deadline, func() bool {
 		_, body := n.get("/metrics")
 		return strings.Contains(body, `urma_deviceplugin_device_healthy{device="udma1"} 0`) && strings.Contains(body, `urma_deviceplugin_healthy_units{device="udma1"} 0`)
 	})
@@ -284,7 +272,7 @@ func TestHardwareLifecycle(t *testing.T) {
 	// metrics; its IDs stay (they vanish only with the device).
 	tree.WriteFile(t, "udma1", "max_jetty", "many\n")
 	n.units("udma1 malformed", func(m map[string]*pluginapi.Device) bool { return count("udma1-", pluginapi.Unhealthy)(m) == 63 })
-	eventually(t, "discovery problem metric", func() bool {
+	eventually.Holds(t, "discovery problem metric", deadline, func() bool {
 		_, body := n.get("/metrics")
 		return strings.Contains(body, `urma_deviceplugin_discovery_problems{device="udma1"} 1`) && strings.Contains(body, "max_jetty")
 	})
@@ -305,7 +293,7 @@ func TestHardwareLifecycle(t *testing.T) {
 	// Hot-unplug.
 	tree.Remove(t, "udma1")
 	n.units("udma1 removed", func(m map[string]*pluginapi.Device) bool { return len(m) == 63 && count("udma1-", "")(m) == 0 })
-	eventually(t, "device count label", func() bool { return n.nodeObj().Labels[nodefacts.LabelDeviceCount] == "1" })
+	eventually.Holds(t, "device count label", deadline, func() bool { return n.nodeObj().Labels[nodefacts.LabelDeviceCount] == "1" })
 
 	n.stop()
 	if _, err := os.Stat(filepath.Join(n.dir, "urma-jetty.sock")); !os.IsNotExist(err) {
@@ -371,7 +359,7 @@ func TestSoftDevicesOnANodeWithoutHardware(t *testing.T) {
 	if st, err := os.Stat(shm); err != nil || st.Mode().Perm() != 0o777 || st.Mode()&os.ModeSticky == 0 {
 		t.Errorf("shm directory after its removal and an allocation: %v, %v; want it back, drwxrwxrwt", st, err)
 	}
-	eventually(t, "node labeled software", func() bool {
+	eventually.Holds(t, "node labeled software", deadline, func() bool {
 		l := n.nodeObj().Labels
 		return l[nodefacts.LabelSoftware] == "true" && l[nodefacts.LabelDeviceCount] == "2"
 	})
@@ -427,7 +415,7 @@ func TestInjectsLiburma(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(softDir, "liburma.so.0")); err != nil || string(b) != "soft lib" {
 		t.Errorf("the software liburma was not published: %q, %v", b, err)
 	}
-	eventually(t, "node labeled with both injections", func() bool {
+	eventually.Holds(t, "node labeled with both injections", deadline, func() bool {
 		l := n.nodeObj().Labels
 		return l[nodefacts.LabelHostLiburma] == "true" && l[nodefacts.LabelSoftLiburma] == "true"
 	})
@@ -441,7 +429,7 @@ func TestInjectsLiburma(t *testing.T) {
 	if _, set := resp.Envs["LD_LIBRARY_PATH"]; set || len(resp.Mounts) != 1 {
 		t.Errorf("a host without liburma: mounts %v, env %v; want only the shm directory", resp.Mounts, resp.Envs)
 	}
-	eventually(t, "host-liburma=false", func() bool { return bare.nodeObj().Labels[nodefacts.LabelHostLiburma] == "false" })
+	eventually.Holds(t, "host-liburma=false", deadline, func() bool { return bare.nodeObj().Labels[nodefacts.LabelHostLiburma] == "false" })
 	if !bare.logs.Contains("containers given a UB device get no liburma") || !bare.logs.Contains("no liburma on the host") {
 		t.Errorf("the log does not say that UB containers get no liburma, and why:\n%s", bare.logs.String())
 	}
@@ -451,19 +439,19 @@ func TestStartsWithoutDevicesAndSaysSo(t *testing.T) {
 	tree := sysfstest.New(t)
 	n := start(t, tree, nil)
 	n.units("registration with no units", func(m map[string]*pluginapi.Device) bool { return len(m) == 0 })
-	eventually(t, "no-devices metrics", func() bool {
+	eventually.Holds(t, "no-devices metrics", deadline, func() bool {
 		_, body := n.get("/metrics")
 		return strings.Contains(body, "urma_deviceplugin_no_devices 1") && strings.Contains(body, "driver not loaded") &&
 			strings.Contains(body, "urma_deviceplugin_registered 1")
 	})
-	eventually(t, "present=false", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "false" })
+	eventually.Holds(t, "present=false", deadline, func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "false" })
 	if !n.logs.Contains("no URMA device to advertise yet") || !n.logs.Contains("driver not loaded") {
 		t.Errorf("the log does not say that there is no device and why:\n%s", n.logs.String())
 	}
 	// The driver loads later.
 	tree.Add(t, sysfstest.DefaultDevice("udma0"))
 	n.units("late device", func(m map[string]*pluginapi.Device) bool { return count("udma0-", pluginapi.Healthy)(m) == 63 })
-	eventually(t, "present=true", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
+	eventually.Holds(t, "present=true", deadline, func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
 }
 
 func TestCDIMode(t *testing.T) {
@@ -539,7 +527,7 @@ func TestRegistersOnlyAfterTheFirstScan(t *testing.T) {
 
 	// Hold the first scan until either kubelet got a list (the plugin
 	// registered without waiting) or the plugin says it waits for the scan.
-	eventually(t, "the kubelet's first list or the plugin waiting for its first scan", func() bool {
+	eventually.Holds(t, "the kubelet's first list or the plugin waiting for its first scan", deadline, func() bool {
 		if s, _ := n.kubelet.State(); streaming(s) {
 			return true
 		}
@@ -572,7 +560,7 @@ func TestCDIModeAdvertisesADeviceOnlyOnceItsSpecIsWritten(t *testing.T) {
 	if _, err := n.kubelet.WaitFor(n.ctx(), streaming); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "udma0 discovered", func() bool {
+	eventually.Holds(t, "udma0 discovered", deadline, func() bool {
 		_, body := n.get("/metrics")
 		return strings.Contains(body, `urma_deviceplugin_units{device="udma0"} 63`)
 	})
@@ -626,12 +614,12 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 	base := runtime.NumGoroutine()
 	n := start(t, tree, func(c *Config) { c.CDIEnabled, c.CDI.Dir = true, t.TempDir() })
 	n.units("udma0", func(m map[string]*pluginapi.Device) bool { return len(m) == 63 })
-	eventually(t, "node labeled", func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
+	eventually.Holds(t, "node labeled", deadline, func() bool { return n.nodeObj().Labels[nodefacts.LabelPresent] == "true" })
 	n.stop()
 	// The metrics server shut down in time: no error about it.
 	if n.logs.Contains("metrics server shutdown") {
 		t.Errorf("a clean stop logged a metrics server shutdown error:\n%s", n.logs.String())
 	}
 	n.kubelet.Stop()
-	eventually(t, "goroutines back to the baseline", func() bool { return runtime.NumGoroutine() <= base })
+	eventually.Holds(t, "goroutines back to the baseline", deadline, func() bool { return runtime.NumGoroutine() <= base })
 }

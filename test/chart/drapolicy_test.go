@@ -22,6 +22,7 @@ import (
 
 	"github.com/openeuler/urma-k8s/internal/dra/dratest"
 	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
 	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma/sysfs/sysfstest"
@@ -60,7 +61,7 @@ func TestDRASlicePolicyOnTheAPIServer(t *testing.T) {
 	// Policies take effect once the API server has loaded them: wait until
 	// the driver is refused another node's slice (a dry run, so that nothing
 	// is created while the policy is not yet in force).
-	poll(t, "the policy to refuse another node's slice", func() error {
+	eventually.Succeeds(t, "the policy to refuse another node's slice", time.Minute, func() error {
 		_, err := driverA.ResourceV1().ResourceSlices().Create(ctx, testSlice("probe", "node-b", slicefacts.DriverName), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err == nil {
 			return errors.New("creating a slice of node-b was allowed")
@@ -250,7 +251,7 @@ func publishLikeTheDriver(ctx context.Context, t *testing.T, admin, driver kuber
 		}
 		wantDevices := devicesOf(step.resources, node)
 		ctrl.Update(&step.resources)
-		poll(t, step.name, func() error {
+		eventually.Succeeds(t, step.name, time.Minute, func() error {
 			mu.Lock()
 			refused := errors.Join(failures...)
 			mu.Unlock()

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/openeuler/urma-k8s/internal/deviceplugin/nodelabel"
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/internal/nodefacts"
 )
 
@@ -74,7 +75,7 @@ func TestNodePolicyOnTheAPIServer(t *testing.T) {
 
 	// Policies take effect once the API server has loaded them: wait until
 	// the plugin is refused another node.
-	poll(t, "the policy to refuse another node", func() error {
+	eventually.Succeeds(t, "the policy to refuse another node", time.Minute, func() error {
 		err := patchNode(ctx, plugin, "node-b", map[string]any{"labels": map[string]any{nodefacts.LabelPresent: "true"}})
 		if err == nil {
 			return fmt.Errorf("patching node-b was allowed")
@@ -278,21 +279,4 @@ func mergePatch(ctx context.Context, cs kubernetes.Interface, node string, body 
 	}
 	_, err = cs.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, b, metav1.PatchOptions{})
 	return err
-}
-
-// poll retries f until it returns nil or a minute passes; for state that
-// sends no notification (an admission policy becoming active).
-func poll(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

@@ -33,7 +33,7 @@ type tree struct {
 // this table).
 var trees = []tree{
 	{"contracts", 0, []string{"internal/podenv", "internal/nodefacts/..."}},
-	{"helpers", 0, []string{"internal/memcopy", "internal/flagvar", "internal/kubeclient", "internal/stopsignal/...", "internal/logtest", "internal/ociimage"}},
+	{"helpers", 0, []string{"internal/memcopy", "internal/flagvar", "internal/kubeclient", "internal/stopsignal/...", "internal/logtest", "internal/eventually", "internal/ociimage"}},
 	{"URMA", 1, []string{"pkg/urma/..."}},
 	{"API types", 1, []string{"api/..."}},
 	{"transport", 2, []string{"pkg/transport/..."}},

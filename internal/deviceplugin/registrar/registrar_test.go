@@ -20,6 +20,7 @@ import (
 
 	"github.com/openeuler/urma-k8s/internal/deviceplugin/kubelettest"
 	"github.com/openeuler/urma-k8s/internal/deviceplugin/server"
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/internal/node/budget"
 	"github.com/openeuler/urma-k8s/internal/node/inventory"
@@ -117,19 +118,6 @@ func startPluginWith(t *testing.T, dir string, mutate func(*Config), log logr.Lo
 	return p
 }
 
-// eventually polls cond until it holds or a deadline passes; for state
-// that offers no change notification.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(waitBound(t))
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		runtime.Gosched()
-	}
-}
-
 func startKubelet(t *testing.T, dir string) *kubelettest.Kubelet {
 	t.Helper()
 	k, err := kubelettest.Start(dir)
@@ -169,7 +157,7 @@ func TestRegisters(t *testing.T) {
 	if pl.Devices[0].ID != "udma0-0" || pl.Devices[0].Topology.Nodes[0].ID != 0 {
 		t.Errorf("devices %v", pl.Devices)
 	}
-	eventually(t, "registered state", func() bool { return p.reg.Serving() && p.reg.Registered() })
+	eventually.Holds(t, "registered state", waitBound(t), func() bool { return p.reg.Serving() && p.reg.Registered() })
 	// kubelet allocates through the registered endpoint.
 	resp, err := k.Client(resource).Allocate(waitCtx(t), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"udma0-1"}}}})
 	if err != nil || resp.ContainerResponses[0].Envs[podenv.JettyBudget] != "16" {
@@ -198,7 +186,7 @@ func TestStartsBeforeKubelet(t *testing.T) {
 	dir := socketDir(t)
 	p := startPlugin(t, dir, nil)
 	// Serving, though there is no kubelet to register with yet.
-	eventually(t, "serving without a kubelet", p.reg.Serving)
+	eventually.Holds(t, "serving without a kubelet", waitBound(t), p.reg.Serving)
 	if p.reg.Registered() {
 		t.Fatal("registered without a kubelet")
 	}
@@ -278,17 +266,17 @@ func TestServingWhileReRegistrationFails(t *testing.T) {
 	// kubelet lists us before our Register call has returned; stopped
 	// then, the call fails and is retried before kubelet.sock's creation
 	// is handled.
-	eventually(t, "registered", p.reg.Registered)
+	eventually.Holds(t, "registered", waitBound(t), p.reg.Registered)
 	k.Stop()
 	// Not a kubelet: registering with it fails.
 	if err := os.WriteFile(filepath.Join(dir, kubeletSocketName), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "registration dropped for the new kubelet.sock", func() bool { return !p.reg.Registered() })
+	eventually.Holds(t, "registration dropped for the new kubelet.sock", waitBound(t), func() bool { return !p.reg.Registered() })
 	// Several failed attempts: a retry while serving must register again
 	// on the socket it serves, not serve afresh each time (which would
 	// also drop the stream of a kubelet that follows it).
-	eventually(t, "failed re-registrations", func() bool { return logs.Count("registration with kubelet failed") >= 3 })
+	eventually.Holds(t, "failed re-registrations", waitBound(t), func() bool { return logs.Count("registration with kubelet failed") >= 3 })
 	// Only now: while the old server is stopped and the new one not yet
 	// up, the plugin rightly says it does not serve.
 	if !p.reg.Serving() {
@@ -735,7 +723,7 @@ func TestKubeletSockChangedWhileKubeletStays(t *testing.T) {
 	listed(t, k, 1, 3)
 	touchKubeletSock(t, dir)
 	listed(t, k, 2, 3)
-	eventually(t, "registered again", p.reg.Registered)
+	eventually.Holds(t, "registered again", waitBound(t), p.reg.Registered)
 }
 
 // touchKubeletSock changes kubelet.sock's identity without replacing it,
@@ -828,7 +816,7 @@ func TestFailedServeIsNotServing(t *testing.T) {
 			}
 			fail.Store(false)
 			listed(t, k, tt.registrations, 3)
-			eventually(t, "serving and registered again", func() bool { return p.reg.Serving() && p.reg.Registered() })
+			eventually.Holds(t, "serving and registered again", waitBound(t), func() bool { return p.reg.Serving() && p.reg.Registered() })
 		})
 	}
 }
@@ -882,5 +870,5 @@ func TestSocketReplacedDuringRetryIsNotServing(t *testing.T) {
 	// The path is free again: it serves, and registers once kubelet is up.
 	k := startKubelet(t, dir)
 	listed(t, k, 1, 3)
-	eventually(t, "serving and registered", func() bool { return p.reg.Serving() && p.reg.Registered() })
+	eventually.Holds(t, "serving and registered", waitBound(t), func() bool { return p.reg.Serving() && p.reg.Registered() })
 }

@@ -26,6 +26,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/openeuler/urma-k8s/internal/eventually"
 )
 
 const dnsName = "urma-operator-webhook.urma-system.svc"
@@ -393,17 +395,10 @@ func TestWatchRestoresAnEmptiedCABundleAtOnce(t *testing.T) {
 		if err := f.c.Update(ctx, clear()); err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		eventually.Holds(t, "the caBundle restored after the webhook configuration was replaced", 10*time.Second, func() bool {
 			b := f.bundles(t)
-			if bytes.Equal(b[0], want) && bytes.Equal(b[1], want) && bytes.Equal(b[2], want) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("caBundle not restored after the webhook configuration was replaced")
-			}
-			time.Sleep(time.Millisecond)
-		}
+			return bytes.Equal(b[0], want) && bytes.Equal(b[1], want) && bytes.Equal(b[2], want)
+		})
 	}
 }
 
@@ -413,19 +408,11 @@ func TestStartStopsWithContext(t *testing.T) {
 	before := runtime.NumGoroutine()
 	stop := runRotator(t, f.r)
 	// Wait until a tick has created the secret, then stop.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var s corev1.Secret
-		if f.c.Get(context.Background(), secretKey, &s) == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Start never ran Ensure")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually.Succeeds(t, "Start to run Ensure (the Secret created)", 10*time.Second, func() error {
+		return f.c.Get(context.Background(), secretKey, &corev1.Secret{})
+	})
 	stop()
-	deadline = time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
 		runtime.Gosched()
 	}
