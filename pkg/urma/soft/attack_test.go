@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // The attacks on the shm fabric that a process of another pod on the node
@@ -81,13 +82,13 @@ func claimShmIdentity(t *testing.T, path string, victim, claim urma.EID, pub []b
 		return nil, fmt.Sprintf("HELLO_ACK status %d", d.ack.status)
 	}
 	// The attacker has no key of A's: it signs with its own.
-	ends, err := newShmEnds(MinShmRing)
+	ends, err := shmring.NewEnds(MinShmRing)
 	mustOK(t, err, "ring")
-	status, fds, err := d.prove(ed25519.Sign(mine.key, shmTranscript(shmSignDialer, d.helloMsg, d.ackMsg, d.ino)), ends.fds())
+	status, fds, err := d.prove(ed25519.Sign(mine.key, shmTranscript(shmSignDialer, d.helloMsg, d.ackMsg, d.ino)), ends.Fds())
 	if err != nil || status != helloOK {
 		return nil, fmt.Sprintf("READY status %d, %v", status, err)
 	}
-	b, err := unix.Mmap(fds[0], 0, shmCtlSize+int(d.ack.ringSize), unix.PROT_READ, unix.MAP_SHARED)
+	b, err := unix.Mmap(fds[0], 0, shmring.CtlSize+int(d.ack.ringSize), unix.PROT_READ, unix.MAP_SHARED)
 	mustOK(t, err, "map the victim's ring")
 	return b, ""
 }
@@ -333,18 +334,18 @@ func TestShmAmplificationAttackIsBounded(t *testing.T) {
 	for range links {
 		nc, err := net.Dial("unixpacket", sd.shm.path)
 		mustOK(t, err, "dial")
-		ends, err := newShmEnds(MinShmRing)
+		ends, err := shmring.NewEnds(MinShmRing)
 		mustOK(t, err, "the attacker's ring")
 		_, fds, _ := shmHello(t, nc, ends, sd)
 		closeAll(fds)
-		t.Cleanup(func() { _ = nc.Close(); ends.release() })
+		t.Cleanup(func() { _ = nc.Close(); ends.Release() })
 	}
 	waitUntil(t, "the device to adopt every connection", func() bool { return len(p.conns()) == links })
 	var victim uint64
 	for _, c := range p.conns() {
-		victim += shmCtlSize + c.io.(*shmIO).wsize
+		victim += uint64(shmring.CtlSize + c.io.(*shmIO).Size())
 	}
-	attacker := uint64(links * (shmCtlSize + MinShmRing))
+	attacker := uint64(links * (shmring.CtlSize + MinShmRing))
 	t.Logf("%d connections cost the device %d KiB of rings, the attacker %d KiB", links, victim>>10, attacker>>10)
 	if victim > attacker {
 		t.Fatalf("the device pays %d KiB of rings for %d connections the attacker paid %d KiB for", victim>>10, links, attacker>>10)

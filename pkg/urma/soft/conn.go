@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // Bounds that keep a hostile peer from making this side allocate without end.
@@ -44,22 +45,30 @@ type blockKey struct{ instance, dst uint32 }
 // protocolError is a peer's violation of the frame protocol.
 type protocolError struct{ error }
 
+// brokeProtocol reports whether err is the peer's violation: of the frame
+// protocol, or of the rules of the shm rings (shmring.FaultError).
+func brokeProtocol(err error) bool {
+	var pe protocolError
+	var fe shmring.FaultError
+	return errors.As(err, &pe) || errors.As(err, &fe)
+}
+
 var errConnDead = errors.New("connection closed")
 
 // linkIO is the byte stream under a connection, one each way: a TCP socket
 // (socket fabric) or a pair of shared-memory rings (shm fabric).
 type linkIO interface {
 	frameSource
-	// writev writes as much of iov as it takes now and returns the rest;
+	// Writev writes as much of iov as it takes now and returns the rest;
 	// with wait false it never blocks and reports unix.EAGAIN when full.
-	writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error)
-	// shutdown wakes the reader and the writer out of blocking calls and
+	Writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error)
+	// Shutdown wakes the reader and the writer out of blocking calls and
 	// makes every later call fail.
-	shutdown()
-	// close releases the stream once the reader and writer are out.
-	close()
-	// counters are the bytes read and written so far, for the watchdog.
-	counters() (rx, tx *atomic.Uint64)
+	Shutdown()
+	// Close releases the stream once the reader and writer are out.
+	Close()
+	// Counters are the bytes read and written so far, for the watchdog.
+	Counters() (rx, tx *atomic.Uint64)
 }
 
 // conn is the one connection between this device and a peer device. A
@@ -145,7 +154,7 @@ type conn struct {
 
 // newConn wraps an established stream.
 func newConn(sd *sockDevice, p *peer, io linkIO, h hello, dialedByMe bool, local, remote string) *conn {
-	rx, tx := io.counters()
+	rx, tx := io.Counters()
 	return &conn{
 		sd: sd, p: p, io: io, src: io, rx: rx, tx: tx, local: local, remote: remote,
 		peerEID: p.eid, session: h.session, peerMax: h.maxMsg, dialedByMe: dialedByMe,
@@ -224,10 +233,9 @@ func (c *conn) fail(err error) {
 	close(c.done)
 	// Wake the reader and writer out of their blocking calls; the reader
 	// closes the stream once both are out.
-	c.io.shutdown()
+	c.io.Shutdown()
 	p, sd := c.p, c.sd
-	var pe protocolError
-	if errors.As(err, &pe) {
+	if brokeProtocol(err) {
 		sd.log().Error(err, "closing connection: peer broke the protocol", "peer", p.eid.String())
 	} else {
 		sd.log().Info("connection closed", "peer", p.eid.String(), "reason", fmt.Sprint(err))
@@ -256,7 +264,7 @@ func (c *conn) writeLoop() {
 	defer close(c.writerDone)
 	// On shared memory the writer waits for room without the write lock,
 	// so that a poller can write meanwhile (see drive).
-	waiter, _ := c.io.(interface{ waitWritable() error })
+	waiter, _ := c.io.(interface{ WaitWritable() error })
 	for {
 		select {
 		case <-c.doorbell:
@@ -268,7 +276,7 @@ func (c *conn) writeLoop() {
 			stuck, err := c.drain(waiter == nil)
 			c.wmu.Unlock()
 			if err == nil && stuck {
-				err = waiter.waitWritable()
+				err = waiter.WaitWritable()
 			}
 			if err != nil {
 				c.fail(fmt.Errorf("write: %w", err))
@@ -311,7 +319,7 @@ func (c *conn) kick() {
 func (c *conn) drain(wait bool) (stuck bool, err error) {
 	for {
 		if len(c.iov) > 0 {
-			c.iov, err = c.io.writev(c.iov, wait)
+			c.iov, err = c.io.Writev(c.iov, wait)
 			if errors.Is(err, unix.EAGAIN) && !wait {
 				return true, nil
 			}
@@ -438,6 +446,14 @@ func (c *conn) abandonWrites() {
 	c.wmu.Unlock()
 }
 
+// errPeerNotReading and errPeerNotAnswering say that a live peer left what
+// this side wrote unread, or the sends it read unanswered, for PeerTimeout
+// (sockDevice.watchShm).
+var (
+	errPeerNotReading   = errors.New("peer stopped reading")
+	errPeerNotAnswering = errors.New("peer stopped answering")
+)
+
 // waitsOnPeer says why this side waits on a quiet shm peer (the watchdog,
 // watchShm), nil when it does not: the peer left bytes unread while this
 // side has more to write, or it owes answers to sends or imports that it
@@ -445,12 +461,12 @@ func (c *conn) abandonWrites() {
 // turn is this side's (bytes of the peer's to read, frames not yet written
 // into a ring the peer has emptied), a slow reader or writer here is not
 // the peer's stall. A peer stopped in the middle of a frame is left to the
-// reader's own bound (waitRest), which names it. The sends awaited are
+// reader's own bound (shmring.Stream waits for a frame's rest), which names it. The sends awaited are
 // looked up before what waits to be written: a send transmitted before the
 // lookup is queued by then, so it is either still to write (this side's
 // turn) or written.
-func (c *conn) waitsOnPeer(w shmWords, awaited func() map[*peer]bool) error {
-	if w.toRead > 0 || w.midFrame {
+func (c *conn) waitsOnPeer(w shmring.Words, awaited func() map[*peer]bool) error {
+	if w.ToRead > 0 || w.MidFrame {
 		return nil
 	}
 	owed := awaited()[c.p]
@@ -467,7 +483,7 @@ func (c *conn) waitsOnPeer(w shmWords, awaited func() map[*peer]bool) error {
 		}
 	}
 	switch {
-	case w.unread && (writing || owed):
+	case w.Unread && (writing || owed):
 		return errPeerNotReading
 	case writing:
 		return nil
@@ -487,7 +503,7 @@ func (c *conn) readLoop() {
 	c.readMu.Lock()
 	c.released = true
 	c.readMu.Unlock()
-	c.io.close()
+	c.io.Close()
 }
 
 // readFrames decodes frames until the connection breaks or the peer breaks
@@ -495,20 +511,20 @@ func (c *conn) readLoop() {
 func (c *conn) readFrames() error {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
-	idler, _ := c.io.(interface{ idle() error })
+	idler, _ := c.io.(interface{ Idle() error })
 	for n := 1; ; n++ {
 		// Answers go out when the reader is about to wait for more (from
 		// this goroutine, if the stream has room), or every 32 frames of a
 		// long burst (by the writer goroutine). Batched, they return as a
 		// few ACK_RUNs and keep the sender batching.
-		if c.src.buffered() == 0 {
+		if c.src.Buffered() == 0 {
 			if c.hasQueued() {
 				c.kick()
 			}
 			if idler != nil {
 				// Between frames the token is free for pollers.
 				c.readMu.Unlock()
-				err := idler.idle()
+				err := idler.Idle()
 				c.readMu.Lock()
 				if err != nil {
 					return err
@@ -537,7 +553,7 @@ const pollerReadBudget = 20 * time.Microsecond
 // goroutine, unless the reader goroutine is reading: every frame there is,
 // a frame that is not yet whole included (its writer is copying the rest;
 // a writer that stops for PeerTimeout, or trickles the rest past its
-// frameBound, fails the connection, see waitRest).
+// framebound.For, fails the connection: see shmring.Stream).
 // It also writes what waits to be written, which the writer goroutine may
 // be slow to get to: a poller busy on every processor starves the wake-ups
 // of goroutines that sleep in Go's poller.
@@ -549,10 +565,10 @@ func (c *conn) drive() {
 			return // the rings are unmapped, and nothing is written any more
 		}
 		var err error
-		if s.buffered() > 0 {
-			s.pollerReads = true
+		if s.Buffered() > 0 {
+			s.PollerReads = true
 			start := time.Now()
-			for s.buffered() > 0 {
+			for s.Buffered() > 0 {
 				if c.nextAwaitsOffer(s) {
 					break
 				}
@@ -563,7 +579,7 @@ func (c *conn) drive() {
 					break
 				}
 			}
-			s.pollerReads = false
+			s.PollerReads = false
 		}
 		c.readMu.Unlock()
 		if err != nil {
@@ -592,7 +608,7 @@ func (c *conn) nextAwaitsOffer(s *shmIO) bool {
 	// Every frame a Poll reads is looked at first: the type and length
 	// settle it for all but a large SEND.
 	b := c.hdr[:]
-	if !s.peek(b[:5]) {
+	if !s.Peek(b[:5]) {
 		return false
 	}
 	bodyLen, typ := be.Uint32(b[:4]), b[4]
@@ -602,11 +618,11 @@ func (c *conn) nextAwaitsOffer(s *shmIO) bool {
 	var h sendHeader
 	switch typ {
 	case frameSend:
-		if bodyLen-sendHdrLen < awaitOfferMin || !s.peek(b[:4+sendHdrLen]) || decodeSendHeader(b[4:4+sendHdrLen], bodyLen, &h) != nil {
+		if bodyLen-sendHdrLen < awaitOfferMin || !s.Peek(b[:4+sendHdrLen]) || decodeSendHeader(b[4:4+sendHdrLen], bodyLen, &h) != nil {
 			return false
 		}
 	case frameSendRef:
-		if !s.peek(b[:4+bodyLen]) {
+		if !s.Peek(b[:4+bodyLen]) {
 			return false
 		}
 		if _, err := decodeSendRef(b[4:4+bodyLen], c.sd.dev.caps.MaxMsgSize, &h, &c.refs); err != nil {
@@ -627,8 +643,8 @@ func (c *conn) nextAwaitsOffer(s *shmIO) bool {
 // the peer sends.
 func (c *conn) readFrame() error {
 	hdr := &c.hdr
-	c.src.beginFrame()
-	if err := c.src.readFull(hdr[:5]); err != nil {
+	c.src.BeginFrame()
+	if err := c.src.ReadFull(hdr[:5]); err != nil {
 		return err
 	}
 	bodyLen, typ := be.Uint32(hdr[:4]), hdr[4]
@@ -645,13 +661,13 @@ func (c *conn) readFrame() error {
 		}
 		fl = bodyLen // the references too
 	}
-	if err := c.src.readFull(hdr[5 : 4+fl]); err != nil {
+	if err := c.src.ReadFull(hdr[5 : 4+fl]); err != nil {
 		return unexpected(err)
 	}
 	if err := c.handle(typ, hdr[4:4+fl], bodyLen); err != nil {
 		return err
 	}
-	c.src.endFrame()
+	c.src.EndFrame()
 	return nil
 }
 
@@ -808,8 +824,8 @@ type streamPayload struct {
 	n   uint32
 }
 
-func (p *streamPayload) read(dst []byte) error { return p.src.readPayload(dst) }
-func (p *streamPayload) skip() error           { return p.src.discard(int(p.n)) }
+func (p *streamPayload) read(dst []byte) error { return p.src.ReadPayload(dst) }
+func (p *streamPayload) skip() error           { return p.src.Discard(int(p.n)) }
 
 // place puts a message into the target jetty's next posted receive, the
 // payload copied straight into it; otherwise it skips the payload and
@@ -925,7 +941,7 @@ const awaitOfferMin = 512 << 10
 // and did not move while the sender was.
 func (c *conn) mayAwaitOffer() bool {
 	if s, ok := c.io.(*shmIO); ok {
-		return !s.pollerReads
+		return !s.PollerReads
 	}
 	return true
 }

@@ -311,7 +311,7 @@ func TestSockReaderDirect(t *testing.T) {
 			steps := []struct {
 				n    int
 				read func([]byte) error
-			}{{5, r.readFull}, {payload, r.readPayload}, {5, r.readFull}, {payload, r.readPayload}, {3, r.readFull}}
+			}{{5, r.ReadFull}, {payload, r.ReadPayload}, {5, r.ReadFull}, {payload, r.ReadPayload}, {3, r.ReadFull}}
 			off := 0
 			for _, s := range steps {
 				if err := s.read(got[off : off+s.n]); err != nil {
@@ -322,13 +322,13 @@ func TestSockReaderDirect(t *testing.T) {
 			if !bytes.Equal(got, msg) {
 				t.Fatalf("payload %d chunk %d: bytes differ", payload, chunk)
 			}
-			if err := r.readFull(make([]byte, 1)); !errors.Is(err, io.EOF) {
+			if err := r.ReadFull(make([]byte, 1)); !errors.Is(err, io.EOF) {
 				t.Fatalf("after the stream: %v, want EOF", err)
 			}
 			if r.rx.Load() != uint64(len(msg)) {
 				t.Fatalf("counted %d bytes read, want %d", r.rx.Load(), len(msg))
 			}
-			r.close()
+			r.Close()
 			_ = unix.Close(fds[1])
 		}
 	}
@@ -337,15 +337,15 @@ func TestSockReaderDirect(t *testing.T) {
 // A stream that ends inside a frame is an unexpected EOF, not a clean end.
 func TestSockReaderTruncated(t *testing.T) {
 	r := newSockIO(-1, strings.NewReader("abc"))
-	if err := r.readFull(make([]byte, 5)); !errors.Is(err, io.ErrUnexpectedEOF) {
+	if err := r.ReadFull(make([]byte, 5)); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("short header: %v", err)
 	}
 	r = newSockIO(-1, strings.NewReader("abc"))
-	if err := r.readPayload(make([]byte, 5)); !errors.Is(err, io.ErrUnexpectedEOF) {
+	if err := r.ReadPayload(make([]byte, 5)); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("short payload: %v", err)
 	}
 	r = newSockIO(-1, strings.NewReader("abc"))
-	if err := r.discard(5); !errors.Is(err, io.ErrUnexpectedEOF) {
+	if err := r.Discard(5); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("short discard: %v", err)
 	}
 }

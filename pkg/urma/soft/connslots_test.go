@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // madeUpLink is a connection a test holds at a device under an identity
@@ -79,11 +80,11 @@ func dialMadeUpShm(t *testing.T, path string, eid urma.EID, boot [bootIDLen]byte
 	if d.ack.status != helloOK {
 		return &madeUpLink{nc: nc, eid: d.id.eid, status: d.ack.status}
 	}
-	ends, err := newShmEnds(MinShmRing)
+	ends, err := shmring.NewEnds(MinShmRing)
 	mustOK(t, err, "the made-up peer's ring")
-	t.Cleanup(ends.release)
-	status, fds, err := d.prove(d.sign(), ends.fds())
-	ends.closePassed()
+	t.Cleanup(ends.Release)
+	status, fds, err := d.prove(d.sign(), ends.Fds())
+	ends.ClosePassed()
 	closeAll(fds)
 	mustOK(t, err, "READY")
 	return &madeUpLink{nc: nc, eid: d.id.eid, status: status}

@@ -73,18 +73,18 @@ func newSockIO(fd int, src io.Reader) *sockIO {
 	return s
 }
 
-func (s *sockIO) counters() (rx, tx *atomic.Uint64) { return &s.rx, &s.tx }
+func (s *sockIO) Counters() (rx, tx *atomic.Uint64) { return &s.rx, &s.tx }
 
-func (s *sockIO) writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
+func (s *sockIO) Writev(iov []unix.Iovec, wait bool) ([]unix.Iovec, error) {
 	return sendIov(s.fd, iov, wait, &s.tx)
 }
 
 // shutdown wakes the reader and writer out of blocking calls; the
 // descriptor stays open until close, so its number cannot be reused under
 // them.
-func (s *sockIO) shutdown() { _ = unix.Shutdown(s.fd, unix.SHUT_RDWR) }
+func (s *sockIO) Shutdown() { _ = unix.Shutdown(s.fd, unix.SHUT_RDWR) }
 
-func (s *sockIO) close() { _ = unix.Close(s.fd) }
+func (s *sockIO) Close() { _ = unix.Close(s.fd) }
 
 // iovMax is the kernel's limit on iovecs per sendmsg (UIO_MAXIOV).
 const iovMax = 1024

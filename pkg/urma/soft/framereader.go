@@ -2,10 +2,8 @@ package soft
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -15,51 +13,21 @@ import (
 // or a shared-memory ring. Header bytes are copied out (so nothing the peer
 // changes afterwards matters); payloads go straight into their destination.
 type frameSource interface {
-	// readFull fills p, waiting for bytes as needed; io.EOF when the
+	// ReadFull fills p, waiting for bytes as needed; io.EOF when the
 	// stream ends before the first byte, io.ErrUnexpectedEOF after it.
-	readFull(p []byte) error
-	// readPayload fills p with the next payload bytes, copying each byte
+	ReadFull(p []byte) error
+	// ReadPayload fills p with the next payload bytes, copying each byte
 	// once where the source allows it.
-	readPayload(p []byte) error
-	// discard skips n bytes.
-	discard(n int) error
-	// buffered is how many bytes can be read without waiting.
-	buffered() int
-	// beginFrame says that the reader starts a frame, endFrame that it
+	ReadPayload(p []byte) error
+	// Discard skips n bytes.
+	Discard(n int) error
+	// Buffered is how many bytes can be read without waiting.
+	Buffered() int
+	// BeginFrame says that the reader starts a frame, EndFrame that it
 	// read the whole of it: the bound on how long the peer may take over
-	// the frame's rest (frameBound) starts again with each frame.
-	beginFrame()
-	endFrame()
-}
-
-// frameGrace is how much of a frame that arrived earns its reader another
-// PeerTimeout of waiting for the rest (frameBound).
-const frameGrace = 1 << 20
-
-// frameBound is how long, in all, a reader may wait for the rest of a
-// frame that it has started and of which arrived bytes came so far:
-// PeerTimeout, plus PeerTimeout for every MiB (frameGrace) that came. A
-// peer that stops in a frame is failed once PeerTimeout passes without a
-// byte (shm: waitRest; socket: the watchdog's silence), but one that
-// trickles it, a byte just under every PeerTimeout, would hold the frame,
-// and whoever reads it (a Poll, the reader goroutine, a receive being
-// written and so a JFR.Close), for good: the bound is per frame, not per
-// gap. It grows with what arrived, so that a large frame from a slow but
-// healthy peer (a busy machine, a CPU-throttled container, a slow link)
-// is never failed: such a peer delivers far more than a MiB per
-// PeerTimeout (a ring's copy runs at GB/s), while a trickler earns next to
-// nothing and is failed about PeerTimeout after it started the frame's
-// rest. A hostile peer that keeps to a MiB per PeerTimeout is still
-// bounded: a frame is at most MaxMsgSize long.
-func frameBound(peerTO time.Duration, arrived uint64) time.Duration {
-	return peerTO + time.Duration(float64(peerTO)*float64(arrived)/frameGrace)
-}
-
-// frameOverdue is the error of a peer that took longer than bound over
-// the rest of a frame, for which this side waited waited.
-func frameOverdue(waited, bound time.Duration) error {
-	return fmt.Errorf("%w: waited %v in all for the rest of a frame, past its bound %v",
-		errPeerStalled, waited.Round(time.Millisecond), bound.Round(time.Millisecond))
+	// the frame's rest (framebound.For) starts again with each frame.
+	BeginFrame()
+	EndFrame()
 }
 
 // directReadMin is the payload remainder from which sockReader reads into
@@ -89,9 +57,9 @@ func newSockReader(fd int, src io.Reader, n *atomic.Uint64) *sockReader {
 	return &sockReader{fd: fd, src: src, n: n, buf: make([]byte, ioBufSize)}
 }
 
-func (s *sockReader) buffered() int { return s.w - s.r }
+func (s *sockReader) Buffered() int { return s.w - s.r }
 
-func (s *sockReader) beginFrame() {
+func (s *sockReader) BeginFrame() {
 	if s.r < s.w {
 		s.frame.Add(1)
 	} else {
@@ -99,7 +67,7 @@ func (s *sockReader) beginFrame() {
 	}
 }
 
-func (s *sockReader) endFrame() { s.frame.Add(1) }
+func (s *sockReader) EndFrame() { s.frame.Add(1) }
 
 // fill reads at least one more byte into the buffer.
 func (s *sockReader) fill() error {
@@ -155,7 +123,7 @@ func (s *sockReader) read(p, q []byte) (int, error) {
 	}
 }
 
-func (s *sockReader) readFull(p []byte) error {
+func (s *sockReader) ReadFull(p []byte) error {
 	for first := true; len(p) > 0; first = false {
 		if s.r == s.w {
 			if err := s.fill(); err != nil {
@@ -172,7 +140,7 @@ func (s *sockReader) readFull(p []byte) error {
 	return nil
 }
 
-func (s *sockReader) readPayload(p []byte) error {
+func (s *sockReader) ReadPayload(p []byte) error {
 	k := copy(p, s.buf[s.r:s.w])
 	s.r += k
 	p = p[k:]
@@ -189,10 +157,10 @@ func (s *sockReader) readPayload(p []byte) error {
 		s.w = n - len(p)
 		p = nil
 	}
-	return s.readFull(p)
+	return s.ReadFull(p)
 }
 
-func (s *sockReader) discard(n int) error {
+func (s *sockReader) Discard(n int) error {
 	for n > 0 {
 		if s.r == s.w {
 			if err := s.fill(); err != nil {

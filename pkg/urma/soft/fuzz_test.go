@@ -89,7 +89,7 @@ func FuzzReadFrames(f *testing.F) {
 		c.fail(err)
 		<-done
 		c.abandonWrites()
-		c.io.close()
+		c.io.Close()
 		<-drained
 		unix.Close(fds[1])
 		for _, q := range []urma.JFC{s.rjfc, s.sjfc} {

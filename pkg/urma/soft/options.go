@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // Hard limits of the software provider. Device capabilities may ask for less,
@@ -25,6 +26,16 @@ const (
 	DefaultDevice = "soft0"
 	// Driver is the driver name soft devices report.
 	Driver = urma.SoftDriver
+	// MinShmRing and MaxShmRing bound Options.ShmRingSize.
+	MinShmRing = shmring.MinSize
+	MaxShmRing = shmring.MaxSize
+	// DefaultShmRing is the ring each side of an shm connection writes
+	// into. It is charged to the memory cgroup of the process that
+	// creates it, once per peer device.
+	DefaultShmRing = 2 << 20
+	// DefaultShmSpin is how long an idle shm reader or writer polls
+	// shared memory before it sleeps on its eventfd.
+	DefaultShmSpin = 2 * time.Microsecond
 	// DefaultMaxConns is Options.MaxConns when left zero.
 	DefaultMaxConns = 1024
 	// DefaultMaxConnsPerProcess is Options.MaxConnsPerProcess when left

@@ -383,8 +383,8 @@ func TestPollLeavesMessageForOffer(t *testing.T) {
 				offer()
 			}
 			c.drive()
-			if held := local.buffered() == len(frame); held != tc.wantHeld {
-				t.Fatalf("the Poll left the frame in the ring: %v, want %v (%d of %d bytes left)", held, tc.wantHeld, local.buffered(), len(frame))
+			if held := local.Buffered() == len(frame); held != tc.wantHeld {
+				t.Fatalf("the Poll left the frame in the ring: %v, want %v (%d of %d bytes left)", held, tc.wantHeld, local.Buffered(), len(frame))
 			}
 			if tc.byRef {
 				return // its reference names nothing: only the hold is tested
@@ -398,7 +398,7 @@ func TestPollLeavesMessageForOffer(t *testing.T) {
 				}
 				offer()
 				c.drive()
-				if n := local.buffered(); n != 0 {
+				if n := local.Buffered(); n != 0 {
 					t.Fatalf("the Poll after the offer left %d bytes in the ring", n)
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // One-copy SEND on the shm fabric. A segment registered with remote read
@@ -139,7 +140,7 @@ func (s *shmIO) share(seg *segment) (uint32, bool) {
 		sh.failed = true // the connection or the segment is going away
 		return sh.handle, false
 	}
-	ro, err := reopenReadOnly(seg.mem.Fd())
+	ro, err := shmring.ReopenReadOnly(seg.mem.Fd())
 	if err == nil {
 		var b [shmSegMsgLen]byte
 		msg := encodeShmSeg(b[:], &shmSegMsg{typ: shmMsgSegMap, handle: sh.handle, length: uint64(len(seg.buf))})
@@ -351,7 +352,7 @@ func (s *shmIO) mapPeerSegment(handle uint32, length uint64, fd int) error {
 	case length == 0:
 		return errors.New("segment of 0 bytes")
 	}
-	size, err := sealedSize(fd)
+	size, err := shmring.SealedSize(fd)
 	if err != nil {
 		return err
 	}
@@ -482,7 +483,7 @@ func (r *refPayload) read(dst []byte) error {
 // neither ring word, and a large one takes long (see watchShm). The
 // caller holds the reader's token.
 func (s *shmIO) pulledChunk(k int) {
-	s.local.word(offPulled).Add(uint64(k))
+	s.AddPulled(k)
 	if f := s.afterPullChunk.Load(); f != nil {
 		(*f)()
 	}

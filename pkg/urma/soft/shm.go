@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // The shm fabric: devices of processes on one host exchange frames through
@@ -52,23 +53,23 @@ type shmNet struct {
 	// taking what a Poll leaves.
 	pollerBudget time.Duration
 	// peerTO is Options.PeerTimeout: how long a peer may stop writing in
-	// the middle of a frame, and with frameBound how long it may take
-	// over one (shmIO.stall).
+	// the middle of a frame, and with framebound.For how long it may take
+	// over one (shmring.Stream.Stall).
 	peerTO time.Duration
 }
 
 // join makes a connection's shmIO from this side's ends, whose ring has
 // ring bytes, and the peer's descriptors (see newShmIO).
-func (n *shmNet) join(ends *shmEnds, ring, peerRing int, peerFds []int) (*shmIO, error) {
+func (n *shmNet) join(ends *shmring.Ends, ring, peerRing int, peerFds []int) (*shmIO, error) {
 	sio, err := newShmIO(ends, ring, peerRing, peerFds, n.spin)
 	if err == nil && n.pollingEnd > 0 {
-		sio.pollingEnd = n.pollingEnd
+		sio.PollingEnd = n.pollingEnd
 	}
 	if err == nil && n.pollerBudget != 0 {
 		sio.pollerBudget = n.pollerBudget
 	}
 	if err == nil && n.peerTO > 0 {
-		sio.stall = n.peerTO
+		sio.Stall = n.peerTO
 	}
 	if err == nil {
 		sio.pull.budget = n.budget
@@ -130,7 +131,7 @@ func listenShm(sd *sockDevice, spec DeviceSpec, opts Options) error {
 	if ring == 0 {
 		ring = DefaultShmRing
 	}
-	if !validRingSize(ring) {
+	if !shmring.ValidSize(ring) {
 		return fmt.Errorf("device %s: shm ring size %d is not a power of two in %d..%d", spec.Name, ring, MinShmRing, MaxShmRing)
 	}
 	spin := opts.ShmSpin
@@ -419,7 +420,7 @@ func (sd *sockDevice) acceptProved(uc *net.UnixConn, proc procKey, h shmHelloMsg
 		}
 	}()
 	ring := min(sd.shm.ringSize, int(h.ringSize))
-	ends, err := newShmEnds(ring)
+	ends, err := shmring.NewEnds(ring)
 	if err != nil {
 		refuse(helloResources, err.Error())
 		return
@@ -435,23 +436,23 @@ func (sd *sockDevice) acceptProved(uc *net.UnixConn, proc procKey, h shmHelloMsg
 	mineStands := p.dialing || (p.conn != nil && p.conn.dialedByMe)
 	if !peerWins && mineStands {
 		p.mu.Unlock()
-		sio.close()
+		sio.Close()
 		refuse(helloDuplicate, "a connection dialed the other way wins")
 		return
 	}
-	_, _, err = uc.WriteMsgUnix(encodeShmReady(out[:], helloOK), unix.UnixRights(sio.passFds()...), nil)
-	sio.closePassed()
+	_, _, err = uc.WriteMsgUnix(encodeShmReady(out[:], helloOK), unix.UnixRights(sio.PassFds()...), nil)
+	sio.ClosePassed()
 	if err == nil {
 		err = sio.attach(uc)
 	}
 	if err != nil {
 		p.mu.Unlock()
-		sio.close()
+		sio.Close()
 		sd.log().Info("shm handshake failed", "from", h.src.String(), "reason", err.Error())
 		_ = uc.Close()
 		return
 	}
-	sio.pollers = &sd.pollers
+	sio.Polls = &sd.polls
 	c := newConn(sd, p, sio, hello{session: h.session, src: h.src, maxMsg: h.maxMsg}, false, sd.shm.path, fmt.Sprintf("pid %d", h.pid))
 	c.proc = proc
 	old := sd.adoptLocked(p, c, reserved)
@@ -585,16 +586,16 @@ func (p *peer) proveShm(ctx context.Context, g *shmGreeting) error {
 		_ = uc.Close()
 		return err
 	}
-	ends, err := newShmEnds(sd.shm.ringSize)
+	ends, err := shmring.NewEnds(sd.shm.ringSize)
 	if err != nil {
 		return fail(err)
 	}
 	sig := ed25519.Sign(sd.shm.id.key, shmTranscript(shmSignDialer, g.helloMsg, g.ackMsg, g.ino))
 	var b [shmMaxMsgLen + 1]byte
-	_, _, err = uc.WriteMsgUnix(encodeShmProof(b[:], sig), unix.UnixRights(ends.fds()...), nil)
-	ends.closePassed()
+	_, _, err = uc.WriteMsgUnix(encodeShmProof(b[:], sig), unix.UnixRights(ends.Fds()...), nil)
+	ends.ClosePassed()
 	if err != nil {
-		ends.release()
+		ends.Release()
 		return fail(fmt.Errorf("send PROOF to %s: %w", path, err))
 	}
 	n, fds, err := readShmMsg(uc, b[:], shmHelloFds)
@@ -607,7 +608,7 @@ func (p *peer) proveShm(ctx context.Context, g *shmGreeting) error {
 	}
 	if err != nil {
 		closeAll(fds)
-		ends.release()
+		ends.Release()
 		return fail(fmt.Errorf("handshake with %s: %w", path, err))
 	}
 	var refused error
@@ -623,7 +624,7 @@ func (p *peer) proveShm(ctx context.Context, g *shmGreeting) error {
 		refused = fmt.Errorf("%s could not set up its ring", path)
 	}
 	if refused != nil {
-		ends.release()
+		ends.Release()
 		return fail(refused)
 	}
 	sio, err := sd.shm.join(ends, sd.shm.ringSize, int(a.ringSize), fds)
@@ -631,10 +632,10 @@ func (p *peer) proveShm(ctx context.Context, g *shmGreeting) error {
 		return fail(err)
 	}
 	if err := sio.attach(uc); err != nil {
-		sio.close()
+		sio.Close()
 		return fail(err)
 	}
-	sio.pollers = &sd.pollers
+	sio.Polls = &sd.polls
 	c := newConn(sd, p, sio, hello{session: a.session, src: a.src, maxMsg: a.maxMsg}, true, sd.shm.path, fmt.Sprintf("pid %d", a.pid))
 	p.mu.Lock()
 	old := sd.adoptLocked(p, c, false)

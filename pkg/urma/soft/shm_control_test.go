@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // loggedShmDeviceAndFakePeer is an shm device whose log the test reads, and
@@ -54,7 +55,7 @@ func TestShmHostileControlMessages(t *testing.T) {
 				fds := make([]int, c.fds)
 				for i := range fds {
 					var err error
-					fds[i], err = newEventfd()
+					fds[i], err = unix.Eventfd(0, unix.EFD_CLOEXEC)
 					mustOK(t, err, "eventfd")
 				}
 				defer closeAll(fds)
@@ -181,7 +182,7 @@ func readOnlyMemfd(t *testing.T) int {
 	mem, err := urma.AllocMemory(4096)
 	mustOK(t, err, "alloc")
 	t.Cleanup(func() { _ = mem.Free() })
-	fd, err := reopenReadOnly(mem.Fd())
+	fd, err := shmring.ReopenReadOnly(mem.Fd())
 	mustOK(t, err, "reopen")
 	return fd
 }

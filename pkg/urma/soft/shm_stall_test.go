@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/framebound"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // stalledFrames are starts of frames a peer writes and then stops: the
@@ -48,19 +50,19 @@ func TestShmMidFrameStallFailsReader(t *testing.T) {
 		for _, poller := range []bool{true, false} {
 			who := "reader goroutine"
 			// The reader goroutine sleeps on its eventfd until the bound:
-			// once, and a spare for a wake-up. A poller parks for pollPark
+			// once, and a spare for a wake-up. A poller parks for shmring.PollPark
 			// at a time, each park but the last lasting at least that. One
 			// that spins wakes up far more often, or never blocks at all.
 			most := uint64(2)
 			if poller {
 				who = "poller"
-				most = uint64(stall/pollPark) + 1
+				most = uint64(stall/shmring.PollPark) + 1
 			}
 			t.Run(frame.name+", "+who, func(t *testing.T) {
 				for try := 1; ; try++ {
 					r := readStalledFrame(t, sd, stall, frame.bytes, nil, poller)
 					got, elapsed := r.err, r.elapsed
-					if !errors.Is(got, errPeerStalled) || !strings.Contains(got.Error(), fmt.Sprintf("peer stalled mid-frame for %v", stall)) {
+					if !errors.Is(got, framebound.ErrStalled) || !strings.Contains(got.Error(), fmt.Sprintf("peer stalled mid-frame for %v", stall)) {
 						t.Fatalf("the %s gave up with %v, want the peer stalled mid-frame for %v", who, got, stall)
 					}
 					if elapsed < stall {
@@ -130,7 +132,7 @@ type stalledRead struct {
 func stallConn(t *testing.T, sd *sockDevice, ringSize int, stall time.Duration) (c *conn, local, remote *shmIO) {
 	t.Helper()
 	local, remote = shmPair(t, ringSize, -1)
-	local.stall = stall
+	local.Stall = stall
 	eid, err := ShmEID()
 	mustOK(t, err, "EID")
 	pr, err := sd.peer(eid)
@@ -173,13 +175,13 @@ func readStalledFrame(t *testing.T, sd *sockDevice, stall time.Duration, start [
 	select {
 	case err = <-done:
 	case <-time.After(stall + 20*time.Second):
-		local.shutdown() // out of the wait before the rings are unmapped
+		local.Shutdown() // out of the wait before the rings are unmapped
 		<-done
 		t.Fatalf("the read still waits for the rest of the frame (poller %v)", poller)
 	}
-	r := stalledRead{c: c, poller: poller, err: err, elapsed: time.Since(began), blocks: local.restParks.Load()}
+	r := stalledRead{c: c, poller: poller, err: err, elapsed: time.Since(began), blocks: local.RestParks()}
 	if !poller {
-		r.blocks = local.local.word(offReaderWait).Load() / 2 // odd going to sleep, even awake
+		r.blocks = local.Word(shmring.WordReaderSleeps).Load() / 2 // odd going to sleep, even awake
 	}
 	return r
 }
@@ -202,23 +204,23 @@ func (r stalledRead) checkPollerFailed(t *testing.T) {
 // IMPORT_JETTY, and grants it.
 func grantImport(f *shmIO) error {
 	for {
-		if err := f.idle(); err != nil {
+		if err := f.Idle(); err != nil {
 			return err
 		}
 		var hdr [5]byte
-		if err := f.readFull(hdr[:]); err != nil {
+		if err := f.ReadFull(hdr[:]); err != nil {
 			return err
 		}
 		n := int(be.Uint32(hdr[:4]))
 		if hdr[4] != frameImportJetty {
-			if err := f.discard(n - 1); err != nil {
+			if err := f.Discard(n - 1); err != nil {
 				return err
 			}
 			continue
 		}
 		body := make([]byte, n)
 		body[0] = hdr[4]
-		if err := f.readFull(body[1:]); err != nil {
+		if err := f.ReadFull(body[1:]); err != nil {
 			return err
 		}
 		r, err := decodeImportJetty(body)
@@ -228,16 +230,6 @@ func grantImport(f *shmIO) error {
 		var rb [4 + importRespLen]byte
 		return f.write(encodeImportResp(rb[:], r.req, urma.CodeSuccess))
 	}
-}
-
-// writeUnannounced writes p into f's ring and publishes it without waking
-// the reader, as a peer may: only a poller takes it.
-func writeUnannounced(f *shmIO, p []byte) {
-	off := f.tail & f.wmask
-	k := copy(f.local.ring[off:], p)
-	copy(f.local.ring, p[k:])
-	f.tail += uint64(len(p))
-	f.local.word(offTail).Store(f.tail)
 }
 
 // A peer process that stops in the middle of a frame it writes to a
@@ -259,8 +251,8 @@ func TestShmStalledPeerFailsOutstandingSends(t *testing.T) {
 			mustOK(t, f.write(p), "write the start of the frame")
 		}, false},
 		{"the peer leaves the frame to a Poll", func(t *testing.T, f *shmIO, p []byte) {
-			waitUntil(t, "the device's reader to sleep", func() bool { return f.remote.word(offReaderWait).Load()&1 == 1 })
-			writeUnannounced(f, p)
+			waitUntil(t, "the device's reader to sleep", func() bool { return f.PeerWord(shmring.WordReaderSleeps)&1 == 1 })
+			f.WriteUnannounced(p)
 		}, true},
 	}
 	for _, c := range cases {
@@ -277,7 +269,7 @@ func TestShmStalledPeerFailsOutstandingSends(t *testing.T) {
 			defer cancel()
 			target, err := a.ctx.ImportJetty(ctx, urma.JettyID{EID: fake, ID: 5}, urma.RC, 7)
 			if err != nil {
-				f.shutdown()
+				f.Shutdown()
 				<-granted
 				t.Fatalf("import from the fake peer: %v", err)
 			}
@@ -299,7 +291,7 @@ func TestShmStalledPeerFailsOutstandingSends(t *testing.T) {
 			if elapsed < peerTO {
 				t.Errorf("the connection failed %v after the peer stalled, before PeerTimeout %v", elapsed, peerTO)
 			}
-			if err := conn.deathCause(); !errors.Is(err, errPeerStalled) {
+			if err := conn.deathCause(); !errors.Is(err, framebound.ErrStalled) {
 				t.Errorf("the connection died of %v, want the peer stalled mid-frame", err)
 			}
 			want := fmt.Sprintf("peer stalled mid-frame for %v", peerTO)
@@ -346,7 +338,7 @@ func trickledFrames(dst, token uint32) (frame []byte, starts []struct {
 // A live peer that trickles a frame, a byte at a time with gaps well under
 // the stall bound (so that no single wait times out), must not hold the
 // connection's reader for good either: the waits for the frame's rest add
-// up, and once they pass the frame's bound (frameBound: the stall bound
+// up, and once they pass the frame's bound (framebound.For: the stall bound
 // and next to nothing for the few bytes that came) the reader, a Poll or
 // the reader goroutine, fails with an error that says the peer stalled
 // mid-frame, wherever in the frame the trickle starts.
@@ -367,7 +359,7 @@ func TestShmTricklingPeerFailsReader(t *testing.T) {
 			t.Run(at.name+", "+who, func(t *testing.T) {
 				r := readStalledFrame(t, sd, stall, frame[:at.n], func(remote *shmIO) error { return trickle(remote, frame[at.n:], gap, nil) }, poller)
 				got, elapsed := r.err, r.elapsed
-				if !errors.Is(got, errPeerStalled) || !strings.Contains(got.Error(), "peer stalled mid-frame: waited") {
+				if !errors.Is(got, framebound.ErrStalled) || !strings.Contains(got.Error(), "peer stalled mid-frame: waited") {
 					t.Fatalf("the %s gave up with %v, want the peer stalled mid-frame, past the frame's bound", who, got)
 				}
 				if elapsed < stall {
@@ -413,12 +405,12 @@ func TestShmTricklingPeerFailsOutstandingSends(t *testing.T) {
 			first := starts[1].n // inside the payload, being copied into the receive
 			put := f.write
 			if c.poll {
-				waitUntil(t, "the device's reader to sleep", func() bool { return f.remote.word(offReaderWait).Load()&1 == 1 })
+				waitUntil(t, "the device's reader to sleep", func() bool { return f.PeerWord(shmring.WordReaderSleeps)&1 == 1 })
 				put = func(p []byte) error {
-					if f.closed.Load() {
-						return errConnDead
+					if f.Closed() {
+						return shmring.ErrClosed
 					}
-					writeUnannounced(f, p)
+					f.WriteUnannounced(p)
 					return nil
 				}
 			}
@@ -433,7 +425,7 @@ func TestShmTricklingPeerFailsOutstandingSends(t *testing.T) {
 			if elapsed < peerTO {
 				t.Errorf("the connection failed %v after the peer started trickling, before PeerTimeout %v", elapsed, peerTO)
 			}
-			if err := ft.conn.deathCause(); !errors.Is(err, errPeerStalled) {
+			if err := ft.conn.deathCause(); !errors.Is(err, framebound.ErrStalled) {
 				t.Errorf("the connection died of %v, want the peer stalled mid-frame", err)
 			}
 			waitUntil(t, "the device to log why it closed the connection", func() bool {
@@ -446,7 +438,7 @@ func TestShmTricklingPeerFailsOutstandingSends(t *testing.T) {
 // A slow but healthy peer writing a large frame, in pieces with pauses
 // between them, takes longer in all than the stall bound, and its reader
 // waits longer in all than the stall bound too: the frame's bound grows
-// with what arrives (frameBound), so the frame is read whole and the
+// with what arrives (framebound.For), so the frame is read whole and the
 // connection stays up, whether a Poll or the reader goroutine reads it.
 func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 	const (
@@ -487,7 +479,7 @@ func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 						t.Fatalf("the poller failed the connection: %v", err)
 					}
 				case <-time.After(20 * time.Second): // a hang, not a measurement
-					local.shutdown()
+					local.Shutdown()
 					<-done
 					t.Fatal("the poller still reads the frame")
 				}
@@ -495,17 +487,17 @@ func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 				// The reader goroutine reads on: shut it down once it has
 				// read the frame, or see why it stopped before.
 				waitUntil(t, "the reader goroutine to read the frame", func() bool {
-					return local.rx.Load() == frameLen || len(done) > 0
+					return localRx(local) == frameLen || len(done) > 0
 				})
-				local.shutdown()
-				if err := <-done; !errors.Is(err, errConnDead) {
+				local.Shutdown()
+				if err := <-done; !errors.Is(err, shmring.ErrClosed) {
 					t.Fatalf("the reader goroutine gave up with %v, want it to read the frame whole", err)
 				}
 			}
 			if elapsed := time.Since(start); elapsed <= stall {
 				t.Fatalf("the frame took %v, no longer than the stall bound %v: nothing tested", elapsed, stall)
 			}
-			if got := local.rx.Load(); got != frameLen {
+			if got := localRx(local); got != frameLen {
 				t.Errorf("read %d bytes of the %d-byte frame", got, frameLen)
 			}
 		})

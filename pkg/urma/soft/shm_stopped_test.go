@@ -41,7 +41,7 @@ func newFakeTarget(t *testing.T, opts Options, jc urma.JettyConfig) *fakeTarget 
 	var err error
 	ft.target, err = ft.a.ctx.ImportJetty(ctx, urma.JettyID{EID: fake, ID: 5}, jc.Mode, 7)
 	if err != nil {
-		ft.f.shutdown()
+		ft.f.Shutdown()
 		<-granted
 		t.Fatalf("import from the fake peer: %v", err)
 	}
@@ -55,24 +55,24 @@ func newFakeTarget(t *testing.T, opts Options, jc urma.JettyConfig) *fakeTarget 
 // peer's ring, sleeping until one comes: its type and, for a SEND, its
 // header (the payload is read and dropped).
 func readFakeFrame(f *shmIO) (typ byte, h sendHeader, err error) {
-	if err = f.idle(); err != nil {
+	if err = f.Idle(); err != nil {
 		return 0, h, err
 	}
 	var hdr [4 + sendHdrLen]byte
-	if err = f.readFull(hdr[:5]); err != nil {
+	if err = f.ReadFull(hdr[:5]); err != nil {
 		return 0, h, err
 	}
 	n, typ := be.Uint32(hdr[:4]), hdr[4]
 	if typ != frameSend {
-		return typ, h, f.discard(int(n) - 1)
+		return typ, h, f.Discard(int(n) - 1)
 	}
-	if err = f.readFull(hdr[5:]); err != nil {
+	if err = f.ReadFull(hdr[5:]); err != nil {
 		return typ, h, err
 	}
 	if err = decodeSendHeader(hdr[4:], n, &h); err != nil {
 		return typ, h, err
 	}
-	return typ, h, f.discard(int(h.length))
+	return typ, h, f.Discard(int(h.length))
 }
 
 // goFake runs the fake peer's part of a test in a goroutine, which the
@@ -87,7 +87,7 @@ func goFake(t *testing.T, f *shmIO, run func() error) <-chan error {
 		done <- run()
 	}()
 	t.Cleanup(func() {
-		f.shutdown()
+		f.Shutdown()
 		wg.Wait()
 	})
 	return done
@@ -204,8 +204,8 @@ func TestShmPeerStopsReading(t *testing.T) {
 			mustOK(t, ft.a.send(ft.target, 1, 0, 4*MinShmRing, 0), "send")
 			mustOK(t, ft.a.send(ft.target, 2, 0, 64, 0), "send")
 			if c.read > 0 {
-				mustOK(t, ft.f.idle(), "wait for the frame")
-				mustOK(t, ft.f.discard(c.read), "read part of it")
+				mustOK(t, ft.f.Idle(), "wait for the frame")
+				mustOK(t, ft.f.Discard(c.read), "read part of it")
 			}
 			if !c.close {
 				checkStopped(t, ft, start, 2, 0, peerTO, errPeerNotReading)
@@ -279,9 +279,9 @@ func TestShmBusyPeerIsNotFailed(t *testing.T) {
 	}{
 		{"it reads a little of a large frame at a time", urma.JettyConfig{}, func(t *testing.T, ft *fakeTarget) []urma.Status {
 			mustOK(t, ft.a.send(ft.target, 1, 0, 4*MinShmRing, 0), "send")
-			mustOK(t, ft.f.idle(), "wait for the frame")
+			mustOK(t, ft.f.Idle(), "wait for the frame")
 			var hb [4 + sendHdrLen]byte
-			mustOK(t, ft.f.readFull(hb[:]), "read the SEND's header")
+			mustOK(t, ft.f.ReadFull(hb[:]), "read the SEND's header")
 			var h sendHeader
 			mustOK(t, decodeSendHeader(hb[4:], be.Uint32(hb[:4]), &h), "decode the SEND's header")
 			left := int(h.length)
@@ -289,12 +289,12 @@ func TestShmBusyPeerIsNotFailed(t *testing.T) {
 				// The device's writer refills the ring as soon as it is
 				// read, so the bytes are there at every pass.
 				k := min(left, 4<<10)
-				if err := ft.f.discard(k); err != nil {
+				if err := ft.f.Discard(k); err != nil {
 					t.Errorf("read a little: %v", err)
 				}
 				left -= k
 			})
-			mustOK(t, ft.f.discard(left), "read the rest")
+			mustOK(t, ft.f.Discard(left), "read the rest")
 			mustOK(t, fakeAnswer(ft.f, &h, urma.StatusSuccess, 0), "answer")
 			return []urma.Status{urma.StatusSuccess}
 		}},
@@ -376,7 +376,7 @@ func TestShmBusyPeerIsNotFailed(t *testing.T) {
 			frame := encodeSendHeader(make([]byte, 4+sendHdrLen), &sendHeader{
 				opcode: urma.OpSend, src: 5, dst: ft.a.jetty.ID().ID, token: 7, tag: 1, length: 64})
 			mustOK(t, ft.f.write(append(frame, make([]byte, 64)...)), "send to the device")
-			mustOK(t, ft.f.idle(), "wait for the device's answer")
+			mustOK(t, ft.f.Idle(), "wait for the device's answer")
 			pace(t, ft, passes, nil)
 			return nil
 		}},

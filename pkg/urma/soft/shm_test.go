@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // Messages of every size, up to many times the ring, arrive whole and in
@@ -180,11 +181,11 @@ func TestShmHostileHandshakes(t *testing.T) {
 		return p[:]
 	}
 	honestRing := func(t *testing.T) []int {
-		e, err := newShmEnds(MinShmRing)
+		e, err := shmring.NewEnds(MinShmRing)
 		mustOK(t, err, "ends")
-		t.Cleanup(e.release)
+		t.Cleanup(e.Release)
 		fds := make([]int, 3)
-		for i, fd := range e.fds() {
+		for i, fd := range e.Fds() {
 			fds[i], err = unix.Dup(fd)
 			mustOK(t, err, "dup")
 		}
@@ -219,7 +220,7 @@ func TestShmHostileHandshakes(t *testing.T) {
 		{"unsealed ring", nil, func(t *testing.T) []int {
 			fd, err := unix.MemfdCreate("x", unix.MFD_CLOEXEC)
 			mustOK(t, err, "memfd")
-			mustOK(t, unix.Ftruncate(fd, shmCtlSize+MinShmRing), "truncate")
+			mustOK(t, unix.Ftruncate(fd, shmring.CtlSize+MinShmRing), "truncate")
 			e1, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 			e2, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 			return []int{fd, e1, e2}
@@ -297,27 +298,27 @@ func fakeShmPeer(t *testing.T, sd *sockDevice) (*shmIO, urma.EID) {
 	t.Helper()
 	nc, err := net.Dial("unixpacket", sd.shm.path)
 	mustOK(t, err, "dial")
-	ends, err := newShmEnds(MinShmRing)
+	ends, err := shmring.NewEnds(MinShmRing)
 	mustOK(t, err, "ends")
 	me, fds, peerRing := shmHello(t, nc, ends, sd)
 	sio, err := newShmIO(ends, MinShmRing, peerRing, fds, -1)
 	mustOK(t, err, "join rings")
 	mustOK(t, sio.attach(nc), "attach")
-	t.Cleanup(func() { sio.shutdown(); sio.close() })
+	t.Cleanup(func() { sio.Shutdown(); sio.Close() })
 	return sio, me
 }
 
 // shmHello handshakes over nc as a dialer would, with a key of its own,
 // passing ends' descriptors, and returns the EID it proved, the device's
 // descriptors and ring size.
-func shmHello(t *testing.T, nc net.Conn, ends *shmEnds, sd *sockDevice) (me urma.EID, fds []int, peerRing int) {
+func shmHello(t *testing.T, nc net.Conn, ends *shmring.Ends, sd *sockDevice) (me urma.EID, fds []int, peerRing int) {
 	t.Helper()
 	d := shmGreetAs(t, nc.(*net.UnixConn), testShmIdentity(t), sd.eid, sd.shm.bootID, MinShmRing)
 	if d.ack.status != helloOK {
 		t.Fatalf("HELLO_ACK %+v", d.ack)
 	}
-	status, fds, err := d.prove(d.sign(), ends.fds())
-	ends.closePassed()
+	status, fds, err := d.prove(d.sign(), ends.Fds())
+	ends.ClosePassed()
 	if err != nil || status != helloOK {
 		closeAll(fds)
 		t.Fatalf("READY %d, %v", status, err)
@@ -332,8 +333,8 @@ func TestShmCorruptRing(t *testing.T) {
 		name    string
 		corrupt func(f *shmIO)
 	}{
-		{"tail past the ring", func(f *shmIO) { f.local.word(offTail).Store(f.wsize + 1) }},
-		{"head past what was written", func(f *shmIO) { f.local.word(offHead).Store(12345) }},
+		{"tail past the ring", func(f *shmIO) { f.Word(shmring.WordTail).Store(uint64(f.Size()) + 1) }},
+		{"head past what was written", func(f *shmIO) { f.Word(shmring.WordHead).Store(12345) }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p, sink := loggedProvider(t, shmOpts(t))
@@ -344,7 +345,7 @@ func TestShmCorruptRing(t *testing.T) {
 			a := newSide(t, p, urma.JettyConfig{}, 64)
 			deadline := time.Now().Add(5 * time.Second)
 			c.corrupt(f)
-			mustOK(t, signal(f.peerDataFd), "wake the device")
+			mustOK(t, f.WakePeer(), "wake the device")
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
@@ -466,7 +467,7 @@ func pollUntil(t *testing.T, q urma.JFC, n int) []urma.Completion {
 func (p *Provider) wakes() uint64 {
 	var n uint64
 	for _, c := range p.conns() {
-		n += c.io.(*shmIO).wakes.Load()
+		n += c.io.(*shmIO).Wakes()
 	}
 	return n
 }
@@ -486,7 +487,7 @@ func keepPollingMode(p *Provider) {
 func readerSleeps(p *Provider) []uint64 {
 	var out []uint64
 	for _, c := range p.conns() {
-		out = append(out, c.io.(*shmIO).local.word(offReaderWait).Load())
+		out = append(out, c.io.(*shmIO).Word(shmring.WordReaderSleeps).Load())
 	}
 	return out
 }
@@ -520,7 +521,7 @@ func TestShmPollingCostsNoWakeUps(t *testing.T) {
 	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
 	ta, tb := a.importJetty(b), b.importJetty(a)
 	for _, c := range append(pa.conns(), pb.conns()...) {
-		if got := c.io.(*shmIO).pollingEnd; got != math.MaxInt {
+		if got := c.io.(*shmIO).PollingEnd; got != math.MaxInt {
 			t.Fatalf("connection ends polling mode after %d parks, want the device's %d", got, math.MaxInt)
 		}
 	}
@@ -758,10 +759,9 @@ func TestShmHostileSendRef(t *testing.T) {
 			_, f, sink := loggedShmDeviceAndFakePeer(t)
 			var b [maxFrameHdr]byte
 			frame := encodeSendRef(b[:], &sendHeader{opcode: urma.OpSend, dst: 1, token: 7, tag: 1}, c.refs)
-			if rest, err := f.writev(appendIov(nil, frame), true); err != nil || len(rest) != 0 {
+			if rest, err := f.Writev(appendIov(nil, frame), true); err != nil || len(rest) != 0 {
 				t.Fatalf("write frame: %v", err)
 			}
-			mustOK(t, f.published(), "publish")
 			waitUntil(t, "the device to log the violation", func() bool { return sink.has(c.log) })
 		})
 	}
@@ -1253,14 +1253,14 @@ func TestShmNoDescriptorOrRingLeaks(t *testing.T) {
 			nc, err := net.Dial("unixpacket", sd.shm.path)
 			mustOK(t, err, "dial")
 			defer nc.Close()
-			e, err := newShmEnds(MinShmRing)
+			e, err := shmring.NewEnds(MinShmRing)
 			mustOK(t, err, "ends")
-			defer e.release()
+			defer e.Release()
 			var pipe [2]int
 			mustOK(t, unix.Pipe2(pipe[:], unix.O_CLOEXEC), "pipe")
 			defer closeAll(pipe[:])
 			d := shmGreetAs(t, nc.(*net.UnixConn), testShmIdentity(t), sd.eid, sd.shm.bootID, MinShmRing)
-			status, fds, err := d.prove(d.sign(), []int{e.localRO, pipe[0], pipe[1]})
+			status, fds, err := d.prove(d.sign(), []int{e.Fds()[0], pipe[0], pipe[1]})
 			closeAll(fds)
 			if err == nil && status != helloRefused {
 				t.Fatalf("READY %d: want a refusal", status)
@@ -1329,7 +1329,7 @@ func TestShmOnlyPollingModeJFCsCount(t *testing.T) {
 	polled, err := ctx.CreateJFC(urma.JFCConfig{Depth: 16})
 	mustOK(t, err, "create JFC")
 	defer polled.Close()
-	polls := &p.devices[0].sock.pollers.polls
+	polls := &p.devices[0].sock.polls
 	buf := make([]urma.Completion, 4)
 	for _, c := range []struct {
 		name string
@@ -1484,7 +1484,7 @@ func TestShmPollerNeverSleepsOnDataEventfd(t *testing.T) {
 			close(stopPoll)
 			cb.fail(errors.New("test gives up"))
 			for {
-				_ = addOne(cb.io.(*shmIO).dataFd)
+				cb.io.(*shmIO).WakeSelf()
 				select {
 				case <-pollDone:
 					return
@@ -1492,74 +1492,6 @@ func TestShmPollerNeverSleepsOnDataEventfd(t *testing.T) {
 				}
 			}
 		}
-	}
-}
-
-// The peer gets a read-only descriptor of this side's ring region, but
-// could reopen the file read-write through /proc/self/fd: the region is
-// sealed so that no new writable mapping or write(2) succeeds, while the
-// owner's own mapping stays writable.
-func TestShmRegionSealedAgainstPeerWrites(t *testing.T) {
-	probe, err := unix.MemfdCreate("probe", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	mustOK(t, err, "memfd")
-	_, err = unix.FcntlInt(uintptr(probe), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE)
-	_ = unix.Close(probe)
-	if errors.Is(err, unix.EINVAL) {
-		t.Skip("kernel without F_SEAL_FUTURE_WRITE (before 5.1)")
-	}
-	r, ro, err := newShmRegion(4096)
-	mustOK(t, err, "region")
-	defer r.unmap()
-	defer unix.Close(ro)
-	seals, err := unix.FcntlInt(uintptr(ro), unix.F_GET_SEALS, 0)
-	mustOK(t, err, "get seals")
-	if want := unix.F_SEAL_FUTURE_WRITE | unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW; seals&want != want {
-		t.Fatalf("region seals %#x, want %#x among them", seals, want)
-	}
-	rw, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", ro), unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err == nil {
-		defer unix.Close(rw)
-		if m, err := unix.Mmap(rw, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
-			_ = unix.Munmap(m)
-			t.Error("a reopened descriptor mapped the region writable")
-		}
-		if _, err := unix.Pwrite(rw, []byte("x"), int64(shmCtlSize)); err == nil {
-			t.Error("a reopened descriptor wrote into the region")
-		}
-	}
-	r.ring[0] = 0x5a // the owner still writes its ring
-	if r.ring[0] != 0x5a {
-		t.Fatal("the owner's mapping lost its write")
-	}
-}
-
-// The peer shares this side's own eventfds too, and can make them blocking.
-// A sleep on one must still end at its deadline: a read(2) of a zero
-// counter on a blocking eventfd would hold the thread for good, past the
-// stall bound that fails a stopped peer.
-func TestEventWaiterSleepsOnABlockingEventfd(t *testing.T) {
-	fd, err := newEventfd()
-	mustOK(t, err, "eventfd")
-	w, err := newEventWaiter(fd, "data")
-	mustOK(t, err, "waiter")
-	defer w.f.Close()
-	mustOK(t, unix.SetNonblock(fd, false), "clear O_NONBLOCK as the peer may")
-	for _, signalled := range []bool{false, true} {
-		if signalled {
-			mustOK(t, addOne(fd), "signal")
-		}
-		done := make(chan error, 1)
-		go func() { done <- w.sleep(time.Now().Add(20 * time.Millisecond)) }()
-		select {
-		case err := <-done:
-			mustOK(t, err, "sleep")
-		case <-time.After(10 * time.Second):
-			t.Fatalf("signalled %v: the sleep on a blocking eventfd did not end at its deadline", signalled)
-		}
-	}
-	// The signal was taken: the counter is zero again.
-	if err := w.reset(uintptr(fd)); !errors.Is(err, unix.EAGAIN) {
-		t.Fatalf("reset after the signalled sleep: %v, want EAGAIN (a zero counter)", err)
 	}
 }
 
@@ -1586,14 +1518,14 @@ func TestShmHostileBlockingEventfd(t *testing.T) {
 			nc, err := net.Dial("unixpacket", sd.shm.path)
 			mustOK(t, err, "dial")
 			defer nc.Close()
-			ends, err := newShmEnds(MinShmRing)
+			ends, err := shmring.NewEnds(MinShmRing)
 			mustOK(t, err, "ends")
-			defer ends.release()
+			defer ends.Release()
 			hostile := func() {
-				mustOK(t, unix.SetNonblock(ends.dataFd, false), "make the data eventfd blocking")
+				mustOK(t, unix.SetNonblock(ends.Fds()[1], false), "make the data eventfd blocking")
 				var full [8]byte
 				binary.NativeEndian.PutUint64(full[:], 0xfffffffffffffffe)
-				_, err := unix.Write(ends.dataFd, full[:])
+				_, err := unix.Write(ends.Fds()[1], full[:])
 				mustOK(t, err, "fill the counter")
 			}
 			if !c.afterJoin {
@@ -1604,7 +1536,7 @@ func TestShmHostileBlockingEventfd(t *testing.T) {
 			if c.afterJoin {
 				hostile()
 			}
-			ends.local.word(offReaderWait).Store(1) // "my reader sleeps: wake me"
+			ends.Word(shmring.WordReaderSleeps).Store(1) // "my reader sleeps: wake me"
 
 			s := newSide(t, p, urma.JettyConfig{}, 64)
 			done := make(chan error, 1)

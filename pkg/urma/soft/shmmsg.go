@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // Messages on an shm connection's unix socket (SOCK_SEQPACKET, one message
@@ -27,19 +28,18 @@ const (
 	shmMsgProof     = 6 // dialer's signature of the transcript; descriptors: region, data eventfd, space eventfd
 	shmMsgReady     = 7 // acceptor's last word; the same descriptors when the status is OK
 
-	shmMsgHdrLen   = 8
-	shmNonceLen    = 32
-	shmSigLen      = 64
-	shmHelloLen    = shmMsgHdrLen + 72 + shmNonceLen + 32 + shmSigLen
-	shmProofLen    = shmMsgHdrLen + shmSigLen
-	shmReadyLen    = shmMsgHdrLen
-	shmSegMsgLen   = shmMsgHdrLen + 16
-	shmMaxMsgLen   = shmHelloLen
-	shmHelloFds    = 3
-	shmSegMapFds   = 1
-	shmMaxFds      = shmHelloFds
-	bootIDLen      = 16
-	shmRingSizeMin = MinShmRing
+	shmMsgHdrLen = 8
+	shmNonceLen  = 32
+	shmSigLen    = 64
+	shmHelloLen  = shmMsgHdrLen + 72 + shmNonceLen + 32 + shmSigLen
+	shmProofLen  = shmMsgHdrLen + shmSigLen
+	shmReadyLen  = shmMsgHdrLen
+	shmSegMsgLen = shmMsgHdrLen + 16
+	shmMaxMsgLen = shmHelloLen
+	shmHelloFds  = 3
+	shmSegMapFds = 1
+	shmMaxFds    = shmHelloFds
+	bootIDLen    = 16
 )
 
 // HELLO_ACK and READY statuses beyond the socket fabric's (helloOK,
@@ -137,7 +137,7 @@ func decodeShmHello(b []byte) (shmHelloMsg, error) {
 		return h, fmt.Errorf("shm hello from a zero EID")
 	case typ == shmMsgHello && !zero(h.sig[:]):
 		return h, fmt.Errorf("shm HELLO carries a signature")
-	case status == helloOK && !validRingSize(int(h.ringSize)):
+	case status == helloOK && !shmring.ValidSize(int(h.ringSize)):
 		return h, fmt.Errorf("shm hello ring size %d is not a power of two in %d..%d", h.ringSize, MinShmRing, MaxShmRing)
 	}
 	return h, nil
@@ -191,10 +191,6 @@ func decodeShmReady(b []byte) (status uint8, err error) {
 		return 0, fmt.Errorf("shm READY status %d not allowed", status)
 	}
 	return status, nil
-}
-
-func validRingSize(n int) bool {
-	return n >= MinShmRing && n <= MaxShmRing && n&(n-1) == 0
 }
 
 // shmSegMsg is a SEG_MAP, SEG_MAPPED or SEG_UNMAP.

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/framebound"
 )
 
 const ioBufSize = 128 << 10
@@ -52,7 +53,10 @@ type sockDevice struct {
 	// shmConns is the connections whose rings Poll drives (shm fabric), a
 	// copy replaced on every change, so that Poll takes no lock.
 	shmConns atomic.Pointer[[]*conn]
-	pollers  pollStats
+	// polls counts the Polls of JFCs without a JFCE that drive the rings
+	// (drive): what tells the connections' reader goroutines to enter
+	// polling mode (shmring.Stream.Idle).
+	polls atomic.Uint64
 
 	mu     sync.Mutex
 	closed bool
@@ -350,14 +354,14 @@ func (sd *sockDevice) publishShmConnsLocked() {
 
 // drive lets a poller take what the shm rings hold (see conn.drive);
 // polling says that it polls a JFC without a JFCE, for its own sake (see
-// shmIO.idle).
+// shmring.Stream.Idle).
 func (sd *sockDevice) drive(polling bool) {
 	conns := sd.shmConns.Load()
 	if conns == nil {
 		return
 	}
 	if polling {
-		sd.pollers.polls.Add(1)
+		sd.polls.Add(1)
 	}
 	for _, c := range *conns {
 		c.drive()
@@ -386,7 +390,7 @@ func (sd *sockDevice) adoptLocked(p *peer, c *conn, reserved bool) *conn {
 			sd.releaseLinkLocked(c.proc)
 		}
 		sd.mu.Unlock()
-		c.io.close()
+		c.io.Close()
 		return nil
 	}
 	if !reserved {
@@ -403,7 +407,7 @@ func (sd *sockDevice) adoptLocked(p *peer, c *conn, reserved bool) *conn {
 	sd.log().Info("connected", "peer", p.eid.String(), "dialed", c.dialedByMe, "peerSession", c.session)
 	if s, ok := c.io.(*shmIO); ok {
 		s.watchers.Add(1)
-		sd.prov.goTracked(func() { s.watch(c) })
+		sd.prov.goTracked(func() { s.watch(c.fail) })
 	}
 	sd.prov.goTracked(c.readLoop)
 	sd.prov.goTracked(c.writeLoop)
@@ -479,7 +483,7 @@ func (sd *sockDevice) watchdog() {
 // being written (and so JFR.Close) for as long as it likes. The reader
 // marks a frame from its first byte to its end (sockReader.frame); the
 // frame is timed from the tick that first saw it, so it is failed no
-// earlier than frameBound of the bytes read since (the socket's bytes, as
+// earlier than framebound.For the bytes read since (the socket's bytes, as
 // near to the frame's as the watchdog can tell) and at most a tick later.
 func (sd *sockDevice) watchFrame(c *conn, s *sockIO, rx uint64) bool {
 	f := s.frame.Load()
@@ -491,11 +495,11 @@ func (sd *sockDevice) watchFrame(c *conn, s *sockIO, rx uint64) bool {
 		c.frameSeen, c.frameSince, c.frameRx = f, now, rx
 		return false
 	}
-	waited, bound := now.Sub(c.frameSince), frameBound(sd.peerTO, rx-c.frameRx)
+	waited, bound := now.Sub(c.frameSince), framebound.For(sd.peerTO, rx-c.frameRx)
 	if waited <= bound {
 		return false
 	}
-	c.fail(frameOverdue(waited, bound))
+	c.fail(framebound.Overdue(waited, bound))
 	return true
 }
 
@@ -513,12 +517,12 @@ func (sd *sockDevice) watchFrame(c *conn, s *sockIO, rx uint64) bool {
 // any of them, however slowly, is making progress, and
 // RNR answers are progress: an RNR wait, however long, is no stall.
 func (sd *sockDevice) watchShm(c *conn, s *shmIO, awaited func() map[*peer]bool) {
-	w, ok := s.watchWords()
+	w, ok := s.WatchWords()
 	if !ok {
 		return // closed: its reader fails it
 	}
-	if w.peerTail != c.peerTail || w.peerHead != c.peerHead || w.peerPulled != c.peerPulled {
-		c.peerTail, c.peerHead, c.peerPulled, c.idleTicks = w.peerTail, w.peerHead, w.peerPulled, 0
+	if w.PeerTail != c.peerTail || w.PeerHead != c.peerHead || w.PeerPulled != c.peerPulled {
+		c.peerTail, c.peerHead, c.peerPulled, c.idleTicks = w.PeerTail, w.PeerHead, w.PeerPulled, 0
 		return
 	}
 	why := c.waitsOnPeer(w, awaited)

@@ -251,7 +251,7 @@ func (l *logSink) has(s string) bool {
 // that goes silent is declared dead with the same result, and the log names
 // the configured PeerTimeout (not the default) as the silence it waited out;
 // so is a peer that trickles a frame, never silent for PeerTimeout, once the
-// frame's bound (frameBound) passes.
+// frame's bound (framebound.For) passes.
 // No wall-clock bound: on a loaded machine the watchdog's ticks come late.
 func TestBadPeerFailsOutstandingSends(t *testing.T) {
 	trickled := append(encodeSendHeader(make([]byte, 4+sendHdrLen), &sendHeader{opcode: urma.OpSend, dst: 999, length: 4096}),
@@ -319,7 +319,7 @@ func TestBadPeerFailsOutstandingSends(t *testing.T) {
 
 // A slow but healthy socket peer that writes a large frame in pieces, with
 // pauses between them, takes longer over it than PeerTimeout: the frame's
-// bound grows with what arrives (frameBound), so the connection stays up
+// bound grows with what arrives (framebound.For), so the connection stays up
 // and the answer the peer writes after the frame comes through.
 func TestSocketSlowLargeFrameIsNotFailed(t *testing.T) {
 	// A piece earns PeerTimeout/8, twice the pause, and the pauses add up

@@ -1,14 +1,12 @@
-package soft
+package shmring
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
-	"net"
+	"io"
 	"os"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,39 +16,17 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/openeuler/urma-k8s/internal/memcopy"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/framebound"
 )
 
-// Shared memory of the shm fabric. Each side of a connection owns one
-// region, a sealed memfd: a control page, then the ring it writes its frames
-// into, a byte stream like a socket's. The peer maps it read-only. Every
-// word a side writes lives in its own region, and whatever the peer's region
-// says is checked before it is used. The peer gets a read-only descriptor,
-// and the region is sealed against new writable mappings and write(2)
-// (F_SEAL_FUTURE_WRITE) once its owner mapped it, since a read-only
-// descriptor alone does not stop the peer from reopening the file
-// read-write through /proc/self/fd.
-//
-// Control page words (8 bytes, each on its own cache line):
-//
-//	magic     "URMASHM1", then version u32 and ring size u32
-//	tail      bytes written into this side's ring, ever
-//	head      bytes this side consumed from the peer's ring, ever
-//	rsleep    odd while this side's reader sleeps and wants a data wake-up
-//	wsleep    odd while this side's writer sleeps and wants a space wake-up
-//	pulled    bytes this side copied out of the peer's shared memory, ever
-//	          (one-copy SENDs, pull.go): the progress of a long pull, which
-//	          moves neither tail nor head, for the peer's watchdog; a peer
-//	          that never moves it (an older one) is watched as before
-//
-// Wake-ups cost a syscall only for a side that sleeps. A writer stores tail
-// and then loads the peer's rsleep; a reader stores an odd rsleep and then
-// loads the peer's tail before it blocks. Go's atomics are sequentially
-// consistent, so at least one of the two sees the other's store: no wake-up
-// is lost. The same pair guards space with head and wsleep.
+// Layout of a region's control page: 8-byte words, each on its own cache
+// line (see the package documentation).
 const (
-	shmCtlSize    = 4096
-	shmMagic      = "URMASHM1"
-	shmVersion    = 1
+	// CtlSize is the control page in front of each ring: a region is
+	// CtlSize plus its ring's bytes.
+	CtlSize       = 4096
+	magic         = "URMASHM1"
+	version       = 1
 	offVersion    = 8
 	offRingSize   = 12
 	offTail       = 64
@@ -59,53 +35,64 @@ const (
 	offWriterWait = 256
 	offPulled     = 320
 
-	// MinShmRing and MaxShmRing bound Options.ShmRingSize.
-	MinShmRing = 64 << 10
-	MaxShmRing = 256 << 20
-	// DefaultShmRing is the ring each side of an shm connection writes
-	// into. It is charged to the memory cgroup of the process that
-	// creates it, once per peer device.
-	DefaultShmRing = 2 << 20
-	// DefaultShmSpin is how long an idle shm reader or writer polls
-	// shared memory before it sleeps on its eventfd.
-	DefaultShmSpin = 2 * time.Microsecond
+	// MinSize and MaxSize bound a ring's size, a power of two.
+	MinSize = 64 << 10
+	MaxSize = 256 << 20
 
-	// shmPublishChunk is how many bytes a writer copies before it shows
+	// publishChunk is how many bytes a writer copies before it shows
 	// them to the reader, and a reader before it frees them: large messages
 	// stream through the ring, both sides copying at once, while a frame
-	// below it appears whole, so that a poller can take it (conn.drive).
-	shmPublishChunk = 256 << 10
+	// below it appears whole, so that a poller can take it.
+	publishChunk = 256 << 10
 )
 
-// shmRegion is a mapped region: this side's (read-write) or the peer's
+// ValidSize reports whether n is a ring size a Stream takes: a power of
+// two in MinSize..MaxSize.
+func ValidSize(n int) bool {
+	return n >= MinSize && n <= MaxSize && n&(n-1) == 0
+}
+
+// ErrClosed is the error of every wait and transfer of a Stream once it is
+// shut down.
+var ErrClosed = errors.New("connection closed")
+
+// FaultError is what only a hostile or broken peer makes a Stream fail
+// with (an eventfd it made blocking, a counter it filled): the caller
+// treats it as a violation of its protocol.
+type FaultError struct{ Err error }
+
+func (e FaultError) Error() string { return e.Err.Error() }
+func (e FaultError) Unwrap() error { return e.Err }
+
+// region is a mapped region: this side's (read-write) or the peer's
 // (read-only).
-type shmRegion struct {
+type region struct {
 	mem  []byte
 	ring []byte
 }
 
-func (r *shmRegion) word(off int) *atomic.Uint64 {
+func (r *region) word(off int) *atomic.Uint64 {
 	return (*atomic.Uint64)(unsafe.Pointer(&r.mem[off]))
 }
 
-func (r *shmRegion) unmap() {
-	if r.mem != nil {
+func (r *region) unmap() {
+	if r != nil && r.mem != nil {
 		_ = unix.Munmap(r.mem)
 		r.mem, r.ring = nil, nil
 	}
 }
 
-// newShmRegion creates this side's region: a sealed memfd of the control
+// newRegion creates this side's region: a sealed memfd of the control
 // page plus ringSize bytes, mapped and faulted in at once so that its pages
 // are charged to this process. It returns the mapping and a read-only
 // descriptor of it for the peer.
-func newShmRegion(ringSize int) (*shmRegion, int, error) {
+func newRegion(ringSize int) (*region, int, error) {
 	fd, err := unix.MemfdCreate("urma-shm-ring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, -1, fmt.Errorf("create ring memfd: %w", err)
 	}
 	defer unix.Close(fd)
-	size := shmCtlSize + ringSize
+	size := CtlSize + ringSize
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		return nil, -1, fmt.Errorf("size ring memfd to %d bytes: %w", size, err)
 	}
@@ -120,15 +107,15 @@ func newShmRegion(ringSize int) (*shmRegion, int, error) {
 		_ = unix.Munmap(mem)
 		return nil, -1, err
 	}
-	copy(mem, shmMagic)
-	binary.LittleEndian.PutUint32(mem[offVersion:], shmVersion)
+	copy(mem, magic)
+	binary.LittleEndian.PutUint32(mem[offVersion:], version)
 	binary.LittleEndian.PutUint32(mem[offRingSize:], uint32(ringSize))
-	ro, err := reopenReadOnly(fd)
+	ro, err := ReopenReadOnly(fd)
 	if err != nil {
 		_ = unix.Munmap(mem)
 		return nil, -1, err
 	}
-	return &shmRegion{mem: mem, ring: mem[shmCtlSize:]}, ro, nil
+	return &region{mem: mem, ring: mem[CtlSize:]}, ro, nil
 }
 
 // sealAgainstWriters seals the memfd fd, which its owner has mapped
@@ -148,9 +135,9 @@ func sealAgainstWriters(fd int) error {
 	return nil
 }
 
-// reopenReadOnly opens a second, read-only descriptor of a memfd, so that
+// ReopenReadOnly opens a second, read-only descriptor of a memfd, so that
 // the peer it is passed to can map it for reading only.
-func reopenReadOnly(fd int) (int, error) {
+func ReopenReadOnly(fd int) (int, error) {
 	ro, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("reopen memfd %d read-only through /proc/self/fd: %w", fd, err)
@@ -161,25 +148,25 @@ func reopenReadOnly(fd int) (int, error) {
 // mapPeerRegion maps the peer's region read-only, after checking that it is
 // a sealed memfd of exactly the announced ring size: a region that could
 // shrink would fault this process on access. It takes ownership of fd.
-func mapPeerRegion(fd, ringSize int) (*shmRegion, error) {
+func mapPeerRegion(fd, ringSize int) (*region, error) {
 	defer unix.Close(fd)
-	size, err := sealedSize(fd)
+	size, err := SealedSize(fd)
 	if err != nil {
 		return nil, fmt.Errorf("peer ring: %w", err)
 	}
-	if size != int64(shmCtlSize+ringSize) {
-		return nil, fmt.Errorf("peer ring memfd is %d bytes, want %d", size, shmCtlSize+ringSize)
+	if size != int64(CtlSize+ringSize) {
+		return nil, fmt.Errorf("peer ring memfd is %d bytes, want %d", size, CtlSize+ringSize)
 	}
 	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("map peer ring: %w", err)
 	}
-	r := &shmRegion{mem: mem, ring: mem[shmCtlSize:]}
+	r := &region{mem: mem, ring: mem[CtlSize:]}
 	switch {
-	case string(mem[:8]) != shmMagic:
-		err = fmt.Errorf("peer ring magic %q, want %q", mem[:8], shmMagic)
-	case binary.LittleEndian.Uint32(mem[offVersion:]) != shmVersion:
-		err = fmt.Errorf("peer ring version %d, want %d", binary.LittleEndian.Uint32(mem[offVersion:]), shmVersion)
+	case string(mem[:8]) != magic:
+		err = fmt.Errorf("peer ring magic %q, want %q", mem[:8], magic)
+	case binary.LittleEndian.Uint32(mem[offVersion:]) != version:
+		err = fmt.Errorf("peer ring version %d, want %d", binary.LittleEndian.Uint32(mem[offVersion:]), version)
 	case binary.LittleEndian.Uint32(mem[offRingSize:]) != uint32(ringSize):
 		err = fmt.Errorf("peer ring says %d bytes, its hello %d", binary.LittleEndian.Uint32(mem[offRingSize:]), ringSize)
 	}
@@ -190,8 +177,8 @@ func mapPeerRegion(fd, ringSize int) (*shmRegion, error) {
 	return r, nil
 }
 
-// sealedSize is the size of a memfd that can neither shrink nor grow.
-func sealedSize(fd int) (int64, error) {
+// SealedSize is the size of a memfd that can neither shrink nor grow.
+func SealedSize(fd int) (int64, error) {
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil {
 		return 0, fmt.Errorf("not a sealable memfd: %w", err)
@@ -218,7 +205,7 @@ func sealedSize(fd int) (int64, error) {
 
 // newEventfd creates the eventfd a sleeping reader or writer waits on. The
 // descriptor is shared with the peer, flags included: each side sets
-// O_NONBLOCK on the peer's eventfds when it joins them (newShmIO), so
+// O_NONBLOCK on the peer's eventfds when it joins them (Join), so
 // nothing may rely on blocking mode.
 func newEventfd() (int, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
@@ -247,11 +234,11 @@ func signal(fd int) error {
 		return fmt.Errorf("wake peer: %w", err)
 	}
 	if fl&unix.O_NONBLOCK == 0 {
-		return protocolError{errors.New("peer made its eventfd blocking")}
+		return FaultError{errors.New("peer made its eventfd blocking")}
 	}
 	if err := addOne(fd); err != nil {
 		if errors.Is(err, unix.EAGAIN) {
-			return protocolError{errors.New("peer's eventfd counter is full")}
+			return FaultError{errors.New("peer's eventfd counter is full")}
 		}
 		return fmt.Errorf("wake peer: %w", err)
 	}
@@ -347,13 +334,18 @@ func (w *eventWaiter) sleep(deadline time.Time) error {
 	return err
 }
 
-// errRingCorrupt says the peer wrote control words no honest peer writes.
-var errRingCorrupt = errors.New("peer's ring control words are inconsistent")
+// errCorrupt says the peer wrote control words no honest peer writes.
+var errCorrupt = errors.New("peer's ring control words are inconsistent")
 
-// shmIO is a connection's byte stream over two rings: frames are written
-// into this side's ring and read from the peer's. It implements linkIO.
-type shmIO struct {
-	local, remote *shmRegion
+// Stream is a connection's byte stream over two rings: frames are written
+// into this side's ring and read from the peer's. Its zero value is joined
+// to a peer's ring with Join; from then on one goroutine at a time reads
+// (the reader's token: the connection's reader goroutine, or a poller that
+// set PollerReads) and one writes (the write lock's holder), while
+// WaitWritable, WatchWords, Shutdown and the counters may be called from
+// any goroutine. A Stream must not be copied.
+type Stream struct {
+	local, remote *region
 	wsize, wmask  uint64 // this side's ring, written
 	rsize, rmask  uint64 // the peer's ring, read
 	spin          time.Duration
@@ -363,25 +355,21 @@ type shmIO struct {
 	data, space             *eventWaiter
 	dataFd, spaceFd         int
 	peerDataFd, peerSpaceFd int
-	// pollers is what Polls driving this device's rings tell the reader
-	// goroutine (see idle).
-	pollers *pollStats
+	// Polls counts the Polls of completion queues without an event
+	// channel that drive the rings of the device this stream belongs to,
+	// which tell the reader goroutine to enter polling mode (see Idle).
+	// Join gives the stream a counter of its own; set it before use.
+	Polls *atomic.Uint64
 
 	// localRO is the read-only descriptor of this side's region until it
 	// is passed to the peer.
 	localRO int
-	// ctlFd is the connection's unix socket once the handshake is done:
-	// the liveness signal and the channel for sharing memory. watchers
-	// counts the goroutine reading it.
-	ctlFd    int
-	watchers sync.WaitGroup
 
 	closed atomic.Bool
 	rx, tx atomic.Uint64
 	// wakes counts the eventfd writes that woke the peer: what the shm
-	// fabric saves is exactly these syscalls. pulls counts the SENDs that
-	// went by reference.
-	wakes, pulls atomic.Uint64
+	// fabric saves is exactly these syscalls.
+	wakes atomic.Uint64
 
 	// Reader side (the token's holder): whether the holder is a poller,
 	// which must never sleep on the data eventfd (only the reader goroutine
@@ -390,27 +378,27 @@ type shmIO struct {
 	// How far the peer's ring is read is the head word of this side's
 	// control page (head), which idle readers and pollers check without
 	// the token.
-	pollerReads bool
+	PollerReads bool
 	wokeWrite   uint64
 	idlePolls   uint64 // the device's Polls when the reader goroutine last went idle
-	pollingMode bool   // see idle
-	pollingEnd  int    // parks in a row without a Poll that end polling mode
-	// pollerBudget is how long a Poll reads frames (pollerReadBudget).
-	pollerBudget time.Duration
-	// stall is how long the reader, or a poller, waits for more of a
-	// frame it has started before it fails the connection (waitRest):
-	// Options.PeerTimeout, the bound on a silent peer. inRest is set
-	// meanwhile, for the watchdog to leave that stall to this bound.
-	stall  time.Duration
+	pollingMode bool   // see Idle
+	// PollingEnd is how many parks in a row without a Poll end polling
+	// mode (see Idle); set before use.
+	PollingEnd int
+	// Stall is how long the reader, or a poller, waits for more of a
+	// frame it has started before it fails (waitRest): the connection's
+	// PeerTimeout, the bound on a silent peer; set before use. inRest is
+	// set meanwhile, for the watchdog to leave that stall to this bound.
+	Stall  time.Duration
 	inRest atomic.Bool
 	// restParks counts a poller's parks in waitRest, for tests: one whose
-	// parks do not last shows far more than its wait over pollPark. The
+	// parks do not last shows far more than its wait over PollPark. The
 	// reader goroutine's sleeps show in its control word (offReaderWait).
 	restParks atomic.Uint64
 	// frameWaited is how long the token's holder has waited, in all, for
 	// the frame it reads, and frameRx the bytes it had read when the frame
-	// began: waitRest bounds the one by frameBound of the bytes read since
-	// (beginFrame).
+	// began: waitRest bounds the one by framebound.For the bytes read
+	// since (BeginFrame).
 	frameWaited time.Duration
 	frameRx     uint64
 	// Writer side: bytes written into this side's ring, and the peer
@@ -420,43 +408,40 @@ type shmIO struct {
 
 	closeOnce sync.Once
 	// unmapMu orders the watchdog's reading of the control words
-	// (watchWords) before close unmaps them; unmapped says they are gone.
+	// (WatchWords) before Close unmaps them; unmapped says they are gone.
 	unmapMu  sync.RWMutex
 	unmapped bool
-
-	pull pullState // one-copy SENDs (pull.go)
-	// refusedMap, when set, hears of each peer segment refused (logs).
-	refusedMap func(handle uint32, err error)
-	// afterPullChunk, set by tests, runs after each chunk a pull copies.
-	afterPullChunk atomic.Pointer[func()]
 }
 
-// shmEnds are the descriptors and regions of one side, before they become
-// a shmIO.
-type shmEnds struct {
-	local           *shmRegion
+// Ends are the descriptors and regions of one side, before they become
+// a Stream.
+type Ends struct {
+	local           *region
 	localRO         int // read-only descriptor of local, for the peer
 	dataFd, spaceFd int
 }
 
-func newShmEnds(ringSize int) (*shmEnds, error) {
-	e := &shmEnds{localRO: -1, dataFd: -1, spaceFd: -1}
+// NewEnds creates this side's region, with a ring of ringSize bytes (see
+// ValidSize), and its two eventfds, to pass to the peer (Fds) and then
+// join with the peer's (Stream.Join).
+func NewEnds(ringSize int) (*Ends, error) {
+	e := &Ends{localRO: -1, dataFd: -1, spaceFd: -1}
 	var err error
-	if e.local, e.localRO, err = newShmRegion(ringSize); err != nil {
+	if e.local, e.localRO, err = newRegion(ringSize); err != nil {
 		return nil, err
 	}
 	if e.dataFd, err = newEventfd(); err == nil {
 		e.spaceFd, err = newEventfd()
 	}
 	if err != nil {
-		e.release()
+		e.Release()
 		return nil, err
 	}
 	return e, nil
 }
 
-// release frees what was not handed to a shmIO.
-func (e *shmEnds) release() {
+// Release frees what was not handed to a Stream.
+func (e *Ends) Release() {
 	if e.local != nil {
 		e.local.unmap()
 	}
@@ -467,26 +452,35 @@ func (e *shmEnds) release() {
 	}
 }
 
-// fds are what the peer gets: the region and the two eventfds.
-func (e *shmEnds) fds() []int { return []int{e.localRO, e.dataFd, e.spaceFd} }
+// Fds are what the peer gets: the region, read-only, and the two eventfds
+// this side sleeps on.
+func (e *Ends) Fds() []int { return []int{e.localRO, e.dataFd, e.spaceFd} }
 
-// closePassed closes the read-only region descriptor once the peer has its
+// ClosePassed closes the read-only region descriptor once the peer has its
 // copy; the eventfds stay, this side sleeps on them.
-func (e *shmEnds) closePassed() {
+func (e *Ends) ClosePassed() {
 	if e.localRO >= 0 {
 		_ = unix.Close(e.localRO)
 		e.localRO = -1
 	}
 }
 
-// newShmIO joins this side's ends (its ring of ringSize bytes) with the
-// peer's, whose ring has peerRing bytes. It takes ownership of the ends and
-// of the peer's descriptors (region, data and space eventfds), also on
-// error, when it releases them all.
-func newShmIO(e *shmEnds, ringSize, peerRing int, peerFds []int, spin time.Duration) (*shmIO, error) {
-	fail := func(err error) (*shmIO, error) {
-		e.release()
-		return nil, err
+// Defaults of a joined Stream's tunables.
+const (
+	defaultStall = 3 * time.Second
+)
+
+// Join joins this side's ends (its ring of ringSize bytes) with the
+// peer's, whose ring has peerRing bytes; an idle reader or writer polls
+// the ring for spin before it sleeps (negative: never). It takes ownership
+// of the ends and of the peer's descriptors (region, data and space
+// eventfds), also on error, when it releases them all. The peer's region
+// must be a sealed memfd of the size it announced, and its descriptors
+// eventfds: anything else is refused.
+func (s *Stream) Join(e *Ends, ringSize, peerRing int, peerFds []int, spin time.Duration) error {
+	fail := func(err error) error {
+		e.Release()
+		return err
 	}
 	if len(peerFds) != 3 {
 		closeAll(peerFds)
@@ -509,24 +503,20 @@ func newShmIO(e *shmEnds, ringSize, peerRing int, peerFds []int, spin time.Durat
 		closeAll(peerFds[1:])
 		return fail(err)
 	}
-	sio := &shmIO{
-		local: e.local, remote: remote, spin: spin, localRO: e.localRO, ctlFd: -1,
-		wsize: uint64(ringSize), wmask: uint64(ringSize - 1), rsize: uint64(peerRing), rmask: uint64(peerRing - 1),
-		dataFd: e.dataFd, spaceFd: e.spaceFd, peerDataFd: peerFds[1], peerSpaceFd: peerFds[2],
-		pollers: new(pollStats), pollingEnd: pollingEnd, pollerBudget: pollerReadBudget,
-		stall: defaultPeerTimeout,
-	}
-	sio.pull.budget = newMapBudget(Options{})          // its own; shmNet.join gives the provider's
-	*e = shmEnds{localRO: -1, dataFd: -1, spaceFd: -1} // sio owns them now
+	s.local, s.remote, s.spin, s.localRO = e.local, remote, spin, e.localRO
+	s.wsize, s.wmask, s.rsize, s.rmask = uint64(ringSize), uint64(ringSize-1), uint64(peerRing), uint64(peerRing-1)
+	s.dataFd, s.spaceFd, s.peerDataFd, s.peerSpaceFd = e.dataFd, e.spaceFd, peerFds[1], peerFds[2]
+	s.Polls, s.PollingEnd, s.Stall = new(atomic.Uint64), pollingEnd, defaultStall
+	*e = Ends{localRO: -1, dataFd: -1, spaceFd: -1} // s owns them now
 	// The eventfds belong to their waiters from here on (os.File closes them).
-	if sio.data, err = newEventWaiter(sio.dataFd, "shm data eventfd"); err == nil {
-		sio.space, err = newEventWaiter(sio.spaceFd, "shm space eventfd")
+	if s.data, err = newEventWaiter(s.dataFd, "shm data eventfd"); err == nil {
+		s.space, err = newEventWaiter(s.spaceFd, "shm space eventfd")
 	}
 	if err != nil {
-		sio.close()
-		return nil, err
+		s.Close()
+		return err
 	}
-	return sio, nil
+	return nil
 }
 
 // checkEventfd refuses a descriptor that is not an eventfd: writing to
@@ -550,18 +540,31 @@ func closeAll(fds []int) {
 	}
 }
 
-func (s *shmIO) counters() (rx, tx *atomic.Uint64) { return &s.rx, &s.tx }
+// Counters are the bytes read and written so far, for the watchdog.
+func (s *Stream) Counters() (rx, tx *atomic.Uint64) { return &s.rx, &s.tx }
+
+// Wakes counts the eventfd writes that woke the peer: what the shm fabric
+// saves is exactly these syscalls.
+func (s *Stream) Wakes() uint64 { return s.wakes.Load() }
+
+// Size is this side's ring, in bytes.
+func (s *Stream) Size() int { return int(s.wsize) }
+
+// Closed reports whether the stream is shut down.
+func (s *Stream) Closed() bool { return s.closed.Load() }
 
 // available is how many bytes of the peer's ring are unread.
-func (s *shmIO) available() (uint64, error) {
+func (s *Stream) available() (uint64, error) {
 	n := s.remote.word(offTail).Load() - s.head()
 	if n > s.rsize {
-		return 0, errRingCorrupt
+		return 0, errCorrupt
 	}
 	return n, nil
 }
 
-func (s *shmIO) buffered() int {
+// Buffered is how many bytes of the peer's ring this side can read
+// without waiting (1 when the ring is corrupt: the next read reports it).
+func (s *Stream) Buffered() int {
 	n, err := s.available()
 	if err != nil {
 		return 1 // let the next read report it
@@ -574,7 +577,7 @@ func (s *shmIO) buffered() int {
 // counts as ready, so that the next access reports it. A writer waits
 // without the write lock, so it reckons with the published tail (the lock's
 // holder publishes what it wrote before it lets go).
-func (s *shmIO) ready(data bool) bool {
+func (s *Stream) ready(data bool) bool {
 	var n uint64
 	var err error
 	if data {
@@ -587,7 +590,7 @@ func (s *shmIO) ready(data bool) bool {
 
 // spinWait polls ready for the spin budget; it reports whether it came
 // true. Polling shared memory costs no syscall while the peer is busy.
-func (s *shmIO) spinWait(data bool) bool {
+func (s *Stream) spinWait(data bool) bool {
 	if s.spin <= 0 {
 		return s.ready(data)
 	}
@@ -603,51 +606,41 @@ func (s *shmIO) spinWait(data bool) bool {
 }
 
 // wait blocks until ready(data): it spins, then sleeps on its eventfd.
-func (s *shmIO) wait(data bool) error {
+func (s *Stream) wait(data bool) error {
 	if s.spinWait(data) {
 		if s.closed.Load() {
-			return errConnDead
+			return ErrClosed
 		}
 		return nil
 	}
 	return s.sleep(data, time.Time{})
 }
 
-// errPeerStalled says that the peer stopped writing in the middle of a
-// frame for the connection's stall bound (shmIO.stall).
-var errPeerStalled = errors.New("peer stalled mid-frame")
-
-// errPeerNotReading and errPeerNotAnswering say that a live peer left what
-// this side wrote unread, or the sends it read unanswered, for PeerTimeout
-// (sockDevice.watchShm).
-var (
-	errPeerNotReading   = errors.New("peer stopped reading")
-	errPeerNotAnswering = errors.New("peer stopped answering")
-)
-
 // restSpin is how long a poller waiting for the rest of a frame yields
-// before it parks: one park (pollPark), the most a park can make it late,
+// before it parks: one park (PollPark), the most a park can make it late,
 // so that it never burns more time than parking at once could have cost.
-// A running writer publishes every shmPublishChunk, tens of microseconds
+// A running writer publishes every publishChunk, tens of microseconds
 // of copying: well within it.
-const restSpin = pollPark
+const restSpin = PollPark
 
-// beginFrame starts the count of the time waited for a frame's rest.
-func (s *shmIO) beginFrame() {
+// BeginFrame starts the count of the time waited for a frame's rest.
+func (s *Stream) BeginFrame() {
 	s.frameWaited = 0
 	s.frameRx = s.rx.Load()
 }
 
-func (s *shmIO) endFrame() {}
+// EndFrame says the reader read a whole frame; nothing to do on shared
+// memory, where BeginFrame restarts the count.
+func (s *Stream) EndFrame() {}
 
 // waitRest waits for the rest of a frame whose start was read: the writer
-// is copying it (readFrame starts a frame only when the ring holds some of
+// is copying it (the link starts a frame only when the ring holds some of
 // it). A dead writer's process closes the socket and so the ring, but a
 // live one that stops (stopped by SIGSTOP or a debugger, buggy, hostile)
 // would hold the reader, or the application's Poll, for good: after
-// s.stall without a byte the wait fails, and with it the connection. So
-// would one that trickles the frame, a byte just under every s.stall: the
-// waits for one frame's rest add up, and once they pass frameBound of the
+// s.Stall without a byte the wait fails, and with it the connection. So
+// would one that trickles the frame, a byte just under every s.Stall: the
+// waits for one frame's rest add up, and once they pass framebound.For the
 // bytes of it read so far, the wait fails too. Only the time spent waiting
 // counts: a frame that takes long because this side copies it slowly is
 // not the peer's stall.
@@ -656,21 +649,21 @@ func (s *shmIO) endFrame() {}
 // announced sleep, timed). A poller must not sleep on the data eventfd:
 // the reader goroutine may be asleep on it (idle), and two sleepers would
 // break the odd/even sleep word, share one read deadline and queue behind
-// each other's read. So it yields for restSpin, then parks for pollPark at
+// each other's read. So it yields for restSpin, then parks for PollPark at
 // a time, checking the ring after each park: no wake-up to lose.
-func (s *shmIO) waitRest() error {
+func (s *Stream) waitRest() error {
 	s.inRest.Store(true)
 	defer s.inRest.Store(false)
 	start := time.Now()
 	// The wait ends at the gap's bound or the frame's, whichever comes
 	// first.
-	bound := frameBound(s.stall, s.rx.Load()-s.frameRx)
-	wait, whole := s.stall, false
+	bound := framebound.For(s.Stall, s.rx.Load()-s.frameRx)
+	wait, whole := s.Stall, false
 	if left := bound - s.frameWaited; left < wait {
 		wait, whole = max(left, 0), true
 	}
 	deadline := start.Add(wait)
-	if !s.pollerReads {
+	if !s.PollerReads {
 		if !s.spinWait(true) {
 			if err := s.sleep(true, deadline); err != nil {
 				return err
@@ -689,22 +682,22 @@ func (s *shmIO) waitRest() error {
 				break
 			}
 			s.restParks.Add(1)
-			time.Sleep(min(left, pollPark))
+			time.Sleep(min(left, PollPark))
 		}
 	}
 	s.frameWaited += time.Since(start)
 	if !s.ready(true) {
 		if whole {
-			return frameOverdue(s.frameWaited, bound)
+			return framebound.Overdue(s.frameWaited, bound)
 		}
-		return fmt.Errorf("%w for %v", errPeerStalled, s.stall)
+		return fmt.Errorf("%w for %v", framebound.ErrStalled, s.Stall)
 	}
 	return s.closedErr()
 }
 
-func (s *shmIO) closedErr() error {
+func (s *Stream) closedErr() error {
 	if s.closed.Load() {
-		return errConnDead
+		return ErrClosed
 	}
 	return nil
 }
@@ -713,7 +706,7 @@ func (s *shmIO) closedErr() error {
 // (zero: none; the caller checks ready), announcing each sleep in this
 // side's control page first and checking ready after the announcement, so
 // a wake-up that races with it is not lost.
-func (s *shmIO) sleep(data bool, deadline time.Time) error {
+func (s *Stream) sleep(data bool, deadline time.Time) error {
 	off, ew := offWriterWait, s.space
 	if data {
 		off, ew = offReaderWait, s.data
@@ -734,34 +727,30 @@ func (s *shmIO) sleep(data bool, deadline time.Time) error {
 		}
 	}
 	if s.closed.Load() {
-		return errConnDead
+		return ErrClosed
 	}
 	return nil
 }
 
-// pollStats counts the Polls of JFCs without a JFCE that drive a device's
-// rings (conn.drive): polling-mode Polls.
-type pollStats struct{ polls atomic.Uint64 }
-
 // Polling mode: when pollers polled JFCs without a JFCE at least
 // pollingPolls times since the reader goroutine last went idle, they take
-// what the rings bring, and the reader goroutine parks for at most pollPark
+// what the rings bring, and the reader goroutine parks for at most PollPark
 // at a time without asking the peer for wake-ups, so that no message costs
 // a syscall or a goroutine switch. An application in event mode polls JFCs
-// that have a JFCE, which do not count. pollingEnd parks in a row without a
+// that have a JFCE, which do not count. PollingEnd parks in a row without a
 // Poll end polling mode: a poller descheduled for a park on a busy machine
 // does not.
 const (
 	pollingPolls = 16
-	pollPark     = time.Millisecond
+	PollPark     = time.Millisecond
 	pollingEnd   = 3
 )
 
-// idle waits, between frames, until the peer's ring has bytes: it spins,
+// Idle waits, between frames, until the peer's ring has bytes: it spins,
 // then sleeps: parked without a wake-up while pollers drive the rings,
 // else announced, so that the peer writes the eventfd, once per sleep.
-func (s *shmIO) idle() error {
-	polls := s.pollers.polls.Load()
+func (s *Stream) Idle() error {
+	polls := s.Polls.Load()
 	if polls-s.idlePolls >= pollingPolls {
 		s.pollingMode = true
 	}
@@ -772,19 +761,19 @@ func (s *shmIO) idle() error {
 			if s.ready(true) {
 				return s.closedErr()
 			}
-			if i&63 == 63 && (s.pollers.polls.Load() != polls || time.Since(start) > s.spin) {
+			if i&63 == 63 && (s.Polls.Load() != polls || time.Since(start) > s.spin) {
 				break
 			}
 		}
 	}
 	for quiet := 0; s.pollingMode; {
-		if err := s.data.sleep(time.Now().Add(pollPark)); err != nil {
+		if err := s.data.sleep(time.Now().Add(PollPark)); err != nil {
 			return err
 		}
-		now := s.pollers.polls.Load()
+		now := s.Polls.Load()
 		if now != s.idlePolls {
 			quiet = 0
-		} else if quiet++; quiet == s.pollingEnd {
+		} else if quiet++; quiet == s.PollingEnd {
 			s.pollingMode = false
 		}
 		s.idlePolls = now
@@ -795,46 +784,46 @@ func (s *shmIO) idle() error {
 	return s.sleep(true, time.Time{})
 }
 
-// shmWords is what the watchdog reads of a connection's control words.
-type shmWords struct {
+// Words is what the watchdog reads of a connection's control words.
+type Words struct {
 	// The words the peer moves: its ring's tail, its head in ours, the
-	// bytes it pulled from this side's memory.
-	peerTail, peerHead, peerPulled uint64
-	toRead                         uint64 // bytes of the peer's ring this side has not read
-	unread                         bool   // bytes this side published that the peer has not read
-	midFrame                       bool   // this side waits for the rest of a frame (waitRest)
+	// bytes it pulled from this side's memory (AddPulled).
+	PeerTail, PeerHead, PeerPulled uint64
+	ToRead                         uint64 // bytes of the peer's ring this side has not read
+	Unread                         bool   // bytes this side published that the peer has not read
+	MidFrame                       bool   // this side waits for the rest of a frame (waitRest)
 }
 
-// watchWords reads the control words for the watchdog, from a goroutine
+// WatchWords reads the control words for the watchdog, from a goroutine
 // that is neither the reader nor the writer; false once the rings are
 // unmapped. A corrupt ring counts as bytes to read: the reader reports it.
-func (s *shmIO) watchWords() (shmWords, bool) {
+func (s *Stream) WatchWords() (Words, bool) {
 	s.unmapMu.RLock()
 	defer s.unmapMu.RUnlock()
 	if s.unmapped {
-		return shmWords{}, false
+		return Words{}, false
 	}
-	w := shmWords{peerTail: s.remote.word(offTail).Load(), peerHead: s.remote.word(offHead).Load(),
-		peerPulled: s.remote.word(offPulled).Load()}
-	w.toRead = w.peerTail - s.head()
-	if w.toRead > s.rsize {
-		w.toRead = 1
+	w := Words{PeerTail: s.remote.word(offTail).Load(), PeerHead: s.remote.word(offHead).Load(),
+		PeerPulled: s.remote.word(offPulled).Load()}
+	w.ToRead = w.PeerTail - s.head()
+	if w.ToRead > s.rsize {
+		w.ToRead = 1
 	}
-	w.unread = s.local.word(offTail).Load() != w.peerHead
-	w.midFrame = s.inRest.Load()
+	w.Unread = s.local.word(offTail).Load() != w.PeerHead
+	w.MidFrame = s.inRest.Load()
 	return w, true
 }
 
-// waitWritable waits until this side's ring has room (the writer
+// WaitWritable waits until this side's ring has room (the writer
 // goroutine, without the write lock).
-func (s *shmIO) waitWritable() error { return s.wait(false) }
+func (s *Stream) WaitWritable() error { return s.wait(false) }
 
 // head is how far this side has read the peer's ring.
-func (s *shmIO) head() uint64 { return s.local.word(offHead).Load() }
+func (s *Stream) head() uint64 { return s.local.word(offHead).Load() }
 
 // consumed publishes that this side has read the peer's ring up to h and
 // wakes a peer writer that sleeps for space.
-func (s *shmIO) consumed(h uint64) error {
+func (s *Stream) consumed(h uint64) error {
 	s.local.word(offHead).Store(h)
 	if v := s.remote.word(offWriterWait).Load(); v&1 == 1 && v != s.wokeWrite {
 		s.wokeWrite = v
@@ -846,7 +835,7 @@ func (s *shmIO) consumed(h uint64) error {
 
 // take copies the next bytes of the peer's ring into p (or skips them, p
 // nil and skip bytes), waiting for them as needed.
-func (s *shmIO) take(p []byte, skip int) error {
+func (s *Stream) take(p []byte, skip int) error {
 	want := len(p) + skip
 	for first := true; want > 0; first = false {
 		n, err := s.available()
@@ -855,7 +844,7 @@ func (s *shmIO) take(p []byte, skip int) error {
 		}
 		if n == 0 {
 			// Every take is part of a frame: the reader goroutine and a
-			// poller (conn.drive) alike start one only when the ring holds
+			// poller (the link's Poll) alike start one only when the ring holds
 			// some of it, so every byte a take waits for is one the peer
 			// is copying (waitRest), at the start of a take (the payload
 			// after its header, the next SGE of a receive) or within.
@@ -867,7 +856,7 @@ func (s *shmIO) take(p []byte, skip int) error {
 			}
 			continue
 		}
-		k := int(min(n, uint64(want), shmPublishChunk))
+		k := int(min(n, uint64(want), publishChunk))
 		if p != nil {
 			off := s.head() & s.rmask
 			c := copy(p[:k], s.remote.ring[off:])
@@ -885,7 +874,7 @@ func (s *shmIO) take(p []byte, skip int) error {
 
 // peek copies the next len(p) bytes of the peer's ring into p without
 // reading them, and reports whether the ring holds that many.
-func (s *shmIO) peek(p []byte) bool {
+func (s *Stream) Peek(p []byte) bool {
 	n, err := s.available()
 	if err != nil || n < uint64(len(p)) {
 		return false
@@ -896,26 +885,26 @@ func (s *shmIO) peek(p []byte) bool {
 	return true
 }
 
-func (s *shmIO) readFull(p []byte) error    { return s.take(p, 0) }
-func (s *shmIO) readPayload(p []byte) error { return s.take(p, 0) }
-func (s *shmIO) discard(n int) error        { return s.take(nil, n) }
+func (s *Stream) ReadFull(p []byte) error    { return s.take(p, 0) }
+func (s *Stream) ReadPayload(p []byte) error { return s.take(p, 0) }
+func (s *Stream) Discard(n int) error        { return s.take(nil, n) }
 
 // free is how many bytes this side's ring can take (the write lock's
 // holder).
-func (s *shmIO) free() (uint64, error) { return s.room(s.tail) }
+func (s *Stream) free() (uint64, error) { return s.room(s.tail) }
 
 // room is how many bytes this side's ring can take past tail.
-func (s *shmIO) room(tail uint64) (uint64, error) {
+func (s *Stream) room(tail uint64) (uint64, error) {
 	used := tail - s.remote.word(offHead).Load()
 	if used > s.wsize {
-		return 0, errRingCorrupt
+		return 0, errCorrupt
 	}
 	return s.wsize - used, nil
 }
 
 // published shows the peer what was written and wakes its reader if it
 // sleeps.
-func (s *shmIO) published() error {
+func (s *Stream) published() error {
 	s.local.word(offTail).Store(s.tail)
 	if v := s.remote.word(offReaderWait).Load(); v&1 == 1 && v != s.wokeRead {
 		s.wokeRead = v
@@ -925,7 +914,7 @@ func (s *shmIO) published() error {
 	return nil
 }
 
-func (s *shmIO) writev(iov []unix.Iovec, wait bool) (rest []unix.Iovec, err error) {
+func (s *Stream) Writev(iov []unix.Iovec, wait bool) (rest []unix.Iovec, err error) {
 	var unpublished uint64
 	defer func() {
 		if unpublished > 0 {
@@ -936,7 +925,7 @@ func (s *shmIO) writev(iov []unix.Iovec, wait bool) (rest []unix.Iovec, err erro
 	}()
 	for len(iov) > 0 {
 		if s.closed.Load() {
-			return iov, errConnDead
+			return iov, ErrClosed
 		}
 		room, err := s.free()
 		if err != nil {
@@ -957,7 +946,7 @@ func (s *shmIO) writev(iov []unix.Iovec, wait bool) (rest []unix.Iovec, err erro
 			}
 			continue
 		}
-		k := min(room, iov[0].Len, shmPublishChunk-unpublished)
+		k := min(room, iov[0].Len, publishChunk-unpublished)
 		src := unsafe.Slice(iov[0].Base, k)
 		off := s.tail & s.wmask
 		// The peer reads the ring from another core: stream into it.
@@ -972,7 +961,7 @@ func (s *shmIO) writev(iov []unix.Iovec, wait bool) (rest []unix.Iovec, err erro
 			iov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(iov[0].Base), k))
 			iov[0].Len -= k
 		}
-		if unpublished == shmPublishChunk {
+		if unpublished == publishChunk {
 			unpublished = 0
 			if err := s.published(); err != nil {
 				return iov, err
@@ -982,58 +971,35 @@ func (s *shmIO) writev(iov []unix.Iovec, wait bool) (rest []unix.Iovec, err erro
 	return iov, nil
 }
 
-// passFds are what the peer gets: this side's region, read-only, and the
+// PassFds are what the peer gets: this side's region, read-only, and the
 // eventfds it sleeps on.
-func (s *shmIO) passFds() []int { return []int{s.localRO, s.dataFd, s.spaceFd} }
+func (s *Stream) PassFds() []int { return []int{s.localRO, s.dataFd, s.spaceFd} }
 
-// closePassed closes the read-only region descriptor once the peer has its
+// ClosePassed closes the read-only region descriptor once the peer has its
 // copy.
-func (s *shmIO) closePassed() {
+func (s *Stream) ClosePassed() {
 	if s.localRO >= 0 {
 		_ = unix.Close(s.localRO)
 		s.localRO = -1
 	}
 }
 
-// attach takes the handshaken unix socket as the connection's control
-// channel: a blocking descriptor, read by watch.
-func (s *shmIO) attach(nc net.Conn) error {
-	fd, _, _, err := detachFD(nc)
-	if err != nil {
-		return err
-	}
-	s.ctlFd = fd
-	return nil
-}
-
-// shutdown wakes this side's blocked reader, writer and control reader;
-// every later wait fails.
-func (s *shmIO) shutdown() {
+// Shutdown wakes this side's blocked reader and writer; every later wait
+// and transfer fails with ErrClosed. It may be called from any goroutine.
+func (s *Stream) Shutdown() {
 	s.closed.Store(true)
 	wake(s.dataFd)
 	wake(s.spaceFd)
-	if s.ctlFd >= 0 {
-		_ = unix.Shutdown(s.ctlFd, unix.SHUT_RDWR)
-	}
 }
 
-// close releases everything once the reader, the writer and the control
-// reader are out.
-func (s *shmIO) close() {
+// Close unmaps the rings and closes the stream's descriptors, once its
+// reader and writer are out (after Shutdown); WatchWords reports false
+// from then on. It is idempotent.
+func (s *Stream) Close() {
 	s.closeOnce.Do(func() {
-		s.watchers.Wait()
-		s.pull.shareMu.Lock()
-		s.pull.ctlClosed = true // unshare must not write to a closed, maybe reused, number
-		shared := slices.Collect(maps.Keys(s.pull.shared))
-		s.pull.shareMu.Unlock()
-		if s.ctlFd >= 0 {
-			_ = unix.Shutdown(s.ctlFd, unix.SHUT_RDWR) // wakes sendQueued, if shutdown did not
+		if s.local == nil {
+			return // never joined
 		}
-		s.pull.sender.Wait()         // it writes to ctlFd, closed below
-		for _, seg := range shared { // outside shareMu: unshareAll locks the segment first
-			seg.removeSharer(s)
-		}
-		s.pull.unmapAll()
 		s.unmapMu.Lock()
 		s.unmapped = true
 		s.unmapMu.Unlock()
@@ -1044,7 +1010,7 @@ func (s *shmIO) close() {
 				_ = w.f.Close()
 			}
 		}
-		fds := []int{s.localRO, s.ctlFd, s.peerDataFd, s.peerSpaceFd}
+		fds := []int{s.localRO, s.peerDataFd, s.peerSpaceFd}
 		if s.data == nil {
 			fds = append(fds, s.dataFd)
 		}
@@ -1055,43 +1021,19 @@ func (s *shmIO) close() {
 	})
 }
 
-// watch reads the control socket until it breaks: the peer's death (or its
-// orderly close) fails the connection.
-func (s *shmIO) watch(c *conn) {
-	defer s.watchers.Done()
-	var buf [shmMaxMsgLen + 1]byte
-	oob := make([]byte, unix.CmsgSpace(4*shmMaxFds))
-	for {
-		n, oobn, flags, _, err := unix.Recvmsg(s.ctlFd, buf[:], oob, unix.MSG_CMSG_CLOEXEC)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err == nil && n == 0 {
-			err = errors.New("peer closed its shm socket")
-			s.pull.shareMu.Lock()
-			if s.pull.ctlErr != nil {
-				err = s.pull.ctlErr // sendQueued shut the socket down
-			}
-			s.pull.shareMu.Unlock()
-		}
-		if err != nil {
-			c.fail(err)
-			return
-		}
-		fds, perr := parseRights(oob[:oobn])
-		if perr == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
-			perr = errors.New("control message or its descriptors truncated")
-		}
-		if perr != nil {
-			closeAll(fds)
-			c.fail(protocolError{perr})
-			return
-		}
-		// onControl tells the peer's violations (protocolError) from a
-		// peer that hung up before its answer, which is no violation.
-		if err := s.onControl(buf[:n], fds); err != nil {
-			c.fail(err)
-			return
-		}
+// AddPulled shows the peer's watchdog that this side copies out of the
+// peer's shared memory (a one-copy receive): k more bytes pulled, which
+// move neither ring word. The caller holds the reader's token.
+func (s *Stream) AddPulled(k int) { s.local.word(offPulled).Add(uint64(k)) }
+
+// RestParks counts a poller's parks while it waited for the rest of a
+// frame.
+func (s *Stream) RestParks() uint64 { return s.restParks.Load() }
+
+// unexpected turns EOF inside a frame into ErrUnexpectedEOF.
+func unexpected(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
 	}
+	return err
 }

@@ -1,38 +1,40 @@
-package soft
+package shmring
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"golang.org/x/sys/unix"
 )
 
-// shmPair joins two shmIOs over fresh rings of ring bytes in this process,
+// pair joins two Streams over fresh rings of ring bytes in this process,
 // as a rendezvous would but without its socket: each is the other's peer.
 // They are shut down and closed when the test ends.
-func shmPair(t *testing.T, ring int, spin time.Duration) (a, b *shmIO) {
+func pair(t *testing.T, ring int, spin time.Duration) (a, b *Stream) {
 	t.Helper()
-	a, b = shmPairOnly(t, ring, spin)
+	a, b = pairOnly(t, ring, spin)
 	t.Cleanup(func() {
-		for _, s := range []*shmIO{a, b} {
-			s.shutdown()
-			s.close()
+		for _, s := range []*Stream{a, b} {
+			s.Shutdown()
+			s.Close()
 		}
 	})
 	return a, b
 }
 
-// shmPairOnly is shmPair without the cleanup: the caller closes them.
-func shmPairOnly(t *testing.T, ring int, spin time.Duration) (a, b *shmIO) {
+// pairOnly is pair without the cleanup: the caller closes them.
+func pairOnly(t *testing.T, ring int, spin time.Duration) (a, b *Stream) {
 	t.Helper()
-	ea, err := newShmEnds(ring)
+	ea, err := NewEnds(ring)
 	mustOK(t, err, "ends")
-	eb, err := newShmEnds(ring)
+	eb, err := NewEnds(ring)
 	if err != nil {
-		ea.release()
+		ea.Release()
 		t.Fatalf("ends: %v", err)
 	}
 	// Each side gets copies of the other's descriptors, as SCM_RIGHTS
@@ -46,30 +48,46 @@ func shmPairOnly(t *testing.T, ring int, spin time.Duration) (a, b *shmIO) {
 		}
 		return out
 	}
-	fa, fb := dup(ea.fds()), dup(eb.fds())
-	a, err = newShmIO(ea, ring, ring, fb, spin)
-	if err != nil {
-		eb.release()
+	fa, fb := dup(ea.Fds()), dup(eb.Fds())
+	a, b = new(Stream), new(Stream)
+	if err := a.Join(ea, ring, ring, fb, spin); err != nil {
+		eb.Release()
 		closeAll(fa)
 		t.Fatalf("join a's rings: %v", err)
 	}
-	b, err = newShmIO(eb, ring, ring, fa, spin)
-	if err != nil {
-		a.close()
+	if err := b.Join(eb, ring, ring, fa, spin); err != nil {
+		a.Close()
 		t.Fatalf("join b's rings: %v", err)
 	}
-	a.closePassed()
-	b.closePassed()
+	a.ClosePassed()
+	b.ClosePassed()
 	return a, b
 }
 
-// write writes p into s's ring, waiting for room as the writer goroutine
+// write writes p into s's ring, waiting for room as a writer goroutine
 // does, and publishes it.
-func (s *shmIO) write(p []byte) error {
+func (s *Stream) write(p []byte) error {
 	iov := []unix.Iovec{{Base: &p[0]}}
 	iov[0].SetLen(len(p))
-	_, err := s.writev(iov, true)
+	_, err := s.Writev(iov, true)
 	return err
+}
+
+// noLeaks checks, at the end of the test, that every goroutine started
+// since now has returned.
+func noLeaks(t testing.TB) {
+	t.Helper()
+	before := runtime.NumGoroutine()
+	t.Cleanup(func() {
+		eventually.Holds(t, "the test's goroutines to return", 5*time.Second, func() bool { return runtime.NumGoroutine() <= before })
+	})
+}
+
+func mustOK(t testing.TB, err error, what string) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
 }
 
 // A timed sleep on an eventfd that was already signalled consumes the
@@ -106,15 +124,15 @@ func TestShmEventWaiterSleepConsumesSignal(t *testing.T) {
 // idleWithData runs r.idle with bytes already in its peer's ring, after
 // setting the Polls the reader goroutine saw when it last went idle and the
 // Polls since, and reports whether the reader is in polling mode after.
-func idleWithData(t *testing.T, r, w *shmIO, mode bool, idlePolls, polls uint64) bool {
+func idleWithData(t *testing.T, r, w *Stream, mode bool, idlePolls, polls uint64) bool {
 	t.Helper()
 	mustOK(t, w.write([]byte{1}), "write")
 	r.pollingMode = mode
 	r.idlePolls = idlePolls
-	r.pollers.polls.Store(polls)
-	mustOK(t, r.idle(), "idle")
+	r.Polls.Store(polls)
+	mustOK(t, r.Idle(), "idle")
 	var b [1]byte
-	mustOK(t, r.readFull(b[:]), "read")
+	mustOK(t, r.ReadFull(b[:]), "read")
 	return r.pollingMode
 }
 
@@ -135,7 +153,7 @@ func TestShmIdleEntersPollingMode(t *testing.T) {
 		{"pollingPolls Polls after many", false, 100, 100 + pollingPolls, true},
 		{"one park without a Poll", true, 7, 7, true},
 	}
-	r, w := shmPair(t, MinShmRing, time.Hour)
+	r, w := pair(t, MinSize, time.Hour)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if got := idleWithData(t, r, w, c.mode, c.idlePolls, c.polls); got != c.want {
@@ -148,11 +166,11 @@ func TestShmIdleEntersPollingMode(t *testing.T) {
 // In polling mode with no Polls coming, the reader goroutine leaves it after
 // pollingEnd parks and sleeps announced, so a write wakes it.
 func TestShmIdleLeavesPollingMode(t *testing.T) {
-	r, w := shmPair(t, MinShmRing, time.Hour)
+	r, w := pair(t, MinSize, time.Hour)
 	r.pollingMode = true
 	idled := make(chan error, 1)
-	go func() { idled <- r.idle() }()
-	waitUntil(t, "the reader to announce its sleep", func() bool { return r.local.word(offReaderWait).Load()&1 == 1 })
+	go func() { idled <- r.Idle() }()
+	eventually.Holds(t, "the reader to announce its sleep", 10*time.Second, func() bool { return r.local.word(offReaderWait).Load()&1 == 1 })
 	mustOK(t, w.write([]byte{1}), "write")
 	mustOK(t, <-idled, "idle")
 	if r.pollingMode {
@@ -169,18 +187,18 @@ func TestShmIdleLeavesPollingMode(t *testing.T) {
 // message costs a wake-up, small ones nor ones several times the ring.
 func TestShmLongSpinNeverSleeps(t *testing.T) {
 	noLeaks(t)
-	for _, size := range []int{64, 3*MinShmRing + 5} {
-		a, b := shmPair(t, MinShmRing, time.Hour)
+	for _, size := range []int{64, 3*MinSize + 5} {
+		a, b := pair(t, MinSize, time.Hour)
 		const rounds = 20
 		echoed := make(chan error, 1)
 		go func() {
 			buf := make([]byte, size)
 			for range rounds {
-				if err := b.idle(); err != nil {
+				if err := b.Idle(); err != nil {
 					echoed <- err
 					return
 				}
-				if err := b.readFull(buf); err != nil {
+				if err := b.ReadFull(buf); err != nil {
 					echoed <- err
 					return
 				}
@@ -197,8 +215,8 @@ func TestShmLongSpinNeverSleeps(t *testing.T) {
 				msg[k] = byte(i + k)
 			}
 			mustOK(t, a.write(msg), "write")
-			mustOK(t, a.idle(), "idle")
-			mustOK(t, a.readFull(reply), "read the echo")
+			mustOK(t, a.Idle(), "idle")
+			mustOK(t, a.ReadFull(reply), "read the echo")
 			if !bytes.Equal(reply, msg) {
 				t.Fatalf("%d bytes, round %d: the echo differs", size, i)
 			}
@@ -214,10 +232,10 @@ func TestShmLongSpinNeverSleeps(t *testing.T) {
 // finds no room writes nothing and wakes nobody, even a reader that has
 // announced a sleep: there is nothing new for it to read.
 func TestShmFullRingWriteWakesNobody(t *testing.T) {
-	a, b := shmPair(t, MinShmRing, -1)
-	mustOK(t, a.write(make([]byte, MinShmRing)), "fill the ring")
-	if n, err := b.available(); err != nil || n != MinShmRing {
-		t.Fatalf("the reader sees %d bytes (%v), want the whole ring, %d", n, err, MinShmRing)
+	a, b := pair(t, MinSize, -1)
+	mustOK(t, a.write(make([]byte, MinSize)), "fill the ring")
+	if n, err := b.available(); err != nil || n != MinSize {
+		t.Fatalf("the reader sees %d bytes (%v), want the whole ring, %d", n, err, MinSize)
 	}
 	// The reader announces a sleep, as it does before it checks the ring
 	// once more.
@@ -225,15 +243,15 @@ func TestShmFullRingWriteWakesNobody(t *testing.T) {
 	p := []byte{7}
 	iov := []unix.Iovec{{Base: &p[0]}}
 	iov[0].SetLen(1)
-	left, err := a.writev(iov, false)
+	left, err := a.Writev(iov, false)
 	if !errors.Is(err, unix.EAGAIN) || len(left) != 1 || left[0].Len != 1 {
 		t.Fatalf("write into a full ring: %d iovecs left (%v), want the byte left and EAGAIN", len(left), err)
 	}
 	if n := a.wakes.Load(); n != 0 {
 		t.Errorf("a write that wrote nothing woke the reader %d times, want none", n)
 	}
-	if a.tail != MinShmRing || a.local.word(offTail).Load() != MinShmRing {
-		t.Errorf("tail %d, published %d after the refused write, want both %d", a.tail, a.local.word(offTail).Load(), MinShmRing)
+	if a.tail != MinSize || a.local.word(offTail).Load() != MinSize {
+		t.Errorf("tail %d, published %d after the refused write, want both %d", a.tail, a.local.word(offTail).Load(), MinSize)
 	}
 }
 
@@ -244,8 +262,8 @@ func TestShmFullRingWriteWakesNobody(t *testing.T) {
 // bytes arrive whole and in order.
 func TestShmBlockingWriteStreamsThroughRing(t *testing.T) {
 	noLeaks(t)
-	a, b := shmPair(t, MinShmRing, -1)
-	for i, n := range []int{5, MinShmRing, MinShmRing + 1, 3*MinShmRing + 5, shmPublishChunk, shmPublishChunk + 1, 1} {
+	a, b := pair(t, MinSize, -1)
+	for i, n := range []int{5, MinSize, MinSize + 1, 3*MinSize + 5, publishChunk, publishChunk + 1, 1} {
 		msg := make([]byte, n)
 		for k := range msg {
 			msg[k] = byte(i*31 + k*7 + k>>8)
@@ -254,7 +272,7 @@ func TestShmBlockingWriteStreamsThroughRing(t *testing.T) {
 		go func() { written <- a.write(msg) }()
 		got := make([]byte, n)
 		read := make(chan error, 1)
-		go func() { read <- b.readFull(got) }()
+		go func() { read <- b.ReadFull(got) }()
 		hang := time.After(20 * time.Second) // a hang, not a measurement
 		for range 2 {
 			select {
@@ -266,8 +284,8 @@ func TestShmBlockingWriteStreamsThroughRing(t *testing.T) {
 				read = nil
 			case <-hang:
 				// Out of their waits before the rings are unmapped.
-				a.shutdown()
-				b.shutdown()
+				a.Shutdown()
+				b.Shutdown()
 				for _, ch := range []chan error{written, read} {
 					if ch != nil {
 						<-ch
@@ -328,10 +346,10 @@ func TestShmCloseClosesOnlyItsOwnDescriptors(t *testing.T) {
 		}
 	}()
 	for range 300 {
-		a, b := shmPairOnly(t, MinShmRing, -1)
-		for _, s := range []*shmIO{a, b} {
-			s.shutdown()
-			s.close()
+		a, b := pairOnly(t, MinSize, -1)
+		for _, s := range []*Stream{a, b} {
+			s.Shutdown()
+			s.Close()
 		}
 	}
 	close(stop)
@@ -343,28 +361,96 @@ func TestShmCloseClosesOnlyItsOwnDescriptors(t *testing.T) {
 // peek shows the next bytes of the ring without reading them, across the
 // ring's end as well, and only when the ring holds all of them.
 func TestShmPeek(t *testing.T) {
-	for _, start := range []int{0, MinShmRing - 3} { // the second wraps
-		a, b := shmPair(t, MinShmRing, -1)
+	for _, start := range []int{0, MinSize - 3} { // the second wraps
+		a, b := pair(t, MinSize, -1)
 		if start > 0 {
 			mustOK(t, b.write(make([]byte, start)), "fill")
-			mustOK(t, a.discard(start), "read the fill")
+			mustOK(t, a.Discard(start), "read the fill")
 		}
 		want := []byte("peeked bytes")
 		mustOK(t, b.write(want), "write")
 		got := make([]byte, len(want))
-		if !a.peek(got) || !bytes.Equal(got, want) {
+		if !a.Peek(got) || !bytes.Equal(got, want) {
 			t.Fatalf("start %d: peek gave %q, want %q", start, got, want)
 		}
-		if a.peek(make([]byte, len(want)+1)) {
+		if a.Peek(make([]byte, len(want)+1)) {
 			t.Fatalf("start %d: peeked more bytes than the ring holds", start)
 		}
-		if n := a.buffered(); n != len(want) {
+		if n := a.Buffered(); n != len(want) {
 			t.Fatalf("start %d: %d bytes left to read after peeks, want %d", start, n, len(want))
 		}
 		read := make([]byte, len(want))
-		mustOK(t, a.readFull(read), "read")
+		mustOK(t, a.ReadFull(read), "read")
 		if !bytes.Equal(read, want) {
 			t.Fatalf("start %d: read %q after the peek, want %q", start, read, want)
 		}
+	}
+}
+
+// The peer gets a read-only descriptor of this side's ring region, but
+// could reopen the file read-write through /proc/self/fd: the region is
+// sealed so that no new writable mapping or write(2) succeeds, while the
+// owner's own mapping stays writable.
+func TestShmRegionSealedAgainstPeerWrites(t *testing.T) {
+	probe, err := unix.MemfdCreate("probe", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	mustOK(t, err, "memfd")
+	_, err = unix.FcntlInt(uintptr(probe), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE)
+	_ = unix.Close(probe)
+	if errors.Is(err, unix.EINVAL) {
+		t.Skip("kernel without F_SEAL_FUTURE_WRITE (before 5.1)")
+	}
+	r, ro, err := newRegion(4096)
+	mustOK(t, err, "region")
+	defer r.unmap()
+	defer unix.Close(ro)
+	seals, err := unix.FcntlInt(uintptr(ro), unix.F_GET_SEALS, 0)
+	mustOK(t, err, "get seals")
+	if want := unix.F_SEAL_FUTURE_WRITE | unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW; seals&want != want {
+		t.Fatalf("region seals %#x, want %#x among them", seals, want)
+	}
+	rw, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", ro), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err == nil {
+		defer unix.Close(rw)
+		if m, err := unix.Mmap(rw, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+			_ = unix.Munmap(m)
+			t.Error("a reopened descriptor mapped the region writable")
+		}
+		if _, err := unix.Pwrite(rw, []byte("x"), int64(CtlSize)); err == nil {
+			t.Error("a reopened descriptor wrote into the region")
+		}
+	}
+	r.ring[0] = 0x5a // the owner still writes its ring
+	if r.ring[0] != 0x5a {
+		t.Fatal("the owner's mapping lost its write")
+	}
+}
+
+// The peer shares this side's own eventfds too, and can make them blocking.
+// A sleep on one must still end at its deadline: a read(2) of a zero
+// counter on a blocking eventfd would hold the thread for good, past the
+// stall bound that fails a stopped peer.
+func TestEventWaiterSleepsOnABlockingEventfd(t *testing.T) {
+	fd, err := newEventfd()
+	mustOK(t, err, "eventfd")
+	w, err := newEventWaiter(fd, "data")
+	mustOK(t, err, "waiter")
+	defer w.f.Close()
+	mustOK(t, unix.SetNonblock(fd, false), "clear O_NONBLOCK as the peer may")
+	for _, signalled := range []bool{false, true} {
+		if signalled {
+			mustOK(t, addOne(fd), "signal")
+		}
+		done := make(chan error, 1)
+		go func() { done <- w.sleep(time.Now().Add(20 * time.Millisecond)) }()
+		select {
+		case err := <-done:
+			mustOK(t, err, "sleep")
+		case <-time.After(10 * time.Second):
+			t.Fatalf("signalled %v: the sleep on a blocking eventfd did not end at its deadline", signalled)
+		}
+	}
+	// The signal was taken: the counter is zero again.
+	if err := w.reset(uintptr(fd)); !errors.Is(err, unix.EAGAIN) {
+		t.Fatalf("reset after the signalled sleep: %v, want EAGAIN (a zero counter)", err)
 	}
 }
