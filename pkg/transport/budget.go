@@ -70,8 +70,8 @@ func (b *JettyBudget) removePool(p *jettyPool) {
 }
 
 // wakeOthers kicks the fillers of the pools counted here but p, after p
-// gave places back: a pool sharing the budget may be short of prepared
-// jetties for want of them, and its filler waits for a kick.
+// gave jetties back to the budget: a pool sharing the budget may be short
+// of prepared jetties for want of them, and its filler waits for a kick.
 func (b *JettyBudget) wakeOthers(p *jettyPool) {
 	b.mu.Lock()
 	pools := slices.Clone(b.pools)
@@ -83,11 +83,12 @@ func (b *JettyBudget) wakeOthers(p *jettyPool) {
 	}
 }
 
-// reclaim destroys one prepared jetty of any pool counted here, to give its
-// place to a connection: prepared jetties are a head start, not a claim on
-// the budget, and a spent budget must not turn away a connection that none
-// of them fits (a brpc peer's, another Listener's or Dialer's). It reports
-// whether it freed a place. It takes no pool's lock while holding b.mu.
+// reclaim destroys one prepared jetty of any pool counted here, so that a
+// connection may have its share of the budget: prepared jetties are a head
+// start, not a claim on the budget, and a spent budget must not turn away a
+// connection that none of them fits (a brpc peer's, another Listener's or
+// Dialer's). It reports whether it freed a jetty of the budget. It takes
+// no pool's lock while holding b.mu.
 func (b *JettyBudget) reclaim() bool {
 	b.mu.Lock()
 	pools := slices.Clone(b.pools)

@@ -9,8 +9,9 @@ import (
 // connections count against the jetty budget, but they are a speed-up, not
 // a claim: a connection that needs a jetty the prepared ones do not fit (a
 // brpc client's tokenless one) or another Listener or Dialer sharing the
-// budget (Config.Budget) gets one in their place instead of falling back
-// with jetty_budget_exhausted while no connection uses the budget at all.
+// budget (Config.Budget) gets one, a prepared one destroyed for it, instead
+// of falling back with jetty_budget_exhausted while no connection uses the
+// budget at all.
 func TestPreparedJettiesYieldToConnections(t *testing.T) {
 	checkNoLeaks(t)
 	waitPrepared := func(t *testing.T, ln *Listener, want int) {

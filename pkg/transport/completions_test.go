@@ -88,7 +88,7 @@ func TestCompletionsOutsideTheBooks(t *testing.T) {
 }
 
 // TestFailedSendCompletions: a send that completes with an error, or is
-// flushed while closing, gives its buffer and its place in the send window
+// flushed while closing, gives its buffer and its share of the send window
 // back (a data send) or its reserved work request (a credit message), and
 // nothing more: Close waits for exactly what is outstanding. The
 // FLUSH_ERR_DONE record stands for no send.

@@ -134,13 +134,13 @@ type Config struct {
 	// AcceptBacklog bounds, for a Listener, the connections that no Accept
 	// has taken yet plus the handshakes that hold a jetty and its receive
 	// buffers (URMA handshakes past the client's hello). A handshake waits
-	// for a place before it sets up a jetty, and falls back to TCP if none
-	// frees within three quarters of HandshakeTimeout. Handshakes in
-	// progress, which hold a TCP connection and goroutines, are bounded by
-	// four times AcceptBacklog: at that bound the Listener stops taking
-	// connections from the kernel, whose listen backlog holds further
-	// clients. 0 means DefaultAcceptBacklog (128); 1..MaxAcceptBacklog is
-	// allowed. A Dialer ignores it.
+	// for a seat among them before it sets up a jetty, and falls back to
+	// TCP if none frees within three quarters of HandshakeTimeout.
+	// Handshakes in progress, which hold a TCP connection and goroutines,
+	// are bounded by four times AcceptBacklog: at that bound the Listener
+	// stops taking connections from the kernel, whose listen backlog holds
+	// further clients. 0 means DefaultAcceptBacklog (128);
+	// 1..MaxAcceptBacklog is allowed. A Dialer ignores it.
 	AcceptBacklog int
 	// Logger receives fallbacks, warnings and errors; zero discards.
 	Logger logr.Logger

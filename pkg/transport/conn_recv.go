@@ -203,7 +203,7 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 			break // with c.mu held
 		}
 		err := c.readErrLocked()
-		c.waitUnofferedLocked() // a buffer is read in place, not offered
+		c.waitUnofferedLocked() // a buffer is handed over as it is, not offered
 		c.mu.Unlock()
 		if errors.Is(err, io.EOF) {
 			return nil, io.EOF

@@ -326,8 +326,8 @@ func TestDirectReadReusedReceiveIsQueued(t *testing.T) {
 // A reader that waits without offering, after a message was placed,
 // idles the placement: otherwise the provider, whose last offer was taken,
 // would hold the next large message for an offer that does not come. A
-// length prefix read on its own is such a Read, and ReadBuffer (read in
-// place) never offers.
+// length prefix read on its own is such a Read, and ReadBuffer (which
+// hands over the receive buffer itself) never offers.
 func TestDirectReadUnofferedWaitIdlesPlacement(t *testing.T) {
 	checkNoLeaks(t)
 	tests := []struct {

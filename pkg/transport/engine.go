@@ -66,7 +66,7 @@ type engine struct {
 	spinners  atomic.Int32
 	spinLimit int32
 
-	// setups holds a token for each jetty setup running on its own
+	// setups has an element for each jetty setup running on its own
 	// goroutine (setUpBy), those a handshake stopped waiting for
 	// included: a Listener's AcceptBacklog of them at most, a Dialer's
 	// (which ignores AcceptBacklog) DefaultAcceptBacklog.

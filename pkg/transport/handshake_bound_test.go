@@ -226,7 +226,7 @@ func halfOpen(t *testing.T, prov urma.Provider, addr string) net.Conn {
 
 // TestAckTimeoutGivesTheJettyBack: a client that sends its hello and never
 // its ACK holds the jetty the server set up for it (its receive buffers,
-// its place in the jetty budget) for urma_ack_timeout, not for the whole
+// its jetty counted against the budget) for urma_ack_timeout, not for the whole
 // HandshakeTimeout (here an hour; the bounds here leave an honest client
 // room to ACK on a loaded machine), so a few such clients cannot keep
 // honest ones on TCP (jetty_budget_exhausted) for long. Once it is
@@ -701,8 +701,8 @@ func TestStalledClientJettySetupFallsBack(t *testing.T) {
 				t.Errorf("client fallback %q; want it to say what stalled and name %q", why, tc.bound)
 			}
 
-			// The stalled setup holds its place and a reference; the next
-			// dial starts no other.
+			// The stalled setup still counts among the engine's setups and
+			// holds a reference; the next dial starts no other.
 			next := dial()
 			if why := next.client.FallbackReason(); !strings.Contains(why, "has not returned") || !strings.Contains(why, tc.bound) {
 				t.Errorf("the next dial's fallback %q; want it to say the earlier setup still runs, naming %q", why, tc.bound)
@@ -786,8 +786,8 @@ func checkLateJettyReleased(t *testing.T, e *engine, unstall func()) {
 // TestSetupPastItsDeadlineStartsNone: a handshake whose time for its
 // jetty setup has already passed when it comes to the setup (its own
 // bound, or the handshake's context) falls back, resource_allocation_failed
-// saying no time was left, and starts no setup, though a place among the
-// engine's setups is free. Selecting between the free place and the ended
+// saying no time was left, and starts no setup, though one of the
+// engine's setups is free. Selecting between the free setup and the ended
 // deadline, it started one half the time: a quick one then carried the
 // handshake on as URMA past its bound, a slow one was work for nothing.
 // Each case tries many times, so that a coin toss cannot pass it.
@@ -847,7 +847,7 @@ func TestSetupPastItsDeadlineStartsNone(t *testing.T) {
 				t.Errorf("%d of %d setups past their deadline created a jetty; want none started", n, tries)
 			}
 			if n := len(d.e.setups); n != 0 {
-				t.Errorf("%d places among the engine's setups taken after the calls returned; want none", n)
+				t.Errorf("%d of the engine's setups taken after the calls returned; want none", n)
 			}
 		})
 	}

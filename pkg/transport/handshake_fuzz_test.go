@@ -14,8 +14,8 @@ import (
 // the handshake (the connection then ends) and checks that the handshake
 // ends, in a connection or an error, and that what the client made the
 // server hold while it ran (a jetty, receive buffers, imports of the
-// segment and jetty its hello names, an engine reference, a place among
-// the listener's handshakes) is all given back once the connection
+// segment and jetty its hello names, an engine reference, a seat of the
+// listener's AcceptBacklog) is all given back once the connection
 // closes. The seeds are hellos of a real client device, whose segment and
 // jetty the server can import, so the fuzzer starts from handshakes that
 // reach URMA.
@@ -70,15 +70,15 @@ func FuzzServerHandshake(f *testing.F) {
 			_ = cc.(*net.TCPConn).CloseWrite()
 			_, _ = io.Copy(io.Discard, cc)
 		}()
-		p := &place{slots: make(chan struct{}, 1)}
-		conn, err := serverHandshake(context.Background(), e, sc, p)
+		seat := &seat{seats: make(chan struct{}, 1)}
+		conn, err := serverHandshake(context.Background(), e, sc, seat)
 		if err == nil {
 			if conn.Mode() == ModeURMA && len(in) < handshake.MagicLen+handshake.AckLen {
 				t.Fatalf("URMA from %d bytes", len(in))
 			}
 			_ = conn.Close()
 		}
-		p.give()
+		seat.give()
 		_ = cc.Close()
 		if _, inUse := e.pool.stats(); inUse != 0 {
 			t.Fatalf("%d buffers of the pool still in use after the connection closed (%v)", inUse, err)

@@ -21,13 +21,13 @@ import (
 //	otherwise import the client's segment and jetty, send our hello
 //	read the ACK -> bit 0: URMA; clear: TCP; set after we fell back: fail
 //
-// The handshake takes p, its place in the listener's AcceptBacklog,
+// The handshake takes seat, its seat in the listener's AcceptBacklog,
 // before it sets up a jetty.
-func serverHandshake(ctx context.Context, e *engine, tcp net.Conn, p *place) (Conn, error) {
+func serverHandshake(ctx context.Context, e *engine, tcp net.Conn, seat *seat) (Conn, error) {
 	start := time.Now()
 	role := metrics.RoleServer
 	hctx, stop := boundHandshake(ctx, tcp, start, e.s.handshakeTimeout)
-	conn, result, err := serverExchange(hctx, start, e, tcp, p)
+	conn, result, err := serverExchange(hctx, start, e, tcp, seat)
 	stop()
 	e.metrics.Handshake(result, role, time.Since(start).Seconds())
 	if err != nil {
@@ -47,7 +47,7 @@ type serverSide struct {
 	e       *engine
 	begun   time.Time // when the handshake began
 	tcp     net.Conn
-	place   *place // taken before a jetty is set up
+	seat    *seat // taken before a jetty is set up
 	version handshake.Version
 	hello   handshake.Hello // the client's, as far as it was decoded
 	conn    *urmaConn       // nil when the server falls back
@@ -56,8 +56,8 @@ type serverSide struct {
 
 // serverExchange does the server's bytes, the handshake (ctx) begun at
 // begun; an error means the connection is unusable.
-func serverExchange(ctx context.Context, begun time.Time, e *engine, tcp net.Conn, p *place) (Conn, string, error) {
-	s := &serverSide{e: e, begun: begun, tcp: tcp, place: p}
+func serverExchange(ctx context.Context, begun time.Time, e *engine, tcp net.Conn, seat *seat) (Conn, string, error) {
+	s := &serverSide{e: e, begun: begun, tcp: tcp, seat: seat}
 	magic, fb, err := s.readFirstBytes(ctx)
 	if err != nil {
 		return nil, metrics.ResultError, err
@@ -135,7 +135,7 @@ func (s *serverSide) decide(ctx context.Context, helloErr error) {
 		return
 	}
 	end := handshakeImportDeadline(ctx, s.begun)
-	if fb := s.takePlace(ctx, end); fb != nil {
+	if fb := s.takeSeat(ctx, end); fb != nil {
 		s.why = fb
 		return
 	}
@@ -152,18 +152,19 @@ func (s *serverSide) decide(ctx context.Context, helloErr error) {
 	s.conn = c
 }
 
-// takePlace waits until end for a place in the listener's AcceptBacklog,
+// takeSeat waits until end for a seat in the listener's AcceptBacklog,
 // which bounds the connections that hold a jetty: past end the client is
 // told to fall back while it still listens.
-func (s *serverSide) takePlace(ctx context.Context, end time.Time) *fallback {
-	pctx, cancel := until(ctx, end)
+func (s *serverSide) takeSeat(ctx context.Context, end time.Time) *fallback {
+	sctx, cancel := until(ctx, end)
 	defer cancel()
-	if s.place.take(pctx) {
+	if s.seat.take(sctx) {
 		return nil
 	}
+	// docs/troubleshooting.md quotes this detail: keep its words.
 	return fallbackf(ReasonResources,
 		"no place among the listener's %d (Config.AcceptBacklog) connections that hold a jetty or wait for Accept within %s, three quarters of HandshakeTimeout: the application does not Accept as fast as clients come",
-		cap(s.place.slots), end.Sub(s.begun).Round(time.Millisecond))
+		cap(s.seat.seats), end.Sub(s.begun).Round(time.Millisecond))
 }
 
 // setUp makes the connection's URMA half within the handshake's URMA
@@ -236,8 +237,8 @@ func (s *serverSide) finish(ctx context.Context) (Conn, string, error) {
 	// is served as TCP with nothing lost. Our own clients always send the
 	// ACK.
 	lenient := s.conn == nil && !s.hello.HasExtension()
-	// A client we set up a jetty for (its receive buffers posted, its place
-	// in the jetty budget taken) sends its ACK once it has read our hello
+	// A client we set up a jetty for (its receive buffers posted, its jetty
+	// counted against the budget) sends its ACK once it has read our hello
 	// and imported our jetty: wait for it within urma_ack_timeout, not the
 	// whole handshake timeout, so that clients which never send it cannot
 	// hold the budget and push honest ones to TCP. Without a jetty nothing

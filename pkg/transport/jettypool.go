@@ -184,7 +184,7 @@ func (p *jettyPool) acquire(spec jettySpec) (*jettyRes, *fallback) {
 			continue
 		}
 		// Spent, maybe on prepared jetties this connection cannot use:
-		// take the place of one.
+		// destroy one of them for it.
 		p.mu.Unlock()
 		if !p.budget.reclaim() {
 			return nil, fallbackf(ReasonBudgetExhausted, "all %d jetties of the budget are in use (%s)", p.budget.Limit(), EnvJettyBudget)
@@ -257,8 +257,8 @@ func (p *jettyPool) fill(done <-chan struct{}) {
 	}
 }
 
-// dropPrepared destroys one prepared jetty and gives its place in the
-// budget back (JettyBudget.reclaim); it reports whether there was one.
+// dropPrepared destroys one prepared jetty and gives it back to the budget
+// (JettyBudget.reclaim); it reports whether there was one.
 func (p *jettyPool) dropPrepared() bool {
 	p.mu.Lock()
 	n := len(p.prepared)

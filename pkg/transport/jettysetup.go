@@ -17,13 +17,13 @@ import (
 // the handshake stops waiting for it and falls back, and what the call
 // makes when it does finish is released at once. That goroutine holds an
 // engine reference (newURMAConn takes it first), so the engine, and the
-// provider context the verb runs on, outlive it; and a place among the
-// engine's setups, so that a provider that stays stalled leaves at most
+// provider context the verb runs on, outlive it; and one of the engine's
+// setups (e.setups), so that a provider that stays stalled leaves at most
 // that many goroutines behind, however many connections come meanwhile.
 func (e *engine) setUpBy(ctx context.Context, tcp net.Conn, role string, spec jettySpec, end time.Time, within, stopped string) (*urmaConn, *fallback) {
 	wctx, cancel := until(ctx, end)
 	defer cancel()
-	// No setup begins once end has passed: a select with a free place
+	// No setup begins once end has passed: a select with a free setup
 	// would pick it half the time, and a quick setup would then carry the
 	// handshake on as URMA past end (a late hello, which a server that
 	// already serves the client as plain TCP reads as application bytes),
@@ -38,7 +38,7 @@ func (e *engine) setUpBy(ctx context.Context, tcp net.Conn, role string, spec je
 	}
 	select {
 	case e.setups <- struct{}{}:
-		if wctx.Err() != nil { // passed meanwhile, as the place freed
+		if wctx.Err() != nil { // passed meanwhile, as a setup freed
 			<-e.setups
 			return noTime()
 		}

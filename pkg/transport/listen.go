@@ -37,7 +37,7 @@ func newMetrics(cfg Config) (*metrics.Metrics, error) {
 // concurrently, so a slow client does not hold up Accept. Connections
 // waiting for Accept plus handshakes that hold a jetty are bounded by
 // Config.AcceptBacklog, as the kernel bounds a plain listener's queue;
-// handshakes in progress by handshakesPerPlace times that.
+// handshakes in progress by handshakesPerSeat times that.
 type Listener struct {
 	ln     net.Listener
 	e      *engine
@@ -45,17 +45,17 @@ type Listener struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	conns  chan Conn
-	// handshakes holds a token for each handshake in progress, up to its
-	// connection's entry into conns: the accept loop takes one before it
+	// handshakes has an element for each handshake in progress, up to its
+	// connection's entry into conns: the accept loop puts one in before it
 	// takes a connection from the kernel.
 	handshakes chan struct{}
-	// slots holds a token (a place) for each handshake that holds a jetty
+	// seats has an element (a seat) for each handshake that holds a jetty
 	// and each connection in conns: a handshake takes one before it sets
 	// up a jetty, or once it completed without one; Accept (or a failed
 	// handshake) gives it back. A client that is silent or stalls in its
-	// hello holds no place, so a few of them cannot keep honest clients
+	// hello holds no seat, so a few of them cannot keep honest clients
 	// waiting.
-	slots   chan struct{}
+	seats   chan struct{}
 	closed  chan struct{}
 	failed  chan struct{} // the accept loop stopped on an error (loopErr)
 	wg      sync.WaitGroup
@@ -101,9 +101,9 @@ func ListenTransport(network, address string, cfg Config) (*Listener, error) {
 	e.start(host)
 	l := &Listener{
 		ln: ln, e: e, log: e.log,
-		conns:      make(chan Conn, s.acceptBacklog), // never full: conns hold slots
-		handshakes: make(chan struct{}, handshakesPerPlace*s.acceptBacklog),
-		slots:      make(chan struct{}, s.acceptBacklog),
+		conns:      make(chan Conn, s.acceptBacklog), // never full: conns hold seats
+		handshakes: make(chan struct{}, handshakesPerSeat*s.acceptBacklog),
+		seats:      make(chan struct{}, s.acceptBacklog),
 		closed:     make(chan struct{}),
 		failed:     make(chan struct{}),
 	}
@@ -113,13 +113,13 @@ func ListenTransport(network, address string, cfg Config) (*Listener, error) {
 	return l, nil
 }
 
-// handshakesPerPlace is how many handshakes a Listener runs at once for
-// each place of its AcceptBacklog. Before its hello a handshake costs a
+// handshakesPerSeat is how many handshakes a Listener runs at once for
+// each seat of its AcceptBacklog. Before its hello a handshake costs a
 // goroutine and a TCP connection, no jetty, so clients that stay silent
 // for urma_first_bytes_timeout, or stall in their hello for
-// HandshakeTimeout, take a share of these and not the places of honest
+// HandshakeTimeout, take a share of these and not the seats of honest
 // clients.
-const handshakesPerPlace = 4
+const handshakesPerSeat = 4
 
 func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
@@ -165,54 +165,53 @@ func (l *Listener) acceptLoop() {
 		go func() {
 			defer l.wg.Done()
 			defer func() { <-l.handshakes }()
-			p := &place{slots: l.slots}
-			c, err := serverHandshake(l.ctx, l.e, tcp, p)
+			seat := &seat{seats: l.seats}
+			c, err := serverHandshake(l.ctx, l.e, tcp, seat)
 			if err != nil {
-				p.give()
+				seat.give()
 				l.log.Info("dropping a connection", "error", err.Error())
 				return
 			}
-			if !p.take(l.ctx) { // closed meanwhile
+			if !seat.take(l.ctx) { // closed meanwhile
 				abortConn(c)
 				return
 			}
-			l.conns <- c // never blocks: it has its place
+			l.conns <- c // never blocks: it has its seat
 		}()
 	}
 }
 
-// place is one handshake's claim on a place of the listener's
-// AcceptBacklog (Listener.slots), which its connection keeps until it is
-// Accepted.
-type place struct {
-	slots chan struct{}
+// seat is one handshake's claim on a seat of the listener's AcceptBacklog
+// (Listener.seats), which its connection keeps until it is Accepted.
+type seat struct {
+	seats chan struct{}
 	held  bool
 }
 
-// take waits for a place until ctx ends; it reports whether one is held.
-func (p *place) take(ctx context.Context) bool {
-	if p.held {
+// take waits for a seat until ctx ends; it reports whether one is held.
+func (s *seat) take(ctx context.Context) bool {
+	if s.held {
 		return true
 	}
 	select {
-	case p.slots <- struct{}{}:
-		p.held = true
+	case s.seats <- struct{}{}:
+		s.held = true
 	case <-ctx.Done():
 	}
-	return p.held
+	return s.held
 }
 
-// give gives the place back, if one is held.
-func (p *place) give() {
-	if p.held {
-		<-p.slots
-		p.held = false
+// give gives the seat back, if one is held.
+func (s *seat) give() {
+	if s.held {
+		<-s.seats
+		s.held = false
 	}
 }
 
-// freeSlot gives back the place of a connection that was Accepted, so that
+// freeSeat gives back the seat of a connection that was Accepted, so that
 // the next handshake may have it.
-func (l *Listener) freeSlot() { <-l.slots }
+func (l *Listener) freeSeat() { <-l.seats }
 
 // abortConn ends a connection nobody accepted. The application never saw
 // it, so nothing it wrote can be lost, and waiting for the peer (Close's
@@ -238,7 +237,7 @@ func isTemporary(err error) bool {
 func (l *Listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.conns:
-		l.freeSlot()
+		l.freeSeat()
 		return c, nil
 	case <-l.closed:
 	case <-l.failed:
@@ -246,7 +245,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 	// Prefer a connection that is ready over the close.
 	select {
 	case c := <-l.conns:
-		l.freeSlot()
+		l.freeSeat()
 		return c, nil
 	default:
 	}

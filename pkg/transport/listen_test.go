@@ -16,9 +16,9 @@ import (
 // TestListenerBacklogBound: a Listener whose application does not call
 // Accept holds at most Config.AcceptBacklog connections with a jetty and
 // its receive buffers (handshakes past the hello plus completed ones);
-// further clients get no answer (their handshakes wait for a place, or
-// for the kernel's listen backlog to be taken). An Accept frees a place and the next
-// client gets through; Close ends the accept loop waiting for a place.
+// further clients get no answer (their handshakes wait for a seat, or for
+// the kernel's listen backlog to be taken). An Accept frees a seat and the
+// next client gets through; Close ends the accept loop waiting for a seat.
 func TestListenerBacklogBound(t *testing.T) {
 	checkNoLeaks(t)
 	const backlog = 2
@@ -64,7 +64,7 @@ func TestListenerBacklogBound(t *testing.T) {
 		t.Errorf("the listener holds %d receive buffers, want %d: the receive queues of %d connections", inUse, backlog*ln.e.rqSize, backlog)
 	}
 
-	// An Accept frees a place: the clients given up on are taken and
+	// An Accept frees a seat: the clients given up on are taken and
 	// dropped, then a new one gets through.
 	first, err := ln.Accept()
 	if err != nil {
@@ -73,7 +73,7 @@ func TestListenerBacklogBound(t *testing.T) {
 	defer first.Close()
 	next, err := dial(time.Minute)
 	if err != nil {
-		t.Fatalf("a client after an Accept freed a place: %v", err)
+		t.Fatalf("a client after an Accept freed a seat: %v", err)
 	}
 	for _, want := range []string{"the second client", "the client after the Accept"} {
 		c, err := ln.Accept()
@@ -86,7 +86,7 @@ func TestListenerBacklogBound(t *testing.T) {
 		}
 	}
 
-	// Full again, the accept loop waits for a place; Close ends it (and
+	// Full again, the accept loop waits for a seat; Close ends it (and
 	// checkNoLeaks that nothing is left running).
 	for range backlog {
 		if _, err := dial(time.Minute); err != nil {
@@ -169,20 +169,20 @@ func TestListenerCloseAbortsUnaccepted(t *testing.T) {
 	}
 }
 
-// TestSilentClientsHoldNoPlace: clients that stay silent (a plain TCP
+// TestSilentClientsHoldNoSeat: clients that stay silent (a plain TCP
 // client that waits for the server to speak, here for the whole
-// HandshakeTimeout) or stall in their hello hold a handshake, not a place
+// HandshakeTimeout) or stall in their hello hold a handshake, not a seat
 // of Config.AcceptBacklog, which only connections with a jetty or waiting
 // for Accept take. As many of them as leave one handshake free, far more
 // than the backlog, do not keep an honest client from being served on
 // URMA and accepted at once; one more fills the handshakes in progress
-// (handshakesPerPlace times the backlog), and the next client is left in
+// (handshakesPerSeat times the backlog), and the next client is left in
 // the kernel's listen backlog. Before, the first AcceptBacklog silent
 // clients kept every other client waiting.
-func TestSilentClientsHoldNoPlace(t *testing.T) {
+func TestSilentClientsHoldNoSeat(t *testing.T) {
 	checkNoLeaks(t)
 	const backlog = 2
-	const handshakes = handshakesPerPlace * backlog
+	const handshakes = handshakesPerSeat * backlog
 	pa, pb := fabricPair(t)
 	scfg := cfgWith(pa, smallFlags())
 	scfg.AcceptBacklog = backlog
@@ -234,12 +234,12 @@ func TestSilentClientsHoldNoPlace(t *testing.T) {
 	}
 }
 
-// TestNoPlaceFallsBack: a client whose handshake finds every place of
+// TestNoSeatFallsBack: a client whose handshake finds every seat of
 // Config.AcceptBacklog held (here by a connection nobody accepted) is not
 // left unanswered: at three quarters of HandshakeTimeout the server sends
 // its fallback hello, both sides go on as TCP, and the connection waits
-// for a place before Accept returns it.
-func TestNoPlaceFallsBack(t *testing.T) {
+// for a seat before Accept returns it.
+func TestNoSeatFallsBack(t *testing.T) {
 	checkNoLeaks(t)
 	pa, pb := fabricPair(t)
 	scfg := cfgWith(pa, smallFlags())
@@ -262,7 +262,7 @@ func TestNoPlaceFallsBack(t *testing.T) {
 	}
 	second := dial()
 	if second.Mode() != ModeTCP || !strings.HasPrefix(second.FallbackReason(), string(ReasonPeerDeclined)+":") {
-		t.Fatalf("the client that found no place: mode %s, fallback %q; want TCP, %s", second.Mode(), second.FallbackReason(), ReasonPeerDeclined)
+		t.Fatalf("the client that found no seat: mode %s, fallback %q; want TCP, %s", second.Mode(), second.FallbackReason(), ReasonPeerDeclined)
 	}
 	for _, want := range []Conn{first, second} {
 		c, err := ln.Accept()
@@ -274,10 +274,10 @@ func TestNoPlaceFallsBack(t *testing.T) {
 			t.Fatalf("accepted %s, want %s", c.RemoteAddr(), want.LocalAddr())
 		}
 		if want == second {
-			if why := c.(Conn).FallbackReason(); !strings.HasPrefix(why, string(ReasonResources)+":") || !strings.Contains(why, "no place") {
-				t.Errorf("server fallback %q; want %s saying it found no place", why, ReasonResources)
+			if why := c.(Conn).FallbackReason(); !strings.HasPrefix(why, string(ReasonResources)+":") || !strings.Contains(why, "no place among the listener's") {
+				t.Errorf("server fallback %q; want %s saying it found no seat", why, ReasonResources)
 			}
-			exchange(t, second, c, "after waiting for a place")
+			exchange(t, second, c, "after waiting for a seat")
 		}
 	}
 }
@@ -294,12 +294,12 @@ func dialWithin(t *testing.T, d *Dialer, addr string, timeout time.Duration) (ne
 	return c, err
 }
 
-// TestFailedHandshakeGivesItsPlaceBack: a handshake that took a place of
+// TestFailedHandshakeGivesItsSeatBack: a handshake that took a seat of
 // the AcceptBacklog (its jetty set up, its hello sent) and then failed (no
-// ACK within the server's urma_ack_timeout) gives the place back, so the
-// next client is served on URMA and accepted. Kept, the place was lost for
+// ACK within the server's urma_ack_timeout) gives the seat back, so the
+// next client is served on URMA and accepted. Kept, the seat was lost for
 // good: with a backlog of one, no client was accepted on URMA again.
-func TestFailedHandshakeGivesItsPlaceBack(t *testing.T) {
+func TestFailedHandshakeGivesItsSeatBack(t *testing.T) {
 	checkNoLeaks(t)
 	pa, pb := fabricPair(t)
 	scfg := cfgWith(pa, smallFlags())
@@ -321,8 +321,8 @@ func TestFailedHandshakeGivesItsPlaceBack(t *testing.T) {
 	defer stalled.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	dialed := dialAsync(ctx, stalled, ln.Addr().String())
-	waitFor(t, "the server to hold a place for the stalled client", stallBound, func() bool { return len(ln.slots) == 1 })
-	waitFor(t, "the failed handshake to give its place back", stallBound, func() bool { return len(ln.slots) == 0 })
+	waitFor(t, "the server to hold a seat for the stalled client", stallBound, func() bool { return len(ln.seats) == 1 })
+	waitFor(t, "the failed handshake to give its seat back", stallBound, func() bool { return len(ln.seats) == 0 })
 	cancel()
 	(<-dialed).closeIfDialed() // cancelled, or a fallback onto the connection the server dropped
 
