@@ -1,3 +1,27 @@
+// Package transport is a net.Conn whose bytes move over URMA (the Unified
+// Bus's remote memory access) and that falls back to plain TCP whenever
+// URMA cannot be used. It speaks brpc's UrmaTransport protocol byte for
+// byte, so Go and brpc peers interoperate.
+//
+// A Listener (Listen, ListenTransport) accepts and a Dialer (NewDialer,
+// Dial) dials. Each owns a provider context, a registered buffer pool and
+// a pool of prepared jetties that its connections share; both are
+// configured by a Config, whose zero value reads the urma_* flags file and
+// the environment the device plugin sets and, without UB hardware, uses
+// the software provider. JettyBudget shares one jetty budget between
+// several of them.
+//
+// Every connection is a Conn: a TCP handshake (hello, hello, ACK) decides
+// whether its bytes go over URMA, as SENDs into the peer's posted receive
+// buffers with credit flow control, or over the TCP connection itself. A
+// connection that cannot use URMA (no device, a spent jetty budget, a
+// plain TCP peer, a failed import) runs on TCP and says why
+// (Conn.FallbackReason, one of the Reason values). Every connection is
+// also a ZeroCopyConn, which writes from and reads into the registered
+// buffers themselves.
+//
+// Closing a Listener or Dialer leaves its connections open; the URMA
+// resources go when the last of them closes.
 package transport
 
 import (
@@ -7,6 +31,29 @@ import (
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
+
+// Conn is what every connection of this package implements: a net.Conn
+// that says which data plane it runs on.
+type Conn interface {
+	net.Conn
+	// Mode says whether the bytes move over URMA or TCP.
+	Mode() Mode
+	// FallbackReason says why the connection runs on TCP ("reason: detail"),
+	// "" when it runs on URMA.
+	FallbackReason() string
+	// Debug is a snapshot of the connection's state for people.
+	Debug() DebugInfo
+}
+
+// ModeOf reports the mode of a connection made by this package, or of
+// anything wrapping one that exposes Mode(); ok is false otherwise.
+func ModeOf(c net.Conn) (m Mode, ok bool) {
+	mc, ok := c.(interface{ Mode() Mode })
+	if !ok {
+		return 0, false
+	}
+	return mc.Mode(), true
+}
 
 // Mode is the data plane a connection runs on.
 type Mode int
@@ -83,29 +130,6 @@ const (
 	// that (raise urma_sq_size): URMA would stall.
 	ReasonWindowTooSmall Reason = "window_too_small"
 )
-
-// Conn is what every connection of this package implements: a net.Conn
-// that says which data plane it runs on.
-type Conn interface {
-	net.Conn
-	// Mode says whether the bytes move over URMA or TCP.
-	Mode() Mode
-	// FallbackReason says why the connection runs on TCP ("reason: detail"),
-	// "" when it runs on URMA.
-	FallbackReason() string
-	// Debug is a snapshot of the connection's state for people.
-	Debug() DebugInfo
-}
-
-// ModeOf reports the mode of a connection made by this package, or of
-// anything wrapping one that exposes Mode(); ok is false otherwise.
-func ModeOf(c net.Conn) (m Mode, ok bool) {
-	mc, ok := c.(interface{ Mode() Mode })
-	if !ok {
-		return 0, false
-	}
-	return mc.Mode(), true
-}
 
 // DebugInfo is a connection's state, for logs and debug endpoints.
 type DebugInfo struct {
