@@ -66,6 +66,11 @@ func runClient(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageError{err}
 	}
 	cfg.DisableURMA = *mode == "tcp"
+	stopProfile, err := c.startProfile()
+	if err != nil {
+		return usageError{err}
+	}
+	defer stopProfile()
 	var dial func(ctx context.Context) (net.Conn, error)
 	if *mode == "unix" {
 		var nd net.Dialer

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -59,9 +60,10 @@ const usage = `usage: urma-perf server --listen ADDR [--echo] [--mode auto|tcp] 
 
 // common are the flags both commands take.
 type common struct {
-	json      bool
-	verbosity int
-	urma      map[string]*urmaFlag // urma_* overrides given on the command line
+	json       bool
+	verbosity  int
+	cpuProfile string               // --cpuprofile: where Go's CPU profile of the run goes
+	urma       map[string]*urmaFlag // urma_* overrides given on the command line
 }
 
 // urmaFlag is one urma_* flag on the command line; booleans may be given
@@ -83,6 +85,7 @@ func (f *urmaFlag) IsBoolFlag() bool { return f.spec.Kind == flags.Bool }
 func (c *common) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.json, "json", false, "print results as JSON")
 	fs.IntVar(&c.verbosity, "v", 0, "log verbosity of the transport on stderr (0 warnings and fallbacks, 1 more)")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write Go's CPU profile of the whole run to this file (go tool pprof reads it)")
 	c.urma = map[string]*urmaFlag{}
 	for _, s := range append(flags.Specs(), flags.TransportSpecs()...) {
 		f := &urmaFlag{spec: s}
@@ -113,6 +116,26 @@ func (c *common) config(fs *flag.FlagSet, stderr io.Writer) (transport.Config, e
 		return transport.Config{}, err
 	}
 	return transport.Config{Flags: &f, Logger: c.logger(stderr)}, nil
+}
+
+// startProfile starts the CPU profile --cpuprofile asks for; the caller
+// runs stop when the command ends, which writes it out.
+func (c *common) startProfile() (stop func(), err error) {
+	if c.cpuProfile == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(c.cpuProfile)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }
 
 func (c *common) logger(stderr io.Writer) logr.Logger {

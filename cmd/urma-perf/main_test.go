@@ -427,3 +427,26 @@ func FuzzPerfHeader(f *testing.F) {
 		}
 	})
 }
+
+// TestCPUProfile: --cpuprofile leaves Go's CPU profile of the run in the
+// file it names (gzip-compressed protobuf, as pprof writes it), and a
+// profile that cannot be written is a usage error before anything runs.
+func TestCPUProfile(t *testing.T) {
+	isolate(t)
+	addr, _ := startServer(t, "--echo")
+	prof := filepath.Join(t.TempDir(), "client.prof")
+	if _, code, stderr := runClientJSON(t, "--server", addr, "--duration", "200ms", "--cpuprofile", prof); code != 0 {
+		t.Fatalf("client exit %d: %s", code, stderr)
+	}
+	b, err := os.ReadFile(prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("%s holds %d bytes that are not a gzip-compressed profile", prof, len(b))
+	}
+	bad := filepath.Join(t.TempDir(), "missing", "client.prof")
+	if _, code, stderr := runClientJSON(t, "--server", addr, "--duration", "200ms", "--cpuprofile", bad); code != 2 || !strings.Contains(stderr, "--cpuprofile") {
+		t.Fatalf("client with an unwritable profile exited %d, want 2 naming --cpuprofile; stderr: %s", code, stderr)
+	}
+}

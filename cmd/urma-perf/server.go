@@ -90,6 +90,11 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageError{err}
 	}
 	cfg.DisableURMA = *mode == "tcp"
+	stopProfile, err := c.startProfile()
+	if err != nil {
+		return usageError{err}
+	}
+	defer stopProfile()
 	ln, err := transport.ListenTransport("tcp", *listen, cfg)
 	if err != nil {
 		return err
