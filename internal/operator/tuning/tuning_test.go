@@ -540,7 +540,9 @@ func TestRenderedFlagsParseBack(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: rendered flags do not parse: %v", obj, err)
 		}
-		if back != r.Flags {
+		// Render writes every value; the file read back also names every
+		// flag as given, which Derive's own Flags need not.
+		if back.Render() != r.Flags.Render() {
 			t.Errorf("%s: round trip changed flags:\n got  %+v\n want %+v", obj, back, r.Flags)
 		}
 	}

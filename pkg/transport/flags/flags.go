@@ -142,6 +142,10 @@ type Flags struct {
 	// pool (liburma, the socket fabric), map it as private memory that the
 	// kernel may back with transparent huge pages.
 	PoolHugePages bool
+
+	// set marks the flags Set (a flags file, a command line) assigned, by
+	// their place in table(): see Given.
+	set uint64
 }
 
 // field binds a Spec to the Flags field it sets.
@@ -396,13 +400,32 @@ func (fl field) get(f *Flags) string {
 }
 
 // Set assigns one flag by name from its text value, checking its range.
+// The flag counts as given from then on (Given).
 func (f *Flags) Set(name, value string) error {
-	for _, fl := range table() {
+	for i, fl := range table() {
 		if fl.spec.Name == name {
-			return fl.set(f, value)
+			if err := fl.set(f, value); err != nil {
+				return err
+			}
+			f.set |= 1 << i
+			return nil
 		}
 	}
 	return fmt.Errorf("unknown flag %q", name)
+}
+
+// Given reports whether flag name was given: Set assigned it (a flags
+// file names it, as the operator's always does; a command line sets it),
+// or it holds another value than its default. pkg/transport sizes what no
+// flag gives (its buffers) itself, and never overrides a flag that was
+// given, whatever its value. An unknown name was not given.
+func (f *Flags) Given(name string) bool {
+	for i, fl := range table() {
+		if fl.spec.Name == name {
+			return f.set&(1<<i) != 0 || fl.get(f) != fl.spec.Default
+		}
+	}
+	return false
 }
 
 // Get returns one flag's value as text.

@@ -359,7 +359,7 @@ func TestRenderRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Parse(Render()): %v", err)
 	}
-	if back != f {
+	if !sameValues(back, f) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", back, f)
 	}
 }
@@ -389,7 +389,7 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			t.Fatalf("Parse(Render()) of %+v: %v", got, err)
 		}
-		if back != got {
+		if !sameValues(back, got) {
 			t.Fatalf("round trip changed flags:\n got %+v\nwant %+v", back, got)
 		}
 	})
@@ -419,8 +419,61 @@ func FuzzStringRoundTrip(f *testing.F) {
 		if err != nil {
 			t.Fatalf("%s=%q accepted, but its rendered file does not parse: %v", name, value, err)
 		}
-		if got != want {
+		if !sameValues(got, want) {
 			t.Fatalf("%s=%q accepted, but its rendered file parses differently:\n got %+v\nwant %+v", name, value, got, want)
 		}
 	})
+}
+
+// sameValues reports whether a and b hold the same values, whichever flags
+// of them were given (Render writes every flag, so a file read back names
+// more than the one rendered).
+func sameValues(a, b Flags) bool {
+	a.set, b.set = 0, 0
+	return a == b
+}
+
+// TestGiven: a flag is given once Set assigns it, even to its default
+// value (the operator's file names every flag), or when it holds another
+// value than its default; otherwise, and for unknown names, it is not.
+func TestGiven(t *testing.T) {
+	if n := len(table()); n > 64 {
+		t.Fatalf("%d flags: Flags.set has one bit for each of at most 64", n)
+	}
+	d := Defaults()
+	for _, s := range append(Specs(), TransportSpecs()...) {
+		if d.Given(s.Name) {
+			t.Errorf("%s is given in the defaults", s.Name)
+		}
+		f := Defaults()
+		if err := f.Set(s.Name, s.Default); err != nil {
+			t.Fatal(err)
+		}
+		if !f.Given(s.Name) {
+			t.Errorf("%s set to its default is not given", s.Name)
+		}
+		for _, o := range append(Specs(), TransportSpecs()...) {
+			if o.Name != s.Name && f.Given(o.Name) {
+				t.Errorf("setting %s gives %s too", s.Name, o.Name)
+			}
+		}
+	}
+	f := Defaults()
+	f.BufferSize = 65536 // a program's own Flags, never Set
+	if !f.Given("urma_buffer_size") || f.Given("urma_buffer_count") {
+		t.Errorf("a changed field: Given(urma_buffer_size)=%v Given(urma_buffer_count)=%v, want true, false", f.Given("urma_buffer_size"), f.Given("urma_buffer_count"))
+	}
+	if f.Given("urma_no_such_flag") {
+		t.Error("an unknown flag is given")
+	}
+	if err := f.Set("urma_sq_size", "1"); err == nil || f.Given("urma_sq_size") {
+		t.Errorf("a refused Set (%v) gives the flag: %v", err, f.Given("urma_sq_size"))
+	}
+	parsed, err := Parse(strings.NewReader("--urma_rq_size=128\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !parsed.Given("urma_rq_size") || parsed.Given("urma_sq_size") {
+		t.Errorf("a file naming only urma_rq_size: Given(urma_rq_size)=%v Given(urma_sq_size)=%v, want true, false", parsed.Given("urma_rq_size"), parsed.Given("urma_sq_size"))
+	}
 }
