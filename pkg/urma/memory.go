@@ -81,6 +81,16 @@ func AllocPrivateMemory(size int) (*Memory, error) {
 	return allocPrivate(size, hugePageSize(thpSizeFile))
 }
 
+// AllocPrivatePages maps size bytes of zeroed anonymous memory that only
+// this process maps, on small pages: it is charged a page at a time as it
+// is touched, where AllocPrivateMemory's huge pages would charge 2 MiB for
+// the first byte. For memory of which only a part may ever be touched, such
+// as receive buffers sized for the largest message that mostly hold small
+// ones.
+func AllocPrivatePages(size int) (*Memory, error) {
+	return allocPrivate(size, 0)
+}
+
 // allocPrivate maps private anonymous memory aligned to hugePage and
 // advised for huge pages when it spans one; hugePage 0 maps it plainly.
 func allocPrivate(size, hugePage int) (*Memory, error) {

@@ -321,9 +321,9 @@ func TestAllocPrivateMemoryAdvisesHugePages(t *testing.T) {
 	if !slices.Contains(flags, "hg") {
 		t.Fatalf("VmFlags of the region = %v, want hg (MADV_HUGEPAGE)", flags)
 	}
-	// Plain private memory carries no such flag: the check above tells
-	// advised memory from unadvised.
-	plain, err := allocPrivate(2*huge, 0)
+	// AllocPrivatePages' memory carries no such flag: the check above
+	// tells advised memory from unadvised, and small pages stay small.
+	plain, err := AllocPrivatePages(2 * huge)
 	if err != nil {
 		t.Fatal(err)
 	}
