@@ -94,7 +94,7 @@ func fuzzConn(t testing.TB) (*urmaConn, *bookJFR, *bookJetty) {
 	e := &engine{bufSize: fuzzBuf, rqSize: fuzzRQ, sqSize: fuzzRQ, log: logr.Discard()}
 	e.s.flags = smallFlags()
 	c := &urmaConn{
-		e: e, res: &jettyRes{jfr: jfr, jetty: jetty}, pool: pool, tcp: ours, role: metrics.RoleServer, log: logr.Discard(),
+		e: e, res: &jettyRes{jfr: jfr, jetty: jetty}, pool: pool, rxPool: pool, recv: recvPlan{size: fuzzBuf, count: fuzzRQ}, tcp: ours, role: metrics.RoleServer, log: logr.Discard(),
 		rx: rx, rxState: make([]rxState, fuzzRQ), rxq: make([]int32, fuzzRQ),
 		stopCh: make(chan struct{}), closedCh: make(chan struct{}), peerDone: make(chan struct{}),
 		readable: make(chan struct{}, 1), writable: make(chan struct{}, 1), flushDone: make(chan struct{}),

@@ -22,7 +22,7 @@ func booksConn(t *testing.T) *urmaConn {
 	}
 	c := &urmaConn{
 		e:    &engine{bufSize: size},
-		pool: pool, windowCap: 4, sqWindow: 3, remoteRQWindow: 4, creditWRs: creditWRs,
+		pool: pool, rxPool: pool, recv: recvPlan{size: size, count: 2}, windowCap: 4, sqWindow: 3, remoteRQWindow: 4, creditWRs: creditWRs,
 		rx:        []*Buffer{{}, {}},
 		rxState:   []rxState{rxPosted, rxPosted},
 		rxq:       make([]int32, 2),

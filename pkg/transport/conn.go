@@ -30,8 +30,10 @@ type urmaConn struct {
 	e       *engine
 	res     *jettyRes
 	spec    jettySpec   // what res is: send queue depth, token or none
-	pool    *bufferPool // the engine's: receives, and sends without ownSend
+	pool    *bufferPool // the engine's: sends without ownSend, copies of small receives
 	ownSend *bufferPool // the connection's own send buffers (sendbuffers.go), or nil
+	rxPool  *bufferPool // where the receive buffers are: the engine pool or, with recv.own, a region of the connection's own
+	recv    recvPlan    // the receives' size and count (bufferplan.go), as the hello says
 	tcp     net.Conn
 	role    string
 	log     logr.Logger
@@ -120,16 +122,27 @@ func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaCon
 		e.unref()
 		return nil, fb
 	}
-	rq := e.rqSize
+	plan, rxPool := spec.recv, e.pool
+	if plan.own {
+		own, err := e.newRecvRegion(plan)
+		if err != nil {
+			// Not fatal: the pool's receives, as the flags size them.
+			e.log.Info("receiving into the shared pool", "error", err.Error())
+			plan = e.poolRecv
+		} else {
+			rxPool = own
+		}
+	}
+	rq := plan.count
 	rx := make([]*Buffer, rq)
-	if !e.pool.tryGetN(rq, rx) {
-		free, _ := e.pool.stats()
+	if !rxPool.tryGetN(rq, rx) {
+		free, _ := rxPool.stats()
 		e.jetties.release(res)
 		e.unref()
 		return nil, fallbackf(ReasonResources, "buffer pool has %d free buffers, a connection needs %d for its receive queue (raise urma_buffer_count)", free, rq)
 	}
 	c := &urmaConn{
-		e: e, res: res, spec: spec, pool: e.pool, tcp: tcp, role: role, limitMark: e.connLimitRefusals(),
+		e: e, res: res, spec: spec, pool: e.pool, rxPool: rxPool, recv: plan, tcp: tcp, role: role, limitMark: e.connLimitRefusals(),
 		log:      e.log.WithValues("local", tcp.LocalAddr().String(), "remote", tcp.RemoteAddr().String()),
 		rx:       rx,
 		rxState:  make([]rxState, rq), // rxSpare: the connection's, not posted yet
@@ -148,14 +161,6 @@ func newURMAConn(e *engine, tcp net.Conn, role string, spec jettySpec) (*urmaCon
 		b.recv, b.slot = c, int32(i)
 	}
 	c.direct = newDirectPlacement(res.jfr, e.s.flags.ReadDirect, e.s.flags.ZerocopyMinSize, rq)
-	if e.wantsSendBuffers() {
-		sb, err := e.newConnSendBuffers(spec.sq)
-		if err != nil {
-			// Not fatal: sends from the pool cross the ring by copy.
-			c.log.Info("sending from the shared pool, through the ring", "error", err.Error())
-		}
-		c.ownSend = sb
-	}
 	c.mu.Lock()
 	var err error
 	for i := range rx {
@@ -181,8 +186,8 @@ func (c *urmaConn) localHello() handshake.Hello {
 	id := c.res.jetty.ID()
 	seg := c.res.hello.seg.ID()
 	h := handshake.Hello{
-		BufferSize:    uint32(c.e.bufSize),
-		RecvBufferCnt: uint32(c.e.rqSize - 1),
+		BufferSize:    uint32(c.recv.size),
+		RecvBufferCnt: uint32(c.recv.count - 1),
 		JettyID:       id.ID,
 		EID:           c.e.uctx.EID(),
 		UASID:         id.UASID,
@@ -246,15 +251,15 @@ func (c *urmaConn) applyPeer(ctx context.Context, h handshake.Hello) *fallback {
 	}
 	// Our receive window as the peer computes it; the peer's SQ depth is
 	// only known from our extension, else assume the smallest legal one.
-	peerWindow := min(c.e.rqSize-creditWRs, minPeerWindow)
+	peerWindow := min(c.recv.count-creditWRs, minPeerWindow)
 	if h.SQSize != 0 {
-		peerWindow = min(c.e.rqSize, int(h.SQSize)) - creditWRs
+		peerWindow = min(c.recv.count, int(h.SQSize)) - creditWRs
 	}
 	c.threshold = max(peerWindow, 1) / 2
 	c.peerBufSize = int(h.BufferSize)
 	c.peerMarks = h.CloseMarker
-	c.chunk = min(c.e.bufSize, c.peerBufSize)
 	c.sqWindow, c.remoteRQWindow, c.creditWRs = c.windowCap, c.windowCap, creditWRs
+	c.setUpSends()
 
 	token := urma.Token(0)
 	if h.HasToken {
@@ -344,6 +349,7 @@ func (c *urmaConn) Debug() DebugInfo {
 		SQWindow: c.sqWindow, RemoteRQWindow: c.remoteRQWindow, WindowCapacity: c.windowCap,
 		CreditThreshold: c.threshold, PendingCredits: c.pendingCredits, CreditWRsFree: c.creditWRs,
 		BufferedMessages: c.rxLen, RemoteBufferSize: c.peerBufSize,
+		BufferSize: c.recv.size, Receives: c.recv.count, MaxMessage: c.chunk,
 		OwnSendBuffers: c.ownSendCount(),
 		BytesSent:      c.bytesSent.Load(), BytesReceived: c.bytesReceived.Load(),
 		MessagesSent: c.msgsSent.Load(), MessagesReceived: c.msgsReceived.Load(),

@@ -197,8 +197,8 @@ func (c *urmaConn) handleLocked(cr *urma.Completion) (readable, writable bool, e
 	} else if cr.CompletionLen == 0 {
 		return false, false, protocolErr("zero-length message without a credit")
 	}
-	if int(cr.CompletionLen) > c.e.bufSize {
-		return false, false, protocolErr("message of %d bytes exceeds the %d-byte receive buffer", cr.CompletionLen, c.e.bufSize)
+	if int(cr.CompletionLen) > c.recv.size {
+		return false, false, protocolErr("message of %d bytes exceeds the %d-byte receive buffer", cr.CompletionLen, c.recv.size)
 	}
 	if cr.CompletionLen == 0 {
 		// A credit message used one of the reserved receives: repost it at

@@ -436,7 +436,14 @@ func (c *urmaConn) release() {
 	// until then.
 	c.e.jetties.release(res)
 	for _, b := range back {
-		c.pool.put(b)
+		b.pool.put(b)
+	}
+	if c.rxPool != c.pool {
+		// Unmapped once the application gives back the last receive
+		// buffer it holds (ReadBuffer), at once if it holds none.
+		if err := c.rxPool.unregister(c.log, "the connection's receive buffers"); err != nil {
+			c.log.Error(err, "releasing the connection's receive buffers")
+		}
 	}
 	if c.ownSend != nil {
 		// The jetty is flushed: no SEND reads the buffers any more.

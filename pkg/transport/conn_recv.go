@@ -26,7 +26,7 @@ const (
 // postRecvLocked (re)posts receive slot; c.mu is held.
 func (c *urmaConn) postRecvLocked(slot int32) error {
 	b := c.rx[slot]
-	c.recvSGE[0] = c.pool.sge(b, c.pool.size)
+	c.recvSGE[0] = c.rxPool.sge(b, c.rxPool.size)
 	c.recvWR = urma.RecvWR{UserCtx: uint64(slot) + 1, SGEs: c.recvSGE[:]}
 	if err := c.res.jfr.PostRecv(&c.recvWR); err != nil {
 		c.rxState[slot] = rxSpare // kept, to go back to the pool at release
@@ -79,7 +79,7 @@ func (c *urmaConn) recycleRecv(b *Buffer) {
 	if c.stateNow() == stateReleased {
 		c.rxState[slot] = rxReturned
 		c.mu.Unlock()
-		c.pool.put(b)
+		b.pool.put(b)
 		return
 	}
 	err := c.consumeLocked(int32(slot))
@@ -227,12 +227,18 @@ func (c *urmaConn) ReadBuffer() (*Buffer, error) {
 	}
 	c.mu.Unlock()
 	// Small message (or zero-copy off): copy it out so the receive can be
-	// reposted at once.
+	// reposted at once; a message larger than a pool buffer (the
+	// connection's own receives) is handed out a pool buffer at a time.
 	nb, err := c.pool.get(c.closedCh, c.rdl.done(), c.e.s.failWhenPoolDry)
 	if err != nil {
 		return nil, c.opErr("read", err)
 	}
 	nb.n = copy(nb.data, b.data[b.off:b.n])
+	b.off += nb.n
+	if b.off < b.n {
+		c.countReceived(nb.n)
+		return nb, nil
+	}
 	c.mu.Lock()
 	c.rxHead = (c.rxHead + 1) % len(c.rxq)
 	c.rxLen--

@@ -172,10 +172,13 @@ func (c *urmaConn) emptyWriteErr() error {
 // connection's own send buffers from another core: streaming stores spare
 // the copy from fetching every line back from that core first.
 func (c *urmaConn) fill(b *Buffer, p []byte) int {
-	if c.ownsSendBuffer(b) {
-		return memcopy.Stream(b.data[:c.chunk], p)
+	// A pool buffer may be smaller than the connection's messages (when
+	// its own send buffers are all out): it carries what it holds.
+	dst := b.data[:min(c.chunk, len(b.data))]
+	if c.ownsSendBuffer(b) && c.sharesSendBuffers() {
+		return memcopy.Stream(dst, p)
 	}
-	return copy(b.data[:c.chunk], p)
+	return copy(dst, p)
 }
 
 // AllocBuffer takes a buffer to fill and WriteBuffer: one of the

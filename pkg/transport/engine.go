@@ -58,6 +58,12 @@ type engine struct {
 	sqSize   int
 	rqSize   int
 	bufSize  int
+	// How connections receive (bufferplan.go): from the pool as the
+	// flags say (poolRecv), or, with autoSized, from buffers of their own
+	// the transport sizes (autoRecv).
+	poolRecv  recvPlan
+	autoRecv  recvPlan
+	autoSized bool
 
 	// Readers spinning for their message now (urma_event_spin), and how
 	// many may: half the processors, at least one, so that a server with
@@ -199,6 +205,7 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 	if err := e.registerPool(); err != nil {
 		return fallbackf(ReasonResources, "%v", err)
 	}
+	e.planBuffers()
 	e.jetties = newJettyPool(e)
 	if e.s.flags.UsePolling {
 		e.pollers = newPollerGroup(e.s.flags.PollerNum, e.s.flags.PollerYield)
@@ -215,6 +222,7 @@ func (e *engine) bringUp(local netip.Addr) *fallback {
 	// whether bytes move through hardware or through the software provider.
 	e.log.Info("URMA ready", "provider", e.prov.Name(), "device", dev.Name, "eid", e.uctx.EID().String(),
 		"buffers", e.s.flags.BufferCount, "bufferSize", e.bufSize, "sq", e.sqSize, "rq", e.rqSize,
+		"ownBuffers", e.autoSized, "ownBufferSize", e.autoRecv.size, "ownReceives", e.autoRecv.count,
 		"polling", e.s.flags.UsePolling, "jettyBudget", e.s.budget.Limit(), "preparedJetties", e.jetties.target)
 	return nil
 }

@@ -187,6 +187,8 @@ func (e *engine) specFor(h handshake.Hello) (jettySpec, *fallback) {
 	if h.HasExtension() {
 		return spec, nil
 	}
+	// brpc's own receives are the pool's size; ours for it are too.
+	spec.recv = e.recvPlanFor(false)
 	if !spec.tokenless {
 		if e.s.requireToken {
 			return spec, fallbackf(ReasonTokenMismatch, "the client's hello has no token extension (a brpc client, which cannot present a token) and urma_require_token is set")

@@ -30,11 +30,24 @@ type jettyRes struct {
 type jettySpec struct {
 	sq        int
 	tokenless bool
+	// recv is how the connection receives (bufferplan.go): not part of
+	// the jetty, whose receive queue is urma_rq_size deep whatever is
+	// posted to it.
+	recv recvPlan
 }
 
 // spec is the engine's own jetty spec: the configured send queue depth,
-// and a token of its own unless Config.NoToken.
-func (e *engine) spec() jettySpec { return jettySpec{sq: e.sqSize, tokenless: e.s.noToken} }
+// a token of its own unless Config.NoToken, and receives for a peer of
+// ours.
+func (e *engine) spec() jettySpec {
+	return jettySpec{sq: e.sqSize, tokenless: e.s.noToken, recv: e.recvPlanFor(true)}
+}
+
+// prepared reports whether a prepared jetty (the engine's spec) serves s.
+func (s jettySpec) prepared(e *engine) bool {
+	own := e.spec()
+	return s.sq == own.sq && s.tokenless == own.tokenless
+}
 
 // createJetty builds a jettyRes in liburma's order. On failure it destroys
 // whatever it created and names the step that failed.
@@ -165,7 +178,7 @@ func newJettyPool(e *engine) *jettyPool {
 // budget is spent only because the filler is creating a jetty right now, it
 // waits for that one.
 func (p *jettyPool) acquire(spec jettySpec) (*jettyRes, *fallback) {
-	usePrepared := spec == p.e.spec()
+	usePrepared := spec.prepared(p.e)
 	p.mu.Lock()
 	for {
 		if n := len(p.prepared); n > 0 && usePrepared {

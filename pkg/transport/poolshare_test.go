@@ -33,8 +33,9 @@ func TestShmSendMemory(t *testing.T) {
 		wantMapped  int // bytes the server maps of the client's memory
 		wantOwn     int // the client's own send buffers, in Debug
 	}{
-		// The default: the connection's own send buffers.
-		{name: "default", sendBuffers: true, wantMapped: sq * bufSize, wantOwn: sq},
+		// The default: the connection's own send buffers, one for each
+		// send its window lets out at once.
+		{name: "default", sendBuffers: true, wantMapped: (sq - creditWRs) * bufSize, wantOwn: sq - creditWRs},
 		{name: "off", wantMapped: 0},
 		// urma_pool_remote_read: the whole pool.
 		{name: "pool", sendBuffers: true, remoteRead: true, wantMapped: bufCount * bufSize},

@@ -157,10 +157,18 @@ type DebugInfo struct {
 	CreditWRsFree    int          `json:",omitempty"` // of the 3 reserved credit WRs
 	BufferedMessages int          `json:",omitempty"` // received, not yet read
 	RemoteBufferSize int          `json:",omitempty"`
+	// BufferSize and Receives are this side's receive buffers, as its
+	// hello announced them: urma_buffer_size and urma_rq_size, or the
+	// transport's own sizes (docs/transport.md, "Buffer sizes").
+	BufferSize int `json:",omitempty"`
+	Receives   int `json:",omitempty"`
 	// OwnSendBuffers is how many send buffers the connection has of its
-	// own (urma_shm_send_buffers, shm fabric); 0 when it sends from the
-	// pool, through the ring.
+	// own (shm fabric, or buffers the transport sizes); 0 when it sends
+	// from the pool.
 	OwnSendBuffers int `json:",omitempty"`
+	// MaxMessage is the most bytes one SEND carries: the smaller of the
+	// peer's receive buffer and what this side sends from.
+	MaxMessage int `json:",omitempty"`
 
 	BytesSent, BytesReceived       uint64
 	MessagesSent, MessagesReceived uint64 `json:",omitempty"`
@@ -186,9 +194,9 @@ func (d DebugInfo) String() string {
 		fmt.Fprintf(&b, " hello=v%d", d.HandshakeVersion)
 	}
 	if d.Mode == ModeURMA {
-		fmt.Fprintf(&b, " provider=%s device=%s fabric=%s jetty=%d remote_jetty=%s/%d sq_window=%d remote_rq_window=%d capacity=%d credit_threshold=%d pending_credits=%d credit_wrs=%d buffered=%d remote_buffer=%d own_send_buffers=%d",
+		fmt.Fprintf(&b, " provider=%s device=%s fabric=%s jetty=%d remote_jetty=%s/%d sq_window=%d remote_rq_window=%d capacity=%d credit_threshold=%d pending_credits=%d credit_wrs=%d buffered=%d buffer=%d receives=%d remote_buffer=%d own_send_buffers=%d max_message=%d",
 			d.Provider, d.Device, d.Fabric, d.LocalJetty.ID, d.RemoteJetty.EID, d.RemoteJetty.ID, d.SQWindow, d.RemoteRQWindow, d.WindowCapacity,
-			d.CreditThreshold, d.PendingCredits, d.CreditWRsFree, d.BufferedMessages, d.RemoteBufferSize, d.OwnSendBuffers)
+			d.CreditThreshold, d.PendingCredits, d.CreditWRsFree, d.BufferedMessages, d.BufferSize, d.Receives, d.RemoteBufferSize, d.OwnSendBuffers, d.MaxMessage)
 	}
 	fmt.Fprintf(&b, " bytes_sent=%d bytes_received=%d", d.BytesSent, d.BytesReceived)
 	if d.Mode == ModeURMA {
