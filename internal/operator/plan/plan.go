@@ -1,8 +1,9 @@
 // Package plan decides what an UrmaEndpoint should render: it turns the spec
 // into a tuning profile, groups the relevant nodes by their device limits,
-// picks the limits to tune against and runs internal/operator/tuning. Make is pure; Observe
-// does the reads Make needs. Both the reconciler and the admission webhook
-// use it, so a warning at admission and a condition in status say the same.
+// picks the limits to tune against and runs internal/operator/tuning. Make
+// is pure; Observe does the reads Make needs. Both the reconciler and the
+// admission webhook use it, so a warning at admission and a condition in
+// status say the same.
 package plan
 
 import (
