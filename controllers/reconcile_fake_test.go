@@ -178,7 +178,7 @@ func TestConfigMapNotYetInCache(t *testing.T) {
 	}{
 		{name: "cache behind, uncached reader", apiReader: true, source: v1alpha1.LimitsFromNodes},
 		{name: "cache behind, no uncached reader", source: v1alpha1.LimitsFromNodes},
-		{name: "cache behind, spec changed meanwhile: updated", apiReader: true, source: v1alpha1.LimitsFromNodes,
+		{name: "cache behind, spec changed meanwhile - updated", apiReader: true, source: v1alpha1.LimitsFromNodes,
 			change: func(t *testing.T, c client.Client) {
 				var ep v1alpha1.UrmaEndpoint
 				if err := c.Get(ctx(), client.ObjectKey{Namespace: "ns", Name: "ep"}, &ep); err != nil {
@@ -190,7 +190,7 @@ func TestConfigMapNotYetInCache(t *testing.T) {
 					t.Fatal(err)
 				}
 			}},
-		{name: "cache behind, node facts gone meanwhile: recorded limits kept", apiReader: true, source: v1alpha1.LimitsLastKnown,
+		{name: "cache behind, node facts gone meanwhile - recorded limits kept", apiReader: true, source: v1alpha1.LimitsLastKnown,
 			change: func(t *testing.T, c client.Client) {
 				var n corev1.Node
 				if err := c.Get(ctx(), client.ObjectKey{Name: "n1"}, &n); err != nil {
@@ -201,7 +201,7 @@ func TestConfigMapNotYetInCache(t *testing.T) {
 					t.Fatal(err)
 				}
 			}},
-		{name: "someone else's ConfigMap", apiReader: true, foreign: true},
+		{name: "someone elses ConfigMap", apiReader: true, foreign: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -198,7 +198,7 @@ func TestConditions(t *testing.T) {
 		{
 			// Before any node publishes facts: the plugin's unit, not one
 			// jetty per unit (8 jetties are 1 unit of 16, not 8 units).
-			name: "no node facts yet: the plugin's jetties per unit", nodes: nil,
+			name: "no node facts yet - the plugins jetties per unit", nodes: nil,
 			clamped: metav1.ConditionFalse, degraded: metav1.ConditionTrue, reason: v1alpha1.ReasonNoNodeFacts,
 			reasonMsg: "no node facts yet", source: v1alpha1.LimitsSoftware, sq: "35", groups: 0, units: 1,
 		},

@@ -68,7 +68,7 @@ func TestServerAndClient(t *testing.T) {
 		wantServer:  []string{"mode=urma"},
 		wantMetric:  `urma_transport_conns_total{mode="urma",role="server"} 1`,
 	}, {
-		name:       "no provider: TCP fallback with its reason",
+		name:       "no provider - TCP fallback with its reason",
 		provider:   "liburma",
 		wantClient: []string{"connection mode=tcp", `fallback="provider_unavailable`},
 		wantServer: []string{"URMA unavailable, every connection will use TCP: provider_unavailable", "mode=tcp"},

@@ -56,7 +56,7 @@ func TestParsePerfReport(t *testing.T) {
 		{name: "report", in: urmaReportJSON},
 		{name: "empty", in: "\n", wantErr: "no output"},
 		{name: "text output", in: "urma-perf client: server=127.0.0.1:1 size=4096", wantErr: "not urma-perf client's JSON report"},
-		{name: "unknown field (format changed)", in: `{"qps": 1, "bandwidth": 2}`, wantErr: `unknown field "bandwidth"`},
+		{name: "unknown field, format changed", in: `{"qps": 1, "bandwidth": 2}`, wantErr: `unknown field "bandwidth"`},
 		{name: "no connections", in: `{"requests": 5, "durationSeconds": 1, "conns": []}`, wantErr: "no connection"},
 		{name: "counts disagree", in: `{"requests": 5, "durationSeconds": 1, "urmaConns": 2, "conns": [{"mode":"urma"}]}`, wantErr: "counts 2 urma, 0 tcp and 0 unix connections but lists 1"},
 		{name: "nothing measured", in: `{"requests": 0, "durationSeconds": 3, "urmaConns": 1, "conns": [{"mode":"urma"}]}`, wantErr: "no request completed"},

@@ -85,17 +85,17 @@ func TestDRASlicePolicyOnTheAPIServer(t *testing.T) {
 		driver string // "" = ours
 		deny   string // "" = allowed
 	}{
-		{name: "driver creates its node's slice", as: driverA, op: create, node: "node-a"},
-		{name: "driver updates its node's slice", as: driverA, op: update, node: "node-a"},
-		{name: "driver deletes its node's stale slice", as: driverA, op: del, node: "node-a"},
-		{name: "driver creates another node's slice", as: driverA, op: create, node: "node-b", deny: denyOtherNode},
-		{name: "driver updates another node's slice", as: driverA, op: update, node: "node-b", deny: denyOtherNode},
-		{name: "driver deletes another node's slice", as: driverA, op: del, node: "node-b", deny: denyOtherNode},
+		{name: "driver creates its nodes slice", as: driverA, op: create, node: "node-a"},
+		{name: "driver updates its nodes slice", as: driverA, op: update, node: "node-a"},
+		{name: "driver deletes its nodes stale slice", as: driverA, op: del, node: "node-a"},
+		{name: "driver creates another nodes slice", as: driverA, op: create, node: "node-b", deny: denyOtherNode},
+		{name: "driver updates another nodes slice", as: driverA, op: update, node: "node-b", deny: denyOtherNode},
+		{name: "driver deletes another nodes slice", as: driverA, op: del, node: "node-b", deny: denyOtherNode},
 		{name: "driver creates a slice for all nodes", as: driverA, op: create, deny: denyOtherNode},
 		{name: "driver deletes a slice for all nodes", as: driverA, op: del, deny: denyOtherNode},
-		{name: "driver creates another driver's slice on its node", as: driverA, op: create, node: "node-a", driver: "gpu.example.com", deny: denyOtherDriver},
-		{name: "driver updates another driver's slice on its node", as: driverA, op: update, node: "node-a", driver: "gpu.example.com", deny: denyOtherDriver},
-		{name: "driver deletes another driver's slice on its node", as: driverA, op: del, node: "node-a", driver: "gpu.example.com", deny: denyOtherDriver},
+		{name: "driver creates another drivers slice on its node", as: driverA, op: create, node: "node-a", driver: "gpu.example.com", deny: denyOtherDriver},
+		{name: "driver updates another drivers slice on its node", as: driverA, op: update, node: "node-a", driver: "gpu.example.com", deny: denyOtherDriver},
+		{name: "driver deletes another drivers slice on its node", as: driverA, op: del, node: "node-a", driver: "gpu.example.com", deny: denyOtherDriver},
 		{name: "token without a node creates", as: noNode, op: create, node: "node-a", deny: denyNoNode},
 		{name: "token without a node updates", as: noNode, op: update, node: "node-a", deny: denyNoNode},
 		{name: "token without a node deletes", as: noNode, op: del, node: "node-a", deny: denyNoNode},
@@ -173,7 +173,7 @@ func TestDRASlicePolicyOnTheAPIServer(t *testing.T) {
 		}
 	})
 
-	t.Run("the driver's own slice controller", func(t *testing.T) {
+	t.Run("the drivers own slice controller", func(t *testing.T) {
 		// A node of its own: the controller owns every slice of its node and
 		// driver, and would delete the cases' slices of node-a.
 		publishLikeTheDriver(ctx, t, admin, asServiceAccount(t, cfg, draName, "node-c"), "node-c")

@@ -93,8 +93,8 @@ func TestNodePolicyOnTheAPIServer(t *testing.T) {
 		spec  map[string]any
 		deny  string // "" = allowed
 	}{
-		{name: "its own node's urma label", node: "node-a", patch: map[string]any{"labels": map[string]any{nodefacts.LabelPresent: "true"}}},
-		{name: "its own node's urma annotation", node: "node-a", patch: map[string]any{"annotations": map[string]any{nodefacts.AnnotationMaxJFSDepth: "4096"}}},
+		{name: "its own nodes urma label", node: "node-a", patch: map[string]any{"labels": map[string]any{nodefacts.LabelPresent: "true"}}},
+		{name: "its own nodes urma annotation", node: "node-a", patch: map[string]any{"annotations": map[string]any{nodefacts.AnnotationMaxJFSDepth: "4096"}}},
 		{name: "removing its own urma annotation", node: "node-a", patch: map[string]any{"annotations": map[string]any{nodefacts.AnnotationMaxJFSDepth: nil}}},
 		{name: "another node", node: "node-b", patch: map[string]any{"annotations": map[string]any{nodefacts.AnnotationDeviceCount: "1"}}, deny: "may change only its own node"},
 		{name: "another label", node: "node-a", patch: map[string]any{"labels": map[string]any{"team": "compute"}}, deny: "only urma.openeuler.org/ labels"},
@@ -123,7 +123,7 @@ func TestNodePolicyOnTheAPIServer(t *testing.T) {
 		})
 	}
 
-	t.Run("the plugin's own publisher", func(t *testing.T) {
+	t.Run("the plugins own publisher", func(t *testing.T) {
 		pub := nodelabel.New(nodelabel.Config{NodeName: "node-a"}, plugin, testr.New(t), nil)
 		facts := nodefacts.Facts{DeviceCount: 2, MaxJFSDepth: 4096, MaxJFRDepth: 4096, MaxJFCDepth: 8192,
 			MaxMsgSize: 1 << 20, JettiesPerDevice: 1008, JettiesPerUnit: 16}

@@ -243,7 +243,7 @@ func TestTemplateValues(t *testing.T) {
 			checkArgsAbsent(t, argv, "--node-facts-resync-interval", "--kubelet-check-interval", "--resync-interval")
 		},
 	}, {
-		name:   "DRA driver intervals default to the driver's own",
+		name:   "DRA driver intervals default to the drivers own",
 		values: []string{"--set", "driver=dra"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
@@ -300,7 +300,7 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
-		name:   "Node Feature Discovery: a NodeFeatureRule labels UB nodes and the plugin selects them",
+		name:   "Node Feature Discovery - a NodeFeatureRule labels UB nodes and the plugin selects them",
 		values: []string{"--set", "devicePlugin.nfd.nodeFeatureRule=true", "--set", "devicePlugin.nfd.pciDevices={a22a,a22b}", "-a", "nfd.k8s-sigs.io/v1alpha1"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			nfr := one(t, objs, "NodeFeatureRule")
@@ -316,7 +316,7 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
-		name:   "Node Feature Discovery without PCI IDs: the module rule only",
+		name:   "Node Feature Discovery without PCI IDs - the module rule only",
 		values: []string{"--set", "devicePlugin.nfd.nodeFeatureRule=true", "-a", "nfd.k8s-sigs.io/v1alpha1"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			if rules := fmt.Sprint(field(t, one(t, objs, "NodeFeatureRule"), "spec", "rules")); strings.Contains(rules, "pci.device") {
@@ -324,7 +324,7 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
-		name:   "NFD feature file: the host's features.d is mounted",
+		name:   "NFD feature file - the hosts features.d is mounted",
 		values: []string{"--set", "devicePlugin.nfd.featuresDir=/etc/kubernetes/node-feature-discovery/features.d", "--set", "devicePlugin.nodeLabels.enabled=false"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := one(t, objs, "DaemonSet")
@@ -365,7 +365,7 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
-		name: "hardware node label added to the user's node affinity",
+		name: "hardware node label added to the users node affinity",
 		values: []string{"--set", "devicePlugin.nodeLabel=" + presentLabel,
 			"--set", "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
 			"--set", "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
@@ -417,7 +417,7 @@ func TestTemplateValues(t *testing.T) {
 			}
 		},
 	}, {
-		name:   "DRA: the operator's unit is the driver's default request, not the device plugin's",
+		name:   "DRA - the operators unit is the drivers default request, not the device plugins",
 		values: []string{"--set", "driver=dra", "--set", "devicePlugin.jettiesPerUnit=8", "--set", "draDriver.jettyRequest.default=32", "--set", "draDriver.jettyRequest.min=8", "--set", "draDriver.jettyRequest.step=8"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			// The driver's node facts give the default request as the unit
@@ -945,7 +945,7 @@ func TestImageReferences(t *testing.T) {
 			"draDriver":    "registry.example.com:5000/urma/urma-dra-driver:1.2.3-rc.1",
 		},
 	}, {
-		name: "an image's own registry, tag and digest win",
+		name: "an images own registry, tag and digest win",
 		values: []string{"--set", "global.imageRegistry=registry.example.com/urma", "--set", "global.imageTag=1.2.3",
 			"--set", "devicePlugin.image.registry=mirror.example.com/dp", "--set", "operator.image.tag=hotfix",
 			"--set", "draDriver.image.digest=" + digest, "--set", "draDriver.image.tag=ignored"},

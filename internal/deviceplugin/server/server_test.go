@@ -170,21 +170,21 @@ func TestAllocate(t *testing.T) {
 		shm bool
 	}{
 		{
-			name:        "one device: its node, ummu, existing extra",
+			name:        "one device - its node, ummu, existing extra",
 			cfg:         Config{ExtraDevNodes: []string{"/dev/present_extra", "/dev/missing_extra"}},
 			ids:         []string{"udma1-0", "udma1-3"},
 			wantEnv:     map[string]string{podenv.Device: "udma1", podenv.JettyBudget: "32", podenv.EID: "::ffff:10.0.0.1"},
 			wantDevices: []string{"/dev/uburma/udma1", "/dev/ummu/tid", "/dev/present_extra"},
 		},
 		{
-			name: "several devices: primary has most units, URMA_DEVICES lists all",
+			name: "several devices - primary has most units, URMA_DEVICES lists all",
 			ids:  []string{"udma0-0", "udma1-0", "udma1-1", "udma1-2"},
 			wantEnv: map[string]string{podenv.Device: "udma1", podenv.JettyBudget: "48", podenv.EID: "::ffff:10.0.0.1",
 				podenv.Devices: "udma1:48,udma0:16"},
 			wantDevices: []string{"/dev/uburma/udma1", "/dev/uburma/udma0", "/dev/ummu/tid"},
 		},
 		{
-			name:    "software device: provider env, nothing mounted",
+			name:    "software device - provider env, nothing mounted",
 			ids:     []string{"soft0-1", "soft0-2"},
 			wantEnv: map[string]string{podenv.Device: "soft0", podenv.JettyBudget: "32", podenv.Provider: podenv.ProviderSoft},
 		},
@@ -196,7 +196,7 @@ func TestAllocate(t *testing.T) {
 			wantCDI: []string{"urma.openeuler.org/jetty=udma0"},
 		},
 		{
-			name:    "CDI annotation strategy: a cdi.k8s.io annotation instead of the field",
+			name:    "CDI annotation strategy - a cdi.k8s.io annotation instead of the field",
 			cfg:     Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyAnnotations}},
 			ids:     []string{"udma0-0", "udma1-0", "udma1-1"},
 			wantEnv: map[string]string{podenv.Device: "udma1", podenv.JettyBudget: "32", podenv.EID: "::ffff:10.0.0.1", podenv.Devices: "udma1:32,udma0:16"},
@@ -215,19 +215,19 @@ func TestAllocate(t *testing.T) {
 			},
 		},
 		{
-			name:    "CDI annotations for a software device: nothing to inject",
+			name:    "CDI annotations for a software device - nothing to inject",
 			cfg:     Config{CDIKind: "urma.openeuler.org/jetty", CDIStrategies: []CDIStrategy{CDIStrategyAnnotations}},
 			ids:     []string{"soft0-0"},
 			wantEnv: map[string]string{podenv.Device: "soft0", podenv.JettyBudget: "16", podenv.Provider: podenv.ProviderSoft},
 		},
 		{
-			name:    "software device with the shm directory: mounted and named",
+			name:    "software device with the shm directory - mounted and named",
 			shm:     true,
 			ids:     []string{"soft0-1"},
 			wantEnv: map[string]string{podenv.Device: "soft0", podenv.JettyBudget: "16", podenv.Provider: podenv.ProviderSoft},
 		},
 		{
-			name:        "hardware device with the shm directory: both",
+			name:        "hardware device with the shm directory - both",
 			shm:         true,
 			ids:         []string{"udma0-0"},
 			wantEnv:     map[string]string{podenv.Device: "udma0", podenv.JettyBudget: "16", podenv.EID: "::ffff:10.0.0.1"},

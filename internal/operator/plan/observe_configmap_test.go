@@ -37,7 +37,7 @@ func TestObserveConfigMapLastKnown(t *testing.T) {
 		{name: "no ConfigMap"},
 		{name: "recorded", cm: configMap(owned, EncodeLimits(recorded)), wantConfigMap: true, wantLastKnown: &recorded},
 		{name: "malformed record", cm: configMap(owned, `{"maxJFSDepth":`), wantConfigMap: true, wantErr: true},
-		{name: "not the endpoint's", cm: configMap(nil, EncodeLimits(recorded)), wantConfigMap: true},
+		{name: "not the endpoints", cm: configMap(nil, EncodeLimits(recorded)), wantConfigMap: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -322,12 +322,12 @@ func TestDeriveRules(t *testing.T) {
 		}},
 
 		// Warnings about hardware that no flag can fix.
-		{name: "budget above a node's jetties", profile: func(p *Profile) { p.JettyBudget = 3000 }, want: want{
+		{name: "budget above a nodes jetties", profile: func(p *Profile) { p.JettyBudget = 3000 }, want: want{
 			warnings: []string{"jettyBudget 3000 exceeds a node's jetties (2 devices x 1024)"},
 		}},
 		{name: "unknown jetties give no budget warning", profile: func(p *Profile) { p.JettyBudget = 3000 }, limits: func(l *Limits) { l.JettiesPerDevice = 0 }, want: want{}},
 		{name: "unknown device count gives no budget warning", profile: func(p *Profile) { p.JettyBudget = 3000 }, limits: func(l *Limits) { l.DeviceCount = 0 }, want: want{}},
-		{name: "budget of exactly a node's jetties", profile: func(p *Profile) { p.JettyBudget = 2048 }, want: want{}},
+		{name: "budget of exactly a nodes jetties", profile: func(p *Profile) { p.JettyBudget = 2048 }, want: want{}},
 		{name: "registering exactly the large-registration size is no warning", overrides: map[string]string{FlagBufferSize: "65536", FlagBufferCount: "16384"}, want: want{
 			registered: i64(LargeRegistrationBytes),
 		}},

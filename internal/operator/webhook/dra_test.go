@@ -124,7 +124,7 @@ func TestInjectClaimsForInitContainers(t *testing.T) {
 		added []string          // the pod claims Inject adds
 	}{
 		{
-			name:  "shares the first app container's claim",
+			name:  "shares the first app containers claim",
 			want:  map[string]string{"init": "urma-app", "app": "urma-app", "side": "urma-side"},
 			added: []string{"urma-app", "urma-side"},
 		},
@@ -145,7 +145,7 @@ func TestInjectClaimsForInitContainers(t *testing.T) {
 			added: []string{"urma-app", "urma-side", "urma-proxy"},
 		},
 		{
-			name: "shares an app container's own URMA claim",
+			name: "shares an app containers own URMA claim",
 			pod: func(p *corev1.Pod) {
 				p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}, {Name: "jetties"}}
 			},
@@ -154,7 +154,7 @@ func TestInjectClaimsForInitContainers(t *testing.T) {
 			added: []string{"urma-side"},
 		},
 		{
-			name: "only init containers use URMA: the first one's claim",
+			name: "only init containers use URMA - the first ones claim",
 			pod: func(p *corev1.Pod) {
 				p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: "migrate"})
 			},
@@ -163,7 +163,7 @@ func TestInjectClaimsForInitContainers(t *testing.T) {
 			added: []string{"urma-init"},
 		},
 		{
-			name: "app containers on units: its own",
+			name: "app containers on units - its own",
 			pod: func(p *corev1.Pod) {
 				p.Spec.Containers = p.Spec.Containers[:1]
 				p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{nodefacts.ResourceName: resource.MustParse("2")}
@@ -172,7 +172,7 @@ func TestInjectClaimsForInitContainers(t *testing.T) {
 			added: []string{"urma-init"},
 		},
 		{
-			name: "an init container's own claim stays",
+			name: "an init containers own claim stays",
 			pod: func(p *corev1.Pod) {
 				p.Spec.InitContainers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "urma-mine"}}
 			},
@@ -368,10 +368,10 @@ func TestPodInjectorDRAModeForeignClaimTemplate(t *testing.T) {
 		wantClaims  bool
 		wantWarning string
 	}{
-		{name: "someone else's template", tmpl: claimTemplate(name, "gpu.example.com"),
+		{name: "someone elses template", tmpl: claimTemplate(name, "gpu.example.com"),
 			wantWarning: "ResourceClaimTemplate ns/ep-urma-jetties is not controlled by UrmaEndpoint ns/ep: the pod claims no URMA jetties"},
-		{name: "the endpoint's template", tmpl: owned(ep), wantClaims: true},
-		{name: "an earlier endpoint's template", tmpl: owned(predecessor(ep)), wantClaims: true},
+		{name: "the endpoints template", tmpl: owned(ep), wantClaims: true},
+		{name: "an earlier endpoints template", tmpl: owned(predecessor(ep)), wantClaims: true},
 		{name: "no template yet", wantClaims: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -58,7 +58,7 @@ func TestEnvValue(t *testing.T) {
 			want: "/etc/urma/urma.flags", known: true},
 		{name: "a chain of earlier entries", env: []corev1.EnvVar{lit("R", "/etc"), lit("D", "$(R)/urma"), lit("F", "$(D)/urma.flags")},
 			want: "/etc/urma/urma.flags", known: true},
-		{name: "the last of an earlier name's entries", env: []corev1.EnvVar{lit("D", "/a"), lit("D", "/b"), lit("F", "$(D)/f")},
+		{name: "the last of an earlier names entries", env: []corev1.EnvVar{lit("D", "/a"), lit("D", "/b"), lit("F", "$(D)/f")},
 			want: "/b/f", known: true},
 		{name: "a later entry is not defined yet", env: []corev1.EnvVar{lit("F", "$(D)/f"), lit("D", "/a")},
 			want: "$(D)/f", known: false},

@@ -24,12 +24,12 @@ func TestInjectStampsTheHashOnlyWhenThePodMountsTheEndpointsConfigMap(t *testing
 		want   bool
 	}{
 		{name: "bare pod", want: true},
-		{name: "the pod already has the endpoint's volume", want: true, mutate: func(p *corev1.Pod) {
+		{name: "the pod already has the endpoints volume", want: true, mutate: func(p *corev1.Pod) {
 			p.Spec.Volumes = []corev1.Volume{{Name: VolumeName, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 				LocalObjectReference: corev1.LocalObjectReference{Name: v1alpha1.ConfigMapName("ep")}}}}}
 		}},
-		{name: "a volume of the webhook's name from another endpoint's ConfigMap", mutate: otherVolume},
-		{name: "a volume of the webhook's name that is no ConfigMap", mutate: func(p *corev1.Pod) {
+		{name: "a volume of the webhooks name from another endpoints ConfigMap", mutate: otherVolume},
+		{name: "a volume of the webhooks name that is no ConfigMap", mutate: func(p *corev1.Pod) {
 			p.Spec.Volumes = []corev1.Volume{{Name: VolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 		}},
 		{name: "every container mounts something else at the flags path", mutate: func(p *corev1.Pod) {

@@ -62,7 +62,7 @@ func TestInject(t *testing.T) {
 		missing []string
 		check   func(*testing.T, *corev1.Pod)
 	}{
-		{name: "bare pod: every container gets the flags and its own request", hash: "abc",
+		{name: "bare pod - every container gets the flags and its own request", hash: "abc",
 			want:  map[string]string{"init": "3", "app": "3", "side": "3"},
 			flags: map[string]bool{"init": true, "app": true, "side": true},
 			check: func(t *testing.T, p *corev1.Pod) {
@@ -80,7 +80,7 @@ func TestInject(t *testing.T) {
 			want:    map[string]string{"init": "", "app": "", "side": "3"},
 			flags:   map[string]bool{"init": false, "app": false, "side": true},
 			missing: []string{"ghost", "spirit"}},
-		{name: "no container named is in the pod: no hash, so not counted on the flags", hash: "abc", containers: []string{"ghost"},
+		{name: "no container named is in the pod - no hash, so not counted on the flags", hash: "abc", containers: []string{"ghost"},
 			want:    map[string]string{"init": "", "app": "", "side": ""},
 			flags:   map[string]bool{"init": false, "app": false, "side": false},
 			missing: []string{"ghost"},
@@ -89,7 +89,7 @@ func TestInject(t *testing.T) {
 					t.Errorf("flags hash stamped on a pod none of whose containers got the flags: %v", p.Annotations)
 				}
 			}},
-		{name: "unknown hash: no annotation", hash: "",
+		{name: "unknown hash - no annotation", hash: "",
 			want:  map[string]string{"init": "3", "app": "3", "side": "3"},
 			flags: map[string]bool{"init": true, "app": true, "side": true},
 			check: func(t *testing.T, p *corev1.Pod) {
@@ -97,7 +97,7 @@ func TestInject(t *testing.T) {
 					t.Errorf("annotation set without a hash: %v", p.Annotations)
 				}
 			}},
-		{name: "existing settings kept; a container's own request wins", hash: "abc", mutate: func(p *corev1.Pod) {
+		{name: "existing settings kept, a containers own request wins", hash: "abc", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "URMA_FLAGS_FILE", Value: "/mine"}}
 			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "own", MountPath: "/etc/urma"}}
 			p.Spec.InitContainers[0].Resources.Limits = corev1.ResourceList{nodefacts.ResourceName: resource.MustParse("1")}
@@ -126,7 +126,7 @@ func TestInject(t *testing.T) {
 					t.Errorf("mounts %+v, want data and the flags", m)
 				}
 			}},
-		{name: "a mount at /etc/urma/ is the one at /etc/urma: no second mount, the flags file under it", hash: "abc", mutate: func(p *corev1.Pod) {
+		{name: "a mount at /etc/urma/ is the one at /etc/urma - no second mount, the flags file under it", hash: "abc", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "own", MountPath: "/etc/urma/"}}
 		}, want: map[string]string{"app": "3"},
 			check: func(t *testing.T, p *corev1.Pod) {
@@ -138,7 +138,7 @@ func TestInject(t *testing.T) {
 					t.Errorf("env %+v, want URMA_FLAGS_FILE=/etc/urma/urma.flags", c.Env)
 				}
 			}},
-		{name: "the flags volume mounted elsewhere: URMA_FLAGS_FILE names the file there", hash: "abc", mutate: func(p *corev1.Pod) {
+		{name: "the flags volume mounted elsewhere - URMA_FLAGS_FILE names the file there", hash: "abc", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: VolumeName, MountPath: "/opt/flags/", ReadOnly: true}}
 			p.Spec.Containers[1].VolumeMounts = []corev1.VolumeMount{{Name: VolumeName, MountPath: "/cfg/urma.flags", SubPath: "urma.flags"}}
 			p.Spec.InitContainers[0].VolumeMounts = []corev1.VolumeMount{{Name: VolumeName, MountPath: "/cfg/hash", SubPath: "hash"}}
@@ -173,7 +173,7 @@ func TestInject(t *testing.T) {
 					t.Errorf("the container's own request was changed: %+v", side)
 				}
 			}},
-		{name: "no containers: no resource, no panic", hash: "abc", mutate: func(p *corev1.Pod) {
+		{name: "no containers - no resource, no panic", hash: "abc", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers, p.Spec.InitContainers = nil, nil
 		}, check: func(t *testing.T, p *corev1.Pod) {
 			if len(p.Spec.Volumes) != 1 {
@@ -337,28 +337,28 @@ func TestPodInjectorHandle(t *testing.T) {
 			allowed: true, mutated: true, hash: "h1", units: "3"},
 		{name: "not rendered yet", objs: []client.Object{ep, hwNode("n1", 4096)}, pod: basePod,
 			allowed: true, mutated: true, units: "3", warning: "not rendered yet"},
-		{name: "ConfigMap of someone else's the cache has (managed-by label); no node facts yet: the plugin's default unit",
+		{name: "ConfigMap of someone elses the cache has, managed-by label, no node facts yet - the plugins default unit",
 			objs: []client.Object{ep, foreignConfigMap(true)},
 			pod:  basePod, allowed: true, mutated: true, units: "3", noFlags: true,
 			warning: "ConfigMap ns/ep-urma-flags is not controlled by UrmaEndpoint ns/ep (ConfigMapConflict): the pod does not mount it"},
-		{name: "ConfigMap of someone else's only the API server has (the cache holds managed ones only)",
+		{name: "ConfigMap of someone elses only the API server has, the cache holds managed ones only",
 			objs: []client.Object{ep, hwNode("n1", 4096)}, api: []client.Object{foreignConfigMap(false)},
 			pod: basePod, allowed: true, mutated: true, units: "3", noFlags: true,
 			warning: "ConfigMap ns/ep-urma-flags is not controlled by UrmaEndpoint ns/ep (ConfigMapConflict)"},
-		{name: "ConfigMap of an earlier endpoint of this name, the garbage collector's to delete: not rendered yet",
+		{name: "ConfigMap of an earlier endpoint of this name, the garbage collectors to delete - not rendered yet",
 			objs: []client.Object{ep, hwNode("n1", 4096), ownedConfigMap(predecessor(ep), "old")},
 			pod:  basePod, allowed: true, mutated: true, units: "3", warning: "not rendered yet"},
-		{name: "own ConfigMap the cache has not seen yet: read from the API server",
+		{name: "own ConfigMap the cache has not seen yet - read from the API server",
 			objs: []client.Object{ep, hwNode("n1", 4096)}, api: []client.Object{ownedConfigMap(ep, "h1")},
 			pod: basePod, allowed: true, mutated: true, hash: "h1", units: "3"},
 		{name: "no node facts yet, the plugin runs 32 jetties per unit", objs: []client.Object{ep}, fallbackUnit: 32,
 			pod: basePod, allowed: true, mutated: true, units: "2", warning: "not rendered yet"},
-		{name: "endpoint not in the cache yet: read from the API server", objs: []client.Object{hwNode("n1", 4096)}, api: []client.Object{ep},
+		{name: "endpoint not in the cache yet - read from the API server", objs: []client.Object{hwNode("n1", 4096)}, api: []client.Object{ep},
 			pod: basePod, allowed: true, mutated: true, units: "3", warning: "not rendered yet"},
 		{name: "spec.containers names a container the pod lacks",
 			objs: []client.Object{withContainers(ep, "app", "sidecar"), ownedConfigMap(ep, "h1"), hwNode("n1", 4096)},
 			pod:  basePod, allowed: true, mutated: true, hash: "h1", units: "3", warning: "names containers this pod does not have: sidecar"},
-		{name: "pod object without a namespace: the request's is used",
+		{name: "pod object without a namespace - the requests is used",
 			objs: []client.Object{ep, ownedConfigMap(ep, "h1"), hwNode("n1", 4096)},
 			pod:  func() *corev1.Pod { p := basePod(); p.Namespace = ""; return p }, reqNamespace: "ns",
 			allowed: true, mutated: true, hash: "h1", units: "3"},
@@ -438,7 +438,7 @@ func TestEndpointValidator(t *testing.T) {
 		wantErr  string
 		warnings []string
 	}{
-		{name: "fits: no warnings", nodes: []client.Object{hwNode("n1", 4096)}},
+		{name: "fits - no warnings", nodes: []client.Object{hwNode("n1", 4096)}},
 		{name: "clamped by device", nodes: []client.Object{hwNode("n1", 64)},
 			warnings: []string{"clamped: urma_sq_size 103 -> 64 (device maxJfsDepth 64)"}},
 		{name: "node groups differ", nodes: []client.Object{hwNode("n1", 4096), hwNode("n2", 64)},

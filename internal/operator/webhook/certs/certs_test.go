@@ -235,8 +235,8 @@ func TestEnsureRenews(t *testing.T) {
 		keepsPrev bool
 	}{
 		{name: "serving certificate near expiry, same CA", advance: 300 * 24 * time.Hour, newCA: false},
-		{name: "CA near expiry: new CA, old one still trusted", advance: 8 * 365 * 24 * time.Hour, newCA: true, keepsPrev: true},
-		{name: "everything expired: new CA, old one dropped", advance: 11 * 365 * 24 * time.Hour, newCA: true, keepsPrev: false},
+		{name: "CA near expiry - new CA, old one still trusted", advance: 8 * 365 * 24 * time.Hour, newCA: true, keepsPrev: true},
+		{name: "everything expired - new CA, old one dropped", advance: 11 * 365 * 24 * time.Hour, newCA: true, keepsPrev: false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
