@@ -214,21 +214,6 @@ func (d *device) awaitedPeers() map[*peer]bool {
 	return m
 }
 
-// codeErr turns an import answer into the verb's error.
-func codeErr(op string, c urma.Code, what string) error {
-	switch c {
-	case urma.CodeSuccess:
-		return nil
-	case urma.CodeNoEnt:
-		return urma.Errorf(op, c, "%s does not exist", what)
-	case urma.CodeInval:
-		return urma.Errorf(op, c, "%s: transport mode differs from the jetty's", what)
-	case urma.CodeConnRefused:
-		return urma.Errorf(op, c, "%s: device unreachable", what)
-	}
-	return urma.Errorf(op, c, "%s: refused", what)
-}
-
 // route finds where eid lives: a device this process reaches directly (the
 // in-process fabric, or this very device) or a socket peer.
 func (d *device) route(op string, eid urma.EID) (*device, *peer, error) {

@@ -181,3 +181,5 @@ func unexpected(err error) error {
 	}
 	return err
 }
+
+const ioBufSize = 128 << 10

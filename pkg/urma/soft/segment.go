@@ -1,7 +1,6 @@
 package soft
 
 import (
-	"context"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -204,54 +203,4 @@ func scatter(dst []sgeRef, src []byte) int {
 	return n
 }
 
-// remoteSegment is an imported peer segment. The provider offers no
-// one-sided verbs, so importing checks access and yields a handle.
-type remoteSegment struct {
-	ctx    *devContext
-	id     urma.SegmentID
-	closed atomic.Bool
-}
-
 var _ urma.RemoteSegment = (*remoteSegment)(nil)
-
-func (r *remoteSegment) Kind() string       { return "remote segment" }
-func (r *remoteSegment) ID() urma.SegmentID { return r.id }
-
-func (r *remoteSegment) Close() error {
-	if r.closed.Swap(true) {
-		return nil
-	}
-	r.ctx.release(r)
-	return nil
-}
-
-func (r *remoteSegment) ForceClose() { _ = r.Close() }
-
-func importSegment(c *devContext, id urma.SegmentID, token urma.Token) (*remoteSegment, error) {
-	const op = "import_seg"
-	if c.isClosed() {
-		return nil, errClosed(op, "context")
-	}
-	dev, peer, err := c.dev.route(op, id.EID)
-	if err != nil {
-		return nil, err
-	}
-	var code urma.Code
-	if dev != nil {
-		code = dev.checkSegmentImport(id)
-	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), c.prov.opts.DialTimeout)
-		defer cancel()
-		if code, err = peer.importSegment(ctx, id, token); err != nil {
-			return nil, err
-		}
-	}
-	if err := codeErr(op, code, "segment "+id.EID.String()); err != nil {
-		return nil, err
-	}
-	r := &remoteSegment{ctx: c, id: id}
-	if err := c.adopt(r, op); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
