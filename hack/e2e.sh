@@ -17,6 +17,8 @@
 #                                   which urma-e2e packs into OCI images
 #   bin/e2e/liburma.so.0            liburma over the software provider, which
 #                                   the node agents' images carry
+#   bin/e2e/urma-cperf              a C program linked against it (-lurma),
+#                                   imaged with only its C library (step 9)
 #
 # Usage: hack/e2e.sh [urma-e2e flags...]   e.g. hack/e2e.sh -keep; hack/e2e.sh -cleanup
 # (hack/e2e.sh -h lists them). Must run as root on Linux. Exit status: urma-e2e's
@@ -69,6 +71,10 @@ build pause ./hack/e2e/pause
 start=$SECONDS
 hack/build-liburma-soft.sh bin/e2e/liburma.so.0
 if ((SECONDS - start > 5)); then log "built liburma.so.0 in $((SECONDS - start))s"; fi
+command -v gcc >/dev/null 2>&1 || die "gcc is not on PATH (the C workload of step 9, and liburma.so.0)"
+ln -sf liburma.so.0 bin/e2e/liburma.so
+gcc -O2 -Wall -Wextra -Werror -o bin/e2e/urma-cperf hack/e2e/cperf/cperf.c \
+	-I pkg/urma/liburma -L bin/e2e -lurma -ldl
 go build -o bin/e2e/urma-e2e ./hack/e2e
 
 # exec: Ctrl-C reaches urma-e2e directly, which tears the cluster down.

@@ -45,7 +45,8 @@ var hostPrograms = []struct{ name, pkg string }{
 func (r *run) preflight(context.Context) error {
 	var missing []string
 	for _, b := range append(append([]string{}, kubeBinaries...), projectBinaries()...) {
-		if st, err := os.Stat(r.bin(b)); err != nil || st.Mode()&0o111 == 0 {
+		// A program must be executable; a library (liburma.so.0) need not.
+		if st, err := os.Stat(r.bin(b)); err != nil || !st.Mode().IsRegular() || (b != liburmaFile && st.Mode()&0o111 == 0) {
 			missing = append(missing, r.bin(b))
 		}
 	}

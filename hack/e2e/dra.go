@@ -236,6 +236,7 @@ func (r *run) checkDRAPods(ctx context.Context) error {
 	}
 	// The claims' shm mount is for the shm fabric: every URMA connection
 	// must use it.
+	r.draServerIP = pods[0].Status.PodIP
 	return r.perfBetweenPods(ctx, "urma-perf between the DRA pods", draClientPod, pods[0].Status.PodIP, "shm")
 }
 

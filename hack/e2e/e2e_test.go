@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -330,5 +331,34 @@ func TestQuickStartPods(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%s: err = %v, want one saying %q", bad.name, err, bad.want)
 		}
+	}
+}
+
+func TestParseCperf(t *testing.T) {
+	good := "liburma /opt/urma-k8s/lib/liburma.so.0\ndevice soft0 eid fd75726d6173\nurma 1048576 2.000\ntcp 4194304 2.000\nOK\n"
+	res, err := parseCperf(good)
+	if err != nil || res.liburma != "/opt/urma-k8s/lib/liburma.so.0" || res.device != "soft0" || res.urmaBytes != 1<<20 || res.tcpBytes != 4<<20 || res.tcpSecond != 2 {
+		t.Fatalf("parseCperf = %+v, %v", res, err)
+	}
+	for name, out := range map[string]string{
+		"no OK":            strings.TrimSuffix(good, "OK\n"),
+		"no URMA run":      strings.Replace(good, "urma 1048576 2.000\n", "", 1),
+		"a bad byte count": strings.Replace(good, "tcp 4194304", "tcp many", 1),
+		"zero seconds":     strings.Replace(good, "urma 1048576 2.000", "urma 1048576 0", 1),
+	} {
+		if _, err := parseCperf(out); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
+	}
+}
+
+func TestLddPaths(t *testing.T) {
+	out := "\tlinux-vdso.so.1 (0x00007ffd)\n\tliburma.so.0 => not found\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f11)\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f22)\n"
+	var got []string
+	for _, m := range lddPathRE.FindAllStringSubmatch(out, -1) {
+		got = append(got, m[1])
+	}
+	if want := []string{"/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"}; !slices.Equal(got, want) {
+		t.Errorf("ldd paths %v, want %v", got, want)
 	}
 }

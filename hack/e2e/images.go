@@ -33,9 +33,18 @@ func projectImages() []imagespec.Spec {
 var liburmaFile = filepath.Join("e2e", "liburma.so.0")
 
 func projectBinaries() []string {
-	out := []string{liburmaFile}
+	out := []string{liburmaFile, cperfBinary}
 	for _, img := range projectImages() {
 		out = append(out, filepath.Join("e2e", img.Name))
+	}
+	return out
+}
+
+// imageNames are the names of projectImages.
+func imageNames() []string {
+	var out []string
+	for _, spec := range projectImages() {
+		out = append(out, spec.Name)
 	}
 	return out
 }
@@ -74,6 +83,11 @@ func (r *run) packImages() (string, error) {
 		}
 		imgs = append(imgs, buildImage(spec, bin, liburma))
 	}
+	cperf, err := cperfImage(r.bin(cperfBinary))
+	if err != nil {
+		return "", err
+	}
+	imgs = append(imgs, cperf)
 	var buf bytes.Buffer
 	if err := ociimage.WriteArchive(&buf, imgs...); err != nil {
 		return "", err
@@ -125,7 +139,7 @@ func (r *run) startRuntime(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stat %s: %w", archive, err)
 	}
-	r.say("packed %d images into %s (%.1f MiB) in %s", len(projectImages()), archive, float64(st.Size())/(1<<20), time.Since(start).Round(time.Millisecond))
+	r.say("packed %d images into %s (%.1f MiB) in %s", len(projectImages())+1, archive, float64(st.Size())/(1<<20), time.Since(start).Round(time.Millisecond))
 	start = time.Now()
 	if _, err := r.ctr(ctx, "images", "import", archive); err != nil {
 		return err
@@ -134,9 +148,9 @@ func (r *run) startRuntime(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, spec := range projectImages() {
-		if !strings.Contains(string(list), imageName(spec.Name)+"\n") {
-			return fmt.Errorf("ctr images import did not create %s; images now: %s", imageName(spec.Name), strings.Fields(string(list)))
+	for _, name := range append(imageNames(), cperfImageName) {
+		if !strings.Contains(string(list), imageName(name)+"\n") {
+			return fmt.Errorf("ctr images import did not create %s; images now: %s", imageName(name), strings.Fields(string(list)))
 		}
 	}
 	var names []string

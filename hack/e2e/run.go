@@ -53,6 +53,7 @@ type run struct {
 
 	nodeIP          string
 	serverIP        string               // the urma-perf server pod's IP (step 3)
+	draServerIP     string               // step 8's urma-perf server pod's IP
 	flags           string               // the endpoint's rendered flags (step 2)
 	assigned        int                  // jetty device IDs kubelet assigned to the two pods (step 3)
 	expectedUnits   int64                // urma.openeuler.org/jetty the plugin advertises on the fake node
@@ -133,6 +134,7 @@ func (r *run) run(ctx context.Context) error {
 		{"6. helm uninstall removes what it owns, keeps the CRD", r.checkUninstall},
 		{"7. helm install driver=dra: ResourceSlices match discover, DeviceClass, claim template", r.checkDRAInstall},
 		{"8. two labelled pods with claims: allocated, prepared, CDI environment, shm made again; urma-perf over shm", r.checkDRAPods},
+		{"9. a C program given a software device: liburma injected, URMA over shm to urma-perf vs TCP", r.checkCProgram},
 	}
 	fmt.Fprintf(r.out, "urma-k8s e2e: a real one-node Kubernetes on this machine\n")
 	fmt.Fprintf(r.out, "state in %s, logs in %s\n", r.o.work, r.o.logs)
