@@ -476,8 +476,9 @@ func (s *Server) containerResponse(snap *inventory.Snapshot, sh []Share) *plugin
 }
 
 // addLibs mounts an injection's libraries, read-only, and sets its
-// environment (LD_LIBRARY_PATH), which replaces the image's and the pod
-// spec's value: kubelet applies a device plugin's environment last.
+// environment (LD_LIBRARY_PATH), which replaces the image's value; a
+// value the pod spec sets wins (kubelet puts the pod's environment after
+// the device plugin's, and the runtime keeps the last).
 func addLibs(resp *pluginapi.ContainerAllocateResponse, inj libinject.Injection) {
 	for _, m := range inj.Mounts {
 		resp.Mounts = append(resp.Mounts, &pluginapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: true})

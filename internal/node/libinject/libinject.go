@@ -54,9 +54,11 @@ const (
 	SoftLibName = "liburma.so.0"
 )
 
-// HostLibPatterns name the host's libraries a container needs: liburma
-// and the common library it and the providers link.
-var HostLibPatterns = []string{"liburma.so*", "liburma_common.so*"}
+// HostLibPatterns name the host's libraries a container needs: liburma,
+// the common library it and the providers link, and libummu, which the
+// udma provider links (UMDK's urma-lib package requires libummu for it).
+// liburma.so.0 must be there; the others are taken when they are.
+var HostLibPatterns = []string{"liburma.so*", "liburma_common.so*", "libummu.so*"}
 
 // maxHostLibs bounds the files taken from the host's library directory.
 const maxHostLibs = 64
@@ -96,7 +98,7 @@ func Default() Config {
 func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Enabled, "inject-liburma", c.Enabled, "mount a liburma into every container given a device, for C and C++ programs: the host's (and its provider directory) with a UB device, urma-k8s's liburma over the software provider with software devices")
 	fs.StringVar(&c.HostRoot, "liburma-host-root", c.HostRoot, "where this process sees the host's filesystem for --liburma-host-dir and --liburma-provider-dir (containers are always given the host's paths); empty is /")
-	fs.StringVar(&c.HostLibDir, "liburma-host-dir", c.HostLibDir, "host directory holding liburma.so* and liburma_common.so* (UMDK's runtime package)")
+	fs.StringVar(&c.HostLibDir, "liburma-host-dir", c.HostLibDir, "host directory holding liburma.so*, liburma_common.so* (UMDK's runtime package) and libummu.so* (which the udma provider links)")
 	fs.StringVar(&c.HostProviderDir, "liburma-provider-dir", c.HostProviderDir, "host directory liburma loads its providers from (UMDK compiles in /usr/lib64/urma); mounted at the same path")
 	fs.StringVar(&c.SoftLib, "liburma-soft", c.SoftLib, "urma-k8s's liburma.so.0 over the software provider, in this image; copied into --liburma-soft-dir for containers given a software device; empty injects none")
 	fs.StringVar(&c.SoftHostDir, "liburma-soft-dir", c.SoftHostDir, "host directory of this agent's own (mounted at the same path) that --liburma-soft is copied into")

@@ -39,6 +39,7 @@ func TestHost(t *testing.T) {
 	umdk := []string{
 		"usr/lib64/liburma.so.0 -> liburma.so.0.0.1", "usr/lib64/liburma.so.0.0.1",
 		"usr/lib64/liburma_common.so.0 -> /usr/lib64/liburma_common.so.0.0.1", "usr/lib64/liburma_common.so.0.0.1",
+		"usr/lib64/libummu.so.1 -> libummu.so.1.0.0", "usr/lib64/libummu.so.1.0.0",
 		"usr/lib64/libc.so.6", "usr/lib64/urma/liburma-udma.so",
 	}
 	lib := func(n string) Mount {
@@ -54,10 +55,10 @@ func TestHost(t *testing.T) {
 		wantErr string
 	}{
 		{name: "UMDK's runtime package", tree: umdk,
-			want: []Mount{lib("liburma.so.0"), lib("liburma.so.0.0.1"), lib("liburma_common.so.0"), lib("liburma_common.so.0.0.1"), providers},
+			want: []Mount{lib("libummu.so.1"), lib("libummu.so.1.0.0"), lib("liburma.so.0"), lib("liburma.so.0.0.1"), lib("liburma_common.so.0"), lib("liburma_common.so.0.0.1"), providers},
 			env:  []string{"LD_LIBRARY_PATH=" + ContainerLibDir}},
 		{name: "mounts only", tree: umdk, cfg: func(c *Config) { c.SetLibraryPath = false },
-			want: []Mount{lib("liburma.so.0"), lib("liburma.so.0.0.1"), lib("liburma_common.so.0"), lib("liburma_common.so.0.0.1"), providers}},
+			want: []Mount{lib("libummu.so.1"), lib("libummu.so.1.0.0"), lib("liburma.so.0"), lib("liburma.so.0.0.1"), lib("liburma_common.so.0"), lib("liburma_common.so.0.0.1"), providers}},
 		{name: "no liburma", tree: []string{"usr/lib64/libc.so.6", "usr/lib64/urma/"}, wantErr: "has no liburma.so.0"},
 		{name: "no library directory", tree: []string{"etc/"}, wantErr: "no liburma on the host"},
 		{name: "liburma but no providers", tree: []string{"usr/lib64/liburma.so.0"}, wantErr: "provider directory /usr/lib64/urma"},
