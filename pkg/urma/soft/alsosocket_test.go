@@ -29,7 +29,7 @@ func socketSideOf(t *testing.T, p *Provider, s *side) (urma.JettyID, urma.Segmen
 // connsOf counts the connections of each fabric side of p's device.
 func connsOf(p *Provider) (shm, socket int) {
 	d := p.devices[0]
-	count := func(sd *sockDevice) int {
+	count := func(sd *fabricSide) int {
 		if sd == nil {
 			return 0
 		}
@@ -37,7 +37,7 @@ func connsOf(p *Provider) (shm, socket int) {
 		defer sd.mu.Unlock()
 		return len(sd.conns)
 	}
-	return count(d.sock), count(d.alsoSock)
+	return count(d.side), count(d.tcpSide)
 }
 
 // A device on both fabrics is one device under two EIDs: a peer that meets

@@ -116,7 +116,7 @@ func TestShmTakeoverAttackFails(t *testing.T) {
 	aEID, bEID := a.jetty.ID().EID, b.jetty.ID().EID
 	attacker := startChild(t, "TestShmTakeoverAttacker", "takeover-attacker",
 		attackSocketEnv+"="+ShmSocketPath(opts.ShmDir, bEID), attackVictimEnv+"="+bEID.String(),
-		attackClaimEnv+"="+aEID.String(), attackPubEnv+"="+hex.EncodeToString(pa.devices[0].sock.shm.id.pub))
+		attackClaimEnv+"="+aEID.String(), attackPubEnv+"="+hex.EncodeToString(pa.devices[0].side.shm.id.pub))
 	got := attacker.expect("HANDSHAKE", childStartTimeout)
 	t.Logf("attacker's handshake: %s", strings.Join(got, " "))
 
@@ -216,7 +216,7 @@ func TestShmRelayIsRefused(t *testing.T) {
 	bEID := b.jetty.ID().EID
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: ShmSocketPath(opts.ShmDir, bEID), Net: "unixpacket"})
 	mustOK(t, err, "listen where A looks first")
-	relayed := relayShm(t, ln, pb.devices[0].sock.shm.path)
+	relayed := relayShm(t, ln, pb.devices[0].side.shm.path)
 
 	toB := a.importJetty(b)
 	b.postRecv(1, 0, 64)
@@ -285,7 +285,7 @@ func TestShmMappingAttackIsBounded(t *testing.T) {
 			p, sink := loggedProvider(t, opts)
 			var fakes []*shmIO
 			for range c.peers {
-				f, _ := fakeShmPeer(t, p.devices[0].sock)
+				f, _ := fakeShmPeer(t, p.devices[0].side)
 				fakes = append(fakes, f)
 			}
 			waitUntil(t, "the receiver to adopt the peers", func() bool { return len(p.conns()) == c.peers })
@@ -329,7 +329,7 @@ func TestShmMappingAttackIsBounded(t *testing.T) {
 // never more than the dialer pays for its own.
 func TestShmAmplificationAttackIsBounded(t *testing.T) {
 	p := newProvider(t, shmOpts(t)) // the default ring, 2 MiB
-	sd := p.devices[0].sock
+	sd := p.devices[0].side
 	const links = 64
 	for range links {
 		nc, err := net.Dial("unixpacket", sd.shm.path)

@@ -79,7 +79,7 @@ type linkIO interface {
 // goroutine or the reader while the stream has room, the writer goroutine
 // when it has not. Each batch is gathered straight from registered memory.
 type conn struct {
-	sd            *sockDevice
+	sd            *fabricSide
 	p             *peer
 	io            linkIO
 	local, remote string // addresses, for logs and tests
@@ -153,7 +153,7 @@ type conn struct {
 }
 
 // newConn wraps an established stream.
-func newConn(sd *sockDevice, p *peer, io linkIO, h hello, dialedByMe bool, local, remote string) *conn {
+func newConn(sd *fabricSide, p *peer, io linkIO, h hello, dialedByMe bool, local, remote string) *conn {
 	rx, tx := io.Counters()
 	return &conn{
 		sd: sd, p: p, io: io, src: io, rx: rx, tx: tx, local: local, remote: remote,

@@ -186,14 +186,14 @@ func TestAckRunClippedToSendsInFlight(t *testing.T) {
 func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
 	cases := []struct {
 		name  string
-		bound func(sd *sockDevice)
+		bound func(sd *fabricSide)
 		frame func(j *jetty) []byte // what the peer sends, again and again
 		log   string
 	}{
 		{
 			// Sends with a wrong token, each owed its own answer.
 			name:  "answers owed",
-			bound: func(sd *sockDevice) { sd.maxAnswers = 100 },
+			bound: func(sd *fabricSide) { sd.maxAnswers = 100 },
 			frame: func(j *jetty) []byte {
 				return sendFrame(sendHeader{opcode: urma.OpSend, dst: j.id.ID, token: 99}, []byte("x"))
 			},
@@ -203,7 +203,7 @@ func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
 			// RNR answers for a jetty this side does not have, each
 			// answered with a CANCEL.
 			name:  "cancels owed",
-			bound: func(sd *sockDevice) { sd.maxCancels = 100 },
+			bound: func(sd *fabricSide) { sd.maxCancels = 100 },
 			frame: func(*jetty) []byte {
 				var b [4 + ackLen]byte
 				return encodeAck(b[:], &ackFrame{status: statusRNR, src: 4242, dst: 5, tag: 4242 << 32})
@@ -218,7 +218,7 @@ func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
 			opts.Logger = sink.logger()
 			p := newProvider(t, opts)
 			a := newSide(t, p, urma.JettyConfig{}, 64)
-			tc.bound(p.devices[0].sock)
+			tc.bound(p.devices[0].side)
 			f := newFakePeer(t)
 			buf := bytes.Repeat(tc.frame(a.jetty.(*jetty)), 4096)
 			stop := make(chan struct{})
@@ -261,7 +261,7 @@ func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
 // the one past it breaks the protocol, while this side's own cancels are
 // queued whatever the count.
 func TestCancelBlockStopsAtTheBound(t *testing.T) {
-	c := &conn{sd: &sockDevice{maxCancels: 3}}
+	c := &conn{sd: &fabricSide{maxCancels: 3}}
 	for i := range 3 {
 		if err := c.cancelBlock(1, 2, uint64(i), true); err != nil {
 			t.Fatalf("cancel %d of 3 refused: %v", i+1, err)
@@ -387,7 +387,7 @@ func TestRNRForeverPast255Retries(t *testing.T) {
 // the protocol.
 func TestOwedAnswersBound(t *testing.T) {
 	const bound = 3
-	c := &conn{sd: &sockDevice{maxAnswers: bound}, answers: newAnswerQueue()}
+	c := &conn{sd: &fabricSide{maxAnswers: bound}, answers: newAnswerQueue()}
 	for req := range uint32(bound) {
 		// Import answers never coalesce: each is one owed answer.
 		if err := c.owe(nil, 0, 0, req, urma.CodeSuccess); err != nil {
@@ -548,7 +548,7 @@ func TestHelloSizeError(t *testing.T) {
 // frame follows it: it stops at the bad one.
 func TestPollerFailsConnectionOnBadFrame(t *testing.T) {
 	p := newProvider(t, shmOpts(t))
-	sd := p.devices[0].sock
+	sd := p.devices[0].side
 	local, remote := shmPair(t, MinShmRing, -1)
 	eid, err := ShmEID()
 	mustOK(t, err, "EID")

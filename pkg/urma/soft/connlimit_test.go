@@ -22,10 +22,10 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 		name    string
 		opts    func(t *testing.T) Options
 		network string
-		addr    func(sd *sockDevice) string
+		addr    func(sd *fabricSide) string
 	}{
-		{"socket", func(*testing.T) Options { return socketOpts() }, "tcp", func(sd *sockDevice) string { return sd.ln.Addr().String() }},
-		{"shm", func(t *testing.T) Options { return shmOpts(t) }, "unixpacket", func(sd *sockDevice) string { return sd.shm.path }},
+		{"socket", func(*testing.T) Options { return socketOpts() }, "tcp", func(sd *fabricSide) string { return sd.ln.Addr().String() }},
+		{"shm", func(t *testing.T) Options { return shmOpts(t) }, "unixpacket", func(sd *fabricSide) string { return sd.shm.path }},
 	}
 	for _, f := range fabrics {
 		t.Run(f.name, func(t *testing.T) {
@@ -83,7 +83,7 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 			sendOK(d2, "send of the second peer after the refusal")
 			// At the limit, a peer may still replace its connection.
 			old := pv.conns()
-			d1v, err := d1.p.devices[0].sock.peer(v.ctx.EID())
+			d1v, err := d1.p.devices[0].side.peer(v.ctx.EID())
 			mustOK(t, err, "first peer's entry for the device")
 			mustOK(t, d1v.dialOnce(t.Context()), "first peer dials again at the limit")
 			waitUntil(t, "the replaced connection to go", func() bool {
@@ -100,17 +100,17 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 			// Silent dialers: MaxConns handshakes wait for a HELLO, the
 			// next dial is closed at once.
 			for i := range 2 {
-				nc, err := net.Dial(f.network, f.addr(pv.devices[0].sock))
+				nc, err := net.Dial(f.network, f.addr(pv.devices[0].side))
 				mustOK(t, err, "silent dial")
 				defer nc.Close()
 				waitUntil(t, "the device to take the silent dial", func() bool {
-					sd := pv.devices[0].sock
+					sd := pv.devices[0].side
 					sd.mu.Lock()
 					defer sd.mu.Unlock()
 					return len(sd.handshaking) == i+1
 				})
 			}
-			nc, err := net.Dial(f.network, f.addr(pv.devices[0].sock))
+			nc, err := net.Dial(f.network, f.addr(pv.devices[0].side))
 			mustOK(t, err, "dial past the handshakes allowed")
 			defer nc.Close()
 			mustOK(t, nc.SetReadDeadline(time.Now().Add(10*time.Second)), "deadline")
@@ -125,7 +125,7 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 				t.Errorf("ConnLimitRefusals %d after refusing a peer and a handshake, want 2", n)
 			}
 			// The refused dial holds nothing: only the two silent ones wait.
-			sd := pv.devices[0].sock
+			sd := pv.devices[0].side
 			sd.mu.Lock()
 			waiting := len(sd.handshaking)
 			sd.mu.Unlock()

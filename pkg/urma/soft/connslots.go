@@ -91,7 +91,7 @@ func peerProcess(fd int) procKey {
 type procCount struct{ handshakes, links int }
 
 // procLocked is the count of process k, made on first use; sd.mu is held.
-func (sd *sockDevice) procLocked(k procKey) *procCount {
+func (sd *fabricSide) procLocked(k procKey) *procCount {
 	n := sd.byProc[k]
 	if n == nil {
 		n = new(procCount)
@@ -101,7 +101,7 @@ func (sd *sockDevice) procLocked(k procKey) *procCount {
 }
 
 // forgetProcLocked drops the count of a process that holds nothing.
-func (sd *sockDevice) forgetProcLocked(k procKey) {
+func (sd *fabricSide) forgetProcLocked(k procKey) {
 	if n := sd.byProc[k]; n != nil && n.handshakes == 0 && n.links == 0 {
 		delete(sd.byProc, k)
 	}
@@ -109,13 +109,13 @@ func (sd *sockDevice) forgetProcLocked(k procKey) {
 
 // holdLinkLocked and releaseLinkLocked count a connection dialed in by
 // process k; sd.mu is held. The zero key is not counted.
-func (sd *sockDevice) holdLinkLocked(k procKey) {
+func (sd *fabricSide) holdLinkLocked(k procKey) {
 	if k.known() {
 		sd.procLocked(k).links++
 	}
 }
 
-func (sd *sockDevice) releaseLinkLocked(k procKey) {
+func (sd *fabricSide) releaseLinkLocked(k procKey) {
 	if k.known() {
 		sd.procLocked(k).links--
 		sd.forgetProcLocked(k)
@@ -128,7 +128,7 @@ func (sd *sockDevice) releaseLinkLocked(k procKey) {
 // closes or already has MaxConns handshakes under way, or MaxConnsPerProcess
 // from that process: each holds a goroutine and a descriptor for up to
 // DialTimeout.
-func (sd *sockDevice) beginHandshake(nc net.Conn) (procKey, bool) {
+func (sd *fabricSide) beginHandshake(nc net.Conn) (procKey, bool) {
 	var proc procKey
 	if sd.shm != nil {
 		proc = dialerProcess(nc)
@@ -159,13 +159,13 @@ func (sd *sockDevice) beginHandshake(nc net.Conn) (procKey, bool) {
 	return proc, false
 }
 
-func (sd *sockDevice) holdHandshakeLocked(k procKey) {
+func (sd *fabricSide) holdHandshakeLocked(k procKey) {
 	if k.known() {
 		sd.procLocked(k).handshakes++
 	}
 }
 
-func (sd *sockDevice) endHandshake(nc net.Conn) {
+func (sd *fabricSide) endHandshake(nc net.Conn) {
 	sd.mu.Lock()
 	if k, ok := sd.handshaking[nc]; ok {
 		delete(sd.handshaking, nc)
@@ -184,7 +184,7 @@ func (sd *sockDevice) endHandshake(nc net.Conn) {
 // one of the device's MaxConns, evicting the oldest connection dialed in
 // and never used when the device is full, and reports so: the caller
 // hands the reservation to adoptLocked or gives it back (unreserve).
-func (sd *sockDevice) admit(p *peer, proc procKey) (reserved bool, err error) {
+func (sd *fabricSide) admit(p *peer, proc procKey) (reserved bool, err error) {
 	p.mu.Lock()
 	if p.conn != nil || p.dialing {
 		p.mu.Unlock()
@@ -211,7 +211,7 @@ func (sd *sockDevice) admit(p *peer, proc procKey) (reserved bool, err error) {
 // victim, when not nil, is the connection whose slot it took, already
 // dropped from the device, which the caller fails; n is the connections
 // the device held. sd.mu is held.
-func (sd *sockDevice) reserveLocked(proc procKey) (victim *conn, n int, err error) {
+func (sd *fabricSide) reserveLocked(proc procKey) (victim *conn, n int, err error) {
 	if proc.known() {
 		if held := sd.procLocked(proc).links; held >= sd.maxPerProc {
 			sd.forgetProcLocked(proc)
@@ -234,7 +234,7 @@ func (sd *sockDevice) reserveLocked(proc procKey) (victim *conn, n int, err erro
 
 // evictableLocked is the oldest connection a peer dialed in that this side
 // never used (peer.used), or nil; sd.mu is held.
-func (sd *sockDevice) evictableLocked() *conn {
+func (sd *fabricSide) evictableLocked() *conn {
 	var oldest *conn
 	for c := range sd.conns {
 		if c.dialedByMe || c.p.used.Load() {
@@ -248,7 +248,7 @@ func (sd *sockDevice) evictableLocked() *conn {
 }
 
 // unreserve gives back a slot admit reserved for process proc.
-func (sd *sockDevice) unreserve(proc procKey) {
+func (sd *fabricSide) unreserve(proc procKey) {
 	sd.mu.Lock()
 	sd.reserved--
 	sd.releaseLinkLocked(proc)
@@ -257,7 +257,7 @@ func (sd *sockDevice) unreserve(proc procKey) {
 
 // dropConnLocked removes c from the device's connections, once; sd.mu is
 // held.
-func (sd *sockDevice) dropConnLocked(c *conn) {
+func (sd *fabricSide) dropConnLocked(c *conn) {
 	if _, ok := sd.conns[c]; !ok {
 		return
 	}

@@ -48,7 +48,7 @@ func (l *madeUpLink) closed(t *testing.T) bool {
 // dialMadeUp makes link i to the device under a made-up identity and
 // completes the handshake as far as the device lets it. The link is held
 // until the test ends.
-func dialMadeUp(t *testing.T, fabric string, sd *sockDevice, i int) *madeUpLink {
+func dialMadeUp(t *testing.T, fabric string, sd *fabricSide, i int) *madeUpLink {
 	t.Helper()
 	if fabric == "shm" {
 		return dialMadeUpShm(t, sd.shm.path, sd.eid, sd.shm.bootID)
@@ -110,7 +110,7 @@ func TestMadeUpIdentitiesCannotTakeEverySlot(t *testing.T) {
 			vopts.MaxConns = 4
 			pv := newProvider(t, vopts)
 			v := newSide(t, pv, urma.JettyConfig{}, 64)
-			sd := pv.devices[0].sock
+			sd := pv.devices[0].side
 			var made []*madeUpLink
 			held := func(eid urma.EID) bool {
 				for _, c := range pv.conns() {
@@ -257,7 +257,7 @@ func TestMaxConnsPerProcessBoundsOneDialer(t *testing.T) {
 	opts.MaxConnsPerProcess = 2
 	pv := newProvider(t, opts)
 	v := newSide(t, pv, urma.JettyConfig{}, 64)
-	sd := pv.devices[0].sock
+	sd := pv.devices[0].side
 	dial := func() *madeUpLink { return dialMadeUpShm(t, sd.shm.path, sd.eid, sd.shm.bootID) }
 	first := dial()
 	for i, l := range []*madeUpLink{first, dial()} {

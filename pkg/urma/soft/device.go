@@ -13,8 +13,8 @@ type (
 	jfrSlot   = atomic.Pointer[jfr]
 )
 
-// device is one virtual device: its identity, its id tables and, on the
-// socket fabric, its listener and peers.
+// device is one virtual device: its identity, its id tables and, on a
+// fabric between processes, its side of it (fabricSide).
 type device struct {
 	prov   *Provider
 	info   urma.DeviceInfo
@@ -35,33 +35,35 @@ type device struct {
 	nextUASID atomic.Uint32
 	instances atomic.Uint32 // jetty instance numbers, unique per device
 
-	sock *sockDevice // nil on the in-process fabric
-	// alsoSock is the socket fabric's side of a device on both fabrics
-	// (Options.AlsoSocket): sock is then the shm side, at eids[0], and
-	// alsoSock is at eids[1]. Nil otherwise.
-	alsoSock *sockDevice
+	// side is the device's side of the fabric between processes it is on,
+	// shm or socket; nil on the in-process fabric.
+	side *fabricSide
+	// tcpSide is the socket fabric's side of a device on both fabrics
+	// (Options.AlsoSocket): side is then the shm side, at eids[0], and
+	// tcpSide is at eids[1]. Nil otherwise.
+	tcpSide *fabricSide
 }
 
-// socks lists the device's fabric sides: none in-process, else sock and,
-// on both fabrics, alsoSock.
-func (d *device) socks() []*sockDevice {
+// sides lists the device's fabric sides: none in-process, else side and,
+// on both fabrics, tcpSide.
+func (d *device) sides() []*fabricSide {
 	switch {
-	case d.sock == nil:
+	case d.side == nil:
 		return nil
-	case d.alsoSock == nil:
-		return []*sockDevice{d.sock}
+	case d.tcpSide == nil:
+		return []*fabricSide{d.side}
 	}
-	return []*sockDevice{d.sock, d.alsoSock}
+	return []*fabricSide{d.side, d.tcpSide}
 }
 
-// sockFor is the fabric side that reaches a peer device at eid: on both
+// sideFor is the fabric side that reaches a peer device at eid: on both
 // fabrics, an shm EID is reached over shared memory and any other over
 // TCP.
-func (d *device) sockFor(eid urma.EID) *sockDevice {
-	if d.alsoSock != nil && !IsShmEID(eid) {
-		return d.alsoSock
+func (d *device) sideFor(eid urma.EID) *fabricSide {
+	if d.tcpSide != nil && !IsShmEID(eid) {
+		return d.tcpSide
 	}
-	return d.sock
+	return d.side
 }
 
 func (d *device) infoCopy() urma.DeviceInfo {
@@ -230,7 +232,7 @@ func (d *device) route(op string, eid urma.EID) (*device, *peer, error) {
 	if slices.Contains(d.eids, eid) {
 		return d, nil, nil
 	}
-	p, err := d.sockFor(eid).peer(eid)
+	p, err := d.sideFor(eid).peer(eid)
 	if err != nil {
 		return nil, nil, urma.Errorf(op, urma.CodeConnRefused, "%w", err)
 	}

@@ -46,7 +46,7 @@ type sockReader struct {
 	r, w int
 	// frame counts the frames read, twice each: it is odd from a frame's
 	// first byte to its end, for the watchdog to time the frame
-	// (sockDevice.watchFrame). frameNext says that a frame began before
+	// (fabricSide.watchFrame). frameNext says that a frame began before
 	// its first byte came: fill counts it when it does, so that a reader
 	// waiting between frames for an idle peer is not in a frame.
 	frame     atomic.Uint64

@@ -50,7 +50,7 @@ func FuzzReadFrames(f *testing.F) {
 	f.Add(frames(encodePing(buf[:])))
 	f.Add([]byte{0, 0, 0, 0})
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, frameSend})
-	sd := p.devices[0].sock
+	sd := p.devices[0].side
 	peerEID, _ := SocketEID(netip.MustParseAddrPort("127.0.0.2:2"))
 	fakePeer, err := sd.peer(peerEID)
 	mustOK(f, err, "peer")

@@ -115,7 +115,7 @@ func (q *jfc) push(c *urma.Completion, solicited bool) {
 
 // Poll takes up to len(out) records, oldest first.
 func (q *jfc) Poll(out []urma.Completion) (int, error) {
-	if sd := q.ctx.dev.sock; sd != nil && sd.shm != nil {
+	if sd := q.ctx.dev.side; sd != nil && sd.shm != nil {
 		// On shared memory a poller takes what the rings hold itself, with
 		// no handoff to the reader goroutines. Only a JFC without a JFCE
 		// is polled for its own sake: the Polls that drain a JFC after its

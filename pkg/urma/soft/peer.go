@@ -13,7 +13,7 @@ import (
 
 // peer is a remote device this device talks to.
 type peer struct {
-	sd  *sockDevice
+	sd  *fabricSide
 	eid urma.EID
 	// used says this side uses its link to the peer: it dialed the peer,
 	// imported or sent over the link, or a send of the peer's passed a
@@ -164,6 +164,14 @@ func (p *peer) dialLoop() {
 		sd.log().Info("cannot reach peer", "peer", p.eid.String(), "reason", fmt.Sprint(err))
 		sd.dev.forEachJetty(func(j *jetty) { j.peerDown(p, gen) })
 	}
+}
+
+// dialOnce dials and handshakes once, over the fabric of the device's side.
+func (p *peer) dialOnce(ctx context.Context) error {
+	if p.sd.shm != nil {
+		return p.dialOnceShm(ctx)
+	}
+	return p.dialOnceTCP(ctx)
 }
 
 // importJetty asks the peer whether id may be imported with token.

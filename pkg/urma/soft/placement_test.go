@@ -344,7 +344,7 @@ func TestPollLeavesMessageForOffer(t *testing.T) {
 			noLeaks(t)
 			p := newProvider(t, shmOpts(t))
 			b := newSide(t, p, urma.JettyConfig{}, 64)
-			sd := p.devices[0].sock
+			sd := p.devices[0].side
 			local, remote := shmPair(t, 1<<20, -1)
 			eid, err := ShmEID()
 			mustOK(t, err, "EID")

@@ -129,7 +129,7 @@ func (p *Provider) newDevice(spec DeviceSpec) (*device, error) {
 		if err != nil {
 			return nil, err
 		}
-		d.sock = sd
+		d.side = sd
 		eids = []urma.EID{sd.eid}
 		if p.opts.AlsoSocket {
 			tcpOpts := p.opts
@@ -141,7 +141,7 @@ func (p *Provider) newDevice(spec DeviceSpec) (*device, error) {
 				sd.close()
 				return nil, err
 			}
-			d.alsoSock = alt
+			d.tcpSide = alt
 			eids = append(eids, alt.eid)
 		}
 	}
@@ -150,7 +150,7 @@ func (p *Provider) newDevice(spec DeviceSpec) (*device, error) {
 		d.info.EIDs = append(d.info.EIDs, urma.EIDEntry{Index: i, EID: e})
 	}
 	d.info.GUID = fmt.Sprintf("%x", eids[0][8:])
-	for _, sd := range d.socks() {
+	for _, sd := range d.sides() {
 		sd.start()
 	}
 	return d, nil
@@ -183,7 +183,7 @@ func (p *Provider) Devices() ([]urma.DeviceInfo, error) {
 func (p *Provider) ConnLimitRefusals() uint64 {
 	var n uint64
 	for _, d := range p.devices {
-		for _, sd := range d.socks() {
+		for _, sd := range d.sides() {
 			n += sd.limitRefusals.Load()
 		}
 	}
@@ -252,7 +252,7 @@ func (p *Provider) shutdown() {
 		if p.fabric != nil {
 			p.fabric.detach(d)
 		}
-		for _, sd := range d.socks() {
+		for _, sd := range d.sides() {
 			sd.close()
 		}
 	}

@@ -700,7 +700,7 @@ func TestFabricDetachesOnlyTheClosedDevice(t *testing.T) {
 // timeout of three seconds.
 func TestZeroTimeoutsTakeDefaults(t *testing.T) {
 	p := newProvider(t, Options{Listen: "127.0.0.1:0"})
-	sd := p.devices[0].sock
+	sd := p.devices[0].side
 	if sd.peerTO != 3*time.Second || sd.dialTO != 3*time.Second {
 		t.Fatalf("peer timeout %v, dial timeout %v; want 3s each", sd.peerTO, sd.dialTO)
 	}

@@ -54,7 +54,7 @@ func TestReplacedConnectionFailsOnlyItsSends(t *testing.T) {
 			b.postRecv(1, 0, 64)
 			posted := make(chan error, 1)
 			var once sync.Once
-			pa.devices[0].sock.connDying = func(c *conn) {
+			pa.devices[0].side.connDying = func(c *conn) {
 				if c == old {
 					once.Do(func() { posted <- a.send(target, 8, 0, 64, 0) })
 				}
@@ -63,7 +63,7 @@ func TestReplacedConnectionFailsOnlyItsSends(t *testing.T) {
 			// the old connection first: this orders the hook before them.
 			pa.conns()
 			_ = old.deathCause()
-			pbA, err := pb.devices[0].sock.peer(a.jetty.ID().EID)
+			pbA, err := pb.devices[0].side.peer(a.jetty.ID().EID)
 			mustOK(t, err, "B's peer A")
 			mustOK(t, pbA.dialOnce(t.Context()), "B dials A again")
 			select {
@@ -160,7 +160,7 @@ func TestReplacedConnectionFailsItsSendsFirst(t *testing.T) {
 	}
 	hooked := make(chan outcome, 1)
 	var once sync.Once
-	p.devices[0].sock.connDying = func(c *conn) {
+	p.devices[0].side.connDying = func(c *conn) {
 		if c != old {
 			return
 		}
@@ -221,7 +221,7 @@ func TestJettyForgetsPeersGone(t *testing.T) {
 			pa := newProvider(t, opts)
 			a := newSide(t, pa, urma.JettyConfig{Mode: urma.RM}, 64)
 			j := a.jetty.(*jetty)
-			sd := pa.devices[0].sock
+			sd := pa.devices[0].side
 			const peers = 16
 			for i := range peers {
 				pb := newProvider(t, opts)

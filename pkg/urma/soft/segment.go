@@ -23,10 +23,10 @@ type segment struct {
 	closed atomic.Bool
 	mu     sync.Mutex // serialises Close
 
-	// sharers are the shm connections that shared this segment with their
-	// peer (pull.go); unregistering unshares it.
+	// sharers are the links that shared this segment with their peer
+	// (shm: one-copy SENDs, pull.go); unregistering unshares it.
 	sharersMu sync.Mutex
-	sharers   []*shmIO
+	sharers   []sharer
 	unshared  bool
 }
 
@@ -123,9 +123,13 @@ func (s *segment) ForceClose() {
 	s.unshareAll()
 }
 
+// sharer is a link that shared a segment with its peer and forgets it,
+// telling the peer, when the segment is unregistered.
+type sharer interface{ unshare(*segment) }
+
 // addSharer records a connection that shares the segment; false once the
 // segment is unregistered.
-func (s *segment) addSharer(c *shmIO) bool {
+func (s *segment) addSharer(c sharer) bool {
 	s.sharersMu.Lock()
 	defer s.sharersMu.Unlock()
 	if s.unshared {
@@ -137,10 +141,10 @@ func (s *segment) addSharer(c *shmIO) bool {
 
 // removeSharer forgets a connection that closed, so that a long-lived
 // segment does not hold every connection it was ever sent over.
-func (s *segment) removeSharer(c *shmIO) {
+func (s *segment) removeSharer(c sharer) {
 	s.sharersMu.Lock()
 	defer s.sharersMu.Unlock()
-	s.sharers = slices.DeleteFunc(s.sharers, func(x *shmIO) bool { return x == c })
+	s.sharers = slices.DeleteFunc(s.sharers, func(x sharer) bool { return x == c })
 }
 
 // unshareAll tells every connection that shared the segment to forget it.

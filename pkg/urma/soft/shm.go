@@ -29,8 +29,10 @@ import (
 // one-copy SENDs; the frames, the same as the socket fabric's, go through
 // the rings.
 
-// shmNet is a device's presence on the shm fabric.
-type shmNet struct {
+// shmSide is the shm fabric's part of a device's fabricSide: where it
+// listens and finds its peers, the key that proves its EID, and how its
+// connections' rings are made.
+type shmSide struct {
 	dir      string // where peers' sockets are found (Options.ShmDir)
 	path     string // this device's socket, in Options.ShmSocketDir
 	id       *shmIdentity
@@ -56,7 +58,7 @@ type shmNet struct {
 
 // join makes a connection's shmIO from this side's ends, whose ring has
 // ring bytes, and the peer's descriptors (see newShmIO).
-func (n *shmNet) join(ends *shmring.Ends, ring, peerRing int, peerFds []int) (*shmIO, error) {
+func (n *shmSide) join(ends *shmring.Ends, ring, peerRing int, peerFds []int) (*shmIO, error) {
 	sio, err := newShmIO(ends, ring, peerRing, peerFds, n.spin)
 	if err == nil && n.pollingEnd > 0 {
 		sio.PollingEnd = n.pollingEnd
@@ -122,7 +124,7 @@ func BootID() ([bootIDLen]byte, error) {
 func anyUser(uint32) bool { return true }
 
 // listenShm opens the device's unix socket in the shm directory.
-func listenShm(sd *sockDevice, spec DeviceSpec, opts Options) error {
+func listenShm(sd *fabricSide, spec DeviceSpec, opts Options) error {
 	ring := opts.ShmRingSize
 	if ring == 0 {
 		ring = DefaultShmRing
@@ -170,7 +172,7 @@ func listenShm(sd *sockDevice, spec DeviceSpec, opts Options) error {
 		return fmt.Errorf("device %s: open %s to peers: %w", spec.Name, path, err)
 	}
 	sd.ln = ln
-	sd.shm = &shmNet{dir: opts.ShmDir, path: path, id: id, budget: sd.prov.maps, log: sd.log(), ringSize: ring, spin: spin, bootID: boot, allowUID: allow, peerTO: opts.PeerTimeout}
+	sd.shm = &shmSide{dir: opts.ShmDir, path: path, id: id, budget: sd.prov.maps, log: sd.log(), ringSize: ring, spin: spin, bootID: boot, allowUID: allow, peerTO: opts.PeerTimeout}
 	return nil
 }
 
@@ -222,7 +224,7 @@ func peerCreds(nc net.Conn) (*unix.Ucred, error) {
 }
 
 // checkCreds applies the device's credential rule to the peer of nc.
-func (n *shmNet) checkCreds(nc net.Conn) error {
+func (n *shmSide) checkCreds(nc net.Conn) error {
 	cred, err := peerCreds(nc)
 	if err != nil {
 		return err

@@ -17,7 +17,7 @@ import (
 func loggedShmDeviceAndFakePeer(t *testing.T) (*Provider, *shmIO, *logSink) {
 	t.Helper()
 	p, sink := loggedProvider(t, shmOpts(t))
-	f, _ := fakeShmPeer(t, p.devices[0].sock)
+	f, _ := fakeShmPeer(t, p.devices[0].side)
 	return p, f, sink
 }
 

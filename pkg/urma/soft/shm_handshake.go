@@ -89,7 +89,7 @@ func connInode(uc *net.UnixConn) (uint64, error) {
 // Nothing of this side is spent on the dialer (a peer entry, a connection
 // slot, a ring) before it proved the EID it claims; the rules for
 // duplicate connections are the socket fabric's (handshakeIn).
-func (sd *sockDevice) handshakeInShm(nc net.Conn, proc procKey) {
+func (sd *fabricSide) handshakeInShm(nc net.Conn, proc procKey) {
 	defer sd.endHandshake(nc)
 	uc := nc.(*net.UnixConn)
 	_ = uc.SetDeadline(time.Now().Add(sd.dialTO))
@@ -156,7 +156,7 @@ func (sd *sockDevice) handshakeInShm(nc net.Conn, proc procKey) {
 
 // acceptProved reads the dialer's PROOF and, once it verifies, sets up the
 // connection and answers READY with this side's ring.
-func (sd *sockDevice) acceptProved(uc *net.UnixConn, proc procKey, h shmHelloMsg, helloMsg, ackMsg []byte, ino uint64) {
+func (sd *fabricSide) acceptProved(uc *net.UnixConn, proc procKey, h shmHelloMsg, helloMsg, ackMsg []byte, ino uint64) {
 	var buf [shmMaxMsgLen + 1]byte
 	n, fds, err := readShmMsg(uc, buf[:], shmHelloFds)
 	var sig [shmSigLen]byte
@@ -288,7 +288,7 @@ func (p *peer) dialOnceShm(ctx context.Context) error {
 
 // greet connects to path, sends HELLO and checks that the HELLO_ACK proves
 // want. The connection is closed unless greet succeeds.
-func (n *shmNet) greet(ctx context.Context, sd *sockDevice, path string, want urma.EID) (*shmGreeting, error) {
+func (n *shmSide) greet(ctx context.Context, sd *fabricSide, path string, want urma.EID) (*shmGreeting, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unixpacket", path)
 	if err != nil {

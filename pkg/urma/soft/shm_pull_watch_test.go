@@ -75,7 +75,7 @@ func testShmSlowPull(t *testing.T, stops bool) {
 		default:
 		}
 	}
-	sda := pa.devices[0].sock
+	sda := pa.devices[0].side
 	sda.afterWatch.Store(&f)
 	defer sda.afterWatch.Store(nil)
 	var chunks atomic.Int64

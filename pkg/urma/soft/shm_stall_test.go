@@ -45,7 +45,7 @@ func TestShmMidFrameStallFailsReader(t *testing.T) {
 		tries = 3
 	)
 	p := newProvider(t, shmOpts(t))
-	sd := p.devices[0].sock
+	sd := p.devices[0].side
 	for _, frame := range stalledFrames() {
 		for _, poller := range []bool{true, false} {
 			who := "reader goroutine"
@@ -129,7 +129,7 @@ type stalledRead struct {
 // stallConn is a connection of sd over a fresh ring pair of ringSize, as
 // the peer process's side of which the test writes into remote; local
 // gives up on a frame's rest after stall without a byte.
-func stallConn(t *testing.T, sd *sockDevice, ringSize int, stall time.Duration) (c *conn, local, remote *shmIO) {
+func stallConn(t *testing.T, sd *fabricSide, ringSize int, stall time.Duration) (c *conn, local, remote *shmIO) {
 	t.Helper()
 	local, remote = shmPair(t, ringSize, -1)
 	local.Stall = stall
@@ -162,7 +162,7 @@ func goReadFrames(c *conn, poller bool) <-chan error {
 // that writes more), then reads the frame with a Poll (conn.drive) or the
 // reader goroutine (readFrames) until that gives up. A read still waiting
 // 20 s past stall fails the test: a hang, not a measurement.
-func readStalledFrame(t *testing.T, sd *sockDevice, stall time.Duration, start []byte, feed func(remote *shmIO) error, poller bool) stalledRead {
+func readStalledFrame(t *testing.T, sd *fabricSide, stall time.Duration, start []byte, feed func(remote *shmIO) error, poller bool) stalledRead {
 	t.Helper()
 	c, local, remote := stallConn(t, sd, MinShmRing, stall)
 	mustOK(t, remote.write(start), "write the start of the frame")
@@ -262,7 +262,7 @@ func TestShmStalledPeerFailsOutstandingSends(t *testing.T) {
 			opts.PeerTimeout = peerTO
 			p, sink := loggedProvider(t, opts)
 			a := newSide(t, p, urma.JettyConfig{}, 64)
-			f, fake := fakeShmPeer(t, p.devices[0].sock)
+			f, fake := fakeShmPeer(t, p.devices[0].side)
 			granted := make(chan error, 1)
 			go func() { granted <- grantImport(f) }()
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -348,7 +348,7 @@ func TestShmTricklingPeerFailsReader(t *testing.T) {
 		gap   = stall / 10
 	)
 	p := newProvider(t, shmOpts(t))
-	sd := p.devices[0].sock
+	sd := p.devices[0].side
 	frame, starts := trickledFrames(999, 0)
 	for _, at := range starts {
 		for _, poller := range []bool{true, false} {
@@ -448,7 +448,7 @@ func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 		pieces = 16
 	)
 	p := newProvider(t, shmOpts(t))
-	sd := p.devices[0].sock
+	sd := p.devices[0].side
 	hdr := encodeSendHeader(make([]byte, 4+sendHdrLen), &sendHeader{opcode: urma.OpSend, dst: 999, length: piece * pieces})
 	frameLen := uint64(len(hdr) + piece*pieces)
 	for _, poller := range []bool{true, false} {

@@ -33,7 +33,7 @@ func newFakeTarget(t *testing.T, opts Options, jc urma.JettyConfig) *fakeTarget 
 	ft.p, ft.sink = loggedProvider(t, opts)
 	ft.a = newSide(t, ft.p, jc, 64)
 	var fake urma.EID
-	ft.f, fake = fakeShmPeer(t, ft.p.devices[0].sock)
+	ft.f, fake = fakeShmPeer(t, ft.p.devices[0].side)
 	granted := make(chan error, 1)
 	go func() { granted <- grantImport(ft.f) }()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -250,7 +250,7 @@ func pace(t *testing.T, ft *fakeTarget, n int, pass func()) {
 			close(done)
 		}
 	}
-	sd := ft.p.devices[0].sock
+	sd := ft.p.devices[0].side
 	sd.afterWatch.Store(&f)
 	defer sd.afterWatch.Store(nil)
 	select {

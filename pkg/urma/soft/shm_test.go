@@ -111,7 +111,7 @@ func TestShmRendezvousRefusals(t *testing.T) {
 	t.Run("another host", func(t *testing.T) {
 		c, sink := acceptor(t, opts)
 		pa := newProvider(t, opts)
-		pa.devices[0].sock.shm.bootID[0] ^= 0xff
+		pa.devices[0].side.shm.bootID[0] ^= 0xff
 		err := import1(pa, c.jetty.ID())
 		if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "another host") {
 			t.Fatalf("import from another boot: %v", err)
@@ -167,7 +167,7 @@ func TestShmHostileHandshakes(t *testing.T) {
 	var sink logSink
 	opts.Logger = sink.logger()
 	p := newProvider(t, opts)
-	sd := p.devices[0].sock
+	sd := p.devices[0].side
 	me := testShmIdentity(t)
 	good := func() shmHelloMsg {
 		h := shmHelloMsg{typ: shmMsgHello, src: me.eid, dst: sd.eid, maxMsg: 1 << 20, bootID: sd.shm.bootID, ringSize: MinShmRing}
@@ -294,7 +294,7 @@ func TestShmHostileHandshakes(t *testing.T) {
 
 // fakeShmPeer handshakes with a device's shm socket as a dialer would and
 // hands the test its end of the rings, to misbehave with.
-func fakeShmPeer(t *testing.T, sd *sockDevice) (*shmIO, urma.EID) {
+func fakeShmPeer(t *testing.T, sd *fabricSide) (*shmIO, urma.EID) {
 	t.Helper()
 	nc, err := net.Dial("unixpacket", sd.shm.path)
 	mustOK(t, err, "dial")
@@ -311,7 +311,7 @@ func fakeShmPeer(t *testing.T, sd *sockDevice) (*shmIO, urma.EID) {
 // shmHello handshakes over nc as a dialer would, with a key of its own,
 // passing ends' descriptors, and returns the EID it proved, the device's
 // descriptors and ring size.
-func shmHello(t *testing.T, nc net.Conn, ends *shmring.Ends, sd *sockDevice) (me urma.EID, fds []int, peerRing int) {
+func shmHello(t *testing.T, nc net.Conn, ends *shmring.Ends, sd *fabricSide) (me urma.EID, fds []int, peerRing int) {
 	t.Helper()
 	d := shmGreetAs(t, nc.(*net.UnixConn), testShmIdentity(t), sd.eid, sd.shm.bootID, MinShmRing)
 	if d.ack.status != helloOK {
@@ -338,7 +338,7 @@ func TestShmCorruptRing(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p, sink := loggedProvider(t, shmOpts(t))
-			sd := p.devices[0].sock
+			sd := p.devices[0].side
 			f, fake := fakeShmPeer(t, sd)
 			// The device's writer meets the corrupt head when it next
 			// writes: an import request makes it write.
@@ -366,7 +366,7 @@ func TestShmCloseRemovesSocket(t *testing.T) {
 	opts := shmOpts(t)
 	p, err := New(opts)
 	mustOK(t, err, "new")
-	path := p.devices[0].sock.shm.path
+	path := p.devices[0].side.shm.path
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("socket missing: %v", err)
 	}
@@ -477,7 +477,7 @@ func (p *Provider) wakes() uint64 {
 // test goroutine descheduled for pollingEnd parks would end it otherwise.
 func keepPollingMode(p *Provider) {
 	for _, d := range p.devices {
-		d.sock.shm.pollingEnd = math.MaxInt
+		d.side.shm.pollingEnd = math.MaxInt
 	}
 }
 
@@ -776,7 +776,7 @@ func TestShmHostileSendRef(t *testing.T) {
 	src, _ := SocketEID(netip.MustParseAddrPort("127.0.0.9:9"))
 	var hb [4 + helloLen]byte
 	var fb [maxFrameHdr]byte
-	_, err = nc.Write(append(encodeHello(hb[:], &hello{session: 1, src: src, dst: ps.devices[0].sock.eid, maxMsg: 1 << 20}),
+	_, err = nc.Write(append(encodeHello(hb[:], &hello{session: 1, src: src, dst: ps.devices[0].side.eid, maxMsg: 1 << 20}),
 		encodeSendRef(fb[:], &sendHeader{opcode: urma.OpSend, dst: 1, token: 7, tag: 1}, []payloadRef{{handle: 1, length: 8}})...))
 	mustOK(t, err, "write")
 	waitUntil(t, "the socket device to refuse SEND_REF", func() bool { return sink.has("SEND_REF on a connection without shared memory") })
@@ -830,7 +830,7 @@ func TestShmPollerRacesConnectionClose(t *testing.T) {
 // Without Options.ShmAllowUID a device accepts peers of every user: the
 // identity proof, not the user, says who a peer is.
 func TestShmDefaultAllowsEveryUser(t *testing.T) {
-	allow := newProvider(t, shmOpts(t)).devices[0].sock.shm.allowUID
+	allow := newProvider(t, shmOpts(t)).devices[0].side.shm.allowUID
 	for _, uid := range []uint32{0, uint32(os.Geteuid()), uint32(os.Geteuid()) + 1, 65534} {
 		if !allow(uid) {
 			t.Errorf("uid %d refused by default", uid)
@@ -854,7 +854,7 @@ func TestShmSocketPathLimit(t *testing.T) {
 		opts := base
 		opts.ShmDir = dirOf(maxSocketPath)
 		pa, pb := newProvider(t, opts), newProvider(t, opts)
-		if n := len(pb.devices[0].sock.shm.path); n != maxSocketPath {
+		if n := len(pb.devices[0].side.shm.path); n != maxSocketPath {
 			t.Fatalf("socket path is %d bytes, want %d", n, maxSocketPath)
 		}
 		a := newSide(t, pa, urma.JettyConfig{}, 64)
@@ -976,7 +976,7 @@ func TestShmDialerSkipsSquatters(t *testing.T) {
 				buf := make([]byte, shmMaxMsgLen+1)
 				if _, fds, err := readShmMsg(uc, buf, shmMaxFds); err == nil && pod == "" {
 					closeAll(fds)
-					m := shmHelloMsg{typ: shmMsgHelloAck, src: bEID, dst: a.jetty.ID().EID, maxMsg: 1 << 20, bootID: pa.devices[0].sock.shm.bootID, ringSize: MinShmRing}
+					m := shmHelloMsg{typ: shmMsgHelloAck, src: bEID, dst: a.jetty.ID().EID, maxMsg: 1 << 20, bootID: pa.devices[0].side.shm.bootID, ringSize: MinShmRing}
 					copy(m.pub[:], squatter.pub)
 					_, _ = uc.Write(encodeShmHello(make([]byte, shmMaxMsgLen), &m))
 					_, _ = uc.Read(buf) // until the dialer hangs up
@@ -996,7 +996,7 @@ func TestShmDialerSkipsSquatters(t *testing.T) {
 func TestShmDialerRefusesHostileAnswers(t *testing.T) {
 	opts := shmOpts(t)
 	p := newProvider(t, opts)
-	sd := p.devices[0].sock
+	sd := p.devices[0].side
 	cases := []struct {
 		name  string
 		reply func(fake urma.EID, h shmHelloMsg) []byte
@@ -1142,7 +1142,7 @@ func TestShmRingSizeBounds(t *testing.T) {
 		if err != nil {
 			continue
 		}
-		if got := p.devices[0].sock.shm.ringSize; c.want != 0 && got != c.want {
+		if got := p.devices[0].side.shm.ringSize; c.want != 0 && got != c.want {
 			t.Errorf("ShmRingSize %d: the device's rings are %d bytes, want %d", c.size, got, c.want)
 		}
 		mustOK(t, p.Close(), "close")
@@ -1249,7 +1249,7 @@ func TestShmNoDescriptorOrRingLeaks(t *testing.T) {
 			}
 		}},
 		{"pipes for eventfds", func(t *testing.T, opts Options) {
-			sd := newProvider(t, opts).devices[0].sock
+			sd := newProvider(t, opts).devices[0].side
 			nc, err := net.Dial("unixpacket", sd.shm.path)
 			mustOK(t, err, "dial")
 			defer nc.Close()
@@ -1329,7 +1329,7 @@ func TestShmOnlyPollingModeJFCsCount(t *testing.T) {
 	polled, err := ctx.CreateJFC(urma.JFCConfig{Depth: 16})
 	mustOK(t, err, "create JFC")
 	defer polled.Close()
-	polls := &p.devices[0].sock.polls
+	polls := &p.devices[0].side.polls
 	buf := make([]urma.Completion, 4)
 	for _, c := range []struct {
 		name string
@@ -1356,7 +1356,7 @@ func TestShmPollerLeavesFramesToTheReader(t *testing.T) {
 	opts := shmOpts(t)
 	pa, pb := newProvider(t, opts), newProvider(t, opts)
 	for _, d := range pb.devices {
-		d.sock.shm.pollerBudget = -1
+		d.side.shm.pollerBudget = -1
 	}
 	a := newSide(t, pa, urma.JettyConfig{RNRRetry: 7}, 64)
 	b := newSide(t, pb, urma.JettyConfig{RNRRetry: 7}, 64)
@@ -1514,7 +1514,7 @@ func TestShmHostileBlockingEventfd(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p, sink := loggedProvider(t, shmOpts(t))
-			sd := p.devices[0].sock
+			sd := p.devices[0].side
 			nc, err := net.Dial("unixpacket", sd.shm.path)
 			mustOK(t, err, "dial")
 			defer nc.Close()

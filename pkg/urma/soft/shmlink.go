@@ -51,7 +51,7 @@ func newShmIO(e *shmring.Ends, ringSize, peerRing int, peerFds []int, spin time.
 		return nil, err
 	}
 	s.Stall = defaultPeerTimeout
-	s.pull.budget = newMapBudget(Options{}) // its own; shmNet.join gives the provider's
+	s.pull.budget = newMapBudget(Options{}) // its own; shmSide.join gives the provider's
 	return s, nil
 }
 

@@ -16,9 +16,13 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
-// sockDevice is a device's presence on the socket fabric: its listener, its
-// peers (one per remote device it talks to) and their connections.
-type sockDevice struct {
+// fabricSide is a device's side of a fabric between processes, socket or
+// shm: its listener, its peers (one per remote device it talks to) and its
+// connections to them, one per peer. What differs between the two
+// fabrics is how a connection is made (socket.go, shm_handshake.go) and
+// what it runs on (linkIO: sockIO or shmIO); shm holds the shm fabric's
+// part.
+type fabricSide struct {
 	dev      *device
 	prov     *Provider
 	ln       net.Listener
@@ -41,7 +45,7 @@ type sockDevice struct {
 	connDying func(*conn)
 	// afterWatch, set by tests, runs after each pass of the watchdog.
 	afterWatch atomic.Pointer[func()]
-	shm        *shmNet // nil on the socket fabric
+	shm        *shmSide // nil on the socket fabric
 	// shmConns is the connections whose rings Poll drives (shm fabric), a
 	// copy replaced on every change, so that Poll takes no lock.
 	shmConns atomic.Pointer[[]*conn]
@@ -68,8 +72,8 @@ type sockDevice struct {
 
 // listen opens the device's listener (TCP, or a unix socket for the shm
 // fabric) and works out its EID.
-func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
-	sd := &sockDevice{
+func listen(d *device, spec DeviceSpec, opts Options) (*fabricSide, error) {
+	sd := &fabricSide{
 		dev: d, prov: d.prov, session: rand.Uint64(), resolver: opts.Resolver,
 		peerTO: opts.PeerTimeout, dialTO: opts.DialTimeout, maxAnswers: maxAnswers, maxCancels: maxCancels, maxConns: opts.MaxConns,
 		maxPerProc: opts.MaxConnsPerProcess,
@@ -90,13 +94,13 @@ func listen(d *device, spec DeviceSpec, opts Options) (*sockDevice, error) {
 	return sd, nil
 }
 
-func (sd *sockDevice) start() {
+func (sd *fabricSide) start() {
 	sd.prov.goTracked(sd.acceptLoop)
 	sd.prov.goTracked(sd.watchdog)
 }
 
 // close stops accepting and dialing and breaks every connection.
-func (sd *sockDevice) close() {
+func (sd *fabricSide) close() {
 	sd.mu.Lock()
 	if sd.closed {
 		sd.mu.Unlock()
@@ -118,7 +122,7 @@ func (sd *sockDevice) close() {
 	}
 }
 
-func (sd *sockDevice) log() logr.Logger {
+func (sd *fabricSide) log() logr.Logger {
 	return sd.prov.log.WithValues("device", sd.dev.info.Name, "eid", sd.eid.String())
 }
 
@@ -133,7 +137,7 @@ func (sd *sockDevice) log() logr.Logger {
 // keeps no entry for those gone. An entry nothing uses is dropped once the
 // garbage collector frees it; the next contact makes a fresh one, which
 // nothing can tell from the old.
-func (sd *sockDevice) peer(eid urma.EID) (*peer, error) {
+func (sd *fabricSide) peer(eid urma.EID) (*peer, error) {
 	if eid.IsZero() {
 		return nil, errors.New("zero EID")
 	}
@@ -155,7 +159,7 @@ func (sd *sockDevice) peer(eid urma.EID) (*peer, error) {
 
 // peerKey names a peer entry for forgetPeer.
 type peerKey struct {
-	sd  weak.Pointer[sockDevice]
+	sd  weak.Pointer[fabricSide]
 	eid urma.EID
 }
 
@@ -173,7 +177,7 @@ func forgetPeer(k peerKey) {
 	}
 }
 
-func (sd *sockDevice) acceptLoop() {
+func (sd *fabricSide) acceptLoop() {
 	for {
 		nc, err := sd.ln.Accept()
 		if err != nil {
@@ -199,7 +203,7 @@ func (sd *sockDevice) acceptLoop() {
 }
 
 // publishShmConnsLocked refreshes the list Poll drives; sd.mu is held.
-func (sd *sockDevice) publishShmConnsLocked() {
+func (sd *fabricSide) publishShmConnsLocked() {
 	if sd.shm == nil {
 		return
 	}
@@ -213,7 +217,7 @@ func (sd *sockDevice) publishShmConnsLocked() {
 // drive lets a poller take what the shm rings hold (see conn.drive);
 // polling says that it polls a JFC without a JFCE, for its own sake (see
 // shmring.Stream.Idle).
-func (sd *sockDevice) drive(polling bool) {
+func (sd *fabricSide) drive(polling bool) {
 	conns := sd.shmConns.Load()
 	if conns == nil {
 		return
@@ -230,7 +234,7 @@ func (sd *sockDevice) drive(polling bool) {
 // one and starts it; p.mu is held. reserved says that admit made room for
 // c (for the process c.proc), which it now takes. It returns the connection c replaces, which the
 // caller fails after unlocking.
-func (sd *sockDevice) adoptLocked(p *peer, c *conn, reserved bool) *conn {
+func (sd *fabricSide) adoptLocked(p *peer, c *conn, reserved bool) *conn {
 	c.gen = p.gen // the pending sends were given it
 	c.mu.Lock()   // the watchdog may see c as soon as it is in sd.conns
 	c.q = append(c.q, p.pending...)

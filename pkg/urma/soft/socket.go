@@ -16,7 +16,7 @@ import (
 )
 
 // listenTCP opens the socket fabric's TCP listener.
-func listenTCP(sd *sockDevice, spec DeviceSpec, opts Options) error {
+func listenTCP(sd *fabricSide, spec DeviceSpec, opts Options) error {
 	addr := spec.Listen
 	if addr == "" {
 		addr = opts.Listen
@@ -49,7 +49,7 @@ func listenTCP(sd *sockDevice, spec DeviceSpec, opts Options) error {
 }
 
 // resolve finds the address to dial for eid.
-func (sd *sockDevice) resolve(ctx context.Context, eid urma.EID) (string, error) {
+func (sd *fabricSide) resolve(ctx context.Context, eid urma.EID) (string, error) {
 	if sd.resolver != nil {
 		addr, err := sd.resolver(ctx, eid)
 		if err != nil {
@@ -72,7 +72,7 @@ func (sd *sockDevice) resolve(ctx context.Context, eid urma.EID) (string, error)
 // connection dialed by the device with the smaller EID wins; the acceptor
 // with the smaller EID turns the other dial down (DUPLICATE) while its own
 // dial or dialed connection stands, and the dialer then waits for that one.
-func (sd *sockDevice) handshakeIn(nc net.Conn) {
+func (sd *fabricSide) handshakeIn(nc net.Conn) {
 	defer sd.endHandshake(nc)
 	_ = nc.SetDeadline(time.Now().Add(sd.dialTO))
 	var buf [4 + helloLen]byte
@@ -149,12 +149,9 @@ func (sd *sockDevice) handshakeIn(nc net.Conn) {
 	}
 }
 
-// dialOnce dials and handshakes once.
-func (p *peer) dialOnce(ctx context.Context) error {
+// dialOnceTCP dials the peer over TCP and handshakes once.
+func (p *peer) dialOnceTCP(ctx context.Context) error {
 	sd := p.sd
-	if sd.shm != nil {
-		return p.dialOnceShm(ctx)
-	}
 	addr, err := sd.resolve(ctx, p.eid)
 	if err != nil {
 		return err

@@ -179,7 +179,7 @@ func TestCrossedDialsSmallerEIDWins(t *testing.T) {
 			opts.DialTimeout = 20 * time.Second // the device's dial must still be on when the peer's arrives
 			opts.Resolver = func(context.Context, urma.EID) (string, error) { return ln.Addr().String(), nil }
 			p := newProvider(t, opts)
-			dev := p.devices[0].sock.eid
+			dev := p.devices[0].side.eid
 			if bytes.Compare(low[:], dev[:]) >= 0 || bytes.Compare(high[:], dev[:]) <= 0 {
 				t.Fatalf("device EID %s is not between %s and %s", dev, low, high)
 			}

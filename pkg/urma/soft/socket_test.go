@@ -29,16 +29,16 @@ func socketOpts() Options {
 func (p *Provider) conns() []*conn {
 	var out []*conn
 	for _, d := range p.devices {
-		d.sock.mu.Lock()
-		for c := range d.sock.conns {
+		d.side.mu.Lock()
+		for c := range d.side.conns {
 			out = append(out, c)
 		}
-		d.sock.mu.Unlock()
+		d.side.mu.Unlock()
 	}
 	return out
 }
 
-func (p *Provider) addr() string { return p.devices[0].sock.ln.Addr().String() }
+func (p *Provider) addr() string { return p.devices[0].side.ln.Addr().String() }
 
 // Two devices that dial each other at the same moment end up with exactly
 // one TCP connection, the same one on both sides, and it carries traffic
@@ -652,7 +652,7 @@ func TestSendMeetingDyingConnectionKeepsPostOrder(t *testing.T) {
 	// breaks the connection, so no other goroutine reads it.
 	posted := false
 	var postErr error
-	p.devices[0].sock.connDying = func(c *conn) {
+	p.devices[0].side.connDying = func(c *conn) {
 		if c == conns[0] && !posted {
 			posted = true
 			postErr = a.send(target, 8, 64, 64, 0)
@@ -902,7 +902,7 @@ func TestAnswerBeforeDeathWins(t *testing.T) {
 func TestPeerEntriesDoNotOutliveTheirConnections(t *testing.T) {
 	noLeaks(t)
 	p := newProvider(t, socketOpts())
-	sd := p.devices[0].sock
+	sd := p.devices[0].side
 	entries := func() int {
 		sd.mu.Lock()
 		defer sd.mu.Unlock()

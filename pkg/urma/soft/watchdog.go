@@ -14,7 +14,7 @@ import (
 // those that read nothing for four ticks, or took too long over a frame
 // (watchFrame). On the shm fabric it fails connections whose live peer
 // stopped (watchShm) instead.
-func (sd *sockDevice) watchdog() {
+func (sd *fabricSide) watchdog() {
 	tick := max(sd.peerTO/4, time.Millisecond)
 	t := time.NewTicker(tick)
 	defer t.Stop()
@@ -79,7 +79,7 @@ func (sd *sockDevice) watchdog() {
 // frame is timed from the tick that first saw it, so it is failed no
 // earlier than framebound.For the bytes read since (the socket's bytes, as
 // near to the frame's as the watchdog can tell) and at most a tick later.
-func (sd *sockDevice) watchFrame(c *conn, s *sockIO, rx uint64) bool {
+func (sd *fabricSide) watchFrame(c *conn, s *sockIO, rx uint64) bool {
 	f := s.frame.Load()
 	if f&1 == 0 {
 		return false // between frames
@@ -110,7 +110,7 @@ func (sd *sockDevice) watchFrame(c *conn, s *sockIO, rx uint64) bool {
 // to read, sends or imports to answer (waitsOnPeer). A peer that moves
 // any of them, however slowly, is making progress, and
 // RNR answers are progress: an RNR wait, however long, is no stall.
-func (sd *sockDevice) watchShm(c *conn, s *shmIO, awaited func() map[*peer]bool) {
+func (sd *fabricSide) watchShm(c *conn, s *shmIO, awaited func() map[*peer]bool) {
 	w, ok := s.WatchWords()
 	if !ok {
 		return // closed: its reader fails it
@@ -134,7 +134,7 @@ func (sd *sockDevice) watchShm(c *conn, s *shmIO, awaited func() map[*peer]bool)
 
 // errPeerNotReading and errPeerNotAnswering say that a live peer left what
 // this side wrote unread, or the sends it read unanswered, for PeerTimeout
-// (sockDevice.watchShm).
+// (fabricSide.watchShm).
 var (
 	errPeerNotReading   = errors.New("peer stopped reading")
 	errPeerNotAnswering = errors.New("peer stopped answering")
