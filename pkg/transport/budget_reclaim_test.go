@@ -3,6 +3,8 @@ package transport
 import (
 	"testing"
 	"time"
+
+	"github.com/openeuler/urma-k8s/internal/eventually"
 )
 
 // TestPreparedJettiesYieldToConnections: jetties prepared ahead of
@@ -16,7 +18,7 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 	checkNoLeaks(t)
 	waitPrepared := func(t *testing.T, ln *Listener, want int) {
 		t.Helper()
-		waitFor(t, "the listener to prepare its jetties", 10*time.Second, func() bool {
+		eventually.Holds(t, "the listener to prepare its jetties", 10*time.Second, func() bool {
 			prepared, _ := ln.e.jetties.stats()
 			return prepared == want
 		})

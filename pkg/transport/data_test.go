@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 )
 
@@ -154,7 +155,7 @@ func TestSlowReader(t *testing.T) {
 		werr <- err
 	}()
 	cl := p.client.(*urmaConn)
-	waitFor(t, "the writer to stall on the receive window", 10*time.Second, func() bool {
+	eventually.Holds(t, "the writer to stall on the receive window", 10*time.Second, func() bool {
 		d := cl.Debug()
 		return d.WindowStalls > 0 && d.RemoteRQWindow == 0
 	})

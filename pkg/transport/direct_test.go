@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 )
 
@@ -90,7 +91,7 @@ func TestDirectRead(t *testing.T) {
 				}
 				res := readAsync(server, buf)
 				if tc.direct {
-					waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+					eventually.Holds(t, "the reader to offer its slice", 10*time.Second, server.offered)
 				}
 				if _, err := client.Write(msg); err != nil {
 					t.Fatalf("write %d: %v", i, err)
@@ -145,7 +146,7 @@ func TestDirectReadTakenBack(t *testing.T) {
 			before := server.Debug().DirectReads
 			small := make([]byte, 1024)
 			res := readAsync(server, small)
-			waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+			eventually.Holds(t, "the reader to offer its slice", 10*time.Second, server.offered)
 			if _, err := client.Write(msg); err != nil {
 				t.Fatal(err)
 			}
@@ -162,7 +163,7 @@ func TestDirectReadTakenBack(t *testing.T) {
 
 			// Close while the slice is offered.
 			res = readAsync(server, buf)
-			waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+			eventually.Holds(t, "the reader to offer its slice", 10*time.Second, server.offered)
 			if err := server.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -224,16 +225,16 @@ func TestDirectReadCompletionOrder(t *testing.T) {
 						server.mu.Unlock()
 						if between {
 							release()
-							waitFor(t, "the placed message's completion", 10*time.Second, handled)
+							eventually.Holds(t, "the placed message's completion", 10*time.Second, handled)
 						}
 					}
 					msg := bytes.Repeat([]byte{byte('a' + i)}, 1000)
 					res := readAsync(server, buf)
-					waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+					eventually.Holds(t, "the reader to offer its slice", 10*time.Second, server.offered)
 					if _, err := client.Write(msg); err != nil {
 						t.Fatal(err)
 					}
-					waitFor(t, "the message to land in the offered slice", 10*time.Second, func() bool {
+					eventually.Holds(t, "the message to land in the offered slice", 10*time.Second, func() bool {
 						if settling.Load() {
 							return true // a spinning reader saw it land
 						}
@@ -256,7 +257,7 @@ func TestDirectReadCompletionOrder(t *testing.T) {
 					if r.err != nil || !bytes.Equal(buf[:r.n], msg) {
 						t.Fatalf("message %d: %q, %v", i, buf[:r.n], r.err)
 					}
-					waitFor(t, "the placed message's completion", 10*time.Second, handled)
+					eventually.Holds(t, "the placed message's completion", 10*time.Second, handled)
 				}
 				if exercised != 3 {
 					t.Fatalf("the reader settled before the completion was handled in %d of 3 reads; want all (the test did not test)", exercised)
@@ -285,7 +286,7 @@ func TestDirectReadReusedReceiveIsQueued(t *testing.T) {
 	server.direct.afterWait = func() {
 		// The placed message's completion, handled: its receive is
 		// posted again, last.
-		waitFor(t, "the placed message's completion", 10*time.Second, func() bool {
+		eventually.Holds(t, "the placed message's completion", 10*time.Second, func() bool {
 			server.poll()
 			server.mu.Lock()
 			defer server.mu.Unlock()
@@ -307,14 +308,14 @@ func TestDirectReadReusedReceiveIsQueued(t *testing.T) {
 		cl.mu.Lock()
 		cl.remoteRQWindow -= extra
 		cl.mu.Unlock()
-		waitFor(t, "every message to be handled", 10*time.Second, func() bool {
+		eventually.Holds(t, "every message to be handled", 10*time.Second, func() bool {
 			server.poll()
 			return server.Debug().MessagesReceived == uint64(len(msgs))
 		})
 	}
 	buf := make([]byte, 4096)
 	res := readAsync(server, buf)
-	waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+	eventually.Holds(t, "the reader to offer its slice", 10*time.Second, server.offered)
 	if _, err := client.Write(msgs[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +371,7 @@ func TestDirectReadUnofferedWaitIdlesPlacement(t *testing.T) {
 			msg := bytes.Repeat([]byte("direct"), 1000)
 			buf := make([]byte, 8192)
 			res := readAsync(server, buf)
-			waitFor(t, "the reader to offer its slice", 10*time.Second, server.offered)
+			eventually.Holds(t, "the reader to offer its slice", 10*time.Second, server.offered)
 			if _, err := client.Write(msg); err != nil {
 				t.Fatalf("write: %v", err)
 			}
@@ -382,7 +383,7 @@ func TestDirectReadUnofferedWaitIdlesPlacement(t *testing.T) {
 			}
 			done := make(chan readResult, 1)
 			go func() { done <- readResult{err: tc.read(server, msg)} }()
-			waitFor(t, "the unoffered wait to idle the placement", 10*time.Second, func() bool { return !server.direct.p.Pending() })
+			eventually.Holds(t, "the unoffered wait to idle the placement", 10*time.Second, func() bool { return !server.direct.p.Pending() })
 			if server.offered() {
 				t.Fatal("the reader offered")
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/internal/operator/tuning"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -178,7 +179,7 @@ func TestCloseWithAStalledVerb(t *testing.T) {
 			var logs logLines
 			cfg.Logger = logs.logger()
 			e, closeIt := tc.open(t, cfg)
-			waitFor(t, "the jetty pool's filler to create a jetty", stallBound, func() bool { return prov.f.attempts("jetty") > 0 })
+			eventually.Holds(t, "the jetty pool's filler to create a jetty", stallBound, func() bool { return prov.f.attempts("jetty") > 0 })
 
 			closed := make(chan error, 1)
 			go func() { closed <- closeIt() }()
@@ -213,7 +214,7 @@ func TestCloseWithAStalledVerb(t *testing.T) {
 			if live := prov.f.liveQueues(); len(live) != 0 {
 				t.Errorf("queues left after the stalled verb returned: %v", live)
 			}
-			waitFor(t, "the log of the late release", stallBound, func() bool {
+			eventually.Holds(t, "the log of the late release", stallBound, func() bool {
 				return logs.find("released the URMA resources left behind") != ""
 			})
 		})

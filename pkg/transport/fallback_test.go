@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 )
 
@@ -375,7 +376,7 @@ func TestInvalidHelloFallsBack(t *testing.T) {
 		if n, err := raw.Read(make([]byte, 1)); err == nil {
 			t.Fatalf("read %d bytes; the server should have dropped the connection", n)
 		}
-		waitFor(t, "the handshake error metric", 5*time.Second, func() bool {
+		eventually.Holds(t, "the handshake error metric", 5*time.Second, func() bool {
 			return handshakeCount(t, reg, "error", "server") >= 1
 		})
 	})
@@ -647,7 +648,7 @@ func TestTCPModeWaitsEndWithDeadlinesAndClose(t *testing.T) {
 			go func() { done <- tc.call(zc) }()
 			if tc.waiting {
 				pool := c.(*tcpConn).heapPool()
-				waitFor(t, "the call to wait for a buffer", 5*time.Second, func() bool { return pool.waiters() == 1 })
+				eventually.Holds(t, "the call to wait for a buffer", 5*time.Second, func() bool { return pool.waiters() == 1 })
 				tc.end(c)
 			}
 			select {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/transport/metrics"
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -749,7 +750,7 @@ func TestDialCancelledDuringJettySetup(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	dialed := dialAsync(ctx, d, peerLn.Addr().String())
-	waitFor(t, "the dial to create its jetty", stallBound, func() bool { return cp.f.attempts("jetty") > 0 })
+	eventually.Holds(t, "the dial to create its jetty", stallBound, func() bool { return cp.f.attempts("jetty") > 0 })
 	cancel()
 	var r connResult
 	select {
@@ -777,7 +778,7 @@ func TestDialCancelledDuringJettySetup(t *testing.T) {
 func checkLateJettyReleased(t *testing.T, e *engine, unstall func()) {
 	t.Helper()
 	unstall()
-	waitFor(t, "the late jetty to be released", stallBound, func() bool { return e.refCount() == 1 })
+	eventually.Holds(t, "the late jetty to be released", stallBound, func() bool { return e.refCount() == 1 })
 	if _, inUse := e.pool.stats(); inUse != 0 {
 		t.Errorf("%d receive buffers still out after the late jetty was released", inUse)
 	}

@@ -147,19 +147,6 @@ func dialAccept(t testing.TB, ln *Listener, d *Dialer) pair {
 	return p
 }
 
-// waitFor polls cond until it holds or the deadline passes; for states that
-// have no event to wait on (goroutine counts).
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // checkNoLeaks records the goroutines now and, at cleanup, waits for the
 // count to come back down.
 func checkNoLeaks(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
@@ -253,7 +254,7 @@ func bringUp(t *testing.T, d *Dialer) {
 	if !d.e.isUp() || d.e.unavailable() != nil {
 		t.Fatalf("the dialer is not up: %s", d.FallbackReason())
 	}
-	waitFor(t, "the dialer's prepared jetty", 10*time.Second, func() bool {
+	eventually.Holds(t, "the dialer's prepared jetty", 10*time.Second, func() bool {
 		prepared, _ := d.e.jetties.stats()
 		return prepared == d.e.jetties.target
 	})
@@ -442,7 +443,7 @@ func TestTokenPerConnection(t *testing.T) {
 			t.Errorf("client %d's send to its own connection completed with %s", i, st)
 		}
 		if n := conns[i].Debug().MessagesReceived; n != 1 {
-			waitFor(t, fmt.Sprintf("connection %d's message", i), 10*time.Second, func() bool { return conns[i].Debug().MessagesReceived == 1 })
+			eventually.Holds(t, fmt.Sprintf("connection %d's message", i), 10*time.Second, func() bool { return conns[i].Debug().MessagesReceived == 1 })
 		}
 	}
 	if st := peers[0].injectInto(conns[1].Debug().LocalJetty, urma.Token(a.Token), urma.OpSend, []byte(injected), 0); st != urma.StatusRemAccessAbort {
@@ -492,7 +493,7 @@ func TestForeignMessageNeverPlacedInARead(t *testing.T) {
 		got <- read{buf[:n], err}
 	}()
 	uc := victim.server.(*urmaConn)
-	waitFor(t, "the victim's read to wait with its slice offered", 10*time.Second, func() bool { return uc.readSleeps.Load() > 0 })
+	eventually.Holds(t, "the victim's read to wait with its slice offered", 10*time.Second, func() bool { return uc.readSleeps.Load() > 0 })
 	payload := []byte(strings.Repeat(injected, 30))[:800] // above urma_zerocopy_min_size, within a buffer
 	if st := attacker.injectInto(victim.server.Debug().LocalJetty, 0, urma.OpSend, payload, 0); st != urma.StatusSuccess {
 		t.Fatalf("the attacker's send completed with %s; the test needs it delivered", st)

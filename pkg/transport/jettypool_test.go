@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -54,7 +55,7 @@ func TestJettyCreationFails(t *testing.T) {
 				if prepared > 0 {
 					// The filler cleans up after its attempt in the
 					// background: wait for it to have tried and cleaned up.
-					waitFor(t, "the filler to try and clean up", 5*time.Second, func() bool { return fp.f.attempts(verb) >= 2 && cleanedUp() })
+					eventually.Holds(t, "the filler to try and clean up", 5*time.Second, func() bool { return fp.f.attempts(verb) >= 2 && cleanedUp() })
 				}
 				if !cleanedUp() {
 					t.Errorf("after failed creations: queues %v left, %d jetties count against the budget", fp.f.liveQueues(), d.e.s.budget.InUse())
@@ -79,7 +80,7 @@ func TestJettiesInUseMetric(t *testing.T) {
 	defer p.client.Close()
 	defer p.server.Close()
 	// One jetty went to the connection; the filler prepares a third again.
-	waitFor(t, "the pool to prepare its jetties", 10*time.Second, func() bool {
+	eventually.Holds(t, "the pool to prepare its jetties", 10*time.Second, func() bool {
 		prepared, _ := ln.e.jetties.stats()
 		return prepared == 3
 	})

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -234,7 +235,7 @@ func TestWriteDuringCloseFailsAtOnce(t *testing.T) {
 		defer close(closed)
 		_ = p.client.Close()
 	}()
-	waitFor(t, "Close to begin", 10*time.Second, func() bool { return p.client.Debug().State == stateClosing.String() })
+	eventually.Holds(t, "Close to begin", 10*time.Second, func() bool { return p.client.Debug().State == stateClosing.String() })
 	_, werr := p.client.Write([]byte("late"))
 	bwerr := p.client.(ZeroCopyConn).WriteBuffer(buf, 1)
 	uc := p.client.(*urmaConn)
@@ -247,7 +248,7 @@ func TestWriteDuringCloseFailsAtOnce(t *testing.T) {
 	}
 	// Let Close go: take the completions the muted events held back.
 	fp.f.set(func(c *faultConfig) { c.muteEvents = false })
-	waitFor(t, "Close to return", 10*time.Second, func() bool {
+	eventually.Holds(t, "Close to return", 10*time.Second, func() bool {
 		uc.poll()
 		select {
 		case <-closed:

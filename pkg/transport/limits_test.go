@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 )
 
@@ -84,7 +85,7 @@ func TestPreparedJettiesCappedByNofileAndBudget(t *testing.T) {
 			if line := logs.find("capping prepared jetties by RLIMIT_NOFILE"); (line != "") != tc.cappedLog {
 				t.Errorf("log line %q; want one: %v", line, tc.cappedLog)
 			}
-			waitFor(t, "the pool to prepare its jetties", 10*time.Second, func() bool {
+			eventually.Holds(t, "the pool to prepare its jetties", 10*time.Second, func() bool {
 				prepared, _ := ln.e.jetties.stats()
 				return prepared == tc.want
 			})

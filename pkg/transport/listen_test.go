@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -143,7 +144,7 @@ func TestListenerCloseAbortsUnaccepted(t *testing.T) {
 			client := tc.connect(t, pb, ln.Addr().String())
 			// The handshake completes on the server after the client's
 			// last byte; nothing signals it but the queue.
-			waitFor(t, "the listener to hold the connection", 10*time.Second, func() bool { return len(ln.conns) == 1 })
+			eventually.Holds(t, "the listener to hold the connection", 10*time.Second, func() bool { return len(ln.conns) == 1 })
 
 			pool := ln.e.pool // the engine lets go of it when it goes
 			closed := make(chan error, 1)
@@ -321,8 +322,8 @@ func TestFailedHandshakeGivesItsSeatBack(t *testing.T) {
 	defer stalled.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	dialed := dialAsync(ctx, stalled, ln.Addr().String())
-	waitFor(t, "the server to hold a seat for the stalled client", stallBound, func() bool { return len(ln.seats) == 1 })
-	waitFor(t, "the failed handshake to give its seat back", stallBound, func() bool { return len(ln.seats) == 0 })
+	eventually.Holds(t, "the server to hold a seat for the stalled client", stallBound, func() bool { return len(ln.seats) == 1 })
+	eventually.Holds(t, "the failed handshake to give its seat back", stallBound, func() bool { return len(ln.seats) == 0 })
 	cancel()
 	(<-dialed).closeIfDialed() // cancelled, or a fallback onto the connection the server dropped
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
@@ -182,7 +183,7 @@ func TestPeerProcessKilled(t *testing.T) {
 		}
 	}()
 	<-readStarted
-	waitFor(t, "the server's write to stall on the helper's full window", 10*time.Second, func() bool {
+	eventually.Holds(t, "the server's write to stall on the helper's full window", 10*time.Second, func() bool {
 		return c.(Conn).Debug().RemoteRQWindow == 0
 	})
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {

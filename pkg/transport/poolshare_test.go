@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -87,7 +88,7 @@ func TestShmSendMemory(t *testing.T) {
 			}
 			// The peer maps the memory once the first send from it shares
 			// it; that is a state, with no event to wait on.
-			waitFor(t, "the peer to map the client's send memory read-only", 10*time.Second, func() bool { return len(mappingsOf(t, shared, "r--s")) > 0 })
+			eventually.Holds(t, "the peer to map the client's send memory read-only", 10*time.Second, func() bool { return len(mappingsOf(t, shared, "r--s")) > 0 })
 			if m := mappingsOf(t, shared, "r--s"); len(m) != 1 || m[0] != tc.wantMapped {
 				t.Fatalf("the peer's views of the client's memory %v, want one of %d bytes", m, tc.wantMapped)
 			}
@@ -98,7 +99,7 @@ func TestShmSendMemory(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Gone from the peer (SEG_UNMAP) and from the client.
-			waitFor(t, "the closed connection's send buffers to be unmapped on both sides", 10*time.Second, func() bool {
+			eventually.Holds(t, "the closed connection's send buffers to be unmapped on both sides", 10*time.Second, func() bool {
 				return len(mappingsOf(t, shared, "r--s"))+len(mappingsOf(t, shared, "rw-s")) == 0
 			})
 		})
@@ -253,7 +254,7 @@ func TestShmSendBuffersRunDry(t *testing.T) {
 	// Every send completes back to the pool it came from: all own buffers
 	// free again, and of the dialer's engine pool only its two
 	// connections' receive queues in use.
-	waitFor(t, "the send completions", 10*time.Second, func() bool {
+	eventually.Holds(t, "the send completions", 10*time.Second, func() bool {
 		free, _ := uc.ownSend.stats()
 		_, inUse := uc.e.pool.stats()
 		return free == own && inUse == 2*uc.e.rqSize
@@ -293,7 +294,7 @@ func TestTakeBufferWakesForEitherPool(t *testing.T) {
 			}()
 			// Give the buffer back only once the writer waits on both
 			// pools, so that the put must wake it.
-			waitFor(t, "the writer to wait on both pools", 10*time.Second, func() bool {
+			eventually.Holds(t, "the writer to wait on both pools", 10*time.Second, func() bool {
 				return pool.waiters() == 1 && own.waiters() == 1
 			})
 			tc.giveBack(heldOwn, heldPool)
@@ -394,7 +395,7 @@ func TestShmSendBuffersCloseMidStream(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	waitFor(t, "every closed connection's send buffers to be unmapped on both sides", 10*time.Second, func() bool {
+	eventually.Holds(t, "every closed connection's send buffers to be unmapped on both sides", 10*time.Second, func() bool {
 		for _, ino := range regions {
 			if len(mappingsOf(t, ino, "r--s"))+len(mappingsOf(t, ino, "rw-s")) != 0 {
 				return false

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
@@ -214,8 +215,8 @@ func (r *rawPeer) sendOp(op urma.Opcode, n int, imm uint64) urma.Status {
 		r.t.Fatal(err)
 	}
 	cs := make([]urma.Completion, 8)
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	var status urma.Status
+	eventually.Holds(r.t, "the send's completion", 5*time.Second, func() bool {
 		k, err := r.jfc.Poll(cs)
 		if err != nil {
 			r.t.Fatal(err)
@@ -230,13 +231,13 @@ func (r *rawPeer) sendOp(op urma.Opcode, n int, imm uint64) urma.Status {
 				}
 			}
 			if !c.Recv && c.UserCtx == 99 {
-				return c.Status
+				status = c.Status
+				return true
 			}
 		}
-		time.Sleep(time.Millisecond)
-	}
-	r.t.Fatal("no send completion")
-	return 0
+		return false
+	})
+	return status
 }
 
 // TestProtocolErrors: a peer that breaks the data-plane rules gets its
@@ -287,7 +288,7 @@ func TestProtocolErrors(t *testing.T) {
 				t.Fatal("the peer's TCP connection is still open")
 			}
 			if tc.proto {
-				waitFor(t, "the protocol error metric", 5*time.Second, func() bool {
+				eventually.Holds(t, "the protocol error metric", 5*time.Second, func() bool {
 					mfs, _ := reg.Gather()
 					for _, mf := range mfs {
 						if mf.GetName() == "urma_transport_protocol_errors_total" {
@@ -417,7 +418,7 @@ func TestCreditToAClosedPeer(t *testing.T) {
 	if _, err := io.ReadFull(uc, got); err != nil {
 		t.Fatalf("read the buffered messages: %v", err)
 	}
-	waitFor(t, "the credit to the vanished jetty to fail", 5*time.Second, func() bool {
+	eventually.Holds(t, "the credit to the vanished jetty to fail", 5*time.Second, func() bool {
 		return strings.HasPrefix(uc.Debug().State, "SEND_FAILED")
 	})
 	if _, err := uc.Write([]byte("x")); err == nil || !strings.Contains(err.Error(), "REM_ACCESS_ABORT") {
@@ -455,11 +456,11 @@ func TestCreditsUpToTheWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the window to be spent", 5*time.Second, func() bool { return uc.Debug().RemoteRQWindow == 0 })
+	eventually.Holds(t, "the window to be spent", 5*time.Second, func() bool { return uc.Debug().RemoteRQWindow == 0 })
 	if st := r.send(0, uint64(window)); st != urma.StatusSuccess {
 		t.Fatalf("credit send: %s", st)
 	}
-	waitFor(t, "the credits to arrive", 5*time.Second, func() bool {
+	eventually.Holds(t, "the credits to arrive", 5*time.Second, func() bool {
 		d := uc.Debug()
 		return d.RemoteRQWindow == window || d.State != "ESTABLISHED"
 	})

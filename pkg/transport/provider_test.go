@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
@@ -168,7 +169,7 @@ func TestProviderChoice(t *testing.T) {
 			}
 			if stub != nil {
 				// Probed and set aside, or chosen and owned: closed either way.
-				waitFor(t, "liburma to be closed", 5*time.Second, stub.isClosed)
+				eventually.Holds(t, "liburma to be closed", 5*time.Second, stub.isClosed)
 			}
 			// Closing it went well: nothing to report.
 			if line := logs.find("closing liburma"); line != "" {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 )
 
@@ -240,7 +241,7 @@ func TestPoolDry(t *testing.T) {
 			}()
 			if !failFast {
 				pool := p.client.(*urmaConn).pool
-				waitFor(t, "the writer to wait for a buffer", 5*time.Second, func() bool { return pool.waiters() == 1 })
+				eventually.Holds(t, "the writer to wait for a buffer", 5*time.Second, func() bool { return pool.waiters() == 1 })
 				held[0].Release()
 			}
 			if err := <-done; err != nil {

@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/openeuler/urma-k8s/internal/eventually"
 )
 
 // TestEventSpinTakesCompletions: in event mode a reader with nothing to
@@ -29,7 +31,7 @@ func TestEventSpinTakesCompletions(t *testing.T) {
 			p := connect(t, cfgWith(fp, fl), cfgWith(b, fl))
 			// The server's event loop polls once when it starts, then
 			// waits: mute it only once it waits.
-			waitFor(t, "the server's event loop to wait", 10*time.Second, func() bool { return fp.f.waitCalls() > 0 })
+			eventually.Holds(t, "the server's event loop to wait", 10*time.Second, func() bool { return fp.f.waitCalls() > 0 })
 			fp.f.set(func(c *faultConfig) { c.muteEvents = true })
 			// Close waits for the flush record, which takes an event.
 			t.Cleanup(func() { fp.f.set(func(c *faultConfig) { c.muteEvents = false }) })
@@ -154,7 +156,7 @@ func TestEventSpinLimit(t *testing.T) {
 		// A read that starts past its 15 ms deadline (descheduled on a
 		// loaded machine) ends without spinning: wait for either.
 		s1Spun := false
-		waitFor(t, "s1 to spin or its read to end", 10*time.Second, func() bool {
+		eventually.Holds(t, "s1 to spin or its read to end", 10*time.Second, func() bool {
 			s1Spun = p1.server.Debug().SpinReads > reads
 			return s1Spun || len(done) > 0
 		})
@@ -239,7 +241,7 @@ func readSilentPeer(t *testing.T, c Conn, hold time.Duration) DebugInfo {
 		n, err := c.Read(make([]byte, 1))
 		done <- result{n, err}
 	}()
-	waitFor(t, "the read to sleep for a message, or to end", 10*time.Second, func() bool {
+	eventually.Holds(t, "the read to sleep for a message, or to end", 10*time.Second, func() bool {
 		return uc.readSleeps.Load() > sleeps || len(done) > 0
 	})
 	if uc.readSleeps.Load() == sleeps {

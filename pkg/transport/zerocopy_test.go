@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/openeuler/urma-k8s/internal/eventually"
 )
 
 // TestZeroCopy: AllocBuffer/WriteBuffer and ReadBuffer/Release move
@@ -160,7 +162,7 @@ func TestZeroCopyHoldingBuffersStallsThePeer(t *testing.T) {
 		}
 		held = append(held, b)
 	}
-	waitFor(t, "the writer to stall", 5*time.Second, func() bool { return p.client.Debug().RemoteRQWindow == 0 })
+	eventually.Holds(t, "the writer to stall", 5*time.Second, func() bool { return p.client.Debug().RemoteRQWindow == 0 })
 	for _, b := range held {
 		b.Release()
 	}
