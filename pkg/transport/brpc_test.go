@@ -435,7 +435,7 @@ func TestBrpcClient(t *testing.T) {
 		{"Config.RequireToken", func(c *Config) { c.RequireToken = true }, false, false},
 		{"URMA_REQUIRE_TOKEN", func(c *Config) { c.LookupEnv = envOf(map[string]string{EnvRequireToken: "true"}) }, false, false},
 		{"--urma_require_token", func(c *Config) { c.Flags = &requireByFlag }, false, false},
-		{"a peer sending the token of its connection", func(c *Config) { c.RequireToken = true }, true, true},
+		{"a peer sending its connection token", func(c *Config) { c.RequireToken = true }, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := fabricPair(t)
@@ -662,8 +662,8 @@ func TestBrpcCreditThreshold(t *testing.T) {
 		{"sq 16", 16, urma.DeviceCaps{}, brpcRQ - 3},
 		{"sq 33", minSQ - 1, urma.DeviceCaps{}, brpcRQ - 3},
 		{"sq 34 is enough", minSQ, urma.DeviceCaps{}, minSQ - 3},
-		{"device send queues of 40", 16, urma.DeviceCaps{MaxJFSDepth: 40}, 40 - 3},
-		{"device completion queues of 60", 16, urma.DeviceCaps{MaxJFCDepth: 60}, 60 - 16 - 1 - 3},
+		{"device JFS depth 40", 16, urma.DeviceCaps{MaxJFSDepth: 40}, 40 - 3},
+		{"device JFC depth 60", 16, urma.DeviceCaps{MaxJFCDepth: 60}, 60 - 16 - 1 - 3},
 	} {
 		t.Run("server with "+tc.name, func(t *testing.T) {
 			f := soft.NewFabric()

@@ -23,7 +23,7 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 			return prepared == want
 		})
 	}
-	t.Run("brpc client on a listener's own budget", func(t *testing.T) {
+	t.Run("brpc client, the listener budget", func(t *testing.T) {
 		pa, pb := fabricPair(t)
 		cfg := cfgWith(pa, smallFlags()) // one prepared jetty
 		cfg.JettyBudget = 1
@@ -56,7 +56,7 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 			t.Errorf("the pool counts %d jetties, the budget %d", live, ln.e.s.budget.InUse())
 		}
 	})
-	t.Run("dialer sharing the budget with a listener", func(t *testing.T) {
+	t.Run("dialer sharing a listener budget", func(t *testing.T) {
 		ln, d, budget, _ := sharedBudget(t)
 		waitPrepared(t, ln, 2) // the whole budget
 		p := dialAccept(t, ln, d)
@@ -66,7 +66,7 @@ func TestPreparedJettiesYieldToConnections(t *testing.T) {
 			t.Fatalf("%d jetties counted against a budget of %d", used, budget.Limit())
 		}
 	})
-	t.Run("a closed dialer leaves the others' prepared jetties reclaimable", func(t *testing.T) {
+	t.Run("closed dialer leaves others reclaimable", func(t *testing.T) {
 		ln, d, _, ccfg := sharedBudget(t)
 		waitPrepared(t, ln, 2)
 		// Another dialer on the budget, used once (its engine, and pool,

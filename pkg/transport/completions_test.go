@@ -46,23 +46,23 @@ func TestCompletionsOutsideTheBooks(t *testing.T) {
 		wantErr string
 	}{
 		{
-			name:    "credit send completion with every credit WR free",
+			name:    "credit send done, every credit WR free",
 			cr:      urma.Completion{UserCtx: 0},
 			wantErr: "credit send completion beyond the 3 reserved work requests",
 		},
 		{
-			name:    "send completion naming the buffer after the last",
+			name:    "send naming the buffer after the last",
 			cr:      urma.Completion{UserCtx: 4 + 1},
 			wantErr: "send completion names buffer 4 of 4",
 		},
 		{
-			name:    "send completion with the send window full",
+			name:    "send completion, send window full",
 			prepare: func(c *urmaConn) { c.sqWindow = c.windowCap },
 			cr:      urma.Completion{UserCtx: 1},
 			wantErr: "send completion beyond the window of 4",
 		},
 		{
-			name:    "receive completion naming the slot after the last",
+			name:    "receive naming the slot after the last",
 			cr:      urma.Completion{Recv: true, UserCtx: 2 + 1, CompletionLen: 10},
 			wantErr: "receive completion names slot 2, not a posted receive",
 		},
@@ -122,7 +122,7 @@ func TestFailedSendCompletions(t *testing.T) {
 			wantSQWindow:  3, wantFree: 3, wantCreditWRs: creditWRs,
 		},
 		{
-			name:          "credit message failing with every credit WR free",
+			name:          "credit failure, every credit WR free",
 			creditWRsFree: creditWRs,
 			cr:            urma.Completion{UserCtx: 0, Status: urma.StatusRemAccessAbort},
 			wantSQWindow:  3, wantFree: 3, wantCreditWRs: creditWRs,

@@ -83,8 +83,8 @@ func TestTunedFlagsFitTheDevice(t *testing.T) {
 		overrides map[string]string
 	}{
 		{name: "completion queue below the wanted queues", jfc: 64},
-		{name: "completion queue exactly the wanted sq + rq", jfc: 70},
-		{name: "completion queue just holding the minimum queues", jfc: 33},
+		{name: "completion queue exactly sq plus rq", jfc: 70},
+		{name: "completion queue just the minimum queues", jfc: 33},
 		{name: "receive queue at its minimum", jfc: 2048, overrides: map[string]string{tuning.FlagSQSize: "4096", tuning.FlagRQSize: "16"}},
 	}
 	for _, tc := range tests {
@@ -270,10 +270,10 @@ found:
 	}{
 		{"own IPv4 address", "10.1.2.3", "10.9.9.9", netip.MustParseAddr("10.1.2.3")},
 		{"own address, IPv4-mapped", "::ffff:10.1.2.3", "-", netip.MustParseAddr("10.1.2.3")},
-		{"unspecified: POD_IP", "0.0.0.0", " 10.9.9.9 ", netip.MustParseAddr("10.9.9.9")},
-		{"unspecified, POD_IP not IPv4: the host's", "0.0.0.0", "fd00::1", host},
-		{"unspecified, no POD_IP: the host's", "0.0.0.0", "-", host},
-		{"IPv6: the host's", "fd00::2", "-", host},
+		{"unspecified takes POD_IP", "0.0.0.0", " 10.9.9.9 ", netip.MustParseAddr("10.9.9.9")},
+		{"unspecified, POD_IP not IPv4", "0.0.0.0", "fd00::1", host},
+		{"unspecified, no POD_IP", "0.0.0.0", "-", host},
+		{"IPv6", "fd00::2", "-", host},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -143,17 +143,17 @@ func TestSoftFabricPerConnection(t *testing.T) {
 			wantMode: ModeURMA, wantFabric: FabricSocket},
 		{name: "auto, another host and shm directory", server: fabricCfg(FabricAuto, dir, nil), client: onAnotherHost(t, fabricCfg(FabricAuto, other, nil)),
 			wantMode: ModeURMA, wantFabric: FabricSocket},
-		{name: "socket client on another host, auto server", server: fabricCfg(FabricAuto, dir, nil), client: onAnotherHost(t, fabricCfg(FabricSocket, dir, nil)),
+		{name: "socket client elsewhere, auto server", server: fabricCfg(FabricAuto, dir, nil), client: onAnotherHost(t, fabricCfg(FabricSocket, dir, nil)),
 			wantMode: ModeURMA, wantFabric: FabricSocket},
-		{name: "auto client on another host, socket server", server: fabricCfg(FabricSocket, dir, nil), client: onAnotherHost(t, fabricCfg(FabricAuto, dir, nil)),
+		{name: "auto client elsewhere, socket server", server: fabricCfg(FabricSocket, dir, nil), client: onAnotherHost(t, fabricCfg(FabricAuto, dir, nil)),
 			wantMode: ModeURMA, wantFabric: FabricSocket},
-		{name: "shm client on another host, auto server", server: fabricCfg(FabricAuto, dir, nil), client: onAnotherHost(t, fabricCfg(FabricShm, dir, nil)),
+		{name: "shm client elsewhere, auto server", server: fabricCfg(FabricAuto, dir, nil), client: onAnotherHost(t, fabricCfg(FabricShm, dir, nil)),
 			wantMode: ModeTCP, serverReason: "no_fast_path: the peer runs on another host (another boot id); the peer offers no socket fabric (urma_soft_fabric=shm there", clientReason: string(ReasonPeerDeclined)},
-		{name: "auto, one kernel, two hosts by URMA_HOST_ID", server: withHostID(fabricCfg(FabricAuto, dir, nil), "node-a"), client: withHostID(fabricCfg(FabricAuto, dir, nil), "node-b"),
+		{name: "auto, one kernel, two URMA_HOST_IDs", server: withHostID(fabricCfg(FabricAuto, dir, nil), "node-a"), client: withHostID(fabricCfg(FabricAuto, dir, nil), "node-b"),
 			wantMode: ModeURMA, wantFabric: FabricSocket},
 		{name: "auto, one host by URMA_HOST_ID", server: withHostID(fabricCfg(FabricAuto, dir, nil), "node-a"), client: withHostID(fabricCfg(FabricAuto, dir, nil), "node-a"),
 			wantMode: ModeURMA, wantFabric: FabricShm},
-		{name: "auto client on another host, shm server", server: fabricCfg(FabricShm, dir, nil), client: onAnotherHost(t, fabricCfg(FabricAuto, dir, nil)),
+		{name: "auto client elsewhere, shm server", server: fabricCfg(FabricShm, dir, nil), client: onAnotherHost(t, fabricCfg(FabricAuto, dir, nil)),
 			wantMode: ModeTCP, serverReason: "no_fast_path: the peer runs on another host (another boot id); this side uses shared memory only (urma_soft_fabric=shm", clientReason: string(ReasonPeerDeclined)},
 	}
 	for _, tc := range tests {
@@ -302,16 +302,16 @@ func TestCheckClientAddress(t *testing.T) {
 		remote      net.Addr
 		wantRefusal string // in the detail; "" when allowed
 	}{
-		{"the client's own address", socketOnly, handshake.Hello{EID: at("10.0.0.7:5000"), SegEID: at("10.0.0.7:5000")}, client, ""},
-		{"the client's address, another port", socketOnly, handshake.Hello{EID: at("10.0.0.7:5001"), SegEID: at("10.0.0.7:6000")}, client, ""},
+		{"the client address", socketOnly, handshake.Hello{EID: at("10.0.0.7:5000"), SegEID: at("10.0.0.7:5000")}, client, ""},
+		{"the client address, another port", socketOnly, handshake.Hello{EID: at("10.0.0.7:5001"), SegEID: at("10.0.0.7:6000")}, client, ""},
 		{"an IPv4-mapped connection", socketOnly, handshake.Hello{EID: at("10.0.0.7:5000"), SegEID: at("10.0.0.7:5000")}, mapped, ""},
 		{"the jetty elsewhere", socketOnly, handshake.Hello{EID: at("10.0.0.8:5000"), SegEID: at("10.0.0.7:5000")}, client, "its jetty on a socket-fabric device at 10.0.0.8:5000, but the client connects from 10.0.0.7"},
 		{"the segment elsewhere", socketOnly, handshake.Hello{EID: at("10.0.0.7:5000"), SegEID: at("127.0.0.1:22")}, client, "its segment on a socket-fabric device at 127.0.0.1:22"},
-		{"an shm device (no_fast_path later)", socketOnly, handshake.Hello{EID: shm, SegEID: shm}, client, ""},
-		{"auto: another host's socket side at its address", both, fromThere(at("10.0.0.7:9000")), client, ""},
-		{"auto: another host's socket side elsewhere", both, fromThere(at("10.0.0.9:9000")), client, "its device's socket side on a socket-fabric device at 10.0.0.9:9000"},
-		{"auto: another host's socket device elsewhere", both, handshake.Hello{EID: at("10.0.0.9:9000"), SegEID: at("10.0.0.9:9000"), BootID: there}, client, "its jetty on a socket-fabric device at 10.0.0.9:9000"},
-		{"auto: no boot id (no_fast_path later)", both, handshake.Hello{EID: at("10.0.0.9:9000"), SegEID: at("10.0.0.9:9000")}, client, ""},
+		{"an shm device, no_fast_path later", socketOnly, handshake.Hello{EID: shm, SegEID: shm}, client, ""},
+		{"auto, socket side at the address", both, fromThere(at("10.0.0.7:9000")), client, ""},
+		{"auto, socket side elsewhere", both, fromThere(at("10.0.0.9:9000")), client, "its device's socket side on a socket-fabric device at 10.0.0.9:9000"},
+		{"auto, socket device elsewhere", both, handshake.Hello{EID: at("10.0.0.9:9000"), SegEID: at("10.0.0.9:9000"), BootID: there}, client, "its jetty on a socket-fabric device at 10.0.0.9:9000"},
+		{"auto, no boot id, no_fast_path later", both, handshake.Hello{EID: at("10.0.0.9:9000"), SegEID: at("10.0.0.9:9000")}, client, ""},
 		{"no address to compare", socketOnly, handshake.Hello{EID: at("10.0.0.7:5000"), SegEID: at("10.0.0.7:5000")}, &net.UnixAddr{Name: "@x", Net: "unix"}, "cannot tell the address of the client's connection"},
 	}
 	for _, tc := range tests {

@@ -66,7 +66,7 @@ func TestFallbackMatrix(t *testing.T) {
 		{name: "urma to urma, v2", wantMode: ModeURMA},
 		{name: "urma to urma, v3", wantMode: ModeURMA, client: func(c *Config) { c.Flags.ClientHandshakeVersion = 3 }},
 		{name: "urma to urma, polling server", wantMode: ModeURMA, server: func(c *Config) { c.Flags.UsePolling, c.Flags.PollerYield = true, true }},
-		{name: "urma to urma, no token (brpc compatible)", wantMode: ModeURMA, server: func(c *Config) { c.NoToken = true }, client: func(c *Config) { c.NoToken = true }},
+		{name: "urma to urma, no token, brpc compatible", wantMode: ModeURMA, server: func(c *Config) { c.NoToken = true }, client: func(c *Config) { c.NoToken = true }},
 		{
 			name: "urma client, tcp-only server", wantMode: ModeTCP,
 			server:       func(c *Config) { c.DisableURMA = true },
@@ -365,7 +365,7 @@ func TestInvalidHelloFallsBack(t *testing.T) {
 		})
 	}
 
-	t.Run("ack asks for urma after the server fell back", func(t *testing.T) {
+	t.Run("ACK for URMA after a server fallback", func(t *testing.T) {
 		raw, _, err := rawHello(t, ln.Addr().String(), handshake.AppendV2(nil, bad))
 		if !errors.Is(err, handshake.ErrInvalidHello) {
 			t.Fatal(err)
@@ -420,7 +420,7 @@ func TestClientAlwaysSendsAck(t *testing.T) {
 		{"v2 fallback hello", 2, func() []byte { return handshake.AppendV2Fallback(nil) }, ReasonPeerDeclined},
 		{"v3 fallback hello", 3, func() []byte { return handshake.AppendV3Fallback(nil) }, ReasonPeerDeclined},
 		{"v2 hello naming no jetty", 2, func() []byte { h := fakeHello(); h.SQSize = 16; return handshake.AppendV2(nil, h) }, ReasonImportFailed},
-		{"v2 hello of a brpc server to a dialer with a token", 2, func() []byte { return handshake.AppendV2(nil, fakeHello()) }, ReasonTokenMismatch},
+		{"brpc server v2 hello, dialer with token", 2, func() []byte { return handshake.AppendV2(nil, fakeHello()) }, ReasonTokenMismatch},
 		{"v2 broken hello", 2, func() []byte { b := handshake.AppendV2(nil, fakeHello()); b[9] = 7; return b }, ReasonInvalidHello},
 	}
 	for _, tc := range tests {
@@ -626,7 +626,7 @@ func TestTCPModeWaitsEndWithDeadlinesAndClose(t *testing.T) {
 			end: func(c Conn) { _ = c.SetWriteDeadline(time.Now().Add(-time.Second)) }, want: os.ErrDeadlineExceeded},
 		{name: "ReadBuffer past the read deadline", call: readBufferErr,
 			end: func(c Conn) { _ = c.SetReadDeadline(time.Now().Add(-time.Second)) }, want: os.ErrDeadlineExceeded},
-		{name: "AllocBuffer when the deadline passes while it waits", call: allocErr,
+		{name: "AllocBuffer deadline passes mid-wait", call: allocErr,
 			end: func(c Conn) { _ = c.SetDeadline(time.Now()) }, waiting: true, want: os.ErrDeadlineExceeded},
 		{name: "AllocBuffer closed while it waits", call: allocErr,
 			end: func(c Conn) { _ = c.Close() }, waiting: true, want: net.ErrClosed},

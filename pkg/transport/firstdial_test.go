@@ -86,7 +86,7 @@ func TestFirstDialBringUpAfterConnecting(t *testing.T) {
 		stall bool // the bring-up waits until the server has served the silent connection
 	}{
 		{"quick bring-up", false},
-		{"bring-up outlasting the server's wait for the hello", true},
+		{"bring-up outlasting the server wait", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := fabricPair(t)

@@ -67,14 +67,14 @@ func TestHandshakeStallsAreBounded(t *testing.T) {
 			_, _, err := handshake.ReadHello(p.tcp, magic)
 			return err
 		}},
-		{"server imports a jetty that never answers", "server", true, func(p peer) error {
+		{"server imports a jetty never answering", "server", true, func(p peer) error {
 			return write(p.tcp, fullHello(p))
 		}},
 		{"server says nothing", "client", false, func(peer) error { return nil }},
 		{"server stops mid-hello", "client", false, func(p peer) error {
 			return write(p.tcp, fullHello(p)[:20])
 		}},
-		{"client imports a jetty that never answers", "client", true, func(p peer) error {
+		{"client imports a jetty never answering", "client", true, func(p peer) error {
 			return write(p.tcp, fullHello(p))
 		}},
 	} {
@@ -358,13 +358,13 @@ func TestSlowURMAHalfFallsBack(t *testing.T) {
 		dialTimeout  time.Duration // 0: the handshake's own bound
 		client, peer Reason        // the fallback reasons each side reports
 	}{
-		{"client import, urma_ack_timeout waits the whole handshake", "client",
+		{"client import, no urma_ack_timeout", "client",
 			func(c *Config) { c.AckTimeout = -1; c.HandshakeTimeout = handshake }, 0,
 			ReasonImportFailed, ReasonPeerDeclined},
-		{"client import, urma_ack_timeout beyond the handshake", "client",
+		{"client import, long urma_ack_timeout", "client",
 			func(c *Config) { c.AckTimeout = 2 * handshake; c.HandshakeTimeout = handshake }, 0,
 			ReasonImportFailed, ReasonPeerDeclined},
-		{"client import, the dial's context ends first", "client",
+		{"client import, dial context ends first", "client",
 			func(c *Config) { c.HandshakeTimeout = stallBound }, handshake,
 			ReasonImportFailed, ReasonPeerDeclined},
 		{"server import", "server",
@@ -545,7 +545,7 @@ func TestStalledJettySetupFallsBack(t *testing.T) {
 		prepared, budget int
 	}{
 		{"creating its jetty", 0, -1},
-		{"waiting for the pool's filler", 1, 1},
+		{"waiting for the pool filler", 1, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := fabricPair(t)
@@ -616,9 +616,9 @@ func TestStalledClientJettySetupFallsBack(t *testing.T) {
 	}{
 		// Long enough that a loaded machine sets a jetty up in time when
 		// the provider does not stall.
-		{"creating its jetty, within the handshake's time", 0, -1, 2 * time.Second, -1, "three quarters of the handshake's time"},
-		{"creating its jetty, within urma_first_bytes_timeout", 0, -1, time.Hour, time.Second, "three quarters of urma_first_bytes_timeout (1s)"},
-		{"waiting for the pool's filler", 1, 1, 2 * time.Second, -1, "three quarters of the handshake's time"},
+		{"creating its jetty, handshake bound", 0, -1, 2 * time.Second, -1, "three quarters of the handshake's time"},
+		{"creating its jetty, first bytes bound", 0, -1, time.Hour, time.Second, "three quarters of urma_first_bytes_timeout (1s)"},
+		{"waiting for the pool filler", 1, 1, 2 * time.Second, -1, "three quarters of the handshake's time"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pa, pb := fabricPair(t)
@@ -804,7 +804,7 @@ func TestSetupPastItsDeadlineStartsNone(t *testing.T) {
 		end  time.Time
 	}{
 		{"its bound passed", func(t *testing.T) context.Context { return t.Context() }, time.Now().Add(-time.Millisecond)},
-		{"the handshake's time passed", func(t *testing.T) context.Context {
+		{"the handshake time passed", func(t *testing.T) context.Context {
 			ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Millisecond))
 			t.Cleanup(cancel)
 			return ctx

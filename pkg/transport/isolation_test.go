@@ -68,7 +68,7 @@ var foreignAttacks = []foreignAttack{
 	{name: "credits beyond the window", op: urma.OpSendWithImm, imm: 1000},
 	{name: "credits within the window", op: urma.OpSendWithImm, imm: 1, primeWindow: true},
 	{name: "a zero-length message", op: urma.OpSend},
-	{name: "a message larger than a receive buffer", op: urma.OpSend, payload: make([]byte, rawBuf)},
+	{name: "oversized message", op: urma.OpSend, payload: make([]byte, rawBuf)},
 }
 
 // TestForeignJettyCannotReachAConnection is attack 2 of issue 40: a second
@@ -86,8 +86,8 @@ func TestForeignJettyCannotReachAConnection(t *testing.T) {
 		name    string
 		noToken bool
 	}{
-		{"a token per connection", false},
-		{"no tokens: the source check", true},
+		{"tokens", false},
+		{"source check", true},
 	} {
 		for _, attack := range foreignAttacks {
 			t.Run(mode.name+"/"+attack.name, func(t *testing.T) {

@@ -341,7 +341,7 @@ func TestReleaseOfABufferNotHandedOut(t *testing.T) {
 	}{
 		{"slot -1", &Buffer{recv: uc, slot: -1}},
 		{"slot past the last", &Buffer{recv: uc, slot: int32(len(uc.rx))}},
-		{"another buffer in the application's slot", &Buffer{recv: uc, slot: held.slot}},
+		{"another buffer in the application slot", &Buffer{recv: uc, slot: held.slot}},
 		{"a receive still posted", posted},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -469,7 +469,7 @@ func TestCloseBoundedByCloseTimeout(t *testing.T) {
 		name  string
 		marks bool // the peer expects the close marker: a second wait
 	}{
-		{"peer of ours, which expects the close marker", true},
+		{"our peer, which expects a close marker", true},
 		{"brpc peer, no close marker", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

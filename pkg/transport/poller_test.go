@@ -37,26 +37,26 @@ func TestPollerBackoff(t *testing.T) {
 		yield  bool
 		rounds []round
 	}{
-		{name: "no yield flag: every 64th empty round, however long", rounds: concat(
+		{name: "no yield flag, every 64th empty round", rounds: concat(
 			empty(63, time.Second, false, false),
 			[]round{{at: time.Second, wantGoroutines: true}},
 			empty(63, time.Hour, false, false),
 			[]round{{at: time.Hour, wantGoroutines: true}},
 		)},
-		{name: "no yield flag: progress restarts the count", rounds: concat(
+		{name: "no yield flag, progress restarts count", rounds: concat(
 			empty(40, 0, false, false),
 			[]round{{progress: true}},
 			empty(63, 0, false, false),
 			[]round{{wantGoroutines: true}},
 		)},
-		{name: "yield flag: the thread only after the empty time", yield: true, rounds: concat(
+		{name: "yield flag, thread after the empty time", yield: true, rounds: concat(
 			empty(7, 0, true, false),
 			[]round{{at: after - time.Nanosecond, wantGoroutines: true}}, // 8th round: the clock is read, too early
 			empty(7, after, true, false),                                 // not a round that reads the clock
 			[]round{{at: after, wantGoroutines: true, wantThread: true}}, // 16th: read, long enough
 			[]round{{at: after, wantGoroutines: true}},
 		)},
-		{name: "yield flag: progress starts a new empty time", yield: true, rounds: concat(
+		{name: "yield flag, progress restarts empty time", yield: true, rounds: concat(
 			empty(15, 0, true, false),
 			[]round{{at: after, wantGoroutines: true, wantThread: true}},
 			[]round{{progress: true, at: after}},

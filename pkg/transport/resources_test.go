@@ -299,7 +299,7 @@ func TestConfigResolve(t *testing.T) {
 			check: func(s settings) string { return expect(s.device == "udma7", "device udma7") },
 		},
 		{
-			name:  "URMA_DEVICES first entry when URMA_DEVICE is unset",
+			name:  "URMA_DEVICES first, URMA_DEVICE unset",
 			env:   map[string]string{EnvDevices: "udma4:64,udma5:32"},
 			check: func(s settings) string { return expect(s.device == "udma4", "device udma4") },
 		},
@@ -331,7 +331,7 @@ func TestConfigResolve(t *testing.T) {
 			check: func(s settings) string { return expect(s.budget.Limit() == 3, "budget 3") },
 		},
 		{
-			name:  "negative Config.JettyBudget means unlimited",
+			name:  "negative JettyBudget means unlimited",
 			cfg:   Config{JettyBudget: -1},
 			env:   map[string]string{EnvJettyBudget: "12"},
 			check: func(s settings) string { return expect(s.budget.Limit() == 0, "no budget") },
@@ -355,7 +355,7 @@ func TestConfigResolve(t *testing.T) {
 			},
 		},
 		{
-			name: "token and first bytes from the flags file",
+			name: "token and first bytes from flags file",
 			env:  map[string]string{EnvFlagsFile: strict},
 			check: func(s settings) string {
 				return expect(s.requireToken && s.firstBytes == 250*time.Millisecond, "token required, first bytes within 250ms")
@@ -372,7 +372,7 @@ func TestConfigResolve(t *testing.T) {
 			check: func(s settings) string { return expect(s.requireToken, "token required") },
 		},
 		{
-			name:  "Config.RequireToken beats the environment",
+			name:  "Config.RequireToken over the environment",
 			cfg:   Config{RequireToken: true},
 			env:   map[string]string{EnvRequireToken: "false"},
 			check: func(s settings) string { return expect(s.requireToken, "token required") },
@@ -399,12 +399,12 @@ func TestConfigResolve(t *testing.T) {
 			check: func(s settings) string { return expect(s.ackTimeout == 50*time.Millisecond, "ACK within 50ms") },
 		},
 		{
-			name:  "negative Config.AckTimeout waits the whole handshake",
+			name:  "negative AckTimeout waits the handshake",
 			cfg:   Config{AckTimeout: -1},
 			check: func(s settings) string { return expect(s.ackTimeout == 0, "no ACK timeout") },
 		},
 		{
-			name:  "negative Config.FirstBytesTimeout waits the whole handshake",
+			name:  "negative FirstBytesTimeout, whole wait",
 			cfg:   Config{FirstBytesTimeout: -1},
 			check: func(s settings) string { return expect(s.firstBytes == 0, "no first-bytes timeout") },
 		},

@@ -21,7 +21,7 @@ func TestEventSpinTakesCompletions(t *testing.T) {
 		wantRead bool
 	}{
 		{name: "spinning reader takes the message itself", spin: 10 * time.Millisecond, wantRead: true},
-		{name: "without a spin only the muted event could", spin: 0, wantRead: false},
+		{name: "no spin, only the muted event could", spin: 0, wantRead: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := fabricPair(t)

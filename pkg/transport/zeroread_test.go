@@ -70,7 +70,7 @@ func TestZeroLengthRead(t *testing.T) {
 			return endpoints{reader: reader, peer: peer}
 		}},
 		{"tcp fallback", inproc(false, true)},
-		{"tcp fallback, a plain client's first bytes kept", func(t *testing.T) endpoints {
+		{"tcp fallback, plain client bytes kept", func(t *testing.T) endpoints {
 			pa, _ := fabricPair(t)
 			ln, raw := plainClient(t, cfgWith(pa, smallFlags()), "GET / HTTP/1.0\r\n\r\n")
 			c, err := ln.Accept()

@@ -113,7 +113,7 @@ func TestParse(t *testing.T) {
 		{name: "bool false", file: "--urma_recv_zerocopy=false", check: func(f Flags) bool { return !f.RecvZerocopy }},
 		{name: "string", file: "--urma_device=udma0", check: func(f Flags) bool { return f.Device == "udma0" }},
 		{name: "empty string", file: "--urma_device=", check: func(f Flags) bool { return f.Device == "" }},
-		{name: "other programs' flags skipped", file: "--max_body_size=1000\n--urma_poller_num=4", check: func(f Flags) bool { return f.PollerNum == 4 }},
+		{name: "other programs flags skipped", file: "--max_body_size=1000\n--urma_poller_num=4", check: func(f Flags) bool { return f.PollerNum == 4 }},
 		{name: "last one wins", file: "--urma_sq_size=32\n--urma_sq_size=64", check: func(f Flags) bool { return f.SQSize == 64 }},
 		{name: "range minimum", file: "--urma_sq_size=16", check: func(f Flags) bool { return f.SQSize == 16 }},
 		{name: "range maximum", file: "--urma_sq_size=4096", check: func(f Flags) bool { return f.SQSize == 4096 }},
@@ -140,7 +140,7 @@ func TestParse(t *testing.T) {
 		{name: "value not in the list", file: "--urma_provider=hardware", wantErr: `line 1: flag urma_provider: "hardware" is not allowed (want one of auto, liburma, soft)`},
 		{name: "string with a space", file: "--urma_device=udma 0", wantErr: `line 1: flag urma_device: value "udma 0" contains a space at byte 4`},
 		{name: "string with a tab inside", file: "--urma_device=udma\t0\n", wantErr: `line 1: flag urma_device: value "udma\t0" contains a tab at byte 4`},
-		{name: "surrounding whitespace is the line's, not the value's", file: "  --urma_device=udma0 \t", check: func(f Flags) bool { return f.Device == "udma0" }},
+		{name: "surrounding whitespace not in the value", file: "  --urma_device=udma0 \t", check: func(f Flags) bool { return f.Device == "udma0" }},
 		// brpc's gflags reads the same file: dashes stand for underscores
 		// and --noX sets a boolean X false. Such a line is a urma_ flag,
 		// never another program's to skip.
@@ -152,7 +152,7 @@ func TestParse(t *testing.T) {
 		{name: "negated non-boolean", file: "--nourma_sq_size", wantErr: "line 1: flag --nourma_sq_size: urma_sq_size is not a boolean"},
 		{name: "negated with a value", file: "--nourma_use_polling=true", wantErr: "line 1: flag --nourma_use_polling takes no value"},
 		{name: "unknown negated flag", file: "--nourma_turbo", wantErr: "line 1: unknown flag --nourma_turbo"},
-		{name: "other programs' dashed flags skipped", file: "--max-body-size=1000\n--nosome_bool\n--urma_poller_num=2", check: func(f Flags) bool { return f.PollerNum == 2 }},
+		{name: "other programs dashed flags skipped", file: "--max-body-size=1000\n--nosome_bool\n--urma_poller_num=2", check: func(f Flags) bool { return f.PollerNum == 2 }},
 		// brpc's gflags reads booleans as 1/t/true/y/yes and 0/f/false/n/no
 		// in any case, and integers after 0x as hexadecimal: a file it
 		// accepts must not make every Go workload's Listen fail.
@@ -229,7 +229,7 @@ func TestStringValues(t *testing.T) {
 		{"device name", "udma0", ""},
 		{"bonding device", "bonding_dev_0", ""},
 		{"punctuation", "ub-dev.0:1/2", ""},
-		{"empty: the first usable device", "", ""},
+		{"empty, the first usable device", "", ""},
 		{"non-ASCII letters", "设备0", ""},
 		{"newline injecting a flag", "udma0\n--urma_sq_size=99999", `flag urma_device: value "udma0\n--urma_sq_size=99999" contains a newline at byte 5 (want one word, no whitespace or control characters)`},
 		{"trailing newline", "udma0\n", "contains a newline at byte 5"},
@@ -241,7 +241,7 @@ func TestStringValues(t *testing.T) {
 		{"escape", "\x1b[2Judma0", "contains control character U+001B at byte 0"},
 		{"delete", "udma\x7f0", "contains control character U+007F at byte 4"},
 		{"vertical tab", "udma\v0", "contains whitespace U+000B at byte 4"},
-		{"next line (C1)", "udma\u00850", "contains whitespace U+0085 at byte 4"},
+		{"next line C1", "udma\u00850", "contains whitespace U+0085 at byte 4"},
 		{"no-break space", "udma\u00a00", "contains whitespace U+00A0 at byte 4"},
 		{"line separator", "udma0\u2028", "contains whitespace U+2028 at byte 5"},
 	} {

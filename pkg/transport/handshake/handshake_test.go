@@ -455,7 +455,7 @@ func TestAck(t *testing.T) {
 		{"fallback", AppendAck(nil, false), false, false},
 		{"reserved bits", []byte{0x80, 0, 0, 0x02}, false, true},
 		{"bit 0 with reserved bits", []byte{0, 0, 0x10, 0x03}, true, true},
-		{"brpc's PRPC (bit 0 happens to be set)", []byte("PRPC"), true, true},
+		{"brpc PRPC, bit 0 happens to be set", []byte("PRPC"), true, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
