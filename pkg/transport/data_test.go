@@ -2,11 +2,9 @@ package transport
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"sync"
@@ -16,47 +14,6 @@ import (
 	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
 )
-
-// stream writes total bytes of seeded random data in writes of random
-// sizes up to maxWrite and returns their SHA-256.
-func stream(w io.Writer, seed uint64, total, maxWrite int) ([32]byte, error) {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	h := sha256.New()
-	buf := make([]byte, maxWrite)
-	for sent := 0; sent < total; {
-		n := min(1+r.IntN(maxWrite), total-sent)
-		for i := range buf[:n] {
-			buf[i] = byte(r.Uint32())
-		}
-		h.Write(buf[:n])
-		if _, err := w.Write(buf[:n]); err != nil {
-			return [32]byte{}, fmt.Errorf("write at %d: %w", sent, err)
-		}
-		sent += n
-	}
-	var sum [32]byte
-	copy(sum[:], h.Sum(nil))
-	return sum, nil
-}
-
-// drain reads total bytes in reads of random sizes up to maxRead and
-// returns their SHA-256.
-func drain(r io.Reader, seed uint64, total, maxRead int) ([32]byte, error) {
-	rng := rand.New(rand.NewPCG(seed, 1))
-	h := sha256.New()
-	buf := make([]byte, maxRead)
-	for got := 0; got < total; {
-		n, err := r.Read(buf[:min(1+rng.IntN(maxRead), total-got)])
-		h.Write(buf[:n])
-		got += n
-		if err != nil {
-			return [32]byte{}, fmt.Errorf("read at %d of %d: %w", got, total, err)
-		}
-	}
-	var sum [32]byte
-	copy(sum[:], h.Sum(nil))
-	return sum, nil
-}
 
 // TestIntegrity: many connections at once, both directions at once, random
 // write and read sizes; every byte arrives, in order (checksums).

@@ -31,13 +31,6 @@ func directPair(t *testing.T, fabric string, direct bool) (client Conn, server *
 	return p.client, p.server.(*urmaConn)
 }
 
-// offered reports whether c's reader has offered its slice to the provider.
-func (c *urmaConn) offered() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.direct.armed
-}
-
 type readResult struct {
 	n   int
 	err error

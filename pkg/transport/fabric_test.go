@@ -68,13 +68,6 @@ func TestSoftFabricResolve(t *testing.T) {
 	}
 }
 
-// fabricCfg is a Config for the default software provider on fabric, with
-// its shm directory dir and flags small enough for tests.
-func fabricCfg(fabric, dir string, reg prometheus.Registerer) Config {
-	f := smallFlags()
-	return Config{Flags: &f, SoftFabric: fabric, LookupEnv: envOf(map[string]string{EnvShmDir: dir}), Registerer: reg}
-}
-
 // onAnotherHost is cfg for a process on another host: its boot id differs
 // from this one's (so the shm fabric does not reach it), the rest of the
 // machine is shared.

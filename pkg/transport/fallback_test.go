@@ -18,39 +18,6 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 )
 
-// exchange writes msg from a to b and back, checking both arrive intact.
-func exchange(t *testing.T, a, b net.Conn, msg string) {
-	t.Helper()
-	for _, dir := range []struct{ from, to net.Conn }{{a, b}, {b, a}} {
-		errc := make(chan error, 1)
-		go func() {
-			_, err := dir.from.Write([]byte(msg))
-			errc <- err
-		}()
-		got := make([]byte, len(msg))
-		if _, err := io.ReadFull(dir.to, got); err != nil {
-			t.Fatalf("read: %v", err)
-		}
-		if err := <-errc; err != nil {
-			t.Fatalf("write: %v", err)
-		}
-		if string(got) != msg {
-			t.Fatalf("got %q, want %q", got, msg)
-		}
-	}
-}
-
-// fakeHello is a hello that passes every validity rule but names a jetty
-// that exists nowhere.
-func fakeHello() handshake.Hello {
-	h := handshake.Hello{
-		BufferSize: 8192, RecvBufferCnt: 127, JettyID: 7, UASID: 1, TPType: handshake.TPCTP,
-		SegUASID: 1, SegVA: 0x1000, SegLen: 4096, SegTokenID: 1,
-	}
-	h.EID[0], h.SegEID[0] = 0xfe, 0xfe
-	return h
-}
-
 // TestFallbackMatrix covers who talks to whom, and what each side ends up
 // with: mode, reason, and bytes that still flow.
 func TestFallbackMatrix(t *testing.T) {
@@ -267,47 +234,6 @@ func TestFirstBytesTimeout(t *testing.T) {
 			}
 		})
 	}
-}
-
-// plainClient listens with cfg and connects a plain TCP client to it,
-// which sends first; both are closed at cleanup.
-func plainClient(t *testing.T, cfg Config, first string) (*Listener, net.Conn) {
-	t.Helper()
-	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	raw, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = raw.Close() })
-	if _, err := raw.Write([]byte(first)); err != nil {
-		t.Fatal(err)
-	}
-	return ln, raw
-}
-
-// rawHello sends hello bytes (and then ack, if not nil) from a plain TCP
-// client and returns the connection and the server's reply hello.
-func rawHello(t *testing.T, addr string, hello []byte) (net.Conn, handshake.Hello, error) {
-	t.Helper()
-	raw, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = raw.Close() })
-	_ = raw.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := raw.Write(hello); err != nil {
-		t.Fatal(err)
-	}
-	magic := make([]byte, 4)
-	if _, err := io.ReadFull(raw, magic); err != nil {
-		t.Fatalf("read reply magic: %v", err)
-	}
-	h, _, err := handshake.ReadHello(raw, magic)
-	return raw, h, err
 }
 
 // TestInvalidHelloFallsBack: a hello that breaks a rule gets the fallback

@@ -17,13 +17,6 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
-// stallBound is how long a test waits for a handshake that should end at
-// HandshakeTimeout (stallTimeout) before it declares it unbounded.
-const (
-	stallTimeout = 300 * time.Millisecond
-	stallBound   = 10 * time.Second
-)
-
 // TestHandshakeStallsAreBounded: a peer that stalls at any step of the
 // handshake (on TCP, or on the fabric while we import its jetty) holds our
 // side for at most HandshakeTimeout, and the timed-out handshake gives back

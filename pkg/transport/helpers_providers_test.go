@@ -2,6 +2,7 @@ package transport
 
 import (
 	"os"
+	"sync"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -55,4 +56,28 @@ func isolatedProvider(t testing.TB) urma.Provider {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	return p
+}
+
+// stubLiburma stands in for liburma: a software provider that says it is
+// liburma, with devices of a chosen transport type, or a load failure.
+type stubLiburma struct {
+	urma.Provider
+	mu      sync.Mutex
+	closed  bool
+	library string // what the transport asked to load
+}
+
+func (s *stubLiburma) Name() string { return "liburma" }
+
+func (s *stubLiburma) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return s.Provider.Close()
+}
+
+func (s *stubLiburma) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }

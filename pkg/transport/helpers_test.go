@@ -2,8 +2,10 @@ package transport
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"runtime"
 	"strings"
@@ -12,8 +14,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
+	"github.com/openeuler/urma-k8s/pkg/transport/handshake"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
@@ -282,3 +287,251 @@ func scriptedPeer(t *testing.T, serve func(c net.Conn) error) (addr string, serv
 	}()
 	return ln.Addr().String(), done
 }
+
+// exchange writes msg from a to b and back, checking both arrive intact.
+func exchange(t *testing.T, a, b net.Conn, msg string) {
+	t.Helper()
+	for _, dir := range []struct{ from, to net.Conn }{{a, b}, {b, a}} {
+		errc := make(chan error, 1)
+		go func() {
+			_, err := dir.from.Write([]byte(msg))
+			errc <- err
+		}()
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(dir.to, got); err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		if string(got) != msg {
+			t.Fatalf("got %q, want %q", got, msg)
+		}
+	}
+}
+
+// fakeHello is a hello that passes every validity rule but names a jetty
+// that exists nowhere.
+func fakeHello() handshake.Hello {
+	h := handshake.Hello{
+		BufferSize: 8192, RecvBufferCnt: 127, JettyID: 7, UASID: 1, TPType: handshake.TPCTP,
+		SegUASID: 1, SegVA: 0x1000, SegLen: 4096, SegTokenID: 1,
+	}
+	h.EID[0], h.SegEID[0] = 0xfe, 0xfe
+	return h
+}
+
+// plainClient listens with cfg and connects a plain TCP client to it,
+// which sends first; both are closed at cleanup.
+func plainClient(t *testing.T, cfg Config, first string) (*Listener, net.Conn) {
+	t.Helper()
+	ln, err := ListenTransport("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = raw.Close() })
+	if _, err := raw.Write([]byte(first)); err != nil {
+		t.Fatal(err)
+	}
+	return ln, raw
+}
+
+// rawHello sends hello bytes (and then ack, if not nil) from a plain TCP
+// client and returns the connection and the server's reply hello.
+func rawHello(t *testing.T, addr string, hello []byte) (net.Conn, handshake.Hello, error) {
+	t.Helper()
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = raw.Close() })
+	_ = raw.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := raw.Write(hello); err != nil {
+		t.Fatal(err)
+	}
+	magic := make([]byte, 4)
+	if _, err := io.ReadFull(raw, magic); err != nil {
+		t.Fatalf("read reply magic: %v", err)
+	}
+	h, _, err := handshake.ReadHello(raw, magic)
+	return raw, h, err
+}
+
+// stream writes total bytes of seeded random data in writes of random
+// sizes up to maxWrite and returns their SHA-256.
+func stream(w io.Writer, seed uint64, total, maxWrite int) ([32]byte, error) {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	h := sha256.New()
+	buf := make([]byte, maxWrite)
+	for sent := 0; sent < total; {
+		n := min(1+r.IntN(maxWrite), total-sent)
+		for i := range buf[:n] {
+			buf[i] = byte(r.Uint32())
+		}
+		h.Write(buf[:n])
+		if _, err := w.Write(buf[:n]); err != nil {
+			return [32]byte{}, fmt.Errorf("write at %d: %w", sent, err)
+		}
+		sent += n
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum, nil
+}
+
+// drain reads total bytes in reads of random sizes up to maxRead and
+// returns their SHA-256.
+func drain(r io.Reader, seed uint64, total, maxRead int) ([32]byte, error) {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	h := sha256.New()
+	buf := make([]byte, maxRead)
+	for got := 0; got < total; {
+		n, err := r.Read(buf[:min(1+rng.IntN(maxRead), total-got)])
+		h.Write(buf[:n])
+		got += n
+		if err != nil {
+			return [32]byte{}, fmt.Errorf("read at %d of %d: %w", got, total, err)
+		}
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum, nil
+}
+
+// fabricCfg is a Config for the default software provider on fabric, with
+// its shm directory dir and flags small enough for tests.
+func fabricCfg(fabric, dir string, reg prometheus.Registerer) Config {
+	f := smallFlags()
+	return Config{Flags: &f, SoftFabric: fabric, LookupEnv: envOf(map[string]string{EnvShmDir: dir}), Registerer: reg}
+}
+
+// pattern is n bytes that differ from message to message.
+func pattern(n int, seed byte) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = seed + byte(i*7)
+	}
+	return p
+}
+
+// counterValue reads one counter series from reg, 0 when absent.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if labels[lp.GetName()] != lp.GetValue() {
+					continue series
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+// gatherFlat flattens a registry into "name{labels}" -> value; histograms
+// give their _count.
+func gatherFlat(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+`="`+l.GetValue()+`"`)
+			}
+			key := mf.GetName()
+			if len(labels) > 0 {
+				key += "{" + strings.Join(labels, ",") + "}"
+			}
+			switch {
+			case m.GetCounter() != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				out[strings.Replace(key, mf.GetName(), mf.GetName()+"_count", 1)] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+// deathBound is how soon a dead peer must surface as an error.
+const deathBound = 10 * time.Second
+
+// readUntilError reads c until an error, in the background.
+func readUntilError(c net.Conn) (started chan struct{}, errc chan error) {
+	started, errc = make(chan struct{}), make(chan error, 1)
+	go func() {
+		close(started)
+		buf := make([]byte, 4096)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	return started, errc
+}
+
+// logLines collects log lines.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) logger() logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		l.mu.Lock()
+		l.lines = append(l.lines, prefix+" "+args)
+		l.mu.Unlock()
+	}, funcr.Options{})
+}
+
+func (l *logLines) find(sub string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.lines {
+		if strings.Contains(s, sub) {
+			return s
+		}
+	}
+	return ""
+}
+
+// offered reports whether c's reader has offered its slice to the provider.
+func (c *urmaConn) offered() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.direct.armed
+}
+
+// injected is what the attacker of issue 40 made a victim read.
+const injected = "INJECTED: transfer 1000000 to mallory\n"
+
+// stallBound is how long a test waits for a handshake that should end at
+// HandshakeTimeout (stallTimeout) before it declares it unbounded.
+const (
+	stallTimeout = 300 * time.Millisecond
+	stallBound   = 10 * time.Second
+)

@@ -28,28 +28,6 @@ import (
 // its peer's bytes, is neither ended nor broken, and its credits do not
 // move.
 
-// injectInto imports the jetty id with token and posts one send of opcode
-// op from the raw peer's jetty (payload copied to buffer 20, imm as its
-// immediate), and returns the send's completion status.
-func (r *rawPeer) injectInto(id urma.JettyID, token urma.Token, op urma.Opcode, payload []byte, imm uint64) urma.Status {
-	r.t.Helper()
-	rj, err := r.ctx.ImportJetty(context.Background(), id, urma.RM, token)
-	if err != nil {
-		r.t.Fatalf("import the victim's jetty %s/%d: %v", id.EID, id.ID, err)
-	}
-	own := r.target
-	r.target = rj
-	defer func() {
-		r.target = own
-		_ = rj.Close()
-	}()
-	copy(r.mem.Bytes()[20*rawBuf:], payload)
-	return r.sendOp(op, len(payload), imm)
-}
-
-// injected is what the attacker of issue 40 made a victim read.
-const injected = "INJECTED: transfer 1000000 to mallory\n"
-
 // foreignAttack is one send a third party aims at a victim's jetty.
 type foreignAttack struct {
 	name    string

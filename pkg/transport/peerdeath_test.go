@@ -22,9 +22,6 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
-// deathBound is how soon a dead peer must surface as an error.
-const deathBound = 10 * time.Second
-
 // expectDead checks that a blocked Read on c returns an error (io.EOF
 // counts) within deathBound, and that a Write fails afterwards.
 func expectDead(t *testing.T, c net.Conn, readStarted <-chan struct{}, readErr <-chan error) {
@@ -54,22 +51,6 @@ func expectDead(t *testing.T, c net.Conn, readStarted <-chan struct{}, readErr <
 	case <-time.After(deathBound):
 		t.Fatalf("write still blocked %s after the peer died", deathBound)
 	}
-}
-
-// readUntilError reads c until an error, in the background.
-func readUntilError(c net.Conn) (started chan struct{}, errc chan error) {
-	started, errc = make(chan struct{}), make(chan error, 1)
-	go func() {
-		close(started)
-		buf := make([]byte, 4096)
-		for {
-			if _, err := c.Read(buf); err != nil {
-				errc <- err
-				return
-			}
-		}
-	}()
-	return started, errc
 }
 
 // TestPeerKilledInProcess: the client's provider vanishes (and, in the

@@ -4,66 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 
 	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
-
-// stubLiburma stands in for liburma: a software provider that says it is
-// liburma, with devices of a chosen transport type, or a load failure.
-type stubLiburma struct {
-	urma.Provider
-	mu      sync.Mutex
-	closed  bool
-	library string // what the transport asked to load
-}
-
-func (s *stubLiburma) Name() string { return "liburma" }
-
-func (s *stubLiburma) Close() error {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	return s.Provider.Close()
-}
-
-func (s *stubLiburma) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
-// logLines collects log lines.
-type logLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logLines) logger() logr.Logger {
-	return funcr.New(func(prefix, args string) {
-		l.mu.Lock()
-		l.lines = append(l.lines, prefix+" "+args)
-		l.mu.Unlock()
-	}, funcr.Options{})
-}
-
-func (l *logLines) find(sub string) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, s := range l.lines {
-		if strings.Contains(s, sub) {
-			return s
-		}
-	}
-	return ""
-}
 
 // TestProviderChoice: urma_provider picks liburma or soft, auto probes
 // liburma for a usable UB device, Config.ProviderName beats URMA_PROVIDER
