@@ -44,6 +44,7 @@ type options struct {
 	timeout  time.Duration
 	keep     bool // leave the cluster running after the checks
 	cleanup  bool // only tear down what a previous run left in -work
+	chaos    bool // run the chaos steps
 	perfTime time.Duration
 }
 
@@ -60,6 +61,7 @@ func parseOptions(args []string, stderr io.Writer, now time.Time) (options, erro
 	fs.DurationVar(&o.perfTime, "perf-duration", 3*time.Second, "load duration of each urma-perf client run")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running after the checks (tear it down later with -cleanup)")
 	fs.BoolVar(&o.cleanup, "cleanup", false, "only tear down what a previous run left in -work, then exit")
+	fs.BoolVar(&o.chaos, "chaos", true, "run the chaos steps: the device plugin's, the DRA driver's and the operator's pods deleted, the DRA checkpoint corrupted, containerd restarted, under running workloads (-chaos=false skips them)")
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
 	}

@@ -65,15 +65,18 @@ type run struct {
 	rest            *rest.Config
 	cs              kubernetes.Interface
 
-	timings []timing
-	notes   []string // facts for the summary (fabric, throughput, ...)
+	timings  []timing
+	notes    []string      // facts for the summary (fabric, throughput, ...)
+	recovery time.Duration // set by a chaos step (recovered), for its timing
 }
 
-// timing is one step's title, duration and outcome, for the summary.
+// timing is one step's title, duration, recovery time (chaos steps) and
+// outcome, for the summary.
 type timing struct {
-	title string
-	took  time.Duration
-	err   error
+	title    string
+	took     time.Duration
+	recovery time.Duration
+	err      error
 }
 
 // paths are where each component keeps its state under -work.
@@ -131,11 +134,22 @@ func (r *run) run(ctx context.Context) error {
 		{"3. two labelled pods: flags, jetties, device node, environment, shm dir made again", r.checkPods},
 		{"4. urma-perf between the two pods: URMA vs TCP", r.checkPerf},
 		{"5. kubelet restart: plugin re-registers; oversized request stays Pending", r.checkKubeletRestart},
-		{"6. helm uninstall removes what it owns, keeps the CRD", r.checkUninstall},
-		{"7. helm install driver=dra: ResourceSlices match discover, DeviceClass, claim template", r.checkDRAInstall},
-		{"8. two labelled pods with claims: allocated, prepared, CDI environment, shm made again; urma-perf over shm", r.checkDRAPods},
-		{"9. a C program given a software device: liburma injected, URMA over shm to urma-perf vs TCP", r.checkCProgram},
 	}
+	chaosDevicePlugin, chaosDRA := r.chaosSteps()
+	if r.o.chaos {
+		steps = append(steps, chaosDevicePlugin...)
+	}
+	steps = append(steps,
+		step{"6. helm uninstall removes what it owns, keeps the CRD", r.checkUninstall},
+		step{"7. helm install driver=dra: ResourceSlices match discover, DeviceClass, claim template", r.checkDRAInstall},
+		step{"8. two labelled pods with claims: allocated, prepared, CDI environment, shm made again; urma-perf over shm", r.checkDRAPods},
+	)
+	if r.o.chaos {
+		steps = append(steps, chaosDRA...)
+	}
+	steps = append(steps,
+		step{"9. a C program given a software device: liburma injected, URMA over shm to urma-perf vs TCP", r.checkCProgram},
+	)
 	fmt.Fprintf(r.out, "urma-k8s e2e: a real one-node Kubernetes on this machine\n")
 	fmt.Fprintf(r.out, "state in %s, logs in %s\n", r.o.work, r.o.logs)
 	for i, s := range steps {
@@ -145,9 +159,10 @@ func (r *run) run(ctx context.Context) error {
 		r.current = s.title
 		fmt.Fprintf(r.out, "\n==> [%d/%d] %s\n", i+1, len(steps), s.title)
 		start := time.Now()
+		r.recovery = 0
 		err := s.fn(ctx)
 		took := time.Since(start)
-		r.timings = append(r.timings, timing{title: s.title, took: took, err: err})
+		r.timings = append(r.timings, timing{title: s.title, took: took, recovery: r.recovery, err: err})
 		if err != nil {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
@@ -175,13 +190,17 @@ func (r *run) note(format string, args ...any) {
 func (r *run) printSummary(total time.Duration) {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tTIME\tRESULT")
+	fmt.Fprintln(tw, "STEP\tTIME\tRECOVERY\tRESULT")
 	for _, t := range r.timings {
 		res := "ok"
 		if t.err != nil {
 			res = "FAILED"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", t.title, t.took.Round(100*time.Millisecond), res)
+		recovery := "-"
+		if t.recovery > 0 {
+			recovery = t.recovery.Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.title, t.took.Round(100*time.Millisecond), recovery, res)
 	}
 	tw.Flush()
 	fmt.Fprintf(r.out, "\n==> summary (%s in all)\n%s", total.Round(time.Second), proc.Indent(b.String(), "    ")+"\n")
