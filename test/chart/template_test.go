@@ -150,6 +150,13 @@ func TestTemplateDefaults(t *testing.T) {
 				t.Errorf("operator container has no %s", probe)
 			}
 		}
+		// Labelled pods are refused (failurePolicy Fail) until a restarted
+		// operator is ready: its readiness must follow its start closely
+		// (with a 10 s period, the period set the gap in make e2e's chaos
+		// step 4, not the operator's start).
+		if rp, _ := c["readinessProbe"].(map[string]any); fmt.Sprint(rp["initialDelaySeconds"]) != "1" || fmt.Sprint(rp["periodSeconds"]) != "2" {
+			t.Errorf("operator readinessProbe %v, want initialDelaySeconds 1 and periodSeconds 2", rp)
+		}
 		if sc, _ := podSpec(t, dep)["securityContext"].(map[string]any); sc["runAsNonRoot"] != true {
 			t.Errorf("operator pod securityContext = %v, want runAsNonRoot", sc)
 		}
