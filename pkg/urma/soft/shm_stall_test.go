@@ -26,7 +26,7 @@ func stalledFrames() []struct {
 		bytes []byte
 	}{
 		{"half a length prefix", encodePing(ping[:])[:2]},
-		{"a SEND's header and part of its payload", append(send, make([]byte, 100)...)},
+		{"a SEND header and part of its payload", append(send, make([]byte, 100)...)},
 	}
 }
 

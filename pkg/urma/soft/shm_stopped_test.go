@@ -187,9 +187,9 @@ func TestShmPeerStopsReading(t *testing.T) {
 		read  int  // bytes the peer reads before it stops
 		close bool // the application closes the jetty rather than polling
 	}{
-		{"it never reads; the application polls", 0, false},
-		{"it reads part of the frame, then stops; the application polls", 16 << 10, false},
-		{"it never reads; the application closes the jetty", 0, true},
+		{"it never reads, the application polls", 0, false},
+		{"it reads part of the frame then stops, the application polls", 16 << 10, false},
+		{"it never reads, the application closes the jetty", 0, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -203,11 +203,11 @@ func TestShmHostileHandshakes(t *testing.T) {
 		{"short", func() []byte { return enc(good())[:40] }, nil, nil, "bytes"},
 		{"odd ring size", func() []byte { h := good(); h.ringSize = 100000; return enc(h) }, nil, nil, "power of two"},
 		{"descriptors with the HELLO", func() []byte { return enc(good()) }, honestRing, nil, "descriptors"},
-		{"a key that is not the EID's", func() []byte { h := good(); h.pub[0] ^= 1; return enc(h) }, nil, nil, "is not the key of EID"},
+		{"a key that is not the key of the EID", func() []byte { h := good(); h.pub[0] ^= 1; return enc(h) }, nil, nil, "is not the key of EID"},
 		{"a signature of another transcript", nil, honestRing, func(d *testShmDialer) []byte {
 			return ed25519.Sign(d.id.key, shmTranscript(shmSignDialer, d.helloMsg, d.ackMsg, d.ino+1))
 		}, "signature of the handshake does not verify"},
-		{"the acceptor's signature played back", nil, honestRing, func(d *testShmDialer) []byte {
+		{"the acceptor signature played back", nil, honestRing, func(d *testShmDialer) []byte {
 			b := make([]byte, shmMaxMsgLen)
 			return encodeShmHello(b, &d.ack)[shmMsgHdrLen+136 : shmMsgHdrLen+200]
 		}, "does not verify"},
@@ -393,7 +393,7 @@ func TestShmOptionsRefused(t *testing.T) {
 		{"path too long", Options{ShmDir: long}, "shorter URMA_SHM_DIR"},
 		{"two EIDs", Options{ShmDir: t.TempDir(), Devices: []DeviceSpec{{EIDs: []urma.EID{{1}, {2}}}}}, "one EID"},
 		{"an EID without its key", Options{ShmDir: t.TempDir(), Devices: []DeviceSpec{{EIDs: []urma.EID{otherEID}}}}, "without its key"},
-		{"an EID that is not the key's", Options{ShmDir: t.TempDir(), Devices: []DeviceSpec{{EIDs: []urma.EID{otherEID}, ShmKey: key}}}, "is not the EID of DeviceSpec.ShmKey"},
+		{"an EID that is not the EID of the key", Options{ShmDir: t.TempDir(), Devices: []DeviceSpec{{EIDs: []urma.EID{otherEID}, ShmKey: key}}}, "is not the EID of DeviceSpec.ShmKey"},
 		{"a key of the wrong size", Options{ShmDir: t.TempDir(), Devices: []DeviceSpec{{ShmKey: key[:31]}}}, "ed25519 private key"},
 	}
 	defer os.RemoveAll(long)

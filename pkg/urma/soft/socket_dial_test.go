@@ -153,8 +153,8 @@ func TestCrossedDialsSmallerEIDWins(t *testing.T) {
 		peer urma.EID
 		want uint8
 	}{
-		{"the peer's EID is smaller", low, helloOK},
-		{"the peer's EID is larger", high, helloDuplicate},
+		{"the peer EID is smaller", low, helloOK},
+		{"the peer EID is larger", high, helloDuplicate},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

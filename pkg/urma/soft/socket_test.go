@@ -558,7 +558,7 @@ func TestPeerDownFailsOnlyItsOutstandingSends(t *testing.T) {
 		yAnswers bool
 		want     []urma.Completion // UserCtx and Status of each, in order
 	}{
-		{"send behind another peer's", false, []urma.Completion{
+		{"send behind a send to another peer", false, []urma.Completion{
 			{UserCtx: 2, Status: urma.StatusAckTimeout}, {UserCtx: 1, Status: urma.StatusWRFlushErr}}},
 		{"completed send to the broken peer", true, []urma.Completion{
 			{UserCtx: 2, Status: urma.StatusSuccess}, {UserCtx: 1, Status: urma.StatusSuccess}}},
