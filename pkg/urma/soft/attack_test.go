@@ -19,6 +19,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
@@ -206,10 +208,10 @@ func relayShm(t *testing.T, ln *net.UnixListener, target string) (fdsRelayed fun
 // the relay's socket for B's own, and nothing of A's reaches B through it.
 func TestShmRelayIsRefused(t *testing.T) {
 	opts := shmOpts(t)
-	var sink logSink
+	var sink logtest.Lines
 	bOpts := opts
 	bOpts.ShmSocketDir = filepath.Join(opts.ShmDir, "pod-b")
-	bOpts.Logger = sink.logger()
+	bOpts.Logger = sink.Logger(nil)
 	pa, pb := newProvider(t, opts), newProvider(t, bOpts)
 	a := newSide(t, pa, urma.JettyConfig{}, 64)
 	b := newSide(t, pb, urma.JettyConfig{}, 64)
@@ -228,7 +230,7 @@ func TestShmRelayIsRefused(t *testing.T) {
 	if n := relayed(); n != 0 {
 		t.Fatalf("the relay passed %d messages with descriptors from A to B", n)
 	}
-	waitUntil(t, "B to log the relay's unfinished handshake", func() bool { return sink.has("bad PROOF") })
+	eventually.Holds(t, "B to log the relay's unfinished handshake", 0, func() bool { return sink.Contains("bad PROOF") })
 	if c := pb.conns(); len(c) != 1 || c[0].peerEID != a.jetty.ID().EID {
 		t.Fatalf("B holds %d connections, want the one with A", len(c))
 	}
@@ -288,7 +290,7 @@ func TestShmMappingAttackIsBounded(t *testing.T) {
 				f, _ := fakeShmPeer(t, p.devices[0].side)
 				fakes = append(fakes, f)
 			}
-			waitUntil(t, "the receiver to adopt the peers", func() bool { return len(p.conns()) == c.peers })
+			eventually.Holds(t, "the receiver to adopt the peers", 0, func() bool { return len(p.conns()) == c.peers })
 			const each = 64
 			for _, f := range fakes {
 				for h := uint32(1); h <= each; h++ {
@@ -299,7 +301,7 @@ func TestShmMappingAttackIsBounded(t *testing.T) {
 					mustOK(t, err, "SEG_MAP")
 				}
 			}
-			waitUntil(t, "the receiver to answer every SEG_MAP", func() bool {
+			eventually.Holds(t, "the receiver to answer every SEG_MAP", 0, func() bool {
 				for _, c := range p.conns() {
 					s := c.io.(*shmIO)
 					s.pull.mapMu.RLock()
@@ -316,7 +318,7 @@ func TestShmMappingAttackIsBounded(t *testing.T) {
 			if got > c.most {
 				t.Fatalf("the receiver maps %d GiB of %d GiB its peers shared, more than %d GiB", got>>30, uint64(c.peers*each*segment)>>30, c.most>>30)
 			}
-			if !sink.has(c.reason) {
+			if !sink.Contains(c.reason) {
 				t.Fatalf("no log line names %s", c.reason)
 			}
 		})
@@ -340,7 +342,7 @@ func TestShmAmplificationAttackIsBounded(t *testing.T) {
 		closeAll(fds)
 		t.Cleanup(func() { _ = nc.Close(); ends.Release() })
 	}
-	waitUntil(t, "the device to adopt every connection", func() bool { return len(p.conns()) == links })
+	eventually.Holds(t, "the device to adopt every connection", 0, func() bool { return len(p.conns()) == links })
 	var victim uint64
 	for _, c := range p.conns() {
 		victim += uint64(shmring.CtlSize + c.io.(*shmIO).Size())

@@ -17,6 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -213,9 +215,9 @@ func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var sink logSink
+			var sink logtest.Lines
 			opts := socketOpts()
-			opts.Logger = sink.logger()
+			opts.Logger = sink.Logger(nil)
 			p := newProvider(t, opts)
 			a := newSide(t, p, urma.JettyConfig{}, 64)
 			tc.bound(p.devices[0].side)
@@ -247,9 +249,9 @@ func TestPeerThatNeverReadsIsCutOff(t *testing.T) {
 			mustOK(t, err, "import from the fake peer")
 			defer target.Close()
 			deadline := time.Now().Add(5 * time.Second)
-			for !sink.has(tc.log) {
+			for !sink.Contains(tc.log) {
 				if time.Now().After(deadline) {
-					t.Fatalf("connection not cut off: %q", sink.lines)
+					t.Fatalf("connection not cut off: %q", sink.All())
 				}
 				time.Sleep(time.Millisecond) // polling deadline: the reader logs as it fails the connection
 			}
@@ -425,7 +427,7 @@ func TestSendAfterConnectionBreaks(t *testing.T) {
 			t.Fatalf("round %d: peer has %d connections", round, len(conns))
 		}
 		conns[0].fail(errors.New("dropped by the test"))
-		waitUntil(t, "the connection to end at this side", func() bool { return len(pa.conns()) == 0 })
+		eventually.Holds(t, "the connection to end at this side", 0, func() bool { return len(pa.conns()) == 0 })
 	}
 }
 
@@ -458,7 +460,7 @@ func TestJettyCloseWaitsForFrameBeingWritten(t *testing.T) {
 	mustOK(t, a.jetty.PostSend(&urma.SendWR{Opcode: urma.OpSend, Flags: urma.SendCompleteEnable, Target: target,
 		SGEs: []urma.SGE{{Segment: seg, Len: size}}}), "send")
 	j := a.jetty.(*jetty)
-	waitUntil(t, "the frame to be in the writer's hands", func() bool {
+	eventually.Holds(t, "the frame to be in the writer's hands", 0, func() bool {
 		j.mu.Lock()
 		defer j.mu.Unlock()
 		return j.slot(0).writing
@@ -722,14 +724,14 @@ func TestOrphanRNRBlockIsCancelled(t *testing.T) {
 				peer.answerRNR(h)
 			} else {
 				peer.answerRNR(h)
-				waitUntil(t, "the answer to wait for the end of the frame", func() bool {
+				eventually.Holds(t, "the answer to wait for the end of the frame", 0, func() bool {
 					j.mu.Lock()
 					defer j.mu.Unlock()
 					return j.slot(0).deferred
 				})
 				closed := make(chan error, 1)
 				go func() { closed <- a.jetty.Close() }()
-				waitUntil(t, "Close to have begun", func() bool {
+				eventually.Holds(t, "Close to have begun", 0, func() bool {
 					j.mu.Lock()
 					defer j.mu.Unlock()
 					return j.closed

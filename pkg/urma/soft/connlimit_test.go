@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -33,8 +35,8 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 			opts := f.opts(t)
 			opts.PeerTimeout = time.Minute // only a close ends a connection
 			vopts := opts
-			var sink logSink
-			vopts.Logger = sink.logger()
+			var sink logtest.Lines
+			vopts.Logger = sink.Logger(nil)
 			vopts.MaxConns = 2
 			vopts.DialTimeout = time.Minute // a silent dialer holds its handshake that long
 			pv := newProvider(t, vopts)
@@ -75,7 +77,7 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 			if !errors.Is(err, urma.ErrUnreachable) || !errors.Is(err, ErrConnLimit) || !strings.Contains(err.Error(), "Options.MaxConns") {
 				t.Fatalf("third peer, past MaxConns 2: %v, want ErrUnreachable and ErrConnLimit, naming Options.MaxConns", err)
 			}
-			waitUntil(t, "the device to log the refusal", func() bool { return sink.has("the most Options.MaxConns allows") })
+			eventually.Holds(t, "the device to log the refusal", 0, func() bool { return sink.Contains("the most Options.MaxConns allows") })
 			if n := pv.ConnLimitRefusals(); n != 1 {
 				t.Errorf("ConnLimitRefusals %d after refusing one peer, want 1", n)
 			}
@@ -86,14 +88,14 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 			d1v, err := d1.p.devices[0].side.peer(v.ctx.EID())
 			mustOK(t, err, "first peer's entry for the device")
 			mustOK(t, d1v.dialOnce(t.Context()), "first peer dials again at the limit")
-			waitUntil(t, "the replaced connection to go", func() bool {
+			eventually.Holds(t, "the replaced connection to go", 0, func() bool {
 				now := pv.conns()
 				return len(now) == 2 && (now[0] != old[0] && now[0] != old[1] || now[1] != old[0] && now[1] != old[1])
 			})
 			sendOK(d1, "send of the first peer on its new connection")
 			// A peer that leaves makes room for another.
 			mustOK(t, d2.p.Close(), "second peer leaves")
-			waitUntil(t, "the device to drop the second peer", func() bool { return len(pv.conns()) == 1 })
+			eventually.Holds(t, "the device to drop the second peer", 0, func() bool { return len(pv.conns()) == 1 })
 			d3, err := dialIn()
 			mustOK(t, err, "a new peer dials in once there is room")
 			sendOK(d3, "send of the new peer")
@@ -103,7 +105,7 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 				nc, err := net.Dial(f.network, f.addr(pv.devices[0].side))
 				mustOK(t, err, "silent dial")
 				defer nc.Close()
-				waitUntil(t, "the device to take the silent dial", func() bool {
+				eventually.Holds(t, "the device to take the silent dial", 0, func() bool {
 					sd := pv.devices[0].side
 					sd.mu.Lock()
 					defer sd.mu.Unlock()
@@ -120,7 +122,7 @@ func TestMaxConnsRefusesPeersPastTheLimit(t *testing.T) {
 			if err == nil || errors.As(err, &ne) && ne.Timeout() {
 				t.Fatalf("dial past MaxConns handshakes: read %v, want the device to hang up", err)
 			}
-			waitUntil(t, "the device to log the refused handshake", func() bool { return sink.has("handshakes under way") })
+			eventually.Holds(t, "the device to log the refused handshake", 0, func() bool { return sink.Contains("handshakes under way") })
 			if n := pv.ConnLimitRefusals(); n != 2 {
 				t.Errorf("ConnLimitRefusals %d after refusing a peer and a handshake, want 2", n)
 			}

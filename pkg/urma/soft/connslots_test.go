@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
@@ -105,8 +107,8 @@ func TestMadeUpIdentitiesCannotTakeEverySlot(t *testing.T) {
 			opts := f.opts(t)
 			opts.PeerTimeout = time.Minute // only eviction ends a made-up link
 			vopts := opts
-			var sink logSink
-			vopts.Logger = sink.logger()
+			var sink logtest.Lines
+			vopts.Logger = sink.Logger(nil)
 			vopts.MaxConns = 4
 			pv := newProvider(t, vopts)
 			v := newSide(t, pv, urma.JettyConfig{}, 64)
@@ -128,7 +130,7 @@ func TestMadeUpIdentitiesCannotTakeEverySlot(t *testing.T) {
 				l := dialMadeUp(t, f.name, sd, len(made))
 				made = append(made, l)
 				if l.status == helloOK {
-					waitUntil(t, "the device to hold the made-up link", func() bool { return held(l.eid) })
+					eventually.Holds(t, "the device to hold the made-up link", 0, func() bool { return held(l.eid) })
 				}
 				return l
 			}
@@ -190,7 +192,7 @@ func TestMadeUpIdentitiesCannotTakeEverySlot(t *testing.T) {
 			l1 := dialIn("a legitimate peer dials in")
 			wantEvicted("the first legitimate peer")
 			sendOK(l1, "the legitimate peer's send")
-			waitUntil(t, "the device to log the eviction", func() bool { return sink.has("evicting") })
+			eventually.Holds(t, "the device to log the eviction", 0, func() bool { return sink.Contains("evicting") })
 			// A second peer dials in and only imports; the device then
 			// imports over that link: the device's own use.
 			l2 := newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64)
@@ -232,7 +234,7 @@ func TestMadeUpIdentitiesCannotTakeEverySlot(t *testing.T) {
 			if l := dialMadeUp(); l.status != helloConnLimit {
 				t.Fatalf("a made-up link while every link is in use: status %d, want %d (the connection limit)", l.status, helloConnLimit)
 			}
-			waitUntil(t, "the device to log the refusal", func() bool { return sink.has("the most Options.MaxConns allows") })
+			eventually.Holds(t, "the device to log the refusal", 0, func() bool { return sink.Contains("the most Options.MaxConns allows") })
 			if n := pv.ConnLimitRefusals(); n != 1 {
 				t.Errorf("ConnLimitRefusals %d, want 1: the one refusal once every link was in use", n)
 			}
@@ -251,8 +253,8 @@ func TestMaxConnsPerProcessBoundsOneDialer(t *testing.T) {
 	opts := shmOpts(t)
 	opts.PeerTimeout = time.Minute
 	opts.DialTimeout = time.Minute // a silent dialer holds its handshake that long
-	var sink logSink
-	opts.Logger = sink.logger()
+	var sink logtest.Lines
+	opts.Logger = sink.Logger(nil)
 	opts.MaxConns = 8
 	opts.MaxConnsPerProcess = 2
 	pv := newProvider(t, opts)
@@ -268,8 +270,8 @@ func TestMaxConnsPerProcessBoundsOneDialer(t *testing.T) {
 	if l := dial(); l.status != helloConnLimit {
 		t.Fatalf("a third link of this process: status %d, want %d (a connection limit)", l.status, helloConnLimit)
 	}
-	waitUntil(t, "the device to log the bound", func() bool {
-		return sink.has("holds 2 connections at this device, the most Options.MaxConnsPerProcess allows")
+	eventually.Holds(t, "the device to log the bound", 0, func() bool {
+		return sink.Contains("holds 2 connections at this device, the most Options.MaxConnsPerProcess allows")
 	})
 	if n := pv.ConnLimitRefusals(); n != 1 {
 		t.Errorf("ConnLimitRefusals %d after refusing the process once, want 1", n)
@@ -285,7 +287,7 @@ func TestMaxConnsPerProcessBoundsOneDialer(t *testing.T) {
 
 	// A link the process gives up makes room for another of its own.
 	mustOK(t, first.nc.Close(), "close the first link")
-	waitUntil(t, "the device to drop the closed link", func() bool { return len(pv.conns()) == 2 })
+	eventually.Holds(t, "the device to drop the closed link", 0, func() bool { return len(pv.conns()) == 2 })
 	if l := dial(); l.status != helloOK {
 		t.Fatalf("a link of this process after it closed one: status %d, want OK", l.status)
 	}
@@ -298,12 +300,12 @@ func TestMaxConnsPerProcessBoundsOneDialer(t *testing.T) {
 		defer sd.mu.Unlock()
 		return len(sd.handshaking)
 	}
-	waitUntil(t, "the last link's handshake to end", func() bool { return handshakes() == 0 })
+	eventually.Holds(t, "the last link's handshake to end", 0, func() bool { return handshakes() == 0 })
 	for i := range 2 {
 		nc, err := net.Dial("unixpacket", sd.shm.path)
 		mustOK(t, err, "silent dial")
 		t.Cleanup(func() { _ = nc.Close() })
-		waitUntil(t, "the device to take the silent dial", func() bool { return handshakes() == i+1 })
+		eventually.Holds(t, "the device to take the silent dial", 0, func() bool { return handshakes() == i+1 })
 	}
 	nc, err := net.Dial("unixpacket", sd.shm.path)
 	mustOK(t, err, "a third silent dial")
@@ -315,8 +317,8 @@ func TestMaxConnsPerProcessBoundsOneDialer(t *testing.T) {
 	if err == nil || errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("a third handshake of this process: read %v, want the device to hang up", err)
 	}
-	waitUntil(t, "the device to log the refused handshake", func() bool {
-		return sink.has("handshakes under way from process")
+	eventually.Holds(t, "the device to log the refused handshake", 0, func() bool {
+		return sink.Contains("handshakes under way from process")
 	})
 }
 

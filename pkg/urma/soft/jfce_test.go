@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -105,7 +106,7 @@ func TestJFCEWaitSleepsForAnEvent(t *testing.T) {
 			}
 			got <- n
 		}()
-		waitUntil(t, "Wait to sleep", func() bool {
+		eventually.Holds(t, "Wait to sleep", 0, func() bool {
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			return e.waiters == 1
@@ -136,7 +137,7 @@ func TestJFCECloseWakesWaitAndReleasesDescriptors(t *testing.T) {
 			_, err := e.Wait(make([]urma.JFC, 1), -1)
 			done <- err
 		}()
-		waitUntil(t, "Wait to sleep", func() bool {
+		eventually.Holds(t, "Wait to sleep", 0, func() bool {
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			return e.waiters != 0

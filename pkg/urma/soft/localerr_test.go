@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -153,7 +154,7 @@ func TestPeerLengthFoundAtWriteKeepsPostOrder(t *testing.T) {
 	mustOK(t, a.send(tq, 7, 0, 64, 0), "send 7 to Q")
 	mustOK(t, a.send(tp, 8, 0, small+1, 0), "send 8 to P, larger than P's new limit")
 	j := a.jetty.(*jetty)
-	waitUntil(t, "P's writer to find send 8 too large", func() bool {
+	eventually.Holds(t, "P's writer to find send 8 too large", 0, func() bool {
 		j.mu.Lock()
 		defer j.mu.Unlock()
 		return j.slot(1).state != slotInflight

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -236,7 +237,7 @@ func TestJettyForgetsPeersGone(t *testing.T) {
 				mustOK(t, target.Close(), "unimport")
 				mustOK(t, pb.Close(), "close the peer")
 				// conn.fail told the jetties before it dropped the connection.
-				waitUntil(t, "the connection to the closed peer to go", func() bool { return len(pa.conns()) == 0 })
+				eventually.Holds(t, "the connection to the closed peer to go", 0, func() bool { return len(pa.conns()) == 0 })
 			}
 			j.mu.Lock()
 			records := len(j.peerGen)
@@ -247,7 +248,7 @@ func TestJettyForgetsPeersGone(t *testing.T) {
 			if st := a.jetty.State(); st != urma.JettyReady {
 				t.Fatalf("jetty %v, want READY", st)
 			}
-			waitUntil(t, "the device to drop the entries of the peers gone", func() bool {
+			eventually.Holds(t, "the device to drop the entries of the peers gone", 0, func() bool {
 				runtime.GC()
 				sd.mu.Lock()
 				defer sd.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -94,7 +95,7 @@ func TestSendRecordShowsAfterItsReferencesGo(t *testing.T) {
 			}
 			send(1)
 			if f.byRef {
-				waitUntil(t, "the share to be ready", func() bool { return pa.readyShares() == 1 })
+				eventually.Holds(t, "the share to be ready", 0, func() bool { return pa.readyShares() == 1 })
 			}
 			send(2)
 			if f.byRef && pa.pulls() == 0 {

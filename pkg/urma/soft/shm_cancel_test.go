@@ -3,6 +3,7 @@ package soft
 import (
 	"testing"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -18,7 +19,7 @@ func TestShmClosedJettyCancelsRNRBlock(t *testing.T) {
 	b := newSide(t, pb, urma.JettyConfig{}, 64)
 	target := a.importJetty(b)
 	mustOK(t, a.send(target, 1, 0, 64, 0), "send") // b posted no receive
-	waitUntil(t, "the receiver to block the send", func() bool { return pb.blocks() == 1 })
+	eventually.Holds(t, "the receiver to block the send", 0, func() bool { return pb.blocks() == 1 })
 	mustOK(t, a.jetty.Close(), "close the sending jetty")
-	waitUntil(t, "the receiver to drop the cancelled block", func() bool { return pb.blocks() == 0 })
+	eventually.Holds(t, "the receiver to drop the cancelled block", 0, func() bool { return pb.blocks() == 0 })
 }

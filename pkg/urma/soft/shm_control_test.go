@@ -8,13 +8,15 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
 
 // loggedShmDeviceAndFakePeer is an shm device whose log the test reads, and
 // a hand-driven peer connected to it (fakeShmPeer).
-func loggedShmDeviceAndFakePeer(t *testing.T) (*Provider, *shmIO, *logSink) {
+func loggedShmDeviceAndFakePeer(t *testing.T) (*Provider, *shmIO, *logtest.Lines) {
 	t.Helper()
 	p, sink := loggedProvider(t, shmOpts(t))
 	f, _ := fakeShmPeer(t, p.devices[0].side)
@@ -65,8 +67,8 @@ func TestShmHostileControlMessages(t *testing.T) {
 				}
 				mustOK(t, unix.Sendmsg(f.ctlFd, c.msg(f), rights, nil, unix.MSG_NOSIGNAL), "send")
 			}
-			waitUntil(t, "the device to log why it closed the connection", func() bool { return sink.has(c.log) })
-			waitUntil(t, "the connection to close", func() bool { return len(p.conns()) == 0 })
+			eventually.Holds(t, "the device to log why it closed the connection", 0, func() bool { return sink.Contains(c.log) })
+			eventually.Holds(t, "the connection to close", 0, func() bool { return len(p.conns()) == 0 })
 		})
 	}
 }
@@ -77,7 +79,7 @@ func TestShmHostileControlMessages(t *testing.T) {
 // the peer has hung up.
 func TestShmPeerHangsUpBeforeSegMapped(t *testing.T) {
 	p, f, sink := loggedShmDeviceAndFakePeer(t)
-	waitUntil(t, "the device to adopt the connection", func() bool { return len(p.conns()) == 1 })
+	eventually.Holds(t, "the device to adopt the connection", 0, func() bool { return len(p.conns()) == 1 })
 	c := p.conns()[0]
 	dev := c.io.(*shmIO)
 	ro := readOnlyMemfd(t)
@@ -93,9 +95,9 @@ func TestShmPeerHangsUpBeforeSegMapped(t *testing.T) {
 	if err := c.deathCause(); err == nil || !strings.Contains(err.Error(), "SEG_MAP") {
 		t.Fatalf("the connection died of %v, not of the answer to SEG_MAP", err)
 	}
-	waitUntil(t, "the device to log the close", func() bool { return sink.has("connection closed") || sink.has("broke the protocol") })
-	if sink.has("broke the protocol") {
-		t.Fatalf("a peer that hung up is logged as a protocol violation: %q", sink.lines)
+	eventually.Holds(t, "the device to log the close", 0, func() bool { return sink.Contains("connection closed") || sink.Contains("broke the protocol") })
+	if sink.Contains("broke the protocol") {
+		t.Fatalf("a peer that hung up is logged as a protocol violation: %q", sink.All())
 	}
 }
 
@@ -118,7 +120,7 @@ func TestShmUnmapWaitsForRoom(t *testing.T) {
 				t.Fatalf("send: %+v", c)
 			}
 			pollN(t, b.rjfc, 1, 10*time.Second)
-			waitUntil(t, "the share to be ready", func() bool { return pa.readyShares() == 1 })
+			eventually.Holds(t, "the share to be ready", 0, func() bool { return pa.readyShares() == 1 })
 			sa, sb := pa.conns()[0].io.(*shmIO), pb.conns()[0].io.(*shmIO)
 			var handle uint32
 			sa.pull.shareMu.Lock()
@@ -163,12 +165,12 @@ func TestShmUnmapWaitsForRoom(t *testing.T) {
 			if closeFirst {
 				mustOK(t, pa.Close(), "close the sender") // must not wait for b
 				sb.pull.mapMu.RUnlock()
-				waitUntil(t, "the peer to see the connection close", func() bool { return len(pb.conns()) == 0 })
+				eventually.Holds(t, "the peer to see the connection close", 0, func() bool { return len(pb.conns()) == 0 })
 				return
 			}
 			sb.pull.mapMu.RUnlock()
 
-			waitUntil(t, "the peer to unmap the unregistered segment", func() bool { return !mappedAtB() })
+			eventually.Holds(t, "the peer to unmap the unregistered segment", 0, func() bool { return !mappedAtB() })
 			roundTrip(t, a, target, b)
 			alive(t, pb.conns()[0])
 		})
@@ -245,7 +247,7 @@ func TestShmSharingBothWaysAtOnce(t *testing.T) {
 		t.Fatalf("%d and %d of %d SEG_MAPs fit the sockets: the test must fill them", wantA, wantB, segs)
 	}
 
-	waitUntil(t, "every SEG_MAP sent to be answered, both ways", func() bool {
+	eventually.Holds(t, "every SEG_MAP sent to be answered, both ways", 0, func() bool {
 		return pa.readyShares() == wantA && pb.readyShares() == wantB
 	})
 	alive(t, pa.conns()[0])
@@ -259,7 +261,7 @@ func TestShmSharingBothWaysAtOnce(t *testing.T) {
 func TestShmPeerNeverReadsItsAnswers(t *testing.T) {
 	noLeaks(t)
 	p, f, sink := loggedShmDeviceAndFakePeer(t)
-	waitUntil(t, "the device to adopt the connection", func() bool { return len(p.conns()) == 1 })
+	eventually.Holds(t, "the device to adopt the connection", 0, func() bool { return len(p.conns()) == 1 })
 	ro := readOnlyMemfd(t)
 	defer unix.Close(ro)
 	// A device whose reader waited to answer would stop reading: the
@@ -277,6 +279,6 @@ func TestShmPeerNeverReadsItsAnswers(t *testing.T) {
 			t.Fatalf("the device took %d SEG_MAPs without an answer read", h)
 		}
 	}
-	waitUntil(t, "the device to say why it dropped the connection", func() bool { return sink.has("answers to its SEG_MAPs wait") })
-	waitUntil(t, "the connection to close", func() bool { return len(p.conns()) == 0 })
+	eventually.Holds(t, "the device to say why it dropped the connection", 0, func() bool { return sink.Contains("answers to its SEG_MAPs wait") })
+	eventually.Holds(t, "the connection to close", 0, func() bool { return len(p.conns()) == 0 })
 }

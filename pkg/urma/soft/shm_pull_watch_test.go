@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -65,7 +66,7 @@ func testShmSlowPull(t *testing.T, stops bool) {
 		t.Fatalf("first send: %+v", c)
 	}
 	pollN(t, b.rjfc, 1, 10*time.Second)
-	waitUntil(t, "the receiver to map the segment", func() bool { return pa.readyShares() == 1 })
+	eventually.Holds(t, "the receiver to map the segment", 0, func() bool { return pa.readyShares() == 1 })
 
 	ca, cb := pa.conns()[0], pb.conns()[0]
 	passed := make(chan struct{}, 1)

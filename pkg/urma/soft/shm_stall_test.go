@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/framebound"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
@@ -251,7 +252,7 @@ func TestShmStalledPeerFailsOutstandingSends(t *testing.T) {
 			mustOK(t, f.write(p), "write the start of the frame")
 		}, false},
 		{"the peer leaves the frame to a Poll", func(t *testing.T, f *shmIO, p []byte) {
-			waitUntil(t, "the device's reader to sleep", func() bool { return f.PeerWord(shmring.WordReaderSleeps)&1 == 1 })
+			eventually.Holds(t, "the device's reader to sleep", 0, func() bool { return f.PeerWord(shmring.WordReaderSleeps)&1 == 1 })
 			f.WriteUnannounced(p)
 		}, true},
 	}
@@ -295,7 +296,7 @@ func TestShmStalledPeerFailsOutstandingSends(t *testing.T) {
 				t.Errorf("the connection died of %v, want the peer stalled mid-frame", err)
 			}
 			want := fmt.Sprintf("peer stalled mid-frame for %v", peerTO)
-			waitUntil(t, "the device to log why it closed the connection", func() bool { return sink.has(want) })
+			eventually.Holds(t, "the device to log why it closed the connection", 0, func() bool { return sink.Contains(want) })
 		})
 	}
 }
@@ -405,7 +406,7 @@ func TestShmTricklingPeerFailsOutstandingSends(t *testing.T) {
 			first := starts[1].n // inside the payload, being copied into the receive
 			put := f.write
 			if c.poll {
-				waitUntil(t, "the device's reader to sleep", func() bool { return f.PeerWord(shmring.WordReaderSleeps)&1 == 1 })
+				eventually.Holds(t, "the device's reader to sleep", 0, func() bool { return f.PeerWord(shmring.WordReaderSleeps)&1 == 1 })
 				put = func(p []byte) error {
 					if f.Closed() {
 						return shmring.ErrClosed
@@ -428,8 +429,8 @@ func TestShmTricklingPeerFailsOutstandingSends(t *testing.T) {
 			if err := ft.conn.deathCause(); !errors.Is(err, framebound.ErrStalled) {
 				t.Errorf("the connection died of %v, want the peer stalled mid-frame", err)
 			}
-			waitUntil(t, "the device to log why it closed the connection", func() bool {
-				return ft.sink.has("peer stalled mid-frame: waited")
+			eventually.Holds(t, "the device to log why it closed the connection", 0, func() bool {
+				return ft.sink.Contains("peer stalled mid-frame: waited")
 			})
 		})
 	}
@@ -486,7 +487,7 @@ func TestShmSlowLargeFrameIsNotFailed(t *testing.T) {
 			} else {
 				// The reader goroutine reads on: shut it down once it has
 				// read the frame, or see why it stopped before.
-				waitUntil(t, "the reader goroutine to read the frame", func() bool {
+				eventually.Holds(t, "the reader goroutine to read the frame", 0, func() bool {
 					return localRx(local) == frameLen || len(done) > 0
 				})
 				local.Shutdown()

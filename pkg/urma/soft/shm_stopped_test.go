@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -15,7 +17,7 @@ import (
 // of a fake shm peer (fakeShmPeer), which the test drives by hand.
 type fakeTarget struct {
 	p      *Provider
-	sink   *logSink
+	sink   *logtest.Lines
 	a      *side
 	f      *shmIO
 	target urma.RemoteJetty
@@ -126,7 +128,7 @@ func checkStopped(t *testing.T, ft *fakeTarget, start time.Time, n, ok int, peer
 		t.Errorf("the connection died of %v, want %v", err, want)
 	}
 	line := fmt.Sprintf("%v for %v", want, peerTO)
-	waitUntil(t, "the device to log why it closed the connection", func() bool { return ft.sink.has(line) })
+	eventually.Holds(t, "the device to log why it closed the connection", 0, func() bool { return ft.sink.Contains(line) })
 }
 
 // A live shm peer that reads the sends but stops answering them (stopped

@@ -21,6 +21,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 	"github.com/openeuler/urma-k8s/pkg/urma/soft/internal/shmring"
 )
@@ -103,9 +105,9 @@ func TestShmRendezvousRefusals(t *testing.T) {
 	// acceptor is a device of its own subtest, whose log only it sees: the
 	// acceptor may log after the dialer has its answer, so the subtest
 	// waits for its line rather than expecting it at once.
-	acceptor := func(t *testing.T, opts Options) (*side, *logSink) {
-		sink := &logSink{}
-		opts.Logger = sink.logger()
+	acceptor := func(t *testing.T, opts Options) (*side, *logtest.Lines) {
+		sink := &logtest.Lines{}
+		opts.Logger = sink.Logger(nil)
 		return newSide(t, newProvider(t, opts), urma.JettyConfig{}, 64), sink
 	}
 	t.Run("another host", func(t *testing.T) {
@@ -116,7 +118,7 @@ func TestShmRendezvousRefusals(t *testing.T) {
 		if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "another host") {
 			t.Fatalf("import from another boot: %v", err)
 		}
-		waitUntil(t, "the acceptor to log why", func() bool { return sink.has("another boot id") })
+		eventually.Holds(t, "the acceptor to log why", 0, func() bool { return sink.Contains("another boot id") })
 	})
 	t.Run("user refused by the acceptor", func(t *testing.T) {
 		strict := opts
@@ -126,7 +128,7 @@ func TestShmRendezvousRefusals(t *testing.T) {
 		if !errors.Is(err, urma.ErrUnreachable) || !strings.Contains(err.Error(), "refused") {
 			t.Fatalf("import from a device that refuses us: %v", err)
 		}
-		waitUntil(t, "the acceptor to log why", func() bool { return sink.has("ShmAllowUID refuses") })
+		eventually.Holds(t, "the acceptor to log why", 0, func() bool { return sink.Contains("ShmAllowUID refuses") })
 	})
 	t.Run("user refused by the dialer", func(t *testing.T) {
 		strict := opts
@@ -164,8 +166,8 @@ func TestShmRendezvousRefusals(t *testing.T) {
 // HELLO that is bad or carries bad descriptors.
 func TestShmHostileHandshakes(t *testing.T) {
 	opts := shmOpts(t)
-	var sink logSink
-	opts.Logger = sink.logger()
+	var sink logtest.Lines
+	opts.Logger = sink.Logger(nil)
 	p := newProvider(t, opts)
 	sd := p.devices[0].side
 	me := testShmIdentity(t)
@@ -284,7 +286,7 @@ func TestShmHostileHandshakes(t *testing.T) {
 					break
 				}
 			}
-			waitUntil(t, "the device to log why", func() bool { return sink.has(c.log) })
+			eventually.Holds(t, "the device to log why", 0, func() bool { return sink.Contains(c.log) })
 			if n := len(p.conns()); n != 0 {
 				t.Fatalf("the device holds %d connections after a hostile handshake", n)
 			}
@@ -351,9 +353,9 @@ func TestShmCorruptRing(t *testing.T) {
 				defer cancel()
 				_, _ = a.ctx.ImportJetty(ctx, urma.JettyID{EID: fake, ID: 1}, urma.RC, 7)
 			}()
-			for !sink.has("inconsistent") {
+			for !sink.Contains("inconsistent") {
 				if time.Now().After(deadline) {
-					t.Fatalf("no log line says the ring is inconsistent: %q", sink.lines)
+					t.Fatalf("no log line says the ring is inconsistent: %q", sink.All())
 				}
 				time.Sleep(time.Millisecond) // polling deadline: the device logs as it closes the connection
 			}
@@ -565,7 +567,7 @@ func TestShmUnpolledMessagesWakeTheirReader(t *testing.T) {
 	sleptA, sleptB := []uint64{0}, []uint64{0} // one connection each, not yet asleep
 	for i := 0; i < slow; i++ {
 		b.postRecv(uint64(i), 0, 64)
-		waitUntil(t, "both readers to sleep announced again", func() bool {
+		eventually.Holds(t, "both readers to sleep announced again", 0, func() bool {
 			return sleepsAgain(sleptA, readerSleeps(pa)) && sleepsAgain(sleptB, readerSleeps(pb))
 		})
 		sleptA, sleptB = readerSleeps(pa), readerSleeps(pb)
@@ -652,18 +654,6 @@ func (p *Provider) pulls() uint64 {
 	return n
 }
 
-// waitUntil waits for cond, which another goroutine makes true.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // polling deadline: the peer acts on its own goroutines
-	}
-}
-
 // A SEND from a segment registered with remote read access crosses the
 // ring as references once the peer maps the segment: the receiver copies
 // the bytes straight from the sender's memory. Unregistering the segment
@@ -701,9 +691,9 @@ func TestShmOneCopySend(t *testing.T) {
 	}
 	seg, mem := shareableSegment(t, a, urma.AccessRead|urma.AccessWrite)
 	send(seg, mem.Bytes(), 10) // by copy; the peer is asked to map the segment
-	waitUntil(t, "the peer to map the segment", func() bool { return pb.mappedSegments() == 1 })
+	eventually.Holds(t, "the peer to map the segment", 0, func() bool { return pb.mappedSegments() == 1 })
 	// The sender learns it from the peer's answer, which may come later.
-	waitUntil(t, "the peer's answer that it mapped the segment", func() bool { return pa.readyShares() == 1 })
+	eventually.Holds(t, "the peer's answer that it mapped the segment", 0, func() bool { return pa.readyShares() == 1 })
 	for i := 11; i < 15; i++ {
 		send(seg, mem.Bytes(), i)
 	}
@@ -711,7 +701,7 @@ func TestShmOneCopySend(t *testing.T) {
 		t.Fatalf("%d sends by reference after the segment was mapped, want all 4", got)
 	}
 	mustOK(t, seg.Close(), "unregister")
-	waitUntil(t, "the peer to unmap the segment", func() bool { return pb.mappedSegments() == 0 })
+	eventually.Holds(t, "the peer to unmap the segment", 0, func() bool { return pb.mappedSegments() == 0 })
 }
 
 // A segment shared over a connection forgets the connection when it
@@ -741,7 +731,7 @@ func TestShmSegmentForgetsClosedConnection(t *testing.T) {
 		t.Fatalf("the segment is shared over %d connections, want 1", sharers())
 	}
 	mustOK(t, pb.Close(), "close the peer")
-	waitUntil(t, "the segment to forget the closed connection", func() bool { return sharers() == 0 })
+	eventually.Holds(t, "the segment to forget the closed connection", 0, func() bool { return sharers() == 0 })
 }
 
 // SEND_REF frames that name memory the peer never shared, or reach past
@@ -762,13 +752,13 @@ func TestShmHostileSendRef(t *testing.T) {
 			if rest, err := f.Writev(appendIov(nil, frame), true); err != nil || len(rest) != 0 {
 				t.Fatalf("write frame: %v", err)
 			}
-			waitUntil(t, "the device to log the violation", func() bool { return sink.has(c.log) })
+			eventually.Holds(t, "the device to log the violation", 0, func() bool { return sink.Contains(c.log) })
 		})
 	}
 	// The socket fabric knows no shared memory.
-	var sink logSink
+	var sink logtest.Lines
 	sopts := socketOpts()
-	sopts.Logger = sink.logger()
+	sopts.Logger = sink.Logger(nil)
 	ps := newProvider(t, sopts)
 	nc, err := net.Dial("tcp", ps.addr())
 	mustOK(t, err, "dial")
@@ -779,7 +769,7 @@ func TestShmHostileSendRef(t *testing.T) {
 	_, err = nc.Write(append(encodeHello(hb[:], &hello{session: 1, src: src, dst: ps.devices[0].side.eid, maxMsg: 1 << 20}),
 		encodeSendRef(fb[:], &sendHeader{opcode: urma.OpSend, dst: 1, token: 7, tag: 1}, []payloadRef{{handle: 1, length: 8}})...))
 	mustOK(t, err, "write")
-	waitUntil(t, "the socket device to refuse SEND_REF", func() bool { return sink.has("SEND_REF on a connection without shared memory") })
+	eventually.Holds(t, "the socket device to refuse SEND_REF", 0, func() bool { return sink.Contains("SEND_REF on a connection without shared memory") })
 }
 
 // A poller that drives the rings (a JFC without a JFCE) while peers come
@@ -948,9 +938,9 @@ func TestShmDialerSkipsSquatters(t *testing.T) {
 	opts := shmOpts(t)
 	bOpts := opts
 	bOpts.ShmSocketDir = filepath.Join(opts.ShmDir, "pod-b")
-	var sink logSink
+	var sink logtest.Lines
 	aOpts := opts
-	aOpts.Logger = sink.logger()
+	aOpts.Logger = sink.Logger(nil)
 	pa, pb := newProvider(t, aOpts), newProvider(t, bOpts)
 	a := newSide(t, pa, urma.JettyConfig{}, 64)
 	b := newSide(t, pb, urma.JettyConfig{}, 64)
@@ -986,8 +976,8 @@ func TestShmDialerSkipsSquatters(t *testing.T) {
 		}()
 	}
 	roundTrip(t, a, a.importJetty(b), b)
-	if !sink.has("key's hash is not EID") {
-		t.Fatalf("A did not log the squatter it skipped: %q", sink.lines)
+	if !sink.Contains("key's hash is not EID") {
+		t.Fatalf("A did not log the squatter it skipped: %q", sink.All())
 	}
 }
 
@@ -1101,7 +1091,7 @@ func TestShmSendByReferenceSizes(t *testing.T) {
 		}
 	}
 	send(0, pieces(1, 2*pullMin)) // by copy; the peer is asked to map the segment
-	waitUntil(t, "the peer's answer that it mapped the segment", func() bool { return pa.readyShares() == 1 })
+	eventually.Holds(t, "the peer's answer that it mapped the segment", 0, func() bool { return pa.readyShares() == 1 })
 	cases := []struct {
 		name  string
 		sges  []urma.SGE
@@ -1182,7 +1172,7 @@ func TestShmClosedConnectionUnmapsRings(t *testing.T) {
 	}()
 	mustOK(t, pa.Close(), "close")
 	mustOK(t, pb.Close(), "close")
-	waitUntil(t, "the rings to be unmapped", func() bool { return ringMappings(t) == before })
+	eventually.Holds(t, "the rings to be unmapped", 0, func() bool { return ringMappings(t) == before })
 }
 
 // openFds counts this process's open descriptors.
@@ -1274,7 +1264,7 @@ func TestShmNoDescriptorOrRingLeaks(t *testing.T) {
 			t.Run("warm-up", func(t *testing.T) { c.run(t, opts) })
 			fds, rings := openFds(t), ringMappings(t)
 			t.Run("counted", func(t *testing.T) { c.run(t, opts) })
-			waitUntil(t, "descriptors and rings to be released", func() bool {
+			eventually.Holds(t, "descriptors and rings to be released", 0, func() bool {
 				return openFds(t) == fds && ringMappings(t) == rings
 			})
 		})
@@ -1307,7 +1297,7 @@ func TestShmCancelDropsRNRBlock(t *testing.T) {
 	if c := pollN(t, a.sjfc, 1, 10*time.Second)[0]; c.Status != urma.StatusRNRRetryCntExc {
 		t.Fatalf("send to a receiver with nothing posted: %+v, want RNR_RETRY_CNT_EXC", c)
 	}
-	waitUntil(t, "the receiver to drop the cancelled block", func() bool { return pb.blocks() == 0 })
+	eventually.Holds(t, "the receiver to drop the cancelled block", 0, func() bool { return pb.blocks() == 0 })
 }
 
 // Only Polls of a JFC without a JFCE (a polling application) count towards
@@ -1554,7 +1544,7 @@ func TestShmHostileBlockingEventfd(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("ImportJetty is stuck: write(2) to the peer's blocking eventfd")
 			}
-			waitUntil(t, "the device to drop the connection", func() bool { return sink.has(c.log) })
+			eventually.Holds(t, "the device to drop the connection", 0, func() bool { return sink.Contains(c.log) })
 		})
 	}
 }
@@ -1589,10 +1579,10 @@ func alive(t *testing.T, c *conn) {
 // REM_ACCESS_ABORT (the peer unshared the memory), not drop the
 // connection as a protocol violation, failing every other send on it.
 // loggedProvider is newProvider logging into the sink it returns.
-func loggedProvider(t *testing.T, opts Options) (*Provider, *logSink) {
+func loggedProvider(t *testing.T, opts Options) (*Provider, *logtest.Lines) {
 	t.Helper()
-	sink := &logSink{}
-	opts.Logger = sink.logger()
+	sink := &logtest.Lines{}
+	opts.Logger = sink.Logger(nil)
 	return newProvider(t, opts), sink
 }
 
@@ -1611,7 +1601,7 @@ func shareableSegment(t *testing.T, s *side, access urma.Access) (urma.Segment, 
 
 // loggedShmPair is two providers on the shm fabric, the second logging
 // into sink, a side on each and a's import of b's jetty.
-func loggedShmPair(t *testing.T) (pa, pb *Provider, sink *logSink, a, b *side, target urma.RemoteJetty) {
+func loggedShmPair(t *testing.T) (pa, pb *Provider, sink *logtest.Lines, a, b *side, target urma.RemoteJetty) {
 	t.Helper()
 	opts := shmOpts(t)
 	pa = newProvider(t, opts)
@@ -1639,23 +1629,23 @@ func TestShmUnmapOvertakesSendRef(t *testing.T) {
 		t.Fatalf("send: %+v", c)
 	}
 	pollN(t, b.rjfc, 1, 10*time.Second)
-	waitUntil(t, "the share to be ready", func() bool { return pa.readyShares() == 1 })
+	eventually.Holds(t, "the share to be ready", 0, func() bool { return pa.readyShares() == 1 })
 
 	cb := pb.conns()[0]
 	cb.readMu.Lock() // the receiver's reader is busy (descheduled, copying...)
 	b.postRecv(2, 0, 64<<10)
 	before := pa.pulls()
 	send("send by reference")
-	waitUntil(t, "the SEND_REF to be written", func() bool { return pa.pulls() == before+1 })
+	eventually.Holds(t, "the SEND_REF to be written", 0, func() bool { return pa.pulls() == before+1 })
 	mustOK(t, a.jetty.Close(), "close the jetty")
 	mustOK(t, seg.Close(), "unregister") // no outstanding WR holds it any more
-	waitUntil(t, "SEG_UNMAP to be handled", func() bool { return pb.mappedSegments() == 0 })
+	eventually.Holds(t, "SEG_UNMAP to be handled", 0, func() bool { return pb.mappedSegments() == 0 })
 	cb.readMu.Unlock()
 
 	roundTrip(t, a2, target2, b) // behind the SEND_REF in the ring
 	alive(t, cb)
-	if sink.has("broke the protocol") {
-		t.Fatalf("the receiver calls it a protocol violation: %q", sink.lines)
+	if sink.Contains("broke the protocol") {
+		t.Fatalf("the receiver calls it a protocol violation: %q", sink.All())
 	}
 }
 
@@ -1715,11 +1705,11 @@ func TestShmUnmapOfRefusedOrRetiredHandle(t *testing.T) {
 				mustOK(t, unix.Sendmsg(sa.ctlFd, b, rights, nil, unix.MSG_NOSIGNAL), "send control message")
 			}
 			if c.fatal != "" {
-				waitUntil(t, "the receiver to drop the connection", func() bool { return sink.has(c.fatal) })
+				eventually.Holds(t, "the receiver to drop the connection", 0, func() bool { return sink.Contains(c.fatal) })
 				return
 			}
 			// The last SEG_MAP, handled in order, is mapped after the rest.
-			waitUntil(t, "the messages to be handled", func() bool {
+			eventually.Holds(t, "the messages to be handled", 0, func() bool {
 				select {
 				case <-cb.done:
 					return true // alive says why

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -80,7 +81,7 @@ func TestIdleConnectionKeptAliveByPings(t *testing.T) {
 	}
 	const pings = 6 // a PING every other tick of PeerTimeout/4
 	startA, startB := ca[0].rx.Load(), cb[0].rx.Load()
-	waitUntil(t, "six PINGs each way", func() bool {
+	eventually.Holds(t, "six PINGs each way", 0, func() bool {
 		for _, c := range []*conn{ca[0], cb[0]} {
 			c.mu.Lock()
 			dead, err := c.dead, c.err

@@ -16,8 +16,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 
+	"github.com/openeuler/urma-k8s/internal/eventually"
+	"github.com/openeuler/urma-k8s/internal/logtest"
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
@@ -221,31 +222,6 @@ func readSend(br *bufio.Reader) (sendHeader, error) {
 	return h, err
 }
 
-// logSink records log lines.
-type logSink struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logSink) logger() logr.Logger {
-	return funcr.New(func(prefix, args string) {
-		l.mu.Lock()
-		l.lines = append(l.lines, args)
-		l.mu.Unlock()
-	}, funcr.Options{})
-}
-
-func (l *logSink) has(s string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, x := range l.lines {
-		if strings.Contains(x, s) {
-			return true
-		}
-	}
-	return false
-}
-
 // A peer that breaks the protocol loses its connection, with the reason
 // logged, and the sends outstanding to it complete with ACK_TIMEOUT; a peer
 // that goes silent is declared dead with the same result, and the log names
@@ -281,9 +257,9 @@ func TestBadPeerFailsOutstandingSends(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			noLeaks(t)
-			var sink logSink
+			var sink logtest.Lines
 			opts := socketOpts()
-			opts.Logger = sink.logger()
+			opts.Logger = sink.Logger(nil)
 			p := newProvider(t, opts)
 			a := newSide(t, p, urma.JettyConfig{RNRRetry: 7}, 64)
 			f := newFakePeer(t)
@@ -310,8 +286,8 @@ func TestBadPeerFailsOutstandingSends(t *testing.T) {
 				t.Errorf("completions %+v, want ACK_TIMEOUT then WR_FLUSH_ERR", cs)
 			}
 			<-done
-			if !sink.has(c.log) {
-				t.Errorf("no log line says %q: %q", c.log, sink.lines)
+			if !sink.Contains(c.log) {
+				t.Errorf("no log line says %q: %q", c.log, sink.All())
 			}
 		})
 	}
@@ -362,9 +338,7 @@ func TestSocketSlowLargeFrameIsNotFailed(t *testing.T) {
 	mustOK(t, a.send(target, 1, 0, 100, 0), "send")
 	cs := pollN(t, a.sjfc, 1, 20*time.Second) // a hang, not a measurement
 	if cs[0].Status != urma.StatusSuccess {
-		sink.mu.Lock()
-		defer sink.mu.Unlock()
-		t.Fatalf("the send answered after the large frame completed with %v, want SUCCESS; log: %q", cs[0].Status, sink.lines)
+		t.Fatalf("the send answered after the large frame completed with %v, want SUCCESS; log: %q", cs[0].Status, sink.All())
 	}
 	if d := <-took; d <= opts.PeerTimeout {
 		t.Errorf("the peer took %v over the frame, no longer than PeerTimeout %v: nothing tested", d, opts.PeerTimeout)
@@ -374,9 +348,9 @@ func TestSocketSlowLargeFrameIsNotFailed(t *testing.T) {
 // Hostile bytes on the listener close that connection, say why in the log,
 // and leave the device serving honest peers.
 func TestHostileConnections(t *testing.T) {
-	var sink logSink
+	var sink logtest.Lines
 	opts := socketOpts()
-	opts.Logger = sink.logger()
+	opts.Logger = sink.Logger(nil)
 	pb := newProvider(t, opts)
 	b := newSide(t, pb, urma.JettyConfig{}, 64)
 	bEID := b.ctx.EID()
@@ -419,9 +393,9 @@ func TestHostileConnections(t *testing.T) {
 				t.Fatalf("device kept a hostile connection open")
 			}
 			deadline := time.Now().Add(2 * time.Second)
-			for !sink.has(c.log) {
+			for !sink.Contains(c.log) {
 				if time.Now().After(deadline) {
-					t.Fatalf("no log line says %q: %q", c.log, sink.lines)
+					t.Fatalf("no log line says %q: %q", c.log, sink.All())
 				}
 				time.Sleep(time.Millisecond) // polling deadline: the device logs after hanging up
 			}
@@ -606,7 +580,7 @@ func TestPeerDownFailsOnlyItsOutstandingSends(t *testing.T) {
 				close(dropY)
 				// Y's connection is gone, and peerDown has run, once its
 				// reader released the stream.
-				waitUntil(t, "Y's connection to be released", func() bool {
+				eventually.Holds(t, "Y's connection to be released", 0, func() bool {
 					yConn.readMu.Lock()
 					defer yConn.readMu.Unlock()
 					return yConn.released
@@ -748,7 +722,7 @@ func TestJFRReceiveBeingFilled(t *testing.T) {
 					t.Errorf("close the JFR: %v", err)
 				}
 			}()
-			waitUntil(t, "Close to start", func() bool {
+			eventually.Holds(t, "Close to start", 0, func() bool {
 				r.mu.Lock()
 				defer r.mu.Unlock()
 				return r.closed
@@ -792,7 +766,7 @@ func TestJFRReceiveBeingFilled(t *testing.T) {
 			mustOK(t, err, "import from the fake peer")
 			defer target.Close()
 			r := b.jfr.(*jfr)
-			waitUntil(t, "the message to take a receive", func() bool {
+			eventually.Holds(t, "the message to take a receive", 0, func() bool {
 				r.mu.Lock()
 				defer r.mu.Unlock()
 				return r.inProgress == 1
@@ -823,7 +797,7 @@ func TestJFRReceivePutBackInPlace(t *testing.T) {
 	defer target.Close()
 	<-peerDone
 	r := b.jfr.(*jfr)
-	waitUntil(t, "the broken message's receive to be put back", func() bool {
+	eventually.Holds(t, "the broken message's receive to be put back", 0, func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return r.inProgress == 0 && r.n == 2 && r.ring[r.head].userCtx == 1
@@ -913,12 +887,12 @@ func TestPeerEntriesDoNotOutliveTheirConnections(t *testing.T) {
 		src, err := SocketEID(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.9"), uint16(1000+i)))
 		mustOK(t, err, "eid")
 		nc, _ := fakeDial(t, p.addr(), src, sd.eid)
-		waitUntil(t, "the device to adopt the connection", func() bool { return len(p.conns()) == 1 })
+		eventually.Holds(t, "the device to adopt the connection", 0, func() bool { return len(p.conns()) == 1 })
 		mustOK(t, nc.Close(), "hang up")
-		waitUntil(t, "the device to drop the connection", func() bool { return len(p.conns()) == 0 })
+		eventually.Holds(t, "the device to drop the connection", 0, func() bool { return len(p.conns()) == 0 })
 	}
 	// Entries go with the garbage collector's freeing of them.
-	waitUntil(t, "the device to drop the entries of the peers gone", func() bool {
+	eventually.Holds(t, "the device to drop the entries of the peers gone", 0, func() bool {
 		runtime.GC()
 		return entries() == 0
 	})
