@@ -26,20 +26,6 @@ func socketSideOf(t *testing.T, p *Provider, s *side) (urma.JettyID, urma.Segmen
 	return id, seg
 }
 
-// connsOf counts the connections of each fabric side of p's device.
-func connsOf(p *Provider) (shm, socket int) {
-	d := p.devices[0]
-	count := func(sd *fabricSide) int {
-		if sd == nil {
-			return 0
-		}
-		sd.mu.Lock()
-		defer sd.mu.Unlock()
-		return len(sd.conns)
-	}
-	return count(d.side), count(d.tcpSide)
-}
-
 // A device on both fabrics is one device under two EIDs: a peer that meets
 // it in its shm directory reaches it over shared memory, a peer elsewhere
 // (another directory here, another host in a cluster) reaches the same

@@ -248,20 +248,6 @@ func sparseSealedMemfd(t *testing.T, size int64) int {
 	return fd
 }
 
-// peerMappedBytes is how many bytes of its peers' segments p's
-// connections map.
-func peerMappedBytes(p *Provider) (n uint64) {
-	for _, c := range p.conns() {
-		s := c.io.(*shmIO)
-		s.pull.mapMu.RLock()
-		for _, b := range s.pull.mapped {
-			n += uint64(len(b))
-		}
-		s.pull.mapMu.RUnlock()
-	}
-	return n
-}
-
 // Attack 3: a peer shares segments of sparse memfds, terabytes that cost
 // it nothing, and the receiver maps them all until its address space is
 // gone and its next allocation kills it. The receiver maps at most

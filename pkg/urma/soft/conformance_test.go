@@ -1,57 +1,11 @@
 package soft
 
 import (
-	"os"
-	"runtime"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
-	"github.com/go-logr/logr/testr"
-
 	"github.com/openeuler/urma-k8s/pkg/urma/urmatest"
 )
-
-// newProvider creates a provider that closes with the test.
-func newProvider(t testing.TB, opts Options) *Provider {
-	t.Helper()
-	if opts.Logger.GetSink() == nil {
-		opts.Logger = testr.NewWithInterface(t, testr.Options{Verbosity: 0})
-	}
-	p, err := New(opts)
-	if err != nil {
-		t.Fatalf("create provider: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Errorf("close provider: %v", err)
-		}
-	})
-	return p
-}
-
-// quiet is a logger that drops everything; unlike logr.Discard it keeps
-// newProvider from substituting the test logger (benchmarks, children).
-func quiet() logr.Logger { return funcr.New(func(string, string) {}, funcr.Options{}) }
-
-// noLeaks checks, at the end of the test, that every goroutine started since
-// now has returned.
-func noLeaks(t testing.TB) {
-	t.Helper()
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				t.Errorf("%d goroutines leaked:\n%s", runtime.NumGoroutine()-before, buf[:runtime.Stack(buf, true)])
-				return
-			}
-			time.Sleep(time.Millisecond) // polling deadline: goroutines end on their own schedule
-		}
-	})
-}
 
 func TestConformanceInproc(t *testing.T) {
 	urmatest.Run(t, func(t *testing.T) urmatest.Pair {
@@ -71,18 +25,6 @@ func TestConformanceSocket(t *testing.T) {
 		b := newProvider(t, opts)
 		return urmatest.Pair{A: a, B: b, KillB: func() { _ = b.Close() }, PeerGoneTimeout: 3 * time.Second}
 	})
-}
-
-// shmOpts places the shm fabric's sockets in a directory of the test: a
-// short one, since a unix socket path holds at most 107 bytes.
-func shmOpts(t testing.TB) Options {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "shm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return Options{ShmDir: dir, PeerTimeout: 600 * time.Millisecond, DialTimeout: time.Second}
 }
 
 func TestConformanceShmOneProcess(t *testing.T) {

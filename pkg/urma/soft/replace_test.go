@@ -14,21 +14,6 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
-// wireFabric is a fabric between providers and the options that make one.
-type wireFabric struct {
-	name string
-	opts func(t *testing.T) Options
-}
-
-// wireFabrics are the fabrics with connections, to replace and to lose:
-// socket and shm.
-func wireFabrics() []wireFabric {
-	return []wireFabric{
-		{"socket", func(*testing.T) Options { return socketOpts() }},
-		{"shm", func(t *testing.T) Options { return shmOpts(t) }},
-	}
-}
-
 // A peer that dials again replaces its connection, and the old one dies
 // only once the new one is in place. The old one's death fails only the
 // sends it carried: a send posted while it dies goes out on the new

@@ -447,53 +447,6 @@ func TestShmOneConnectionPerDevicePair(t *testing.T) {
 
 func mustAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 
-// pollUntil polls q, as a polling application does, until n completions
-// arrived, and returns them.
-func pollUntil(t *testing.T, q urma.JFC, n int) []urma.Completion {
-	t.Helper()
-	out := make([]urma.Completion, 0, n)
-	buf := make([]urma.Completion, 16)
-	deadline := time.Now().Add(20 * time.Second)
-	for len(out) < n {
-		k, err := q.Poll(buf[:min(16, n-len(out))])
-		mustOK(t, err, "poll")
-		out = append(out, buf[:k]...)
-		if k == 0 && time.Now().After(deadline) {
-			t.Fatalf("got %d of %d completions", len(out), n)
-		}
-	}
-	return out
-}
-
-// wakes is how many times side p's connections woke their peer.
-func (p *Provider) wakes() uint64 {
-	var n uint64
-	for _, c := range p.conns() {
-		n += c.io.(*shmIO).Wakes()
-	}
-	return n
-}
-
-// keepPollingMode makes p's shm connections, once a reader is in polling
-// mode, stay in it however long the pollers pause: on a loaded machine a
-// test goroutine descheduled for pollingEnd parks would end it otherwise.
-func keepPollingMode(p *Provider) {
-	for _, d := range p.devices {
-		d.side.shm.pollingEnd = math.MaxInt
-	}
-}
-
-// readerSleeps are the sleep words of the reader goroutines of p's shm
-// connections: odd while one sleeps announced, one more with each
-// announcement and each wake-up.
-func readerSleeps(p *Provider) []uint64 {
-	var out []uint64
-	for _, c := range p.conns() {
-		out = append(out, c.io.(*shmIO).Word(shmring.WordReaderSleeps).Load())
-	}
-	return out
-}
-
 // sleepsAgain reports whether every reader sleeps announced, each in a
 // sleep that began after the one in before (a writer wakes each sleep
 // once: a reader still to run after its wake-up needs no other).
@@ -614,44 +567,6 @@ func TestShmPollingLargeMessages(t *testing.T) {
 		}
 		a.sjfc.Poll(make([]urma.Completion, 8))
 	}
-}
-
-// mappedSegments is how many of its peer's segments side p maps.
-func (p *Provider) mappedSegments() int {
-	n := 0
-	for _, c := range p.conns() {
-		s := c.io.(*shmIO)
-		s.pull.mapMu.RLock()
-		n += len(s.pull.mapped)
-		s.pull.mapMu.RUnlock()
-	}
-	return n
-}
-
-// readyShares is how many of side p's segments its peers have mapped, as
-// their answers told it.
-func (p *Provider) readyShares() int {
-	n := 0
-	for _, c := range p.conns() {
-		s := c.io.(*shmIO)
-		s.pull.shareMu.Lock()
-		for _, sh := range s.pull.shared {
-			if sh.ready && !sh.failed {
-				n++
-			}
-		}
-		s.pull.shareMu.Unlock()
-	}
-	return n
-}
-
-// pulls is how many SENDs side p's connections sent by reference.
-func (p *Provider) pulls() uint64 {
-	var n uint64
-	for _, c := range p.conns() {
-		n += c.io.(*shmIO).pulls.Load()
-	}
-	return n
 }
 
 // A SEND from a segment registered with remote read access crosses the
@@ -1271,18 +1186,6 @@ func TestShmNoDescriptorOrRingLeaks(t *testing.T) {
 	}
 }
 
-// blocks is how many RNR blocks side p's connections hold for their peers'
-// senders; it takes each reader's token, which an idle shm reader leaves.
-func (p *Provider) blocks() int {
-	n := 0
-	for _, c := range p.conns() {
-		c.readMu.Lock()
-		n += len(c.blocked)
-		c.readMu.Unlock()
-	}
-	return n
-}
-
 // A sender that gives up on a send that met "receiver not ready" cancels
 // the RNR block the receiver kept for it, so the receiver's blocks (at most
 // maxBlocked a connection) do not pile up with senders that come and go.
@@ -1571,19 +1474,6 @@ func alive(t *testing.T, c *conn) {
 		t.Fatalf("the connection died: %v", c.deathCause())
 	default:
 	}
-}
-
-// Ordinary teardown on a sender: it closes its jetty, then unregisters a
-// segment a SEND_REF still unread in the ring refers to. SEG_UNMAP, on the
-// unix socket, overtakes the SEND_REF: the receiver must answer it
-// REM_ACCESS_ABORT (the peer unshared the memory), not drop the
-// connection as a protocol violation, failing every other send on it.
-// loggedProvider is newProvider logging into the sink it returns.
-func loggedProvider(t *testing.T, opts Options) (*Provider, *logtest.Lines) {
-	t.Helper()
-	sink := &logtest.Lines{}
-	opts.Logger = sink.Logger(nil)
-	return newProvider(t, opts), sink
 }
 
 // shareableSegment registers 1 MiB of memory another process can map, with

@@ -22,25 +22,6 @@ import (
 	"github.com/openeuler/urma-k8s/pkg/urma"
 )
 
-func socketOpts() Options {
-	return Options{PeerTimeout: 400 * time.Millisecond, DialTimeout: time.Second, Logger: logr.Discard()}
-}
-
-// conns lists a provider's live fabric connections.
-func (p *Provider) conns() []*conn {
-	var out []*conn
-	for _, d := range p.devices {
-		d.side.mu.Lock()
-		for c := range d.side.conns {
-			out = append(out, c)
-		}
-		d.side.mu.Unlock()
-	}
-	return out
-}
-
-func (p *Provider) addr() string { return p.devices[0].side.ln.Addr().String() }
-
 // Two devices that dial each other at the same moment end up with exactly
 // one TCP connection, the same one on both sides, and it carries traffic
 // both ways.
