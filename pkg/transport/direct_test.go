@@ -98,6 +98,11 @@ func TestDirectRead(t *testing.T) {
 			if tc.direct {
 				want = msgs
 			}
+			// A Read may return a placed message before its completion is
+			// handled, which is when the message is counted received.
+			eventually.Holds(t, "every message's completion", 10*time.Second, func() bool {
+				return server.Debug().MessagesReceived == msgs
+			})
 			if d := server.Debug(); d.DirectReads != want || d.MessagesReceived != msgs {
 				t.Fatalf("%d of %d messages read directly, want %d of %d", d.DirectReads, d.MessagesReceived, want, msgs)
 			}
