@@ -167,6 +167,19 @@ func (c *urmaConn) placedLocked(slot int32) (bool, error) {
 	return true, c.consumeLocked(slot)
 }
 
+// offerStands reports whether a Read's offer may stay out while it waits
+// on: no provider claimed it or passed it by, no message is queued (one
+// that took its receive before the offer was made), and nothing ends the
+// read (a close, an error, the deadline).
+func (c *urmaConn) offerStands() bool {
+	if !c.direct.p.Armed() || c.isClosed() || c.rdl.passed() {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rxLen == 0 && c.readErrLocked() == nil
+}
+
 // placementLanded reports whether a message was placed in the offered
 // slice, or its copy broke off: the reader has something to settle. A
 // message that passed the offer by is found in the receive queue.

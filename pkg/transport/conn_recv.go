@@ -119,6 +119,14 @@ func (c *urmaConn) Read(p []byte) (int, error) {
 	spun := false
 	for {
 		if c.direct.armed {
+			if c.offerStands() {
+				// Woken for nothing (a notice of a message read
+				// already, say): the offer stays out. Taken back and
+				// made again, it left a gap in which the next message
+				// passed it by and cost its copy after all.
+				c.awaitMessage(&spun)
+				continue
+			}
 			// Whatever woke us, the provider must be done with p first;
 			// a message it placed there is read, deadline or not.
 			if n, ok := c.settlePlacement(); ok {

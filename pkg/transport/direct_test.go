@@ -11,8 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	"github.com/openeuler/urma-k8s/internal/eventually"
 	"github.com/openeuler/urma-k8s/pkg/transport/flags"
+	"github.com/openeuler/urma-k8s/pkg/urma"
+	"github.com/openeuler/urma-k8s/pkg/urma/soft"
 )
 
 // directPair connects a client and a server on the default software
@@ -107,6 +111,58 @@ func TestDirectRead(t *testing.T) {
 				t.Fatalf("%d of %d messages read directly, want %d of %d", d.DirectReads, d.MessagesReceived, want, msgs)
 			}
 		})
+	}
+}
+
+// A Read whose offer is out keeps it through a wake-up that brings
+// nothing (a notice of a message it read already, say), and the message
+// that comes next is placed. Taken back and made again on every wake-up,
+// the offer left a gap in which a message passed it by and was copied
+// after all: now and then under load, one message in forty.
+func TestDirectReadOfferOutlivesAnEmptyWake(t *testing.T) {
+	checkNoLeaks(t)
+	// The socket fabric: the in-process one passes every offer by.
+	ps := make([]urma.Provider, 2)
+	for i := range ps {
+		p, err := soft.New(soft.Options{Listen: "127.0.0.1:0", Logger: logr.Discard()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		ps[i] = p
+	}
+	sp := newFaultProvider(ps[0])
+	sp.f.set(func(c *faultConfig) { c.placing = true })
+	f := smallFlags()
+	f.ReadDirect = true
+	p := connect(t, cfgWith(sp, f), cfgWith(ps[1], f))
+	requireURMA(t, "direct reads", p.client, p.server)
+	server := p.server.(*urmaConn)
+	if server.direct.jfr == nil {
+		t.Skip("the provider places no message in a reader's slice")
+	}
+	buf := make([]byte, 64<<10) // room to offer: urma_zerocopy_min_size and more
+	res := readAsync(server, buf)
+	eventually.Holds(t, "the reader to sleep with its slice offered", 10*time.Second, func() bool {
+		return server.offered() && server.readSleeps.Load() == 1
+	})
+	offers := sp.f.offers.Load()
+	notify(server.readable) // a wake-up that brings nothing
+	eventually.Holds(t, "the reader to sleep again", 10*time.Second, func() bool {
+		return server.readSleeps.Load() == 2
+	})
+	if n := sp.f.offers.Load() - offers; n != 0 || !server.offered() {
+		t.Fatalf("after a wake-up that brought nothing the reader made %d offers more and has one out: %v; want its first to stand", n, server.offered())
+	}
+	msg := bytes.Repeat([]byte("placed "), 100)
+	if _, err := p.client.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if r := await(t, res); r.err != nil || !bytes.Equal(buf[:r.n], msg) {
+		t.Fatalf("read %d bytes, %v; want the %d written", r.n, r.err, len(msg))
+	}
+	if d := server.Debug(); d.DirectReads != 1 {
+		t.Fatalf("%d reads placed directly; want the one", d.DirectReads)
 	}
 }
 

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -33,6 +34,9 @@ type faultConfig struct {
 	// refuseLocalOnly makes RegisterSegment refuse AccessLocalOnly, as a
 	// provider that cannot register memory without remote access would.
 	refuseLocalOnly bool
+	// placing hands out JFRs that take a reader's offers (urma.Placement)
+	// where the provider's do, and counts them (faults.offers).
+	placing bool
 }
 
 // segmentReg is one RegisterSegment call that succeeded.
@@ -51,6 +55,8 @@ type faults struct {
 	segs  []segmentReg
 	jfrs  []urma.JFRConfig // CreateJFR calls that succeeded
 	waits int              // JFCE.Wait calls
+	// offers counts the placements offered to JFRs (faultConfig.placing).
+	offers atomic.Int64
 }
 
 // waitCalls is how many JFCE waits there were: an event loop makes its
@@ -189,10 +195,25 @@ func unwrapJFC(x urma.JFC) urma.JFC {
 }
 
 func unwrapJFR(x urma.JFR) urma.JFR {
-	if w, ok := x.(*faultJFR); ok {
+	switch w := x.(type) {
+	case *faultJFR:
+		return w.JFR
+	case *placingFaultJFR:
 		return w.JFR
 	}
 	return x
+}
+
+// placingFaultJFR is a faultJFR that passes a reader's offers on to a JFR
+// that takes them, counting them.
+type placingFaultJFR struct {
+	faultJFR
+	placing placingJFR
+}
+
+func (r *placingFaultJFR) OfferPlacement(p *urma.Placement) bool {
+	r.f.offers.Add(1)
+	return r.placing.OfferPlacement(p)
 }
 
 func (c *faultContext) CreateJFCE() (urma.JFCE, error) {
@@ -233,6 +254,9 @@ func (c *faultContext) CreateJFR(cfg urma.JFRConfig) (urma.JFR, error) {
 	c.f.mu.Lock()
 	c.f.jfrs = append(c.f.jfrs, cfg)
 	c.f.mu.Unlock()
+	if pj, ok := x.(placingJFR); ok && c.f.get().placing {
+		return &placingFaultJFR{faultJFR: faultJFR{JFR: x, f: c.f}, placing: pj}, nil
+	}
 	return &faultJFR{JFR: x, f: c.f}, nil
 }
 
