@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openeuler/urma-k8s/internal/eventually"
 	"golang.org/x/sys/unix"
+
+	"github.com/openeuler/urma-k8s/internal/eventually"
 )
 
 // pair joins two Streams over fresh rings of ring bytes in this process,
