@@ -71,7 +71,7 @@ type Config struct {
 	// else removed or edited them.
 	NodeResync time.Duration
 
-	// MetricsAddress serves /metrics and /healthz; "" disables.
+	// MetricsAddress serves /metrics, /healthz and /readyz; "" disables.
 	MetricsAddress string
 
 	// Libs is the liburma injected into containers for C programs.
@@ -138,7 +138,7 @@ func (c *Config) AddServeFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for node labeling outside a cluster (default: in-cluster config)")
 	fs.StringVar(&c.FeaturesDir, "nfd-features-dir", c.FeaturesDir, "also write a Node Feature Discovery feature file into this features.d directory")
 	fs.DurationVar(&c.NodeResync, "node-facts-resync-interval", c.NodeResync, "check the node's labels and annotations and the feature file this often, and put back what someone else removed or changed")
-	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address serving /metrics and /healthz; empty disables")
+	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "address serving /metrics, /healthz (liveness) and /readyz (readiness: registered with kubelet); empty disables")
 	c.Libs.AddFlags(fs)
 }
 

@@ -155,26 +155,63 @@ func newPublisher(cfg Config, deps Deps, libs libinject.Set, log logr.Logger, m 
 // is advertised (the plugin registers with kubelet only then).
 const HealthWaitingForScan = "waiting for the first discovery scan; not registered with kubelet yet"
 
-// serveHTTP serves /metrics and /healthz until ctx ends. /healthz is 200
-// while the plugin's gRPC socket is served (kubelet being away is not the
-// plugin's illness) and says whether it is registered and how many devices
-// it advertises.
+// Answers of /readyz while the plugin is not ready, besides
+// HealthWaitingForScan and NotServing.
+const (
+	ReadyNotRegistered = "not registered with kubelet"
+	ReadyNotFollowed   = "registered; kubelet has not asked for the device list yet"
+	// NotServing is /healthz's and /readyz's answer while the plugin's
+	// socket is not served (a serve that failed is being retried).
+	NotServing = "not serving the device plugin socket"
+)
+
+// serveHTTP serves /metrics, /healthz and /readyz until ctx ends.
+//
+// /healthz (liveness) is 200 while the plugin's gRPC socket is served:
+// kubelet being away is not the plugin's illness. /readyz (readiness) is
+// 200 only while kubelet has the plugin, registered and following its
+// device list: what a pod created next, or a DaemonSet rollout moving to
+// the next node, needs. Both say why not in their body.
 func serveHTTP(ctx context.Context, lis net.Listener, m *metrics.Metrics, reg *registrar.Registrar, inv *inventory.Inventory, log logr.Logger) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
+	// notServing answers 503 with the reason when the socket is not served.
+	notServing := func(w http.ResponseWriter, snap *inventory.Snapshot) bool {
+		if reg.Serving() {
+			return false
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		if !snap.Scanned {
+			fmt.Fprintln(w, HealthWaitingForScan)
+		} else {
+			fmt.Fprintln(w, NotServing)
+		}
+		return true
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		snap, _ := inv.Current()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !reg.Serving() {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			if !snap.Scanned {
-				fmt.Fprintln(w, HealthWaitingForScan)
-				return
-			}
-			fmt.Fprintln(w, "not serving the device plugin socket")
+		if notServing(w, snap) {
 			return
 		}
 		fmt.Fprintf(w, "ok: serving; registered=%v devices=%d\n", reg.Registered(), len(snap.Devices))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		snap, _ := inv.Current()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if reg.Ready() {
+			fmt.Fprintf(w, "ok: registered with kubelet, which follows the device list; devices=%d\n", len(snap.Devices))
+			return
+		}
+		if notServing(w, snap) {
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		if reg.Registered() {
+			fmt.Fprintln(w, ReadyNotFollowed)
+		} else {
+			fmt.Fprintln(w, ReadyNotRegistered)
+		}
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: defaultHTTPReadTimeout}
 	errc := make(chan error, 1)

@@ -545,6 +545,58 @@ func TestRegistersOnlyAfterTheFirstScan(t *testing.T) {
 	}
 }
 
+// /readyz is the DaemonSet's readiness probe: 503 until kubelet has the
+// plugin (registered, following its list), 200 then, and 503 again from a
+// kubelet restart until the new kubelet has it.
+func TestReadyzFollowsKubeletsRegistration(t *testing.T) {
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	src := &gatedSource{SysfsSource: watch.SysfsSource{Opts: tree.Options()}, release: make(chan struct{})}
+	n := startWith(t, tree, nil, Deps{Source: src})
+
+	// Nothing registers before the first scan.
+	if code, body := n.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, HealthWaitingForScan) {
+		t.Fatalf("/readyz before the first scan = %d %q, want 503 %q", code, body, HealthWaitingForScan)
+	}
+	close(src.release)
+	if _, err := n.kubelet.WaitFor(n.ctx(), streaming); err != nil {
+		t.Fatal(err)
+	}
+	eventually.Holds(t, "/readyz 200 once kubelet follows the list", deadline, func() bool {
+		code, body := n.get("/readyz")
+		return code == http.StatusOK && strings.Contains(body, "devices=1")
+	})
+
+	// Kubelet goes away: not ready, while /healthz (liveness) stays 200.
+	n.kubelet.Stop()
+	eventually.Holds(t, "/readyz 503 once kubelet is gone", deadline, func() bool {
+		code, _ := n.get("/readyz")
+		return code == http.StatusServiceUnavailable
+	})
+	if code, body := n.get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz with kubelet gone = %d %q, want 200: kubelet's absence is not the plugin's illness", code, body)
+	}
+	if err := kubelettest.CleanupSockets(n.dir); err != nil {
+		t.Fatal(err)
+	}
+	eventually.Holds(t, "/readyz says why while no kubelet registered the plugin", deadline, func() bool {
+		code, body := n.get("/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, ReadyNotRegistered)
+	})
+	k, err := kubelettest.Start(n.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.kubelet = k
+	if _, err := k.WaitFor(n.ctx(), streaming); err != nil {
+		t.Fatal(err)
+	}
+	eventually.Holds(t, "/readyz 200 for the restarted kubelet", deadline, func() bool {
+		code, _ := n.get("/readyz")
+		return code == http.StatusOK
+	})
+}
+
 func TestCDIModeAdvertisesADeviceOnlyOnceItsSpecIsWritten(t *testing.T) {
 	tree := sysfstest.New(t)
 	tree.Add(t, sysfstest.DefaultDevice("udma0"))

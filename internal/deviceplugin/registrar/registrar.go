@@ -8,6 +8,11 @@
 // and when kubelet.sock is created again (a new inode) it registers again.
 // Registration is retried with exponential backoff; nothing but
 // cancellation ends Run. On shutdown the socket is removed.
+//
+// Ready tells when kubelet has the plugin: registered, and following the
+// ListAndWatch stream of the socket it registered. Each served socket
+// counts the streams that have received a list, so a stream of a socket
+// served before a kubelet restart never counts for the next one.
 package registrar
 
 import (
@@ -19,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -133,7 +139,7 @@ type Registrar struct {
 	metrics *metrics.Metrics
 
 	mu         sync.Mutex
-	serving    bool
+	cur        *served // the socket being served; nil when none
 	registered bool
 
 	retryIn func(time.Duration) // test hook: a retry was scheduled after this delay
@@ -158,7 +164,7 @@ func (r *Registrar) kubeletSocket() string { return filepath.Join(r.cfg.SocketDi
 func (r *Registrar) Serving() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.serving
+	return r.cur != nil
 }
 
 // Registered reports whether the last registration succeeded and nothing
@@ -169,9 +175,23 @@ func (r *Registrar) Registered() bool {
 	return r.registered
 }
 
-func (r *Registrar) setState(serving, registered bool) {
+// Ready reports whether kubelet has the plugin: the last registration
+// succeeded, nothing since suggests kubelet forgot it, and kubelet follows
+// the ListAndWatch stream of the socket it registered (a list was sent on
+// it and the stream is open). Kubelet dials a plugin back during Register,
+// so a registration alone may precede kubelet's first list by a moment;
+// only with the list does the Node's capacity follow.
+func (r *Registrar) Ready() bool {
 	r.mu.Lock()
-	r.serving, r.registered = serving, registered
+	defer r.mu.Unlock()
+	return r.registered && r.cur != nil && r.cur.followed.Load() > 0
+}
+
+// setState records the socket being served (nil: none) and whether it is
+// registered.
+func (r *Registrar) setState(cur *served, registered bool) {
+	r.mu.Lock()
+	r.cur, r.registered = cur, registered
 	r.mu.Unlock()
 	if !registered {
 		r.metrics.SetUnregistered()
@@ -183,6 +203,44 @@ type served struct {
 	srv  *grpc.Server
 	ino  fileID
 	done chan struct{} // closed when Serve returns
+	// followed counts this incarnation's ListAndWatch streams that have
+	// sent a list and are still open.
+	followed atomic.Int32
+}
+
+// followedPlugin is the plugin as one incarnation serves it: its
+// ListAndWatch streams count in the incarnation's followed.
+type followedPlugin struct {
+	pluginapi.DevicePluginServer
+	s *served
+}
+
+func (p followedPlugin) ListAndWatch(e *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
+	fs := &followedStream{DevicePlugin_ListAndWatchServer: stream, s: p.s}
+	defer func() {
+		if fs.counted {
+			p.s.followed.Add(-1)
+		}
+	}()
+	return p.DevicePluginServer.ListAndWatch(e, fs)
+}
+
+// followedStream counts its stream once its first list is sent.
+type followedStream struct {
+	pluginapi.DevicePlugin_ListAndWatchServer
+	s       *served
+	counted bool // only the stream's handler goroutine touches it
+}
+
+func (fs *followedStream) Send(resp *pluginapi.ListAndWatchResponse) error {
+	if err := fs.DevicePlugin_ListAndWatchServer.Send(resp); err != nil {
+		return err
+	}
+	if !fs.counted {
+		fs.counted = true
+		fs.s.followed.Add(1)
+	}
+	return nil
 }
 
 // Run serves and registers until ctx is canceled, then stops the server,
@@ -195,7 +253,7 @@ func (r *Registrar) Run(ctx context.Context) error {
 	defer l.closeWatch()
 	defer func() {
 		l.stop()
-		r.setState(false, false)
+		r.setState(nil, false)
 	}()
 
 	for {
@@ -271,7 +329,7 @@ func (l *loop) attempt(ctx context.Context) {
 			return
 		}
 		l.cur, l.needServe, l.needRegister = s, false, true
-		r.setState(true, false)
+		r.setState(s, false)
 		r.log.Info("serving the device plugin", "socket", r.SocketPath())
 	}
 	if !l.needRegister {
@@ -303,7 +361,7 @@ func (l *loop) attempt(ctx context.Context) {
 	}
 	l.needRegister, l.backoff, l.failures = false, r.cfg.BackoffInitial, 0
 	l.kubeletIno = target
-	r.setState(true, true)
+	r.setState(l.cur, true)
 	r.log.Info("registered with kubelet", "resource", r.cfg.ResourceName, "kubeletSocket", r.kubeletSocket())
 }
 
@@ -350,7 +408,7 @@ func (l *loop) onCheck() {
 // reserve schedules serving again (and so registering again) at once.
 func (l *loop) reserve() {
 	l.needServe = true
-	l.r.setState(false, false)
+	l.r.setState(nil, false)
 	l.kick()
 }
 
@@ -367,7 +425,7 @@ func (l *loop) reserve() {
 func (l *loop) reregister() {
 	l.needServe = l.needServe || l.cur != nil
 	l.needRegister = true
-	l.r.setState(l.cur != nil, false)
+	l.r.setState(l.cur, false)
 	l.kick()
 }
 
@@ -394,7 +452,7 @@ func (l *loop) stop() {
 	if l.cur == nil {
 		return
 	}
-	l.r.setState(false, false)
+	l.r.setState(nil, false)
 	l.cur.srv.Stop()
 	<-l.cur.done
 	l.cur = nil
@@ -446,8 +504,8 @@ func (r *Registrar) serve() (*served, error) {
 	// (ours, re-served, or another instance's). removeOwnSocket checks.
 	lis.(*net.UnixListener).SetUnlinkOnClose(false)
 	srv := grpc.NewServer()
-	pluginapi.RegisterDevicePluginServer(srv, r.plugin)
 	s := &served{srv: srv, ino: inode(path), done: make(chan struct{})}
+	pluginapi.RegisterDevicePluginServer(srv, followedPlugin{DevicePluginServer: r.plugin, s: s})
 	go func() {
 		defer close(s.done)
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {

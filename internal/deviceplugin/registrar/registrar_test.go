@@ -872,3 +872,74 @@ func TestSocketReplacedDuringRetryIsNotServing(t *testing.T) {
 	listed(t, k, 1, 3)
 	eventually.Holds(t, "serving and registered", waitBound(t), func() bool { return p.reg.Serving() && p.reg.Registered() })
 }
+
+// serveRegistration serves a Registration server on dir's kubelet.sock, as
+// a kubelet would, until the test ends.
+func serveRegistration(t *testing.T, dir string, s pluginapi.RegistrationServer) (stop func()) {
+	t.Helper()
+	lis, err := net.Listen("unix", filepath.Join(dir, kubeletSocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(srv, s)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(lis)
+	}()
+	stop = func() {
+		srv.Stop()
+		<-served
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// Ready is what the node agent's readiness probe asks: kubelet has the
+// plugin only once it registered it and follows its list, and has it no
+// more once its stream ends or a restarted kubelet has not yet
+// registered it.
+func TestReady(t *testing.T) {
+	dir := socketDir(t)
+	p := startPlugin(t, dir, nil)
+	eventually.Holds(t, "serving without a kubelet", waitBound(t), p.reg.Serving)
+	if p.reg.Ready() {
+		t.Fatal("ready without a kubelet")
+	}
+
+	// A kubelet that accepts the registration and never dials back.
+	stop := serveRegistration(t, dir, &registrationServer{during: func() {}})
+	eventually.Holds(t, "registered with a kubelet that does not follow", waitBound(t), p.reg.Registered)
+	if p.reg.Ready() {
+		t.Fatal("ready, though kubelet never asked for the list")
+	}
+	stop()
+	if err := kubelettest.CleanupSockets(dir); err != nil {
+		t.Fatal(err)
+	}
+
+	k := startKubelet(t, dir)
+	listed(t, k, 1, 3)
+	eventually.Holds(t, "ready once kubelet follows the list", waitBound(t), p.reg.Ready)
+
+	// Kubelet stops: its stream ends, and kubelet.sock goes without a
+	// new one to register with.
+	k.Stop()
+	eventually.Holds(t, "not ready once kubelet stopped", waitBound(t), func() bool { return !p.reg.Ready() })
+	// Kubelet starts again: it removes every socket, ours too, and is
+	// not ready until it registered the plugin served afresh.
+	if err := kubelettest.CleanupSockets(dir); err != nil {
+		t.Fatal(err)
+	}
+	eventually.Holds(t, "serving afresh", waitBound(t), func() bool {
+		_, err := os.Stat(filepath.Join(dir, DefaultSocketName))
+		return err == nil && p.reg.Serving()
+	})
+	if p.reg.Ready() {
+		t.Fatal("ready before the restarted kubelet is there")
+	}
+	k2 := startKubelet(t, dir)
+	listed(t, k2, 1, 3)
+	eventually.Holds(t, "ready for the restarted kubelet", waitBound(t), p.reg.Ready)
+}
