@@ -64,6 +64,7 @@ func TestRunRejectsBadValues(t *testing.T) {
 		{"health resend just above the cap", []string{"--health-resend-interval=1h0m1s"}, "--health-resend-interval 1h0m1s must be positive and at most 1h0m0s"},
 		{"zero stale claim check", []string{"--stale-claim-check-interval=0s"}, "--stale-claim-check-interval 0s must be positive"},
 		{"negative stale claim check", []string{"--stale-claim-check-interval=-1m"}, "--stale-claim-check-interval -1m0s must be positive"},
+		{"health address without a port", []string{"--health-address=localhost"}, `--health-address \"localhost\" must be host:port`},
 		// Kubelet and the container runtime know nothing of the driver's
 		// working directory: a relative path is never found. (The log is
 		// JSON, so the quotes around the path are escaped.)

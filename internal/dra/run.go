@@ -11,6 +11,8 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -45,6 +47,9 @@ const (
 	DefaultSoftJetties   = 1024
 	DefaultDebounceScans = 2
 	DefaultDebounceHold  = 3 * time.Second
+
+	httpReadTimeout    = 10 * time.Second
+	httpShutdownPeriod = 5 * time.Second
 )
 
 // Config is everything the driver can be told.
@@ -72,6 +77,9 @@ type Config struct {
 	StaleClaimCheck time.Duration
 	// Libs is the liburma injected into containers for C programs.
 	Libs libinject.Config
+	// HealthAddress serves /readyz (ready once kubelet has registered the
+	// driver); "" serves nothing.
+	HealthAddress string
 }
 
 // Default returns the defaults.
@@ -117,6 +125,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HealthResend, "health-resend-interval", c.HealthResend, "resend device health to kubelet this often without a change")
 	fs.DurationVar(&c.StaleClaimCheck, "stale-claim-check-interval", c.StaleClaimCheck, "check prepared claims this often (and at start) against the API server, and forget those deleted or deallocated that kubelet will never unprepare")
 	c.Libs.AddFlags(fs)
+	fs.StringVar(&c.HealthAddress, "health-address", c.HealthAddress, "address serving /readyz, ready once kubelet has registered the driver (the readiness probe's target); empty serves nothing")
 }
 
 // Validate checks the whole configuration and names every problem.
@@ -151,6 +160,11 @@ func (c *Config) Validate() error {
 	if c.StaleClaimCheck <= 0 {
 		errs = append(errs, fmt.Errorf("--stale-claim-check-interval %s must be positive", c.StaleClaimCheck))
 	}
+	if c.HealthAddress != "" {
+		if _, _, err := net.SplitHostPort(c.HealthAddress); err != nil {
+			errs = append(errs, fmt.Errorf("--health-address %q must be host:port or :port: %w", c.HealthAddress, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -159,6 +173,8 @@ type Deps struct {
 	// KubeClient publishes slices and reads claims; nil builds one from
 	// Kubeconfig or the in-cluster config.
 	KubeClient kubernetes.Interface
+	// HealthListening, when set, is told the address /readyz is served on.
+	HealthListening func(addr string)
 }
 
 // Run serves the driver until ctx is canceled. It returns an error for a
@@ -207,8 +223,10 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 	if err != nil {
 		return err
 	}
+	registration := plugin.NewRegistration()
 	helper, err := kubeletplugin.Start(klog.NewContext(ctx, log.WithName("kubeletplugin")), plug,
 		append(plugin.HelperOptions(),
+			kubeletplugin.GRPCInterceptor(registration.Interceptor()),
 			kubeletplugin.DriverName(slicefacts.DriverName),
 			kubeletplugin.KubeClient(client),
 			kubeletplugin.NodeName(cfg.NodeName),
@@ -220,9 +238,20 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 		return fmt.Errorf("start the kubelet plugin: %w", err)
 	}
 	defer helper.Stop()
+	var lis net.Listener
+	if cfg.HealthAddress != "" {
+		lis, err = net.Listen("tcp", cfg.HealthAddress)
+		if err != nil {
+			return fmt.Errorf("serve /readyz on %s (--health-address): %w", cfg.HealthAddress, err)
+		}
+		if deps.HealthListening != nil {
+			deps.HealthListening(lis.Addr().String())
+		}
+	}
+
 	log.Info("urma-dra-driver started", "driver", slicefacts.DriverName, "node", cfg.NodeName,
 		"pluginDataDir", cfg.PluginDataDir, "registrarDir", cfg.RegistrarDir, "cdiSpecDir", cfg.CDI.Dir,
-		"sysfsRoot", cfg.Sysfs.SysfsRoot, "devRoot", cfg.Sysfs.DevRoot, "requestPolicy", cfg.Policy)
+		"sysfsRoot", cfg.Sysfs.SysfsRoot, "devRoot", cfg.Sysfs.DevRoot, "requestPolicy", cfg.Policy, "healthAddress", cfg.HealthAddress)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return watcher.Run(gctx) })
@@ -235,12 +264,50 @@ func Run(ctx context.Context, log logr.Logger, cfg Config, deps Deps) error {
 		plug.CleanStaleClaims(gctx, claimReader{client})
 		return nil
 	})
+	if lis != nil {
+		g.Go(func() error { return serveReadyz(gctx, lis, registration, log.WithName("http")) })
+	}
 	err = g.Wait()
 	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}
 	log.Info("urma-dra-driver stopped")
 	return err
+}
+
+// serveReadyz serves /readyz until ctx ends: 200 once kubelet has
+// registered the driver, 503 and why until then and from a kubelet's next
+// registration (a restarted kubelet) until it is done. It is the
+// DaemonSet's readiness probe: a pod created on the node, or a rollout
+// moving to the next node, waits for it.
+func serveReadyz(ctx context.Context, lis net.Listener, reg *plugin.Registration, log logr.Logger) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if ready, why := reg.Ready(); !ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, why)
+			return
+		}
+		fmt.Fprintln(w, "ok: registered with kubelet")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: httpReadTimeout}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("readiness server: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), httpShutdownPeriod)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Error(err, "readiness server shutdown")
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("readiness server: %w", err)
+	}
+	return nil
 }
 
 // claimReader reads claims straight from the API server (no cache: a claim

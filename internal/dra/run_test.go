@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -28,11 +29,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/openeuler/urma-k8s/internal/dra"
 	"github.com/openeuler/urma-k8s/internal/dra/checkpoint"
 	"github.com/openeuler/urma-k8s/internal/dra/claimspec"
+	"github.com/openeuler/urma-k8s/internal/dra/plugin"
 	draslices "github.com/openeuler/urma-k8s/internal/dra/slices"
 	"github.com/openeuler/urma-k8s/internal/nodefacts/slicefacts"
 	"github.com/openeuler/urma-k8s/pkg/urma"
@@ -464,5 +467,95 @@ func TestRunRebuildsACorruptedCheckpoint(t *testing.T) {
 	}
 	if uids, err := specs.ClaimUIDs(); err != nil || !slices.Equal(uids, []string{string(claim.UID)}) {
 		t.Errorf("CDI specs after the rebuild %q, %v; want only the claim's", uids, err)
+	}
+}
+
+// /readyz is the DaemonSet's readiness probe: 503 until kubelet has
+// registered the driver, 200 then, and 503 again while a restarted
+// kubelet registers it anew. The test is kubelet's plugin watcher on the
+// registration socket.
+func TestReadyzFollowsKubeletsRegistration(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	n, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{GenerateName: "dra-ready-node-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := sysfstest.New(t)
+	tree.Add(t, sysfstest.DefaultDevice("udma0"))
+	root, err := os.MkdirTemp("", "dra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	cfg := dra.Default()
+	cfg.Libs.HostRoot, cfg.Libs.SoftLib = root, "" // nothing of this machine's
+	cfg.NodeName = n.Name
+	cfg.Sysfs = tree.Options()
+	cfg.CDI.Dir = filepath.Join(root, "cdi")
+	cfg.CDI.ShmDir = ""
+	cfg.PluginDataDir = filepath.Join(root, "d")
+	cfg.RegistrarDir = filepath.Join(root, "r")
+	cfg.HealthAddress = "127.0.0.1:0"
+	if err := os.MkdirAll(cfg.RegistrarDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	addr := make(chan string, 1)
+	go func() {
+		done <- dra.Run(runCtx, testr.New(t), cfg, dra.Deps{KubeClient: kube, HealthListening: func(a string) { addr <- a }})
+	}()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	var url string
+	select {
+	case a := <-addr:
+		url = "http://" + a + "/readyz"
+	case err := <-done:
+		t.Fatalf("Run ended before serving /readyz: %v", err)
+	}
+	readyz := func(wantCode int, wantBody string) {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != wantCode || !strings.Contains(string(b), wantBody) {
+			t.Fatalf("/readyz = %d %q, want %d and %q", resp.StatusCode, b, wantCode, wantBody)
+		}
+	}
+	readyz(http.StatusServiceUnavailable, plugin.NotRegisteredYet)
+
+	conn, err := grpc.NewClient("unix://"+filepath.Join(cfg.RegistrarDir, slicefacts.DriverName+"-reg.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	kubelet := registerapi.NewRegistrationClient(conn)
+	// Two kubelets, the second after a restart: each registers the driver.
+	for i := range 2 {
+		info, err := kubelet.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Name != slicefacts.DriverName {
+			t.Fatalf("GetInfo = %+v, want driver %s", info, slicefacts.DriverName)
+		}
+		readyz(http.StatusServiceUnavailable, plugin.RegistrationPending)
+		if _, err := kubelet.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+			t.Fatal(err)
+		}
+		readyz(http.StatusOK, "registered")
+		t.Logf("kubelet %d registered the driver", i+1)
 	}
 }
